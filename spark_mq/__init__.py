@@ -1,0 +1,46 @@
+"""sparkmq: a Spark-native messaging layer.
+
+Producers and consumers talk to a broker over Arrow Flight; destinations are Delta tables that
+Spark reads with ``spark.readStream.format("sparkmq")`` (see ``spark_mq.connectors``).
+"""
+
+from spark_mq.client import Admin, Consumer, Message, Producer
+from spark_mq.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    DestinationExists,
+    DestinationNotFound,
+    InvalidNameError,
+    JournalError,
+    LeaseError,
+    MessageRejected,
+    MessageTooLarge,
+    OperationTimeout,
+    ProtocolError,
+    SchemaMismatch,
+    SparkMQError,
+    SubscriptionNotFound,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Admin",
+    "BrokerUnavailable",
+    "ConfigError",
+    "Consumer",
+    "DestinationExists",
+    "DestinationNotFound",
+    "InvalidNameError",
+    "JournalError",
+    "LeaseError",
+    "Message",
+    "MessageRejected",
+    "MessageTooLarge",
+    "OperationTimeout",
+    "Producer",
+    "ProtocolError",
+    "SchemaMismatch",
+    "SparkMQError",
+    "SubscriptionNotFound",
+]

@@ -1,0 +1,76 @@
+"""Running the broker as a process: start, announce readiness, stop cleanly on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from spark_mq.broker.core import Broker
+from spark_mq.broker.server import FlightService
+from spark_mq.config import BrokerConfig
+from spark_mq.logs import setup_logging
+
+log = logging.getLogger("spark_mq.broker")
+
+
+class RunningBroker:
+    """A broker with its Flight service listening. Usable in-process (tests, demo)."""
+
+    def __init__(self, broker: Broker, host: str, port: int) -> None:
+        self.broker = broker
+        broker.start()
+        try:
+            self.service = FlightService(broker, f"grpc://{host}:{port}")
+        except Exception:
+            broker.close()
+            raise
+        self.host = host
+        self.port = self.service.port
+
+    @property
+    def url(self) -> str:
+        return f"grpc://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self.service.shutdown()
+        self.broker.close()
+
+
+def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
+    """Run until SIGTERM or SIGINT; pending commits are flushed before exit."""
+    setup_logging(
+        config.logging.level,
+        config.log_path(),
+        max_bytes=config.logging.max_file_bytes,
+        backups=config.logging.backups,
+    )
+    if config.broker.persistence == "delta" and "://" not in config.broker.data_dir:
+        Path(config.broker.data_dir).mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    running = RunningBroker(Broker(config), config.broker.host, config.broker.port)
+    log.info(
+        "sparkmq broker listening on %s (data: %s, persistence: %s)",
+        running.url, config.broker.data_dir, config.broker.persistence,
+    )
+    if ready_file:
+        tmp = f"{ready_file}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"url": running.url, "port": running.port, "pid": os.getpid()}, fh)
+        os.replace(tmp, ready_file)
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        running.stop()
+        log.info("broker stopped; every acknowledged message is durable")

@@ -1,0 +1,63 @@
+"""Rebuilding a destination's delivery state from its logs after a (re)start.
+
+For every subscription: every offset below its *low-water mark* is settled; above it, the
+settled offsets are kept in a set. The message rows from the lowest low-water mark to the end
+of the log are read back into memory (for a queue, only the unsettled ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_mq.journal import DestinationInfo, Journal
+
+
+@dataclass
+class RecoveredSubscription:
+    name: str
+    start_offset: int
+    low_water: int
+    settled_above: set[int]
+
+
+def settled_by_subscription(settlements: pa.Table) -> dict[str, np.ndarray]:
+    """Sorted, unique settled offsets per subscription name."""
+    out: dict[str, np.ndarray] = {}
+    if settlements.num_rows == 0:
+        return out
+    for name in pc.unique(settlements["subscription"]).to_pylist():
+        mask = pc.equal(settlements["subscription"], name)
+        out[name] = np.unique(settlements.filter(mask)["offset"].to_numpy())
+    return out
+
+
+def low_water(start: int, settled: np.ndarray) -> tuple[int, set[int]]:
+    """The first unsettled offset >= ``start``, and the settled offsets above it."""
+    settled = settled[settled >= start]
+    expected = np.arange(start, start + len(settled))
+    gaps = np.nonzero(settled != expected)[0]
+    n = int(gaps[0]) if len(gaps) else len(settled)
+    return start + n, {int(o) for o in settled[n:]}
+
+
+def recover_destination(
+    journal: Journal, info: DestinationInfo
+) -> tuple[list[RecoveredSubscription], pa.Table]:
+    end = journal.end_offset(info.name)
+    settled = settled_by_subscription(journal.read_settlements(info.name)) if end else {}
+    subs = []
+    for sub in info.subscriptions.values():
+        low, above = low_water(sub.start_offset, settled.get(sub.name, np.empty(0, np.int64)))
+        subs.append(RecoveredSubscription(sub.name, sub.start_offset, low, above))
+    first = min((s.low_water for s in subs), default=end)
+    rows = journal.read_messages(info.name, first, end) if first < end else None
+    if rows is None:
+        return subs, journal.read_messages(info.name, end, end)
+    if info.kind == "queue" and subs and subs[0].settled_above:
+        keep = pc.invert(pc.is_in(rows["offset"], pa.array(sorted(subs[0].settled_above), pa.int64())))
+        rows = rows.filter(keep)
+    return subs, rows

@@ -1,0 +1,202 @@
+"""The broker's Arrow Flight service: the only place that speaks to sockets.
+
+* ``do_put``: one reader loop submits batches to the broker; an acker thread answers each one
+  in order once it is durable, so a producer can pipeline many batches on one stream.
+* ``do_exchange``: one loop writes deliveries and replies for a consumer session while a reader
+  thread hands its settle frames to the session.
+* ``do_action``: admin operations, JSON in and out.
+
+Errors leave as ``FlightServerError`` whose ``extra_info`` is :func:`spark_mq.errors.to_wire`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from spark_mq import protocol
+from spark_mq.broker.core import Broker
+from spark_mq.errors import ProtocolError, SparkMQError, to_wire
+from spark_mq.protocol import Consume, Produce, PutAck, PutFailed, Settle
+from spark_mq.schema import DELIVERY_SCHEMA
+
+log = logging.getLogger(__name__)
+
+_IDLE_WAKE_S = 0.5  # a consumer loop re-checks that its stream is alive this often
+
+
+def _flight_error(err: SparkMQError) -> fl.FlightServerError:
+    return fl.FlightServerError(err.message, extra_info=to_wire(err))
+
+
+def _command(descriptor: fl.FlightDescriptor) -> protocol.Frame:
+    if descriptor.descriptor_type != fl.DescriptorType.CMD:
+        raise ProtocolError("expected a command descriptor", fault="remote")
+    return protocol.parse(descriptor.command)
+
+
+class FlightService(fl.FlightServerBase):
+    def __init__(self, broker: Broker, location: str, **kwargs: Any) -> None:
+        super().__init__(location, **kwargs)
+        self.broker = broker
+
+    # -- admin -------------------------------------------------------------------------------
+    def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
+        return [(name, f"sparkmq admin: {name}") for name in protocol.ADMIN_ACTIONS]
+
+    def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
+        try:
+            result = self._action(action.type, protocol.parse_action_body(action.body.to_pybytes()))
+        except SparkMQError as exc:
+            raise _flight_error(exc) from None
+        except (KeyError, TypeError) as exc:
+            err = ProtocolError(f"bad arguments for action {action.type!r}: {exc}", fault="remote")
+            raise _flight_error(err) from None
+        yield json.dumps(result).encode()
+
+    def _action(self, name: str, body: dict[str, Any]) -> Any:
+        b = self.broker
+        match name:
+            case "ping":
+                return {"ok": True}
+            case "create_destination":
+                return {"created": b.create_destination(body["name"], body["kind"])}
+            case "delete_destination":
+                b.delete_destination(body["name"])
+                return {"deleted": True}
+            case "list_destinations":
+                return b.list_destinations()
+            case "create_subscription":
+                return {"created": b.create_subscription(body["destination"], body["name"])}
+            case "delete_subscription":
+                b.delete_subscription(body["destination"], body["name"])
+                return {"deleted": True}
+            case "stats":
+                return b.stats(body["name"])
+            case _:
+                raise ProtocolError(f"unknown action {name!r}", fault="remote")
+
+    # -- produce -----------------------------------------------------------------------------
+    def do_put(
+        self,
+        context: fl.ServerCallContext,
+        descriptor: fl.FlightDescriptor,
+        reader: fl.MetadataRecordBatchReader,
+        writer: fl.FlightMetadataWriter,
+    ) -> None:
+        try:
+            cmd = _command(descriptor)
+            if not isinstance(cmd, Produce):
+                raise ProtocolError("do_put expects a produce command", fault="remote")
+            self.broker._dest(cmd.destination)
+        except SparkMQError as exc:
+            raise _flight_error(exc) from None
+        pending: queue.Queue[tuple[int, Future | SparkMQError] | None] = queue.Queue(maxsize=64)
+        acker = threading.Thread(target=_ack_in_order, args=(pending, writer), daemon=True)
+        acker.start()
+        seq = 0
+        try:
+            for chunk in reader:
+                if chunk.data is None:
+                    continue
+                try:
+                    result: Future | SparkMQError = self.broker.produce(cmd.destination, chunk.data)
+                except SparkMQError as exc:
+                    result = exc
+                pending.put((seq, result))
+                seq += 1
+        finally:
+            pending.put(None)
+            acker.join()
+
+    # -- consume -----------------------------------------------------------------------------
+    def do_exchange(
+        self,
+        context: fl.ServerCallContext,
+        descriptor: fl.FlightDescriptor,
+        reader: fl.MetadataRecordBatchReader,
+        writer: fl.MetadataRecordBatchWriter,
+    ) -> None:
+        try:
+            cmd = _command(descriptor)
+            if not isinstance(cmd, Consume):
+                raise ProtocolError("do_exchange expects a consume command", fault="remote")
+            session = self.broker.attach(cmd.destination, cmd.subscription, cmd.prefetch)
+        except SparkMQError as exc:
+            raise _flight_error(exc) from None
+        log.info(
+            "consumer %d attached to %s%s", session.consumer_id, cmd.destination,
+            f" subscription {cmd.subscription}" if cmd.subscription else "",
+        )
+        done = threading.Event()
+        problem: list[SparkMQError] = []
+
+        def read_settles() -> None:
+            try:
+                for chunk in reader:
+                    frame = protocol.parse(chunk.app_metadata.to_pybytes() if chunk.app_metadata else b"")
+                    if not isinstance(frame, Settle):
+                        raise ProtocolError("consumers may only send settle frames", fault="remote")
+                    session.settle(frame)
+            except SparkMQError as exc:
+                problem.append(exc)
+            except fl.FlightError:
+                pass  # the client went away; the loop below notices
+            finally:
+                done.set()
+                session.wakeup.set()
+
+        threading.Thread(target=read_settles, name="consumer-reader", daemon=True).start()
+        try:
+            writer.begin(DELIVERY_SCHEMA)
+            writer.write_metadata(
+                pa.py_buffer(protocol.encode(protocol.Welcome(session.consumer_id, session.subscription.lease_s)))
+            )
+            while not done.is_set() and not session.closed and not context.is_cancelled():
+                session.wakeup.wait(_IDLE_WAKE_S)
+                session.wakeup.clear()
+                for reply in session.replies():
+                    writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
+                while (batch := session.next_delivery()) is not None:
+                    writer.write_table(batch)
+            for reply in session.replies():
+                writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
+        except fl.FlightError:
+            pass  # the client went away
+        finally:
+            self.broker.detach(session)
+            log.info("consumer %d detached", session.consumer_id)
+        if problem:
+            raise _flight_error(problem[0])
+
+
+def _ack_in_order(
+    pending: queue.Queue[tuple[int, Future | SparkMQError] | None],
+    writer: fl.FlightMetadataWriter,
+) -> None:
+    broken = False
+    while (item := pending.get()) is not None:
+        seq, result = item
+        if broken:
+            continue
+        if isinstance(result, SparkMQError):
+            frame: protocol.Frame = PutFailed(seq, json.loads(to_wire(result)))
+        else:
+            try:
+                res = result.result()
+                frame = PutAck(seq, res.first_offset, res.count)
+            except Exception as exc:
+                err = exc if isinstance(exc, SparkMQError) else SparkMQError(f"internal error: {exc}")
+                frame = PutFailed(seq, json.loads(to_wire(err)))
+        try:
+            writer.write(pa.py_buffer(protocol.encode(frame)))
+        except fl.FlightError:
+            broken = True  # the producer went away; its unacked batches are its to resend

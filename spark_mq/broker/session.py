@@ -1,0 +1,135 @@
+"""One attached consumer: its prefetch window, its wake-up event and its outbox of replies.
+
+The transport (``server.py``) runs one loop per session that waits on :attr:`wakeup`, sends
+what :meth:`next_delivery` returns and drains :meth:`replies`; settle frames coming back are
+handed to :meth:`settle`, whose replies land in the outbox once durable.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_mq.broker.message_store import MessageStore
+from spark_mq.broker.subscription import Refusal, Subscription
+from spark_mq.protocol import Reply, Settle
+from spark_mq.schema import DELIVERY_SCHEMA
+
+SettleDurably = Callable[[list[int]], Future]
+
+
+class ConsumerSession:
+    def __init__(
+        self,
+        consumer_id: int,
+        subscription: Subscription,
+        store: MessageStore,
+        *,
+        prefetch: int,
+        max_batch: int,
+        settle_durably: SettleDurably,
+    ) -> None:
+        self.consumer_id = consumer_id
+        self.subscription = subscription
+        self.prefetch = prefetch
+        self._store = store
+        self._max_batch = max_batch
+        self._settle_durably = settle_durably
+        self._lock = threading.Lock()
+        self._held: set[int] = set()  # offsets leased to this session and not yet answered
+        self._outbox: deque[Reply] = deque()
+        self.wakeup = threading.Event()
+        self.closed = False
+        subscription.add_waiter(self.wakeup)
+        self.wakeup.set()
+
+    def next_delivery(self) -> pa.Table | None:
+        """Lease what fits in the prefetch window and return it as a delivery batch."""
+        with self._lock:
+            room = min(self.prefetch - len(self._held), self._max_batch)
+        if room <= 0 or self.closed:
+            return None
+        leased = self.subscription.take(self.consumer_id, room)
+        if not leased:
+            return None
+        with self._lock:
+            self._held.update(o for o, _ in leased)
+        counts = dict(leased)
+        rows = self._store.take(counts)
+        delivery_count = pa.array([counts[o] for o in rows["offset"].to_pylist()], pa.int32())
+        return pa.table(
+            [*rows.columns, delivery_count, pc.greater(delivery_count, 1)], schema=DELIVERY_SCHEMA
+        )
+
+    def _forget(self, offsets: list[int]) -> None:
+        with self._lock:
+            self._held.difference_update(offsets)
+        self.wakeup.set()
+
+    def _reply(self, reply: Reply) -> None:
+        with self._lock:
+            self._outbox.append(reply)
+        self.wakeup.set()
+
+    def replies(self) -> list[Reply]:
+        with self._lock:
+            out = list(self._outbox)
+            self._outbox.clear()
+        return out
+
+    def settle(self, frame: Settle) -> None:
+        sub = self.subscription
+        match frame.verb:
+            case "ack":
+                ok, refused = sub.begin_ack(self.consumer_id, frame.entries)
+                if not ok:
+                    self._reply(_reply(frame.request_id, [], refused))
+                    return
+                fut = self._settle_durably(ok)
+
+                def done(f: Future) -> None:
+                    err = f.exception()
+                    sub.end_ack(ok, durable=err is None)
+                    if err is None:
+                        self._forget(ok)
+                        self._reply(_reply(frame.request_id, ok, refused))
+                    else:
+                        failed = [Refusal(o, f"not settled: {err}") for o in ok]
+                        self._reply(_reply(frame.request_id, [], [*refused, *failed]))
+
+                fut.add_done_callback(done)
+            case "nack":
+                ok, refused = sub.nack(self.consumer_id, frame.entries)
+                self._forget(ok)
+                self._reply(_reply(frame.request_id, ok, refused))
+            case "extend":
+                ok, refused = sub.extend(self.consumer_id, frame.entries)
+                self._reply(_reply(frame.request_id, ok, refused))
+
+    def lapsed(self) -> None:
+        """Drop offsets whose lease the subscription took back (they no longer use prefetch)."""
+        with self._lock:
+            held = set(self._held)
+        gone = [o for o in held if not self.subscription.is_leased_to(o, self.consumer_id)]
+        if gone:
+            self._forget(gone)
+
+    def close(self) -> int:
+        """Detach: unsettled messages go back to the subscription for redelivery."""
+        self.closed = True
+        self.subscription.remove_waiter(self.wakeup)
+        self.wakeup.set()
+        return self.subscription.release_consumer(self.consumer_id)
+
+
+def _reply(request_id: int, ok: list[int], refused: list[Refusal]) -> Reply:
+    return Reply(
+        request_id,
+        tuple(ok),
+        tuple({"offset": r.offset, "reason": r.reason} for r in refused),
+    )

@@ -1,0 +1,255 @@
+"""The consumer: receives leased messages from a queue or a topic subscription.
+
+The broker delivers up to ``prefetch`` unsettled messages ahead; each is invisible to other
+consumers until it is acked, nacked, or its lease (the mark interval) lapses — then it is
+delivered again with ``redelivered=True`` and a higher ``delivery_count``.
+
+The ack vocabulary, each verb by its redelivery effect:
+
+* ``ack``: never delivered again (the future resolves once that is durable);
+* ``nack``: delivered again at once, to any consumer;
+* ``extend_lease``: not delivered elsewhere for another mark interval.
+
+Acks, nacks and extends issued within ``settle_linger_ms`` travel in one frame.
+Not guaranteed: a message whose ack future failed may be delivered again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from spark_mq import protocol
+from spark_mq.client._transport import DEFAULT_URL, connect, translate_flight_error, translated
+from spark_mq.client.message import Message
+from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError, SparkMQError
+from spark_mq.names import validate_name
+
+Verb = Literal["ack", "nack", "extend"]
+_CLOSED = object()
+
+
+class Consumer:
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        destination: str = "",
+        *,
+        subscription: str | None = None,
+        prefetch: int = 100,
+        settle_linger_ms: float = 1.0,
+        settle_batch: int = 256,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.destination = validate_name(destination)
+        if subscription is not None:
+            validate_name(subscription, "subscription")
+        self.subscription = subscription
+        self._client, self._options = connect(url, timeout_s)
+        descriptor = fl.FlightDescriptor.for_command(
+            protocol.encode(protocol.Consume(destination, subscription, prefetch))
+        )
+        self._messages: queue.Queue[object] = queue.Queue()
+        self._write_lock = threading.Lock()
+        self._settle_cond = threading.Condition()
+        self._settles: list[tuple[Verb, list[tuple[int, int]], Future]] = []
+        self._linger = settle_linger_ms / 1000
+        self._settle_batch = settle_batch
+        self._requests: dict[int, list[tuple[list[int], Future]]] = {}
+        self._request_ids = itertools.count(1)
+        self._closed = False
+        self.error: SparkMQError | None = None
+        self._welcome = threading.Event()
+        self.lease_s: float | None = None
+        self.consumer_id: int | None = None
+        try:
+            with translated():
+                self._writer, self._reader = self._client.do_exchange(descriptor, self._options)
+                first = self._reader.read_chunk()  # the Welcome, or the broker's refusal
+            self._handle_metadata(first.app_metadata)
+        except BaseException:
+            self._abandon()
+            raise
+        self._reader_thread = threading.Thread(target=self._read, name="consumer-read", daemon=True)
+        self._reader_thread.start()
+        self._settler = threading.Thread(target=self._settle_loop, name="consumer-settle", daemon=True)
+        self._settler.start()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- receiving ---------------------------------------------------------------------------
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message, or ``None`` after ``timeout`` seconds (block forever if None)."""
+        try:
+            item = self._messages.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _CLOSED:
+            self._messages.put(_CLOSED)
+            if self.error is not None and not self._closed:
+                raise self.error
+            return None
+        return item  # type: ignore[return-value]
+
+    def receive_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
+        """Up to ``max_messages``: waits ``timeout`` for the first, then takes what is there."""
+        out = []
+        first = self.receive(timeout)
+        if first is None:
+            return out
+        out.append(first)
+        while len(out) < max_messages:
+            try:
+                item = self._messages.get_nowait()
+            except queue.Empty:
+                break
+            if item is _CLOSED:
+                self._messages.put(_CLOSED)
+                break
+            out.append(item)  # type: ignore[arg-type]
+        return out
+
+    def __iter__(self) -> Iterator[Message]:
+        while (msg := self.receive()) is not None:
+            yield msg
+
+    # -- settling ----------------------------------------------------------------------------
+    def ack(self, messages: Message | Iterable[Message]) -> Future:
+        return self._settle("ack", messages)
+
+    def nack(self, messages: Message | Iterable[Message]) -> Future:
+        return self._settle("nack", messages)
+
+    def extend_lease(self, messages: Message | Iterable[Message]) -> Future:
+        return self._settle("extend", messages)
+
+    def _settle(self, verb: Verb, messages: Message | Iterable[Message]) -> Future:
+        msgs = [messages] if isinstance(messages, Message) else list(messages)
+        fut: Future = Future()
+        if self._closed or self.error is not None:
+            fut.set_exception(self.error or BrokerUnavailable("the consumer is closed"))
+            return fut
+        entries = [(m.offset, m.delivery_count) for m in msgs]
+        with self._settle_cond:
+            self._settles.append((verb, entries, fut))
+            if sum(len(e) for _, e, _ in self._settles) >= self._settle_batch:
+                self._settle_cond.notify()
+            elif len(self._settles) == 1:
+                self._settle_cond.notify()
+        return fut
+
+    def _settle_loop(self) -> None:
+        while True:
+            with self._settle_cond:
+                while not self._settles and not self._closed:
+                    self._settle_cond.wait()
+                if not self._settles and self._closed:
+                    return
+                if self._linger and not self._closed:
+                    self._settle_cond.wait(self._linger)
+                work, self._settles = self._settles, []
+            self._send_settles(work)
+
+    def _send_settles(self, work: list[tuple[Verb, list[tuple[int, int]], Future]]) -> None:
+        by_verb: dict[Verb, list[tuple[list[tuple[int, int]], Future]]] = {}
+        for verb, entries, fut in work:
+            by_verb.setdefault(verb, []).append((entries, fut))
+        for verb, items in by_verb.items():
+            request_id = next(self._request_ids)
+            entries = tuple(e for es, _ in items for e in es)
+            self._requests[request_id] = [([o for o, _ in es], f) for es, f in items]
+            frame = protocol.Settle(verb, request_id, entries)
+            try:
+                with self._write_lock:
+                    self._writer.write_metadata(pa.py_buffer(protocol.encode(frame)))
+            except (fl.FlightError, OSError) as exc:
+                err = translate_flight_error(exc)
+                for _, f in self._requests.pop(request_id, []):
+                    f.set_exception(err)
+
+    # -- the stream --------------------------------------------------------------------------
+    def _handle_metadata(self, buf: pa.Buffer | None) -> None:
+        frame = protocol.parse(buf.to_pybytes() if buf is not None else None)
+        match frame:
+            case protocol.Welcome(consumer_id=cid, lease_s=lease):
+                self.consumer_id, self.lease_s = cid, lease
+                self._welcome.set()
+            case protocol.Reply(request_id=rid, errors=errors):
+                refused = {e.get("offset"): e.get("reason", "refused") for e in errors}
+                for offsets, fut in self._requests.pop(rid, []):
+                    bad = [(o, refused[o]) for o in offsets if o in refused]
+                    if bad:
+                        fut.set_exception(
+                            LeaseError(
+                                f"{len(bad)} of {len(offsets)} settle(s) refused: offset {bad[0][0]}: "
+                                f"{bad[0][1]}",
+                                destination=self.destination,
+                                offset=bad[0][0],
+                            )
+                        )
+                    else:
+                        fut.set_result(None)
+            case _:
+                raise ProtocolError(f"unexpected frame from the broker: {frame}", fault="remote")
+
+    def _read(self) -> None:
+        try:
+            while True:
+                try:
+                    chunk = self._reader.read_chunk()
+                except StopIteration:
+                    break
+                if chunk.data is not None and chunk.data.num_rows:
+                    for row in chunk.data.to_pylist():
+                        self._messages.put(Message.from_row(self.destination, row, self))
+                elif chunk.app_metadata is not None:
+                    self._handle_metadata(chunk.app_metadata)
+            if not self._closed:
+                self.error = BrokerUnavailable("the broker closed the consumer stream")
+        except (fl.FlightError, OSError, SparkMQError) as exc:
+            if not self._closed:
+                self.error = translate_flight_error(exc)
+        finally:
+            err = self.error or BrokerUnavailable("the consumer is closed")
+            for items in self._requests.values():
+                for _, f in items:
+                    if not f.done():
+                        f.set_exception(err)
+            self._requests.clear()
+            self._messages.put(_CLOSED)
+
+    def _abandon(self) -> None:
+        writer = getattr(self, "_writer", None)
+        if writer is not None:
+            try:
+                writer.close()
+            except (fl.FlightError, OSError):
+                pass  # the refusal already raised is the error worth reporting
+        self._client.close()
+
+    def close(self) -> None:
+        """Send pending settles, then detach; unacked messages go back to the broker."""
+        if self._closed:
+            return
+        with self._settle_cond:
+            self._closed = True
+            self._settle_cond.notify_all()
+        self._settler.join()
+        with self._write_lock:
+            try:
+                self._writer.done_writing()
+            except (fl.FlightError, OSError):
+                pass  # the broker is gone already: nothing left to tell it
+        self._reader_thread.join(timeout=30)
+        self._client.close()

@@ -1,0 +1,371 @@
+"""The producer: batches messages by size and linger time, pipelines batches on one Flight
+stream per destination, and resolves each message's future with its offset once durable.
+
+Every message gets a dedup id unless one is given (a per-producer random prefix plus a
+sequence number), so that a resend after an unknown outcome can be recognised.
+
+Not guaranteed: a future that failed with a retriable error (``BrokerUnavailable``) may belong
+to a message the broker did store; resend it with the same dedup id.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.flight as fl
+
+from spark_mq import protocol
+from spark_mq.client._transport import DEFAULT_URL, connect, translate_flight_error, translated
+from spark_mq.errors import BrokerUnavailable, ProtocolError, SchemaMismatch, SparkMQError, from_wire
+from spark_mq.names import validate_name
+from spark_mq.schema import PRODUCE_SCHEMA, TS
+
+
+@dataclass
+class _Pending:
+    body: bytes
+    message_id: str | None
+    dedup_id: str
+    group_id: str | None
+    priority: int | None
+    headers: list[tuple[str, str]] | None
+    ttl_ms: int | None
+    expiry_time: datetime | None
+    future: Future
+
+
+def _conform_produce(table: pa.Table) -> pa.Table:
+    """Give a user's table exactly ``PRODUCE_SCHEMA`` (a Flight stream has one schema)."""
+    unknown = [n for n in table.column_names if n not in PRODUCE_SCHEMA.names]
+    if unknown:
+        raise SchemaMismatch(
+            f"unknown column(s) {unknown}; allowed: {PRODUCE_SCHEMA.names}", column=unknown[0]
+        )
+    if "body" not in table.column_names:
+        raise SchemaMismatch("a batch needs a 'body' column", column="body")
+    cols = []
+    for field in PRODUCE_SCHEMA:
+        if field.name in table.column_names:
+            try:
+                cols.append(table[field.name].cast(field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SchemaMismatch(
+                    f"column {field.name!r} has type {table[field.name].type}, expected "
+                    f"{field.type}", column=field.name
+                ) from exc
+        else:
+            cols.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(cols, schema=PRODUCE_SCHEMA)
+
+
+class _PutStream:
+    """One DoPut stream to one destination; acks come back in order."""
+
+    def __init__(
+        self, client: fl.FlightClient, options: fl.FlightCallOptions, destination: str, window: int
+    ) -> None:
+        self.destination = destination
+        descriptor = fl.FlightDescriptor.for_command(protocol.encode(protocol.Produce(destination)))
+        with translated():
+            self._writer, self._acks = client.do_put(descriptor, PRODUCE_SCHEMA, options)
+        self._lock = threading.Lock()
+        self._window = threading.Semaphore(window)
+        self._in_flight: deque[list[Future]] = deque()
+        self.broken: SparkMQError | None = None
+        self._reader = threading.Thread(target=self._read_acks, name="producer-acks", daemon=True)
+        self._reader.start()
+
+    def write(self, batch: pa.RecordBatch, futures: list[Future]) -> None:
+        self._window.acquire()
+        with self._lock:
+            if self.broken is not None:
+                self._window.release()
+                raise self.broken
+            self._in_flight.append(futures)
+            try:
+                self._writer.write_batch(batch)
+            except (fl.FlightError, OSError) as exc:
+                self._fail(translate_flight_error(exc))
+                raise self.broken from exc  # type: ignore[misc]
+
+    def _fail(self, err: SparkMQError) -> None:
+        self.broken = err
+        while self._in_flight:
+            for f in self._in_flight.popleft():
+                if not f.done():
+                    f.set_exception(err)
+            self._window.release()
+
+    def _read_acks(self) -> None:
+        try:
+            while (buf := self._acks.read()) is not None:
+                frame = protocol.parse(buf.to_pybytes())
+                with self._lock:
+                    futures = self._in_flight.popleft()
+                self._window.release()
+                match frame:
+                    case protocol.PutAck(first_offset=first, count=count) if count == len(futures):
+                        for i, f in enumerate(futures):
+                            f.set_result(first + i)
+                    case protocol.PutFailed(error=error):
+                        err = from_wire(protocol.encode_action_body(**error), "produce failed")
+                        for f in futures:
+                            f.set_exception(err)
+                    case _:
+                        raise ProtocolError(f"unexpected answer to a produce: {frame}", fault="remote")
+            with self._lock:
+                self._fail(BrokerUnavailable("the broker closed the produce stream"))
+        except (fl.FlightError, OSError, SparkMQError) as exc:
+            with self._lock:
+                self._fail(translate_flight_error(exc))
+
+    def close(self) -> None:
+        with self._lock, translated():
+            if self.broken is None:
+                self._writer.done_writing()
+        self._reader.join()
+        with translated(), self._lock:
+            try:
+                self._writer.close()
+            except (fl.FlightError, OSError):
+                pass  # the outcome of every batch was already reported through its future
+
+
+class Producer:
+    """Send messages to queues and topics.
+
+    ``send`` buffers and returns a future of the message's offset; a buffer is sent when it
+    holds ``batch_size`` messages or ``batch_bytes`` bytes, or ``linger_ms`` after its first
+    message. ``send_sync`` sends at once and waits. Use as a context manager, or call ``close``.
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        destination: str | None = None,
+        linger_ms: float = 5.0,
+        batch_size: int = 1000,
+        batch_bytes: int = 1024 * 1024,
+        max_in_flight_batches: int = 32,
+        timeout_s: float = 30.0,
+    ) -> None:
+        if destination is not None:
+            validate_name(destination)
+        self.destination = destination
+        self._client, self._options = connect(url, timeout_s)
+        self._linger = linger_ms / 1000
+        self._batch_size = batch_size
+        self._batch_bytes = batch_bytes
+        self._window = max_in_flight_batches
+        self._prefix = uuid.uuid4().hex
+        self._seq_lock = threading.Lock()
+        self._next_seq = 0
+        self._lock = threading.Lock()
+        self._buffers: dict[str, list[_Pending]] = {}
+        self._buffer_bytes: dict[str, int] = {}
+        self._first_at: dict[str, float] = {}
+        self._streams: dict[str, _PutStream] = {}
+        self._stream_lock = threading.Lock()
+        self._closed = False
+        self._wake = threading.Condition(self._lock)
+        self._lingerer = threading.Thread(target=self._linger_loop, name="producer-linger", daemon=True)
+        self._lingerer.start()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _dest(self, destination: str | None) -> str:
+        dest = destination or self.destination
+        if dest is None:
+            raise ValueError("no destination: pass destination= here or to Producer()")
+        return validate_name(dest)
+
+    def _reserve(self, n: int) -> int:
+        with self._seq_lock:
+            first = self._next_seq
+            self._next_seq += n
+            return first
+
+    def next_dedup_id(self) -> str:
+        return f"{self._prefix}-{self._reserve(1)}"
+
+    def send(
+        self,
+        body: bytes | str,
+        *,
+        destination: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        group_id: str | None = None,
+        priority: int | None = None,
+        dedup_id: str | None = None,
+        message_id: str | None = None,
+        ttl_s: float | None = None,
+        expiry_time: datetime | None = None,
+    ) -> Future:
+        """Buffer one message; the future resolves to its offset once it is durable."""
+        dest = self._dest(destination)
+        if isinstance(body, str):
+            body = body.encode()
+        fut: Future = Future()
+        item = _Pending(
+            body,
+            message_id,
+            dedup_id or self.next_dedup_id(),
+            group_id,
+            priority,
+            list(headers.items()) if headers else None,
+            None if ttl_s is None else int(ttl_s * 1000),
+            expiry_time,
+            fut,
+        )
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the producer is closed")
+            buf = self._buffers.setdefault(dest, [])
+            if not buf:
+                self._first_at[dest] = time.monotonic()
+                self._wake.notify()
+            buf.append(item)
+            self._buffer_bytes[dest] = self._buffer_bytes.get(dest, 0) + len(body)
+            full = len(buf) >= self._batch_size or self._buffer_bytes[dest] >= self._batch_bytes
+            taken = self._take(dest) if full else None
+        if taken:
+            self._send_now(dest, taken)
+        return fut
+
+    def send_sync(self, body: bytes | str, **kwargs: Any) -> int:
+        """Send one message now and wait until it is durable; returns its offset."""
+        fut = self.send(body, **kwargs)
+        self.flush(kwargs.get("destination"))
+        return fut.result()
+
+    def send_batch(
+        self,
+        bodies: Iterable[bytes | str] | pa.Table | pa.RecordBatch,
+        *,
+        destination: str | None = None,
+        wait: bool = True,
+    ) -> list[int] | list[Future]:
+        """Send many messages as one batch (columns as in ``PRODUCE_SCHEMA``, at least ``body``).
+
+        Returns their offsets (or, with ``wait=False``, one future per message).
+        """
+        dest = self._dest(destination)
+        if isinstance(bodies, pa.Table | pa.RecordBatch):
+            table = pa.table(bodies) if isinstance(bodies, pa.RecordBatch) else bodies
+        else:
+            table = pa.table({"body": pa.array([b.encode() if isinstance(b, str) else b for b in bodies], pa.binary())})
+        table = _conform_produce(table)
+        if pc.all(pc.is_null(table["dedup_id"])).as_py():
+            n = table.num_rows
+            first = self._reserve(n)
+            seqs = pa.array(range(first, first + n), pa.int64()).cast(pa.string())
+            ids = pc.binary_join_element_wise(self._prefix, seqs, "-")
+            table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
+        self.flush(dest)  # keep order with what send() buffered for this destination
+        stream = self._stream(dest)
+        futures: list[Future] = []
+        for batch in table.to_batches(max_chunksize=self._batch_size):
+            batch_futures = [Future() for _ in range(batch.num_rows)]
+            stream.write(batch, batch_futures)
+            futures.extend(batch_futures)
+        return [f.result() for f in futures] if wait else futures
+
+    def flush(self, destination: str | None = None) -> None:
+        """Send what is buffered (for one destination, or all) and wait until it is durable."""
+        with self._lock:
+            dests = [destination] if destination else list(self._buffers)
+            work = [(d, self._take(d)) for d in dests if d in self._buffers]
+        futures = []
+        for dest, items in work:
+            if items:
+                futures.extend(i.future for i in items)
+                self._send_now(dest, items)
+        for f in futures:
+            f.exception()
+
+    def close(self) -> None:
+        """Send what is buffered, wait for every ack, and close the streams."""
+        if self._closed:
+            return
+        self.flush()
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+        self._lingerer.join()
+        with self._stream_lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for s in streams:
+            s.close()
+        self._client.close()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _take(self, dest: str) -> list[_Pending]:
+        items = self._buffers.pop(dest, [])
+        self._buffer_bytes.pop(dest, None)
+        self._first_at.pop(dest, None)
+        return items
+
+    def _linger_loop(self) -> None:
+        with self._lock:
+            while not self._closed:
+                if not self._first_at:
+                    self._wake.wait()
+                    continue
+                now = time.monotonic()
+                due = {d: t + self._linger for d, t in self._first_at.items()}
+                ready = [d for d, t in due.items() if t <= now]
+                if not ready:
+                    self._wake.wait(min(due.values()) - now)
+                    continue
+                work = [(d, self._take(d)) for d in ready]
+                self._lock.release()
+                try:
+                    for dest, items in work:
+                        self._send_now(dest, items)
+                finally:
+                    self._lock.acquire()
+
+    def _stream(self, dest: str) -> _PutStream:
+        with self._stream_lock:
+            stream = self._streams.get(dest)
+            if stream is None or stream.broken is not None:
+                stream = _PutStream(self._client, self._options, dest, self._window)
+                self._streams[dest] = stream
+            return stream
+
+    def _send_now(self, dest: str, items: list[_Pending]) -> None:
+        batch = pa.record_batch(
+            [
+                pa.array([i.body for i in items], pa.binary()),
+                pa.array([i.message_id for i in items], pa.string()),
+                pa.array([i.dedup_id for i in items], pa.string()),
+                pa.array([i.group_id for i in items], pa.string()),
+                pa.array([i.priority for i in items], pa.int32()),
+                pa.array([i.headers for i in items], PRODUCE_SCHEMA.field("headers").type),
+                pa.array([i.ttl_ms for i in items], pa.int64()),
+                pa.array([i.expiry_time for i in items], TS),
+            ],
+            schema=PRODUCE_SCHEMA,
+        )
+        futures = [i.future for i in items]
+        try:
+            self._stream(dest).write(batch, futures)
+        except SparkMQError as exc:
+            for f in futures:
+                if not f.done():
+                    f.set_exception(exc)

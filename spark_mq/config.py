@@ -1,0 +1,151 @@
+"""Broker configuration: typed, defaulted, validated at start-up.
+
+Sources, later ones winning: the built-in defaults, a TOML file (``conf/broker.toml`` documents
+every setting), environment variables ``SPARKMQ_<SECTION>__<KEY>`` (for example
+``SPARKMQ_BROKER__PORT=7777``), and ``section.key=value`` overrides from the command line.
+An invalid or unknown setting raises :class:`~spark_mq.errors.ConfigError` naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from spark_mq.errors import ConfigError
+
+ENV_PREFIX = "SPARKMQ_"
+MiB = 1024 * 1024
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BrokerSection(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(7676, ge=0, le=65535)
+    data_dir: str = "./data"
+    persistence: Literal["delta", "memory"] = "delta"
+
+
+class JournalSection(_Section):
+    buffer_timeout_ms: float = Field(1.0, ge=0, le=10_000)
+    buffer_size_bytes: int = Field(490 * 1024, ge=1)
+    max_pending_bytes: int = Field(256 * MiB, ge=1)
+    checkpoint_interval: int = Field(100, ge=1)
+
+
+class DeliverySection(_Section):
+    mark_interval_s: float = Field(5.0, gt=0)
+    default_prefetch: int = Field(100, ge=1, le=100_000)
+    lease_check_interval_ms: float = Field(100.0, gt=0)
+    max_delivery_batch: int = Field(1000, ge=1)
+
+
+class LimitsSection(_Section):
+    max_message_bytes: int = Field(70 * MiB, ge=1)
+    max_batch_bytes: int = Field(256 * MiB, ge=1)
+
+
+class LoggingSection(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    file: str = "logs/log.txt"
+    max_file_bytes: int = Field(10 * MiB, ge=1024)
+    backups: int = Field(9, ge=0, le=99)
+
+
+class BrokerConfig(_Section):
+    broker: BrokerSection = BrokerSection()
+    journal: JournalSection = JournalSection()
+    delivery: DeliverySection = DeliverySection()
+    limits: LimitsSection = LimitsSection()
+    logging: LoggingSection = LoggingSection()
+
+    def log_path(self) -> Path | None:
+        """Where the rotating log goes; relative paths sit under a local data_dir."""
+        if not self.logging.file:
+            return None
+        path = Path(self.logging.file)
+        if path.is_absolute():
+            return path
+        data = self.broker.data_dir
+        base = Path(data) if "://" not in data else Path.cwd()
+        return base / path
+
+
+def _deep_set(doc: dict[str, Any], dotted: str, value: Any, origin: str) -> None:
+    parts = dotted.split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"{origin}: expected section.key, got {dotted!r}", setting=dotted)
+    section = doc.setdefault(parts[0], {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"{origin}: {parts[0]!r} is not a section", setting=dotted)
+    section[parts[1]] = value
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for key, value in environ.items():
+        if key.startswith(ENV_PREFIX) and "__" in key:
+            dotted = key[len(ENV_PREFIX) :].lower().replace("__", ".")
+            _deep_set(doc, dotted, value, f"environment variable {key}")
+    return doc
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _format_validation(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        setting = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(f"unknown setting {setting!r}")
+        else:
+            lines.append(f"invalid setting {setting} = {err.get('input')!r}: {err['msg']}")
+    return "; ".join(lines)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> BrokerConfig:
+    """Build the broker config from a TOML file, the environment and explicit overrides.
+
+    ``overrides`` maps ``section.key`` to a value (the CLI's flags and ``--set`` pairs).
+    """
+    doc: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {path}", setting="--config") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}", setting="--config") from exc
+    doc = _merge(doc, _env_overrides(os.environ if environ is None else environ))
+    cli: dict[str, Any] = {}
+    for dotted, value in (overrides or {}).items():
+        _deep_set(cli, dotted, value, "command line")
+    doc = _merge(doc, cli)
+    try:
+        return BrokerConfig.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(
+            _format_validation(exc), setting=".".join(str(p) for p in first["loc"])
+        ) from None

@@ -1,0 +1,76 @@
+"""The storage seam under the journal, and the domain shapes the journal hands out.
+
+A ``LogStore`` keeps, per destination, an append-only message log and settlement log, and one
+bindings log for the whole broker. It is deliberately dumb: offsets, group commit and recovery
+live in :class:`spark_mq.journal.Journal` above it, written once for every store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import pyarrow as pa
+
+Kind = Literal["queue", "topic"]
+KINDS: tuple[Kind, ...] = ("queue", "topic")
+
+
+class LogStore(Protocol):
+    """Where journal records live. Implementations: ``DeltaStore``, ``MemoryStore``.
+
+    Thread-safety: the journal calls the write methods of one destination from one thread only
+    (its group-commit writer); different destinations may be written concurrently.
+    """
+
+    #: whether records survive a restart of the process
+    durable: bool
+
+    def read_bindings(self) -> pa.Table: ...
+    def append_bindings(self, rows: pa.Table) -> None: ...
+    def create_logs(self, destination: str) -> None: ...
+    def drop_logs(self, destination: str) -> None: ...
+
+    def committed_end(self, destination: str) -> int:
+        """One past the last committed offset (0 for an empty log)."""
+        ...
+
+    def commit_messages(self, destination: str, rows: pa.Table, end_offset: int) -> None:
+        """Append ``rows`` (offsets already assigned, ending at ``end_offset - 1``) atomically.
+
+        Idempotent: when ``committed_end`` already is ``end_offset`` or more, nothing is written.
+        """
+        ...
+
+    def commit_settlements(self, destination: str, rows: pa.Table) -> None: ...
+    def read_messages(self, destination: str, start: int, end: int | None) -> pa.Table: ...
+    def read_settlements(self, destination: str) -> pa.Table: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SubscriptionInfo:
+    destination: str
+    name: str
+    start_offset: int
+    durable: bool = True
+
+
+@dataclass(frozen=True)
+class DestinationInfo:
+    name: str
+    kind: Kind
+    subscriptions: dict[str, SubscriptionInfo] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """A durable append: rows ``first_offset`` .. ``first_offset + count - 1``."""
+
+    destination: str
+    first_offset: int
+    count: int
+
+    @property
+    def offsets(self) -> range:
+        return range(self.first_offset, self.first_offset + self.count)

@@ -1,0 +1,161 @@
+"""The Delta store: every log is a Delta table written with delta-rs (the ``deltalake`` package).
+
+One writer per table (the journal guarantees it); message-log commits carry an app transaction
+``(sparkmq.messages, end_offset)`` so a retried commit is recognised — delta-rs does not enforce
+app-transaction versions itself, so :meth:`commit_messages` checks ``transaction_version`` first.
+Tables are created with ``delta.checkpointInterval`` so reading the log stays cheap.
+Every ``deltalake`` / OS error is translated to :class:`JournalError` in :func:`translate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+
+import fsspec
+import pyarrow as pa
+import pyarrow.dataset as pds
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from spark_mq.errors import JournalError
+from spark_mq.journal import layout
+from spark_mq.schema import BINDING_SCHEMA, MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
+
+UPSTREAM_ERRORS: tuple[type[BaseException], ...] = (DeltaError, OSError, pa.ArrowException)
+
+
+@contextlib.contextmanager
+def translate(what: str, destination: str | None = None) -> Iterator[None]:
+    """The one place where delta-rs, Arrow and OS errors become sparkmq errors."""
+    try:
+        yield
+    except UPSTREAM_ERRORS as exc:
+        hint = ""
+        if isinstance(exc, OSError) and exc.errno == 28 or "No space left" in str(exc):
+            hint = " (the disk is full: free space, then retry; nothing unacknowledged was kept)"
+        raise JournalError(
+            f"{what} failed: {type(exc).__name__}: {exc}{hint}", destination=destination or ""
+        ) from exc
+
+
+class DeltaStore:
+    durable = True
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        checkpoint_interval: int = 100,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.root = layout.normalize_root(root)
+        self._opts = storage_options or None
+        self._config = {"delta.checkpointInterval": str(checkpoint_interval)}
+        self._tables: dict[str, DeltaTable] = {}
+        self._lock = threading.Lock()
+        self._bindings_lock = threading.Lock()
+
+    # -- tables ------------------------------------------------------------------------------
+    def _open_or_create(self, uri: str, schema: pa.Schema) -> DeltaTable:
+        with self._lock:
+            dt = self._tables.get(uri)
+        if dt is not None:
+            return dt
+        try:
+            dt = DeltaTable(uri, storage_options=self._opts)
+        except TableNotFoundError:
+            dt = DeltaTable.create(
+                uri, schema, mode="ignore", configuration=self._config, storage_options=self._opts
+            )
+        with self._lock:
+            return self._tables.setdefault(uri, dt)
+
+    def read_bindings(self) -> pa.Table:
+        uri = layout.bindings_uri(self.root)
+        with translate("reading the bindings log"):
+            try:
+                dt = DeltaTable(uri, storage_options=self._opts)
+            except TableNotFoundError:
+                return BINDING_SCHEMA.empty_table()
+            return conform(dt.to_pyarrow_table(), BINDING_SCHEMA)
+
+    def append_bindings(self, rows: pa.Table) -> None:
+        uri = layout.bindings_uri(self.root)
+        with self._bindings_lock, translate("writing the bindings log"):
+            dt = self._open_or_create(uri, BINDING_SCHEMA)
+            write_deltalake(dt, rows, mode="append")
+
+    def create_logs(self, destination: str) -> None:
+        with translate("creating logs", destination):
+            self._open_or_create(layout.messages_uri(self.root, destination), MESSAGE_SCHEMA)
+            self._open_or_create(layout.settlements_uri(self.root, destination), SETTLEMENT_SCHEMA)
+
+    def drop_logs(self, destination: str) -> None:
+        uri = layout.destination_uri(self.root, destination)
+        with self._lock:
+            for key in [k for k in self._tables if k.startswith(uri + "/") or k == uri]:
+                del self._tables[key]
+        with translate("deleting logs", destination):
+            if layout.is_local(self.root):
+                if os.path.exists(uri):
+                    shutil.rmtree(uri)
+            else:
+                fs, path = fsspec.core.url_to_fs(uri, **(self._opts or {}))
+                if fs.exists(path):
+                    fs.rm(path, recursive=True)
+
+    # -- message log -------------------------------------------------------------------------
+    def _messages(self, destination: str) -> DeltaTable:
+        return self._open_or_create(layout.messages_uri(self.root, destination), MESSAGE_SCHEMA)
+
+    def committed_end(self, destination: str) -> int:
+        with translate("reading the message log version", destination):
+            dt = self._messages(destination)
+            dt.update_incremental()
+            return dt.transaction_version(layout.MESSAGES_APP_ID) or 0
+
+    def commit_messages(self, destination: str, rows: pa.Table, end_offset: int) -> None:
+        with translate("committing messages", destination):
+            dt = self._messages(destination)
+            if (dt.transaction_version(layout.MESSAGES_APP_ID) or 0) >= end_offset:
+                return  # a retry of a commit that already landed
+            write_deltalake(
+                dt,
+                rows,
+                mode="append",
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(layout.MESSAGES_APP_ID, end_offset)]
+                ),
+            )
+
+    def read_messages(self, destination: str, start: int, end: int | None) -> pa.Table:
+        with translate("reading messages", destination):
+            dt = DeltaTable(layout.messages_uri(self.root, destination), storage_options=self._opts)
+            cond = pds.field("offset") >= start
+            if end is not None:
+                cond = cond & (pds.field("offset") < end)
+            table = dt.to_pyarrow_dataset().to_table(filter=cond)
+            return conform(table, MESSAGE_SCHEMA).sort_by("offset")
+
+    # -- settlement log ----------------------------------------------------------------------
+    def commit_settlements(self, destination: str, rows: pa.Table) -> None:
+        with translate("committing settlements", destination):
+            dt = self._open_or_create(
+                layout.settlements_uri(self.root, destination), SETTLEMENT_SCHEMA
+            )
+            write_deltalake(dt, rows, mode="append")
+
+    def read_settlements(self, destination: str) -> pa.Table:
+        with translate("reading settlements", destination):
+            dt = DeltaTable(
+                layout.settlements_uri(self.root, destination), storage_options=self._opts
+            )
+            return conform(dt.to_pyarrow_table(), SETTLEMENT_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._tables.clear()

@@ -1,0 +1,238 @@
+"""The append journal: everything durable goes through here, whatever the store.
+
+* bindings: destinations and durable subscriptions (append-only events, replayed on open);
+* per destination, an append-only message log with gap-free int64 offsets assigned here;
+* per destination, an append-only settlement log (acks and other outcomes);
+* group commit through one :class:`DestinationWriter` per destination.
+
+A producer may be acknowledged once the future returned by :meth:`Journal.append` resolves:
+its rows are then committed to the store.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import pyarrow as pa
+
+from spark_mq.errors import (
+    DestinationExists,
+    DestinationNotFound,
+    SubscriptionNotFound,
+)
+from spark_mq.journal import bindings
+from spark_mq.journal.base import DestinationInfo, Kind, LogStore, SubscriptionInfo
+from spark_mq.journal.group_commit import DestinationWriter, OnCommit, WriterStats
+from spark_mq.names import validate_name
+from spark_mq.schema import SETTLEMENT_SCHEMA
+
+DEFAULT_BUFFER_TIMEOUT_S = 0.001
+DEFAULT_BUFFER_SIZE_BYTES = 490 * 1024
+DEFAULT_MAX_PENDING_BYTES = 256 * 1024 * 1024
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class Journal:
+    """Durable (or, with ``MemoryStore``, in-memory) logs for every destination."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        *,
+        buffer_timeout_s: float = DEFAULT_BUFFER_TIMEOUT_S,
+        buffer_size_bytes: int = DEFAULT_BUFFER_SIZE_BYTES,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        on_commit: OnCommit | None = None,
+        now_us: Callable[[], int] = _now_us,
+    ) -> None:
+        self.store = store
+        self._writer_opts = {
+            "buffer_timeout_s": buffer_timeout_s,
+            "buffer_size_bytes": buffer_size_bytes,
+            "max_pending_bytes": max_pending_bytes,
+        }
+        self._on_commit = on_commit
+        self._now_us = now_us
+        self._lock = threading.RLock()
+        self._dests: dict[str, DestinationInfo] = {}
+        self._writers: dict[str, DestinationWriter] = {}
+        self._seq = 0
+        self._opened = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def open(self) -> dict[str, DestinationInfo]:
+        """Replay the bindings and start a writer for every destination; returns them."""
+        with self._lock:
+            self._dests, self._seq = bindings.replay(self.store.read_bindings())
+            for name in self._dests:
+                self._start_writer(name)
+            self._opened = True
+            return dict(self._dests)
+
+    def close(self) -> None:
+        """Commit everything buffered, then stop the writers and the store."""
+        with self._lock:
+            writers, self._writers = list(self._writers.values()), {}
+        for w in writers:
+            w.close(drain=True)
+        self.store.close()
+
+    def _start_writer(self, name: str) -> None:
+        self._writers[name] = DestinationWriter(
+            self.store,
+            name,
+            self.store.committed_end(name),
+            on_commit=self._on_commit,
+            **self._writer_opts,
+        )
+
+    def _writer(self, name: str) -> DestinationWriter:
+        try:
+            return self._writers[name]
+        except KeyError:
+            raise DestinationNotFound(
+                f"destination {name!r} does not exist", destination=name
+            ) from None
+
+    def _record(self, ev: str, destination: str, **kw: object) -> None:
+        self.store.append_bindings(
+            bindings.event(self._seq, ev, destination, time_us=self._now_us(), **kw)  # type: ignore[arg-type]
+        )
+        self._seq += 1
+
+    # -- bindings ----------------------------------------------------------------------------
+    @property
+    def destinations(self) -> dict[str, DestinationInfo]:
+        with self._lock:
+            return dict(self._dests)
+
+    def destination(self, name: str) -> DestinationInfo:
+        with self._lock:
+            try:
+                return self._dests[name]
+            except KeyError:
+                raise DestinationNotFound(
+                    f"destination {name!r} does not exist", destination=name
+                ) from None
+
+    def create_destination(self, name: str, kind: Kind) -> tuple[DestinationInfo, bool]:
+        """Create a queue or topic; returns it and whether it was new. Idempotent per kind."""
+        validate_name(name)
+        if kind not in ("queue", "topic"):
+            raise ValueError(f"kind must be 'queue' or 'topic', got {kind!r}")
+        with self._lock:
+            existing = self._dests.get(name)
+            if existing is not None:
+                if existing.kind != kind:
+                    raise DestinationExists(
+                        f"{name!r} already exists as a {existing.kind}", destination=name
+                    )
+                return existing, False
+            self.store.drop_logs(name)  # leftovers of a delete interrupted by a crash
+            self.store.create_logs(name)
+            self._record(bindings.CREATE_DESTINATION, name, kind=kind)
+            info = bindings.new_destination(name, kind)
+            self._dests[name] = info
+            self._start_writer(name)
+            return info, True
+
+    def delete_destination(self, name: str) -> None:
+        """Delete a destination and its logs; pending appends fail with DestinationNotFound."""
+        with self._lock:
+            self.destination(name)
+            self._record(bindings.DELETE_DESTINATION, name)
+            del self._dests[name]
+            writer = self._writers.pop(name)
+        writer.close(drain=False)
+        self.store.drop_logs(name)
+
+    def create_subscription(self, destination: str, name: str) -> tuple[SubscriptionInfo, bool]:
+        """A durable subscription on a topic: it receives what is published from now on."""
+        validate_name(name, "subscription")
+        with self._lock:
+            info = self.destination(destination)
+            if info.kind != "topic":
+                raise DestinationExists(
+                    f"{destination!r} is a {info.kind}; subscriptions are for topics",
+                    destination=destination,
+                )
+            if name in info.subscriptions:
+                return info.subscriptions[name], False
+            start = self._writer(destination).next_offset
+            self._record(
+                bindings.CREATE_SUBSCRIPTION, destination, subscription=name, start_offset=start
+            )
+            sub = SubscriptionInfo(destination, name, start)
+            info.subscriptions[name] = sub
+            return sub, True
+
+    def delete_subscription(self, destination: str, name: str) -> None:
+        with self._lock:
+            info = self.destination(destination)
+            if name not in info.subscriptions or info.kind != "topic":
+                raise SubscriptionNotFound(
+                    f"topic {destination!r} has no subscription {name!r}",
+                    destination=destination,
+                    subscription=name,
+                )
+            self._record(bindings.DELETE_SUBSCRIPTION, destination, subscription=name)
+            del info.subscriptions[name]
+
+    # -- logs --------------------------------------------------------------------------------
+    def append(self, destination: str, rows: pa.Table) -> Future:
+        """Buffer ``rows`` (``UNOFFSET_SCHEMA``) for the next group commit.
+
+        The future resolves to an :class:`AppendResult` once the rows are durable.
+        """
+        return self._writer(destination).submit(rows, is_settlement=False)
+
+    def settle(
+        self,
+        destination: str,
+        offsets: list[int],
+        *,
+        subscription: str,
+        outcome: str = "ack",
+        reason: str | None = None,
+    ) -> Future:
+        """Record that ``subscription`` is done with ``offsets``; resolves once durable."""
+        n = len(offsets)
+        now = pa.array([self._now_us()] * n, pa.int64()).cast(SETTLEMENT_SCHEMA.field("settle_time").type)
+        rows = pa.table(
+            [
+                pa.array(offsets, pa.int64()),
+                pa.array([subscription] * n, pa.string()),
+                pa.array([outcome] * n, pa.string()),
+                now,
+                pa.array([reason] * n, pa.string()),
+            ],
+            schema=SETTLEMENT_SCHEMA,
+        )
+        return self._writer(destination).submit(rows, is_settlement=True)
+
+    def end_offset(self, destination: str) -> int:
+        """One past the last durable offset of ``destination``."""
+        return self._writer(destination).next_offset
+
+    def flush(self, destination: str | None = None) -> None:
+        with self._lock:
+            writers = [self._writer(destination)] if destination else list(self._writers.values())
+        for w in writers:
+            w.flush()
+
+    def read_messages(self, destination: str, start: int = 0, end: int | None = None) -> pa.Table:
+        self.destination(destination)
+        return self.store.read_messages(destination, start, end)
+
+    def read_settlements(self, destination: str) -> pa.Table:
+        self.destination(destination)
+        return self.store.read_settlements(destination)
+
+    def stats(self, destination: str) -> WriterStats:
+        return self._writer(destination).stats

@@ -1,0 +1,51 @@
+"""Where each log lives under the data root. Shared by the broker, the Spark connector and jobs.
+
+::
+
+    <root>/_bindings/                      destinations and subscriptions (Delta)
+    <root>/destinations/<name>/messages/   the message log (Delta)
+    <root>/destinations/<name>/settlements/the settlement log (Delta)
+"""
+
+from __future__ import annotations
+
+import os
+
+from spark_mq.names import validate_name
+
+MESSAGES_APP_ID = "sparkmq.messages"  # app-transaction id; its version is the log's end offset
+
+
+def is_local(root: str) -> bool:
+    return "://" not in root or root.startswith("file://")
+
+
+def normalize_root(root: str | os.PathLike[str]) -> str:
+    root = os.fspath(root)
+    if root.startswith("file://"):
+        root = root[len("file://") :]
+    if "://" in root:
+        return root.rstrip("/")
+    return os.path.abspath(root)
+
+
+def join(root: str, *parts: str) -> str:
+    if is_local(root):
+        return os.path.join(root, *parts)
+    return "/".join([root.rstrip("/"), *parts])
+
+
+def bindings_uri(root: str) -> str:
+    return join(root, "_bindings")
+
+
+def destination_uri(root: str, name: str) -> str:
+    return join(root, "destinations", validate_name(name))
+
+
+def messages_uri(root: str, name: str) -> str:
+    return join(destination_uri(root, name), "messages")
+
+
+def settlements_uri(root: str, name: str) -> str:
+    return join(destination_uri(root, name), "settlements")

@@ -1,0 +1,79 @@
+"""The in-memory store: the seeds' "persistence disabled" mode. Nothing survives a restart."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_mq.schema import BINDING_SCHEMA, MESSAGE_SCHEMA, SETTLEMENT_SCHEMA
+
+
+class _Logs:
+    def __init__(self) -> None:
+        self.messages: list[pa.Table] = []
+        self.settlements: list[pa.Table] = []
+        self.end = 0
+
+
+class MemoryStore:
+    durable = False
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bindings: list[pa.Table] = []
+        self._logs: dict[str, _Logs] = {}
+
+    def read_bindings(self) -> pa.Table:
+        with self._lock:
+            return pa.concat_tables([BINDING_SCHEMA.empty_table(), *self._bindings])
+
+    def append_bindings(self, rows: pa.Table) -> None:
+        with self._lock:
+            self._bindings.append(rows)
+
+    def create_logs(self, destination: str) -> None:
+        with self._lock:
+            self._logs.setdefault(destination, _Logs())
+
+    def drop_logs(self, destination: str) -> None:
+        with self._lock:
+            self._logs.pop(destination, None)
+
+    def _get(self, destination: str) -> _Logs:
+        with self._lock:
+            return self._logs.setdefault(destination, _Logs())
+
+    def committed_end(self, destination: str) -> int:
+        return self._get(destination).end
+
+    def commit_messages(self, destination: str, rows: pa.Table, end_offset: int) -> None:
+        logs = self._get(destination)
+        with self._lock:
+            if logs.end >= end_offset:
+                return
+            logs.messages.append(rows)
+            logs.end = end_offset
+
+    def commit_settlements(self, destination: str, rows: pa.Table) -> None:
+        logs = self._get(destination)
+        with self._lock:
+            logs.settlements.append(rows)
+
+    def read_messages(self, destination: str, start: int, end: int | None) -> pa.Table:
+        logs = self._get(destination)
+        with self._lock:
+            table = pa.concat_tables([MESSAGE_SCHEMA.empty_table(), *logs.messages])
+        mask = pc.greater_equal(table["offset"], start)
+        if end is not None:
+            mask = pc.and_(mask, pc.less(table["offset"], end))
+        return table.filter(mask)
+
+    def read_settlements(self, destination: str) -> pa.Table:
+        logs = self._get(destination)
+        with self._lock:
+            return pa.concat_tables([SETTLEMENT_SCHEMA.empty_table(), *logs.settlements])
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,202 @@
+"""The sparkmq protocol on Arrow Flight: pure encode/parse functions, no I/O.
+
+* ``DoPut`` produces: the descriptor is a :class:`Produce` command; each record batch is
+  answered, in order, by a :class:`PutAck` (or :class:`PutFailed`) once it is durable.
+* ``DoExchange`` consumes: the descriptor is a :class:`Consume` command. The broker first sends
+  :class:`Welcome`, then delivery batches (``DELIVERY_SCHEMA``). The client sends
+  :class:`Settle` frames (ack / nack / extend) as app-metadata-only messages; each is answered
+  by a :class:`Reply` once its effect is durable.
+* ``DoAction`` administers: the action type names the operation, the body is a JSON object.
+
+Every frame is JSON in app metadata. A malformed frame raises :class:`ProtocolError` whose
+``fault`` is ``"remote"`` (the peer sent it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from spark_mq.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+SettleVerb = Literal["ack", "nack", "extend"]
+ADMIN_ACTIONS = (
+    "create_destination",
+    "delete_destination",
+    "list_destinations",
+    "create_subscription",
+    "delete_subscription",
+    "stats",
+    "ping",
+)
+
+
+@dataclass(frozen=True)
+class Produce:
+    destination: str
+
+
+@dataclass(frozen=True)
+class Consume:
+    destination: str
+    subscription: str | None = None
+    prefetch: int | None = None
+
+
+@dataclass(frozen=True)
+class Welcome:
+    consumer_id: int
+    lease_s: float
+
+
+@dataclass(frozen=True)
+class Settle:
+    """``entries`` are ``(offset, delivery_count)`` pairs: the delivery count fences the lease."""
+
+    verb: SettleVerb
+    request_id: int
+    entries: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Reply:
+    request_id: int
+    ok: tuple[int, ...] = ()
+    errors: tuple[dict[str, Any], ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class PutAck:
+    seq: int
+    first_offset: int
+    count: int
+
+
+@dataclass(frozen=True)
+class PutFailed:
+    seq: int
+    error: dict[str, Any]
+
+
+Frame = Produce | Consume | Welcome | Settle | Reply | PutAck | PutFailed
+_TYPES: dict[str, type] = {
+    "produce": Produce,
+    "consume": Consume,
+    "welcome": Welcome,
+    "settle": Settle,
+    "reply": Reply,
+    "put_ack": PutAck,
+    "put_failed": PutFailed,
+}
+_NAMES = {cls: name for name, cls in _TYPES.items()}
+
+
+def encode(frame: Frame) -> bytes:
+    doc = asdict(frame)
+    doc["type"] = _NAMES[type(frame)]
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _int(doc: dict[str, Any], key: str, *, optional: bool = False) -> int | None:
+    value = doc.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProtocolError(f"field {key!r} must be an integer, got {value!r}", fault="remote")
+    return value
+
+
+def _str(doc: dict[str, Any], key: str, *, optional: bool = False) -> str | None:
+    value = doc.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ProtocolError(f"field {key!r} must be a string, got {value!r}", fault="remote")
+    return value
+
+
+def parse(data: bytes | memoryview | None) -> Frame:
+    """Parse one frame; anything else is a ``ProtocolError`` (never another exception)."""
+    if not data:
+        raise ProtocolError("empty frame", fault="remote")
+    try:
+        doc = json.loads(bytes(data))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"frame is not JSON: {exc}", fault="remote") from None
+    if not isinstance(doc, dict):
+        raise ProtocolError("frame must be a JSON object", fault="remote")
+    kind = doc.get("type")
+    match kind:
+        case "produce":
+            return Produce(_str(doc, "destination"))  # type: ignore[arg-type]
+        case "consume":
+            prefetch = _int(doc, "prefetch", optional=True)
+            if prefetch is not None and prefetch < 1:
+                raise ProtocolError("prefetch must be at least 1", fault="remote")
+            return Consume(
+                _str(doc, "destination"),  # type: ignore[arg-type]
+                _str(doc, "subscription", optional=True),
+                prefetch,
+            )
+        case "welcome":
+            lease = doc.get("lease_s")
+            if not isinstance(lease, int | float):
+                raise ProtocolError("lease_s must be a number", fault="remote")
+            return Welcome(_int(doc, "consumer_id"), float(lease))  # type: ignore[arg-type]
+        case "settle":
+            verb = doc.get("verb")
+            if verb not in ("ack", "nack", "extend"):
+                raise ProtocolError(f"unknown settle verb {verb!r}", fault="remote")
+            return Settle(verb, _int(doc, "request_id"), _entries(doc.get("entries")))  # type: ignore[arg-type]
+        case "reply":
+            ok = doc.get("ok", [])
+            errors = doc.get("errors", [])
+            if not isinstance(ok, list) or not all(isinstance(o, int) for o in ok):
+                raise ProtocolError("reply.ok must be a list of offsets", fault="remote")
+            if not isinstance(errors, list) or not all(isinstance(e, dict) for e in errors):
+                raise ProtocolError("reply.errors must be a list of objects", fault="remote")
+            return Reply(_int(doc, "request_id"), tuple(ok), tuple(errors))  # type: ignore[arg-type]
+        case "put_ack":
+            return PutAck(_int(doc, "seq"), _int(doc, "first_offset"), _int(doc, "count"))  # type: ignore[arg-type]
+        case "put_failed":
+            error = doc.get("error")
+            if not isinstance(error, dict):
+                raise ProtocolError("put_failed.error must be an object", fault="remote")
+            return PutFailed(_int(doc, "seq"), error)  # type: ignore[arg-type]
+        case _:
+            raise ProtocolError(f"unknown frame type {kind!r}", fault="remote")
+
+
+def _entries(value: object) -> tuple[tuple[int, int], ...]:
+    if not isinstance(value, list):
+        raise ProtocolError("settle.entries must be a list", fault="remote")
+    out = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in item)
+        ):
+            raise ProtocolError(
+                f"each settle entry must be [offset, delivery_count], got {item!r}", fault="remote"
+            )
+        out.append((item[0], item[1]))
+    return tuple(out)
+
+
+def encode_action_body(**fields: Any) -> bytes:
+    return json.dumps(fields, separators=(",", ":")).encode()
+
+
+def parse_action_body(data: bytes | None) -> dict[str, Any]:
+    if not data:
+        return {}
+    try:
+        doc = json.loads(bytes(data))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"action body is not JSON: {exc}", fault="remote") from None
+    if not isinstance(doc, dict):
+        raise ProtocolError("action body must be a JSON object", fault="remote")
+    return doc

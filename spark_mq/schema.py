@@ -1,0 +1,183 @@
+"""Arrow schemas: what sits in a Delta row and what crosses the wire.
+
+* ``MESSAGE_SCHEMA``: one row of a destination's message log (the Delta table).
+* ``PRODUCE_COLUMNS``: what a producer may send; :func:`normalize_produce_batch` checks and
+  converts it into ``MESSAGE_SCHEMA`` minus the broker-assigned ``offset``.
+* ``DELIVERY_SCHEMA``: what a consumer receives (message columns plus delivery state).
+* ``SETTLEMENT_SCHEMA``: one row of a destination's settlement log (acks and other outcomes).
+* ``BINDING_SCHEMA``: one event of the bindings log (destinations and subscriptions).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_mq.errors import MessageRejected, MessageTooLarge, SchemaMismatch
+
+TS = pa.timestamp("us", tz="UTC")
+HEADERS = pa.map_(pa.string(), pa.string())
+
+MESSAGE_SCHEMA = pa.schema(
+    [
+        pa.field("offset", pa.int64()),
+        pa.field("message_id", pa.string()),
+        pa.field("dedup_id", pa.string()),
+        pa.field("group_id", pa.string()),
+        pa.field("priority", pa.int32()),
+        pa.field("enqueue_time", TS),
+        pa.field("expiry_time", TS),
+        pa.field("headers", HEADERS),
+        pa.field("body", pa.binary()),
+    ]
+)
+UNOFFSET_SCHEMA = pa.schema([f for f in MESSAGE_SCHEMA if f.name != "offset"])
+
+DELIVERY_SCHEMA = pa.schema(
+    [*MESSAGE_SCHEMA, pa.field("delivery_count", pa.int32()), pa.field("redelivered", pa.bool_())]
+)
+
+SETTLEMENT_SCHEMA = pa.schema(
+    [
+        pa.field("offset", pa.int64()),
+        pa.field("subscription", pa.string()),
+        pa.field("outcome", pa.string()),
+        pa.field("settle_time", TS),
+        pa.field("reason", pa.string()),
+    ]
+)
+
+BINDING_SCHEMA = pa.schema(
+    [
+        pa.field("seq", pa.int64()),
+        pa.field("event", pa.string()),
+        pa.field("destination", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("subscription", pa.string()),
+        pa.field("start_offset", pa.int64()),
+        pa.field("time", TS),
+    ]
+)
+
+DEFAULT_PRIORITY = 4  # the JMS default
+QUEUE_SUBSCRIPTION = ""  # a queue is consumed through one implicit subscription
+
+# column -> (accepted types, type stored). ``ttl_ms`` is turned into ``expiry_time``.
+PRODUCE_COLUMNS: dict[str, pa.DataType] = {
+    "body": pa.binary(),
+    "message_id": pa.string(),
+    "dedup_id": pa.string(),
+    "group_id": pa.string(),
+    "priority": pa.int32(),
+    "headers": HEADERS,
+    "ttl_ms": pa.int64(),
+    "expiry_time": TS,
+}
+PRODUCE_SCHEMA = pa.schema([pa.field(n, t) for n, t in PRODUCE_COLUMNS.items()])
+
+
+def _cast_column(name: str, column: pa.ChunkedArray | pa.Array, target: pa.DataType) -> pa.Array:
+    if column.type == target:
+        return column
+    if name == "body" and not (
+        pa.types.is_binary(column.type)
+        or pa.types.is_large_binary(column.type)
+        or pa.types.is_binary_view(column.type)
+        or pa.types.is_string(column.type)
+        or pa.types.is_large_string(column.type)
+        or pa.types.is_string_view(column.type)
+    ):
+        raise SchemaMismatch(
+            f"column 'body' must be binary or string, got {column.type}", column="body"
+        )
+    try:
+        return column.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SchemaMismatch(
+            f"column {name!r} has type {column.type}, expected {target}: {exc}", column=name
+        ) from exc
+
+
+def normalize_produce_batch(
+    batch: pa.RecordBatch | pa.Table,
+    *,
+    enqueue_time_us: int,
+    max_message_bytes: int,
+    destination: str,
+) -> pa.Table:
+    """Check a produced batch and convert it to ``UNOFFSET_SCHEMA``.
+
+    Raises ``SchemaMismatch`` for a missing ``body``, an unknown column or a column of the wrong
+    type, ``MessageTooLarge`` for a body over ``max_message_bytes`` and ``MessageRejected`` for a
+    priority outside 0–9.
+    """
+    names = batch.schema.names
+    unknown = [n for n in names if n not in PRODUCE_COLUMNS]
+    if unknown:
+        raise SchemaMismatch(
+            f"unknown column(s) {unknown} in batch for {destination!r}; allowed: "
+            f"{sorted(PRODUCE_COLUMNS)}",
+            destination=destination,
+            column=unknown[0],
+        )
+    if "body" not in names:
+        raise SchemaMismatch(f"batch for {destination!r} has no 'body' column", destination=destination)
+    n = batch.num_rows
+    cols = {name: _cast_column(name, batch.column(name), PRODUCE_COLUMNS[name]) for name in names}
+    body = cols["body"]
+    if body.null_count:
+        raise SchemaMismatch("column 'body' must not contain nulls", destination=destination)
+    if n:
+        largest = pc.max(pc.binary_length(body)).as_py()
+        if largest > max_message_bytes:
+            raise MessageTooLarge(
+                f"a message body of {largest} bytes is over the limit of {max_message_bytes} bytes "
+                f"(setting limits.max_message_bytes) for {destination!r}",
+                destination=destination,
+                size=largest,
+                limit=max_message_bytes,
+            )
+    priority = cols.get("priority")
+    if priority is None:
+        priority = pa.array([DEFAULT_PRIORITY] * n, pa.int32())
+    else:
+        priority = pc.fill_null(priority, DEFAULT_PRIORITY)
+        if n and (pc.min(priority).as_py() < 0 or pc.max(priority).as_py() > 9):
+            raise MessageRejected("priority must be between 0 and 9", destination=destination)
+    enqueue = pa.array([enqueue_time_us] * n, pa.int64()).cast(TS)
+    expiry = cols.get("expiry_time")
+    if "ttl_ms" in cols:
+        ttl_expiry = pc.add(pa.array([enqueue_time_us] * n, pa.int64()), pc.multiply(cols["ttl_ms"], 1000))
+        ttl_expiry = ttl_expiry.cast(TS)
+        expiry = ttl_expiry if expiry is None else pc.coalesce(expiry, ttl_expiry)
+    if expiry is None:
+        expiry = pa.nulls(n, TS)
+
+    def opt(name: str, typ: pa.DataType) -> pa.Array:
+        return cols[name] if name in cols else pa.nulls(n, typ)
+
+    return pa.table(
+        [
+            opt("message_id", pa.string()),
+            opt("dedup_id", pa.string()),
+            opt("group_id", pa.string()),
+            priority,
+            enqueue,
+            expiry,
+            opt("headers", HEADERS),
+            body,
+        ],
+        schema=UNOFFSET_SCHEMA,
+    )
+
+
+def with_offsets(table: pa.Table, first_offset: int) -> pa.Table:
+    """Prepend the broker-assigned, gap-free ``offset`` column."""
+    offsets = pa.array(range(first_offset, first_offset + table.num_rows), pa.int64())
+    return table.add_column(0, MESSAGE_SCHEMA.field("offset"), offsets)
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Cast what a reader returned (delta-rs may give string_view, large types) to ``schema``."""
+    table = pa.table(table) if not isinstance(table, pa.Table) else table
+    return table.select(schema.names).cast(schema)
