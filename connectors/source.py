@@ -23,7 +23,6 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
-
 from spark_mq.connectors.delta_read import SOURCE_DDL, end_offset, read_range
 from spark_mq.connectors.options import SourceOptions
 
@@ -125,4 +124,3 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, int]) -> None:
         pass  # the log is read in place; compaction jobs decide what may go
-

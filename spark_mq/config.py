@@ -9,11 +9,11 @@ An invalid or unknown setting raises :class:`~spark_mq.errors.ConfigError` namin
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spark_mq.errors import ConfigError
@@ -136,7 +136,9 @@ def load_config(
         except FileNotFoundError as exc:
             raise ConfigError(f"config file not found: {path}", setting="--config") from exc
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}", setting="--config") from exc
+            raise ConfigError(
+                f"config file {path} is not valid TOML: {exc}", setting="--config"
+            ) from exc
     doc = _merge(doc, _env_overrides(os.environ if environ is None else environ))
     cli: dict[str, Any] = {}
     for dotted, value in (overrides or {}).items():

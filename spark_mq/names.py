@@ -17,7 +17,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 def validate_name(name: object, what: str = "destination") -> str:
     """Return ``name`` if it is a valid destination/subscription name, else raise."""
     if not isinstance(name, str) or not name:
-        raise InvalidNameError(f"{what} name must be a non-empty string, got {name!r}", name=str(name))
+        raise InvalidNameError(
+            f"{what} name must be a non-empty string, got {name!r}", name=str(name)
+        )
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidNameError(
             f"{what} name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}", name=name

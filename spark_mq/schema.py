@@ -109,7 +109,7 @@ def normalize_produce_batch(
 
     Raises ``SchemaMismatch`` for a missing ``body``, an unknown column or a column of the wrong
     type, ``MessageTooLarge`` for a body over ``max_message_bytes`` and ``MessageRejected`` for a
-    priority outside 0–9.
+    priority outside 0-9.
     """
     names = batch.schema.names
     unknown = [n for n in names if n not in PRODUCE_COLUMNS]
@@ -121,7 +121,9 @@ def normalize_produce_batch(
             column=unknown[0],
         )
     if "body" not in names:
-        raise SchemaMismatch(f"batch for {destination!r} has no 'body' column", destination=destination)
+        raise SchemaMismatch(
+            f"batch for {destination!r} has no 'body' column", destination=destination
+        )
     n = batch.num_rows
     cols = {name: _cast_column(name, batch.column(name), PRODUCE_COLUMNS[name]) for name in names}
     body = cols["body"]
@@ -147,7 +149,9 @@ def normalize_produce_batch(
     enqueue = pa.array([enqueue_time_us] * n, pa.int64()).cast(TS)
     expiry = cols.get("expiry_time")
     if "ttl_ms" in cols:
-        ttl_expiry = pc.add(pa.array([enqueue_time_us] * n, pa.int64()), pc.multiply(cols["ttl_ms"], 1000))
+        ttl_expiry = pc.add(
+            pa.array([enqueue_time_us] * n, pa.int64()), pc.multiply(cols["ttl_ms"], 1000)
+        )
         ttl_expiry = ttl_expiry.cast(TS)
         expiry = ttl_expiry if expiry is None else pc.coalesce(expiry, ttl_expiry)
     if expiry is None:

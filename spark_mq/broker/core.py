@@ -49,7 +49,9 @@ class Destination:
 def make_store(config: BrokerConfig) -> LogStore:
     if config.broker.persistence == "memory":
         return MemoryStore()
-    return DeltaStore(config.broker.data_dir, checkpoint_interval=config.journal.checkpoint_interval)
+    return DeltaStore(
+        config.broker.data_dir, checkpoint_interval=config.journal.checkpoint_interval
+    )
 
 
 class Broker:
@@ -83,11 +85,11 @@ class Broker:
         infos = self.journal.open()
         for info in infos.values():
             self._recover(info)
-        log.info(
-            "recovered %d destination(s) in %.2fs", len(infos), time.perf_counter() - started
-        )
+        log.info("recovered %d destination(s) in %.2fs", len(infos), time.perf_counter() - started)
         if run_timers:
-            self._timer = threading.Thread(target=self._timer_loop, name="broker-timers", daemon=True)
+            self._timer = threading.Thread(
+                target=self._timer_loop, name="broker-timers", daemon=True
+            )
             self._timer.start()
 
     def close(self) -> None:
@@ -113,7 +115,10 @@ class Broker:
             self._dests[info.name] = dest
         log.info(
             "destination %s (%s): end offset %d, %d unsettled row(s) in memory",
-            info.name, info.kind, self.journal.end_offset(info.name), dest.store.rows,
+            info.name,
+            info.kind,
+            self.journal.end_offset(info.name),
+            dest.store.rows,
         )
 
     def _subscription(
@@ -188,7 +193,7 @@ class Broker:
 
     def create_destination(self, name: str, kind: Kind) -> bool:
         with self._lock:
-            info, created = self.journal.create_destination(name, kind)
+            _, created = self.journal.create_destination(name, kind)
             if created:
                 dest = Destination(name, kind)
                 if kind == "queue":

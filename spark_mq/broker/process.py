@@ -61,7 +61,9 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
     running = RunningBroker(Broker(config), config.broker.host, config.broker.port)
     log.info(
         "sparkmq broker listening on %s (data: %s, persistence: %s)",
-        running.url, config.broker.data_dir, config.broker.persistence,
+        running.url,
+        config.broker.data_dir,
+        config.broker.persistence,
     )
     if ready_file:
         tmp = f"{ready_file}.tmp"

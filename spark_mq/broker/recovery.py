@@ -58,6 +58,8 @@ def recover_destination(
     if rows is None:
         return subs, journal.read_messages(info.name, end, end)
     if info.kind == "queue" and subs and subs[0].settled_above:
-        keep = pc.invert(pc.is_in(rows["offset"], pa.array(sorted(subs[0].settled_above), pa.int64())))
+        keep = pc.invert(
+            pc.is_in(rows["offset"], pa.array(sorted(subs[0].settled_above), pa.int64()))
+        )
         rows = rows.filter(keep)
     return subs, rows

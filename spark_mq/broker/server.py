@@ -133,7 +133,9 @@ class FlightService(fl.FlightServerBase):
         except SparkMQError as exc:
             raise _flight_error(exc) from None
         log.info(
-            "consumer %d attached to %s%s", session.consumer_id, cmd.destination,
+            "consumer %d attached to %s%s",
+            session.consumer_id,
+            cmd.destination,
             f" subscription {cmd.subscription}" if cmd.subscription else "",
         )
         done = threading.Event()
@@ -142,7 +144,9 @@ class FlightService(fl.FlightServerBase):
         def read_settles() -> None:
             try:
                 for chunk in reader:
-                    frame = protocol.parse(chunk.app_metadata.to_pybytes() if chunk.app_metadata else b"")
+                    frame = protocol.parse(
+                        chunk.app_metadata.to_pybytes() if chunk.app_metadata else b""
+                    )
                     if not isinstance(frame, Settle):
                         raise ProtocolError("consumers may only send settle frames", fault="remote")
                     session.settle(frame)
@@ -158,7 +162,11 @@ class FlightService(fl.FlightServerBase):
         try:
             writer.begin(DELIVERY_SCHEMA)
             writer.write_metadata(
-                pa.py_buffer(protocol.encode(protocol.Welcome(session.consumer_id, session.subscription.lease_s)))
+                pa.py_buffer(
+                    protocol.encode(
+                        protocol.Welcome(session.consumer_id, session.subscription.lease_s)
+                    )
+                )
             )
             while not done.is_set() and not session.closed and not context.is_cancelled():
                 session.wakeup.wait(_IDLE_WAKE_S)
@@ -194,7 +202,9 @@ def _ack_in_order(
                 res = result.result()
                 frame = PutAck(seq, res.first_offset, res.count)
             except Exception as exc:
-                err = exc if isinstance(exc, SparkMQError) else SparkMQError(f"internal error: {exc}")
+                err = (
+                    exc if isinstance(exc, SparkMQError) else SparkMQError(f"internal error: {exc}")
+                )
                 frame = PutFailed(seq, json.loads(to_wire(err)))
         try:
             writer.write(pa.py_buffer(protocol.encode(frame)))

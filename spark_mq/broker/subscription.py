@@ -195,7 +195,9 @@ class Subscription:
         now = self._now()
         with self._lock:
             lapsed = [
-                o for o, lease in self._leases.items() if lease.deadline <= now and not lease.settling
+                o
+                for o, lease in self._leases.items()
+                if lease.deadline <= now and not lease.settling
             ]
             for offset in lapsed:
                 lease = self._leases.pop(offset)
@@ -208,7 +210,8 @@ class Subscription:
         """A consumer left: its unsettled messages go back for redelivery."""
         with self._lock:
             mine = [
-                o for o, lease in self._leases.items()
+                o
+                for o, lease in self._leases.items()
                 if lease.consumer_id == consumer_id and not lease.settling
             ]
             for offset in mine:

@@ -12,6 +12,7 @@ import pyarrow.flight as fl
 from spark_mq import protocol
 from spark_mq.errors import (
     BrokerUnavailable,
+    MessageTooLarge,
     OperationTimeout,
     ProtocolError,
     SparkMQError,
@@ -28,6 +29,13 @@ def translate_flight_error(exc: BaseException) -> SparkMQError:
     extra = getattr(exc, "extra_info", None)
     if extra:
         return from_wire(extra, str(exc))
+    if isinstance(exc, fl.FlightWriteSizeExceededError):
+        return MessageTooLarge(
+            f"a batch is over the transport's message size limit ({exc.limit} bytes, this one "
+            f"{exc.actual}): send smaller batches",
+            size=exc.actual,
+            limit=exc.limit,
+        )
     if isinstance(exc, fl.FlightTimedOutError):
         return OperationTimeout(f"the broker did not answer in time: {exc}")
     if isinstance(exc, fl.FlightUnavailableError | fl.FlightCancelledError | ConnectionError):
@@ -37,8 +45,17 @@ def translate_flight_error(exc: BaseException) -> SparkMQError:
     if isinstance(exc, fl.FlightError | OSError):
         # gRPC reports a dead peer in several ways; the message is the only tell
         text = str(exc)
-        if any(s in text for s in ("Connection refused", "failed to connect", "Socket closed",
-                                   "Connection reset", "UNAVAILABLE", "Broken pipe")):
+        if any(
+            s in text
+            for s in (
+                "Connection refused",
+                "failed to connect",
+                "Socket closed",
+                "Connection reset",
+                "UNAVAILABLE",
+                "Broken pipe",
+            )
+        ):
             return BrokerUnavailable(f"cannot reach the broker: {text}")
         return ProtocolError(f"unexpected error from the broker: {text}", fault="remote")
     return SparkMQError(f"{type(exc).__name__}: {exc}")
@@ -50,14 +67,22 @@ def translated() -> Iterator[None]:
         yield
     except SparkMQError:
         raise
-    except (fl.FlightError, OSError) as exc:
+    except (fl.FlightError, fl.FlightWriteSizeExceededError, OSError) as exc:
         raise translate_flight_error(exc) from exc
 
 
 def connect(url: str, timeout_s: float) -> tuple[fl.FlightClient, fl.FlightCallOptions]:
+    """A client, and call options for unary calls (admin actions) with ``timeout_s``.
+
+    Streams (produce, consume) must not use those options: a gRPC deadline bounds the whole
+    call, so a long-lived stream would be cut off after ``timeout_s``.
+    """
     with translated():
         client = fl.FlightClient(url)
     return client, fl.FlightCallOptions(timeout=timeout_s)
+
+
+STREAM_OPTIONS = fl.FlightCallOptions()
 
 
 def call_action(

@@ -27,7 +27,13 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq import protocol
-from spark_mq.client._transport import DEFAULT_URL, connect, translate_flight_error, translated
+from spark_mq.client._transport import (
+    DEFAULT_URL,
+    STREAM_OPTIONS,
+    connect,
+    translate_flight_error,
+    translated,
+)
 from spark_mq.client.message import Message
 from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError, SparkMQError
 from spark_mq.names import validate_name
@@ -71,7 +77,7 @@ class Consumer:
         self.consumer_id: int | None = None
         try:
             with translated():
-                self._writer, self._reader = self._client.do_exchange(descriptor, self._options)
+                self._writer, self._reader = self._client.do_exchange(descriptor, STREAM_OPTIONS)
                 first = self._reader.read_chunk()  # the Welcome, or the broker's refusal
             self._handle_metadata(first.app_metadata)
         except BaseException:
@@ -79,7 +85,9 @@ class Consumer:
             raise
         self._reader_thread = threading.Thread(target=self._read, name="consumer-read", daemon=True)
         self._reader_thread.start()
-        self._settler = threading.Thread(target=self._settle_loop, name="consumer-settle", daemon=True)
+        self._settler = threading.Thread(
+            target=self._settle_loop, name="consumer-settle", daemon=True
+        )
         self._settler.start()
 
     def __enter__(self) -> Consumer:
@@ -143,9 +151,8 @@ class Consumer:
         entries = [(m.offset, m.delivery_count) for m in msgs]
         with self._settle_cond:
             self._settles.append((verb, entries, fut))
-            if sum(len(e) for _, e, _ in self._settles) >= self._settle_batch:
-                self._settle_cond.notify()
-            elif len(self._settles) == 1:
+            queued = sum(len(e) for _, e, _ in self._settles)
+            if queued >= self._settle_batch or len(self._settles) == 1:
                 self._settle_cond.notify()
         return fut
 
@@ -192,8 +199,8 @@ class Consumer:
                     if bad:
                         fut.set_exception(
                             LeaseError(
-                                f"{len(bad)} of {len(offsets)} settle(s) refused: offset {bad[0][0]}: "
-                                f"{bad[0][1]}",
+                                f"{len(bad)} of {len(offsets)} settle(s) refused: "
+                                f"offset {bad[0][0]}: {bad[0][1]}",
                                 destination=self.destination,
                                 offset=bad[0][0],
                             )
@@ -252,4 +259,8 @@ class Consumer:
             except (fl.FlightError, OSError):
                 pass  # the broker is gone already: nothing left to tell it
         self._reader_thread.join(timeout=30)
+        try:
+            self._writer.close()
+        except (fl.FlightError, OSError):
+            pass  # the stream's outcome was already reported to every settle future
         self._client.close()

@@ -25,8 +25,20 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from spark_mq import protocol
-from spark_mq.client._transport import DEFAULT_URL, connect, translate_flight_error, translated
-from spark_mq.errors import BrokerUnavailable, ProtocolError, SchemaMismatch, SparkMQError, from_wire
+from spark_mq.client._transport import (
+    DEFAULT_URL,
+    STREAM_OPTIONS,
+    connect,
+    translate_flight_error,
+    translated,
+)
+from spark_mq.errors import (
+    BrokerUnavailable,
+    ProtocolError,
+    SchemaMismatch,
+    SparkMQError,
+    from_wire,
+)
 from spark_mq.names import validate_name
 from spark_mq.schema import PRODUCE_SCHEMA, TS
 
@@ -61,7 +73,8 @@ def _conform_produce(table: pa.Table) -> pa.Table:
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise SchemaMismatch(
                     f"column {field.name!r} has type {table[field.name].type}, expected "
-                    f"{field.type}", column=field.name
+                    f"{field.type}",
+                    column=field.name,
                 ) from exc
         else:
             cols.append(pa.nulls(table.num_rows, field.type))
@@ -77,7 +90,7 @@ class _PutStream:
         self.destination = destination
         descriptor = fl.FlightDescriptor.for_command(protocol.encode(protocol.Produce(destination)))
         with translated():
-            self._writer, self._acks = client.do_put(descriptor, PRODUCE_SCHEMA, options)
+            self._writer, self._acks = client.do_put(descriptor, PRODUCE_SCHEMA, STREAM_OPTIONS)
         self._lock = threading.Lock()
         self._window = threading.Semaphore(window)
         self._in_flight: deque[list[Future]] = deque()
@@ -94,6 +107,10 @@ class _PutStream:
             self._in_flight.append(futures)
             try:
                 self._writer.write_batch(batch)
+            except fl.FlightWriteSizeExceededError as exc:
+                self._in_flight.pop()  # this batch was not sent; the stream is still fine
+                self._window.release()
+                raise translate_flight_error(exc) from exc
             except (fl.FlightError, OSError) as exc:
                 self._fail(translate_flight_error(exc))
                 raise self.broken from exc  # type: ignore[misc]
@@ -122,7 +139,9 @@ class _PutStream:
                         for f in futures:
                             f.set_exception(err)
                     case _:
-                        raise ProtocolError(f"unexpected answer to a produce: {frame}", fault="remote")
+                        raise ProtocolError(
+                            f"unexpected answer to a produce: {frame}", fault="remote"
+                        )
             with self._lock:
                 self._fail(BrokerUnavailable("the broker closed the produce stream"))
         except (fl.FlightError, OSError, SparkMQError) as exc:
@@ -177,9 +196,12 @@ class Producer:
         self._first_at: dict[str, float] = {}
         self._streams: dict[str, _PutStream] = {}
         self._stream_lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._closed = False
         self._wake = threading.Condition(self._lock)
-        self._lingerer = threading.Thread(target=self._linger_loop, name="producer-linger", daemon=True)
+        self._lingerer = threading.Thread(
+            target=self._linger_loop, name="producer-linger", daemon=True
+        )
         self._lingerer.start()
 
     def __enter__(self) -> Producer:
@@ -242,9 +264,8 @@ class Producer:
             buf.append(item)
             self._buffer_bytes[dest] = self._buffer_bytes.get(dest, 0) + len(body)
             full = len(buf) >= self._batch_size or self._buffer_bytes[dest] >= self._batch_bytes
-            taken = self._take(dest) if full else None
-        if taken:
-            self._send_now(dest, taken)
+        if full:
+            self._flush_dest(dest)
         return fut
 
     def send_sync(self, body: bytes | str, **kwargs: Any) -> int:
@@ -268,7 +289,13 @@ class Producer:
         if isinstance(bodies, pa.Table | pa.RecordBatch):
             table = pa.table(bodies) if isinstance(bodies, pa.RecordBatch) else bodies
         else:
-            table = pa.table({"body": pa.array([b.encode() if isinstance(b, str) else b for b in bodies], pa.binary())})
+            table = pa.table(
+                {
+                    "body": pa.array(
+                        [b.encode() if isinstance(b, str) else b for b in bodies], pa.binary()
+                    )
+                }
+            )
         table = _conform_produce(table)
         if pc.all(pc.is_null(table["dedup_id"])).as_py():
             n = table.num_rows
@@ -277,24 +304,20 @@ class Producer:
             ids = pc.binary_join_element_wise(self._prefix, seqs, "-")
             table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
         self.flush(dest)  # keep order with what send() buffered for this destination
-        stream = self._stream(dest)
         futures: list[Future] = []
-        for batch in table.to_batches(max_chunksize=self._batch_size):
-            batch_futures = [Future() for _ in range(batch.num_rows)]
-            stream.write(batch, batch_futures)
-            futures.extend(batch_futures)
+        with self._send_lock:
+            stream = self._stream(dest)
+            for batch in table.to_batches(max_chunksize=self._batch_size):
+                batch_futures = [Future() for _ in range(batch.num_rows)]
+                stream.write(batch, batch_futures)
+                futures.extend(batch_futures)
         return [f.result() for f in futures] if wait else futures
 
     def flush(self, destination: str | None = None) -> None:
         """Send what is buffered (for one destination, or all) and wait until it is durable."""
         with self._lock:
             dests = [destination] if destination else list(self._buffers)
-            work = [(d, self._take(d)) for d in dests if d in self._buffers]
-        futures = []
-        for dest, items in work:
-            if items:
-                futures.extend(i.future for i in items)
-                self._send_now(dest, items)
+        futures = [i.future for d in dests for i in self._flush_dest(d)]
         for f in futures:
             f.exception()
 
@@ -314,6 +337,15 @@ class Producer:
         self._client.close()
 
     # -- internals ---------------------------------------------------------------------------
+    def _flush_dest(self, dest: str) -> list[_Pending]:
+        """Take a destination's buffer and write it; one at a time, so batches keep order."""
+        with self._send_lock:
+            with self._lock:
+                items = self._take(dest)
+            if items:
+                self._send_now(dest, items)
+            return items
+
     def _take(self, dest: str) -> list[_Pending]:
         items = self._buffers.pop(dest, [])
         self._buffer_bytes.pop(dest, None)
@@ -332,11 +364,10 @@ class Producer:
                 if not ready:
                     self._wake.wait(min(due.values()) - now)
                     continue
-                work = [(d, self._take(d)) for d in ready]
                 self._lock.release()
                 try:
-                    for dest, items in work:
-                        self._send_now(dest, items)
+                    for dest in ready:
+                        self._flush_dest(dest)
                 finally:
                     self._lock.acquire()
 

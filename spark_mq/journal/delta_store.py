@@ -35,7 +35,7 @@ def translate(what: str, destination: str | None = None) -> Iterator[None]:
         yield
     except UPSTREAM_ERRORS as exc:
         hint = ""
-        if isinstance(exc, OSError) and exc.errno == 28 or "No space left" in str(exc):
+        if (isinstance(exc, OSError) and exc.errno == 28) or "No space left" in str(exc):
             hint = " (the disk is full: free space, then retry; nothing unacknowledged was kept)"
         raise JournalError(
             f"{what} failed: {type(exc).__name__}: {exc}{hint}", destination=destination or ""

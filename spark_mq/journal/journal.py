@@ -203,7 +203,9 @@ class Journal:
     ) -> Future:
         """Record that ``subscription`` is done with ``offsets``; resolves once durable."""
         n = len(offsets)
-        now = pa.array([self._now_us()] * n, pa.int64()).cast(SETTLEMENT_SCHEMA.field("settle_time").type)
+        now = pa.array([self._now_us()] * n, pa.int64()).cast(
+            SETTLEMENT_SCHEMA.field("settle_time").type
+        )
         rows = pa.table(
             [
                 pa.array(offsets, pa.int64()),

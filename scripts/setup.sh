@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Creates .venv with sparkmq and its test tools. Idempotent: reinstalls only when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if ! command -v "$PY" >/dev/null 2>&1; then
+  echo "sparkmq needs Python 3.10+ ('$PY' not found). Install python3, or set PYTHON=/path/to/python." >&2
+  exit 1
+fi
+if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
+  echo "sparkmq needs Python 3.10 or newer; $PY is $("$PY" --version 2>&1)." >&2
+  exit 1
+fi
+if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
+  echo "Spark needs Java 17, and no 'java' is on PATH." >&2
+  echo "Install it, e.g.:  sudo apt-get install -y openjdk-17-jre-headless   (Debian/Ubuntu)" >&2
+  echo "                   brew install openjdk@17                          (macOS)" >&2
+  exit 1
+fi
+JAVA_BIN=${JAVA_HOME:+$JAVA_HOME/bin/}java
+JAVA_MAJOR=$("$JAVA_BIN" -version 2>&1 | sed -nE 's/.*version "([0-9]+).*/\1/p' | head -1)
+if [ -n "$JAVA_MAJOR" ] && [ "$JAVA_MAJOR" -lt 17 ]; then
+  echo "Spark 4 needs Java 17 or newer; found Java $JAVA_MAJOR. Install openjdk-17." >&2
+  exit 1
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  "$PY" -m venv .venv
+fi
+STAMP=.venv/.sparkmq-installed
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  echo "==> installing sparkmq and its dependencies into .venv (first time: a few minutes, pyspark is large)"
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e '.[test]'
+  touch "$STAMP"
+fi

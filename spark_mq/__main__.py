@@ -1,0 +1,3 @@
+from spark_mq.cli import main
+
+main()

@@ -1,0 +1,86 @@
+"""Starting a broker as a separate process and waiting until it listens (demo, tests, bench)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from spark_mq.errors import BrokerUnavailable
+
+
+class BrokerProcess:
+    """``sparkmq broker`` in a child process; ``url`` is valid once :meth:`start` returns."""
+
+    def __init__(
+        self, data_dir: str, *, extra_args: list[str] | None = None, log_file: str | None = None
+    ) -> None:
+        self.data_dir = data_dir
+        self.extra_args = extra_args or []
+        self.log_file = log_file
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self, timeout_s: float = 60.0) -> BrokerProcess:
+        ready = Path(tempfile.mkdtemp(prefix="sparkmq-ready-")) / "ready.json"
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "spark_mq",
+                "broker",
+                "--port",
+                "0",
+                "--data-dir",
+                self.data_dir,
+                "--ready-file",
+                str(ready),
+                *self.extra_args,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT if self.log_file else subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        deadline = time.monotonic() + timeout_s
+        while not ready.exists():
+            if self.proc.poll() is not None:
+                raise BrokerUnavailable(
+                    f"the broker exited with code {self.proc.returncode} before listening"
+                    + (f"; see {self.log_file}" if self.log_file else "")
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise BrokerUnavailable(f"the broker did not start within {timeout_s}s")
+            time.sleep(0.05)
+        self.url = json.loads(ready.read_text())["url"]
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no goodbye (crash tests)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait: the broker flushes pending commits first."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def __enter__(self) -> BrokerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

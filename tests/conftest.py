@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spark_mq.broker import Broker, RunningBroker
+from spark_mq.clock import ManualClock
+from spark_mq.config import load_config
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole suite (start-up costs ~10 s)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    from spark_mq.connectors import register
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("sparkmq-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+def start_inprocess(data_dir: Path, clock: ManualClock, **settings: object) -> RunningBroker:
+    overrides = {"broker.data_dir": str(data_dir), "broker.port": 0, **settings}
+    config = load_config(overrides=overrides, environ={})
+    return RunningBroker(Broker(config, clock=clock), "127.0.0.1", 0)
+
+
+@pytest.fixture
+def broker(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
+    """A real broker with a real Flight server on port 0, in this process, on a manual clock."""
+    running = start_inprocess(tmp_path / "data", clock)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def receive_n(consumer, n: int, timeout: float = 10.0) -> list:
+    """Exactly ``n`` messages (deliveries may arrive in several batches), else fail."""
+    got: list = []
+    while len(got) < n:
+        batch = consumer.receive_many(n - len(got), timeout=timeout)
+        assert batch, f"only {len(got)} of {n} messages arrived within {timeout}s"
+        got += batch
+    return got

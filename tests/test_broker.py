@@ -1,0 +1,192 @@
+"""Produce, consume, ack, nack, topics and errors through the SDK against a real Flight broker."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from spark_mq import (
+    Admin,
+    Consumer,
+    DestinationNotFound,
+    InvalidNameError,
+    LeaseError,
+    MessageTooLarge,
+    Producer,
+    SchemaMismatch,
+    SubscriptionNotFound,
+    protocol,
+)
+from spark_mq.broker import RunningBroker
+from tests.conftest import receive_n, start_inprocess
+
+
+def test_produce_consume_ack(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        assert admin.create_queue("orders") is True
+        assert admin.create_queue("orders") is False
+    with Producer(broker.url, destination="orders") as producer:
+        futures = [producer.send(f"m{i}", headers={"i": str(i)}, group_id="g") for i in range(25)]
+        producer.flush()
+        assert [f.result() for f in futures] == list(range(25))
+        assert producer.send_sync("sync") == 25
+        assert producer.send_batch([b"b1", b"b2"]) == [26, 27]
+    with Consumer(broker.url, "orders", prefetch=100) as consumer:
+        got = receive_n(consumer, 28)
+        assert [m.offset for m in got] == list(range(28))
+        assert got[3].text == "m3" and got[3].headers == {"i": "3"} and got[3].group_id == "g"
+        assert got[0].delivery_count == 1 and not got[0].redelivered
+        assert got[0].dedup_id and got[0].dedup_id != got[1].dedup_id
+        consumer.ack(got[:20]).result(timeout=10)
+    with Admin(broker.url) as admin:
+        stats = admin.stats("orders")
+    assert stats["acked"] == 20
+    assert stats["depth"] == 8  # the 8 unacked went back when the consumer left
+    # a new consumer gets exactly the unacked ones, flagged as redelivered
+    with Consumer(broker.url, "orders") as consumer:
+        again = receive_n(consumer, 8)
+        assert consumer.receive(timeout=0.2) is None
+        assert [m.offset for m in again] == list(range(20, 28))
+        assert all(m.redelivered and m.delivery_count == 2 for m in again)
+
+
+def test_nack_redelivers_with_higher_count(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    with Producer(broker.url, destination="q") as producer:
+        producer.send_batch([b"only"])
+    with Consumer(broker.url, "q", prefetch=1) as consumer:
+        first = consumer.receive(timeout=5)
+        assert first is not None and first.delivery_count == 1
+        first.nack().result(timeout=5)
+        second = consumer.receive(timeout=5)
+        assert second is not None
+        assert (second.offset, second.redelivered, second.delivery_count) == (0, True, 2)
+        # the first delivery's fence is stale now
+        with pytest.raises(LeaseError, match=r"already|stale|not delivered"):
+            first.ack().result(timeout=5)
+        second.ack().result(timeout=5)
+        with pytest.raises(LeaseError, match="already settled"):
+            second.ack().result(timeout=5)
+
+
+def test_prefetch_bounds_unacked_deliveries(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    with Producer(broker.url, destination="q") as producer:
+        producer.send_batch([b"%d" % i for i in range(50)])
+    with Consumer(broker.url, "q", prefetch=10) as a, Consumer(broker.url, "q", prefetch=10) as b:
+        got_a = a.receive_many(50, timeout=5)
+        got_b = b.receive_many(50, timeout=5)
+        # each holds at most 10 unacked, and they never share a message
+        assert len(got_a) <= 10 and len(got_b) <= 10
+        assert not {m.offset for m in got_a} & {m.offset for m in got_b}
+        a.ack(got_a).result(timeout=5)
+        more = a.receive_many(50, timeout=5)
+        assert more and not {m.offset for m in more} & {m.offset for m in got_a + got_b}
+
+
+def test_topic_with_two_durable_subscriptions(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_topic("events")
+        admin.create_subscription("events", "billing")
+        admin.create_subscription("events", "audit")
+    with Producer(broker.url, destination="events") as producer:
+        producer.send_batch([b"e0", b"e1", b"e2"])
+    with Admin(broker.url) as admin:
+        admin.create_subscription("events", "late")  # sees only what comes after it
+    with Producer(broker.url, destination="events") as producer:
+        producer.send_batch([b"e3"])
+
+    def drain(sub: str, n: int) -> list[bytes]:
+        with Consumer(broker.url, "events", subscription=sub) as c:
+            got = receive_n(c, n)
+            c.ack(got).result(timeout=5)
+            assert c.receive(timeout=0.2) is None
+            return [m.body for m in got]
+
+    assert drain("billing", 4) == [b"e0", b"e1", b"e2", b"e3"]
+    assert drain("audit", 4) == [b"e0", b"e1", b"e2", b"e3"]
+    assert drain("late", 1) == [b"e3"]
+    with Admin(broker.url) as admin:
+        stats = admin.stats("events")
+        assert stats["subscriptions"]["billing"]["acked"] == 4
+        with pytest.raises(SubscriptionNotFound):
+            Consumer(broker.url, "events", subscription="nobody")
+        with pytest.raises(SubscriptionNotFound):
+            Consumer(broker.url, "events")
+
+
+def test_clear_errors_for_bad_input(broker: RunningBroker, tmp_path, clock) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+        with pytest.raises(DestinationNotFound, match="'missing' does not exist"):
+            admin.stats("missing")
+        for bad in ("../etc", "a/b", "", ".hidden", "x" * 300):
+            with pytest.raises(InvalidNameError):
+                admin.create_queue(bad)
+    with Producer(broker.url) as producer:
+        with pytest.raises(DestinationNotFound):
+            producer.send_batch([b"x"], destination="missing")
+        with pytest.raises(SchemaMismatch, match="unknown column"):
+            producer.send_batch(pa.table({"body": [b"x"], "colour": ["red"]}), destination="q")
+        with pytest.raises(SchemaMismatch, match="'priority'"):
+            producer.send_batch(pa.table({"body": [b"x"], "priority": ["high"]}), destination="q")
+    with pytest.raises(DestinationNotFound):
+        Consumer(broker.url, "missing")
+
+    small = start_inprocess(tmp_path / "small", clock, **{"limits.max_message_bytes": 100})
+    try:
+        with Admin(small.url) as admin:
+            admin.create_queue("q")
+        with Producer(small.url, destination="q") as producer:
+            with pytest.raises(MessageTooLarge, match="101 bytes is over the limit of 100") as info:
+                producer.send_batch([b"x" * 101])
+            assert (info.value.size, info.value.limit) == (101, 100)
+            assert producer.send_batch([b"x" * 100]) == [
+                0
+            ]  # nothing was stored for the refused one
+    finally:
+        small.stop()
+
+
+def test_raw_flight_client_gets_protocol_errors(broker: RunningBroker) -> None:
+    """A client that is not the SDK sends malformed commands and frames."""
+    client = fl.FlightClient(broker.url)
+    with pytest.raises(fl.FlightServerError, match="not JSON"):
+        list(client.do_action(fl.Action("stats", b"{nope")))
+    with pytest.raises(fl.FlightServerError, match="unknown action"):
+        list(client.do_action(fl.Action("format_disk", b"{}")))
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    # a produce batch is answered in order with a put_failed frame naming the problem
+    desc = fl.FlightDescriptor.for_command(protocol.encode(protocol.Produce("q")))
+    schema = pa.schema([("nobody", pa.int64())])
+    writer, acks = client.do_put(desc, schema)
+    writer.write_batch(pa.record_batch([pa.array([1])], schema=schema))
+    frame = protocol.parse(acks.read().to_pybytes())
+    assert isinstance(frame, protocol.PutFailed) and frame.error["code"] == "schema_mismatch"
+    writer.close()
+    # a consumer sending garbage instead of settle frames is cut off with a protocol error
+    desc = fl.FlightDescriptor.for_command(protocol.encode(protocol.Consume("q")))
+    writer, reader = client.do_exchange(desc)
+    welcome = protocol.parse(reader.read_chunk().app_metadata.to_pybytes())
+    assert isinstance(welcome, protocol.Welcome)
+    writer.write_metadata(pa.py_buffer(b"\x00garbage"))
+    with pytest.raises(fl.FlightServerError, match="not JSON"):
+        while True:
+            reader.read_chunk()
+    client.close()
+
+
+def test_delete_destination(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("gone")
+        admin.delete_destination("gone")
+        assert "gone" not in [d["name"] for d in admin.list_destinations()]
+        with pytest.raises(DestinationNotFound):
+            admin.delete_destination("gone")
+        # re-created empty
+        admin.create_queue("gone")
+        assert admin.stats("gone")["end_offset"] == 0

@@ -1,0 +1,172 @@
+"""Config validation, names, the wire codec (property-tested) and error translation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.flight as fl
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spark_mq import errors, protocol
+from spark_mq.client._transport import translate_flight_error
+from spark_mq.config import load_config
+from spark_mq.errors import ConfigError, InvalidNameError, ProtocolError, SparkMQError
+from spark_mq.names import validate_name
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_documented_config_file_equals_the_defaults() -> None:
+    assert load_config(REPO / "conf" / "broker.toml", environ={}) == load_config(environ={})
+
+
+def test_precedence_file_then_env_then_cli(tmp_path: Path) -> None:
+    cfg = tmp_path / "b.toml"
+    cfg.write_text('[broker]\nport = 1111\nhost = "0.0.0.0"\n[delivery]\nmark_interval_s = 2.5\n')
+    c = load_config(cfg, environ={"SPARKMQ_BROKER__PORT": "2222"}, overrides={"broker.host": "::1"})
+    assert (c.broker.port, c.broker.host, c.delivery.mark_interval_s) == (2222, "::1", 2.5)
+
+
+@pytest.mark.parametrize(
+    ("source", "setting"),
+    [
+        ({"overrides": {"broker.port": "99999"}}, "broker.port"),
+        ({"overrides": {"journal.buffer_timeout_ms": -1}}, "journal.buffer_timeout_ms"),
+        ({"overrides": {"broker.persistence": "tape"}}, "broker.persistence"),
+        ({"overrides": {"delivery.mark_interval": 5}}, "delivery.mark_interval"),
+        ({"environ": {"SPARKMQ_LIMITS__MAX_MESSAGE_BYTES": "lots"}}, "limits.max_message_bytes"),
+    ],
+)
+def test_invalid_settings_are_named(source: dict, setting: str) -> None:
+    source.setdefault("environ", {})
+    with pytest.raises(ConfigError) as info:
+        load_config(**source)
+    assert setting in str(info.value)
+
+
+def test_bad_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml", environ={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[broker\nport=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad, environ={})
+
+
+@pytest.mark.parametrize("name", ["orders", "orders.eu-1", "DLQ.orders", "a_b", "9lives"])
+def test_valid_names(name: str) -> None:
+    assert validate_name(name) == name
+
+
+@pytest.mark.parametrize(
+    "name", ["", "..", "../x", "a/b", "a\\b", ".hidden", "-x", "a..b", "é", "a b", None, "x" * 201]
+)
+def test_invalid_names(name: object) -> None:
+    with pytest.raises(InvalidNameError):
+        validate_name(name)
+
+
+FRAMES = [
+    protocol.Produce("q"),
+    protocol.Consume("t", "sub", 10),
+    protocol.Consume("q"),
+    protocol.Welcome(3, 5.0),
+    protocol.Settle("ack", 7, ((1, 1), (2, 3))),
+    protocol.Reply(7, (1,), ({"offset": 2, "reason": "stale"},)),
+    protocol.PutAck(0, 100, 10),
+    protocol.PutFailed(1, {"code": "journal", "message": "disk full", "fields": {}}),
+]
+
+
+@pytest.mark.parametrize("frame", FRAMES, ids=lambda f: type(f).__name__)
+def test_frames_round_trip(frame: protocol.Frame) -> None:
+    assert protocol.parse(protocol.encode(frame)) == frame
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_parse_to_a_frame_or_a_protocol_error(data: bytes) -> None:
+    try:
+        frame = protocol.parse(data)
+    except ProtocolError as exc:
+        assert exc.fault == "remote"
+    else:
+        assert isinstance(frame, protocol.Frame)
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        ),
+    )
+)
+def test_any_json_parses_to_a_frame_or_a_protocol_error(doc: object) -> None:
+    import json
+
+    for candidate in (
+        doc,
+        {"type": "settle", "verb": "ack", "request_id": 1, "entries": doc},
+        {"type": "consume", "destination": doc},
+        {"type": "reply", "request_id": 1, "ok": doc},
+    ):
+        try:
+            protocol.parse(json.dumps(candidate).encode())
+        except ProtocolError:
+            pass
+
+
+def test_every_error_code_round_trips_the_wire() -> None:
+    for code, cls in errors.ERRORS_BY_CODE.items():
+        err = cls("boom", destination="q", offset=3)
+        back = errors.from_wire(errors.to_wire(err), "fallback")
+        assert (
+            type(back) is cls and back.code == code and back.destination == "q" and back.offset == 3
+        )
+
+
+@pytest.mark.parametrize(
+    ("upstream", "expected"),
+    [
+        (fl.FlightUnavailableError("down"), errors.BrokerUnavailable),
+        (fl.FlightTimedOutError("slow"), errors.OperationTimeout),
+        (fl.FlightCancelledError("cancelled"), errors.BrokerUnavailable),
+        (fl.FlightUnauthenticatedError("who"), SparkMQError),
+        (fl.FlightUnauthorizedError("no"), SparkMQError),
+        (fl.FlightInternalError("bug"), ProtocolError),
+        (fl.FlightServerError("odd"), ProtocolError),
+        (
+            fl.FlightServerError("x", extra_info=errors.to_wire(errors.LeaseError("stale"))),
+            errors.LeaseError,
+        ),
+        (fl.FlightWriteSizeExceededError("big", 10, 5), errors.MessageTooLarge),
+        (ConnectionResetError("Connection reset by peer"), errors.BrokerUnavailable),
+    ],
+)
+def test_every_flight_error_is_translated(upstream: BaseException, expected: type) -> None:
+    got = translate_flight_error(upstream)
+    assert isinstance(got, expected)
+
+
+def test_every_flight_error_class_is_covered() -> None:
+    """If pyarrow adds a Flight error class, the mapping above must learn it."""
+    covered = {
+        fl.FlightUnavailableError,
+        fl.FlightTimedOutError,
+        fl.FlightCancelledError,
+        fl.FlightUnauthenticatedError,
+        fl.FlightUnauthorizedError,
+        fl.FlightInternalError,
+        fl.FlightServerError,
+        fl.FlightWriteSizeExceededError,
+    }
+
+    def subclasses(cls: type) -> set[type]:
+        out = set()
+        for sub in cls.__subclasses__():
+            out |= {sub} | subclasses(sub)
+        return out
+
+    assert subclasses(fl.FlightError) <= covered

@@ -1,0 +1,75 @@
+"""Leases (the seeds' browse-with-mark), driven by a manual clock instead of sleeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_mq import Admin, Consumer, LeaseError, Producer
+from spark_mq.broker import RunningBroker
+from spark_mq.clock import ManualClock
+
+
+def setup_queue(url: str, n: int) -> None:
+    with Admin(url) as admin:
+        admin.create_queue("q")
+    with Producer(url, destination="q") as producer:
+        producer.send_batch([b"m%d" % i for i in range(n)])
+
+
+def test_lapsed_lease_is_redelivered_to_another_consumer(
+    broker: RunningBroker, clock: ManualClock
+) -> None:
+    setup_queue(broker.url, 1)
+    with Consumer(broker.url, "q") as slow, Consumer(broker.url, "q") as other:
+        msg = slow.receive(timeout=5)
+        assert msg is not None and msg.delivery_count == 1
+        assert slow.lease_s == 5.0  # the seeds' mark interval
+        # invisible to others while the lease holds
+        clock.advance(4.9)
+        broker.broker.run_timers()
+        assert other.receive(timeout=0.3) is None
+        # the mark lapses: the message goes to the next consumer, flagged as redelivered
+        clock.advance(0.2)
+        assert broker.broker.run_timers() == 1
+        again = other.receive(timeout=5) or slow.receive(timeout=5)
+        assert again is not None
+        assert (again.offset, again.redelivered, again.delivery_count) == (0, True, 2)
+        # the first consumer's late ack names a stale delivery: refused (fenced)
+        with pytest.raises(LeaseError, match="stale"):
+            msg.ack().result(timeout=5)
+        again.ack().result(timeout=5)
+
+
+def test_extend_lease_keeps_the_message(broker: RunningBroker, clock: ManualClock) -> None:
+    setup_queue(broker.url, 1)
+    with Consumer(broker.url, "q") as holder, Consumer(broker.url, "q") as other:
+        msg = holder.receive(timeout=5)
+        assert msg is not None
+        for _ in range(3):
+            clock.advance(4.0)
+            msg.extend_lease().result(timeout=5)
+            assert broker.broker.run_timers() == 0
+        assert other.receive(timeout=0.3) is None
+        msg.ack().result(timeout=5)
+        clock.advance(60)
+        assert broker.broker.run_timers() == 0
+        with Admin(broker.url) as admin:
+            assert admin.stats("q")["depth"] == 0
+
+
+def test_late_ack_before_anyone_else_took_it_is_accepted(
+    broker: RunningBroker, clock: ManualClock
+) -> None:
+    setup_queue(broker.url, 1)
+    # prefetch=1 and no other consumer: after the lapse nobody re-takes the message
+    with Consumer(broker.url, "q", prefetch=1) as consumer:
+        msg = consumer.receive(timeout=5)
+        assert msg is not None
+        clock.advance(10)
+        sub = broker.broker._dests["q"].subscriptions[""]
+        assert sub.expire_leases() == 1
+        # nobody has taken it again yet, so the original delivery may still settle it
+        msg.ack().result(timeout=5)
+    with Admin(broker.url) as admin:
+        stats = admin.stats("q")
+    assert stats["acked"] == 1 and stats["depth"] == 0
