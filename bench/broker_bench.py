@@ -54,10 +54,14 @@ def main() -> None:
     body = os.urandom(KiB)
 
     mib_s = fsync_bandwidth(data)
-    print(f"disk: fsync'd sequential write {mib_s:,.0f} MiB/s (1 MiB writes) "
-          f"= {mib_s * 1024:,.0f} KiB-messages/s ceiling")
+    print(
+        f"disk: fsync'd sequential write {mib_s:,.0f} MiB/s (1 MiB writes) "
+        f"= {mib_s * 1024:,.0f} KiB-messages/s ceiling"
+    )
 
-    broker = BrokerProcess(os.path.join(data, "broker"), log_file=os.path.join(data, "broker.log")).start()
+    broker = BrokerProcess(
+        os.path.join(data, "broker"), log_file=os.path.join(data, "broker.log")
+    ).start()
     try:
         with Admin(broker.url) as admin:
             admin.create_queue("sync")
@@ -72,8 +76,10 @@ def main() -> None:
                 p.send_sync(body)
                 lat.append((time.perf_counter() - t) * 1000)
             took = time.perf_counter() - started
-        print(f"produce, synchronous single sends: {n / took:,.0f} msg/s "
-              f"(latency p50 {pct(lat, .5):.1f} ms, p99 {pct(lat, .99):.1f} ms)")
+        print(
+            f"produce, synchronous single sends: {n / took:,.0f} msg/s "
+            f"(latency p50 {pct(lat, 0.5):.1f} ms, p99 {pct(lat, 0.99):.1f} ms)"
+        )
 
         total = args.messages
         with Producer(broker.url, destination="bulk", max_in_flight_batches=64) as p:
@@ -85,8 +91,11 @@ def main() -> None:
             for f in futures:
                 f.result()
             took = time.perf_counter() - started
-        print(f"produce, batched (1,000 x 1 KiB per batch, pipelined): {total / took:,.0f} msg/s "
-              f"({total * KiB / took / 2**20:,.0f} MiB/s, {total * KiB / took / 2**20 / mib_s:.0%} of fsync'd bandwidth)")
+        print(
+            f"produce, batched (1,000 x 1 KiB per batch, pipelined): {total / took:,.0f} msg/s "
+            f"({total * KiB / took / 2**20:,.0f} MiB/s, "
+            f"{total * KiB / took / 2**20 / mib_s:.0%} of fsync'd bandwidth)"
+        )
 
         with Consumer(broker.url, "bulk", prefetch=5000, settle_batch=1000) as c:
             started, got = time.perf_counter(), 0
@@ -124,8 +133,10 @@ def main() -> None:
             p.flush()
         done.wait(60)
         t.join(60)
-        print(f"produce-to-consume latency at {rate:,} msg/s: p50 {statistics.median(lat):.1f} ms, "
-              f"p99 {pct(lat, .99):.1f} ms, max {max(lat):.1f} ms ({len(lat)} messages)")
+        print(
+            f"produce-to-consume latency at {rate:,} msg/s: p50 {statistics.median(lat):.1f} ms, "
+            f"p99 {pct(lat, 0.99):.1f} ms, max {max(lat):.1f} ms ({len(lat)} messages)"
+        )
     finally:
         broker.stop()
         if args.data_dir is None:
