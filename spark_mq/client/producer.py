@@ -95,6 +95,7 @@ class _PutStream:
         self._window = threading.Semaphore(window)
         self._in_flight: deque[list[Future]] = deque()
         self.broken: SparkMQError | None = None
+        self._closed_writer = False
         self._reader = threading.Thread(target=self._read_acks, name="producer-acks", daemon=True)
         self._reader.start()
 
@@ -142,18 +143,33 @@ class _PutStream:
                         raise ProtocolError(
                             f"unexpected answer to a produce: {frame}", fault="remote"
                         )
+            # the stream ended early: the broker's reason (if any) surfaces on close()
             with self._lock:
-                self._fail(BrokerUnavailable("the broker closed the produce stream"))
+                if self._in_flight or self.broken is None:
+                    try:
+                        self._writer.close()
+                        err: SparkMQError = BrokerUnavailable(
+                            "the broker closed the produce stream"
+                        )
+                    except (fl.FlightError, OSError) as exc:
+                        err = translate_flight_error(exc)
+                    self._closed_writer = True
+                    self._fail(err)
         except (fl.FlightError, OSError, SparkMQError) as exc:
             with self._lock:
                 self._fail(translate_flight_error(exc))
 
     def close(self) -> None:
-        with self._lock, translated():
+        with self._lock:
             if self.broken is None:
-                self._writer.done_writing()
+                try:
+                    self._writer.done_writing()
+                except (fl.FlightError, OSError):
+                    pass  # the reader thread reports what happened to every batch
         self._reader.join()
-        with translated(), self._lock:
+        with self._lock:
+            if self._closed_writer:
+                return
             try:
                 self._writer.close()
             except (fl.FlightError, OSError):
