@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,12 @@ def test_sigkill_mid_load_loses_no_acknowledged_message(tmp_path: Path) -> None:
     confirmed_acks: set[int] = set()  # offsets whose ack the broker confirmed
     sent_acks: set[int] = set()  # acks sent; unconfirmed ones have an unknown outcome
     stop = threading.Event()
+    enough = threading.Event()  # set once the load has produced and acked enough to crash
     errors: list[BaseException] = []
+
+    def check_enough() -> None:
+        if len(produced) >= 300 and len(confirmed_acks) >= 100:
+            enough.set()
 
     def produce(worker: int) -> None:
         try:
@@ -34,6 +38,7 @@ def test_sigkill_mid_load_loses_no_acknowledged_message(tmp_path: Path) -> None:
                     body = b"w%d-%d" % (worker, i)
                     try:
                         produced[p.send_sync(body)] = body
+                        check_enough()
                     except SparkMQError:
                         return  # the broker died: this send's outcome is unknown
                     i += 1
@@ -58,6 +63,7 @@ def test_sigkill_mid_load_loses_no_acknowledged_message(tmp_path: Path) -> None:
                     except SparkMQError:
                         return
                     confirmed_acks.update(m.offset for m in to_ack)
+                    check_enough()
         except SparkMQError:
             return
         except BaseException as exc:  # pragma: no cover
@@ -67,9 +73,7 @@ def test_sigkill_mid_load_loses_no_acknowledged_message(tmp_path: Path) -> None:
     threads.append(threading.Thread(target=consume))
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 30
-    while (len(produced) < 300 or len(confirmed_acks) < 100) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    enough.wait(60)
     proc.kill()  # SIGKILL mid-load
     stop.set()
     for t in threads:
