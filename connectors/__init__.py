@@ -18,4 +18,25 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(SparkMQDataSource)
 
 
-__all__ = ["register"]
+def local_session(app_name: str = "sparkmq"):
+    """A local[2] SparkSession with ``format("sparkmq")`` registered (demo, tests, notebooks)."""
+    import os
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    return session
+
+
+__all__ = ["local_session", "register"]

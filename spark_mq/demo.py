@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -119,21 +118,11 @@ def _spark(data: str, n: int) -> None:
         raise click.ClickException(
             "Spark needs Java 17: install it (e.g. apt-get install openjdk-17-jre-headless)"
         )
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from spark_mq.connectors import register
+    from spark_mq.connectors import local_session
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkmq-demo")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = local_session("sparkmq-demo")
     try:
         stream = (
             spark.readStream.format("sparkmq")

@@ -62,7 +62,7 @@ BINDING_SCHEMA = pa.schema(
 DEFAULT_PRIORITY = 4  # the JMS default
 QUEUE_SUBSCRIPTION = ""  # a queue is consumed through one implicit subscription
 
-# column -> (accepted types, type stored). ``ttl_ms`` is turned into ``expiry_time``.
+# column -> the type it is cast to; ``ttl_ms`` is turned into ``expiry_time``.
 PRODUCE_COLUMNS: dict[str, pa.DataType] = {
     "body": pa.binary(),
     "message_id": pa.string(),

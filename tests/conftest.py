@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,20 +13,9 @@ from spark_mq.config import load_config
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for the whole suite (start-up costs ~10 s)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-    from spark_mq.connectors import register
+    from spark_mq.connectors import local_session
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkmq-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    session = local_session("sparkmq-tests")
     try:
         yield session
     finally:

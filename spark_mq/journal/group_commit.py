@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -47,7 +47,6 @@ class WriterStats:
     settlements: int = 0
     last_commit_ms: float = 0.0
     pending_bytes: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class DestinationWriter:
