@@ -43,7 +43,9 @@ def _ranges(opts: SourceOptions, start: int, end: int) -> list[OffsetRange]:
     ]
 
 
-def _read(partition: OffsetRange) -> Iterator[pa.RecordBatch]:
+def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    if not isinstance(partition, OffsetRange):
+        return  # Spark hands one placeholder partition to a batch read of an empty log
     yield from read_range(partition.root, partition.destination, partition.start, partition.end)
 
 

@@ -34,10 +34,17 @@ class BrokerSection(_Section):
 
 
 class JournalSection(_Section):
-    buffer_timeout_ms: float = Field(1.0, ge=0, le=10_000)
+    buffer_timeout_ms: float = Field(0.0, ge=0, le=10_000)
     buffer_size_bytes: int = Field(490 * 1024, ge=1)
     max_pending_bytes: int = Field(256 * MiB, ge=1)
     checkpoint_interval: int = Field(100, ge=1)
+    hot_tier: bool = True
+    hot_dir: str = ""
+    segment_bytes: int = Field(64 * MiB, ge=64 * 1024)
+    sync: Literal["fsync", "fdatasync", "none"] = "fdatasync"
+    move_interval_ms: float = Field(500.0, gt=0)
+    move_max_bytes: int = Field(128 * MiB, ge=1)
+    hot_max_bytes: int = Field(1024 * MiB, ge=1)
 
 
 class DeliverySection(_Section):
@@ -76,6 +83,21 @@ class BrokerConfig(_Section):
         data = self.broker.data_dir
         base = Path(data) if "://" not in data else Path.cwd()
         return base / path
+
+    def hot_dir(self) -> str | None:
+        """The local root of the hot tier, or None when there is none (memory, or disabled)."""
+        if self.broker.persistence != "delta" or not self.journal.hot_tier:
+            return None
+        if self.journal.hot_dir:
+            return os.path.abspath(self.journal.hot_dir)
+        data = self.broker.data_dir
+        if "://" in data and not data.startswith("file://"):
+            raise ConfigError(
+                f"journal.hot_dir must name a local directory when broker.data_dir is remote "
+                f"({data}); or set journal.hot_tier = false",
+                setting="journal.hot_dir",
+            )
+        return os.path.join(os.path.abspath(data.removeprefix("file://")), "_hot")
 
 
 def _deep_set(doc: dict[str, Any], dotted: str, value: Any, origin: str) -> None:
@@ -145,9 +167,11 @@ def load_config(
         _deep_set(cli, dotted, value, "command line")
     doc = _merge(doc, cli)
     try:
-        return BrokerConfig.model_validate(doc)
+        config = BrokerConfig.model_validate(doc)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ConfigError(
             _format_validation(exc), setting=".".join(str(p) for p in first["loc"])
         ) from None
+    config.hot_dir()  # settings that only make sense together
+    return config

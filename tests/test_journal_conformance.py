@@ -12,6 +12,7 @@ import pytest
 
 from spark_mq.errors import DestinationExists, DestinationNotFound, InvalidNameError, JournalError
 from spark_mq.journal import DeltaStore, Journal, MemoryStore, layout
+from spark_mq.journal.hot_tier import HotTierSettings
 from spark_mq.schema import normalize_produce_batch
 
 
@@ -24,17 +25,22 @@ def rows(bodies: list[bytes]) -> pa.Table:
     )
 
 
-@pytest.fixture(params=["delta", "memory"])
-def store_factory(request, tmp_path: Path):
+@pytest.fixture(params=["delta", "delta+hot", "memory"])
+def make_journal(request, tmp_path: Path):
+    """A factory of journals over the same storage (so a second one sees a reopen)."""
+    root = str(tmp_path / "root")
     if request.param == "delta":
-        return lambda: DeltaStore(str(tmp_path / "root"), checkpoint_interval=10)
+        return lambda: Journal(DeltaStore(root, checkpoint_interval=10))
+    if request.param == "delta+hot":
+        hot = HotTierSettings(str(tmp_path / "hot"), move_interval_s=0.05)
+        return lambda: Journal(DeltaStore(root, checkpoint_interval=10), hot_tier=hot)
     shared = MemoryStore()
-    return lambda: shared
+    return lambda: Journal(shared)
 
 
 @pytest.fixture
-def journal(store_factory):
-    j = Journal(store_factory())
+def journal(make_journal):
+    j = make_journal()
     j.open()
     yield j
     j.close()
@@ -88,8 +94,8 @@ def test_bindings_and_kinds(journal: Journal) -> None:
     assert "t" not in journal.destinations
 
 
-def test_recovery_after_reopen(store_factory) -> None:
-    j = Journal(store_factory())
+def test_recovery_after_reopen(make_journal) -> None:
+    j = make_journal()
     j.open()
     j.create_destination("q", "queue")
     j.create_destination("t", "topic")
@@ -98,7 +104,7 @@ def test_recovery_after_reopen(store_factory) -> None:
     j.settle("q", [1], subscription="").result()
     j.close()
 
-    j2 = Journal(store_factory())
+    j2 = make_journal()
     dests = j2.open()
     try:
         store = j2.store

@@ -24,6 +24,8 @@ def topic_with_messages(broker: RunningBroker) -> tuple[str, list[bytes]]:
     with Producer(broker.url, destination="events") as producer:
         for start in range(0, 350, 70):  # several commits, so several Delta files
             producer.send_batch(bodies[start : start + 70])
+    # Spark reads Delta: wait until the hot tier has moved everything there
+    assert broker.broker.journal.move(timeout=60)
     return broker.broker.config.broker.data_dir, bodies
 
 
@@ -112,6 +114,7 @@ def test_latest_starts_after_existing_messages(
     assert run() == 0
     with Producer(broker.url, destination="events") as producer:
         producer.send_batch([b"new-1", b"new-2"])
+    assert broker.broker.journal.move(timeout=60)
     # the restarted query resumes from its checkpoint and sees only the new messages
     assert run() == 2
     assert sorted(bytes(r.body) for r in collected) == [b"new-1", b"new-2"]

@@ -30,6 +30,7 @@ from spark_mq.errors import (
 )
 from spark_mq.journal import DeltaStore, DestinationInfo, Journal, LogStore, MemoryStore
 from spark_mq.journal.base import Kind
+from spark_mq.journal.hot_tier import HotTierSettings
 from spark_mq.schema import QUEUE_SUBSCRIPTION, normalize_produce_batch
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,21 @@ class Destination:
     sessions: dict[int, ConsumerSession] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     produced_total: int = 0
+
+
+def hot_tier_settings(config: BrokerConfig) -> HotTierSettings | None:
+    directory = config.hot_dir()
+    if directory is None:
+        return None
+    j = config.journal
+    return HotTierSettings(
+        directory,
+        segment_bytes=j.segment_bytes,
+        sync=j.sync,
+        move_interval_s=j.move_interval_ms / 1000,
+        move_max_bytes=j.move_max_bytes,
+        max_bytes=j.hot_max_bytes,
+    )
 
 
 def make_store(config: BrokerConfig) -> LogStore:
@@ -64,13 +80,15 @@ class Broker:
     ) -> None:
         self.config = config or BrokerConfig()
         self.clock = clock or SystemClock()
+        store = store or make_store(self.config)
         self.journal = Journal(
-            store or make_store(self.config),
+            store,
             buffer_timeout_s=self.config.journal.buffer_timeout_ms / 1000,
             buffer_size_bytes=self.config.journal.buffer_size_bytes,
             max_pending_bytes=self.config.journal.max_pending_bytes,
             on_commit=self._on_commit,
             now_us=lambda: int(self.clock.wall() * 1_000_000),
+            hot_tier=hot_tier_settings(self.config) if store.durable else None,
         )
         self._lock = threading.RLock()
         self._dests: dict[str, Destination] = {}
@@ -254,6 +272,19 @@ class Broker:
             "journal_failed_commits": writer.failed_commits,
             "last_commit_ms": round(writer.last_commit_ms, 3),
         }
+        tier = self.journal.tier_stats(name)
+        if tier is not None:
+            # freshness: how far the Delta tables (what Spark reads) trail the broker
+            out["delta_end_offset"] = tier.delta_end_offset
+            out["delta_lag_messages"] = end - tier.delta_end_offset
+            out["delta_lag_ms"] = round(tier.delta_lag_ms, 1)
+            out["hot_tier_bytes"] = tier.pending_bytes
+            out["hot_tier_segments"] = tier.segments
+            out["hot_tier_moves"] = tier.moves
+            out["hot_tier_move_failures"] = tier.move_failures
+        else:
+            out["delta_end_offset"] = end if self.journal.store.durable else None
+            out["delta_lag_messages"] = 0
         if dest.kind == "queue":
             out.update({k: v for k, v in subs[QUEUE_SUBSCRIPTION].items() if k != "start_offset"})
         else:

@@ -4,42 +4,25 @@ One writer per table (the journal guarantees it); message-log commits carry an a
 ``(sparkmq.messages, end_offset)`` so a retried commit is recognised — delta-rs does not enforce
 app-transaction versions itself, so :meth:`commit_messages` checks ``transaction_version`` first.
 Tables are created with ``delta.checkpointInterval`` so reading the log stays cheap.
-Every ``deltalake`` / OS error is translated to :class:`JournalError` in :func:`translate`.
+Settlement-log commits made by the hot tier's mover carry ``(sparkmq.settlements, lsn)`` the same
+way. Every ``deltalake`` / OS error is translated to :class:`JournalError` (``boundary.translate``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Iterator
 
 import fsspec
 import pyarrow as pa
 import pyarrow.dataset as pds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.exceptions import TableNotFoundError
 
-from spark_mq.errors import JournalError
 from spark_mq.journal import layout
+from spark_mq.journal.boundary import translate
 from spark_mq.schema import BINDING_SCHEMA, MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
-
-UPSTREAM_ERRORS: tuple[type[BaseException], ...] = (DeltaError, OSError, pa.ArrowException)
-
-
-@contextlib.contextmanager
-def translate(what: str, destination: str | None = None) -> Iterator[None]:
-    """The one place where delta-rs, Arrow and OS errors become sparkmq errors."""
-    try:
-        yield
-    except UPSTREAM_ERRORS as exc:
-        hint = ""
-        if (isinstance(exc, OSError) and exc.errno == 28) or "No space left" in str(exc):
-            hint = " (the disk is full: free space, then retry; nothing unacknowledged was kept)"
-        raise JournalError(
-            f"{what} failed: {type(exc).__name__}: {exc}{hint}", destination=destination or ""
-        ) from exc
 
 
 class DeltaStore:
@@ -142,12 +125,30 @@ class DeltaStore:
             return conform(table, MESSAGE_SCHEMA).sort_by("offset")
 
     # -- settlement log ----------------------------------------------------------------------
-    def commit_settlements(self, destination: str, rows: pa.Table) -> None:
+    def _settlements(self, destination: str) -> DeltaTable:
+        return self._open_or_create(
+            layout.settlements_uri(self.root, destination), SETTLEMENT_SCHEMA
+        )
+
+    def settlements_version(self, destination: str) -> int:
+        with translate("reading the settlement log version", destination):
+            dt = self._settlements(destination)
+            dt.update_incremental()
+            return dt.transaction_version(layout.SETTLEMENTS_APP_ID) or 0
+
+    def commit_settlements(
+        self, destination: str, rows: pa.Table, version: int | None = None
+    ) -> None:
         with translate("committing settlements", destination):
-            dt = self._open_or_create(
-                layout.settlements_uri(self.root, destination), SETTLEMENT_SCHEMA
-            )
-            write_deltalake(dt, rows, mode="append")
+            dt = self._settlements(destination)
+            props = None
+            if version is not None:
+                if (dt.transaction_version(layout.SETTLEMENTS_APP_ID) or 0) >= version:
+                    return  # a retry of a commit that already landed
+                props = CommitProperties(
+                    app_transactions=[Transaction(layout.SETTLEMENTS_APP_ID, version)]
+                )
+            write_deltalake(dt, rows, mode="append", commit_properties=props)
 
     def read_settlements(self, destination: str) -> pa.Table:
         with translate("reading settlements", destination):

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -29,6 +30,18 @@ from spark_mq.schema import with_offsets
 log = logging.getLogger(__name__)
 
 OnCommit = Callable[[str, pa.Table], None]
+
+
+class CommitSink(Protocol):
+    """Where a flush goes: the store directly (:class:`DirectSink`) or the hot tier."""
+
+    def commit(
+        self, messages: pa.Table | None, end_offset: int, settlements: pa.Table | None
+    ) -> tuple[SparkMQError | None, SparkMQError | None]:
+        """Make both parts durable; returns the error of each part (None when it is durable)."""
+        ...
+
+    def close(self, *, drain: bool) -> None: ...
 
 
 @dataclass
@@ -54,7 +67,7 @@ class DestinationWriter:
 
     def __init__(
         self,
-        store: LogStore,
+        sink: CommitSink,
         destination: str,
         next_offset: int,
         *,
@@ -64,7 +77,7 @@ class DestinationWriter:
         on_commit: OnCommit | None = None,
     ) -> None:
         self.destination = destination
-        self._store = store
+        self._sink = sink
         self._next_offset = next_offset
         self._timeout = buffer_timeout_s
         self._size = buffer_size_bytes
@@ -129,6 +142,7 @@ class DestinationWriter:
                 self._pending_bytes = 0
             self._cond.notify_all()
         self._thread.join()
+        self._sink.close(drain=drain)
 
     # -- the writer thread -------------------------------------------------------------------
     def _take(self) -> list[_Record] | None:
@@ -163,8 +177,7 @@ class DestinationWriter:
         while (taken := self._take()) is not None:
             started = time.perf_counter()
             try:
-                self._commit_messages([r for r in taken if not r.is_settlement])
-                self._commit_settlements([r for r in taken if r.is_settlement])
+                self._commit(taken)
             except BaseException as exc:  # keep the writer alive; every future hears of it
                 log.exception("journal writer for %r failed", self.destination)
                 for r in taken:
@@ -174,61 +187,84 @@ class DestinationWriter:
                 self.stats.last_commit_ms = (time.perf_counter() - started) * 1000
                 self._release(taken)
 
-    def _commit_messages(self, records: list[_Record]) -> None:
-        if not records:
-            return
-        first = self._next_offset
+    def _commit(self, taken: list[_Record]) -> None:
+        messages = [r for r in taken if not r.is_settlement]
+        settles = [r for r in taken if r.is_settlement]
+        offset = self._next_offset
         tables, results = [], []
-        offset = first
-        for r in records:
+        for r in messages:
             tables.append(with_offsets(r.table, offset))
             results.append(AppendResult(self.destination, offset, r.table.num_rows))
             offset += r.table.num_rows
-        rows = pa.concat_tables(tables)
-        error = self._try(lambda: self._store.commit_messages(self.destination, rows, offset))
-        if error is not None:
-            # the commit may have landed even though the call failed: ask the store
-            try:
-                landed = self._store.committed_end(self.destination) >= offset
-            except Exception:
-                landed = False
-            if not landed:
+        rows = pa.concat_tables(tables) if tables else None
+        settle_rows = pa.concat_tables([r.table for r in settles]) if settles else None
+        msg_error, settle_error = self._sink.commit(rows, offset, settle_rows)
+        if rows is not None:
+            if msg_error is not None:
                 self.stats.failed_commits += 1
-                for r in records:
-                    r.future.set_exception(error)
-                return
-        with self._cond:
-            self._next_offset = offset
-        self.stats.commits += 1
-        self.stats.messages += rows.num_rows
-        if self._on_commit is not None:
-            self._on_commit(self.destination, rows)
-        for r, res in zip(records, results, strict=True):
-            r.future.set_result(res)
+                for r in messages:
+                    r.future.set_exception(msg_error)
+            else:
+                with self._cond:
+                    self._next_offset = offset
+                self.stats.commits += 1
+                self.stats.messages += rows.num_rows
+                if self._on_commit is not None:
+                    self._on_commit(self.destination, rows)
+                for r, res in zip(messages, results, strict=True):
+                    r.future.set_result(res)
+        if settle_rows is not None:
+            if settle_error is not None:
+                self.stats.failed_commits += 1
+                for r in settles:
+                    r.future.set_exception(settle_error)
+            else:
+                self.stats.commits += 1
+                self.stats.settlements += settle_rows.num_rows
+                for r in settles:
+                    r.future.set_result(None)
 
-    def _commit_settlements(self, records: list[_Record]) -> None:
-        if not records:
-            return
-        rows = pa.concat_tables([r.table for r in records])
-        error = self._try(lambda: self._store.commit_settlements(self.destination, rows))
-        if error is not None:
-            self.stats.failed_commits += 1
-            for r in records:
-                r.future.set_exception(error)
-            return
-        self.stats.commits += 1
-        self.stats.settlements += rows.num_rows
-        for r in records:
-            r.future.set_result(None)
 
-    def _try(self, fn: Callable[[], None]) -> SparkMQError | None:
-        try:
-            fn()
-            return None
-        except SparkMQError as exc:
-            return exc
-        except Exception as exc:
-            return JournalError(
-                f"could not commit to {self.destination!r}: {type(exc).__name__}: {exc}",
-                destination=self.destination,
-            )
+def as_journal_error(exc: Exception, destination: str) -> SparkMQError:
+    if isinstance(exc, SparkMQError):
+        return exc
+    return JournalError(
+        f"could not commit to {destination!r}: {type(exc).__name__}: {exc}",
+        destination=destination,
+    )
+
+
+class DirectSink:
+    """Commit straight to the store: one Delta commit per log per flush (no hot tier)."""
+
+    def __init__(self, store: LogStore, destination: str) -> None:
+        self._store = store
+        self.destination = destination
+
+    def committed_end(self) -> int:
+        return self._store.committed_end(self.destination)
+
+    def commit(
+        self, messages: pa.Table | None, end_offset: int, settlements: pa.Table | None
+    ) -> tuple[SparkMQError | None, SparkMQError | None]:
+        msg_error = settle_error = None
+        if messages is not None:
+            try:
+                self._store.commit_messages(self.destination, messages, end_offset)
+            except Exception as exc:
+                # the commit may have landed even though the call failed: ask the store
+                try:
+                    landed = self._store.committed_end(self.destination) >= end_offset
+                except Exception:
+                    landed = False
+                if not landed:
+                    msg_error = as_journal_error(exc, self.destination)
+        if settlements is not None:
+            try:
+                self._store.commit_settlements(self.destination, settlements)
+            except Exception as exc:
+                settle_error = as_journal_error(exc, self.destination)
+        return msg_error, settle_error
+
+    def close(self, *, drain: bool) -> None:
+        pass

@@ -11,6 +11,7 @@ its rows are then committed to the store.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -23,9 +24,16 @@ from spark_mq.errors import (
     DestinationNotFound,
     SubscriptionNotFound,
 )
-from spark_mq.journal import bindings
+from spark_mq.journal import bindings, layout
 from spark_mq.journal.base import DestinationInfo, Kind, LogStore, SubscriptionInfo
-from spark_mq.journal.group_commit import DestinationWriter, OnCommit, WriterStats
+from spark_mq.journal.group_commit import (
+    CommitSink,
+    DestinationWriter,
+    DirectSink,
+    OnCommit,
+    WriterStats,
+)
+from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats
 from spark_mq.names import validate_name
 from spark_mq.schema import SETTLEMENT_SCHEMA
 
@@ -50,8 +58,11 @@ class Journal:
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         on_commit: OnCommit | None = None,
         now_us: Callable[[], int] = _now_us,
+        hot_tier: HotTierSettings | None = None,
     ) -> None:
         self.store = store
+        self._hot = hot_tier
+        self._tiers: dict[str, HotTier] = {}
         self._writer_opts = {
             "buffer_timeout_s": buffer_timeout_s,
             "buffer_size_bytes": buffer_size_bytes,
@@ -84,13 +95,21 @@ class Journal:
         self.store.close()
 
     def _start_writer(self, name: str) -> None:
+        sink: CommitSink
+        if self._hot is not None:
+            tier = HotTier(self.store, name, self._hot_dir(name), self._hot)
+            next_offset = tier.open()
+            self._tiers[name] = sink = tier
+        else:
+            sink = DirectSink(self.store, name)
+            next_offset = self.store.committed_end(name)
         self._writers[name] = DestinationWriter(
-            self.store,
-            name,
-            self.store.committed_end(name),
-            on_commit=self._on_commit,
-            **self._writer_opts,
+            sink, name, next_offset, on_commit=self._on_commit, **self._writer_opts
         )
+
+    def _hot_dir(self, name: str) -> str:
+        assert self._hot is not None
+        return layout.hot_uri(self._hot.directory, name)
 
     def _writer(self, name: str) -> DestinationWriter:
         try:
@@ -135,6 +154,8 @@ class Journal:
                     )
                 return existing, False
             self.store.drop_logs(name)  # leftovers of a delete interrupted by a crash
+            if self._hot is not None:
+                shutil.rmtree(self._hot_dir(name), ignore_errors=True)
             self.store.create_logs(name)
             self._record(bindings.CREATE_DESTINATION, name, kind=kind)
             info = bindings.new_destination(name, kind)
@@ -149,7 +170,10 @@ class Journal:
             self._record(bindings.DELETE_DESTINATION, name)
             del self._dests[name]
             writer = self._writers.pop(name)
+            tier = self._tiers.pop(name, None)
         writer.close(drain=False)
+        if tier is not None:
+            shutil.rmtree(tier.directory, ignore_errors=True)
         self.store.drop_logs(name)
 
     def create_subscription(self, destination: str, name: str) -> tuple[SubscriptionInfo, bool]:
@@ -228,13 +252,40 @@ class Journal:
         for w in writers:
             w.flush()
 
+    def move(self, destination: str | None = None, *, timeout: float | None = None) -> bool:
+        """Hot tier: commit what is durable now to Delta and wait; False if ``timeout`` passed.
+
+        Without a hot tier every durable record already is in the store: returns True.
+        """
+        with self._lock:
+            if destination is not None:
+                self._writer(destination)
+                tiers = [t for n, t in self._tiers.items() if n == destination]
+            else:
+                tiers = list(self._tiers.values())
+        return all(t.request_move(wait=True, timeout=timeout) for t in tiers)
+
     def read_messages(self, destination: str, start: int = 0, end: int | None = None) -> pa.Table:
+        """Durable rows ``start <= offset < end``, whichever tier holds them."""
         self.destination(destination)
+        tier = self._tiers.get(destination)
+        if tier is not None:
+            return tier.read_messages(start, end)
         return self.store.read_messages(destination, start, end)
 
     def read_settlements(self, destination: str) -> pa.Table:
+        """Durable settlement rows (with a hot tier, a row may appear twice while it moves)."""
         self.destination(destination)
+        tier = self._tiers.get(destination)
+        if tier is not None:
+            return tier.read_settlements()
         return self.store.read_settlements(destination)
 
     def stats(self, destination: str) -> WriterStats:
         return self._writer(destination).stats
+
+    def tier_stats(self, destination: str) -> HotTierStats | None:
+        """How far Delta trails the hot tier (None without a hot tier)."""
+        self._writer(destination)
+        tier = self._tiers.get(destination)
+        return tier.stats() if tier is not None else None

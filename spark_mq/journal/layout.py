@@ -5,6 +5,8 @@
     <root>/_bindings/                      destinations and subscriptions (Delta)
     <root>/destinations/<name>/messages/   the message log (Delta)
     <root>/destinations/<name>/settlements/the settlement log (Delta)
+    <hot>/<name>/segment-<seq>.log         the hot tier: durable records not yet moved to Delta
+                                           (<hot> is <root>/_hot unless journal.hot_dir says)
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 from spark_mq.names import validate_name
 
 MESSAGES_APP_ID = "sparkmq.messages"  # app-transaction id; its version is the log's end offset
+SETTLEMENTS_APP_ID = "sparkmq.settlements"  # its version: the last hot-tier record moved
+HOT_DIR = "_hot"
 
 
 def is_local(root: str) -> bool:
@@ -49,3 +53,7 @@ def messages_uri(root: str, name: str) -> str:
 
 def settlements_uri(root: str, name: str) -> str:
     return join(destination_uri(root, name), "settlements")
+
+
+def hot_uri(hot_root: str, name: str) -> str:
+    return os.path.join(hot_root, validate_name(name))

@@ -15,6 +15,7 @@ class _Logs:
         self.messages: list[pa.Table] = []
         self.settlements: list[pa.Table] = []
         self.end = 0
+        self.settlements_version = 0
 
 
 class MemoryStore:
@@ -56,9 +57,18 @@ class MemoryStore:
             logs.messages.append(rows)
             logs.end = end_offset
 
-    def commit_settlements(self, destination: str, rows: pa.Table) -> None:
+    def settlements_version(self, destination: str) -> int:
+        return self._get(destination).settlements_version
+
+    def commit_settlements(
+        self, destination: str, rows: pa.Table, version: int | None = None
+    ) -> None:
         logs = self._get(destination)
         with self._lock:
+            if version is not None:
+                if logs.settlements_version >= version:
+                    return
+                logs.settlements_version = version
             logs.settlements.append(rows)
 
     def read_messages(self, destination: str, start: int, end: int | None) -> pa.Table:

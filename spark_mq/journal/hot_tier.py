@@ -1,0 +1,333 @@
+"""The hot tier: producers are acknowledged at disk speed, Delta catches up in the background.
+
+A flush of the group-commit writer becomes one append to the destination's
+:class:`~spark_mq.journal.segments.SegmentLog` (one ``fdatasync``), not a Delta commit. A mover
+thread then appends what is durable in the segments to the Delta message and settlement logs in
+large commits (offsets unchanged) and deletes sealed segments whose records are all in Delta.
+
+Moves are idempotent, so a crash anywhere is harmless: message commits carry
+``(sparkmq.messages, end_offset)`` and settlement commits ``(sparkmq.settlements, lsn)``; on
+open, records at or below those versions count as moved and are not committed again.
+
+Delta is the system of record for Spark and the jobs; it trails the hot tier by at most
+``move_interval_s`` plus one commit under normal load (:meth:`HotTier.stats` says by how much).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_mq.errors import SparkMQError
+from spark_mq.journal import failpoints
+from spark_mq.journal.base import LogStore
+from spark_mq.journal.boundary import translate
+from spark_mq.journal.group_commit import as_journal_error
+from spark_mq.journal.segments import (
+    KIND_MESSAGES,
+    KIND_SETTLEMENTS,
+    RecordRef,
+    SegmentLog,
+    SyncMode,
+)
+from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HotTierSettings:
+    directory: str  # the hot root; each destination gets a sub-directory
+    segment_bytes: int = 64 * 1024 * 1024
+    sync: SyncMode = "fdatasync"
+    move_interval_s: float = 0.5
+    move_max_bytes: int = 128 * 1024 * 1024
+    max_bytes: int = 1024 * 1024 * 1024
+
+
+@dataclass
+class _Pending:
+    ref: RecordRef
+    table: pa.Table
+    written_at: float  # time.monotonic() of the append (of the open, for recovered records)
+
+
+@dataclass
+class HotTierStats:
+    delta_end_offset: int
+    pending_records: int
+    pending_bytes: int
+    delta_lag_ms: float
+    moves: int
+    move_failures: int
+    segments: int
+
+
+class HotTier:
+    """One destination's segment log plus its mover thread. A ``CommitSink`` for the writer."""
+
+    def __init__(
+        self, store: LogStore, destination: str, directory: str, settings: HotTierSettings
+    ) -> None:
+        self.destination = destination
+        self.directory = directory
+        self._store = store
+        self._settings = settings
+        self._log = SegmentLog(directory, segment_bytes=settings.segment_bytes, sync=settings.sync)
+        self._cond = threading.Condition()
+        self._pending: list[_Pending] = []
+        self._pending_bytes = 0
+        self._segment_last_lsn: dict[int, int] = {}
+        self._delta_end = 0
+        self._settled_version = 0
+        self._moves = 0
+        self._move_failures = 0
+        self._move_target = 0  # lsn a caller wants moved now
+        self._moved_lsn = 0  # every record up to this lsn is in Delta
+        self._closing = False
+        self._mover: threading.Thread | None = None
+
+    # -- opening: what is durable, what is still to move -------------------------------------
+    def open(self) -> int:
+        """Recover the segments and start the mover; returns one past the last durable offset."""
+        with translate("opening the hot tier", self.destination):
+            self._delta_end = self._store.committed_end(self.destination)
+            self._settled_version = self._store.settlements_version(self.destination)
+            refs = self._log.open(first_lsn=self._settled_version + 1)
+            now = time.monotonic()
+            end = self._delta_end
+            for ref in refs:
+                self._segment_last_lsn[ref.segment] = ref.lsn
+                if ref.kind == KIND_MESSAGES:
+                    end = max(end, ref.end_offset)
+                if self._is_moved(ref):
+                    continue
+                table = self._log.read(ref)
+                self._pending.append(_Pending(ref, table, now))
+                self._pending_bytes += ref.size
+            first_pending = self._pending[0].ref.lsn if self._pending else self._log.next_lsn
+            self._moved_lsn = first_pending - 1
+            self._retire_moved()
+        if refs:
+            log.info(
+                "hot tier %s: %d record(s) in %d segment(s), %d not yet in Delta",
+                self.destination,
+                len(refs),
+                self._log.segment_count,
+                len(self._pending),
+            )
+        self._mover = threading.Thread(
+            target=self._move_loop, name=f"hot-tier-mover-{self.destination}", daemon=True
+        )
+        self._mover.start()
+        return end
+
+    def _is_moved(self, ref: RecordRef) -> bool:
+        if ref.kind == KIND_MESSAGES:
+            return ref.end_offset <= self._delta_end
+        return ref.lsn <= self._settled_version
+
+    # -- the writer side ---------------------------------------------------------------------
+    def commit(
+        self, messages: pa.Table | None, end_offset: int, settlements: pa.Table | None
+    ) -> tuple[SparkMQError | None, SparkMQError | None]:
+        records = []
+        if messages is not None:
+            records.append((KIND_MESSAGES, end_offset - messages.num_rows, messages))
+        if settlements is not None:
+            records.append((KIND_SETTLEMENTS, -1, settlements))
+        with self._cond:
+            # bounded: when Delta falls far behind, producers wait instead of filling the disk
+            while self._pending_bytes > self._settings.max_bytes and not self._closing:
+                self._cond.wait()
+        try:
+            with translate("appending to the hot tier", self.destination):
+                refs = self._log.append(records)
+        except Exception as exc:
+            err = as_journal_error(exc, self.destination)
+            return err, err
+        now = time.monotonic()
+        with self._cond:
+            for ref, (_, _, table) in zip(refs, records, strict=True):
+                self._pending.append(_Pending(ref, table, now))
+                self._pending_bytes += ref.size
+                self._segment_last_lsn[ref.segment] = ref.lsn
+            self._cond.notify_all()
+        return None, None
+
+    # -- the mover ---------------------------------------------------------------------------
+    def request_move(self, *, wait: bool = True, timeout: float | None = None) -> bool:
+        """Move what is durable now to Delta; with ``wait``, return once it is there.
+
+        Returns False when ``timeout`` passed first (Delta unreachable, say).
+        """
+        with self._cond:
+            target = self._pending[-1].ref.lsn if self._pending else self._moved_lsn
+            self._move_target = max(self._move_target, target)
+            self._cond.notify_all()
+            if not wait:
+                return True
+            return (
+                self._cond.wait_for(lambda: self._moved_lsn >= target or self._closing, timeout)
+                and self._moved_lsn >= target
+            )
+
+    def _due(self) -> bool:
+        if not self._pending or self._closing:
+            return False
+        if self._move_target > self._moved_lsn:
+            return True
+        if self._pending_bytes >= self._settings.move_max_bytes:
+            return True
+        return time.monotonic() - self._pending[0].written_at >= self._settings.move_interval_s
+
+    def _move_loop(self) -> None:
+        backoff = 0.0
+        while True:
+            with self._cond:
+                while not self._due():
+                    if self._closing:
+                        return
+                    if self._move_target > self._moved_lsn:  # nothing pending: all moved
+                        self._moved_lsn = self._move_target
+                        self._cond.notify_all()
+                    timeout = None
+                    if self._pending:
+                        timeout = self._pending[0].written_at + self._settings.move_interval_s
+                        timeout = max(timeout - time.monotonic(), 0.001)
+                    self._cond.wait(timeout)
+                batch = self._take_batch()
+            try:
+                self._move(batch)
+            except Exception as exc:
+                self._move_failures += 1
+                backoff = min(max(backoff * 2, 0.1), 5.0)
+                log.warning(
+                    "hot tier %s: moving %d record(s) to Delta failed, retrying in %.1fs: %s",
+                    self.destination,
+                    len(batch),
+                    backoff,
+                    exc,
+                )
+                with self._cond:
+                    if self._closing:
+                        return  # they stay in the segments; the next start moves them
+                    self._cond.wait(backoff)
+                continue
+            backoff = 0.0
+            with self._cond:
+                del self._pending[: len(batch)]
+                self._pending_bytes -= sum(p.ref.size for p in batch)
+                self._moves += 1
+                self._moved_lsn = batch[-1].ref.lsn
+                self._cond.notify_all()
+            try:
+                self._retire_moved()
+            except OSError:
+                log.exception("hot tier %s: could not delete moved segments", self.destination)
+
+    def _take_batch(self) -> list[_Pending]:
+        batch, size = [], 0
+        for p in self._pending:
+            if batch and size + p.ref.size > self._settings.move_max_bytes:
+                break
+            batch.append(p)
+            size += p.ref.size
+        return batch
+
+    def _move(self, batch: list[_Pending]) -> None:
+        """Commit ``batch`` (consecutive records, oldest first) to Delta, idempotently."""
+        messages = [p for p in batch if p.ref.kind == KIND_MESSAGES]
+        settles = [p for p in batch if p.ref.kind == KIND_SETTLEMENTS]
+        if messages:
+            end = messages[-1].ref.end_offset
+            rows = pa.concat_tables([conform(p.table, MESSAGE_SCHEMA) for p in messages])
+            if rows["offset"][0].as_py() < self._delta_end:  # a partial earlier move
+                rows = rows.filter(pc.greater_equal(rows["offset"], self._delta_end))
+            self._store.commit_messages(self.destination, rows, end)
+            failpoints.hit("hot-tier-messages-moved")
+            self._delta_end = end
+        if settles:
+            version = settles[-1].ref.lsn
+            rows = pa.concat_tables([conform(p.table, SETTLEMENT_SCHEMA) for p in settles])
+            self._store.commit_settlements(self.destination, rows, version)
+            self._settled_version = version
+        failpoints.hit("hot-tier-moved")
+
+    def _retire_moved(self) -> None:
+        """Delete sealed segments none of whose records still waits for the mover."""
+        with self._cond:
+            first_pending = self._pending[0].ref.lsn if self._pending else self._log.next_lsn
+            active = self._log.active_segment
+            done = [
+                seq
+                for seq, last in self._segment_last_lsn.items()
+                if seq != active and last < first_pending
+            ]
+        if done and self._log.retire(done):
+            with self._cond:
+                for seq in done:
+                    self._segment_last_lsn.pop(seq, None)
+
+    # -- reading -----------------------------------------------------------------------------
+    def read_messages(self, start: int, end: int | None) -> pa.Table:
+        """Rows with ``start <= offset < end``: from Delta, then from the records not yet moved."""
+        with self._cond:
+            delta_end = self._delta_end
+            hot = [p.table for p in self._pending if p.ref.kind == KIND_MESSAGES]
+        parts = [MESSAGE_SCHEMA.empty_table()]
+        if start < delta_end:
+            stop = delta_end if end is None else min(end, delta_end)
+            parts.append(self._store.read_messages(self.destination, start, stop))
+        # a record the mover has just committed may still be listed: Delta already gave it
+        lo = max(start, delta_end)
+        for table in hot:
+            table = conform(table, MESSAGE_SCHEMA)
+            mask = pc.greater_equal(table["offset"], lo)
+            if end is not None:
+                mask = pc.and_(mask, pc.less(table["offset"], end))
+            parts.append(table.filter(mask))
+        return pa.concat_tables(parts).sort_by("offset")
+
+    def read_settlements(self) -> pa.Table:
+        with self._cond:
+            hot = [p.table for p in self._pending if p.ref.kind == KIND_SETTLEMENTS]
+        delta = self._store.read_settlements(self.destination)
+        return pa.concat_tables([delta, *(conform(t, SETTLEMENT_SCHEMA) for t in hot)])
+
+    def stats(self) -> HotTierStats:
+        with self._cond:
+            lag = (time.monotonic() - self._pending[0].written_at) * 1000 if self._pending else 0
+            return HotTierStats(
+                delta_end_offset=self._delta_end,
+                pending_records=len(self._pending),
+                pending_bytes=self._pending_bytes,
+                delta_lag_ms=lag,
+                moves=self._moves,
+                move_failures=self._move_failures,
+                segments=self._log.segment_count,
+            )
+
+    # -- closing -----------------------------------------------------------------------------
+    def close(self, *, drain: bool) -> None:
+        """Stop the mover; with ``drain`` it first moves what it can (failures stay on disk)."""
+        if drain and self._mover is not None:
+            self.request_move(wait=True, timeout=10)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._mover is not None:
+            self._mover.join()
+            self._mover = None
+        self._log.close()
+
+    def discard(self) -> None:
+        """Close and delete the segments (the destination is being deleted)."""
+        self.close(drain=False)
+        shutil.rmtree(self.directory, ignore_errors=True)

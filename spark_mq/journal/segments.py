@@ -1,0 +1,300 @@
+"""The hot tier's on-disk format: an append-only log of checksummed Arrow records in segments.
+
+A destination's segment log is a directory of files ``segment-<seq>.log``, each pre-allocated to
+``segment_bytes`` (so an append rarely has to grow the file) and filled with records::
+
+    magic u32 | kind u8 | reserved u8,u16 | lsn u64 | first_offset i64 | rows u32 | length u32
+    | crc32 u32 (over the 32 header bytes before it and the payload) | payload (Arrow IPC stream)
+
+``lsn`` numbers the records of one log 1, 2, 3 ... without gaps across segments, so a scan
+recognises the end of the log: the first record whose magic, length, checksum or lsn is not the
+expected one ends it (a pre-allocated tail reads as zeros). A torn tail left by a crash is
+therefore never served, and :meth:`SegmentLog.open` truncates it away.
+
+Only the last segment is ever written; a segment is *sealed* once a later one exists. Sealed
+segments whose records have all been moved to Delta are deleted (:meth:`SegmentLog.retire`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+MAGIC = 0x31514D53  # "SMQ1" little-endian
+_HEADER = struct.Struct("<IBBHQqII")
+_CRC = struct.Struct("<I")
+HEADER_BYTES = _HEADER.size + _CRC.size  # 36
+
+KIND_MESSAGES = 1
+KIND_SETTLEMENTS = 2
+
+SyncMode = Literal["fsync", "fdatasync", "none"]
+
+
+@dataclass(frozen=True)
+class RecordRef:
+    """Where a durable record sits, without its payload."""
+
+    lsn: int
+    kind: int
+    first_offset: int  # messages: offset of the first row; settlements: -1
+    rows: int
+    segment: int
+    position: int  # byte position of the header in the segment file
+    length: int  # payload bytes
+
+    @property
+    def end_offset(self) -> int:
+        return self.first_offset + self.rows
+
+    @property
+    def size(self) -> int:
+        return HEADER_BYTES + self.length
+
+
+def encode_table(table: pa.Table) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def decode_table(payload: bytes | memoryview | pa.Buffer) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
+
+
+def encode_record(kind: int, lsn: int, first_offset: int, rows: int, payload: pa.Buffer) -> bytes:
+    header = _HEADER.pack(MAGIC, kind, 0, 0, lsn, first_offset, rows, payload.size)
+    crc = zlib.crc32(payload, zlib.crc32(header))
+    return header + _CRC.pack(crc)
+
+
+def scan_segment(
+    data: bytes | memoryview, segment: int, expected_lsn: int
+) -> tuple[list[RecordRef], int]:
+    """The valid records at the start of ``data``, and the byte length of that valid prefix."""
+    refs: list[RecordRef] = []
+    pos = 0
+    view = memoryview(data)
+    while pos + HEADER_BYTES <= len(view):
+        magic, kind, _, _, lsn, first, rows, length = _HEADER.unpack_from(view, pos)
+        if magic != MAGIC or lsn != expected_lsn or kind not in (KIND_MESSAGES, KIND_SETTLEMENTS):
+            break
+        end = pos + HEADER_BYTES + length
+        if end > len(view):
+            break
+        (crc,) = _CRC.unpack_from(view, pos + _HEADER.size)
+        payload = view[pos + HEADER_BYTES : end]
+        if zlib.crc32(payload, zlib.crc32(view[pos : pos + _HEADER.size])) != crc:
+            break
+        refs.append(RecordRef(lsn, kind, first, rows, segment, pos, length))
+        expected_lsn += 1
+        pos = end
+    return refs, pos
+
+
+def _segment_name(seq: int) -> str:
+    return f"segment-{seq:012d}.log"
+
+
+def _parse_segment_name(name: str) -> int | None:
+    if name.startswith("segment-") and name.endswith(".log"):
+        digits = name[len("segment-") : -len(".log")]
+        if digits.isdigit():
+            return int(digits)
+    return None
+
+
+class SegmentLog:
+    """One destination's segment files. Appends come from one thread; reads from any."""
+
+    def __init__(self, directory: str, *, segment_bytes: int, sync: SyncMode) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.sync_mode = sync
+        self._lock = threading.Lock()
+        self._segments: dict[int, str] = {}  # seq -> path, oldest first
+        self._fd = -1
+        self._active = -1
+        self._position = 0
+        self.next_lsn = 1
+
+    # -- opening and recovery ----------------------------------------------------------------
+    def open(self, first_lsn: int = 1) -> list[RecordRef]:
+        """Scan every segment, truncate a torn tail, and return the valid records in lsn order.
+
+        ``first_lsn`` is used when no segment holds a record (numbering continues from there).
+        """
+        os.makedirs(self.directory, exist_ok=True)
+        seqs = sorted(
+            s for n in os.listdir(self.directory) if (s := _parse_segment_name(n)) is not None
+        )
+        refs: list[RecordRef] = []
+        for seq in seqs:
+            path = os.path.join(self.directory, _segment_name(seq))
+            self._segments[seq] = path
+            with open(path, "rb") as fh:
+                data = fh.read()
+            expected = refs[-1].lsn + 1 if refs else None
+            if expected is None:
+                # the oldest surviving segment starts wherever retirement left the numbering
+                head = _HEADER.unpack_from(data, 0) if len(data) >= _HEADER.size else None
+                expected = head[4] if head and head[0] == MAGIC else first_lsn
+            found, valid = scan_segment(data, seq, expected)
+            refs.extend(found)
+            tail = data[valid:]
+            if tail.strip(b"\0"):
+                log.warning(
+                    "segment %s: %d byte(s) after the last valid record (a torn write) "
+                    "truncated; they were never acknowledged",
+                    path,
+                    len(tail),
+                )
+                with open(path, "r+b") as fh:
+                    fh.truncate(valid)
+                    os.fsync(fh.fileno())
+            if seq == seqs[-1]:
+                self._active, self._position = seq, valid
+        self.next_lsn = refs[-1].lsn + 1 if refs else first_lsn
+        if self._active >= 0:
+            self._fd = os.open(self._segments[self._active], os.O_RDWR)
+            self._preallocate(self._fd, self._position)
+        else:
+            self._roll()
+        return refs
+
+    def _preallocate(self, fd: int, used: int) -> None:
+        if used < self.segment_bytes:
+            try:
+                os.posix_fallocate(fd, 0, self.segment_bytes)
+            except OSError as exc:
+                if exc.errno not in (95,):  # EOPNOTSUPP: the file simply grows as written
+                    raise
+
+    def _roll(self) -> None:
+        """Seal the active segment (if any) and start a new, pre-allocated one."""
+        seq = self._active + 1 if self._active >= 0 else 0
+        path = os.path.join(self.directory, _segment_name(seq))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self._preallocate(fd, 0)
+            self._sync_directory()
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        if self._fd >= 0:
+            # the sealed segment gives back its unused pre-allocated tail
+            os.ftruncate(self._fd, self._position)
+            os.close(self._fd)
+        with self._lock:
+            self._segments[seq] = path
+        self._fd, self._active, self._position = fd, seq, 0
+
+    def _sync_directory(self) -> None:
+        if self.sync_mode == "none":
+            return
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    # -- appending (the writer thread) -------------------------------------------------------
+    def append(self, records: list[tuple[int, int, pa.Table]]) -> list[RecordRef]:
+        """Write ``(kind, first_offset, table)`` records and make them durable with one sync.
+
+        On failure nothing of this call is kept: the partial write is cut off again, so a later
+        scan cannot find a record the caller was told had failed.
+        """
+        encoded = []
+        size = 0
+        lsn = self.next_lsn
+        for kind, first, table in records:
+            payload = encode_table(table)
+            header = encode_record(kind, lsn, first, table.num_rows, payload)
+            encoded.append((kind, first, table.num_rows, lsn, header, payload))
+            size += len(header) + payload.size
+            lsn += 1
+        if self._position > 0 and self._position + size > self.segment_bytes:
+            self._roll()
+        start = self._position
+        refs, buffers, pos = [], [], start
+        for kind, first, rows, rec_lsn, header, payload in encoded:
+            refs.append(RecordRef(rec_lsn, kind, first, rows, self._active, pos, payload.size))
+            buffers += [header, payload]
+            pos += len(header) + payload.size
+        try:
+            written = os.pwritev(self._fd, buffers, start)
+            if written != size:
+                raise OSError(5, f"short write to {self._segments[self._active]}")
+            if self.sync_mode == "fdatasync":
+                os.fdatasync(self._fd)
+            elif self.sync_mode == "fsync":
+                os.fsync(self._fd)
+        except BaseException:
+            self._cut(start)
+            raise
+        self._position = pos
+        self.next_lsn = lsn
+        return refs
+
+    def _cut(self, position: int) -> None:
+        """Forget everything from ``position`` on (after a failed append); best effort."""
+        try:
+            os.ftruncate(self._fd, position)
+            os.fsync(self._fd)
+        except OSError:
+            log.exception("could not cut a failed append off %s", self._segments[self._active])
+
+    # -- reading and retiring ----------------------------------------------------------------
+    def read(self, ref: RecordRef) -> pa.Table:
+        with self._lock:
+            path = self._segments[ref.segment]
+        with open(path, "rb") as fh:
+            fh.seek(ref.position + HEADER_BYTES)
+            payload = fh.read(ref.length)
+        return decode_table(payload)
+
+    def read_many(self, refs: list[RecordRef]) -> Iterator[tuple[RecordRef, pa.Table]]:
+        for ref in refs:
+            yield ref, self.read(ref)
+
+    def retire(self, segments: list[int]) -> int:
+        """Delete sealed segments (never the active one); returns how many went."""
+        gone = 0
+        for seq in sorted(segments):
+            if seq == self._active:
+                continue
+            with self._lock:
+                path = self._segments.pop(seq, None)
+            if path is not None:
+                os.unlink(path)
+                gone += 1
+        if gone:
+            self._sync_directory()
+        return gone
+
+    @property
+    def active_segment(self) -> int:
+        return self._active
+
+    @property
+    def segment_count(self) -> int:
+        with self._lock:
+            return len(self._segments)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
