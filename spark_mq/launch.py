@@ -18,9 +18,15 @@ class BrokerProcess:
     """``sparkmq broker`` in a child process; ``url`` is valid once :meth:`start` returns."""
 
     def __init__(
-        self, data_dir: str, *, extra_args: list[str] | None = None, log_file: str | None = None
+        self,
+        data_dir: str,
+        *,
+        extra_args: list[str] | None = None,
+        log_file: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.env = env or {}
         self.extra_args = extra_args or []
         self.log_file = log_file
         self.proc: subprocess.Popen[bytes] | None = None
@@ -45,7 +51,7 @@ class BrokerProcess:
             ],
             stdout=out,
             stderr=subprocess.STDOUT if self.log_file else subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         deadline = time.monotonic() + timeout_s
         while not ready.exists():

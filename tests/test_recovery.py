@@ -8,14 +8,25 @@ from pathlib import Path
 import pytest
 
 from spark_mq import Admin, Consumer, Producer, SparkMQError
+from spark_mq.journal import DeltaStore
 from spark_mq.launch import BrokerProcess
 
 pytestmark = pytest.mark.process
 
 
-def test_sigkill_mid_load_loses_no_acknowledged_message(tmp_path: Path) -> None:
+MODES = {
+    "hot-tier": [],
+    # the mover runs all the time, so the kill lands in the middle of moves too
+    "hot-tier-busy-mover": ["--set", "journal.move_interval_ms=5"],
+    "delta-only": ["--set", "journal.hot_tier=false"],
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_sigkill_mid_load_loses_no_acknowledged_message(tmp_path: Path, mode: str) -> None:
     data = str(tmp_path / "data")
-    proc = BrokerProcess(data, log_file=str(tmp_path / "broker1.log")).start()
+    args = MODES[mode]
+    proc = BrokerProcess(data, extra_args=args, log_file=str(tmp_path / "broker1.log")).start()
     with Admin(proc.url) as admin:
         admin.create_queue("q")
 
@@ -81,7 +92,8 @@ def test_sigkill_mid_load_loses_no_acknowledged_message(tmp_path: Path) -> None:
     assert not errors, errors
     assert len(produced) >= 300 and len(confirmed_acks) >= 100
 
-    restarted = BrokerProcess(data, log_file=str(tmp_path / "broker2.log")).start()
+    restarted = BrokerProcess(data, extra_args=args, log_file=str(tmp_path / "broker2.log"))
+    restarted.start()
     try:
         with Consumer(restarted.url, "q", prefetch=1000) as c:
             seen: dict[int, bytes] = {}
@@ -100,8 +112,15 @@ def test_sigkill_mid_load_loses_no_acknowledged_message(tmp_path: Path) -> None:
                 assert seen.get(offset) == body, f"acknowledged message at offset {offset} lost"
         with Admin(restarted.url) as admin:
             assert admin.stats("q")["depth"] == 0
+            end = admin.stats("q")["end_offset"]
     finally:
-        restarted.stop()
+        assert restarted.stop() == 0
+    if mode == "hot-tier":  # the restart really recovered records from the segments
+        assert "not yet in Delta" in (tmp_path / "broker2.log").read_text()
+    # after the clean stop Delta holds the whole log, each offset once
+    assert sorted(DeltaStore(data).read_messages("q", 0, None)["offset"].to_pylist()) == list(
+        range(end)
+    )
 
 
 def test_sigterm_flushes_and_restart_keeps_everything(tmp_path: Path) -> None:

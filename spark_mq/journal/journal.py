@@ -22,6 +22,7 @@ import pyarrow as pa
 from spark_mq.errors import (
     DestinationExists,
     DestinationNotFound,
+    SchemaMismatch,
     SubscriptionNotFound,
 )
 from spark_mq.journal import bindings, layout
@@ -35,7 +36,7 @@ from spark_mq.journal.group_commit import (
 )
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats
 from spark_mq.names import validate_name
-from spark_mq.schema import SETTLEMENT_SCHEMA
+from spark_mq.schema import SETTLEMENT_SCHEMA, UNOFFSET_SCHEMA
 
 DEFAULT_BUFFER_TIMEOUT_S = 0.001
 DEFAULT_BUFFER_SIZE_BYTES = 490 * 1024
@@ -214,6 +215,12 @@ class Journal:
 
         The future resolves to an :class:`AppendResult` once the rows are durable.
         """
+        if not rows.schema.equals(UNOFFSET_SCHEMA):
+            raise SchemaMismatch(
+                f"journal rows for {destination!r} must have the schema {UNOFFSET_SCHEMA}, "
+                f"got {rows.schema}",
+                destination=destination,
+            )
         return self._writer(destination).submit(rows, is_settlement=False)
 
     def settle(

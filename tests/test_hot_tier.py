@@ -1,0 +1,262 @@
+"""The hot tier: segment format, torn tails, the mover's idempotence, freshness."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from spark_mq import Admin, Consumer, Producer
+from spark_mq.errors import SchemaMismatch
+from spark_mq.journal import DeltaStore, Journal
+from spark_mq.journal.hot_tier import HotTierSettings
+from spark_mq.journal.segments import (
+    KIND_MESSAGES,
+    KIND_SETTLEMENTS,
+    SegmentLog,
+)
+from spark_mq.launch import BrokerProcess
+from spark_mq.schema import normalize_produce_batch, with_offsets
+from tests.conftest import receive_n, start_inprocess
+
+
+def unoffset(bodies: list[bytes]) -> pa.Table:
+    """Rows as the broker hands them to the journal."""
+    return normalize_produce_batch(
+        pa.table({"body": pa.array(bodies, pa.binary())}),
+        enqueue_time_us=1_700_000_000_000_000,
+        max_message_bytes=1 << 20,
+        destination="q",
+    )
+
+
+def rows(bodies: list[bytes], first: int = 0) -> pa.Table:
+    """Rows as the journal writes them to a segment."""
+    return with_offsets(unoffset(bodies), first)
+
+
+def segment_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("segment-*.log"))
+
+
+# -- the segment format ------------------------------------------------------------------------
+def test_segment_round_trip_across_segments(tmp_path: Path) -> None:
+    log = SegmentLog(str(tmp_path), segment_bytes=64 * 1024, sync="fdatasync")
+    assert log.open() == []
+    written = []
+    offset = 0
+    for i in range(40):
+        table = rows([os.urandom(random.Random(i).randint(10, 3000)) for _ in range(5)], offset)
+        written.append((KIND_MESSAGES, offset, table))
+        offset += 5
+        if i % 3 == 0:
+            settle = pa.table({"offset": pa.array([offset - 1], pa.int64())})
+            written.append((KIND_SETTLEMENTS, -1, settle))
+    refs = []
+    for k in range(0, len(written), 4):  # several records per sync
+        refs += log.append(written[k : k + 4])
+    log.close()
+    assert len(segment_files(tmp_path)) > 1, "the log should have rolled to new segments"
+    assert [r.lsn for r in refs] == list(range(1, len(written) + 1))
+
+    reopened = SegmentLog(str(tmp_path), segment_bytes=64 * 1024, sync="fdatasync")
+    found = reopened.open()
+    assert found == refs
+    for ref, (kind, first, table) in zip(found, written, strict=True):
+        assert (ref.kind, ref.first_offset, ref.rows) == (kind, first, table.num_rows)
+        assert reopened.read(ref).equals(table)
+    # numbering continues after a reopen
+    assert reopened.append([written[0]])[0].lsn == len(written) + 1
+    reopened.close()
+
+
+@pytest.mark.parametrize("damage", ["cut", "flip"])
+def test_torn_tail_is_truncated_at_every_byte_of_the_last_record(
+    tmp_path: Path, damage: str
+) -> None:
+    src = tmp_path / "src"
+    log = SegmentLog(str(src), segment_bytes=64 * 1024, sync="none")
+    log.open()
+    tables = [rows([b"first"], 0), rows([b"second", b"2nd"], 1), rows([b"third" * 20], 3)]
+    refs = [log.append([(KIND_MESSAGES, t["offset"][0].as_py(), t)])[0] for t in tables]
+    log.close()
+    (segment,) = segment_files(src)
+    last = refs[-1]
+    data = segment.read_bytes()[: last.position + last.size]
+
+    for k in range(last.size):
+        work = tmp_path / f"{damage}-{k}"
+        work.mkdir()
+        if damage == "cut":  # the crash left only k bytes of the last record (rest zeros)
+            torn = data[: last.position + k] + bytes(last.size - k)
+        else:  # one byte of the last record is wrong
+            torn = bytearray(data)
+            torn[last.position + k] ^= 0xFF
+            torn = bytes(torn)
+        (work / segment.name).write_bytes(torn)
+        reopened = SegmentLog(str(work), segment_bytes=64 * 1024, sync="none")
+        found = reopened.open()
+        if torn == data:  # the record ends in zero bytes: cutting those loses nothing
+            assert found == refs
+            reopened.close()
+            continue
+        assert found == refs[:2], f"byte {k}: the torn record was served"
+        # the next append reuses the torn record's place and number; a reopen sees it whole
+        again = reopened.append([(KIND_MESSAGES, 3, tables[2])])[0]
+        assert again.lsn == 3 and again.position == last.position
+        reopened.close()
+        final = SegmentLog(str(work), segment_bytes=64 * 1024, sync="none")
+        found = final.open()
+        assert [r.lsn for r in found] == [1, 2, 3]
+        assert final.read(found[2]).equals(tables[2])
+        final.close()
+
+
+# -- the mover ---------------------------------------------------------------------------------
+CRASHING_MOVE = """
+import sys
+import pyarrow as pa
+from spark_mq.journal import DeltaStore, Journal
+from spark_mq.journal.hot_tier import HotTierSettings
+from spark_mq.schema import normalize_produce_batch
+
+root, hot = sys.argv[1:3]
+j = Journal(DeltaStore(root), hot_tier=HotTierSettings(hot, move_interval_s=3600))
+j.open()
+j.create_destination("q", "queue")
+for i in range(5):
+    batch = pa.table({"body": pa.array([b"m%d-%d" % (i, k) for k in range(3)], pa.binary())})
+    rows = normalize_produce_batch(batch, enqueue_time_us=0, max_message_bytes=1 << 20,
+                                   destination="q")
+    j.append("q", rows).result()
+j.settle("q", [0, 1, 2], subscription="").result()
+j.move()  # the armed failpoint kills this process in here
+sys.exit(3)
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("point", ["hot-tier-messages-moved", "hot-tier-moved"])
+def test_move_is_idempotent_after_a_crash_between_commit_and_retirement(
+    tmp_path: Path, point: str
+) -> None:
+    import subprocess
+    import sys
+
+    root, hot = str(tmp_path / "root"), str(tmp_path / "hot")
+    env = {**os.environ, "SPARKMQ_FAILPOINTS": point}
+    done = subprocess.run(
+        [sys.executable, "-c", CRASHING_MOVE, root, hot], env=env, timeout=120, check=False
+    )
+    assert done.returncode == -9, "the failpoint should have killed the process (SIGKILL)"
+    delta = DeltaStore(root)
+    assert delta.committed_end("q") == 15  # the messages' commit landed before the crash
+
+    j = Journal(DeltaStore(root), hot_tier=HotTierSettings(hot, move_interval_s=3600))
+    j.open()
+    try:
+        assert j.end_offset("q") == 15
+        assert j.read_messages("q")["offset"].to_pylist() == list(range(15))
+        assert j.move(timeout=60)
+        stats = j.tier_stats("q")
+        assert stats is not None and stats.pending_records == 0
+    finally:
+        j.close()
+    # Delta holds every message and every settlement exactly once
+    assert sorted(delta.read_messages("q", 0, None)["offset"].to_pylist()) == list(range(15))
+    assert sorted(delta.read_settlements("q")["offset"].to_pylist()) == [0, 1, 2]
+
+
+def test_reads_span_both_tiers_while_moving(tmp_path: Path) -> None:
+    hot = HotTierSettings(str(tmp_path / "hot"), move_interval_s=3600, segment_bytes=64 * 1024)
+    j = Journal(DeltaStore(str(tmp_path / "root")), hot_tier=hot)
+    j.open()
+    try:
+        j.create_destination("q", "queue")
+        for i in range(30):
+            j.append("q", unoffset([b"%d" % i] + [os.urandom(900)] * 9)).result()
+            if i % 10 == 9:
+                assert j.move(timeout=60)  # 0..99, 100..199, 200..299 in Delta
+        j.append("q", unoffset([b"hot"])).result()
+        with pytest.raises(SchemaMismatch):
+            j.append("q", rows([b"already has offsets"]))
+        stats = j.tier_stats("q")
+        assert stats is not None
+        assert (stats.delta_end_offset, stats.pending_records) == (300, 1)
+        table = j.read_messages("q", 295, 301)
+        assert table["offset"].to_pylist() == list(range(295, 301))
+        assert table["body"][-1].as_py() == b"hot"
+        # moved segments were deleted; the one being written stays
+        assert stats.segments <= 2
+    finally:
+        j.close()
+
+
+# -- freshness through the broker --------------------------------------------------------------
+@pytest.mark.spark
+def test_consumers_see_messages_before_delta_does(spark, tmp_path: Path, clock) -> None:
+    running = start_inprocess(tmp_path / "data", clock, **{"journal.move_interval_ms": 3_600_000})
+    root = str(tmp_path / "data")
+    try:
+        with Admin(running.url) as admin:
+            admin.create_queue("q")
+            with Producer(running.url, destination="q") as p:
+                p.send_batch([b"a", b"b", b"c"])
+            stats = admin.stats("q")
+            assert (stats["end_offset"], stats["delta_end_offset"]) == (3, 0)
+            assert stats["delta_lag_messages"] == 3
+            with Consumer(running.url, "q") as c:  # served from the hot tier at once
+                assert [m.body for m in receive_n(c, 3)] == [b"a", b"b", b"c"]
+            reader = spark.read.format("sparkmq").option("root", root).option("destination", "q")
+            assert reader.load().count() == 0  # Spark reads Delta: not there yet
+            assert running.broker.journal.move(timeout=60)
+            stats = admin.stats("q")
+            assert (stats["delta_end_offset"], stats["delta_lag_messages"]) == (3, 0)
+            got = spark.read.format("sparkmq").option("root", root).option("destination", "q")
+            assert [bytes(r.body) for r in got.load().orderBy("offset").collect()] == [
+                b"a",
+                b"b",
+                b"c",
+            ]
+    finally:
+        running.stop()
+
+
+def test_graceful_stop_moves_everything_to_delta(tmp_path: Path, clock) -> None:
+    running = start_inprocess(tmp_path / "data", clock, **{"journal.move_interval_ms": 3_600_000})
+    with Admin(running.url) as admin:
+        admin.create_topic("t")
+    with Producer(running.url, destination="t") as p:
+        p.send_batch([b"x"] * 50)
+    running.stop()
+    assert DeltaStore(str(tmp_path / "data")).committed_end("t") == 50
+
+
+@pytest.mark.process
+def test_broker_killed_at_a_move_restarts_without_duplicates(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    proc = BrokerProcess(
+        data, env={"SPARKMQ_FAILPOINTS": "hot-tier-moved"}, log_file=str(tmp_path / "b1.log")
+    ).start()
+    with Admin(proc.url) as admin:
+        admin.create_queue("q")
+    with Producer(proc.url, destination="q") as p:
+        offsets = [p.send_sync(b"m%d" % i) for i in range(20)]
+    assert offsets == list(range(20))
+    assert proc.proc is not None
+    assert proc.proc.wait(60) == -9  # the first move killed it after its Delta commits
+
+    again = BrokerProcess(data, log_file=str(tmp_path / "b2.log")).start()
+    try:
+        with Consumer(again.url, "q", prefetch=100) as c:
+            got = receive_n(c, 20)
+            assert [m.body for m in got] == [b"m%d" % i for i in range(20)]
+            c.ack(got).result(timeout=10)
+    finally:
+        assert again.stop() == 0
+    delta = DeltaStore(data)
+    assert sorted(delta.read_messages("q", 0, None)["offset"].to_pylist()) == list(range(20))
+    assert sorted(delta.read_settlements("q")["offset"].to_pylist()) == list(range(20))
