@@ -1,10 +1,14 @@
-"""Broker benchmarks (issue 2's figures): prints, asserts nothing.
+"""Broker benchmarks: prints figures, asserts nothing.
 
-    .venv/bin/python bench/broker_bench.py [--messages 100000] [--data-dir DIR]
+    .venv/bin/python bench/broker_bench.py [--messages 200000] [--data-dir DIR] [--modes hot,delta]
 
-1. this disk's fsync'd sequential write bandwidth (the ceiling for any persistent broker);
-2. produce throughput, 1 KiB persistent messages: synchronous single sends, and batched;
-3. consume throughput with a per-message ack;
+First this disk's fsync'd sequential write bandwidth (the ceiling for any persistent broker),
+then, for each journal mode in the same run (``hot``: the hot tier, the default; ``delta``: every
+flush a Delta commit, ``journal.hot_tier=false``):
+
+1. synchronous single sends of 1 KiB persistent messages (one at a time, each waits for its ack);
+2. batched produce (1,000 x 1 KiB per batch, pipelined), and how far Delta trailed meanwhile;
+3. consume with a per-message ack;
 4. produce-to-consume latency p50/p99 at a fixed 1,000 msg/s.
 """
 
@@ -23,6 +27,7 @@ from spark_mq import Admin, Consumer, Producer
 from spark_mq.launch import BrokerProcess
 
 KiB = 1024
+MODES = {"hot": [], "delta": ["--set", "journal.hot_tier=false"]}
 
 
 def fsync_bandwidth(directory: str, total_mib: int = 256, chunk_kib: int = 1024) -> float:
@@ -44,101 +49,149 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(len(values) * p))]
 
 
+def sync_sends(url: str, body: bytes, n: int) -> str:
+    with Producer(url, destination="sync", linger_ms=0) as p:
+        p.send_sync(body)  # warm the stream up
+        lat: list[float] = []
+        started = time.perf_counter()
+        while len(lat) < n and time.perf_counter() - started < 10:  # at most 10 s
+            t = time.perf_counter()
+            p.send_sync(body)
+            lat.append((time.perf_counter() - t) * 1000)
+        took = time.perf_counter() - started
+    p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
+    return f"{len(lat) / took:,.0f} msg/s (latency p50 {p50:.2f} ms, p99 {p99:.2f} ms)"
+
+
+class LagSampler(threading.Thread):
+    """Samples how far Delta trails the broker for one destination."""
+
+    def __init__(self, url: str, destination: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.destination = url, destination
+        self.stop = threading.Event()
+        self.max_messages = 0
+        self.max_ms = 0.0
+
+    def run(self) -> None:
+        with Admin(self.url) as admin:
+            while not self.stop.wait(0.05):
+                s = admin.stats(self.destination)
+                self.max_messages = max(self.max_messages, s.get("delta_lag_messages") or 0)
+                self.max_ms = max(self.max_ms, s.get("delta_lag_ms") or 0.0)
+
+
+def batched(url: str, body: bytes, total: int, mib_s: float) -> tuple[str, str]:
+    sampler = LagSampler(url, "bulk")
+    sampler.start()
+    with Producer(url, destination="bulk", max_in_flight_batches=64) as p:
+        started = time.perf_counter()
+        futures = []
+        bodies = [body] * 1000
+        for _ in range(total // 1000):
+            futures += p.send_batch(bodies, wait=False)
+        for f in futures:
+            f.result()
+        took = time.perf_counter() - started
+    caught_up = time.perf_counter()
+    with Admin(url) as admin:
+        while admin.stats("bulk").get("delta_lag_messages"):
+            time.sleep(0.05)
+    catch_up_s = time.perf_counter() - caught_up
+    sampler.stop.set()
+    sampler.join()
+    mib = total * KiB / took / 2**20
+    figure = f"{total / took:,.0f} msg/s ({mib:,.0f} MiB/s, {mib / mib_s:.0%} of fsync'd bandwidth)"
+    lag = (
+        f"at most {sampler.max_messages:,} messages / {sampler.max_ms:,.0f} ms behind; "
+        f"caught up {catch_up_s:.2f} s after the last ack"
+    )
+    return figure, lag
+
+
+def consume_with_acks(url: str, total: int) -> str:
+    with Consumer(url, "bulk", prefetch=5000, settle_batch=1000) as c:
+        started, got = time.perf_counter(), 0
+        last = None
+        while got < total:
+            for m in c.receive_many(1000, timeout=30):
+                last = m.ack()
+                got += 1
+        last.result()
+        took = time.perf_counter() - started
+    return f"{total / took:,.0f} msg/s"
+
+
+def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5) -> str:
+    lat: list[float] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        with Consumer(url, "latency", prefetch=1000) as c:
+            while len(lat) < rate * seconds:
+                for m in c.receive_many(100, timeout=10):
+                    sent = struct.unpack("d", m.body[:8])[0]
+                    lat.append((time.time() - sent) * 1000)
+                    m.ack()
+        done.set()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    with Producer(url, destination="latency", linger_ms=0) as p:
+        start = time.perf_counter()
+        for i in range(rate * seconds):
+            due = start + i / rate
+            while (now := time.perf_counter()) < due:
+                time.sleep(min(due - now, 0.0005))
+            p.send(struct.pack("d", time.time()) + body[8:])
+        p.flush()
+    done.wait(60)
+    t.join(60)
+    return (
+        f"p50 {statistics.median(lat):.2f} ms, p99 {pct(lat, 0.99):.2f} ms, "
+        f"max {max(lat):.1f} ms ({len(lat):,} messages)"
+    )
+
+
+def run_mode(name: str, data: str, total: int, mib_s: float) -> None:
+    body = os.urandom(KiB)
+    broker = BrokerProcess(
+        os.path.join(data, f"broker-{name}"),
+        extra_args=MODES[name],
+        log_file=os.path.join(data, f"broker-{name}.log"),
+    ).start()
+    print(f"\n== journal mode: {name} ==", flush=True)
+    try:
+        with Admin(broker.url) as admin:
+            for q in ("sync", "bulk", "latency"):
+                admin.create_queue(q)
+        print(f"synchronous single sends:   {sync_sends(broker.url, body, 5000)}", flush=True)
+        figure, lag = batched(broker.url, body, total, mib_s)
+        print(f"batched produce, 1 KiB:     {figure}", flush=True)
+        print(f"Delta behind the broker:    {lag}", flush=True)
+        print(f"consume, per-message ack:   {consume_with_acks(broker.url, total)}", flush=True)
+        print(f"latency at 1,000 msg/s:     {latency(broker.url, body)}", flush=True)
+    finally:
+        broker.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--messages", type=int, default=100_000)
+    ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--modes", default="hot,delta")
     args = ap.parse_args()
     data = args.data_dir or tempfile.mkdtemp(prefix="sparkmq-bench-")
     os.makedirs(data, exist_ok=True)
-    body = os.urandom(KiB)
-
-    mib_s = fsync_bandwidth(data)
-    print(
-        f"disk: fsync'd sequential write {mib_s:,.0f} MiB/s (1 MiB writes) "
-        f"= {mib_s * 1024:,.0f} KiB-messages/s ceiling"
-    )
-
-    broker = BrokerProcess(
-        os.path.join(data, "broker"), log_file=os.path.join(data, "broker.log")
-    ).start()
     try:
-        with Admin(broker.url) as admin:
-            admin.create_queue("sync")
-            admin.create_queue("bulk")
-            admin.create_queue("latency")
-
-        with Producer(broker.url, destination="sync") as p:
-            n, started = 300, time.perf_counter()
-            lat = []
-            for _ in range(n):
-                t = time.perf_counter()
-                p.send_sync(body)
-                lat.append((time.perf_counter() - t) * 1000)
-            took = time.perf_counter() - started
+        mib_s = fsync_bandwidth(data)
         print(
-            f"produce, synchronous single sends: {n / took:,.0f} msg/s "
-            f"(latency p50 {pct(lat, 0.5):.1f} ms, p99 {pct(lat, 0.99):.1f} ms)"
+            f"disk: fsync'd sequential write {mib_s:,.0f} MiB/s (1 MiB writes) "
+            f"= {mib_s * 1024:,.0f} KiB-messages/s ceiling; {os.cpu_count()} CPU cores"
         )
-
-        total = args.messages
-        with Producer(broker.url, destination="bulk", max_in_flight_batches=64) as p:
-            started = time.perf_counter()
-            futures = []
-            bodies = [body] * 1000
-            for _ in range(total // 1000):
-                futures += p.send_batch(bodies, wait=False)
-            for f in futures:
-                f.result()
-            took = time.perf_counter() - started
-        print(
-            f"produce, batched (1,000 x 1 KiB per batch, pipelined): {total / took:,.0f} msg/s "
-            f"({total * KiB / took / 2**20:,.0f} MiB/s, "
-            f"{total * KiB / took / 2**20 / mib_s:.0%} of fsync'd bandwidth)"
-        )
-
-        with Consumer(broker.url, "bulk", prefetch=5000, settle_batch=1000) as c:
-            started, got = time.perf_counter(), 0
-            last = None
-            while got < total:
-                for m in c.receive_many(1000, timeout=30):
-                    last = m.ack()
-                    got += 1
-            last.result()
-            took = time.perf_counter() - started
-        print(f"consume with a per-message ack: {total / took:,.0f} msg/s")
-
-        rate, seconds = 1000, 5
-        lat = []
-        done = threading.Event()
-
-        def consume() -> None:
-            with Consumer(broker.url, "latency", prefetch=1000) as c:
-                while len(lat) < rate * seconds:
-                    for m in c.receive_many(100, timeout=10):
-                        sent = struct.unpack("d", m.body[:8])[0]
-                        lat.append((time.time() - sent) * 1000)
-                        m.ack()
-            done.set()
-
-        t = threading.Thread(target=consume)
-        t.start()
-        with Producer(broker.url, destination="latency", linger_ms=0.5) as p:
-            start = time.perf_counter()
-            for i in range(rate * seconds):
-                due = start + i / rate
-                while (now := time.perf_counter()) < due:
-                    time.sleep(min(due - now, 0.0005))
-                p.send(struct.pack("d", time.time()) + body[8:])
-            p.flush()
-        done.wait(60)
-        t.join(60)
-        print(
-            f"produce-to-consume latency at {rate:,} msg/s: p50 {statistics.median(lat):.1f} ms, "
-            f"p99 {pct(lat, 0.99):.1f} ms, max {max(lat):.1f} ms ({len(lat)} messages)"
-        )
+        for mode in args.modes.split(","):
+            run_mode(mode, data, args.messages, mib_s)
     finally:
-        broker.stop()
         if args.data_dir is None:
             shutil.rmtree(data, ignore_errors=True)
 

@@ -22,6 +22,18 @@ def test_documented_config_file_equals_the_defaults() -> None:
     assert load_config(REPO / "conf" / "broker.toml", environ={}) == load_config(environ={})
 
 
+def test_hot_tier_directory(tmp_path: Path) -> None:
+    local = load_config(overrides={"broker.data_dir": str(tmp_path)}, environ={})
+    assert local.hot_dir() == str(tmp_path / "_hot")
+    remote = load_config(
+        overrides={"broker.data_dir": "s3://bucket/mq", "journal.hot_dir": str(tmp_path / "h")},
+        environ={},
+    )
+    assert remote.hot_dir() == str(tmp_path / "h")
+    off = load_config(overrides={"journal.hot_tier": "false"}, environ={})
+    assert off.hot_dir() is None
+
+
 def test_precedence_file_then_env_then_cli(tmp_path: Path) -> None:
     cfg = tmp_path / "b.toml"
     cfg.write_text('[broker]\nport = 1111\nhost = "0.0.0.0"\n[delivery]\nmark_interval_s = 2.5\n')
@@ -37,6 +49,8 @@ def test_precedence_file_then_env_then_cli(tmp_path: Path) -> None:
         ({"overrides": {"broker.persistence": "tape"}}, "broker.persistence"),
         ({"overrides": {"delivery.mark_interval": 5}}, "delivery.mark_interval"),
         ({"environ": {"SPARKMQ_LIMITS__MAX_MESSAGE_BYTES": "lots"}}, "limits.max_message_bytes"),
+        ({"overrides": {"journal.sync": "sometimes"}}, "journal.sync"),
+        ({"overrides": {"broker.data_dir": "s3://bucket/mq"}}, "journal.hot_dir"),
     ],
 )
 def test_invalid_settings_are_named(source: dict, setting: str) -> None:

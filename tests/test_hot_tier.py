@@ -260,3 +260,62 @@ def test_broker_killed_at_a_move_restarts_without_duplicates(tmp_path: Path) -> 
     delta = DeltaStore(data)
     assert sorted(delta.read_messages("q", 0, None)["offset"].to_pylist()) == list(range(20))
     assert sorted(delta.read_settlements("q")["offset"].to_pylist()) == list(range(20))
+
+
+FILE_SIZE_LIMITED = """
+import resource, signal, sys
+import pyarrow as pa
+from spark_mq.errors import JournalError
+from spark_mq.journal import DeltaStore, Journal
+from spark_mq.journal.hot_tier import HotTierSettings
+from spark_mq.schema import normalize_produce_batch
+
+root, hot = sys.argv[1:3]
+# every file this process writes is capped at 256 KiB: a write past that fails with EFBIG,
+# as a write to a full disk fails with ENOSPC
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+def rows(bodies):
+    return normalize_produce_batch(pa.table({"body": pa.array(bodies, pa.binary())}),
+                                   enqueue_time_us=0, max_message_bytes=1 << 22, destination="q")
+
+settings = HotTierSettings(hot, segment_bytes=64 * 1024, move_interval_s=3600)
+j = Journal(DeltaStore(root), hot_tier=settings)
+j.open()
+j.create_destination("q", "queue")
+assert j.append("q", rows([b"kept-1"])).result().first_offset == 0
+try:
+    j.append("q", rows([b"x" * (400 * 1024)])).result()
+except JournalError as exc:
+    print("REFUSED:", exc)
+else:
+    sys.exit("the oversized write was accepted")
+assert j.append("q", rows([b"kept-2"])).result().first_offset == 1
+j.flush()
+"""
+
+
+@pytest.mark.process
+def test_a_write_the_disk_refuses_fails_cleanly_and_leaves_no_trace(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root, hot = str(tmp_path / "root"), str(tmp_path / "hot")
+    done = subprocess.run(
+        [sys.executable, "-c", FILE_SIZE_LIMITED, root, hot],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "REFUSED: appending to the hot tier failed" in done.stdout
+    # the process ended without a clean close (no move): a reopen recovers from the segments
+    j = Journal(DeltaStore(root), hot_tier=HotTierSettings(hot, move_interval_s=3600))
+    j.open()
+    try:
+        assert j.read_messages("q")["body"].to_pylist() == [b"kept-1", b"kept-2"]
+        assert j.end_offset("q") == 2
+    finally:
+        j.close()

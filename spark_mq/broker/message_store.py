@@ -56,8 +56,15 @@ class MessageStore:
         """The rows of ``offsets`` (held ones), in increasing offset order."""
         wanted = np.unique(np.fromiter(offsets, dtype=np.int64))
         parts = []
+        if len(wanted) == 0:
+            raise KeyError("no offsets requested")
         with self._lock:
-            for first_offsets, chunk in zip(self._offsets, self._chunks, strict=True):
+            # only the chunks that can hold wanted offsets: O(log chunks + chunks touched)
+            first = max(bisect.bisect_right(self._firsts, int(wanted[0])) - 1, 0)
+            last = bisect.bisect_right(self._firsts, int(wanted[-1]))
+            for first_offsets, chunk in zip(
+                self._offsets[first:last], self._chunks[first:last], strict=True
+            ):
                 lo = np.searchsorted(wanted, first_offsets[0])
                 hi = np.searchsorted(wanted, first_offsets[-1], side="right")
                 if lo == hi:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -99,10 +98,7 @@ class FlightService(fl.FlightServerBase):
             self.broker._dest(cmd.destination)
         except SparkMQError as exc:
             raise _flight_error(exc) from None
-        pending: queue.Queue[tuple[int, Future | SparkMQError] | None] = queue.Queue(maxsize=64)
-        acker = threading.Thread(target=_ack_in_order, args=(pending, writer), daemon=True)
-        acker.start()
-        seq = 0
+        acks = _InOrderAcks(writer)
         try:
             for chunk in reader:
                 if chunk.data is None:
@@ -111,11 +107,9 @@ class FlightService(fl.FlightServerBase):
                     result: Future | SparkMQError = self.broker.produce(cmd.destination, chunk.data)
                 except SparkMQError as exc:
                     result = exc
-                pending.put((seq, result))
-                seq += 1
+                acks.add(result)
         finally:
-            pending.put(None)
-            acker.join()
+            acks.drain()
 
     # -- consume -----------------------------------------------------------------------------
     def do_exchange(
@@ -186,27 +180,57 @@ class FlightService(fl.FlightServerBase):
             raise _flight_error(problem[0])
 
 
-def _ack_in_order(
-    pending: queue.Queue[tuple[int, Future | SparkMQError] | None],
-    writer: fl.FlightMetadataWriter,
-) -> None:
-    broken = False
-    while (item := pending.get()) is not None:
-        seq, result = item
-        if broken:
-            continue
+class _InOrderAcks:
+    """Answers a produce stream's batches in the order they came, as soon as each is durable.
+
+    Whichever thread completes a batch's future writes every answer that is now due (no acker
+    thread to wake); at most ``window`` batches wait, which bounds a stream's memory.
+    """
+
+    def __init__(self, writer: fl.FlightMetadataWriter, window: int = 64) -> None:
+        self._writer = writer
+        self._cond = threading.Condition()
+        self._window = window
+        self._next_seq = 0  # the next batch's number
+        self._next_ack = 0  # the first batch not answered yet
+        self._done: dict[int, protocol.Frame] = {}
+        self._broken = False
+
+    def add(self, result: Future | SparkMQError) -> None:
+        with self._cond:
+            while self._next_seq - self._next_ack >= self._window and not self._broken:
+                self._cond.wait()
+            seq = self._next_seq
+            self._next_seq += 1
         if isinstance(result, SparkMQError):
-            frame: protocol.Frame = PutFailed(seq, json.loads(to_wire(result)))
+            self._complete(seq, PutFailed(seq, json.loads(to_wire(result))))
         else:
-            try:
-                res = result.result()
-                frame = PutAck(seq, res.first_offset, res.count)
-            except Exception as exc:
-                err = (
-                    exc if isinstance(exc, SparkMQError) else SparkMQError(f"internal error: {exc}")
-                )
-                frame = PutFailed(seq, json.loads(to_wire(err)))
-        try:
-            writer.write(pa.py_buffer(protocol.encode(frame)))
-        except fl.FlightError:
-            broken = True  # the producer went away; its unacked batches are its to resend
+            result.add_done_callback(lambda f: self._complete(seq, _answer(seq, f)))
+
+    def _complete(self, seq: int, frame: protocol.Frame) -> None:
+        with self._cond:
+            self._done[seq] = frame
+            # writing under the lock keeps the answers in order on the wire
+            while (due := self._done.pop(self._next_ack, None)) is not None:
+                if not self._broken:
+                    try:
+                        self._writer.write(pa.py_buffer(protocol.encode(due)))
+                    except fl.FlightError:
+                        self._broken = True  # the producer went away; it resends what it lacks
+                self._next_ack += 1
+            self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every batch is answered (the stream closes when do_put returns)."""
+        with self._cond:
+            while self._next_ack < self._next_seq:
+                self._cond.wait()
+
+
+def _answer(seq: int, fut: Future) -> protocol.Frame:
+    try:
+        res = fut.result()
+        return PutAck(seq, res.first_offset, res.count)
+    except Exception as exc:
+        err = exc if isinstance(exc, SparkMQError) else SparkMQError(f"internal error: {exc}")
+        return PutFailed(seq, json.loads(to_wire(err)))

@@ -280,7 +280,7 @@ class Producer:
             buf.append(item)
             self._buffer_bytes[dest] = self._buffer_bytes.get(dest, 0) + len(body)
             full = len(buf) >= self._batch_size or self._buffer_bytes[dest] >= self._batch_bytes
-        if full:
+        if full or self._linger <= 0:  # linger 0: no batching wait, not even a thread hop
             self._flush_dest(dest)
         return fut
 

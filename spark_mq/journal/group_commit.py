@@ -2,7 +2,10 @@
 
 A flush happens when the buffer holds ``buffer_size_bytes`` or when its oldest record has waited
 ``buffer_timeout_s`` (Artemis' journal-buffer-size / journal-buffer-timeout pair); while a commit
-is under way new records collect for the next one, so throughput grows with load.
+is under way new records collect for the next one, so throughput grows with load. With a zero
+timeout, a small record that finds no flush under way is flushed at once by the thread that
+submitted it (leader-style group commit: no hand-off to the writer thread, whose job is then
+the records that arrived during a flush).
 
 Offsets are assigned at flush time, not at append time, so a failed commit leaves no gap: the
 next flush reuses the offsets the failed one would have taken.
@@ -30,6 +33,8 @@ from spark_mq.schema import with_offsets
 log = logging.getLogger(__name__)
 
 OnCommit = Callable[[str, pa.Table], None]
+
+LEAD_MAX_BYTES = 64 * 1024  # a submitter flushes its own record only when it is this small
 
 
 class CommitSink(Protocol):
@@ -89,6 +94,7 @@ class DestinationWriter:
         self._first_at = 0.0
         self._closing = False
         self._flush_requested = False
+        self._busy = False  # a flush is under way (in the writer thread or a leading caller)
         self.stats = WriterStats()
         self._thread = threading.Thread(
             target=self._run, name=f"journal-writer-{destination}", daemon=True
@@ -116,7 +122,16 @@ class DestinationWriter:
                 self._first_at = time.monotonic()
             self._records.append(_Record(table, fut, is_settlement, nbytes))
             self._pending_bytes += nbytes
-            self._cond.notify_all()
+            # nobody is flushing and the record is small: flush right here, sparing a thread
+            # hand-off (big batches go to the writer thread so their sender keeps streaming)
+            lead = self._timeout <= 0 and not self._busy and nbytes <= LEAD_MAX_BYTES
+            if lead:
+                self._busy = True
+                taken, self._records = self._records, []
+            else:
+                self._cond.notify_all()
+        if lead:
+            self._flush(taken)
         return fut
 
     def flush(self) -> None:
@@ -148,7 +163,9 @@ class DestinationWriter:
     def _take(self) -> list[_Record] | None:
         with self._cond:
             while True:
-                if self._records:
+                if self._busy:
+                    self._cond.wait()
+                elif self._records:
                     due = self._first_at + self._timeout
                     now = time.monotonic()
                     if (
@@ -165,27 +182,32 @@ class DestinationWriter:
                     self._cond.wait()
             taken, self._records = self._records, []
             self._flush_requested = False
+            self._busy = True
             return taken
 
     def _release(self, taken: list[_Record]) -> None:
         with self._cond:
+            self._busy = False
             self._pending_bytes -= sum(r.nbytes for r in taken)
             self.stats.pending_bytes = self._pending_bytes
             self._cond.notify_all()
 
     def _run(self) -> None:
         while (taken := self._take()) is not None:
-            started = time.perf_counter()
-            try:
-                self._commit(taken)
-            except BaseException as exc:  # keep the writer alive; every future hears of it
-                log.exception("journal writer for %r failed", self.destination)
-                for r in taken:
-                    if not r.future.done():
-                        r.future.set_exception(exc)
-            finally:
-                self.stats.last_commit_ms = (time.perf_counter() - started) * 1000
-                self._release(taken)
+            self._flush(taken)
+
+    def _flush(self, taken: list[_Record]) -> None:
+        started = time.perf_counter()
+        try:
+            self._commit(taken)
+        except BaseException as exc:  # keep the writer alive; every future hears of it
+            log.exception("journal writer for %r failed", self.destination)
+            for r in taken:
+                if not r.future.done():
+                    r.future.set_exception(exc)
+        finally:
+            self.stats.last_commit_ms = (time.perf_counter() - started) * 1000
+            self._release(taken)
 
     def _commit(self, taken: list[_Record]) -> None:
         messages = [r for r in taken if not r.is_settlement]
