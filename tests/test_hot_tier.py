@@ -19,18 +19,9 @@ from spark_mq.journal.segments import (
     SegmentLog,
 )
 from spark_mq.launch import BrokerProcess
-from spark_mq.schema import normalize_produce_batch, with_offsets
+from spark_mq.schema import with_offsets
 from tests.conftest import receive_n, start_inprocess
-
-
-def unoffset(bodies: list[bytes]) -> pa.Table:
-    """Rows as the broker hands them to the journal."""
-    return normalize_produce_batch(
-        pa.table({"body": pa.array(bodies, pa.binary())}),
-        enqueue_time_us=1_700_000_000_000_000,
-        max_message_bytes=1 << 20,
-        destination="q",
-    )
+from tests.test_journal_conformance import rows as unoffset  # rows as the journal gets them
 
 
 def rows(bodies: list[bytes], first: int = 0) -> pa.Table:

@@ -22,7 +22,6 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -265,10 +264,6 @@ class SegmentLog:
             fh.seek(ref.position + HEADER_BYTES)
             payload = fh.read(ref.length)
         return decode_table(payload)
-
-    def read_many(self, refs: list[RecordRef]) -> Iterator[tuple[RecordRef, pa.Table]]:
-        for ref in refs:
-            yield ref, self.read(ref)
 
     def retire(self, segments: list[int]) -> int:
         """Delete sealed segments (never the active one); returns how many went."""
