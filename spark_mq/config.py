@@ -86,7 +86,13 @@ class BrokerConfig(_Section):
 
     def hot_dir(self) -> str | None:
         """The local root of the hot tier, or None when there is none (memory, or disabled)."""
-        if self.broker.persistence != "delta" or not self.journal.hot_tier:
+        if not self.journal.hot_tier:
+            return None
+        return self.hot_dir_location()
+
+    def hot_dir_location(self) -> str | None:
+        """Where the hot tier lives (or would), whether or not it is enabled."""
+        if self.broker.persistence != "delta":
             return None
         if self.journal.hot_dir:
             return os.path.abspath(self.journal.hot_dir)

@@ -310,3 +310,30 @@ def test_a_write_the_disk_refuses_fails_cleanly_and_leaves_no_trace(tmp_path: Pa
         assert j.end_offset("q") == 2
     finally:
         j.close()
+
+
+@pytest.mark.process
+def test_delta_only_start_refuses_segments_a_crash_left(tmp_path: Path, clock) -> None:
+    import subprocess
+    import sys
+
+    from spark_mq.errors import ConfigError
+
+    root, hot = str(tmp_path / "root"), str(tmp_path / "hot")
+    env = {**os.environ, "SPARKMQ_FAILPOINTS": "hot-tier-messages-moved"}
+    done = subprocess.run(
+        [sys.executable, "-c", CRASHING_MOVE, root, hot], env=env, timeout=120, check=False
+    )
+    assert done.returncode == -9  # the settlements were never moved to Delta
+    settings = {"journal.hot_dir": hot}
+    with pytest.raises(ConfigError, match=r"journal\.hot_tier = true"):
+        start_inprocess(Path(root), clock, **settings, **{"journal.hot_tier": "false"})
+    # with the hot tier once more, a clean stop moves everything and clears the segments
+    start_inprocess(Path(root), clock, **settings).stop()
+    assert not segment_files(Path(hot) / "q")
+    delta_only = start_inprocess(Path(root), clock, **settings, **{"journal.hot_tier": "false"})
+    try:
+        with Admin(delta_only.url) as admin:
+            assert admin.stats("q")["depth"] == 12  # 15 produced, 3 settled before the crash
+    finally:
+        delta_only.stop()

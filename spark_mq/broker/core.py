@@ -23,6 +23,7 @@ from spark_mq.broker.subscription import Subscription
 from spark_mq.clock import Clock, SystemClock
 from spark_mq.config import BrokerConfig
 from spark_mq.errors import (
+    ConfigError,
     DestinationExists,
     DestinationNotFound,
     MessageTooLarge,
@@ -30,7 +31,7 @@ from spark_mq.errors import (
 )
 from spark_mq.journal import DeltaStore, DestinationInfo, Journal, LogStore, MemoryStore
 from spark_mq.journal.base import Kind
-from spark_mq.journal.hot_tier import HotTierSettings
+from spark_mq.journal.hot_tier import HotTierSettings, has_segments
 from spark_mq.schema import QUEUE_SUBSCRIPTION, normalize_produce_batch
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class Broker:
     def start(self, *, run_timers: bool = True) -> None:
         """Open the journal, rebuild every destination, start the lease timer."""
         started = time.perf_counter()
+        self._refuse_unmoved_segments()
         infos = self.journal.open()
         for info in infos.values():
             self._recover(info)
@@ -109,6 +111,23 @@ class Broker:
                 target=self._timer_loop, name="broker-timers", daemon=True
             )
             self._timer.start()
+
+    def _refuse_unmoved_segments(self) -> None:
+        """Delta-only over a hot tier a crash left behind would ignore acknowledged messages."""
+        if self.config.journal.hot_tier or not self.journal.store.durable:
+            return
+        try:
+            location = self.config.hot_dir_location()
+        except ConfigError:
+            return  # a remote data_dir without hot_dir: there never was a local hot tier
+        left = has_segments(location) if location else []
+        if left:
+            raise ConfigError(
+                f"journal.hot_tier is false, but {location} still holds hot-tier segments of "
+                f"{', '.join(left)} that may not be in Delta yet: start once with "
+                "journal.hot_tier = true and stop cleanly (SIGTERM moves them), then switch",
+                setting="journal.hot_tier",
+            )
 
     def close(self) -> None:
         """Stop timers and flush every pending commit (graceful shutdown)."""

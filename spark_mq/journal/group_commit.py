@@ -221,30 +221,28 @@ class DestinationWriter:
         rows = pa.concat_tables(tables) if tables else None
         settle_rows = pa.concat_tables([r.table for r in settles]) if settles else None
         msg_error, settle_error = self._sink.commit(rows, offset, settle_rows)
-        if rows is not None:
-            if msg_error is not None:
-                self.stats.failed_commits += 1
-                for r in messages:
-                    r.future.set_exception(msg_error)
-            else:
-                with self._cond:
-                    self._next_offset = offset
-                self.stats.commits += 1
-                self.stats.messages += rows.num_rows
-                if self._on_commit is not None:
-                    self._on_commit(self.destination, rows)
-                for r, res in zip(messages, results, strict=True):
-                    r.future.set_result(res)
-        if settle_rows is not None:
-            if settle_error is not None:
-                self.stats.failed_commits += 1
-                for r in settles:
-                    r.future.set_exception(settle_error)
-            else:
-                self.stats.commits += 1
-                self.stats.settlements += settle_rows.num_rows
-                for r in settles:
-                    r.future.set_result(None)
+        if rows is not None and self._resolve(messages, msg_error):
+            with self._cond:
+                self._next_offset = offset
+            self.stats.messages += rows.num_rows
+            if self._on_commit is not None:
+                self._on_commit(self.destination, rows)
+            for r, res in zip(messages, results, strict=True):
+                r.future.set_result(res)
+        if settle_rows is not None and self._resolve(settles, settle_error):
+            self.stats.settlements += settle_rows.num_rows
+            for r in settles:
+                r.future.set_result(None)
+
+    def _resolve(self, records: list[_Record], error: SparkMQError | None) -> bool:
+        """Count the commit; on ``error`` fail every record's future. True when it is durable."""
+        if error is None:
+            self.stats.commits += 1
+            return True
+        self.stats.failed_commits += 1
+        for r in records:
+            r.future.set_exception(error)
+        return False
 
 
 def as_journal_error(exc: Exception, destination: str) -> SparkMQError:

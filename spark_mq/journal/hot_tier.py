@@ -16,6 +16,7 @@ Delta is the system of record for Spark and the jobs; it trails the hot tier by 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 import time
@@ -316,7 +317,10 @@ class HotTier:
 
     # -- closing -----------------------------------------------------------------------------
     def close(self, *, drain: bool) -> None:
-        """Stop the mover; with ``drain`` it first moves what it can (failures stay on disk)."""
+        """Stop the mover; with ``drain`` it first moves what it can (failures stay on disk).
+
+        When everything was moved, the segment directory goes too.
+        """
         if drain and self._mover is not None:
             self.request_move(wait=True, timeout=10)
         with self._cond:
@@ -326,8 +330,17 @@ class HotTier:
             self._mover.join()
             self._mover = None
         self._log.close()
+        if drain and not self._pending:
+            # everything is in Delta: no segment is left to say otherwise (see has_segments)
+            shutil.rmtree(self.directory, ignore_errors=True)
 
-    def discard(self) -> None:
-        """Close and delete the segments (the destination is being deleted)."""
-        self.close(drain=False)
-        shutil.rmtree(self.directory, ignore_errors=True)
+
+def has_segments(hot_root: str) -> list[str]:
+    """Destinations under ``hot_root`` whose segments may hold records not yet in Delta."""
+    if not os.path.isdir(hot_root):
+        return []
+    return sorted(
+        name
+        for name in os.listdir(hot_root)
+        if any(f.startswith("segment-") for f in os.listdir(os.path.join(hot_root, name)))
+    )
