@@ -86,10 +86,8 @@ def batched(url: str, body: bytes, total: int, mib_s: float) -> tuple[str, str]:
     sampler.start()
     with Producer(url, destination="bulk", max_in_flight_batches=64) as p:
         started = time.perf_counter()
-        futures = []
         bodies = [body] * 1000
-        for _ in range(total // 1000):
-            futures += p.send_batch(bodies, wait=False)
+        futures = [p.send_batch(bodies, wait=False) for _ in range(total // 1000)]
         for f in futures:
             f.result()
         took = time.perf_counter() - started
@@ -131,13 +129,15 @@ def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5) -> str:
             while len(lat) < rate * seconds:
                 for m in c.receive_many(100, timeout=10):
                     sent = struct.unpack("d", m.body[:8])[0]
-                    lat.append((time.time() - sent) * 1000)
+                    if sent:  # 0: the warm-up message
+                        lat.append((time.time() - sent) * 1000)
                     m.ack()
         done.set()
 
     t = threading.Thread(target=consume)
     t.start()
     with Producer(url, destination="latency", linger_ms=0) as p:
+        p.send_sync(struct.pack("d", 0.0) + body[8:])  # opens the stream: not a figure
         start = time.perf_counter()
         for i in range(rate * seconds):
             due = start + i / rate

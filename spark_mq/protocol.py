@@ -15,7 +15,7 @@ Every frame is JSON in app metadata. A malformed frame raises :class:`ProtocolEr
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from spark_mq.errors import ProtocolError
@@ -94,7 +94,9 @@ _NAMES = {cls: name for name, cls in _TYPES.items()}
 
 
 def encode(frame: Frame) -> bytes:
-    doc = asdict(frame)
+    # shallow: frames hold only JSON values, and asdict's deep copy of a settle frame's
+    # thousand entries cost a consumer more than the rest of its acking
+    doc = dict(vars(frame))
     doc["type"] = _NAMES[type(frame)]
     return json.dumps(doc, separators=(",", ":")).encode()
 

@@ -126,10 +126,13 @@ def normalize_produce_batch(
         )
     n = batch.num_rows
     cols = {name: _cast_column(name, batch.column(name), PRODUCE_COLUMNS[name]) for name in names}
+    # an all-null column (what the SDK sends for unused fields) needs no compute kernel
+    cols = {k: v for k, v in cols.items() if k == "body" or v.null_count < n}
     body = cols["body"]
     if body.null_count:
         raise SchemaMismatch("column 'body' must not contain nulls", destination=destination)
-    if n:
+    # the bodies' total size bounds the largest one: only a big batch needs the exact check
+    if n and body.nbytes > max_message_bytes:
         largest = pc.max(pc.binary_length(body)).as_py()
         if largest > max_message_bytes:
             raise MessageTooLarge(
@@ -141,16 +144,17 @@ def normalize_produce_batch(
             )
     priority = cols.get("priority")
     if priority is None:
-        priority = pa.array([DEFAULT_PRIORITY] * n, pa.int32())
+        priority = pa.repeat(pa.scalar(DEFAULT_PRIORITY, pa.int32()), n)
     else:
         priority = pc.fill_null(priority, DEFAULT_PRIORITY)
-        if n and (pc.min(priority).as_py() < 0 or pc.max(priority).as_py() > 9):
+        low, high = pc.min_max(priority).values()
+        if low.as_py() < 0 or high.as_py() > 9:
             raise MessageRejected("priority must be between 0 and 9", destination=destination)
-    enqueue = pa.array([enqueue_time_us] * n, pa.int64()).cast(TS)
+    enqueue = pa.repeat(pa.scalar(enqueue_time_us, TS), n)
     expiry = cols.get("expiry_time")
     if "ttl_ms" in cols:
         ttl_expiry = pc.add(
-            pa.array([enqueue_time_us] * n, pa.int64()), pc.multiply(cols["ttl_ms"], 1000)
+            pa.repeat(pa.scalar(enqueue_time_us, pa.int64()), n), pc.multiply(cols["ttl_ms"], 1000)
         )
         ttl_expiry = ttl_expiry.cast(TS)
         expiry = ttl_expiry if expiry is None else pc.coalesce(expiry, ttl_expiry)

@@ -51,6 +51,21 @@ def test_produce_consume_ack(broker: RunningBroker) -> None:
         assert all(m.redelivered and m.delivery_count == 2 for m in again)
 
 
+def test_send_batch_without_waiting_gives_one_future_of_all_offsets(
+    broker: RunningBroker,
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("bulk")
+    with Producer(broker.url, destination="bulk", batch_size=3) as producer:
+        first = producer.send_batch([b"%d" % i for i in range(7)], wait=False)  # 3 + 3 + 1
+        second = producer.send_batch([b"last"], wait=False)
+        assert first.result(timeout=10) == list(range(7))
+        assert second.result(timeout=10) == [7]
+        assert producer.send_batch([], wait=False).result(timeout=10) == []
+        with pytest.raises(DestinationNotFound):
+            producer.send_batch([b"x"] * 5, destination="missing", wait=False).result(timeout=10)
+
+
 def test_nack_redelivers_with_higher_count(broker: RunningBroker) -> None:
     with Admin(broker.url) as admin:
         admin.create_queue("q")
@@ -147,6 +162,10 @@ def test_clear_errors_for_bad_input(broker: RunningBroker, tmp_path, clock) -> N
             assert producer.send_batch([b"x" * 100]) == [
                 0
             ]  # nothing was stored for the refused one
+            # one over-sized body among small ones: the whole batch is refused, nothing stored
+            with pytest.raises(MessageTooLarge, match="101 bytes"):
+                producer.send_batch([b"a", b"x" * 101, b"b"])
+            assert producer.send_sync(b"next") == 1
     finally:
         small.stop()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from typing import Literal
@@ -62,10 +63,14 @@ class Consumer:
         descriptor = fl.FlightDescriptor.for_command(
             protocol.encode(protocol.Consume(destination, subscription, prefetch))
         )
+        # whole delivery batches travel through the queue; receive() takes from _ready
         self._messages: queue.Queue[object] = queue.Queue()
+        self._ready: deque[Message] = deque()
+        self._receive_lock = threading.Lock()  # receivers in several threads take turns
         self._write_lock = threading.Lock()
         self._settle_cond = threading.Condition()
         self._settles: list[tuple[Verb, list[tuple[int, int]], Future]] = []
+        self._queued = 0  # settle entries in _settles
         self._linger = settle_linger_ms / 1000
         self._settle_batch = settle_batch
         self._requests: dict[int, list[tuple[list[int], Future]]] = {}
@@ -99,34 +104,32 @@ class Consumer:
     # -- receiving ---------------------------------------------------------------------------
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next message, or ``None`` after ``timeout`` seconds (block forever if None)."""
-        try:
-            item = self._messages.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if item is _CLOSED:
-            self._messages.put(_CLOSED)
-            if self.error is not None and not self._closed:
-                raise self.error
-            return None
-        return item  # type: ignore[return-value]
+        got = self.receive_many(1, timeout)
+        return got[0] if got else None
 
     def receive_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
         """Up to ``max_messages``: waits ``timeout`` for the first, then takes what is there."""
-        out = []
-        first = self.receive(timeout)
-        if first is None:
-            return out
-        out.append(first)
-        while len(out) < max_messages:
-            try:
-                item = self._messages.get_nowait()
-            except queue.Empty:
-                break
-            if item is _CLOSED:
-                self._messages.put(_CLOSED)
-                break
-            out.append(item)  # type: ignore[arg-type]
-        return out
+        with self._receive_lock:
+            if not self._ready and not self._fill(timeout):
+                if self.error is not None and not self._closed:
+                    raise self.error
+                return []
+            while len(self._ready) < max_messages and self._fill(None, block=False):
+                pass
+            n = min(max_messages, len(self._ready))
+            return [self._ready.popleft() for _ in range(n)]
+
+    def _fill(self, timeout: float | None, *, block: bool = True) -> bool:
+        """Move one delivered batch into ``_ready``; False when none came (or the stream ended)."""
+        try:
+            item = self._messages.get(block, timeout)
+        except queue.Empty:
+            return False
+        if item is _CLOSED:
+            self._messages.put(_CLOSED)
+            return False
+        self._ready.extend(item)  # type: ignore[arg-type]
+        return True
 
     def __iter__(self) -> Iterator[Message]:
         while (msg := self.receive()) is not None:
@@ -151,8 +154,8 @@ class Consumer:
         entries = [(m.offset, m.delivery_count) for m in msgs]
         with self._settle_cond:
             self._settles.append((verb, entries, fut))
-            queued = sum(len(e) for _, e, _ in self._settles)
-            if queued >= self._settle_batch or len(self._settles) == 1:
+            self._queued += len(entries)
+            if self._queued >= self._settle_batch or len(self._settles) == 1:
                 self._settle_cond.notify()
         return fut
 
@@ -166,6 +169,7 @@ class Consumer:
                 if self._linger and not self._closed:
                     self._settle_cond.wait(self._linger)
                 work, self._settles = self._settles, []
+                self._queued = 0
             self._send_settles(work)
 
     def _send_settles(self, work: list[tuple[Verb, list[tuple[int, int]], Future]]) -> None:
@@ -218,8 +222,8 @@ class Consumer:
                 except StopIteration:
                     break
                 if chunk.data is not None and chunk.data.num_rows:
-                    for row in chunk.data.to_pylist():
-                        self._messages.put(Message.from_row(self.destination, row, self))
+                    rows = chunk.data.to_pylist()
+                    self._messages.put([Message.from_row(self.destination, r, self) for r in rows])
                 elif chunk.app_metadata is not None:
                     self._handle_metadata(chunk.app_metadata)
             if not self._closed:

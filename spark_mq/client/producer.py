@@ -81,6 +81,33 @@ def _conform_produce(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=PRODUCE_SCHEMA)
 
 
+class _Outcome:
+    """Who hears how one sent batch ended: a future per message (``send``) or one for the batch.
+
+    ``send_batch`` uses the single future, resolved to the list of offsets; a future per
+    message would cost more than the rest of the client's work for a 1,000-message batch.
+    """
+
+    __slots__ = ("per_message", "rows", "whole")
+
+    def __init__(
+        self, rows: int, per_message: list[Future] | None = None, whole: Future | None = None
+    ) -> None:
+        self.rows, self.per_message, self.whole = rows, per_message, whole
+
+    def resolve(self, first: int) -> None:
+        if self.per_message is not None:
+            for i, f in enumerate(self.per_message):
+                f.set_result(first + i)
+        if self.whole is not None:
+            self.whole.set_result(list(range(first, first + self.rows)))
+
+    def fail(self, err: SparkMQError) -> None:
+        for f in [*(self.per_message or ()), *([self.whole] if self.whole else [])]:
+            if not f.done():
+                f.set_exception(err)
+
+
 class _PutStream:
     """One DoPut stream to one destination; acks come back in order."""
 
@@ -93,19 +120,19 @@ class _PutStream:
             self._writer, self._acks = client.do_put(descriptor, PRODUCE_SCHEMA, STREAM_OPTIONS)
         self._lock = threading.Lock()
         self._window = threading.Semaphore(window)
-        self._in_flight: deque[list[Future]] = deque()
+        self._in_flight: deque[_Outcome] = deque()
         self.broken: SparkMQError | None = None
         self._closed_writer = False
         self._reader = threading.Thread(target=self._read_acks, name="producer-acks", daemon=True)
         self._reader.start()
 
-    def write(self, batch: pa.RecordBatch, futures: list[Future]) -> None:
+    def write(self, batch: pa.RecordBatch, outcome: _Outcome) -> None:
         self._window.acquire()
         with self._lock:
             if self.broken is not None:
                 self._window.release()
                 raise self.broken
-            self._in_flight.append(futures)
+            self._in_flight.append(outcome)
             try:
                 self._writer.write_batch(batch)
             except fl.FlightWriteSizeExceededError as exc:
@@ -119,9 +146,7 @@ class _PutStream:
     def _fail(self, err: SparkMQError) -> None:
         self.broken = err
         while self._in_flight:
-            for f in self._in_flight.popleft():
-                if not f.done():
-                    f.set_exception(err)
+            self._in_flight.popleft().fail(err)
             self._window.release()
 
     def _read_acks(self) -> None:
@@ -129,16 +154,14 @@ class _PutStream:
             while (buf := self._acks.read()) is not None:
                 frame = protocol.parse(buf.to_pybytes())
                 with self._lock:
-                    futures = self._in_flight.popleft()
+                    outcome = self._in_flight.popleft()
                 self._window.release()
                 match frame:
-                    case protocol.PutAck(first_offset=first, count=count) if count == len(futures):
-                        for i, f in enumerate(futures):
-                            f.set_result(first + i)
+                    case protocol.PutAck(first_offset=first, count=count) if count == outcome.rows:
+                        outcome.resolve(first)
                     case protocol.PutFailed(error=error):
-                        err = from_wire(protocol.encode_action_body(**error), "produce failed")
-                        for f in futures:
-                            f.set_exception(err)
+                        wire = protocol.encode_action_body(**error)
+                        outcome.fail(from_wire(wire, "produce failed"))
                     case _:
                         raise ProtocolError(
                             f"unexpected answer to a produce: {frame}", fault="remote"
@@ -296,10 +319,11 @@ class Producer:
         *,
         destination: str | None = None,
         wait: bool = True,
-    ) -> list[int] | list[Future]:
+    ) -> list[int] | Future:
         """Send many messages as one batch (columns as in ``PRODUCE_SCHEMA``, at least ``body``).
 
-        Returns their offsets (or, with ``wait=False``, one future per message).
+        Returns their offsets once durable; with ``wait=False``, one future of that list at once
+        (batches beyond ``batch_size`` rows travel separately but resolve together).
         """
         dest = self._dest(destination)
         if isinstance(bodies, pa.Table | pa.RecordBatch):
@@ -320,14 +344,14 @@ class Producer:
             ids = pc.binary_join_element_wise(self._prefix, seqs, "-")
             table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
         self.flush(dest)  # keep order with what send() buffered for this destination
-        futures: list[Future] = []
+        parts: list[Future] = []
         with self._send_lock:
             stream = self._stream(dest)
             for batch in table.to_batches(max_chunksize=self._batch_size):
-                batch_futures = [Future() for _ in range(batch.num_rows)]
-                stream.write(batch, batch_futures)
-                futures.extend(batch_futures)
-        return [f.result() for f in futures] if wait else futures
+                parts.append(Future())
+                stream.write(batch, _Outcome(batch.num_rows, whole=parts[-1]))
+        result = parts[0] if len(parts) == 1 else _joined(parts)  # none: an empty table
+        return result.result() if wait else result
 
     def flush(self, destination: str | None = None) -> None:
         """Send what is buffered (for one destination, or all) and wait until it is durable."""
@@ -411,8 +435,33 @@ class Producer:
         )
         futures = [i.future for i in items]
         try:
-            self._stream(dest).write(batch, futures)
+            self._stream(dest).write(batch, _Outcome(len(items), per_message=futures))
         except SparkMQError as exc:
             for f in futures:
                 if not f.done():
                     f.set_exception(exc)
+
+
+def _joined(parts: list[Future]) -> Future:
+    """One future of the offsets of several batches, in order; it fails with the first failure."""
+    joined: Future = Future()
+    if not parts:
+        joined.set_result([])
+        return joined
+    left = [len(parts)]
+    lock = threading.Lock()
+
+    def done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        errors = [f.exception() for f in parts if f.exception() is not None]
+        if errors:
+            joined.set_exception(errors[0])
+        else:
+            joined.set_result([o for f in parts for o in f.result()])
+
+    for f in parts:
+        f.add_done_callback(done)
+    return joined

@@ -1,0 +1,79 @@
+"""Checking and converting produced batches (no broker: the function the broker calls)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from spark_mq.errors import MessageRejected, MessageTooLarge, SchemaMismatch
+from spark_mq.schema import (
+    DEFAULT_PRIORITY,
+    PRODUCE_SCHEMA,
+    TS,
+    UNOFFSET_SCHEMA,
+    normalize_produce_batch,
+)
+
+NOW_US = 1_700_000_000_000_000
+
+
+def norm(table: pa.Table, limit: int = 1000) -> pa.Table:
+    return normalize_produce_batch(
+        table, enqueue_time_us=NOW_US, max_message_bytes=limit, destination="q"
+    )
+
+
+def sdk_batch(**columns: list) -> pa.Table:
+    """What the SDK sends: every column of PRODUCE_SCHEMA, unused ones all null."""
+    n = len(columns["body"])
+    return pa.table(
+        [pa.array(columns.get(f.name, [None] * n), f.type) for f in PRODUCE_SCHEMA],
+        schema=PRODUCE_SCHEMA,
+    )
+
+
+def test_defaults_fill_what_the_producer_left_out() -> None:
+    out = norm(sdk_batch(body=[b"a", b"b"]))
+    assert out.schema == UNOFFSET_SCHEMA
+    assert out["priority"].to_pylist() == [DEFAULT_PRIORITY] * 2
+    assert out["enqueue_time"].cast(pa.int64()).to_pylist() == [NOW_US] * 2
+    assert out["expiry_time"].null_count == 2
+    assert out["body"].to_pylist() == [b"a", b"b"]
+
+
+def test_ttl_becomes_expiry_and_an_explicit_expiry_wins() -> None:
+    explicit = pa.scalar(NOW_US + 5, TS).as_py()
+    out = norm(
+        sdk_batch(
+            body=[b"a", b"b", b"c"], ttl_ms=[10, None, 10], expiry_time=[None, None, explicit]
+        )
+    )
+    expiry = out["expiry_time"].cast(pa.int64()).to_pylist()
+    assert expiry == [NOW_US + 10_000, None, NOW_US + 5]
+
+
+def test_priority_nulls_default_and_out_of_range_is_refused() -> None:
+    out = norm(sdk_batch(body=[b"a", b"b"], priority=[9, None]))
+    assert out["priority"].to_pylist() == [9, DEFAULT_PRIORITY]
+    with pytest.raises(MessageRejected, match="between 0 and 9"):
+        norm(sdk_batch(body=[b"a", b"b"], priority=[None, 10]))
+    with pytest.raises(MessageRejected):
+        norm(sdk_batch(body=[b"a"], priority=[-1]))
+
+
+def test_one_large_body_is_found_among_many_small_ones() -> None:
+    small = [b"x" * 10] * 150  # 1,500 bytes in all: over the limit, but every body fits
+    assert norm(sdk_batch(body=small)).num_rows == 150
+    with pytest.raises(MessageTooLarge, match="1001 bytes is over the limit of 1000"):
+        norm(sdk_batch(body=[*small, b"y" * 1001]))
+    sliced = sdk_batch(body=[b"y" * 1001, b"ok"]).slice(1)  # the big one is outside the slice
+    assert norm(sliced)["body"].to_pylist() == [b"ok"]
+
+
+def test_a_minimal_batch_and_bad_columns() -> None:
+    out = norm(pa.table({"body": pa.array(["text"], pa.string())}))
+    assert out["body"].to_pylist() == [b"text"] and out["priority"].to_pylist() == [4]
+    with pytest.raises(SchemaMismatch, match="must not contain nulls"):
+        norm(sdk_batch(body=[b"a", None]))
+    with pytest.raises(SchemaMismatch, match="unknown column"):
+        norm(pa.table({"body": [b"a"], "colour": ["red"]}))
