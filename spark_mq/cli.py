@@ -88,5 +88,84 @@ def demo(data_dir: str, messages: int) -> None:
     run_demo(data_dir, messages)
 
 
+@main.command()
+@click.option("--data-dir", required=True, help="The broker's data root (directory or URI).")
+@click.option(
+    "--destination", "only", multiple=True, help="Compact only this destination (repeatable)."
+)
+@click.option("--dry-run", is_flag=True, help="Report what would be removed; change nothing.")
+@click.option("--force", is_flag=True, help="Compact even below the file and live thresholds.")
+@click.option(
+    "--min-files",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Compact only logs with at least this many files.",
+)
+@click.option(
+    "--max-live",
+    type=float,
+    default=0.30,
+    show_default=True,
+    help="Compact only when live rows are below this share.",
+)
+@click.option(
+    "--retention-hours",
+    type=click.IntRange(min=1),
+    default=168,
+    show_default=True,
+    help="Time travel kept by VACUUM.",
+)
+@click.option("--keep-expired", is_flag=True, help="Leave expired messages in place.")
+@click.option(
+    "--spark", "use_spark", is_flag=True, help="Fan out over destinations as Spark tasks."
+)
+def compact(
+    data_dir: str,
+    only: tuple[str, ...],
+    dry_run: bool,
+    force: bool,
+    min_files: int,
+    max_live: float,
+    retention_hours: int,
+    keep_expired: bool,
+    use_spark: bool,
+) -> None:
+    """Remove settled and expired messages from the Delta logs, merge files, vacuum."""
+    from spark_mq.jobs.compaction import CompactionPolicy, compact_all
+    from spark_mq.jobs.report import summary_table
+    from spark_mq.logs import setup_logging
+
+    setup_logging("WARNING", None, max_bytes=0, backups=0)
+    policy = CompactionPolicy(
+        min_files=min_files,
+        max_live_ratio=max_live,
+        retention_hours=retention_hours,
+        drop_expired=not keep_expired,
+        force=force,
+    )
+    spark = None
+    if use_spark:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.builder.appName("sparkmq-compaction").getOrCreate()
+    done = [0]
+
+    def progress(result: object) -> None:
+        done[0] += 1
+        click.echo(f"[{done[0]}] {result.destination}: {result.action}", err=True)  # type: ignore[attr-defined]
+
+    try:
+        results = compact_all(
+            data_dir, policy, only=only or None, dry_run=dry_run, spark=spark, progress=progress
+        )
+    except KeyError as exc:
+        click.echo(f"sparkmq compact: {exc.args[0]}", err=True)
+        sys.exit(2)
+    click.echo(summary_table(results))
+    if any(r.action == "failed" for r in results):
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

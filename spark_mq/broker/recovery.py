@@ -3,6 +3,10 @@
 For every subscription: every offset below its *low-water mark* is settled; above it, the
 settled offsets are kept in a set. The message rows from the lowest low-water mark to the end
 of the log are read back into memory (for a queue, only the unsettled ones).
+
+Compaction replaces a subscription's settlement rows below its low-water mark by one row with
+outcome ``compacted`` whose offset is that mark (:data:`COMPACTED`): every offset below it is
+settled.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import pyarrow.compute as pc
 
 from spark_mq.journal import DestinationInfo, Journal
 
+COMPACTED = "compacted"  # settlement outcome: every offset below this row's offset is settled
+
 
 @dataclass
 class RecoveredSubscription:
@@ -24,20 +30,34 @@ class RecoveredSubscription:
     settled_above: set[int]
 
 
-def settled_by_subscription(settlements: pa.Table) -> dict[str, np.ndarray]:
-    """Sorted, unique settled offsets per subscription name."""
-    out: dict[str, np.ndarray] = {}
+@dataclass
+class Settled:
+    """One subscription's settled offsets: all below ``below``, and those in ``offsets``."""
+
+    below: int
+    offsets: np.ndarray
+
+
+def settled_by_subscription(settlements: pa.Table) -> dict[str, Settled]:
+    """Per subscription name: its compaction mark and its sorted, unique settled offsets."""
+    out: dict[str, Settled] = {}
     if settlements.num_rows == 0:
         return out
     for name in pc.unique(settlements["subscription"]).to_pylist():
-        mask = pc.equal(settlements["subscription"], name)
-        out[name] = np.unique(settlements.filter(mask)["offset"].to_numpy())
+        rows = settlements.filter(pc.equal(settlements["subscription"], name))
+        marks = pc.equal(rows["outcome"], COMPACTED)
+        below = pc.max(rows.filter(marks)["offset"]).as_py() or 0
+        offsets = np.unique(rows.filter(pc.invert(marks))["offset"].to_numpy())
+        out[name] = Settled(below, offsets)
     return out
 
 
-def low_water(start: int, settled: np.ndarray) -> tuple[int, set[int]]:
+def low_water(start: int, settled: Settled | None) -> tuple[int, set[int]]:
     """The first unsettled offset >= ``start``, and the settled offsets above it."""
-    settled = settled[settled >= start]
+    if settled is None:
+        return start, set()
+    start = max(start, settled.below)
+    settled = settled.offsets[settled.offsets >= start]
     expected = np.arange(start, start + len(settled))
     gaps = np.nonzero(settled != expected)[0]
     n = int(gaps[0]) if len(gaps) else len(settled)
@@ -51,7 +71,7 @@ def recover_destination(
     settled = settled_by_subscription(journal.read_settlements(info.name)) if end else {}
     subs = []
     for sub in info.subscriptions.values():
-        low, above = low_water(sub.start_offset, settled.get(sub.name, np.empty(0, np.int64)))
+        low, above = low_water(sub.start_offset, settled.get(sub.name))
         subs.append(RecoveredSubscription(sub.name, sub.start_offset, low, above))
     first = min((s.low_water for s in subs), default=end)
     rows = journal.read_messages(info.name, first, end) if first < end else None

@@ -18,11 +18,35 @@ import fsspec
 import pyarrow as pa
 import pyarrow.dataset as pds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from spark_mq.journal import layout
 from spark_mq.journal.boundary import translate
 from spark_mq.schema import BINDING_SCHEMA, MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
+
+COMMIT_ATTEMPTS = 5  # per append, each after reloading the table's latest version
+
+
+def _append(dt: DeltaTable, rows: pa.Table, app_id: str | None, version: int | None) -> None:
+    """Append idempotently, reloading the table when another writer's commit got in first.
+
+    Our appends are blind, but delta-rs checks them against the snapshot the table object holds:
+    once compaction (another process) has deleted rows, every append from the stale snapshot
+    fails with "a concurrent transaction deleted data this operation read" until it reloads.
+    """
+    props = None
+    if app_id is not None and version is not None:
+        props = CommitProperties(app_transactions=[Transaction(app_id, version)])
+    for attempt in range(COMMIT_ATTEMPTS):
+        if props is not None and (dt.transaction_version(app_id) or 0) >= version:
+            return  # a retry of a commit that already landed
+        try:
+            write_deltalake(dt, rows, mode="append", commit_properties=props)
+            return
+        except CommitFailedError:
+            if attempt == COMMIT_ATTEMPTS - 1:
+                raise
+            dt.update_incremental()
 
 
 class DeltaStore:
@@ -103,17 +127,7 @@ class DeltaStore:
 
     def commit_messages(self, destination: str, rows: pa.Table, end_offset: int) -> None:
         with translate("committing messages", destination):
-            dt = self._messages(destination)
-            if (dt.transaction_version(layout.MESSAGES_APP_ID) or 0) >= end_offset:
-                return  # a retry of a commit that already landed
-            write_deltalake(
-                dt,
-                rows,
-                mode="append",
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(layout.MESSAGES_APP_ID, end_offset)]
-                ),
-            )
+            _append(self._messages(destination), rows, layout.MESSAGES_APP_ID, end_offset)
 
     def read_messages(self, destination: str, start: int, end: int | None) -> pa.Table:
         with translate("reading messages", destination):
@@ -140,15 +154,7 @@ class DeltaStore:
         self, destination: str, rows: pa.Table, version: int | None = None
     ) -> None:
         with translate("committing settlements", destination):
-            dt = self._settlements(destination)
-            props = None
-            if version is not None:
-                if (dt.transaction_version(layout.SETTLEMENTS_APP_ID) or 0) >= version:
-                    return  # a retry of a commit that already landed
-                props = CommitProperties(
-                    app_transactions=[Transaction(layout.SETTLEMENTS_APP_ID, version)]
-                )
-            write_deltalake(dt, rows, mode="append", commit_properties=props)
+            _append(self._settlements(destination), rows, layout.SETTLEMENTS_APP_ID, version)
 
     def read_settlements(self, destination: str) -> pa.Table:
         with translate("reading settlements", destination):

@@ -1,0 +1,247 @@
+"""Compaction of the Delta logs: exactly the settled and expired rows go, nothing owed is lost."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+from deltalake import DeltaTable
+from spark_mq.jobs.compaction import EXPIRED, CompactionPolicy, compact_all
+
+from spark_mq import Admin, Consumer, Producer
+from spark_mq.broker import RunningBroker
+from spark_mq.broker.recovery import COMPACTED
+from spark_mq.cli import main as cli
+from spark_mq.clock import ManualClock
+from spark_mq.journal import layout
+from spark_mq.launch import BrokerProcess
+from tests.conftest import receive_n, start_inprocess
+
+
+def messages_in_delta(root: Path, name: str) -> pa.Table:
+    dt = DeltaTable(layout.messages_uri(str(root), name))
+    return pa.table(dt.to_pyarrow_table()).sort_by("offset")
+
+
+def settlements_in_delta(root: Path, name: str) -> pa.Table:
+    return pa.table(DeltaTable(layout.settlements_uri(str(root), name)).to_pyarrow_table())
+
+
+def fill(running: RunningBroker, name: str, batches: int, size: int, **send: object) -> None:
+    """``batches`` batches of ``size`` messages, each moved to Delta on its own (one file each)."""
+    with Producer(running.url, destination=name, linger_ms=0) as p:
+        for b in range(batches):
+            futures = [p.send(f"{name}-{b * size + i}", **send) for i in range(size)]
+            p.flush()
+            for f in futures:
+                f.result()
+            assert running.broker.journal.move(name, timeout=30)
+
+
+def ack_offsets(
+    running: RunningBroker, name: str, wanted: set[int], total: int, subscription: str | None = None
+) -> None:
+    with Consumer(running.url, name, subscription=subscription, prefetch=total) as c:
+        got = receive_n(c, total)
+        c.ack([m for m in got if m.offset in wanted]).result(timeout=10)
+    assert running.broker.journal.move(name, timeout=30)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+def test_removes_exactly_settled_and_expired_rows_and_restart_agrees(
+    data: Path, clock: ManualClock
+) -> None:
+    running = start_inprocess(data, clock)
+    try:
+        with Admin(running.url) as admin:
+            admin.create_queue("q")
+            admin.create_topic("t")
+            admin.create_subscription("t", "a")
+            admin.create_subscription("t", "b")
+        fill(running, "q", batches=11, size=10)  # offsets 0..109, 11 files
+        fill(running, "q", batches=1, size=5, ttl_s=60)  # 110..114 expire a minute after enqueue
+        fill(running, "t", batches=10, size=2)  # 0..19
+        settled_q = set(range(80)) | {85, 90}
+        ack_offsets(running, "q", settled_q, 115)
+        ack_offsets(running, "t", set(range(20)), 20, subscription="a")
+        ack_offsets(running, "t", set(range(14)) | {15}, 20, subscription="b")
+    finally:
+        running.stop()
+    later = datetime.fromtimestamp(clock.wall(), timezone.utc) + timedelta(minutes=2)
+
+    results = {r.destination: r for r in compact_all(data, now=later)}
+
+    q, t = results["q"], results["t"]
+    assert q.action == "compacted", q.reason
+    assert (q.rows_removed, q.expired) == (82 + 5, 5)
+    assert q.low_water == {"": 80}
+    left = messages_in_delta(data, "q")
+    expect = [o for o in range(110) if o not in settled_q]
+    assert left["offset"].to_pylist() == expect  # row by row
+    assert left["body"].to_pylist() == [f"q-{o}".encode() for o in expect]
+    assert q.files_after < q.files_before
+    # settlements below the mark collapsed into one marker; the expired ones were recorded
+    s = settlements_in_delta(data, "q").to_pylist()
+    assert [r["offset"] for r in s if r["outcome"] == COMPACTED] == [80]
+    assert not [r for r in s if r["outcome"] == "ack" and r["offset"] < 80]
+    assert sorted(r["offset"] for r in s if r["outcome"] == EXPIRED) == list(range(110, 115))
+    # the topic: 'b' still owes 14 and 16..19, so only those stay
+    assert t.action == "compacted", t.reason
+    assert messages_in_delta(data, "t")["offset"].to_pylist() == [14, 16, 17, 18, 19]
+    assert t.low_water == {"a": 20, "b": 14}
+
+    # a restarted broker agrees: it owes exactly what was left, and remembers the acks
+    running = start_inprocess(data, clock)
+    try:
+        with Admin(running.url) as admin:
+            assert admin.stats("q")["depth"] == len(expect)
+        with Consumer(running.url, "q", prefetch=200) as c:
+            got = receive_n(c, len(expect))
+            assert sorted(m.offset for m in got) == expect
+            assert c.receive(timeout=0.2) is None
+        with Consumer(running.url, "t", subscription="b", prefetch=50) as c:
+            got = receive_n(c, 5)
+            assert sorted(m.offset for m in got) == [14, 16, 17, 18, 19]
+        with Consumer(running.url, "t", subscription="a") as c:
+            assert c.receive(timeout=0.2) is None
+    finally:
+        running.stop()
+    # a second run finds nothing more to do and still loses nothing
+    again = {
+        r.destination: r for r in compact_all(data, now=later, policy=CompactionPolicy(force=True))
+    }
+    assert again["q"].rows_removed == 0
+    assert messages_in_delta(data, "q")["offset"].to_pylist() == expect
+
+
+def test_thresholds_and_dry_run_change_nothing(data: Path, clock: ManualClock) -> None:
+    running = start_inprocess(data, clock)
+    try:
+        with Admin(running.url) as admin:
+            admin.create_queue("few")
+            admin.create_queue("busy")
+        fill(running, "few", batches=3, size=10)
+        ack_offsets(running, "few", set(range(30)), 30)
+        fill(running, "busy", batches=10, size=10)
+        ack_offsets(running, "busy", set(range(50)), 100)  # half live: above 30 %
+    finally:
+        running.stop()
+    versions = {n: DeltaTable(layout.messages_uri(str(data), n)).version() for n in ("few", "busy")}
+
+    results = {r.destination: r for r in compact_all(data)}
+    assert results["few"].action == "skipped"
+    assert "fewer than min_files=10" in results["few"].reason
+    assert results["busy"].action == "skipped"
+    assert "50% of rows are live" in results["busy"].reason
+
+    dry = {r.destination: r for r in compact_all(data, CompactionPolicy(force=True), dry_run=True)}
+    assert dry["few"].action == dry["busy"].action == "would compact"
+    assert (dry["few"].rows_removed, dry["busy"].rows_removed) == (30, 50)
+    for n, v in versions.items():
+        assert DeltaTable(layout.messages_uri(str(data), n)).version() == v
+        assert messages_in_delta(data, n).num_rows == {"few": 30, "busy": 100}[n]
+
+    # the CLI prints the same plan as a table, and changes nothing either
+    out = CliRunner().invoke(
+        cli, ["compact", "--data-dir", str(data), "--dry-run", "--force", "--destination", "busy"]
+    )
+    assert out.exit_code == 0, out.output
+    assert "would compact" in out.output and "busy" in out.output and "few " not in out.output
+    assert messages_in_delta(data, "busy").num_rows == 100
+    bad = CliRunner().invoke(cli, ["compact", "--data-dir", str(data), "--destination", "nope"])
+    assert bad.exit_code == 2 and "nope" in bad.output
+
+
+@pytest.mark.spark
+def test_spark_fans_out_one_task_per_destination(data: Path, clock: ManualClock, spark) -> None:
+    running = start_inprocess(data, clock)
+    try:
+        with Admin(running.url) as admin:
+            for n in ("s1", "s2"):
+                admin.create_queue(n)
+        for n in ("s1", "s2"):
+            fill(running, n, batches=2, size=5)
+            ack_offsets(running, n, set(range(7)), 10)
+    finally:
+        running.stop()
+    results = compact_all(data, CompactionPolicy(force=True), spark=spark)
+    assert sorted((r.destination, r.action, r.rows_removed) for r in results) == [
+        ("s1", "compacted", 7),
+        ("s2", "compacted", 7),
+    ]
+    for n in ("s1", "s2"):
+        assert messages_in_delta(data, n)["offset"].to_pylist() == [7, 8, 9]
+
+
+@pytest.mark.process
+def test_compaction_racing_a_live_broker_loses_and_resurrects_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    broker = BrokerProcess(
+        str(data),
+        extra_args=["--set", "journal.move_interval_ms=20"],
+        log_file=str(tmp_path / "broker.log"),
+    ).start()
+    total = 3000
+    acked: set[int] = set()
+    produced: list[int] = []
+    stop = threading.Event()
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_queue("live")
+
+        def produce() -> None:
+            with Producer(broker.url, destination="live", linger_ms=1) as p:
+                for i in range(0, total, 30):
+                    produced.extend(p.send_batch([b"m%d" % j for j in range(i, i + 30)]))
+
+        def consume() -> None:
+            with Consumer(broker.url, "live", prefetch=200) as c:
+                while len(acked) < total and not stop.is_set():
+                    got = c.receive_many(100, timeout=1)
+                    if got:
+                        c.ack(got).result(timeout=30)
+                        acked.update(m.offset for m in got)
+
+        threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+        for th in threads:
+            th.start()
+        runs = []
+        while threads[0].is_alive() or len(acked) < total:
+            runs += compact_all(data, CompactionPolicy(force=True, retention_hours=1))
+            if len(runs) > 200:
+                break
+        stop.set()
+        for th in threads:
+            th.join(60)
+        assert not [r for r in runs if r.action == "failed"], [r.reason for r in runs]
+        with Admin(broker.url) as admin:  # the broker's own commits got through each time
+            assert admin.stats("live")["hot_tier_move_failures"] == 0
+        assert sum(r.rows_removed for r in runs) > 0  # it really ran against live data
+        assert sorted(produced) == list(range(total)) and acked == set(range(total))
+    finally:
+        stop.set()
+        broker.stop()
+    # nothing acked comes back after a restart, and the log holds no row it should not
+    (final,) = compact_all(data, CompactionPolicy(force=True, retention_hours=1))
+    assert final.action == "compacted", final.reason
+    assert messages_in_delta(data, "live").num_rows == 0, final
+    broker = BrokerProcess(str(data), log_file=str(tmp_path / "broker.log")).start()
+    try:
+        with Admin(broker.url) as admin:
+            stats = admin.stats("live")
+            assert stats["depth"] == 0 and stats["end_offset"] == total
+        with Consumer(broker.url, "live") as c:
+            assert c.receive(timeout=0.5) is None
+        with Producer(broker.url, destination="live") as p:
+            assert p.send_sync(b"after") == total  # offsets carry on past the compacted ones
+    finally:
+        broker.stop()
+    assert messages_in_delta(data, "live")["offset"].to_pylist() == [total]
