@@ -23,6 +23,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
+
 from spark_mq.connectors.delta_read import SOURCE_DDL, end_offset, read_range
 from spark_mq.connectors.options import SourceOptions
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from spark_mq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from spark_mq.jobs.schedule import JobsConfig
 
 
 @click.group()
@@ -88,33 +92,38 @@ def demo(data_dir: str, messages: int) -> None:
     run_demo(data_dir, messages)
 
 
+_JOBS_CONFIG = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="Jobs config (see conf/jobs.toml): compaction defaults and schedules.",
+)
+
+
+def _jobs_config(config_file: str | None) -> JobsConfig:
+    from spark_mq.jobs.schedule import load_jobs_config
+
+    try:
+        return load_jobs_config(config_file)
+    except ConfigError as exc:
+        click.echo(f"sparkmq: {exc}", err=True)
+        sys.exit(2)
+
+
 @main.command()
 @click.option("--data-dir", required=True, help="The broker's data root (directory or URI).")
+@_JOBS_CONFIG
 @click.option(
     "--destination", "only", multiple=True, help="Compact only this destination (repeatable)."
 )
 @click.option("--dry-run", is_flag=True, help="Report what would be removed; change nothing.")
 @click.option("--force", is_flag=True, help="Compact even below the file and live thresholds.")
+@click.option("--min-files", type=click.IntRange(min=1), help="[compaction.min_files] (10)")
 @click.option(
-    "--min-files",
-    type=int,
-    default=10,
-    show_default=True,
-    help="Compact only logs with at least this many files.",
+    "--max-live", type=click.FloatRange(0, 1, min_open=True), help="[compaction.max_live_ratio]"
 )
 @click.option(
-    "--max-live",
-    type=float,
-    default=0.30,
-    show_default=True,
-    help="Compact only when live rows are below this share.",
-)
-@click.option(
-    "--retention-hours",
-    type=click.IntRange(min=1),
-    default=168,
-    show_default=True,
-    help="Time travel kept by VACUUM.",
+    "--retention-hours", type=click.IntRange(min=1), help="[compaction.retention_hours] (168)"
 )
 @click.option("--keep-expired", is_flag=True, help="Leave expired messages in place.")
 @click.option(
@@ -122,28 +131,33 @@ def demo(data_dir: str, messages: int) -> None:
 )
 def compact(
     data_dir: str,
+    config_file: str | None,
     only: tuple[str, ...],
     dry_run: bool,
     force: bool,
-    min_files: int,
-    max_live: float,
-    retention_hours: int,
+    min_files: int | None,
+    max_live: float | None,
+    retention_hours: int | None,
     keep_expired: bool,
     use_spark: bool,
 ) -> None:
     """Remove settled and expired messages from the Delta logs, merge files, vacuum."""
-    from spark_mq.jobs.compaction import CompactionPolicy, compact_all
+    from spark_mq.jobs.compaction import compact_all
     from spark_mq.jobs.report import summary_table
     from spark_mq.logs import setup_logging
 
     setup_logging("WARNING", None, max_bytes=0, backups=0)
-    policy = CompactionPolicy(
-        min_files=min_files,
-        max_live_ratio=max_live,
-        retention_hours=retention_hours,
-        drop_expired=not keep_expired,
-        force=force,
-    )
+    overrides = {
+        k: v
+        for k, v in {
+            "min_files": min_files,
+            "max_live_ratio": max_live,
+            "retention_hours": retention_hours,
+            "drop_expired": False if keep_expired else None,
+        }.items()
+        if v is not None
+    }
+    policy = _jobs_config(config_file).compaction.policy(force=force, **overrides)
     spark = None
     if use_spark:
         from pyspark.sql import SparkSession
@@ -153,7 +167,8 @@ def compact(
 
     def progress(result: object) -> None:
         done[0] += 1
-        click.echo(f"[{done[0]}] {result.destination}: {result.action}", err=True)  # type: ignore[attr-defined]
+        r = result  # a CompactionResult
+        click.echo(f"[{done[0]}] {r.destination}: {r.action} ({r.seconds:.1f}s)", err=True)  # type: ignore[attr-defined]
 
     try:
         results = compact_all(
@@ -165,6 +180,34 @@ def compact(
     click.echo(summary_table(results))
     if any(r.action == "failed" for r in results):
         sys.exit(1)
+
+
+@main.command()
+@click.option("--data-dir", required=True, help="The data root the scheduled jobs work on.")
+@_JOBS_CONFIG
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["crontab", "databricks", "both"]),
+    default="both",
+    show_default=True,
+)
+def schedule(data_dir: str, config_file: str | None, fmt: str) -> None:
+    """Print the schedules of the jobs config as crontab lines and Databricks Jobs JSON."""
+    from spark_mq.jobs.schedule import crontab, databricks_json
+
+    cfg = _jobs_config(config_file)
+    if not cfg.schedule:
+        click.echo("sparkmq schedule: the config declares no [[schedule]]", err=True)
+        sys.exit(2)
+    try:
+        if fmt in ("crontab", "both"):
+            click.echo(crontab(cfg, data_dir, config_file))
+        if fmt in ("databricks", "both"):
+            click.echo(databricks_json(cfg, data_dir, config_file))
+    except ConfigError as exc:
+        click.echo(f"sparkmq schedule: {exc}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
