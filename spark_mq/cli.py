@@ -210,5 +210,51 @@ def schedule(data_dir: str, config_file: str | None, fmt: str) -> None:
         sys.exit(2)
 
 
+@main.command(name="export")
+@click.option("--data-dir", required=True, help="The broker's data root (directory or URI).")
+@click.option("--destination", required=True, help="The destination to export.")
+@click.argument("file", type=click.Path(dir_okay=False))
+def export_cmd(data_dir: str, destination: str, file: str) -> None:
+    """Dump a destination's messages and settlements to FILE (*.jsonl or *.parquet)."""
+    from spark_mq.errors import SparkMQError
+    from spark_mq.jobs.transfer import export_destination
+
+    try:
+        header = export_destination(data_dir, destination, file)
+    except (SparkMQError, ValueError) as exc:
+        click.echo(f"sparkmq export: {exc}", err=True)
+        sys.exit(2)
+    if header["hot_tier_in_use"]:
+        click.echo(
+            "warning: a broker is running on this data (or crashed): records it has not moved "
+            "to Delta yet are not in the export; stop it with SIGTERM for a complete copy",
+            err=True,
+        )
+    click.echo(
+        f"exported {destination} ({header['kind']}): {header['messages']:,} message(s), "
+        f"{header['settlements']:,} settlement(s), end offset {header['end_offset']:,} -> {file}"
+    )
+
+
+@main.command(name="import")
+@click.option("--data-dir", required=True, help="The data root to import into (broker stopped).")
+@click.option("--as", "name", help="Create the destination under this name instead.")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+def import_cmd(data_dir: str, name: str | None, file: str) -> None:
+    """Create a destination from an exported FILE, offsets unchanged."""
+    from spark_mq.errors import SparkMQError
+    from spark_mq.jobs.transfer import import_destination
+
+    try:
+        header = import_destination(data_dir, file, name)
+    except (SparkMQError, ValueError) as exc:
+        click.echo(f"sparkmq import: {exc}", err=True)
+        sys.exit(2)
+    click.echo(
+        f"imported {header['name']} ({header['kind']}): {header['messages']:,} message(s), "
+        f"{header['settlements']:,} settlement(s), end offset {header['end_offset']:,}"
+    )
+
+
 if __name__ == "__main__":
     main()
