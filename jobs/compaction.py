@@ -105,7 +105,10 @@ def destinations(root: str) -> dict[str, DestinationInfo]:
     try:
         dt = DeltaTable(layout.bindings_uri(root))
     except TableNotFoundError:
-        return {}
+        raise FileNotFoundError(
+            f"no sparkmq data under {root}: it has no bindings log ({layout.bindings_uri(root)}); "
+            "pass the broker's data_dir"
+        ) from None
     infos, _ = bindings.replay(pa.table(dt.to_pyarrow_table()))
     return infos
 

@@ -174,7 +174,7 @@ def compact(
         results = compact_all(
             data_dir, policy, only=only or None, dry_run=dry_run, spark=spark, progress=progress
         )
-    except KeyError as exc:
+    except (KeyError, FileNotFoundError) as exc:
         click.echo(f"sparkmq compact: {exc.args[0]}", err=True)
         sys.exit(2)
     click.echo(summary_table(results))

@@ -158,6 +158,8 @@ def test_thresholds_and_dry_run_change_nothing(data: Path, clock: ManualClock) -
     assert messages_in_delta(data, "busy").num_rows == 100
     bad = CliRunner().invoke(cli, ["compact", "--data-dir", str(data), "--destination", "nope"])
     assert bad.exit_code == 2 and "nope" in bad.output
+    empty = CliRunner().invoke(cli, ["compact", "--data-dir", str(data / "not-here")])
+    assert empty.exit_code == 2 and "no sparkmq data under" in empty.output
 
 
 @pytest.mark.spark
