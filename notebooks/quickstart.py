@@ -12,21 +12,14 @@
 
 # COMMAND ----------
 
-import os
-import tempfile
 import time
 
 from spark_mq import Admin, Producer
 from spark_mq.connectors import register
-from spark_mq.launch import BrokerProcess
+from spark_mq.notebook import broker, show
 
-URL = os.environ.get("SPARKMQ_URL")
-DATA_DIR = os.environ.get("SPARKMQ_DATA_DIR")
-embedded = None
-if URL is None:
-    DATA_DIR = DATA_DIR or tempfile.mkdtemp(prefix="sparkmq-quickstart-")
-    embedded = BrokerProcess(DATA_DIR).start()
-    URL = embedded.url
+mq = broker("sparkmq-quickstart-")  # SPARKMQ_URL / SPARKMQ_DATA_DIR, or an embedded broker
+URL, DATA_DIR = mq.url, mq.data_dir
 print(f"broker: {URL}\ndata:   {DATA_DIR}")
 
 # COMMAND ----------
@@ -89,10 +82,7 @@ pages = spark.sql(  # noqa: F821
     f"SELECT get_json_object(json, '$.page') AS page, count(*) AS views "
     f"FROM {TOPIC}_seen GROUP BY page ORDER BY views DESC, page"
 )
-if "display" in globals():
-    display(pages)  # noqa: F821 - Databricks
-else:
-    pages.show()
+show(pages, globals())
 
 # COMMAND ----------
 
@@ -103,5 +93,4 @@ print("all 1,000 messages read, in three micro-batches of at most 400")
 
 # COMMAND ----------
 
-if embedded is not None:
-    embedded.stop()
+mq.stop()  # only an embedded broker stops

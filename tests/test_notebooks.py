@@ -20,7 +20,7 @@ def code_cells(path: Path) -> list[str]:
 
 
 def test_there_are_notebooks() -> None:
-    assert [p.name for p in NOTEBOOKS] == ["quickstart.py"]
+    assert [p.name for p in NOTEBOOKS] == ["operations.py", "quickstart.py"]
 
 
 @pytest.mark.spark
@@ -34,7 +34,6 @@ def test_notebook_runs(path: Path, spark, monkeypatch: pytest.MonkeyPatch) -> No
         try:
             exec(compile(cell, f"{path.name}[cell {number}]", "exec"), namespace)
         except BaseException:
-            broker = namespace.get("embedded")
-            if broker is not None:
-                broker.stop()
+            if "mq" in namespace:
+                namespace["mq"].stop()
             raise
