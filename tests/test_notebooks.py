@@ -20,7 +20,7 @@ def code_cells(path: Path) -> list[str]:
 
 
 def test_there_are_notebooks() -> None:
-    assert [p.name for p in NOTEBOOKS] == ["operations.py", "quickstart.py"]
+    assert [p.name for p in NOTEBOOKS] == ["exactly_once.py", "operations.py", "quickstart.py"]
 
 
 @pytest.mark.spark
