@@ -286,6 +286,14 @@ def _compact(
     if dry_run:
         result.action = "would compact"
         return
+    log.info(
+        "%s: removing %s of %s row(s) (%s expired) and %s settlement(s)",
+        name,
+        f"{removable:,}",
+        f"{result.rows_before:,}",
+        f"{plan.expired:,}",
+        f"{stale_count:,}",
+    )
     # 1. expiry is an outcome: record it before the rows go, so low-water marks can pass them
     listed_set = set(listed)
     expired_rows = [
@@ -342,6 +350,11 @@ def _compact(
             lambda: settlements.delete(cond),
         )
         result.settlements_removed = int(gone["num_deleted_rows"])  # type: ignore[index]
+    log.info(
+        "%s: %s row(s) removed; merging files, checkpointing, vacuuming",
+        name,
+        f"{result.rows_removed:,}",
+    )
     # 4. tidy both logs: merge small files, checkpoint, vacuum outside the retention window
     for dt in (messages, settlements):
         _retrying("merging small files", name, policy.commit_retries, dt, dt.optimize.compact)

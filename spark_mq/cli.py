@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TYPE_CHECKING
 
@@ -147,6 +148,7 @@ def compact(
     from spark_mq.logs import setup_logging
 
     setup_logging("WARNING", None, max_bytes=0, backups=0)
+    logging.getLogger("spark_mq.jobs").setLevel("INFO")  # each step of a long compaction
     overrides = {
         k: v
         for k, v in {
