@@ -27,7 +27,13 @@ from spark_mq import Admin, Consumer, Producer
 from spark_mq.launch import BrokerProcess
 
 KiB = 1024
-MODES = {"hot": [], "delta": ["--set", "journal.hot_tier=false"]}
+MODES = {
+    "hot": [],
+    "delta": ["--set", "journal.hot_tier=false"],
+    # duplicate detection off: compare with "hot" for what dedup costs (every SDK message has
+    # a dedup id, so "hot" checks each one)
+    "hot-nodedup": ["--set", "duplicates.cache_size=0"],
+}
 
 
 def fsync_bandwidth(directory: str, total_mib: int = 256, chunk_kib: int = 1024) -> float:
@@ -179,7 +185,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--modes", default="hot,delta")
+    ap.add_argument("--modes", default="hot,delta", help=f"comma-separated: {', '.join(MODES)}")
     args = ap.parse_args()
     data = args.data_dir or tempfile.mkdtemp(prefix="sparkmq-bench-")
     os.makedirs(data, exist_ok=True)

@@ -59,6 +59,11 @@ class LimitsSection(_Section):
     max_batch_bytes: int = Field(256 * MiB, ge=1)
 
 
+class DuplicatesSection(_Section):
+    cache_size: int = Field(20_000, ge=0)
+    window_s: float = Field(300.0, gt=0)
+
+
 class LoggingSection(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     file: str = "logs/log.txt"
@@ -71,6 +76,7 @@ class BrokerConfig(_Section):
     journal: JournalSection = JournalSection()
     delivery: DeliverySection = DeliverySection()
     limits: LimitsSection = LimitsSection()
+    duplicates: DuplicatesSection = DuplicatesSection()
     logging: LoggingSection = LoggingSection()
 
     def log_path(self) -> Path | None:

@@ -69,9 +69,14 @@ class Reply:
 
 @dataclass(frozen=True)
 class PutAck:
+    """``offsets`` is set when some rows were duplicates: each row's offset (a duplicate's is
+    its original's); otherwise the rows have ``first_offset`` onwards."""
+
     seq: int
     first_offset: int
     count: int
+    offsets: tuple[int, ...] | None = None
+    duplicates: int = 0
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,19 @@ def parse(data: bytes | memoryview | None) -> Frame:
                 raise ProtocolError("reply.errors must be a list of objects", fault="remote")
             return Reply(_int(doc, "request_id"), tuple(ok), tuple(errors))  # type: ignore[arg-type]
         case "put_ack":
-            return PutAck(_int(doc, "seq"), _int(doc, "first_offset"), _int(doc, "count"))  # type: ignore[arg-type]
+            offsets = doc.get("offsets")
+            if offsets is not None and (
+                not isinstance(offsets, list)
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            ):
+                raise ProtocolError("put_ack.offsets must be a list of offsets", fault="remote")
+            return PutAck(
+                _int(doc, "seq"),  # type: ignore[arg-type]
+                _int(doc, "first_offset"),  # type: ignore[arg-type]
+                _int(doc, "count"),  # type: ignore[arg-type]
+                None if offsets is None else tuple(offsets),
+                _int(doc, "duplicates", optional=True) or 0,
+            )
         case "put_failed":
             error = doc.get("error")
             if not isinstance(error, dict):

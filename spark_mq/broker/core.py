@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from spark_mq.broker.dedup import DuplicateCache, combine
 from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.recovery import recover_destination
 from spark_mq.broker.session import ConsumerSession
@@ -46,6 +48,9 @@ class Destination:
     sessions: dict[int, ConsumerSession] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     produced_total: int = 0
+    dedup: DuplicateCache | None = None
+    # claim dedup ids, append, bind: one batch at a time, so a racing resend finds its original
+    produce_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def hot_tier_settings(config: BrokerConfig) -> HotTierSettings | None:
@@ -142,7 +147,8 @@ class Broker:
 
     def _recover(self, info: DestinationInfo) -> None:
         subs, rows = recover_destination(self.journal, info)
-        dest = Destination(info.name, info.kind)
+        dest = self._new_destination(info.name, info.kind)
+        self._refill_dedup(dest)
         dest.store.add(rows)
         for rs in subs:
             dest.subscriptions[rs.name] = self._subscription(
@@ -157,6 +163,31 @@ class Broker:
             self.journal.end_offset(info.name),
             dest.store.rows,
         )
+
+    def _new_destination(self, name: str, kind: Kind) -> Destination:
+        d = self.config.duplicates
+        cache = DuplicateCache(d.cache_size, d.window_s) if d.cache_size else None
+        return Destination(name, kind, dedup=cache)
+
+    def _refill_dedup(self, dest: Destination) -> None:
+        """Recent dedup ids from the log's newest rows, so a resend after a crash is caught."""
+        if dest.dedup is None:
+            return
+        end = self.journal.end_offset(dest.name)
+        start = max(0, end - dest.dedup.size)
+        if start == end:
+            return
+        rows = self.journal.read_messages(dest.name, start, end)
+        since = self.clock.wall() - dest.dedup.window_s
+        at = pc.divide(rows["enqueue_time"].cast(pa.int64()), 1_000_000.0)
+        for dedup_id, offset, t in zip(
+            rows["dedup_id"].to_pylist(),
+            rows["offset"].to_pylist(),
+            at.to_pylist(),
+            strict=True,
+        ):
+            if dedup_id is not None and t >= since:
+                dest.dedup.remember(dedup_id, offset, t)
 
     def _subscription(
         self, dest: Destination, name: str, start: int, *, next_offset: int, settled: set[int]
@@ -232,7 +263,7 @@ class Broker:
         with self._lock:
             _, created = self.journal.create_destination(name, kind)
             if created:
-                dest = Destination(name, kind)
+                dest = self._new_destination(name, kind)
                 if kind == "queue":
                     dest.subscriptions[QUEUE_SUBSCRIPTION] = self._subscription(
                         dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set()
@@ -290,6 +321,8 @@ class Broker:
             "journal_commits": writer.commits,
             "journal_failed_commits": writer.failed_commits,
             "last_commit_ms": round(writer.last_commit_ms, 3),
+            "duplicates": dest.dedup.duplicates_total if dest.dedup else 0,
+            "dedup_cache_ids": len(dest.dedup) if dest.dedup else 0,
         }
         tier = self.journal.tier_stats(name)
         if tier is not None:
@@ -312,8 +345,12 @@ class Broker:
 
     # -- produce / consume -------------------------------------------------------------------
     def produce(self, destination: str, batch: pa.RecordBatch | pa.Table) -> Future:
-        """Check and append a batch; the future resolves to an ``AppendResult`` once durable."""
-        self._dest(destination)
+        """Check and append a batch; the future resolves once it is durable.
+
+        To an ``AppendResult``; or, when some rows were duplicates (their dedup id was stored
+        within the window), to a ``ProduceResult`` giving each row the offset its original has.
+        """
+        dest = self._dest(destination)
         limit = self.config.limits.max_batch_bytes
         if batch.nbytes > limit:
             raise MessageTooLarge(
@@ -323,13 +360,37 @@ class Broker:
                 size=batch.nbytes,
                 limit=limit,
             )
+        now = self.clock.wall()
         rows = normalize_produce_batch(
             batch,
-            enqueue_time_us=int(self.clock.wall() * 1_000_000),
+            enqueue_time_us=int(now * 1_000_000),
             max_message_bytes=self.config.limits.max_message_bytes,
             destination=destination,
         )
-        return self.journal.append(destination, rows)
+        cache = dest.dedup
+        if cache is None or rows["dedup_id"].null_count == rows.num_rows:
+            return self.journal.append(destination, rows)
+        ids = rows["dedup_id"].to_pylist()
+        with dest.produce_lock:
+            keep, dups = cache.claim(ids, now)
+            if not dups:
+                try:
+                    stored = self.journal.append(destination, rows)
+                except BaseException:
+                    cache.release(ids)
+                    raise
+                cache.bind(ids, stored)
+                return stored
+            kept_ids = [ids[i] for i in keep]
+            stored = None
+            if keep:
+                try:
+                    stored = self.journal.append(destination, rows.take(keep))
+                except BaseException:
+                    cache.release(kept_ids)
+                    raise
+                cache.bind(kept_ids, stored)
+        return combine(rows.num_rows, keep, stored, dups)
 
     def attach(
         self, destination: str, subscription: str | None = None, prefetch: int | None = None

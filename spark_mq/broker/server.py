@@ -23,6 +23,7 @@ import pyarrow.flight as fl
 
 from spark_mq import protocol
 from spark_mq.broker.core import Broker
+from spark_mq.broker.dedup import ProduceResult
 from spark_mq.errors import ProtocolError, SparkMQError, to_wire
 from spark_mq.protocol import Consume, Produce, PutAck, PutFailed, Settle
 from spark_mq.schema import DELIVERY_SCHEMA
@@ -230,6 +231,9 @@ class _InOrderAcks:
 def _answer(seq: int, fut: Future) -> protocol.Frame:
     try:
         res = fut.result()
+        if isinstance(res, ProduceResult):
+            first = res.offsets[0] if res.offsets else 0
+            return PutAck(seq, first, len(res.offsets), tuple(res.offsets), res.duplicates)
         return PutAck(seq, res.first_offset, res.count)
     except Exception as exc:
         err = exc if isinstance(exc, SparkMQError) else SparkMQError(f"internal error: {exc}")

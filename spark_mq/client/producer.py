@@ -95,12 +95,14 @@ class _Outcome:
     ) -> None:
         self.rows, self.per_message, self.whole = rows, per_message, whole
 
-    def resolve(self, first: int) -> None:
+    def resolve(self, first: int, offsets: tuple[int, ...] | None = None) -> None:
+        """Rows have ``first`` onwards, or ``offsets`` (a duplicate has its original's)."""
+        listed = list(offsets) if offsets is not None else range(first, first + self.rows)
         if self.per_message is not None:
-            for i, f in enumerate(self.per_message):
-                f.set_result(first + i)
+            for f, offset in zip(self.per_message, listed, strict=True):
+                f.set_result(offset)
         if self.whole is not None:
-            self.whole.set_result(list(range(first, first + self.rows)))
+            self.whole.set_result(list(listed))
 
     def fail(self, err: SparkMQError) -> None:
         for f in [*(self.per_message or ()), *([self.whole] if self.whole else [])]:
@@ -157,8 +159,10 @@ class _PutStream:
                     outcome = self._in_flight.popleft()
                 self._window.release()
                 match frame:
-                    case protocol.PutAck(first_offset=first, count=count) if count == outcome.rows:
-                        outcome.resolve(first)
+                    case protocol.PutAck(first_offset=first, count=count, offsets=offsets) if (
+                        count == outcome.rows and (offsets is None or len(offsets) == count)
+                    ):
+                        outcome.resolve(first, offsets)
                     case protocol.PutFailed(error=error):
                         wire = protocol.encode_action_body(**error)
                         outcome.fail(from_wire(wire, "produce failed"))

@@ -1,0 +1,115 @@
+"""Duplicate detection through the SDK: resends are acknowledged with the original's offset."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from spark_mq import Admin, Consumer, Producer
+from spark_mq.broker import RunningBroker
+from spark_mq.clock import ManualClock
+from spark_mq.launch import BrokerProcess
+from tests.conftest import receive_n, start_inprocess
+
+
+def bodies_in(running: RunningBroker, name: str, n: int) -> list[tuple[int, bytes]]:
+    with Consumer(running.url, name, prefetch=1000) as c:
+        got = receive_n(c, n)
+        assert c.receive(timeout=0.2) is None  # and nothing more
+    return sorted((m.offset, m.body) for m in got)
+
+
+def test_resends_are_acked_with_the_original_offset_and_not_stored(
+    broker: RunningBroker,
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("pay")
+    with Producer(broker.url, destination="pay") as p:
+        assert p.send_sync(b"first", dedup_id="x1") == 0
+        assert p.send_sync(b"resent", dedup_id="x1") == 0
+        batch = pa.table(
+            {
+                "body": [b"again", b"new", b"new twice", b"no id"],
+                "dedup_id": ["x1", "x2", "x2", None],
+            }
+        )
+        assert p.send_batch(batch) == [0, 1, 1, 2]
+        assert p.send_batch([b"generated ids are unique"]) == [3]
+    with Admin(broker.url) as admin:
+        stats = admin.stats("pay")
+    assert (stats["end_offset"], stats["duplicates"]) == (4, 3)
+    assert bodies_in(broker, "pay", 4) == [
+        (0, b"first"),
+        (1, b"new"),
+        (2, b"no id"),
+        (3, b"generated ids are unique"),
+    ]
+
+
+def test_racing_resends_store_each_id_once(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("race")
+    results: list[list[int]] = []
+
+    def send() -> None:
+        with Producer(broker.url, destination="race", linger_ms=0) as p:
+            futures = [p.send(b"m%d" % i, dedup_id=f"id-{i}") for i in range(200)]
+            p.flush()
+            results.append([f.result() for f in futures])
+
+    threads = [threading.Thread(target=send) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 3 and results[0] == results[1] == results[2]  # same answer for all
+    assert sorted(results[0]) == list(range(200))
+    with Admin(broker.url) as admin:
+        assert admin.stats("race")["end_offset"] == 200
+        assert admin.stats("race")["duplicates"] == 400
+
+
+def test_window_is_bounded_by_count_and_by_time(tmp_path: Path, clock: ManualClock) -> None:
+    running = start_inprocess(
+        tmp_path / "data", clock, **{"duplicates.cache_size": 3, "duplicates.window_s": 60}
+    )
+    try:
+        with Admin(running.url) as admin:
+            admin.create_queue("q")
+        with Producer(running.url, destination="q") as p:
+            assert [p.send_sync(b"", dedup_id=f"d{i}") for i in range(4)] == [0, 1, 2, 3]
+            assert p.send_sync(b"", dedup_id="d3") == 3  # still remembered
+            assert p.send_sync(b"", dedup_id="d0") == 4  # pushed out by the newer three
+            clock.advance(61)
+            assert p.send_sync(b"", dedup_id="d3") == 5  # older than the window
+            assert p.send_sync(b"", dedup_id="d3") == 5
+    finally:
+        running.stop()
+
+
+@pytest.mark.process
+def test_a_resend_after_a_crash_is_still_caught(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    broker = BrokerProcess(data, log_file=str(tmp_path / "broker.log")).start()
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_queue("orders")
+        with Producer(broker.url, destination="orders") as p:
+            first = p.send_batch(
+                pa.table({"body": [b"a", b"b", b"c"], "dedup_id": ["o1", "o2", "o3"]})
+            )
+        broker.kill()  # SIGKILL: the cache lives only in memory
+        broker = BrokerProcess(data, log_file=str(tmp_path / "broker.log")).start()
+        with Producer(broker.url, destination="orders") as p:
+            again = p.send_batch(
+                pa.table({"body": [b"a", b"b", b"c", b"d"], "dedup_id": ["o1", "o2", "o3", "o4"]})
+            )
+        assert first == [0, 1, 2] and again == [0, 1, 2, 3]
+        with Admin(broker.url) as admin:
+            stats = admin.stats("orders")
+            assert (stats["end_offset"], stats["duplicates"], stats["depth"]) == (4, 3, 4)
+    finally:
+        broker.stop()
