@@ -40,7 +40,7 @@ def build(root: str, total: int, settled: float, body_bytes: int) -> None:
     store = DeltaStore(root)
     rng = np.random.default_rng(7)
     per = -(-total // CHUNKS)
-    now = int(time.time() * 1_000_000)
+    now = int((time.time() - 3600) * 1_000_000)  # an hour old: past compaction's keep_recent_s
     started = time.perf_counter()
     for c in range(CHUNKS):
         lo, hi = c * per, min((c + 1) * per, total)

@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +55,9 @@ class CompactionPolicy:
     retention_hours: int = 168  # time travel kept (and files vacuum must leave)
     drop_expired: bool = True
     force: bool = False  # compact whatever the thresholds say
+    # rows younger than this stay: the broker's duplicate cache (duplicates.window_s, 300 s)
+    # is rebuilt from them after a restart
+    keep_recent_s: float = 300.0
     commit_retries: int = 5
 
     def __post_init__(self) -> None:
@@ -138,7 +141,14 @@ def _plan(
     # with no subscription (a topic nobody follows) nothing committed is owed to anyone; a
     # subscription created later starts at the broker's end, which is never below Delta's
     below = min(marks.values(), default=end)
-    cols = pa.table(messages.to_pyarrow_dataset().to_table(columns=["offset", "expiry_time"]))
+    cols = pa.table(
+        messages.to_pyarrow_dataset().to_table(columns=["offset", "expiry_time", "enqueue_time"])
+    )
+    # recent rows stay, settled or not: the broker rebuilds its duplicate cache from them
+    cutoff = pa.scalar(now - timedelta(seconds=policy.keep_recent_s), TS)
+    young = cols.filter(pc.greater_equal(cols["enqueue_time"], cutoff))["offset"]
+    young_from = pc.min(young).as_py() if len(young) else end
+    below = min(below, young_from)
     live_rows = cols.filter(pc.greater_equal(cols["offset"], below))
     offsets = live_rows["offset"].to_numpy()
     by_all = np.ones(len(offsets), dtype=bool)
@@ -147,13 +157,15 @@ def _plan(
         by_all &= np.isin(offsets, got) | (offsets < marks[sub.name])
     if not info.subscriptions:
         by_all[:] = False  # nothing at or above ``below`` (the end) exists yet
+    old = offsets < young_from
+    by_all &= old
     expired_mask = np.zeros(len(offsets), dtype=bool)
     if policy.drop_expired and len(offsets):
         when = pa.scalar(now, TS)
         expired_mask = pc.fill_null(pc.less(live_rows["expiry_time"], when), False).to_numpy(
             zero_copy_only=False
         )
-        expired_mask &= ~by_all
+        expired_mask &= ~by_all & old
     expired_offsets = offsets[expired_mask]
     unsettled = {}
     for sub in info.subscriptions.values():

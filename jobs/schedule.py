@@ -34,6 +34,7 @@ class CompactionSection(_Model):
     max_live_ratio: float = Field(0.30, gt=0, le=1)
     retention_hours: int = Field(168, ge=MIN_RETENTION_HOURS)
     drop_expired: bool = True
+    keep_recent_s: float = Field(300.0, ge=0)
 
     def policy(self, **overrides: Any) -> CompactionPolicy:
         return CompactionPolicy(**{**self.model_dump(), **overrides})

@@ -126,6 +126,11 @@ def _jobs_config(config_file: str | None) -> JobsConfig:
 @click.option(
     "--retention-hours", type=click.IntRange(min=1), help="[compaction.retention_hours] (168)"
 )
+@click.option(
+    "--keep-recent-s",
+    type=click.FloatRange(min=0),
+    help="[compaction.keep_recent_s] rows younger than this stay (300)",
+)
 @click.option("--keep-expired", is_flag=True, help="Leave expired messages in place.")
 @click.option(
     "--spark", "use_spark", is_flag=True, help="Fan out over destinations as Spark tasks."
@@ -139,6 +144,7 @@ def compact(
     min_files: int | None,
     max_live: float | None,
     retention_hours: int | None,
+    keep_recent_s: float | None,
     keep_expired: bool,
     use_spark: bool,
 ) -> None:
@@ -156,6 +162,7 @@ def compact(
             "max_live_ratio": max_live,
             "retention_hours": retention_hours,
             "drop_expired": False if keep_expired else None,
+            "keep_recent_s": keep_recent_s,
         }.items()
         if v is not None
     }

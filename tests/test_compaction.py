@@ -75,7 +75,7 @@ def test_removes_exactly_settled_and_expired_rows_and_restart_agrees(
         ack_offsets(running, "t", set(range(14)) | {15}, 20, subscription="b")
     finally:
         running.stop()
-    later = datetime.fromtimestamp(clock.wall(), timezone.utc) + timedelta(minutes=2)
+    later = datetime.fromtimestamp(clock.wall(), timezone.utc) + timedelta(minutes=10)
 
     results = {r.destination: r for r in compact_all(data, now=later)}
 
@@ -136,13 +136,20 @@ def test_thresholds_and_dry_run_change_nothing(data: Path, clock: ManualClock) -
         running.stop()
     versions = {n: DeltaTable(layout.messages_uri(str(data), n)).version() for n in ("few", "busy")}
 
-    results = {r.destination: r for r in compact_all(data)}
+    # rows younger than keep_recent_s (5 minutes) stay whatever their state
+    recent = {
+        r.destination: r for r in compact_all(data, CompactionPolicy(force=True), dry_run=True)
+    }
+    assert recent["few"].rows_removed == recent["busy"].rows_removed == 0
+    aged = CompactionPolicy(keep_recent_s=0)
+    results = {r.destination: r for r in compact_all(data, aged)}
     assert results["few"].action == "skipped"
     assert "fewer than min_files=10" in results["few"].reason
     assert results["busy"].action == "skipped"
     assert "50% of rows are live" in results["busy"].reason
 
-    dry = {r.destination: r for r in compact_all(data, CompactionPolicy(force=True), dry_run=True)}
+    forced = CompactionPolicy(force=True, keep_recent_s=0)
+    dry = {r.destination: r for r in compact_all(data, forced, dry_run=True)}
     assert dry["few"].action == dry["busy"].action == "would compact"
     assert (dry["few"].rows_removed, dry["busy"].rows_removed) == (30, 50)
     for n, v in versions.items():
@@ -174,7 +181,7 @@ def test_spark_fans_out_one_task_per_destination(data: Path, clock: ManualClock,
             ack_offsets(running, n, set(range(7)), 10)
     finally:
         running.stop()
-    results = compact_all(data, CompactionPolicy(force=True), spark=spark)
+    results = compact_all(data, CompactionPolicy(force=True, keep_recent_s=0), spark=spark)
     assert sorted((r.destination, r.action, r.rows_removed) for r in results) == [
         ("s1", "compacted", 7),
         ("s2", "compacted", 7),
@@ -217,7 +224,9 @@ def test_compaction_racing_a_live_broker_loses_and_resurrects_nothing(tmp_path: 
             th.start()
         runs = []
         while threads[0].is_alive() or len(acked) < total:
-            runs += compact_all(data, CompactionPolicy(force=True, retention_hours=1))
+            runs += compact_all(
+                data, CompactionPolicy(force=True, retention_hours=1, keep_recent_s=0)
+            )
             if len(runs) > 200:
                 break
         stop.set()
@@ -232,7 +241,7 @@ def test_compaction_racing_a_live_broker_loses_and_resurrects_nothing(tmp_path: 
         stop.set()
         broker.stop()
     # nothing acked comes back after a restart, and the log holds no row it should not
-    (final,) = compact_all(data, CompactionPolicy(force=True, retention_hours=1))
+    (final,) = compact_all(data, CompactionPolicy(force=True, retention_hours=1, keep_recent_s=0))
     assert final.action == "compacted", final.reason
     assert messages_in_delta(data, "live").num_rows == 0, final
     broker = BrokerProcess(str(data), log_file=str(tmp_path / "broker.log")).start()
