@@ -1,25 +1,51 @@
-"""Reading a message log straight from Delta, on the driver (end offsets) and on executors
-(offset ranges as Arrow batches). Files are pruned by the ``offset`` column's statistics."""
+"""Reading message logs straight from Delta, on the driver (which offsets exist, where to start)
+and on executors (offset ranges as Arrow batches). Files are pruned by the ``offset`` column's
+statistics; no row becomes a Python object on the read path.
+"""
 
 from __future__ import annotations
 
+import re
+import zlib
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pds
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from spark_mq.errors import DestinationNotFound
-from spark_mq.journal import layout
-from spark_mq.schema import MESSAGE_SCHEMA
+from spark_mq.journal import bindings, layout
+from spark_mq.schema import MESSAGE_SCHEMA, TS
 
 SOURCE_SCHEMA = pa.schema([pa.field("destination", pa.string()), *MESSAGE_SCHEMA])
-SOURCE_DDL = (
-    "destination string, offset bigint, message_id string, dedup_id string, group_id string, "
-    "priority int, enqueue_time timestamp, expiry_time timestamp, "
-    "headers map<string,string>, body binary"
-)
+_DDL_TYPES = {
+    "destination": "string",
+    "offset": "bigint",
+    "message_id": "string",
+    "dedup_id": "string",
+    "group_id": "string",
+    "priority": "int",
+    "enqueue_time": "timestamp",
+    "expiry_time": "timestamp",
+    "headers": "map<string,string>",
+    "body": "binary",
+}
+
+
+def source_schema(include_headers: bool) -> pa.Schema:
+    if include_headers:
+        return SOURCE_SCHEMA
+    return pa.schema([f for f in SOURCE_SCHEMA if f.name != "headers"])
+
+
+def source_ddl(include_headers: bool) -> str:
+    return ", ".join(f"{f.name} {_DDL_TYPES[f.name]}" for f in source_schema(include_headers))
+
+
+SOURCE_DDL = source_ddl(True)
 
 
 def _table(root: str, destination: str) -> DeltaTable:
@@ -33,17 +59,101 @@ def _table(root: str, destination: str) -> DeltaTable:
         ) from None
 
 
+def matching_destinations(root: str, pattern: str) -> list[str]:
+    """Destinations whose whole name matches ``pattern``, sorted."""
+    try:
+        rows = DeltaTable(layout.bindings_uri(root)).to_pyarrow_table()
+    except TableNotFoundError:
+        return []
+    infos, _ = bindings.replay(pa.table(rows))
+    rx = re.compile(pattern)
+    return sorted(n for n in infos if rx.fullmatch(n))
+
+
 def end_offset(root: str, destination: str) -> int:
     """One past the last committed offset (the commit's app-transaction version)."""
     return _table(root, destination).transaction_version(layout.MESSAGES_APP_ID) or 0
 
 
-def read_range(root: str, destination: str, start: int, end: int) -> Iterator[pa.RecordBatch]:
-    """Rows with ``start <= offset < end`` as batches of ``SOURCE_SCHEMA``, in offset order."""
+def _offsets(root: str, destination: str, cond: pds.Expression) -> pa.Array:
+    ds = _table(root, destination).to_pyarrow_dataset()
+    return ds.to_table(columns=["offset"], filter=cond)["offset"].combine_chunks()
+
+
+def first_offset(root: str, destination: str) -> int:
+    """The oldest offset still in the log (compaction removes settled ones), or its end."""
+    files = pa.table(_table(root, destination).get_add_actions(flatten=True))
+    if files.num_rows and "min.offset" in files.column_names:
+        low = pc.min(files["min.offset"]).as_py()
+        if low is not None:
+            return int(low)
+    return end_offset(root, destination)
+
+
+def offset_at_timestamp(root: str, destination: str, timestamp_ms: int) -> int:
+    """The first offset enqueued at or after ``timestamp_ms``, or the log's end."""
+    when = pa.scalar(timestamp_ms * 1000, TS)
+    found = _offsets(root, destination, pds.field("enqueue_time") >= when)
+    return int(pc.min(found).as_py()) if len(found) else end_offset(root, destination)
+
+
+def missing_offsets(root: str, destination: str, start: int, end: int) -> np.ndarray:
+    """Offsets in ``[start, end)`` no longer in the log (the log itself has no gaps)."""
+    if end <= start:
+        return np.empty(0, np.int64)
+    cond = (pds.field("offset") >= start) & (pds.field("offset") < end)
+    present = _offsets(root, destination, cond).to_numpy()
+    if len(present) == end - start:
+        return np.empty(0, np.int64)
+    return np.setdiff1d(np.arange(start, end, dtype=np.int64), present)
+
+
+def average_row_bytes(root: str, destination: str) -> float:
+    """Bytes per row in the log's files (what ``maxBytesPerTrigger`` counts, as Delta does)."""
+    files = pa.table(_table(root, destination).get_add_actions(flatten=True))
+    rows = pc.sum(files["num_records"]).as_py() if files.num_rows else 0
+    size = pc.sum(files["size_bytes"]).as_py() if files.num_rows else 0
+    return size / rows if rows else 1024.0
+
+
+def buckets_of(keys: pa.ChunkedArray | pa.Array, offsets: np.ndarray, n: int) -> np.ndarray:
+    """Each row's bucket in ``0 .. n-1``: a stable hash of its key (the same in every process
+    and micro-batch), or its offset when it has no key. Hashes each distinct key once."""
+    encoded = pc.dictionary_encode(keys).combine_chunks()
+    by_key = np.array(
+        [zlib.crc32(k.encode()) % n for k in encoded.dictionary.to_pylist()], dtype=np.int64
+    )
+    indices = encoded.indices
+    buckets = offsets % n
+    if len(by_key):
+        has_key = indices.is_valid().to_numpy(zero_copy_only=False)
+        idx = indices.fill_null(0).to_numpy()
+        buckets = np.where(has_key, by_key[idx], buckets)
+    return buckets
+
+
+def read_range(
+    root: str,
+    destination: str,
+    start: int,
+    end: int,
+    *,
+    include_headers: bool = True,
+    bucket: int | None = None,
+    buckets: int | None = None,
+    grouping_key: str = "group_id",
+) -> Iterator[pa.RecordBatch]:
+    """Rows with ``start <= offset < end`` as ``source_schema`` batches, in offset order;
+    with ``bucket``/``buckets``, only the rows whose grouping key hashes to ``bucket``."""
     dataset = _table(root, destination).to_pyarrow_dataset()
     cond = (pds.field("offset") >= start) & (pds.field("offset") < end)
     table = dataset.to_table(filter=cond).sort_by("offset")
     table = table.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA)
+    if buckets is not None and table.num_rows:
+        mine = buckets_of(table[grouping_key], table["offset"].to_numpy(), buckets) == bucket
+        table = table.filter(pa.array(mine))
     dest = pa.array([destination] * table.num_rows, pa.string())
     table = table.add_column(0, SOURCE_SCHEMA.field("destination"), dest)
+    if not include_headers:
+        table = table.drop_columns(["headers"])
     yield from table.to_batches()

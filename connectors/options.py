@@ -1,10 +1,13 @@
 """Options of ``format("sparkmq")``, parsed once into a typed object.
 
-An unknown or malformed option is a :class:`~spark_mq.errors.ConfigError` naming it.
+Named after Spark's Kafka and Delta sources where they mean the same thing. An unknown or
+malformed option is a :class:`~spark_mq.errors.ConfigError` naming it.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -13,25 +16,47 @@ from spark_mq.journal.layout import normalize_root
 from spark_mq.names import validate_name
 
 DEFAULT_MAX_MESSAGES_PER_PARTITION = 100_000
+EARLIEST, LATEST = -2, -1  # in JSON offsets, as Kafka's source spells them
+GROUPING_KEYS = ("group_id", "dedup_id", "message_id")
 
-# option name as documented -> (lower-cased key Spark may hand us)
+# lower-cased key Spark hands us -> the option's documented name
 _KNOWN = {
-    "path": "path",
-    "root": "root",
-    "destination": "destination",
-    "startingoffsets": "startingOffsets",
-    "maxmessagespertrigger": "maxMessagesPerTrigger",
-    "maxmessagesperpartition": "maxMessagesPerPartition",
+    n.lower(): n
+    for n in (
+        "path",
+        "root",
+        "destination",
+        "destinationPattern",
+        "startingOffsets",
+        "startingTimestamp",
+        "endingOffsets",
+        "maxMessagesPerTrigger",
+        "maxBytesPerTrigger",
+        "maxMessagesPerPartition",
+        "failOnDataLoss",
+        "includeHeaders",
+        "groupingKey",
+        "groupingPartitions",
+    )
 }
 
 
 @dataclass(frozen=True)
 class SourceOptions:
     root: str
-    destination: str
-    starting: str  # "earliest" | "latest"
+    destinations: tuple[str, ...]  # empty when a pattern picks them
+    pattern: str | None
+    # "earliest" | "latest" | {destination: offset or EARLIEST / LATEST}
+    starting: str | dict[str, int]
+    starting_timestamp_ms: int | None
+    ending: str | dict[str, int]  # batch reads only
     max_messages_per_trigger: int | None
+    max_bytes_per_trigger: int | None
     max_messages_per_partition: int
+    fail_on_data_loss: bool
+    include_headers: bool
+    grouping_key: str
+    grouping_partitions: int | None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -49,38 +74,108 @@ class SourceOptions:
                 ".option('root', './data') or .load('./data')",
                 setting="root",
             )
-        dest = opts.get("destination")
-        if not dest:
-            raise ConfigError("option 'destination' is required", setting="destination")
-        try:
-            validate_name(dest)
-        except Exception as exc:
-            raise ConfigError(f"option 'destination': {exc}", setting="destination") from None
-        starting = opts.get("startingoffsets", "earliest").strip().lower()
-        if starting not in ("earliest", "latest"):
+        listed, pattern = _destinations(opts)
+        grouping_key = opts.get("groupingkey", "group_id")
+        if grouping_key not in GROUPING_KEYS:
             raise ConfigError(
-                f"option 'startingOffsets' must be 'earliest' or 'latest', got {starting!r}",
-                setting="startingOffsets",
+                f"option 'groupingKey' must be one of {list(GROUPING_KEYS)}, got {grouping_key!r}",
+                setting="groupingKey",
             )
         return cls(
             root=normalize_root(root),
-            destination=dest,
-            starting=starting,
+            destinations=listed,
+            pattern=pattern,
+            starting=_offsets(opts, "startingoffsets", "earliest", ("earliest", "latest")),
+            starting_timestamp_ms=_positive_int(opts, "startingtimestamp", zero_ok=True),
+            ending=_offsets(opts, "endingoffsets", "latest", ("latest",)),
             max_messages_per_trigger=_positive_int(opts, "maxmessagespertrigger"),
+            max_bytes_per_trigger=_positive_int(opts, "maxbytespertrigger"),
             max_messages_per_partition=_positive_int(opts, "maxmessagesperpartition")
             or DEFAULT_MAX_MESSAGES_PER_PARTITION,
+            fail_on_data_loss=_bool(opts, "failondataloss", True),
+            include_headers=_bool(opts, "includeheaders", True),
+            grouping_key=grouping_key,
+            grouping_partitions=_positive_int(opts, "groupingpartitions"),
         )
 
 
-def _positive_int(opts: Mapping[str, str], key: str) -> int | None:
+def _destinations(opts: Mapping[str, str]) -> tuple[tuple[str, ...], str | None]:
+    raw, pattern = opts.get("destination"), opts.get("destinationpattern")
+    if raw is None and pattern is None:
+        raise ConfigError(
+            "option 'destination' is required (a name, or names separated by commas), or "
+            "'destinationPattern' (a regular expression over destination names)",
+            setting="destination",
+        )
+    if raw is not None and pattern is not None:
+        raise ConfigError(
+            "give either 'destination' or 'destinationPattern', not both", setting="destination"
+        )
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(
+                f"option 'destinationPattern' is not a regular expression: {exc}",
+                setting="destinationPattern",
+            ) from None
+        return (), pattern
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())  # type: ignore[union-attr]
+    if not names:
+        raise ConfigError("option 'destination' names no destination", setting="destination")
+    for n in names:
+        try:
+            validate_name(n)
+        except Exception as exc:
+            raise ConfigError(f"option 'destination': {exc}", setting="destination") from None
+    if len(set(names)) != len(names):
+        raise ConfigError("option 'destination' names a destination twice", setting="destination")
+    return names, None
+
+
+def _offsets(
+    opts: Mapping[str, str], key: str, default: str, words: tuple[str, ...]
+) -> str | dict[str, int]:
+    name = _KNOWN[key]
+    raw = opts.get(key, default).strip()
+    if raw.lower() in words:
+        return raw.lower()
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= EARLIEST for v in doc.values()
+    ):
+        raise ConfigError(
+            f"option {name!r} must be {' or '.join(repr(w) for w in words)} or JSON like "
+            f'{{"orders": 42, "events": -2}} (an offset, -2 earliest, -1 latest), got {raw!r}',
+            setting=name,
+        )
+    return {str(k): int(v) for k, v in doc.items()}
+
+
+def _bool(opts: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError(
+            f"option {_KNOWN[key]!r} must be true or false, got {raw!r}", setting=_KNOWN[key]
+        )
+    return value == "true"
+
+
+def _positive_int(opts: Mapping[str, str], key: str, *, zero_ok: bool = False) -> int | None:
     raw = opts.get(key)
     if raw is None:
         return None
     try:
         value = int(raw)
     except ValueError:
-        value = 0
-    if value <= 0:
+        value = -1
+    if value < 0 or (value == 0 and not zero_ok):
         raise ConfigError(
             f"option {_KNOWN[key]!r} must be a positive integer, got {raw!r}", setting=_KNOWN[key]
         )

@@ -1,11 +1,17 @@
 """``spark.readStream.format("sparkmq")`` and ``spark.read.format("sparkmq")``.
 
-Reads a destination's message log straight from its Delta table (no broker needed). Offsets are
-``{"<destination>": <next offset>}``. Options: see ``options.py`` and the README.
+Reads message logs straight from their Delta tables (no broker needed). Offsets are
+``{"<destination>": <next offset>, ...}``, one entry per destination read. Options: see
+``options.py`` and the README.
+
+With ``groupingPartitions`` = N every micro-batch has exactly N partitions and partition i holds
+the messages whose grouping key hashes to i, in offset order: a group always lands in the same
+partition, batch after batch and after a restart (sticky delivery for per-group processing).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,35 +25,145 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
+    ReadMaxBytes,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
 
-from spark_mq.connectors.delta_read import SOURCE_DDL, end_offset, read_range
-from spark_mq.connectors.options import SourceOptions
+from spark_mq.connectors import delta_read as dr
+from spark_mq.connectors.options import EARLIEST, LATEST, SourceOptions
+from spark_mq.errors import DataLoss
+
+log = logging.getLogger(__name__)
+
+Offsets = dict[str, int]
 
 
 @dataclass(frozen=True)
-class OffsetRange(InputPartition):
+class Slice(InputPartition):
+    """Offset ranges ``(destination, start, end)`` one task reads; with ``buckets``, only the
+    rows of those ranges whose grouping key hashes to ``bucket``."""
+
     root: str
-    destination: str
-    start: int
-    end: int
-
-
-def _ranges(opts: SourceOptions, start: int, end: int) -> list[OffsetRange]:
-    step = opts.max_messages_per_partition
-    return [
-        OffsetRange(opts.root, opts.destination, lo, min(lo + step, end))
-        for lo in range(start, end, step)
-    ]
+    ranges: tuple[tuple[str, int, int], ...]
+    include_headers: bool
+    grouping_key: str
+    bucket: int | None = None
+    buckets: int | None = None
 
 
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    if not isinstance(partition, OffsetRange):
-        return  # Spark hands one placeholder partition to a batch read of an empty log
-    yield from read_range(partition.root, partition.destination, partition.start, partition.end)
+    if not isinstance(partition, Slice):
+        return  # Spark hands one placeholder partition to a batch read of nothing
+    for dest, start, end in partition.ranges:
+        yield from dr.read_range(
+            partition.root,
+            dest,
+            start,
+            end,
+            include_headers=partition.include_headers,
+            bucket=partition.bucket,
+            buckets=partition.buckets,
+            grouping_key=partition.grouping_key,
+        )
+
+
+class _Planner:
+    """What both readers share: which destinations, where each starts, how ranges split."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def destinations(self) -> list[str]:
+        if self.opts.pattern is not None:
+            return dr.matching_destinations(self.opts.root, self.opts.pattern)
+        return list(self.opts.destinations)
+
+    def start_of(self, dest: str) -> int:
+        """Where reading ``dest`` begins the first time the query sees it."""
+        root = self.opts.root
+        if self.opts.starting_timestamp_ms is not None:
+            return dr.offset_at_timestamp(root, dest, self.opts.starting_timestamp_ms)
+        starting = self.opts.starting
+        wanted = (
+            starting.get(dest, EARLIEST)
+            if isinstance(starting, dict)
+            else {"earliest": EARLIEST, "latest": LATEST}[starting]
+        )
+        if wanted == EARLIEST:
+            return dr.first_offset(root, dest)
+        if wanted == LATEST:
+            return dr.end_offset(root, dest)
+        return min(wanted, dr.end_offset(root, dest))
+
+    def slices(self, ranges: dict[str, tuple[int, int]]) -> list[Slice]:
+        """Check for offsets compaction removed, then split the ranges into tasks."""
+        opts = self.opts
+        for dest, (start, end) in ranges.items():
+            missing = dr.missing_offsets(opts.root, dest, start, end)
+            if len(missing):
+                shown = ", ".join(str(o) for o in missing[:5]) + (
+                    ", ..." if len(missing) > 5 else ""
+                )
+                text = (
+                    f"{len(missing):,} offset(s) of {dest!r} the query needs are no longer in "
+                    f"the log (compaction removed them): {shown}"
+                )
+                if opts.fail_on_data_loss:
+                    raise DataLoss(
+                        f"{text}. Set failOnDataLoss=false to skip them, or restart the query "
+                        "from a new checkpoint",
+                        destination=dest,
+                        offset=int(missing[0]),
+                    )
+                log.warning("%s; skipping them (failOnDataLoss=false)", text)
+        live = tuple((d, s, e) for d, (s, e) in sorted(ranges.items()) if e > s)
+        common = {
+            "root": opts.root,
+            "include_headers": opts.include_headers,
+            "grouping_key": opts.grouping_key,
+        }
+        n = opts.grouping_partitions
+        if n is not None:
+            return [Slice(ranges=live, bucket=i, buckets=n, **common) for i in range(n)]
+        step = opts.max_messages_per_partition
+        return [
+            Slice(ranges=((d, lo, min(lo + step, e)),), **common)
+            for d, s, e in live
+            for lo in range(s, e, step)
+        ]
+
+    def row_budget(self, available: dict[str, int], limit: ReadLimit) -> int | None:
+        """How many rows this micro-batch may take in all (admission control)."""
+        if isinstance(limit, ReadAllAvailable):
+            return None
+        budgets = []
+        if self.opts.max_messages_per_trigger is not None:
+            budgets.append(self.opts.max_messages_per_trigger)
+        if self.opts.max_bytes_per_trigger is not None:
+            total = sum(available.values())
+            if total:
+                avg = (
+                    sum(
+                        dr.average_row_bytes(self.opts.root, d) * n
+                        for d, n in available.items()
+                        if n
+                    )
+                    / total
+                )
+                budgets.append(max(1, int(self.opts.max_bytes_per_trigger // max(avg, 1.0))))
+        return min(budgets) if budgets else None
+
+
+def _share(available: dict[str, int], budget: int | None) -> dict[str, int]:
+    """Split a row budget across destinations in proportion to their backlog (each gets one)."""
+    if budget is None:
+        return available
+    total = sum(available.values())
+    if total <= budget:
+        return available
+    return {d: min(n, max(1, budget * n // total)) if n else 0 for d, n in available.items()}
 
 
 class SparkMQDataSource(DataSource):
@@ -62,7 +178,7 @@ class SparkMQDataSource(DataSource):
         self.parsed = SourceOptions.parse(options)
 
     def schema(self) -> str:
-        return SOURCE_DDL
+        return dr.source_ddl(self.parsed.include_headers)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return BatchReader(self.parsed)
@@ -73,57 +189,70 @@ class SparkMQDataSource(DataSource):
 
 class BatchReader(DataSourceReader):
     def __init__(self, opts: SourceOptions) -> None:
-        self.opts = opts
-        self.end = end_offset(opts.root, opts.destination)
+        self.plan = _Planner(opts)
+        self.ranges: dict[str, tuple[int, int]] = {}
+        for dest in self.plan.destinations():
+            end = dr.end_offset(opts.root, dest)
+            if isinstance(opts.ending, dict):
+                wanted = opts.ending.get(dest, LATEST)
+                end = end if wanted in (LATEST, EARLIEST) else min(wanted, end)
+            self.ranges[dest] = (self.plan.start_of(dest), end)
 
-    def partitions(self) -> list[OffsetRange]:
-        return _ranges(self.opts, 0, self.end)
+    def partitions(self) -> list[Slice]:
+        return self.plan.slices(self.ranges)
 
-    def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: Slice) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return _read(partition)
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self._target: int | None = None  # set by Trigger.AvailableNow
+        self.plan = _Planner(opts)
+        self._target: Offsets | None = None  # set by Trigger.AvailableNow
 
-    def _offset(self, value: int) -> dict[str, int]:
-        return {self.opts.destination: value}
-
-    def _end(self) -> int:
-        latest = end_offset(self.opts.root, self.opts.destination)
-        return latest if self._target is None else min(latest, self._target)
-
-    def initialOffset(self) -> dict[str, int]:
-        if self.opts.starting == "latest":
-            return self._offset(end_offset(self.opts.root, self.opts.destination))
-        return self._offset(0)
+    def initialOffset(self) -> Offsets:
+        return {d: self.plan.start_of(d) for d in self.plan.destinations()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_messages_per_trigger is not None:
             return ReadMaxRows(self.opts.max_messages_per_trigger)
+        if self.opts.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
         return ReadAllAvailable()
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        begin = int(start[self.opts.destination])
-        end = self._end()
-        if isinstance(limit, ReadMaxRows):
-            end = min(end, begin + limit.max_rows)
-        return self._offset(max(begin, end))
+    def _ends(self, start: Offsets) -> dict[str, tuple[int, int]]:
+        """Per destination: where the next batch begins, and how far there is data."""
+        out = {}
+        for dest in self.plan.destinations():
+            begin = int(start[dest]) if dest in start else self.plan.start_of(dest)
+            end = dr.end_offset(self.opts.root, dest)
+            if self._target is not None:  # Trigger.AvailableNow: nothing past its snapshot
+                end = min(end, self._target.get(dest, begin))
+            out[dest] = (begin, max(begin, end))
+        return out
 
-    def reportLatestOffset(self) -> dict[str, int]:
-        return self._offset(end_offset(self.opts.root, self.opts.destination))
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        ends = self._ends(start)
+        available = {d: e - b for d, (b, e) in ends.items()}
+        share = _share(available, self.plan.row_budget(available, limit))
+        return {d: b + share[d] for d, (b, _) in ends.items()}
+
+    def reportLatestOffset(self) -> Offsets:
+        return {d: dr.end_offset(self.opts.root, d) for d in self.plan.destinations()}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = end_offset(self.opts.root, self.opts.destination)
+        self._target = self.reportLatestOffset()
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[OffsetRange]:
-        d = self.opts.destination
-        return _ranges(self.opts, int(start[d]), int(end[d]))
+    def partitions(self, start: Offsets, end: Offsets) -> list[Slice]:
+        ranges = {}
+        for dest, stop in end.items():
+            begin = int(start[dest]) if dest in start else self.plan.start_of(dest)
+            ranges[dest] = (min(begin, int(stop)), int(stop))
+        return self.plan.slices(ranges)
 
-    def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: Slice) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return _read(partition)
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: Offsets) -> None:
         pass  # the log is read in place; compaction jobs decide what may go

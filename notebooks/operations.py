@@ -9,6 +9,8 @@
 
 # COMMAND ----------
 
+import time
+
 import matplotlib
 
 matplotlib.use("Agg")  # no screen needed; Databricks renders the figures with display()
@@ -59,6 +61,12 @@ if mq.embedded is not None:
         while len(got) < 500:
             got += consumer.receive_many(500 - len(got), timeout=10)
         consumer.ack(got).result(timeout=30)
+    with Admin(URL) as admin:  # compaction reads Delta: let the hot tier move the acks there
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(
+            d.get("hot_tier_bytes") for d in admin.list_destinations()
+        ):
+            time.sleep(0.1)
 
 # COMMAND ----------
 

@@ -8,6 +8,7 @@ from spark_mq.client import Admin, Consumer, Message, Producer
 from spark_mq.errors import (
     BrokerUnavailable,
     ConfigError,
+    DataLoss,
     DestinationExists,
     DestinationNotFound,
     InvalidNameError,
@@ -29,6 +30,7 @@ __all__ = [
     "BrokerUnavailable",
     "ConfigError",
     "Consumer",
+    "DataLoss",
     "DestinationExists",
     "DestinationNotFound",
     "InvalidNameError",

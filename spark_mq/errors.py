@@ -91,6 +91,12 @@ class JournalError(SparkMQError):
     retriable = True
 
 
+class DataLoss(SparkMQError):
+    """A reader needs offsets that are no longer in the log (compaction removed them)."""
+
+    code = "data_loss"
+
+
 class BrokerUnavailable(SparkMQError):
     code = "unavailable"
     retriable = True
