@@ -32,6 +32,11 @@ def local_session(app_name: str = "sparkmq"):
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
+        # streaming state in RocksDB (ships with pyspark; transformWithState needs it)
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -3,10 +3,12 @@
 # MAGIC # An exactly-once pipeline: dedup, per-group totals, an idempotent Delta sink
 # MAGIC
 # MAGIC Payments arrive on a queue; a producer that lost a connection resent some of them with the
-# MAGIC **same dedup id**. The pipeline
+# MAGIC **same dedup id**. The broker drops resends within its 5-minute window; the pipeline drops
+# MAGIC the ones that come later (here the broker's detection is off, so all of them reach Spark).
+# MAGIC The pipeline
 # MAGIC
 # MAGIC 1. streams the queue's log with `readStream.format("sparkmq")`,
-# MAGIC 2. drops duplicates by `dedup_id` in Spark's state store (`dropDuplicatesWithinWatermark`),
+# MAGIC 2. drops duplicates by `dedup_id` in Spark's state store (`drop_duplicate_ids`),
 # MAGIC 3. totals each customer (`group_id`) per micro-batch, and
 # MAGIC 4. writes to a Delta table with an **app transaction** (query id, batch id), so a batch that
 # MAGIC    Spark replays after a failure is not written twice.
@@ -26,9 +28,10 @@ from deltalake.exceptions import TableNotFoundError
 
 from spark_mq import Admin, Producer
 from spark_mq.connectors import register
+from spark_mq.connectors.state import drop_duplicate_ids
 from spark_mq.notebook import broker, show
 
-mq = broker("sparkmq-exactly-once-")
+mq = broker("sparkmq-exactly-once-", "--set", "duplicates.cache_size=0")
 URL, DATA_DIR = mq.url, mq.data_dir
 register(spark)  # noqa: F821 - the notebook's SparkSession
 WORK = os.environ.get("SPARKMQ_NOTEBOOK_DIR") or tempfile.mkdtemp(prefix="sparkmq-eo-")
@@ -111,12 +114,12 @@ def run_pipeline():
         .option("destination", QUEUE)
         .option("maxMessagesPerTrigger", 200)
         .load()
-        .withWatermark("enqueue_time", "10 minutes")
-        .dropDuplicatesWithinWatermark(["dedup_id"])
-        .selectExpr("group_id", "CAST(CAST(body AS STRING) AS BIGINT) AS amount")
+    )
+    deduped = drop_duplicate_ids(payments_stream, "10 minutes").selectExpr(
+        "group_id", "CAST(CAST(body AS STRING) AS BIGINT) AS amount"
     )
     return (
-        payments_stream.writeStream.foreachBatch(write_batch)
+        deduped.writeStream.foreachBatch(write_batch)
         .option("checkpointLocation", CHECKPOINT)
         .trigger(availableNow=True)
         .start()

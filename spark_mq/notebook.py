@@ -29,7 +29,8 @@ class NotebookBroker:
             self.embedded = None
 
 
-def broker(prefix: str = "sparkmq-notebook-") -> NotebookBroker:
+def broker(prefix: str = "sparkmq-notebook-", *broker_args: str) -> NotebookBroker:
+    """Connect, or start an embedded broker (with ``broker_args``, e.g. "--set", "k=v")."""
     url = os.environ.get("SPARKMQ_URL")
     data_dir = os.environ.get("SPARKMQ_DATA_DIR")
     if url is not None:
@@ -40,7 +41,7 @@ def broker(prefix: str = "sparkmq-notebook-") -> NotebookBroker:
             )
         return NotebookBroker(url, data_dir)
     data_dir = data_dir or tempfile.mkdtemp(prefix=prefix)
-    embedded = BrokerProcess(data_dir).start()
+    embedded = BrokerProcess(data_dir, extra_args=list(broker_args)).start()
     return NotebookBroker(embedded.url, data_dir, embedded)
 
 
