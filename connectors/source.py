@@ -20,6 +20,8 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
@@ -33,7 +35,7 @@ from pyspark.sql.types import StructType
 
 from spark_mq.connectors import delta_read as dr
 from spark_mq.connectors.options import EARLIEST, LATEST, SourceOptions
-from spark_mq.errors import DataLoss
+from spark_mq.errors import ConfigError, DataLoss
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +175,10 @@ class SparkMQDataSource(DataSource):
     def name(cls) -> str:
         return "sparkmq"
 
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        self.parsed = SourceOptions.parse(options)
+    @property
+    def parsed(self) -> SourceOptions:
+        """The reading options (a sink has other ones: ``sink.SinkOptions``)."""
+        return SourceOptions.parse(self.options)
 
     def schema(self) -> str:
         return dr.source_ddl(self.parsed.include_headers)
@@ -185,6 +188,26 @@ class SparkMQDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return StreamReader(self.parsed)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from spark_mq.connectors.sink import BatchWriter, SinkOptions
+
+        _append_only(overwrite)
+        return BatchWriter(SinkOptions.parse(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from spark_mq.connectors.sink import SinkOptions, StreamWriter
+
+        _append_only(overwrite)
+        return StreamWriter(SinkOptions.parse(self.options, schema))
+
+
+def _append_only(overwrite: bool) -> None:
+    if overwrite:
+        raise ConfigError(
+            "a sparkmq destination is an append-only log: write with mode('append')",
+            setting="mode",
+        )
 
 
 class BatchReader(DataSourceReader):
