@@ -83,11 +83,12 @@ def _offsets(root: str, destination: str, cond: pds.Expression) -> pa.Array:
 def first_offset(root: str, destination: str) -> int:
     """The oldest offset still in the log (compaction removes settled ones), or its end."""
     files = pa.table(_table(root, destination).get_add_actions(flatten=True))
-    if files.num_rows and "min.offset" in files.column_names:
-        low = pc.min(files["min.offset"]).as_py()
-        if low is not None:
-            return int(low)
-    return end_offset(root, destination)
+    if not files.num_rows:
+        return end_offset(root, destination)  # empty, or everything compacted away
+    if "min.offset" in files.column_names and files["min.offset"].null_count == 0:
+        return int(pc.min(files["min.offset"]).as_py())
+    present = _offsets(root, destination, pds.scalar(True))  # files without statistics
+    return int(pc.min(present).as_py()) if len(present) else end_offset(root, destination)
 
 
 def offset_at_timestamp(root: str, destination: str, timestamp_ms: int) -> int:
