@@ -117,6 +117,37 @@ def average_row_bytes(root: str, destination: str) -> float:
     return size / rows if rows else 1024.0
 
 
+def data_files(
+    root: str, destination: str, start: int, end: int
+) -> list[tuple[str, int, int, int]] | None:
+    """The data files holding offsets in ``[start, end)``: ``(uri, min, max, rows)``, oldest
+    first, chosen by their ``offset`` statistics; None when statistics are missing."""
+    if not layout.is_local(root):
+        return None  # executors reach object stores through delta-rs, which has the credentials
+    dt = _table(root, destination)
+    files = pa.table(dt.get_add_actions(flatten=True))
+    if not files.num_rows:
+        return []
+    if "min.offset" not in files.column_names or files["min.offset"].null_count:
+        return None
+    uris = dt.file_uris()
+    rows = zip(
+        uris,
+        files["path"].to_pylist(),
+        files["min.offset"].to_pylist(),
+        files["max.offset"].to_pylist(),
+        files["num_records"].to_pylist(),
+        strict=True,
+    )
+    chosen = []
+    for uri, path, low, high, n in rows:
+        if not uri.endswith(path.rsplit("/", 1)[-1]):
+            return None  # not the order we rely on: let delta-rs read
+        if high >= start and low < end:
+            chosen.append((low, high, uri, n))
+    return [(uri, low, high, n) for low, high, uri, n in sorted(chosen)]
+
+
 def buckets_of(keys: pa.ChunkedArray | pa.Array, offsets: np.ndarray, n: int) -> np.ndarray:
     """Each row's bucket in ``0 .. n-1``: a stable hash of its key (the same in every process
     and micro-batch), or its offset when it has no key. Hashes each distinct key once."""
@@ -143,10 +174,18 @@ def read_range(
     bucket: int | None = None,
     buckets: int | None = None,
     grouping_key: str = "group_id",
+    files: tuple[str, ...] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Rows with ``start <= offset < end`` as ``source_schema`` batches, in offset order;
-    with ``bucket``/``buckets``, only the rows whose grouping key hashes to ``bucket``."""
-    dataset = _table(root, destination).to_pyarrow_dataset()
+    with ``bucket``/``buckets``, only the rows whose grouping key hashes to ``bucket``.
+
+    ``files`` (from :func:`data_files`): read just those Parquet files, without opening the
+    Delta log on the executor."""
+    if files is not None:
+        # read as MESSAGE_SCHEMA: files delta-rs wrote may hold view types pyarrow cannot filter
+        dataset = pds.dataset(list(files), format="parquet", schema=MESSAGE_SCHEMA)
+    else:
+        dataset = _table(root, destination).to_pyarrow_dataset()
     cond = (pds.field("offset") >= start) & (pds.field("offset") < end)
     table = dataset.to_table(filter=cond).sort_by("offset")
     table = table.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA)

@@ -48,7 +48,8 @@ class Slice(InputPartition):
     rows of those ranges whose grouping key hashes to ``bucket``."""
 
     root: str
-    ranges: tuple[tuple[str, int, int], ...]
+    # (destination, start, end, data files to read or None to go through the Delta log)
+    ranges: tuple[tuple[str, int, int, tuple[str, ...] | None], ...]
     include_headers: bool
     grouping_key: str
     bucket: int | None = None
@@ -58,7 +59,7 @@ class Slice(InputPartition):
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, Slice):
         return  # Spark hands one placeholder partition to a batch read of nothing
-    for dest, start, end in partition.ranges:
+    for dest, start, end, files in partition.ranges:
         yield from dr.read_range(
             partition.root,
             dest,
@@ -68,6 +69,7 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
             bucket=partition.bucket,
             buckets=partition.buckets,
             grouping_key=partition.grouping_key,
+            files=files,
         )
 
 
@@ -120,7 +122,8 @@ class _Planner:
                         offset=int(missing[0]),
                     )
                 log.warning("%s; skipping them (failOnDataLoss=false)", text)
-        live = tuple((d, s, e) for d, (s, e) in sorted(ranges.items()) if e > s)
+        live = [(d, s, e) for d, (s, e) in sorted(ranges.items()) if e > s]
+        files = {d: dr.data_files(opts.root, d, s, e) for d, s, e in live}
         common = {
             "root": opts.root,
             "include_headers": opts.include_headers,
@@ -128,13 +131,36 @@ class _Planner:
         }
         n = opts.grouping_partitions
         if n is not None:
-            return [Slice(ranges=live, bucket=i, buckets=n, **common) for i in range(n)]
+            every = tuple((d, s, e, _uris(files[d])) for d, s, e in live)
+            return [Slice(ranges=every, bucket=i, buckets=n, **common) for i in range(n)]
         step = opts.max_messages_per_partition
-        return [
-            Slice(ranges=((d, lo, min(lo + step, e)),), **common)
-            for d, s, e in live
-            for lo in range(s, e, step)
-        ]
+        out = []
+        for d, s, e in live:
+            spans = files[d]
+            if spans is None:  # no statistics: split the offsets, each task reads via Delta
+                out += [
+                    Slice(ranges=((d, lo, min(lo + step, e), None),), **common)
+                    for lo in range(s, e, step)
+                ]
+                continue
+            group: list[str] = []
+            rows = 0
+            for uri, low, high, n_rows in spans:
+                lo, hi = max(low, s), min(high + 1, e)
+                if n_rows >= step and hi - lo > step:  # a big file: several tasks, by offsets
+                    out += [
+                        Slice(ranges=((d, a, min(a + step, hi), (uri,)),), **common)
+                        for a in range(lo, hi, step)
+                    ]
+                    continue
+                group.append(uri)  # small files: whole files per task, about ``step`` rows
+                rows += n_rows
+                if rows >= step:
+                    out.append(Slice(ranges=((d, s, e, tuple(group)),), **common))
+                    group, rows = [], 0
+            if group:
+                out.append(Slice(ranges=((d, s, e, tuple(group)),), **common))
+        return out
 
     def row_budget(self, available: dict[str, int], limit: ReadLimit) -> int | None:
         """How many rows this micro-batch may take in all (admission control)."""
@@ -156,6 +182,10 @@ class _Planner:
                 )
                 budgets.append(max(1, int(self.opts.max_bytes_per_trigger // max(avg, 1.0))))
         return min(budgets) if budgets else None
+
+
+def _uris(spans: list[tuple[str, int, int, int]] | None) -> tuple[str, ...] | None:
+    return None if spans is None else tuple(span[0] for span in spans)
 
 
 def _share(available: dict[str, int], budget: int | None) -> dict[str, int]:

@@ -1,0 +1,153 @@
+"""Spark connector benchmark: prints figures, asserts nothing.
+
+    .venv/bin/python bench/spark_bench.py [--messages 10000000] [--body 100]
+
+In one run, on one local[2] SparkSession:
+
+1. source: ``readStream.format("sparkmq")`` with ``Trigger.AvailableNow`` over a topic of
+   ``--messages`` messages (written straight to Delta, 20 files), against ``spark.read.parquet``
+   of the very same Parquet files — messages/s, MB/s and the ratio;
+2. sink: ``df.write.format("sparkmq")`` of ``--sink-messages`` rows through a broker;
+3. end-to-end latency of a continuous pipeline: SDK producer -> broker -> Delta -> a
+   ``format("sparkmq")`` query (1 s trigger) -> foreachBatch, per message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+from compaction_bench import build  # bench/ is on sys.path when run as a script
+
+from spark_mq import Admin, Producer
+from spark_mq.connectors import local_session
+from spark_mq.journal import layout
+from spark_mq.launch import BrokerProcess
+
+
+def parquet_files(root: str, name: str) -> list[str]:
+    from deltalake import DeltaTable
+
+    return DeltaTable(layout.messages_uri(root, name)).file_uris()
+
+
+def timed_count(run) -> tuple[float, int]:
+    started = time.perf_counter()
+    n = run()
+    return time.perf_counter() - started, n
+
+
+def source(spark, root: str, total: int, body: int) -> None:
+    # count() alone lets Spark skip columns; both read the body to be a fair comparison
+    def parquet_full() -> int:
+        df = spark.read.parquet(*parquet_files(root, "big"))
+        return df.selectExpr("sum(length(body)) AS b", "count(*) AS n").first()["n"]
+
+    def stream_full() -> int:
+        seen = [0]
+
+        def batch(df, _i) -> None:
+            seen[0] += df.selectExpr("sum(length(body)) AS b", "count(*) AS n").first()["n"]
+
+        q = (
+            spark.readStream.format("sparkmq")
+            .option("root", root)
+            .option("destination", "big")
+            .load()
+            .writeStream.foreachBatch(batch)
+            .option("checkpointLocation", tempfile.mkdtemp())
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+        return seen[0]
+
+    mb = total * (body + 60) / 1e6  # rough bytes per row incl. the other columns
+    t_src, n_src = timed_count(stream_full)
+    t_pq, n_pq = timed_count(parquet_full)
+    print(
+        f"source availableNow: {n_src / t_src:,.0f} msg/s ({mb / t_src:,.0f} MB/s), {t_src:.1f} s"
+    )
+    print(f"spark.read.parquet:  {n_pq / t_pq:,.0f} msg/s ({mb / t_pq:,.0f} MB/s), {t_pq:.1f} s")
+    print(f"ratio: {t_pq / t_src:.2f}x of plain Parquet (target >= 0.8x)")
+
+
+def sink(spark, url: str, n: int) -> None:
+    df = spark.range(n).selectExpr("CAST(id AS STRING) AS body", "CAST(id % 100 AS STRING) AS key")
+    started = time.perf_counter()
+    df.write.format("sparkmq").option("url", url).option("destination", "sunk").mode(
+        "append"
+    ).save()
+    took = time.perf_counter() - started
+    print(f"sink (df.write, 2 tasks): {n / took:,.0f} msg/s ({n:,} rows in {took:.1f} s)")
+
+
+def end_to_end(spark, url: str, root: str, seconds: float = 20.0, rate: int = 200) -> None:
+    lat: list[float] = []
+
+    def batch(df, _i) -> None:
+        now = time.time()
+        for r in df.select("body").collect():
+            lat.append((now - float(bytes(r.body).decode())) * 1000)
+
+    q = (
+        spark.readStream.format("sparkmq")
+        .option("root", root)
+        .option("destination", "e2e")
+        .option("startingOffsets", "latest")
+        .load()
+        .writeStream.foreachBatch(batch)
+        .option("checkpointLocation", tempfile.mkdtemp())
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    time.sleep(5)  # let the query start
+    stop = time.time() + seconds
+    with Producer(url, destination="e2e", linger_ms=5) as p:
+        while time.time() < stop:
+            p.send(str(time.time()))
+            time.sleep(1 / rate)
+    deadline = time.time() + 30
+    while time.time() < deadline and len(lat) < seconds * rate * 0.95:
+        time.sleep(0.5)
+    q.stop()
+    a = np.array(lat)
+    print(
+        f"end to end (producer -> broker -> Delta -> Spark, 1 s trigger, {rate} msg/s): "
+        f"p50 {np.percentile(a, 50):,.0f} ms, p99 {np.percentile(a, 99):,.0f} ms "
+        f"({len(a):,} messages)"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=10_000_000)
+    ap.add_argument("--body", type=int, default=100)
+    ap.add_argument("--sink-messages", type=int, default=200_000)
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="sparkmq-spark-bench-")
+    spark = local_session("sparkmq-bench")
+    try:
+        print(f"building a topic of {args.messages:,} messages of {args.body} B")
+        build(root, args.messages, 0.0, args.body)
+        source(spark, root, args.messages, args.body)
+        broker = BrokerProcess(os.path.join(root, "broker")).start()
+        try:
+            with Admin(broker.url) as admin:
+                admin.create_queue("sunk")
+                admin.create_topic("e2e")
+            sink(spark, broker.url, args.sink_messages)
+            end_to_end(spark, broker.url, os.path.join(root, "broker"))
+        finally:
+            broker.stop()
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
