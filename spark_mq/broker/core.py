@@ -372,24 +372,17 @@ class Broker:
             return self.journal.append(destination, rows)
         ids = rows["dedup_id"].to_pylist()
         with dest.produce_lock:
-            keep, dups = cache.claim(ids, now)
-            if not dups:
-                try:
-                    stored = self.journal.append(destination, rows)
-                except BaseException:
-                    cache.release(ids)
-                    raise
-                cache.bind(ids, stored)
-                return stored
-            kept_ids = [ids[i] for i in keep]
+            keep, dups, batch = cache.claim(ids, now)
             stored = None
             if keep:
                 try:
-                    stored = self.journal.append(destination, rows.take(keep))
+                    stored = self.journal.append(destination, rows if not dups else rows.take(keep))
                 except BaseException:
-                    cache.release(kept_ids)
+                    cache.release(batch)
                     raise
-                cache.bind(kept_ids, stored)
+                cache.bind(batch, stored)
+            if not dups:
+                return stored
         return combine(rows.num_rows, keep, stored, dups)
 
     def attach(

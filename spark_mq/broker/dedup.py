@@ -20,12 +20,22 @@ from dataclasses import dataclass
 from spark_mq.journal.base import AppendResult
 
 
-@dataclass
-class _Seen:
-    at: float  # wall-clock seconds the original arrived
-    offset: int | None = None  # None until the original is durable
-    original: Future | None = None  # the original's append, while it is under way
-    position: int = 0  # the original's row among the rows that append stores
+class _Batch:
+    """One stored batch the cache's ids point into: an id's offset is ``first + position``."""
+
+    __slots__ = ("failed", "first", "future")
+
+    def __init__(self) -> None:
+        self.future: Future | None = None  # set by bind(); None for ids read back at recovery
+        self.first: int | None = None
+        self.failed = False
+
+
+_RECOVERED = _Batch()
+_RECOVERED.first = 0  # a recovered id's "position" is its offset
+
+# dedup id -> (when it arrived, the batch storing it, its position among that batch's rows)
+_Entry = tuple[float, _Batch, int]
 
 
 @dataclass(frozen=True)
@@ -41,86 +51,84 @@ class DuplicateCache:
         self.size = size
         self.window_s = window_s
         self._lock = threading.Lock()
-        self._seen: OrderedDict[str, _Seen] = OrderedDict()
+        self._seen: OrderedDict[str, _Entry] = OrderedDict()
         self.duplicates_total = 0
 
     def __len__(self) -> int:
         return len(self._seen)
 
     def _evict(self, now: float) -> None:
+        seen = self._seen
+        for _ in range(len(seen) - self.size):
+            seen.popitem(last=False)
         oldest = now - self.window_s
-        while self._seen:
-            first = next(iter(self._seen.values()))
-            if len(self._seen) <= self.size and first.at >= oldest:
-                break
-            self._seen.popitem(last=False)
+        while seen and next(iter(seen.values()))[0] < oldest:
+            seen.popitem(last=False)
 
     def remember(self, dedup_id: str, offset: int, at: float) -> None:
         """Record a stored message (recovery reads them back from the log, oldest first)."""
         with self._lock:
-            self._seen[dedup_id] = _Seen(at, offset)
+            self._seen[dedup_id] = (at, _RECOVERED, offset)
             self._seen.move_to_end(dedup_id)
             self._evict(at)
 
-    def claim(self, ids: list[str | None], now: float) -> tuple[list[int], dict[int, _Seen]]:
-        """Split a batch: the rows to store, and for each duplicate row what it duplicates.
+    def claim(
+        self, ids: list[str | None], now: float
+    ) -> tuple[list[int], dict[int, tuple[_Batch, int]], _Batch]:
+        """Split a batch: the rows to store, and for each duplicate row where its original is.
 
-        New ids are claimed at once (their offsets come with :meth:`bind`); an id seen twice in
-        one batch is a duplicate of its first row.
+        New ids are claimed for the returned batch at once (:meth:`bind` ties it to the
+        append); an id seen twice in one batch is a duplicate of its first row.
         """
-        keep: list[int] = []
-        dups: dict[int, _Seen] = {}
+        batch = _Batch()
         with self._lock:
             self._evict(now)
+            seen = self._seen
+            named = [i for i in ids if i is not None]
+            if len(set(named)) == len(named) and seen.keys().isdisjoint(named):
+                # the usual case, no duplicate: claim them all in one go
+                seen.update((i, (now, batch, row)) for row, i in enumerate(ids) if i is not None)
+                self._evict(now)
+                return list(range(len(ids))), {}, batch
+            keep: list[int] = []
+            dups: dict[int, tuple[_Batch, int]] = {}
             for row, dedup_id in enumerate(ids):
                 if dedup_id is None:
                     keep.append(row)
                     continue
-                seen = self._seen.get(dedup_id)
-                if seen is not None and seen.at >= now - self.window_s:
-                    dups[row] = seen
+                entry = seen.get(dedup_id)
+                if entry is not None and not entry[1].failed and entry[0] >= now - self.window_s:
+                    dups[row] = (entry[1], entry[2])
                     continue
-                self._seen[dedup_id] = _Seen(now, position=len(keep))
-                self._seen.move_to_end(dedup_id)
+                seen[dedup_id] = (now, batch, len(keep))
+                seen.move_to_end(dedup_id)
                 keep.append(row)
             self._evict(now)
             self.duplicates_total += len(dups)
-        return keep, dups
+        return keep, dups, batch
 
-    def release(self, ids: list[str | None]) -> None:
-        """Forget claims whose batch was refused before it reached the journal."""
-        with self._lock:
-            for dedup_id in ids:
-                seen = self._seen.get(dedup_id) if dedup_id is not None else None
-                if seen is not None and seen.offset is None and seen.original is None:
-                    del self._seen[dedup_id]
+    def release(self, batch: _Batch) -> None:
+        """The batch was refused before it reached the journal: its ids were never stored."""
+        batch.failed = True
 
-    def bind(self, ids: list[str | None], future: Future) -> None:
-        """Tie the claimed ``ids`` (the stored rows, in order) to the append storing them."""
-        with self._lock:
-            claimed = [self._seen.get(i) for i in ids if i is not None]
-            for seen in claimed:
-                if seen is not None and seen.offset is None:
-                    seen.original = future
+    def bind(self, batch: _Batch, future: Future) -> None:
+        """Tie a claimed batch to the append storing its rows."""
+        batch.future = future
 
         def done(f: Future) -> None:
-            with self._lock:
-                for dedup_id in ids:
-                    seen = self._seen.get(dedup_id) if dedup_id is not None else None
-                    if seen is None or seen.original is not f:
-                        continue
-                    if f.exception() is None:
-                        seen.offset = f.result().first_offset + seen.position
-                        seen.original = None
-                    else:  # not stored: a retry must not be taken for a duplicate
-                        del self._seen[dedup_id]
+            if f.exception() is None:
+                batch.first = f.result().first_offset
+            else:  # not stored: a retry must not be taken for a duplicate
+                batch.failed = True
 
         future.add_done_callback(done)
 
 
-def combine(rows: int, keep: list[int], stored: Future | None, dups: dict[int, _Seen]) -> Future:
+def combine(
+    rows: int, keep: list[int], stored: Future | None, dups: dict[int, tuple[_Batch, int]]
+) -> Future:
     """One future of a batch's :class:`ProduceResult`, once its rows and originals are durable."""
-    waits = {id(s.original): s.original for s in dups.values() if s.original is not None}
+    waits = {id(b.future): b.future for b, _ in dups.values() if b.future is not None}
     if stored is not None:
         waits[id(stored)] = stored
     result: Future = Future()
@@ -134,14 +142,12 @@ def combine(rows: int, keep: list[int], stored: Future | None, dups: dict[int, _
                 first = stored.result().first_offset
                 for pos, row in enumerate(keep):
                     offsets[row] = first + pos
-            for row, seen in dups.items():
-                if seen.offset is not None:
-                    offsets[row] = seen.offset
-                elif seen.original is not None:  # bound, not yet recorded: ask the original
-                    res: AppendResult = seen.original.result()
-                    offsets[row] = res.first_offset + seen.position
-                else:  # claims are bound under the destination's produce lock
-                    raise AssertionError("a duplicate of an unbound claim")
+            for row, (batch, position) in dups.items():
+                if batch.future is not None:
+                    res: AppendResult = batch.future.result()  # raises if the original failed
+                    offsets[row] = res.first_offset + position
+                else:
+                    offsets[row] = (batch.first or 0) + position  # recovered from the log
         except Exception as exc:
             result.set_exception(exc)
             return
