@@ -102,6 +102,15 @@ def missing_offsets(root: str, destination: str, start: int, end: int) -> np.nda
     """Offsets in ``[start, end)`` no longer in the log (the log itself has no gaps)."""
     if end <= start:
         return np.empty(0, np.int64)
+    files = pa.table(_table(root, destination).get_add_actions(flatten=True))
+    if files.num_rows and "min.offset" in files.column_names:
+        low, high = files["min.offset"].to_numpy(zero_copy_only=False), files["max.offset"]
+        high = high.to_numpy(zero_copy_only=False)
+        touching = (high >= start) & (low < end)
+        inside = touching & (low >= start) & (high < end)
+        rows = files["num_records"].to_numpy(zero_copy_only=False)
+        if (touching == inside).all() and rows[inside].sum() == end - start:
+            return np.empty(0, np.int64)  # the statistics prove the range complete
     cond = (pds.field("offset") >= start) & (pds.field("offset") < end)
     present = _offsets(root, destination, cond).to_numpy()
     if len(present) == end - start:

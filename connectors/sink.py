@@ -39,6 +39,7 @@ from pyspark.sql.types import (
 
 from spark_mq.errors import ConfigError, SchemaMismatch
 from spark_mq.names import validate_name
+from spark_mq.schema import numbered_ids
 
 _ALIASES = {"value": "body", "key": "group_id"}
 _ALLOWED: dict[str, tuple[type[DataType], ...]] = {
@@ -157,7 +158,7 @@ def _send(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Sent:
                 table = pa.table(part).rename_columns(
                     [_ALIASES.get(n, n) for n in part.schema.names]
                 )
-                ids = pa.array([f"{prefix}:{i}" for i in range(row, row + table.num_rows)])
+                ids = numbered_ids(prefix, row, table.num_rows, ":")
                 row += table.num_rows
                 _produce(producer, opts, table, ids)
                 _maybe_die(opts, row)

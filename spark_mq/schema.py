@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -177,6 +178,12 @@ def normalize_produce_batch(
         ],
         schema=UNOFFSET_SCHEMA,
     )
+
+
+def numbered_ids(prefix: str, first: int, n: int, sep: str = "-") -> pa.Array:
+    """``<prefix><sep><k>`` for k in ``first .. first+n-1``, built columnar (no per-row objects)."""
+    seqs = pa.array(np.arange(first, first + n, dtype=np.int64)).cast(pa.string())
+    return pc.binary_join_element_wise(prefix, seqs, sep)
 
 
 def with_offsets(table: pa.Table, first_offset: int) -> pa.Table:

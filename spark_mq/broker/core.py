@@ -372,15 +372,15 @@ class Broker:
             return self.journal.append(destination, rows)
         ids = rows["dedup_id"].to_pylist()
         with dest.produce_lock:
-            keep, dups, batch = cache.claim(ids, now)
+            keep, dups, claim = cache.claim(ids, now)
             stored = None
             if keep:
                 try:
                     stored = self.journal.append(destination, rows if not dups else rows.take(keep))
                 except BaseException:
-                    cache.release(batch)
+                    cache.release(claim)
                     raise
-                cache.bind(batch, stored)
+                cache.bind(claim, stored)
             if not dups:
                 return stored
         return combine(rows.num_rows, keep, stored, dups)

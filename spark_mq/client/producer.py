@@ -40,7 +40,7 @@ from spark_mq.errors import (
     from_wire,
 )
 from spark_mq.names import validate_name
-from spark_mq.schema import PRODUCE_SCHEMA, TS
+from spark_mq.schema import PRODUCE_SCHEMA, TS, numbered_ids
 
 
 @dataclass
@@ -344,8 +344,7 @@ class Producer:
         if pc.all(pc.is_null(table["dedup_id"])).as_py():
             n = table.num_rows
             first = self._reserve(n)
-            seqs = pa.array(range(first, first + n), pa.int64()).cast(pa.string())
-            ids = pc.binary_join_element_wise(self._prefix, seqs, "-")
+            ids = numbered_ids(self._prefix, first, n)
             table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
         self.flush(dest)  # keep order with what send() buffered for this destination
         parts: list[Future] = []
