@@ -30,6 +30,7 @@ _DDL_TYPES = {
     "priority": "int",
     "enqueue_time": "timestamp",
     "expiry_time": "timestamp",
+    "deliver_time": "timestamp",
     "headers": "map<string,string>",
     "body": "binary",
 }

@@ -8,8 +8,10 @@ from spark_mq.client import Admin, Consumer, Message, Producer
 from spark_mq.errors import (
     BrokerUnavailable,
     ConfigError,
+    ConsumerRefused,
     DataLoss,
     DestinationExists,
+    DestinationFull,
     DestinationNotFound,
     InvalidNameError,
     JournalError,
@@ -19,6 +21,7 @@ from spark_mq.errors import (
     OperationTimeout,
     ProtocolError,
     SchemaMismatch,
+    SelectorError,
     SparkMQError,
     SubscriptionNotFound,
 )
@@ -30,8 +33,10 @@ __all__ = [
     "BrokerUnavailable",
     "ConfigError",
     "Consumer",
+    "ConsumerRefused",
     "DataLoss",
     "DestinationExists",
+    "DestinationFull",
     "DestinationNotFound",
     "InvalidNameError",
     "JournalError",
@@ -43,6 +48,7 @@ __all__ = [
     "Producer",
     "ProtocolError",
     "SchemaMismatch",
+    "SelectorError",
     "SparkMQError",
     "SubscriptionNotFound",
 ]

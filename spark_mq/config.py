@@ -52,11 +52,61 @@ class DeliverySection(_Section):
     default_prefetch: int = Field(100, ge=1, le=100_000)
     lease_check_interval_ms: float = Field(100.0, gt=0)
     max_delivery_batch: int = Field(1000, ge=1)
+    # the expiry reaper (the seeds' message.expiration.interval)
+    expiry_scan_interval_s: float = Field(60.0, gt=0)
+    # a consumer with a selector, or held back by message groups, skips at most this many
+    # waiting messages per delivery (bounds the cost of a delivery on a deep queue)
+    max_scan: int = Field(20_000, ge=100)
 
 
 class LimitsSection(_Section):
     max_message_bytes: int = Field(70 * MiB, ge=1)
     max_batch_bytes: int = Field(256 * MiB, ge=1)
+    # system-wide: unsettled messages / bytes held across every destination (0 = unlimited)
+    max_messages: int = Field(0, ge=0)
+    max_bytes: int = Field(0, ge=0)
+    overflow: Literal["reject", "block"] = "reject"
+    block_timeout_s: float = Field(30.0, gt=0)
+
+
+Overflow = Literal["reject", "block", "drop_oldest"]
+
+
+class DestinationSettings(_Section):
+    """Per-destination behaviour (Artemis address-settings). ``[destinations]`` holds the
+    defaults; a destination created with overrides keeps them in the bindings log."""
+
+    delivery_policy: Literal["round_robin", "failover", "single"] = "round_robin"
+    max_delivery_attempts: int = Field(10, ge=0)  # then dead-letter; 0 = never
+    redelivery_delay_ms: float = Field(0.0, ge=0)
+    redelivery_multiplier: float = Field(1.0, ge=1.0)
+    max_redelivery_delay_ms: float | None = Field(None, ge=0)  # None: 10 x redelivery_delay_ms
+    dead_letter: bool = True  # dead-letter into DLQ.<name>; false drops the message
+    default_ttl_ms: int = Field(0, ge=0)  # 0: messages without a TTL never expire
+    expiry: Literal["drop", "queue"] = "drop"  # "queue": expired messages go to EXP.<name>
+    group_buckets: int = Field(1024, ge=1, le=1_048_576)
+    max_messages: int = Field(0, ge=0)  # unsettled messages held (0 = unlimited)
+    max_bytes: int = Field(0, ge=0)  # unsettled body bytes held (0 = unlimited)
+    overflow: Overflow = "reject"
+
+    def redelivery_delay_s(self, delivery_count: int) -> float:
+        """The wait before redelivering a message that was delivered ``delivery_count`` times."""
+        if self.redelivery_delay_ms <= 0:
+            return 0.0
+        cap = self.max_redelivery_delay_ms
+        if cap is None:
+            cap = 10 * self.redelivery_delay_ms
+        delay = self.redelivery_delay_ms * self.redelivery_multiplier ** max(delivery_count - 1, 0)
+        return min(delay, cap) / 1000
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> DestinationSettings:
+        try:
+            return DestinationSettings.model_validate({**self.model_dump(), **overrides})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ConfigError(
+                _format_validation(exc), setting=".".join(str(p) for p in first["loc"])
+            ) from None
 
 
 class DuplicatesSection(_Section):
@@ -77,6 +127,7 @@ class BrokerConfig(_Section):
     delivery: DeliverySection = DeliverySection()
     limits: LimitsSection = LimitsSection()
     duplicates: DuplicatesSection = DuplicatesSection()
+    destinations: DestinationSettings = DestinationSettings()
     logging: LoggingSection = LoggingSection()
 
     def log_path(self) -> Path | None:

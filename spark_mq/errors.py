@@ -11,6 +11,9 @@
     ├── MessageRejected               the broker refused a produced batch
     │   ├── MessageTooLarge           a body or batch is over the limit (size, limit)
     │   └── SchemaMismatch            a produced batch has columns of the wrong name or type
+    ├── SelectorError                 a message selector is malformed or unsupported
+    ├── ConsumerRefused               the destination's delivery policy admits no more consumers
+    ├── DestinationFull               a destination or the broker is at its limit (policy reject)
     ├── LeaseError                    an ack/nack/extend names a delivery that is not (or no
     │                                 longer) held by this consumer
     ├── ProtocolError                 a malformed frame or command (``fault`` says whose)
@@ -74,6 +77,21 @@ class MessageTooLarge(MessageRejected):
 
 class SchemaMismatch(MessageRejected):
     code = "schema_mismatch"
+
+
+class SelectorError(SparkMQError):
+    code = "selector"
+
+
+class ConsumerRefused(SparkMQError):
+    code = "consumer_refused"
+
+
+class DestinationFull(SparkMQError):
+    """Over a message-count or byte limit; retriable once consumers catch up."""
+
+    code = "destination_full"
+    retriable = True
 
 
 class LeaseError(SparkMQError):

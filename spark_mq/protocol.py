@@ -6,6 +6,8 @@
   :class:`Welcome`, then delivery batches (``DELIVERY_SCHEMA``). The client sends
   :class:`Settle` frames (ack / nack / extend) as app-metadata-only messages; each is answered
   by a :class:`Reply` once its effect is durable.
+* ``DoGet`` browses: the ticket is a :class:`Browse` command; the answer is a table of
+  waiting messages (``MESSAGE_SCHEMA``) in delivery order.
 * ``DoAction`` administers: the action type names the operation, the body is a JSON object.
 
 Every frame is JSON in app metadata. A malformed frame raises :class:`ProtocolError` whose
@@ -28,6 +30,8 @@ ADMIN_ACTIONS = (
     "list_destinations",
     "create_subscription",
     "delete_subscription",
+    "configure_destination",
+    "purge",
     "stats",
     "ping",
 )
@@ -43,6 +47,18 @@ class Consume:
     destination: str
     subscription: str | None = None
     prefetch: int | None = None
+    selector: str | None = None
+    durable: bool = True
+
+
+@dataclass(frozen=True)
+class Browse:
+    """``DoGet`` ticket: waiting messages of a queue or subscription, without leasing them."""
+
+    destination: str
+    subscription: str | None = None
+    limit: int = 100
+    selector: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,10 +101,11 @@ class PutFailed:
     error: dict[str, Any]
 
 
-Frame = Produce | Consume | Welcome | Settle | Reply | PutAck | PutFailed
+Frame = Produce | Consume | Browse | Welcome | Settle | Reply | PutAck | PutFailed
 _TYPES: dict[str, type] = {
     "produce": Produce,
     "consume": Consume,
+    "browse": Browse,
     "welcome": Welcome,
     "settle": Settle,
     "reply": Reply,
@@ -142,10 +159,25 @@ def parse(data: bytes | memoryview | None) -> Frame:
             prefetch = _int(doc, "prefetch", optional=True)
             if prefetch is not None and prefetch < 1:
                 raise ProtocolError("prefetch must be at least 1", fault="remote")
+            durable = doc.get("durable", True)
+            if not isinstance(durable, bool):
+                raise ProtocolError("durable must be true or false", fault="remote")
             return Consume(
                 _str(doc, "destination"),  # type: ignore[arg-type]
                 _str(doc, "subscription", optional=True),
                 prefetch,
+                _str(doc, "selector", optional=True),
+                durable,
+            )
+        case "browse":
+            limit = _int(doc, "limit")
+            if limit < 0:  # type: ignore[operator]
+                raise ProtocolError("limit must not be negative", fault="remote")
+            return Browse(
+                _str(doc, "destination"),  # type: ignore[arg-type]
+                _str(doc, "subscription", optional=True),
+                limit,  # type: ignore[arg-type]
+                _str(doc, "selector", optional=True),
             )
         case "welcome":
             lease = doc.get("lease_s")

@@ -28,6 +28,7 @@ MESSAGE_SCHEMA = pa.schema(
         pa.field("priority", pa.int32()),
         pa.field("enqueue_time", TS),
         pa.field("expiry_time", TS),
+        pa.field("deliver_time", TS),
         pa.field("headers", HEADERS),
         pa.field("body", pa.binary()),
     ]
@@ -35,7 +36,13 @@ MESSAGE_SCHEMA = pa.schema(
 UNOFFSET_SCHEMA = pa.schema([f for f in MESSAGE_SCHEMA if f.name != "offset"])
 
 DELIVERY_SCHEMA = pa.schema(
-    [*MESSAGE_SCHEMA, pa.field("delivery_count", pa.int32()), pa.field("redelivered", pa.bool_())]
+    [
+        *MESSAGE_SCHEMA,
+        pa.field("delivery_count", pa.int32()),
+        pa.field("redelivered", pa.bool_()),
+        # the first message of a group this consumer received since it became the group's owner
+        pa.field("group_first", pa.bool_()),
+    ]
 )
 
 SETTLEMENT_SCHEMA = pa.schema(
@@ -57,13 +64,16 @@ BINDING_SCHEMA = pa.schema(
         pa.field("subscription", pa.string()),
         pa.field("start_offset", pa.int64()),
         pa.field("time", TS),
+        # JSON: a destination's settings overrides, a subscription's selector
+        pa.field("settings", pa.string()),
     ]
 )
 
 DEFAULT_PRIORITY = 4  # the JMS default
 QUEUE_SUBSCRIPTION = ""  # a queue is consumed through one implicit subscription
 
-# column -> the type it is cast to; ``ttl_ms`` is turned into ``expiry_time``.
+# column -> the type it is cast to; ``ttl_ms`` is turned into ``expiry_time`` and ``delay_ms``
+# into ``deliver_time`` (scheduled delivery).
 PRODUCE_COLUMNS: dict[str, pa.DataType] = {
     "body": pa.binary(),
     "message_id": pa.string(),
@@ -73,6 +83,8 @@ PRODUCE_COLUMNS: dict[str, pa.DataType] = {
     "headers": HEADERS,
     "ttl_ms": pa.int64(),
     "expiry_time": TS,
+    "delay_ms": pa.int64(),
+    "deliver_time": TS,
 }
 PRODUCE_SCHEMA = pa.schema([pa.field(n, t) for n, t in PRODUCE_COLUMNS.items()])
 
@@ -152,15 +164,8 @@ def normalize_produce_batch(
         if low.as_py() < 0 or high.as_py() > 9:
             raise MessageRejected("priority must be between 0 and 9", destination=destination)
     enqueue = pa.repeat(pa.scalar(enqueue_time_us, TS), n)
-    expiry = cols.get("expiry_time")
-    if "ttl_ms" in cols:
-        ttl_expiry = pc.add(
-            pa.repeat(pa.scalar(enqueue_time_us, pa.int64()), n), pc.multiply(cols["ttl_ms"], 1000)
-        )
-        ttl_expiry = ttl_expiry.cast(TS)
-        expiry = ttl_expiry if expiry is None else pc.coalesce(expiry, ttl_expiry)
-    if expiry is None:
-        expiry = pa.nulls(n, TS)
+    expiry = _time_column(cols, "expiry_time", "ttl_ms", enqueue_time_us, n)
+    deliver = _time_column(cols, "deliver_time", "delay_ms", enqueue_time_us, n)
 
     def opt(name: str, typ: pa.DataType) -> pa.Array:
         return cols[name] if name in cols else pa.nulls(n, typ)
@@ -173,11 +178,24 @@ def normalize_produce_batch(
             priority,
             enqueue,
             expiry,
+            deliver,
             opt("headers", HEADERS),
             body,
         ],
         schema=UNOFFSET_SCHEMA,
     )
+
+
+def _time_column(
+    cols: dict[str, pa.Array], absolute: str, relative_ms: str, enqueue_time_us: int, n: int
+) -> pa.Array:
+    """An absolute time column, filled where null from a relative one (ms after enqueue)."""
+    out = cols.get(absolute)
+    if relative_ms in cols:
+        base = pa.repeat(pa.scalar(enqueue_time_us, pa.int64()), n)
+        later = pc.add(base, pc.multiply(cols[relative_ms], 1000)).cast(TS)
+        out = later if out is None else pc.coalesce(out, later)
+    return pa.nulls(n, TS) if out is None else out
 
 
 def numbered_ids(prefix: str, first: int, n: int, sep: str = "-") -> pa.Array:
@@ -195,4 +213,7 @@ def with_offsets(table: pa.Table, first_offset: int) -> pa.Table:
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Cast what a reader returned (delta-rs may give string_view, large types) to ``schema``."""
     table = pa.table(table) if not isinstance(table, pa.Table) else table
+    for field in schema:  # a column added in a later version reads as nulls from older data
+        if field.name not in table.column_names and field.nullable:
+            table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
     return table.select(schema.names).cast(schema)

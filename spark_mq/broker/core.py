@@ -17,24 +17,29 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_mq.broker import disposal
 from spark_mq.broker.dedup import DuplicateCache, combine
 from spark_mq.broker.message_store import MessageStore
-from spark_mq.broker.recovery import recover_destination
+from spark_mq.broker.recovery import RETURNED, recover_destination
+from spark_mq.broker.selector import Selector, compile_selector
 from spark_mq.broker.session import ConsumerSession
 from spark_mq.broker.subscription import Subscription
 from spark_mq.clock import Clock, SystemClock
-from spark_mq.config import BrokerConfig
+from spark_mq.config import BrokerConfig, DestinationSettings
 from spark_mq.errors import (
     ConfigError,
+    ConsumerRefused,
     DestinationExists,
+    DestinationFull,
     DestinationNotFound,
     MessageTooLarge,
+    SparkMQError,
     SubscriptionNotFound,
 )
 from spark_mq.journal import DeltaStore, DestinationInfo, Journal, LogStore, MemoryStore
 from spark_mq.journal.base import Kind
 from spark_mq.journal.hot_tier import HotTierSettings, has_segments
-from spark_mq.schema import QUEUE_SUBSCRIPTION, normalize_produce_batch
+from spark_mq.schema import MESSAGE_SCHEMA, QUEUE_SUBSCRIPTION, TS, normalize_produce_batch
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,8 @@ log = logging.getLogger(__name__)
 class Destination:
     name: str
     kind: Kind
+    settings: DestinationSettings
+    overrides: dict[str, Any] = field(default_factory=dict)  # what was set for this one
     store: MessageStore = field(default_factory=MessageStore)
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
     sessions: dict[int, ConsumerSession] = field(default_factory=dict)
@@ -51,6 +58,23 @@ class Destination:
     dedup: DuplicateCache | None = None
     # claim dedup ids, append, bind: one batch at a time, so a racing resend finds its original
     produce_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _settled_in_memory(offsets: list[int], outcome: str) -> Future:
+    """A non-durable subscription's acks need no journal record."""
+    done: Future = Future()
+    done.set_result(None)
+    return done
+
+
+def _default_expiry(rows: pa.Table, now_us: int, ttl_ms: int) -> pa.Table:
+    """Messages without an expiry get the destination's default TTL."""
+    expiry = rows["expiry_time"]
+    if expiry.null_count == 0:
+        return rows
+    default = pa.scalar(now_us + ttl_ms * 1000, pa.int64()).cast(TS)
+    i = rows.schema.get_field_index("expiry_time")
+    return rows.set_column(i, rows.schema.field(i), pc.fill_null(expiry, default))
 
 
 def hot_tier_settings(config: BrokerConfig) -> HotTierSettings | None:
@@ -101,6 +125,7 @@ class Broker:
         self._consumer_ids = itertools.count(1)
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
+        self._next_reap = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, *, run_timers: bool = True) -> None:
@@ -143,16 +168,29 @@ class Broker:
             sessions = [s for d in self._dests.values() for s in d.sessions.values()]
         for s in sessions:
             s.close()
+        with self._lock:
+            dests = list(self._dests.values())
+        for dest in dests:  # record the returns the last timer run did not see
+            with dest.lock:
+                subs = list(dest.subscriptions.values())
+            for sub in subs:
+                self._record_returns(dest, sub)
         self.journal.close()
 
     def _recover(self, info: DestinationInfo) -> None:
         subs, rows = recover_destination(self.journal, info)
-        dest = self._new_destination(info.name, info.kind)
+        dest = self._new_destination(info.name, info.kind, info.settings)
         self._refill_dedup(dest)
         dest.store.add(rows)
         for rs in subs:
             dest.subscriptions[rs.name] = self._subscription(
-                dest, rs.name, rs.start_offset, next_offset=rs.low_water, settled=rs.settled_above
+                dest,
+                rs.name,
+                rs.start_offset,
+                next_offset=rs.low_water,
+                settled=rs.settled_above,
+                returned=rs.returned,
+                selector=compile_selector(info.subscriptions[rs.name].selector),
             )
         with self._lock:
             self._dests[info.name] = dest
@@ -164,10 +202,13 @@ class Broker:
             dest.store.rows,
         )
 
-    def _new_destination(self, name: str, kind: Kind) -> Destination:
+    def _new_destination(
+        self, name: str, kind: Kind, overrides: dict[str, Any] | None = None
+    ) -> Destination:
         d = self.config.duplicates
         cache = DuplicateCache(d.cache_size, d.window_s) if d.cache_size else None
-        return Destination(name, kind, dedup=cache)
+        settings = self.config.destinations.with_overrides(overrides or {})
+        return Destination(name, kind, settings, dict(overrides or {}), dedup=cache)
 
     def _refill_dedup(self, dest: Destination) -> None:
         """Recent dedup ids from the log's newest rows, so a resend after a crash is caught."""
@@ -190,7 +231,16 @@ class Broker:
                 dest.dedup.remember(dedup_id, offset, t)
 
     def _subscription(
-        self, dest: Destination, name: str, start: int, *, next_offset: int, settled: set[int]
+        self,
+        dest: Destination,
+        name: str,
+        start: int,
+        *,
+        next_offset: int,
+        settled: set[int],
+        returned: dict[int, int] | None = None,
+        selector: Selector | None = None,
+        durable: bool = True,
     ) -> Subscription:
         sub = Subscription(
             dest.name,
@@ -198,8 +248,14 @@ class Broker:
             dest.store,
             start_offset=start,
             settled=settled,
+            returned=returned,
             lease_s=self.config.delivery.mark_interval_s,
             monotonic=self.clock.monotonic,
+            wall=self.clock.wall,
+            settings=dest.settings,
+            selector=selector,
+            durable=durable,
+            max_scan=self.config.delivery.max_scan,
         )
         sub.next_offset = next_offset
         return sub
@@ -212,9 +268,18 @@ class Broker:
             except Exception:
                 log.exception("broker timer failed")
 
-    def run_timers(self) -> int:
-        """Expire lapsed leases and drop settled rows from memory; returns leases expired."""
+    def run_timers(self, *, reap: bool | None = None) -> int:
+        """Expire lapsed leases, release scheduled messages whose time came, dispose of
+        dead-lettered / expired ones and drop settled rows from memory; returns leases expired.
+
+        The expiry reaper runs every ``delivery.expiry_scan_interval_s`` (``reap`` forces it).
+        """
         expired = 0
+        now = self.clock.monotonic()
+        if reap is None:
+            reap = now >= self._next_reap
+        if reap:
+            self._next_reap = now + self.config.delivery.expiry_scan_interval_s
         with self._lock:
             dests = list(self._dests.values())
         for dest in dests:
@@ -226,11 +291,121 @@ class Broker:
                 expired += n
                 for s in sessions:
                     s.lapsed()
+            for sub in subs:
+                sub.tick()
+                if reap:
+                    sub.reap_expired()
+                self._follow_up(dest, sub)
             low = min((sub.low_water() for sub in subs), default=None)
             if low is None:
                 low = self.journal.end_offset(dest.name)
             dest.store.drop_below(low)
         return expired
+
+    # -- what subscriptions leave for the broker: returns to record, messages to move ---------
+    def _follow_up(self, dest: Destination, sub: Subscription) -> list[Future]:
+        """Record returned / filtered deliveries, dispose of doomed messages; their futures."""
+        futures = self._record_returns(dest, sub)
+        doomed = sub.claim_doomed()
+        by_reason: dict[str, list[int]] = {}
+        for offset, (why, _) in doomed.items():
+            by_reason.setdefault(why, []).append(offset)
+        counts = {o: n for o, (_, n) in doomed.items()}
+        for why, offsets in by_reason.items():
+            try:
+                futures.append(self._dispose(dest, sub, why, sorted(offsets), counts))
+            except Exception:
+                sub.unclaim(offsets)
+                log.exception(
+                    "could not dispose of %d %s message(s) of %s", len(offsets), why, dest.name
+                )
+        return futures
+
+    def _settle_doomed(
+        self,
+        dest: Destination,
+        sub: Subscription,
+        offsets: list[int],
+        outcome: str,
+        why: str,
+        counts: dict[int, int],
+    ) -> Future:
+        reason = disposal.REASONS[why].format(n=max(counts.values(), default=0))
+        return self.journal.settle(
+            dest.name, offsets, subscription=sub.name, outcome=outcome, reason=reason
+        )
+
+    def _record_returns(self, dest: Destination, sub: Subscription) -> list[Future]:
+        futures: list[Future] = []
+        returned, filtered = sub.drain_log()
+        if sub.durable:
+            for offsets, outcome in ((returned, RETURNED), (filtered, "filtered")):
+                if offsets:
+                    futures.append(
+                        self.journal.settle(
+                            dest.name, offsets, subscription=sub.name, outcome=outcome
+                        )
+                    )
+        return futures
+
+    def _dispose(
+        self,
+        dest: Destination,
+        sub: Subscription,
+        why: str,
+        offsets: list[int],
+        counts: dict[int, int],
+    ) -> Future:
+        settings = dest.settings
+        target = disposal.side_queue(
+            dest.name, why, dead_letter=settings.dead_letter, expiry=settings.expiry
+        )
+        outcome = disposal.OUTCOMES[why]
+        done: Future = Future()
+
+        def settle(_: Future | None = None) -> None:
+            if _ is not None and _.exception() is not None:
+                sub.unclaim(offsets)
+                done.set_exception(_.exception())
+                return
+            if not sub.durable:
+                sub.finish(offsets, outcome)
+                done.set_result(len(offsets))
+                return
+            try:
+                fut = self._settle_doomed(dest, sub, offsets, outcome, why, counts)
+            except SparkMQError as exc:  # the destination went, or the broker is closing
+                sub.unclaim(offsets)
+                done.set_exception(exc)
+                return
+
+            def finished(f: Future) -> None:
+                if f.exception() is not None:
+                    sub.unclaim(offsets)
+                    done.set_exception(f.exception())
+                else:
+                    sub.finish(offsets, outcome)
+                    done.set_result(len(offsets))
+
+            fut.add_done_callback(finished)
+
+        if target is None:
+            settle()
+            return done
+        if target not in self._dests:
+            self.create_destination(target, "queue", disposal.SIDE_QUEUE_SETTINGS)
+        copy = disposal.side_copy(
+            dest.store.take(offsets),
+            destination=dest.name,
+            subscription=sub.name,
+            why=why,
+            counts=counts,
+            target=target,
+        )
+        self.produce(copy.target, copy.rows).add_done_callback(settle)
+        if why == "dead":
+            log.info("dead-lettering %d message(s) of %s into %s", len(offsets), dest.name, target)
+        return done
 
     # -- the journal tells us what became durable ---------------------------------------------
     def _on_commit(self, destination: str, rows: pa.Table) -> None:
@@ -259,11 +434,15 @@ class Broker:
                     destination=name,
                 ) from None
 
-    def create_destination(self, name: str, kind: Kind) -> bool:
+    def create_destination(
+        self, name: str, kind: Kind, settings: dict[str, Any] | None = None
+    ) -> bool:
+        """Create a queue or topic (``settings``: overrides of ``[destinations]``)."""
+        overrides = self._checked_settings(settings)
         with self._lock:
-            _, created = self.journal.create_destination(name, kind)
+            _, created = self.journal.create_destination(name, kind, overrides)
             if created:
-                dest = self._new_destination(name, kind)
+                dest = self._new_destination(name, kind, overrides)
                 if kind == "queue":
                     dest.subscriptions[QUEUE_SUBSCRIPTION] = self._subscription(
                         dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set()
@@ -271,6 +450,29 @@ class Broker:
                 self._dests[name] = dest
                 log.info("created %s %s", kind, name)
             return created
+
+    def _checked_settings(self, settings: dict[str, Any] | None) -> dict[str, Any]:
+        """Validated overrides, as given (so later changes of the defaults still apply)."""
+        if not settings:
+            return {}
+        if not isinstance(settings, dict):
+            raise ConfigError("destination settings must be an object", setting="settings")
+        checked = self.config.destinations.with_overrides(settings)
+        return {k: getattr(checked, k) for k in settings}
+
+    def configure_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """Change some settings of a destination; returns all of them (effective)."""
+        dest = self._dest(name)
+        with dest.lock:
+            overrides = {**dest.overrides, **self._checked_settings(settings)}
+            effective = self.config.destinations.with_overrides(overrides)
+            self.journal.configure_destination(name, overrides)
+            dest.overrides, dest.settings = overrides, effective
+            for sub in dest.subscriptions.values():
+                sub.settings = effective
+        for sub in list(dest.subscriptions.values()):
+            sub.wake()
+        return effective.model_dump()
 
     def delete_destination(self, name: str) -> None:
         with self._lock:
@@ -281,13 +483,22 @@ class Broker:
             s.close()
         log.info("deleted %s %s", dest.kind, name)
 
-    def create_subscription(self, destination: str, name: str) -> bool:
+    def create_subscription(self, destination: str, name: str, selector: str | None = None) -> bool:
+        """A durable subscription; with a selector it keeps only the messages that match."""
+        compiled = compile_selector(selector)
         dest = self._dest(destination)
         with dest.lock:
-            info, created = self.journal.create_subscription(destination, name)
+            info, created = self.journal.create_subscription(
+                destination, name, compiled.text if compiled else None
+            )
             if created:
                 dest.subscriptions[name] = self._subscription(
-                    dest, name, info.start_offset, next_offset=info.start_offset, settled=set()
+                    dest,
+                    name,
+                    info.start_offset,
+                    next_offset=info.start_offset,
+                    settled=set(),
+                    selector=compiled,
                 )
         return created
 
@@ -367,6 +578,9 @@ class Broker:
             max_message_bytes=self.config.limits.max_message_bytes,
             destination=destination,
         )
+        if dest.settings.default_ttl_ms:
+            rows = _default_expiry(rows, int(now * 1_000_000), dest.settings.default_ttl_ms)
+        self._make_room(dest, rows)
         cache = dest.dedup
         if cache is None or rows["dedup_id"].null_count == rows.num_rows:
             return self.journal.append(destination, rows)
@@ -386,46 +600,196 @@ class Broker:
         return combine(rows.num_rows, keep, stored, dups)
 
     def attach(
-        self, destination: str, subscription: str | None = None, prefetch: int | None = None
+        self,
+        destination: str,
+        subscription: str | None = None,
+        prefetch: int | None = None,
+        *,
+        selector: str | None = None,
+        durable: bool = True,
     ) -> ConsumerSession:
-        """Attach a consumer to a queue, or to a durable subscription of a topic."""
+        """Attach a consumer to a queue, or to a subscription of a topic.
+
+        On a topic, ``durable=False`` attaches to a non-durable subscription that lives while
+        consumers use it: private without a name, shared by every consumer giving the same
+        name. ``selector`` filters what this consumer receives.
+        """
+        compiled = compile_selector(selector)
         dest = self._dest(destination)
-        if dest.kind == "queue":
-            if subscription not in (None, QUEUE_SUBSCRIPTION):
-                raise DestinationExists(
-                    f"{destination!r} is a queue; subscriptions are for topics",
-                    destination=destination,
-                )
-            sub_name = QUEUE_SUBSCRIPTION
-        else:
-            if not subscription:
-                raise SubscriptionNotFound(
-                    f"{destination!r} is a topic: consume it through a subscription "
-                    f"(Admin.create_subscription({destination!r}, 'name'))",
-                    destination=destination,
-                )
-            sub_name = subscription
         with dest.lock:
-            sub = dest.subscriptions.get(sub_name)
-            if sub is None:
-                raise SubscriptionNotFound(
-                    f"topic {destination!r} has no subscription {sub_name!r}",
-                    destination=destination,
-                    subscription=sub_name,
-                )
             consumer_id = next(self._consumer_ids)
+            sub = self._consumed_subscription(dest, subscription, durable, consumer_id)
+            policy = dest.settings.delivery_policy
+            if policy == "single" and sub.consumers:
+                raise ConsumerRefused(
+                    f"queue {destination!r} has the delivery policy 'single' and already has a "
+                    "consumer; it takes another once that one leaves",
+                    destination=destination,
+                )
+            sub.register(consumer_id)
+            sub_name = sub.name
+            if sub.durable:
+                settle = lambda offsets, outcome: self.journal.settle(  # noqa: E731
+                    destination, offsets, subscription=sub_name, outcome=outcome
+                )
+            else:
+                settle = _settled_in_memory
             session = ConsumerSession(
                 consumer_id,
                 sub,
                 dest.store,
                 prefetch=prefetch or self.config.delivery.default_prefetch,
                 max_batch=self.config.delivery.max_delivery_batch,
-                settle_durably=lambda offsets: self.journal.settle(
-                    destination, offsets, subscription=sub_name
-                ),
+                settle_durably=settle,
+                selector=compiled,
+                on_close=self._closed_session,
             )
             dest.sessions[consumer_id] = session
         return session
+
+    def _consumed_subscription(
+        self, dest: Destination, name: str | None, durable: bool, consumer_id: int
+    ) -> Subscription:
+        """The subscription a new consumer reads (caller holds ``dest.lock``)."""
+        if dest.kind == "queue":
+            if name not in (None, QUEUE_SUBSCRIPTION):
+                raise DestinationExists(
+                    f"{dest.name!r} is a queue; subscriptions are for topics",
+                    destination=dest.name,
+                )
+            return dest.subscriptions[QUEUE_SUBSCRIPTION]
+        if durable:
+            if not name:
+                raise SubscriptionNotFound(
+                    f"{dest.name!r} is a topic: consume it through a subscription "
+                    f"(Admin.create_subscription({dest.name!r}, 'name')), or non-durably "
+                    "(durable=False)",
+                    destination=dest.name,
+                )
+            sub = dest.subscriptions.get(name)
+            if sub is None or not sub.durable:
+                raise SubscriptionNotFound(
+                    f"topic {dest.name!r} has no subscription {name!r}",
+                    destination=dest.name,
+                    subscription=name,
+                )
+            return sub
+        key = f"~{name}" if name else f"~{consumer_id}"  # "~" never starts a durable name
+        sub = dest.subscriptions.get(key)
+        if sub is None:
+            end = self.journal.end_offset(dest.name)
+            sub = self._subscription(dest, key, end, next_offset=end, settled=set(), durable=False)
+            dest.subscriptions[key] = sub
+        return sub
+
+    def _closed_session(self, session: ConsumerSession) -> None:
+        """A non-durable subscription goes with its last consumer."""
+        sub = session.subscription
+        if sub.durable:
+            return
+        with self._lock:
+            dest = self._dests.get(sub.destination)
+        if dest is None:
+            return
+        with dest.lock:
+            if not sub.consumers and dest.subscriptions.get(sub.name) is sub:
+                del dest.subscriptions[sub.name]
+
+    # -- browse, purge, limits -----------------------------------------------------------------
+    def _named_subscription(self, dest: Destination, name: str | None) -> Subscription:
+        key = QUEUE_SUBSCRIPTION if dest.kind == "queue" else name
+        with dest.lock:
+            sub = dest.subscriptions.get(key or "")
+        if sub is None:
+            raise SubscriptionNotFound(
+                f"topic {dest.name!r} has no subscription {name!r}"
+                if name
+                else f"{dest.name!r} is a topic: name the subscription",
+                destination=dest.name,
+                subscription=name or "",
+            )
+        return sub
+
+    def browse(
+        self,
+        destination: str,
+        subscription: str | None = None,
+        *,
+        limit: int = 100,
+        selector: str | None = None,
+    ) -> pa.Table:
+        """Waiting messages in delivery order, without leasing them (a queue browser)."""
+        dest = self._dest(destination)
+        sub = self._named_subscription(dest, subscription)
+        offsets = sub.browse(max(limit, 0), compile_selector(selector))
+        if not offsets:
+            return MESSAGE_SCHEMA.empty_table()
+        return disposal.order_like(dest.store.take(offsets), offsets)
+
+    def purge(self, destination: str, subscription: str | None = None) -> int:
+        """Remove every waiting message (leased ones stay); returns how many, once durable."""
+        dest = self._dest(destination)
+        sub = self._named_subscription(dest, subscription)
+        n = len(sub.purge())
+        for fut in self._follow_up(dest, sub):
+            fut.result()
+        log.info("purged %d message(s) of %s", n, destination)
+        return n
+
+    def _usage(self, dest: Destination) -> tuple[int, int]:
+        """Unsettled messages (of the slowest subscription) and bytes held for ``dest``."""
+        end = self.journal.end_offset(dest.name)
+        with dest.lock:
+            subs = list(dest.subscriptions.values())
+        depth = max((s.depth_estimate(end) for s in subs), default=0)
+        return depth, dest.store.nbytes if subs else 0
+
+    def _make_room(self, dest: Destination, rows: pa.Table) -> None:
+        """Apply the destination's and the broker's limits to a batch about to be stored."""
+        st, lim = dest.settings, self.config.limits
+        if not (st.max_messages or st.max_bytes or lim.max_messages or lim.max_bytes):
+            return
+        n, size = rows.num_rows, rows["body"].nbytes
+        deadline = self.clock.monotonic() + lim.block_timeout_s
+
+        def over() -> str | None:
+            depth, held = self._usage(dest)
+            if st.max_messages and depth + n > st.max_messages:
+                return f"{dest.name!r} holds {depth} of at most {st.max_messages} messages"
+            if st.max_bytes and held + size > st.max_bytes:
+                return f"{dest.name!r} holds {held} of at most {st.max_bytes} bytes"
+            if lim.max_messages or lim.max_bytes:
+                usage = [self._usage(d) for d in list(self._dests.values())]
+                total_n, total_b = sum(u[0] for u in usage), sum(u[1] for u in usage)
+                if lim.max_messages and total_n + n > lim.max_messages:
+                    return f"the broker holds {total_n} of at most {lim.max_messages} messages"
+                if lim.max_bytes and total_b + size > lim.max_bytes:
+                    return f"the broker holds {total_b} of at most {lim.max_bytes} bytes"
+            return None
+
+        while (why := over()) is not None:
+            system = why.startswith("the broker")
+            policy = lim.overflow if system else st.overflow
+            if policy == "drop_oldest":
+                depth, _ = self._usage(dest)
+                with dest.lock:
+                    subs = list(dest.subscriptions.values())
+                excess = max(depth + n - st.max_messages, 1) if st.max_messages else n
+                if not sum(sub.drop_oldest(excess) for sub in subs):
+                    policy = "reject"  # nothing waiting to drop (all leased)
+                else:
+                    for sub in subs:
+                        self._follow_up(dest, sub)
+                    return
+            if policy == "block" and self.clock.monotonic() < deadline and not self._stop.is_set():
+                time.sleep(0.01)
+                continue
+            setting = "limits" if system else f"destination {dest.name!r}"
+            raise DestinationFull(
+                f"{why}: batch of {n} refused ({setting} overflow = {policy}); consume, or "
+                "raise the limit",
+                destination=dest.name,
+            )
 
     def detach(self, session: ConsumerSession) -> None:
         with self._lock:

@@ -2,6 +2,9 @@
 
 Rows arrive in offset order (one chunk per group commit, or the unsettled rows read back at
 recovery); chunks whose every offset is below all subscriptions' low-water marks are dropped.
+Next to each chunk sit the columns dispatch decides on (priority, group, expiry, scheduled
+time) as numpy arrays or lists, computed once per chunk, never per message; a chunk where a
+column is all null keeps ``None`` for it, so plain queues pay nothing for features unused.
 Bounded only by what is unsettled: paging bodies out of memory is the memory-states work.
 """
 
@@ -9,48 +12,159 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+NEVER = np.iinfo(np.int64).max  # an absent expiry / delivery time, in microseconds
+
+
+def _micros(column: pa.ChunkedArray, absent: int) -> np.ndarray | None:
+    if column.null_count == len(column):
+        return None
+    return pc.fill_null(column.cast(pa.int64()), absent).to_numpy()
+
+
+@dataclass
+class Chunk:
+    offsets: np.ndarray
+    table: pa.Table
+    priority: np.ndarray
+    groups: list[str | None] | None
+    expiry_us: np.ndarray | None  # NEVER where absent
+    deliver_us: np.ndarray | None  # 0 where absent
+    _props: list[dict[str, Any]] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, rows: pa.Table) -> Chunk:
+        rows = rows.combine_chunks()
+        groups = rows["group_id"]
+        return cls(
+            rows["offset"].to_numpy(),
+            rows,
+            pc.fill_null(rows["priority"], 4).to_numpy(),
+            None if groups.null_count == len(groups) else groups.to_pylist(),
+            _micros(rows["expiry_time"], NEVER),
+            _micros(rows["deliver_time"], 0),  # no delivery time: deliverable at once
+        )
+
+    def props(self, i: int) -> dict[str, Any]:
+        """What a selector sees of row ``i``: its headers, then the JMS fields."""
+        if self._props is None:
+            t = self.table
+            ms = {
+                name: pc.divide(t[name].cast(pa.int64()), 1000).to_pylist()
+                for name in ("enqueue_time", "expiry_time", "deliver_time")
+            }
+            self._props = [
+                {
+                    **dict(headers or ()),
+                    "JMSMessageID": mid,
+                    "JMSDedupID": did,
+                    "JMSXGroupID": gid,
+                    "JMSPriority": prio,
+                    "JMSTimestamp": ts,
+                    "JMSExpiration": exp or 0,
+                    "JMSDeliveryTime": dt if dt is not None else ts,
+                }
+                for headers, mid, did, gid, prio, ts, exp, dt in zip(
+                    t["headers"].to_pylist(),
+                    t["message_id"].to_pylist(),
+                    t["dedup_id"].to_pylist(),
+                    t["group_id"].to_pylist(),
+                    t["priority"].to_pylist(),
+                    ms["enqueue_time"],
+                    ms["expiry_time"],
+                    ms["deliver_time"],
+                    strict=True,
+                )
+            ]
+        return self._props[i]
+
+
+@dataclass(frozen=True)
+class Entries:
+    """A slice of one chunk: offsets and their dispatch columns (``None``: all absent)."""
+
+    chunk: Chunk
+    start: int  # index of the first entry within the chunk
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return self.chunk.offsets[self.start :]
+
+    @property
+    def priority(self) -> np.ndarray:
+        return self.chunk.priority[self.start :]
+
+    @property
+    def groups(self) -> list[str | None] | None:
+        g = self.chunk.groups
+        return None if g is None else g[self.start :]
+
+    @property
+    def expiry_us(self) -> np.ndarray | None:
+        e = self.chunk.expiry_us
+        return None if e is None else e[self.start :]
+
+    @property
+    def deliver_us(self) -> np.ndarray | None:
+        d = self.chunk.deliver_us
+        return None if d is None else d[self.start :]
 
 
 class MessageStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._firsts: list[int] = []
-        self._offsets: list[np.ndarray] = []
-        self._chunks: list[pa.Table] = []
+        self._chunks: list[Chunk] = []
 
     def add(self, rows: pa.Table) -> None:
         """Add rows whose offsets are sorted and above every offset already held."""
         if rows.num_rows == 0:
             return
-        offsets = rows["offset"].to_numpy()
+        chunk = Chunk.of(rows)
         with self._lock:
-            if self._offsets and offsets[0] <= self._offsets[-1][-1]:
+            if self._chunks and chunk.offsets[0] <= self._chunks[-1].offsets[-1]:
                 raise ValueError("rows must be added in increasing offset order")
-            self._firsts.append(int(offsets[0]))
-            self._offsets.append(offsets)
-            self._chunks.append(rows.combine_chunks())
+            self._firsts.append(int(chunk.offsets[0]))
+            self._chunks.append(chunk)
 
-    def scan(self, start: int, limit: int, skip: set[int]) -> tuple[list[int], int]:
-        """Up to ``limit`` held offsets >= ``start`` not in ``skip``; and the next start."""
-        out: list[int] = []
-        cursor = start
+    @property
+    def end(self) -> int:
+        """One past the highest offset held (0 when empty)."""
+        with self._lock:
+            return int(self._chunks[-1].offsets[-1]) + 1 if self._chunks else 0
+
+    def entries(self, start: int) -> Iterator[Entries]:
+        """The held offsets >= ``start`` with their dispatch columns, chunk by chunk."""
         with self._lock:
             i = max(bisect.bisect_right(self._firsts, start) - 1, 0)
-            for offsets in self._offsets[i:]:
-                j = int(np.searchsorted(offsets, cursor))
-                for o in offsets[j:]:
-                    o = int(o)
-                    cursor = o + 1
-                    if o in skip:
-                        continue
-                    out.append(o)
-                    if len(out) >= limit:
-                        return out, cursor
-        return out, cursor
+            chunks = self._chunks[i:]
+        for chunk in chunks:
+            j = int(np.searchsorted(chunk.offsets, start))
+            if j < len(chunk.offsets):
+                yield Entries(chunk, j)
+
+    def _locate(self, offset: int) -> tuple[Chunk, int] | None:
+        with self._lock:
+            i = bisect.bisect_right(self._firsts, offset) - 1
+            if i < 0:
+                return None
+            chunk = self._chunks[i]
+        j = int(np.searchsorted(chunk.offsets, offset))
+        if j < len(chunk.offsets) and chunk.offsets[j] == offset:
+            return chunk, j
+        return None
+
+    def props(self, offset: int) -> dict[str, Any]:
+        """A held message's headers and JMS fields (what selectors read); {} if not held."""
+        found = self._locate(offset)
+        return found[0].props(found[1]) if found else {}
 
     def take(self, offsets: Iterable[int]) -> pa.Table:
         """The rows of ``offsets`` (held ones), in increasing offset order."""
@@ -62,15 +176,15 @@ class MessageStore:
             # only the chunks that can hold wanted offsets: O(log chunks + chunks touched)
             first = max(bisect.bisect_right(self._firsts, int(wanted[0])) - 1, 0)
             last = bisect.bisect_right(self._firsts, int(wanted[-1]))
-            for first_offsets, chunk in zip(
-                self._offsets[first:last], self._chunks[first:last], strict=True
-            ):
-                lo = np.searchsorted(wanted, first_offsets[0])
-                hi = np.searchsorted(wanted, first_offsets[-1], side="right")
-                if lo == hi:
-                    continue
-                idx = np.searchsorted(first_offsets, wanted[lo:hi])
-                parts.append(chunk.take(pa.array(idx)))
+            chunks = self._chunks[first:last]
+        for chunk in chunks:
+            offs = chunk.offsets
+            lo = np.searchsorted(wanted, offs[0])
+            hi = np.searchsorted(wanted, offs[-1], side="right")
+            if lo == hi:
+                continue
+            idx = np.searchsorted(offs, wanted[lo:hi])
+            parts.append(chunk.table.take(pa.array(idx)))
         if not parts:
             raise KeyError("none of the requested offsets is held")
         return pa.concat_tables(parts)
@@ -79,17 +193,17 @@ class MessageStore:
         """Forget whole chunks entirely below ``offset``; returns how many rows went."""
         dropped = 0
         with self._lock:
-            while self._offsets and self._offsets[0][-1] < offset:
-                dropped += len(self._offsets[0])
-                del self._firsts[0], self._offsets[0], self._chunks[0]
+            while self._chunks and self._chunks[0].offsets[-1] < offset:
+                dropped += len(self._chunks[0].offsets)
+                del self._firsts[0], self._chunks[0]
         return dropped
 
     @property
     def rows(self) -> int:
         with self._lock:
-            return sum(len(o) for o in self._offsets)
+            return sum(len(c.offsets) for c in self._chunks)
 
     @property
     def nbytes(self) -> int:
         with self._lock:
-            return sum(c.nbytes for c in self._chunks)
+            return sum(c.table.nbytes for c in self._chunks)

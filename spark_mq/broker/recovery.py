@@ -20,6 +20,9 @@ import pyarrow.compute as pc
 from spark_mq.journal import DestinationInfo, Journal
 
 COMPACTED = "compacted"  # settlement outcome: every offset below this row's offset is settled
+# a delivery came back unsettled (nack, lapsed lease, consumer gone): not a settlement, but
+# counted, so delivery counts and dead-lettering survive a restart
+RETURNED = "returned"
 
 
 @dataclass
@@ -28,6 +31,7 @@ class RecoveredSubscription:
     start_offset: int
     low_water: int
     settled_above: set[int]
+    returned: dict[int, int]  # offset -> deliveries that came back, for unsettled offsets
 
 
 @dataclass
@@ -43,6 +47,7 @@ def settled_by_subscription(settlements: pa.Table) -> dict[str, Settled]:
     out: dict[str, Settled] = {}
     if settlements.num_rows == 0:
         return out
+    settlements = settlements.filter(pc.not_equal(settlements["outcome"], RETURNED))
     for name in pc.unique(settlements["subscription"]).to_pylist():
         rows = settlements.filter(pc.equal(settlements["subscription"], name))
         marks = pc.equal(rows["outcome"], COMPACTED)
@@ -64,15 +69,39 @@ def low_water(start: int, settled: Settled | None) -> tuple[int, set[int]]:
     return start + n, {int(o) for o in settled[n:]}
 
 
+def returned_counts(settlements: pa.Table) -> dict[str, dict[int, int]]:
+    """Per subscription name: how many times each offset came back unsettled."""
+    rows = settlements.filter(pc.equal(settlements["outcome"], RETURNED))
+    out: dict[str, dict[int, int]] = {}
+    if rows.num_rows == 0:
+        return out
+    # with a hot tier a row may be read twice while it moves: count distinct returns
+    rows = rows.group_by(["subscription", "offset", "settle_time"]).aggregate([])
+    grouped = rows.group_by(["subscription", "offset"]).aggregate([("settle_time", "count")])
+    for name, offset, n in zip(
+        grouped["subscription"].to_pylist(),
+        grouped["offset"].to_pylist(),
+        grouped["settle_time_count"].to_pylist(),
+        strict=True,
+    ):
+        out.setdefault(name, {})[offset] = n
+    return out
+
+
 def recover_destination(
     journal: Journal, info: DestinationInfo
 ) -> tuple[list[RecoveredSubscription], pa.Table]:
     end = journal.end_offset(info.name)
-    settled = settled_by_subscription(journal.read_settlements(info.name)) if end else {}
+    settlements = journal.read_settlements(info.name) if end else None
+    settled = settled_by_subscription(settlements) if settlements is not None else {}
+    returned = returned_counts(settlements) if settlements is not None else {}
     subs = []
     for sub in info.subscriptions.values():
         low, above = low_water(sub.start_offset, settled.get(sub.name))
-        subs.append(RecoveredSubscription(sub.name, sub.start_offset, low, above))
+        counts = {
+            o: n for o, n in returned.get(sub.name, {}).items() if o >= low and o not in above
+        }
+        subs.append(RecoveredSubscription(sub.name, sub.start_offset, low, above, counts))
     first = min((s.low_water for s in subs), default=end)
     rows = journal.read_messages(info.name, first, end) if first < end else None
     if rows is None:

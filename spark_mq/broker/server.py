@@ -68,14 +68,26 @@ class FlightService(fl.FlightServerBase):
             case "ping":
                 return {"ok": True}
             case "create_destination":
-                return {"created": b.create_destination(body["name"], body["kind"])}
+                return {
+                    "created": b.create_destination(
+                        body["name"], body["kind"], body.get("settings")
+                    )
+                }
+            case "configure_destination":
+                return b.configure_destination(body["name"], body["settings"])
+            case "purge":
+                return {"purged": b.purge(body["name"], body.get("subscription"))}
             case "delete_destination":
                 b.delete_destination(body["name"])
                 return {"deleted": True}
             case "list_destinations":
                 return b.list_destinations()
             case "create_subscription":
-                return {"created": b.create_subscription(body["destination"], body["name"])}
+                return {
+                    "created": b.create_subscription(
+                        body["destination"], body["name"], body.get("selector")
+                    )
+                }
             case "delete_subscription":
                 b.delete_subscription(body["destination"], body["name"])
                 return {"deleted": True}
@@ -83,6 +95,19 @@ class FlightService(fl.FlightServerBase):
                 return b.stats(body["name"])
             case _:
                 raise ProtocolError(f"unknown action {name!r}", fault="remote")
+
+    # -- browse ------------------------------------------------------------------------------
+    def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.RecordBatchStream:
+        try:
+            cmd = protocol.parse(ticket.ticket)
+            if not isinstance(cmd, protocol.Browse):
+                raise ProtocolError("do_get expects a browse command", fault="remote")
+            table = self.broker.browse(
+                cmd.destination, cmd.subscription, limit=cmd.limit, selector=cmd.selector
+            )
+        except SparkMQError as exc:
+            raise _flight_error(exc) from None
+        return fl.RecordBatchStream(table)
 
     # -- produce -----------------------------------------------------------------------------
     def do_put(
@@ -124,7 +149,13 @@ class FlightService(fl.FlightServerBase):
             cmd = _command(descriptor)
             if not isinstance(cmd, Consume):
                 raise ProtocolError("do_exchange expects a consume command", fault="remote")
-            session = self.broker.attach(cmd.destination, cmd.subscription, cmd.prefetch)
+            session = self.broker.attach(
+                cmd.destination,
+                cmd.subscription,
+                cmd.prefetch,
+                selector=cmd.selector,
+                durable=cmd.durable,
+            )
         except SparkMQError as exc:
             raise _flight_error(exc) from None
         log.info(

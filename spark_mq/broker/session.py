@@ -7,6 +7,7 @@ handed to :meth:`settle`, whose replies land in the outbox once durable.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -16,11 +17,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_mq.broker.message_store import MessageStore
+from spark_mq.broker.recovery import RETURNED
+from spark_mq.broker.selector import Selector
 from spark_mq.broker.subscription import Refusal, Subscription
 from spark_mq.protocol import Reply, Settle
 from spark_mq.schema import DELIVERY_SCHEMA
 
-SettleDurably = Callable[[list[int]], Future]
+SettleDurably = Callable[[list[int], str], Future]  # offsets, outcome
 
 
 class ConsumerSession:
@@ -33,9 +36,13 @@ class ConsumerSession:
         prefetch: int,
         max_batch: int,
         settle_durably: SettleDurably,
+        selector: Selector | None = None,
+        on_close: Callable[[ConsumerSession], None] | None = None,
     ) -> None:
         self.consumer_id = consumer_id
         self.subscription = subscription
+        self.selector = selector
+        self._on_close = on_close
         self.prefetch = prefetch
         self._store = store
         self._max_batch = max_batch
@@ -54,16 +61,22 @@ class ConsumerSession:
             room = min(self.prefetch - len(self._held), self._max_batch)
         if room <= 0 or self.closed:
             return None
-        leased = self.subscription.take(self.consumer_id, room)
+        leased = self.subscription.take(self.consumer_id, room, self.selector)
         if not leased:
             return None
         with self._lock:
-            self._held.update(o for o, _ in leased)
-        counts = dict(leased)
-        rows = self._store.take(counts)
-        delivery_count = pa.array([counts[o] for o in rows["offset"].to_pylist()], pa.int32())
+            self._held.update(o for o, _, _ in leased)
+        by_offset = {o: (c, f) for o, c, f in leased}
+        rows = self._store.take(by_offset)  # in offset order; priority may want another
+        order = [o for o, _, _ in leased]
+        if any(a > b for a, b in itertools.pairwise(order)):
+            rows = rows.take(pc.index_in(pa.array(order, pa.int64()), value_set=rows["offset"]))
+        state = [by_offset[o] for o in rows["offset"].to_pylist()]
+        delivery_count = pa.array([c for c, _ in state], pa.int32())
+        group_first = pa.array([f for _, f in state], pa.bool_())
         return pa.table(
-            [*rows.columns, delivery_count, pc.greater(delivery_count, 1)], schema=DELIVERY_SCHEMA
+            [*rows.columns, delivery_count, pc.greater(delivery_count, 1), group_first],
+            schema=DELIVERY_SCHEMA,
         )
 
     def _forget(self, offsets: list[int]) -> None:
@@ -90,7 +103,7 @@ class ConsumerSession:
                 if not ok:
                     self._reply(_reply(frame.request_id, [], refused))
                     return
-                fut = self._settle_durably(ok)
+                fut = self._settle_durably(ok, "ack")
 
                 def done(f: Future) -> None:
                     err = f.exception()
@@ -106,7 +119,24 @@ class ConsumerSession:
             case "nack":
                 ok, refused = sub.nack(self.consumer_id, frame.entries)
                 self._forget(ok)
-                self._reply(_reply(frame.request_id, ok, refused))
+                if not ok:
+                    self._reply(_reply(frame.request_id, ok, refused))
+                    return
+                # answered once the return is recorded: delivery counts survive a crash
+                self._settle_durably(ok, RETURNED).add_done_callback(
+                    lambda f: self._reply(
+                        _reply(
+                            frame.request_id,
+                            ok if f.exception() is None else [],
+                            refused
+                            if f.exception() is None
+                            else [
+                                *refused,
+                                *(Refusal(o, f"not recorded: {f.exception()}") for o in ok),
+                            ],
+                        )
+                    )
+                )
             case "extend":
                 ok, refused = sub.extend(self.consumer_id, frame.entries)
                 self._reply(_reply(frame.request_id, ok, refused))
@@ -121,10 +151,15 @@ class ConsumerSession:
 
     def close(self) -> int:
         """Detach: unsettled messages go back to the subscription for redelivery."""
+        if self.closed:
+            return 0
         self.closed = True
         self.subscription.remove_waiter(self.wakeup)
         self.wakeup.set()
-        return self.subscription.release_consumer(self.consumer_id)
+        n = self.subscription.release_consumer(self.consumer_id)
+        if self._on_close is not None:
+            self._on_close(self)
+        return n
 
 
 def _reply(request_id: int, ok: list[int], refused: list[Refusal]) -> Reply:

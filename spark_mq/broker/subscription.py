@@ -1,23 +1,43 @@
-"""Delivery state of one subscription (a queue's implicit one, or a topic's durable one).
+"""Delivery state of one subscription (a queue's implicit one, or a topic's).
 
-An offset is, for a subscription, exactly one of: *not yet delivered* (>= ``next_offset``),
-*available again* (nacked or its lease lapsed), *leased* to one consumer until its deadline,
-or *settled* (acked durably). A lease is fenced by the delivery count: an ack or nack must name
-the delivery it answers, so a consumer whose lease lapsed and whose message went elsewhere
-cannot settle it.
+Every offset the subscription has *ingested* from the message store (those below
+``next_offset``) is exactly one of:
 
-Delivery counts live in memory: after a broker restart unsettled messages start again from
-count 0 (persisting them is the delivery-semantics work).
+* **ready**: waiting, in one sorted list per priority (higher priority first, FIFO within one);
+* **scheduled**: waiting for a time (a deliver-after time, or a redelivery delay);
+* **leased** to one consumer until its deadline (the seeds' browse-with-mark);
+* **doomed**: to be dead-lettered or expired; the broker moves it, then settles it;
+* **settled**: acked, dead-lettered, expired, purged, or not selected by the subscription's
+  selector.
+
+A lease is fenced by the consumer and the delivery count: an ack or nack must name the
+delivery it answers, so a consumer whose lease lapsed and whose message went elsewhere cannot
+settle it. A message that comes back (nack, lapsed lease, consumer gone) is *returned*: the
+broker records that, so delivery counts survive a restart, and past ``max_delivery_attempts``
+it is dead-lettered.
+
+Message groups: a group's bucket (``crc32(group) % group_buckets``, bounded memory as in
+Artemis) is owned by one consumer; another consumer gets the bucket only once its owner left
+and none of the bucket's messages is leased (so a group is never processed by two consumers
+at once, and never out of order). Within a group, priority still orders messages.
 """
 
 from __future__ import annotations
 
 import heapq
 import threading
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from spark_mq.broker.message_store import MessageStore
+import numpy as np
+from sortedcontainers import SortedList
+
+from spark_mq.broker.message_store import NEVER, MessageStore
+from spark_mq.broker.selector import Selector
+from spark_mq.config import DestinationSettings
+
+Delivery = tuple[int, int, bool]  # offset, delivery count, first of its group for this consumer
 
 
 @dataclass
@@ -25,6 +45,7 @@ class Lease:
     consumer_id: int
     delivery_count: int
     deadline: float
+    priority: int
     settling: bool = False
 
 
@@ -32,6 +53,10 @@ class Lease:
 class Refusal:
     offset: int
     reason: str
+
+
+def bucket_of(group: str, buckets: int) -> int:
+    return zlib.crc32(group.encode()) % buckets
 
 
 class Subscription:
@@ -43,27 +68,56 @@ class Subscription:
         *,
         start_offset: int,
         settled: Iterable[int] = (),
+        returned: dict[int, int] | None = None,
         lease_s: float,
         monotonic: Callable[[], float],
+        wall: Callable[[], float],
+        settings: DestinationSettings,
+        selector: Selector | None = None,
+        durable: bool = True,
+        max_scan: int = 20_000,
     ) -> None:
         self.destination = destination
         self.name = name
         self.start_offset = start_offset
         self.lease_s = lease_s
+        self.settings = settings
+        self.selector = selector
+        self.durable = durable
+        self.max_scan = max_scan
         self._store = store
         self._now = monotonic
+        self._wall = wall
         self._lock = threading.Lock()
         self.next_offset = start_offset
         self._settled: set[int] = set(settled)
-        self._available: set[int] = set()
-        self._available_heap: list[int] = []
-        self._counts: dict[int, int] = {}  # delivery counts of offsets delivered before
+        self._ready: dict[int, SortedList] = {}
+        self._ready_n = 0
+        self._scheduled: list[tuple[float, int]] = []  # (due wall time, offset), a heap
+        self._due: dict[int, float] = {}  # offset -> due time of scheduled offsets
+        self._priority: dict[int, int] = {}  # priority of scheduled / doomed offsets
+        self._counts: dict[int, int] = dict(returned or {})  # deliveries that came back
+        self._count_horizon = max(self._counts, default=-1)  # recovered counts up to here
         self._leases: dict[int, Lease] = {}
+        self._groups: dict[int, str] = {}  # offset -> group, for waiting or leased grouped ones
+        self._expiry: dict[int, int] = {}  # offset -> expiry (us), for waiting ones with one
+        self._owners: dict[int, int] = {}  # group bucket -> consumer
+        self._busy: dict[int, int] = {}  # group bucket -> leased messages
+        self._held: dict[int, int] = {}  # group bucket -> scheduled messages (hold the group)
+        self._doomed: dict[int, str] = {}  # offset -> "dead" | "expired" | "purged" | "dropped"
+        self._disposing: set[int] = set()  # doomed offsets the broker is moving / settling
+        self._consumers: list[int] = []  # in registration order (failover picks the first)
         self._waiters: set[threading.Event] = set()
+        # for the broker to make durable: returned offsets, and selector misses
+        self._returned_log: list[int] = []
+        self._filtered_log: list[int] = []
         self.acked_total = 0
         self.redelivered_total = 0
+        self.dead_lettered_total = 0
+        self.expired_total = 0
+        self.removed_total = 0  # purged, or dropped to make room
 
-    # -- consumers waiting for messages -------------------------------------------------------
+    # -- consumers ---------------------------------------------------------------------------
     def add_waiter(self, event: threading.Event) -> None:
         with self._lock:
             self._waiters.add(event)
@@ -78,33 +132,225 @@ class Subscription:
         for w in waiters:
             w.set()
 
+    def register(self, consumer_id: int) -> None:
+        with self._lock:
+            self._consumers.append(consumer_id)
+
+    @property
+    def consumers(self) -> list[int]:
+        with self._lock:
+            return list(self._consumers)
+
+    # -- ingesting new messages --------------------------------------------------------------
+    def _ingest(self) -> None:
+        """Take in what the store holds from ``next_offset`` on (caller holds the lock)."""
+        end = self._store.end
+        if self.next_offset >= end:
+            return
+        now_us = int(self._wall() * 1_000_000)
+        attempts = self.settings.max_delivery_attempts
+        for part in self._store.entries(self.next_offset):
+            offsets, prio = part.offsets, part.priority
+            keep = np.ones(len(offsets), dtype=bool)
+            if self._settled:
+                keep &= ~np.isin(offsets, np.fromiter(self._settled, np.int64))
+            groups, expiry, deliver = part.groups, part.expiry_us, part.deliver_us
+            plain = (
+                groups is None
+                and expiry is None
+                and deliver is None
+                and self.selector is None
+                and offsets[0] > self._count_horizon
+            )
+            if plain and keep.all() and (prio == prio[0]).all():
+                self._ready_list(int(prio[0])).update(offsets.tolist())
+                self._ready_n += len(offsets)
+                continue
+            for i in np.nonzero(keep)[0].tolist():
+                o = int(offsets[i])
+                if self.selector is not None and not self.selector.matches(
+                    part.chunk.props(part.start + i)
+                ):
+                    self._settled.add(o)
+                    self._filtered_log.append(o)
+                    continue
+                p = int(prio[i])
+                if groups is not None and groups[i] is not None:
+                    self._groups[o] = groups[i]
+                if expiry is not None and expiry[i] != NEVER:
+                    self._expiry[o] = int(expiry[i])
+                if attempts and self._counts.get(o, 0) >= attempts:
+                    self._doom(o, p, "dead")
+                elif deliver is not None and deliver[i] > now_us:
+                    self._schedule(o, p, deliver[i] / 1_000_000)
+                else:
+                    self._ready_list(p).add(o)
+                    self._ready_n += 1
+        self.next_offset = end
+
+    def _ready_list(self, priority: int) -> SortedList:
+        sl = self._ready.get(priority)
+        if sl is None:
+            sl = self._ready[priority] = SortedList()
+        return sl
+
+    def _schedule(self, offset: int, priority: int, due: float) -> None:
+        self._due[offset] = due
+        self._priority[offset] = priority
+        heapq.heappush(self._scheduled, (due, offset))
+        group = self._groups.get(offset)
+        if group is not None:
+            b = bucket_of(group, self.settings.group_buckets)
+            self._held[b] = self._held.get(b, 0) + 1
+
+    def _doom(self, offset: int, priority: int, why: str) -> None:
+        self._doomed[offset] = why
+        self._priority[offset] = priority
+
+    def _promote_due(self, now: float) -> int:
+        n = 0
+        while self._scheduled and self._scheduled[0][0] <= now:
+            due, offset = heapq.heappop(self._scheduled)
+            if self._due.get(offset) != due:
+                continue  # purged, or rescheduled
+            del self._due[offset]
+            p = self._priority.pop(offset)
+            group = self._groups.get(offset)
+            if group is not None:
+                b = bucket_of(group, self.settings.group_buckets)
+                self._held[b] -= 1
+                if not self._held[b]:
+                    del self._held[b]
+            self._ready_list(p).add(offset)
+            self._ready_n += 1
+            n += 1
+        return n
+
     # -- delivery ----------------------------------------------------------------------------
-    def take(self, consumer_id: int, limit: int) -> list[tuple[int, int]]:
-        """Lease up to ``limit`` messages to ``consumer_id``: ``(offset, delivery_count)``."""
+    def take(
+        self, consumer_id: int, limit: int, selector: Selector | None = None
+    ) -> list[Delivery]:
+        """Lease up to ``limit`` messages to ``consumer_id``: ``(offset, count, group_first)``."""
         if limit <= 0:
             return []
-        out: list[tuple[int, int]] = []
-        deadline = self._now() + self.lease_s
         with self._lock:
-            while self._available_heap and len(out) < limit:
-                offset = heapq.heappop(self._available_heap)
-                if offset in self._available:
-                    self._available.discard(offset)
-                    out.append((offset, self._counts.pop(offset, 0) + 1))
-            if len(out) < limit:
-                fresh, self.next_offset = self._store.scan(
-                    self.next_offset, limit - len(out), self._settled
-                )
-                out.extend((o, 1) for o in fresh)
-            for offset, count in out:
-                self._leases[offset] = Lease(consumer_id, count, deadline)
+            if self.settings.delivery_policy == "failover" and self._consumers[:1] != [consumer_id]:
+                return []
+            self._ingest()
+            self._promote_due(self._wall())
+            if not self._ready_n:
+                return []
+            out = self._pick(consumer_id, limit, selector)
+            deadline = self._now() + self.lease_s
+            buckets = self.settings.group_buckets
+            for offset, count, _first, p in out:
+                self._leases[offset] = Lease(consumer_id, count, deadline, p)
+                group = self._groups.get(offset)
+                if group is not None:
+                    b = bucket_of(group, buckets)
+                    self._busy[b] = self._busy.get(b, 0) + 1
+        return [(o, c, f) for o, c, f, _ in out]
+
+    def _pick(
+        self, consumer_id: int, limit: int, selector: Selector | None
+    ) -> list[tuple[int, int, bool, int]]:
+        out: list[tuple[int, int, bool, int]] = []
+        simple = selector is None and not self._groups and not self._expiry
+        now_us = int(self._wall() * 1_000_000)
+        budget = self.max_scan
+        for p in sorted(self._ready, reverse=True):
+            sl = self._ready[p]
+            if not sl:
+                continue
+            want = limit - len(out)
+            if simple:
+                chosen = list(sl.islice(0, want))
+                del sl[: len(chosen)]
+                self._ready_n -= len(chosen)
+                out.extend((o, self._counts.pop(o, 0) + 1, False, p) for o in chosen)
+            else:
+                picked, gone = self._scan(sl, consumer_id, want, selector, now_us, budget, p)
+                budget -= len(picked) + len(gone)
+                for o in (*(o for o, _ in picked), *gone):
+                    sl.remove(o)
+                self._ready_n -= len(picked) + len(gone)
+                out.extend((o, self._counts.pop(o, 0) + 1, first, p) for o, first in picked)
+            if len(out) >= limit or budget <= 0:
+                break
         return out
 
-    def _make_available(self, offset: int, count: int) -> None:
+    def _scan(
+        self,
+        sl: SortedList,
+        consumer_id: int,
+        want: int,
+        selector: Selector | None,
+        now_us: int,
+        budget: int,
+        priority: int,
+    ) -> tuple[list[tuple[int, bool]], list[int]]:
+        """What of one ready list this consumer may have; and expired ones found on the way."""
+        picked: list[tuple[int, bool]] = []
+        gone: list[int] = []
+        buckets = self.settings.group_buckets
+        for scanned, o in enumerate(sl):
+            if scanned >= budget or len(picked) >= want:
+                break
+            expiry = self._expiry.get(o)
+            if expiry is not None and expiry <= now_us:
+                gone.append(o)
+                self._doom(o, priority, "expired")
+                continue
+            group = self._groups.get(o)
+            b = owner = None
+            if group is not None:
+                b = bucket_of(group, buckets)
+                if b in self._held:
+                    continue  # an earlier message of the bucket waits for its time
+                owner = self._owners.get(b)
+                if owner is None and self._busy.get(b):
+                    continue  # the previous owner's messages are still being settled
+                if owner is not None and owner != consumer_id:
+                    continue
+            if selector is not None and not selector.matches(self._store.props(o)):
+                continue
+            first = b is not None and owner is None
+            if first:
+                self._owners[b] = consumer_id  # type: ignore[index]
+            picked.append((o, first))
+        return picked, gone
+
+    def _return(self, offset: int, lease: Lease, *, log: bool = True) -> None:
+        """A delivery came back unsettled: ready again, scheduled after a delay, or doomed.
+
+        ``log``: leave it for the broker to record (a nack's caller records it itself).
+        """
+        count = lease.delivery_count
         self._counts[offset] = count
-        self._available.add(offset)
-        heapq.heappush(self._available_heap, offset)
+        if log:
+            self._returned_log.append(offset)
         self.redelivered_total += 1
+        group = self._groups.get(offset)
+        if group is not None:
+            b = bucket_of(group, self.settings.group_buckets)
+            self._unbusy(b)
+        attempts = self.settings.max_delivery_attempts
+        if attempts and count >= attempts:
+            self._doom(offset, lease.priority, "dead")
+            return
+        delay = self.settings.redelivery_delay_s(count)
+        if delay > 0:
+            self._schedule(offset, lease.priority, self._wall() + delay)
+        else:
+            self._ready_list(lease.priority).add(offset)
+            self._ready_n += 1
+
+    def _unbusy(self, bucket: int) -> None:
+        left = self._busy.get(bucket, 0) - 1
+        if left > 0:
+            self._busy[bucket] = left
+        else:
+            self._busy.pop(bucket, None)
 
     def _check(self, consumer_id: int, offset: int, count: int) -> Lease | Refusal:
         lease = self._leases.get(offset)
@@ -116,14 +362,37 @@ class Subscription:
             return Refusal(
                 offset, "the lease lapsed and the message was delivered again (stale delivery)"
             )
-        if offset in self._available and self._counts.get(offset) == count:
+        if self._counts.get(offset) == count and self._unready(offset):
             # the lease lapsed but nobody else has it yet: let the late answer through
-            lease = Lease(consumer_id, count, self._now() + self.lease_s)
-            self._available.discard(offset)
+            group = self._groups.get(offset)
+            if group is not None:
+                b = bucket_of(group, self.settings.group_buckets)
+                self._busy[b] = self._busy.get(b, 0) + 1
+            priority = self._priority.pop(offset, None)
+            lease = Lease(consumer_id, count, self._now() + self.lease_s, priority or 0)
             del self._counts[offset]
             self._leases[offset] = lease
             return lease
         return Refusal(offset, "not delivered to this consumer, or the lease lapsed")
+
+    def _unready(self, offset: int) -> bool:
+        """Take a waiting (ready or scheduled) offset out of waiting; False if it is not."""
+        for p, sl in self._ready.items():
+            if offset in sl:
+                sl.remove(offset)
+                self._ready_n -= 1
+                self._priority[offset] = p
+                return True
+        due = self._due.pop(offset, None)
+        if due is None:
+            return False
+        group = self._groups.get(offset)
+        if group is not None:
+            b = bucket_of(group, self.settings.group_buckets)
+            self._held[b] -= 1
+            if not self._held[b]:
+                del self._held[b]
+        return True
 
     def begin_ack(
         self, consumer_id: int, entries: Iterable[tuple[int, int]]
@@ -144,6 +413,7 @@ class Subscription:
 
     def end_ack(self, offsets: Iterable[int], *, durable: bool) -> None:
         """After the settlement commit: forget the leases, or (on failure) keep them."""
+        freed = False
         with self._lock:
             for offset in offsets:
                 lease = self._leases.get(offset)
@@ -153,13 +423,24 @@ class Subscription:
                     del self._leases[offset]
                     self._settled.add(offset)
                     self.acked_total += 1
+                    self._expiry.pop(offset, None)
+                    group = self._groups.pop(offset, None)
+                    if group is not None:
+                        b = bucket_of(group, self.settings.group_buckets)
+                        self._unbusy(b)
+                        freed |= b not in self._busy and b not in self._owners
                 else:
                     lease.settling = False
+        if freed:
+            self.wake()  # a group whose owner left can move to another consumer now
 
     def nack(
         self, consumer_id: int, entries: Iterable[tuple[int, int]]
     ) -> tuple[list[int], list[Refusal]]:
-        """Give messages back for immediate redelivery (with a higher delivery count)."""
+        """Give messages back for redelivery (with a higher delivery count).
+
+        The caller records the returned offsets durably (so the count survives a crash).
+        """
         ok, refused = [], []
         with self._lock:
             for offset, count in entries:
@@ -168,7 +449,7 @@ class Subscription:
                     refused.append(got if isinstance(got, Refusal) else Refusal(offset, "settling"))
                     continue
                 del self._leases[offset]
-                self._make_available(offset, got.delivery_count)
+                self._return(offset, got, log=False)
                 ok.append(offset)
         if ok:
             self.wake()
@@ -191,7 +472,7 @@ class Subscription:
         return ok, refused
 
     def expire_leases(self) -> int:
-        """Make messages whose lease lapsed available again; returns how many."""
+        """Take back messages whose lease lapsed; returns how many."""
         now = self._now()
         with self._lock:
             lapsed = [
@@ -200,25 +481,26 @@ class Subscription:
                 if lease.deadline <= now and not lease.settling
             ]
             for offset in lapsed:
-                lease = self._leases.pop(offset)
-                self._make_available(offset, lease.delivery_count)
+                self._return(offset, self._leases.pop(offset))
         if lapsed:
             self.wake()
         return len(lapsed)
 
     def release_consumer(self, consumer_id: int) -> int:
-        """A consumer left: its unsettled messages go back for redelivery."""
+        """A consumer left: its unsettled messages come back; its groups may move."""
         with self._lock:
+            if consumer_id in self._consumers:
+                self._consumers.remove(consumer_id)
             mine = [
                 o
                 for o, lease in self._leases.items()
                 if lease.consumer_id == consumer_id and not lease.settling
             ]
             for offset in mine:
-                lease = self._leases.pop(offset)
-                self._make_available(offset, lease.delivery_count)
-        if mine:
-            self.wake()
+                self._return(offset, self._leases.pop(offset))
+            for b in [b for b, c in self._owners.items() if c == consumer_id]:
+                del self._owners[b]
+        self.wake()
         return len(mine)
 
     def is_leased_to(self, offset: int, consumer_id: int) -> bool:
@@ -226,32 +508,163 @@ class Subscription:
             lease = self._leases.get(offset)
             return lease is not None and lease.consumer_id == consumer_id
 
+    # -- timers and the broker's follow-up work ----------------------------------------------
+    def tick(self) -> int:
+        """Scheduled messages whose time came become ready; returns how many."""
+        with self._lock:
+            n = self._promote_due(self._wall())
+        if n:
+            self.wake()
+        return n
+
+    def reap_expired(self) -> int:
+        """Doom waiting messages whose expiry passed (the expiry reaper); returns how many."""
+        now_us = int(self._wall() * 1_000_000)
+        with self._lock:
+            self._ingest()
+            late = [o for o, e in self._expiry.items() if e <= now_us]
+            n = 0
+            for o in late:
+                if o in self._leases or o in self._doomed:
+                    continue
+                p = self._priority.get(o)
+                if self._unready(o):
+                    self._doom(o, self._priority.pop(o, p or 0), "expired")
+                    n += 1
+            return n
+
+    def claim_doomed(self) -> dict[int, tuple[str, int]]:
+        """Doomed offsets nobody is disposing of yet: ``offset -> (reason, delivery count)``.
+
+        Reasons: ``"dead"``, ``"expired"``, ``"purged"``, ``"dropped"``. The caller disposes of
+        them and calls :meth:`finish`, or :meth:`unclaim` if that failed.
+        """
+        with self._lock:
+            out = {
+                o: (why, self._counts.get(o, 0))
+                for o, why in self._doomed.items()
+                if o not in self._disposing
+            }
+            self._disposing.update(out)
+        return out
+
+    def unclaim(self, offsets: Iterable[int]) -> None:
+        with self._lock:
+            self._disposing.difference_update(offsets)
+
+    def finish(self, offsets: Iterable[int], outcome: str) -> None:
+        """The broker settled doomed (or purged) offsets durably."""
+        with self._lock:
+            for o in offsets:
+                self._disposing.discard(o)
+                if self._doomed.pop(o, None) is None:
+                    continue
+                self._priority.pop(o, None)
+                self._settled.add(o)
+                self._groups.pop(o, None)
+                self._expiry.pop(o, None)
+                self._counts.pop(o, None)
+                if outcome == "expired":
+                    self.expired_total += 1
+                elif outcome == "dead_lettered":
+                    self.dead_lettered_total += 1
+                elif outcome in ("purged", "dropped"):
+                    self.removed_total += 1
+
+    def purge(self) -> list[int]:
+        """Doom every waiting (not leased) message as purged; the broker settles them."""
+        with self._lock:
+            self._ingest()
+            waiting = []
+            for p, sl in self._ready.items():
+                for o in sl:
+                    self._doom(o, p, "purged")
+                    waiting.append(o)
+            for o in self._due:
+                self._doomed[o] = "purged"
+                waiting.append(o)
+            self._ready.clear()
+            self._ready_n = 0
+            self._due.clear()
+            self._scheduled.clear()
+            self._held.clear()
+            return waiting
+
+    def drop_oldest(self, n: int) -> int:
+        """Doom up to ``n`` of the oldest waiting messages as dropped; returns how many."""
+        with self._lock:
+            self._ingest()
+            victims: list[tuple[int, int]] = []
+            for p, sl in self._ready.items():
+                victims.extend((o, p) for o in sl.islice(0, n))
+            victims.sort()
+            for o, p in victims[:n]:
+                self._ready[p].remove(o)
+                self._ready_n -= 1
+                self._doom(o, p, "dropped")
+            return min(n, len(victims))
+
+    def depth_estimate(self, end_offset: int) -> int:
+        """Unsettled messages, cheaply (settled offsets not yet ingested count as unsettled)."""
+        with self._lock:
+            unseen = max(end_offset - self.next_offset, 0)
+            return unseen + self._ready_n + len(self._due) + len(self._leases) + len(self._doomed)
+
+    def drain_log(self) -> tuple[list[int], list[int]]:
+        """Returned and selector-filtered offsets the broker should record, since last time."""
+        with self._lock:
+            returned, self._returned_log = self._returned_log, []
+            filtered, self._filtered_log = self._filtered_log, []
+        return returned, filtered
+
+    def browse(self, limit: int, selector: Selector | None = None) -> list[int]:
+        """Waiting offsets in delivery order (scheduled ones last), without leasing them."""
+        out: list[int] = []
+        with self._lock:
+            self._ingest()
+            self._promote_due(self._wall())
+            waiting = [o for p in sorted(self._ready, reverse=True) for o in self._ready[p]]
+            waiting += [o for _, o in sorted(self._scheduled) if o in self._due]
+        for o in waiting:
+            if len(out) >= limit:
+                break
+            if selector is None or selector.matches(self._store.props(o)):
+                out.append(o)
+        return out
+
     # -- bookkeeping -------------------------------------------------------------------------
     def low_water(self) -> int:
         """Every offset below this is settled for this subscription."""
         with self._lock:
-            low = self.next_offset
+            candidates = [self.next_offset]
+            candidates += [sl[0] for sl in self._ready.values() if sl]
             if self._leases:
-                low = min(low, min(self._leases))
-            if self._available:
-                low = min(low, min(self._available))
+                candidates.append(min(self._leases))
+            if self._due:
+                candidates.append(min(self._due))
+            if self._doomed:
+                candidates.append(min(self._doomed))
+            low = min(candidates)
             self._settled = {o for o in self._settled if o >= low}
             return low
 
-    def has_work(self, end_offset: int) -> bool:
-        with self._lock:
-            return bool(self._available) or self.next_offset < end_offset
-
     def stats(self, end_offset: int) -> dict[str, int]:
         with self._lock:
-            unsettled_new = max(end_offset - self.next_offset, 0)
-            unsettled_new -= sum(1 for o in self._settled if o >= self.next_offset)
+            unseen = max(end_offset - self.next_offset, 0)
+            unseen -= sum(1 for o in self._settled if o >= self.next_offset)
+            waiting = self._ready_n + len(self._due)
             return {
                 "start_offset": self.start_offset,
                 "next_offset": self.next_offset,
                 "in_flight": len(self._leases),
-                "available_again": len(self._available),
-                "depth": unsettled_new + len(self._available) + len(self._leases),
+                "scheduled": len(self._due),
+                "available_again": sum(1 for o in self._counts if o not in self._leases),
+                "depth": unseen + waiting + len(self._leases) + len(self._doomed),
                 "acked": self.acked_total,
                 "redelivered": self.redelivered_total,
+                "dead_lettered": self.dead_lettered_total,
+                "expired": self.expired_total,
+                "removed": self.removed_total,
+                "consumers": len(self._consumers),
+                "groups_owned": len(self._owners),
             }

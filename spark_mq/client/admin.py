@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_mq.client._transport import DEFAULT_URL, call_action, connect
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from spark_mq import protocol
+from spark_mq.client._transport import DEFAULT_URL, call_action, connect, translated
 
 
 class Admin:
@@ -26,12 +30,26 @@ class Admin:
     def ping(self) -> bool:
         return bool(self._call("ping")["ok"])
 
-    def create_queue(self, name: str) -> bool:
-        """Create a queue; returns False if it already existed."""
-        return bool(self._call("create_destination", name=name, kind="queue")["created"])
+    def create_queue(self, name: str, **settings: Any) -> bool:
+        """Create a queue; returns False if it already existed.
 
-    def create_topic(self, name: str) -> bool:
-        return bool(self._call("create_destination", name=name, kind="topic")["created"])
+        ``settings`` override the broker's ``[destinations]`` defaults for this queue, for
+        example ``delivery_policy="single"``, ``max_delivery_attempts=3``,
+        ``redelivery_delay_ms=500``, ``default_ttl_ms=60_000``, ``expiry="queue"``,
+        ``max_messages=10_000, overflow="block"``.
+        """
+        return bool(
+            self._call("create_destination", name=name, kind="queue", settings=settings)["created"]
+        )
+
+    def create_topic(self, name: str, **settings: Any) -> bool:
+        return bool(
+            self._call("create_destination", name=name, kind="topic", settings=settings)["created"]
+        )
+
+    def configure(self, name: str, **settings: Any) -> dict[str, Any]:
+        """Change some settings of a destination; returns all its settings now in effect."""
+        return dict(self._call("configure_destination", name=name, settings=settings))
 
     def delete_destination(self, name: str) -> None:
         self._call("delete_destination", name=name)
@@ -39,12 +57,35 @@ class Admin:
     def list_destinations(self) -> list[dict[str, Any]]:
         return list(self._call("list_destinations"))
 
-    def create_subscription(self, topic: str, name: str) -> bool:
-        """A durable subscription: it keeps every message published from now on until acked."""
-        return bool(self._call("create_subscription", destination=topic, name=name)["created"])
+    def create_subscription(self, topic: str, name: str, *, selector: str | None = None) -> bool:
+        """A durable subscription: it keeps every message published from now on until acked
+        (with ``selector``, only those it selects)."""
+        return bool(
+            self._call("create_subscription", destination=topic, name=name, selector=selector)[
+                "created"
+            ]
+        )
 
     def delete_subscription(self, topic: str, name: str) -> None:
         self._call("delete_subscription", destination=topic, name=name)
+
+    def purge(self, name: str, subscription: str | None = None) -> int:
+        """Remove every waiting message of a queue (or a topic's subscription); leased ones
+        stay. Returns how many went."""
+        return int(self._call("purge", name=name, subscription=subscription)["purged"])
+
+    def browse(
+        self,
+        name: str,
+        subscription: str | None = None,
+        *,
+        limit: int = 100,
+        selector: str | None = None,
+    ) -> pa.Table:
+        """Up to ``limit`` waiting messages in delivery order, without consuming them."""
+        ticket = fl.Ticket(protocol.encode(protocol.Browse(name, subscription, limit, selector)))
+        with translated():
+            return self._client.do_get(ticket, self._options).read_all()
 
     def stats(self, name: str) -> dict[str, Any]:
         return dict(self._call("stats", name=name))

@@ -4,10 +4,16 @@ The broker delivers up to ``prefetch`` unsettled messages ahead; each is invisib
 consumers until it is acked, nacked, or its lease (the mark interval) lapses — then it is
 delivered again with ``redelivered=True`` and a higher ``delivery_count``.
 
+What a consumer reads: a queue; on a topic, a durable subscription (``subscription="name"``,
+created with ``Admin.create_subscription``) or, with ``durable=False``, a non-durable one that
+lives while consumers use it (private without a name, shared by all giving the same name).
+``selector`` (SQL-92, over headers and JMS fields) filters what this consumer receives.
+
 The ack vocabulary, each verb by its redelivery effect:
 
 * ``ack``: never delivered again (the future resolves once that is durable);
-* ``nack``: delivered again at once, to any consumer;
+* ``nack``: delivered again (after the destination's redelivery delay), to any consumer, or
+  dead-lettered once it was delivered ``max_delivery_attempts`` times;
 * ``extend_lease``: not delivered elsewhere for another mark interval.
 
 Acks, nacks and extends issued within ``settle_linger_ms`` travel in one frame.
@@ -50,6 +56,8 @@ class Consumer:
         destination: str = "",
         *,
         subscription: str | None = None,
+        selector: str | None = None,
+        durable: bool = True,
         prefetch: int = 100,
         settle_linger_ms: float = 1.0,
         settle_batch: int = 256,
@@ -61,7 +69,9 @@ class Consumer:
         self.subscription = subscription
         self._client, self._options = connect(url, timeout_s)
         descriptor = fl.FlightDescriptor.for_command(
-            protocol.encode(protocol.Consume(destination, subscription, prefetch))
+            protocol.encode(
+                protocol.Consume(destination, subscription, prefetch, selector, durable)
+            )
         )
         # whole delivery batches travel through the queue; receive() takes from _ready
         self._messages: queue.Queue[object] = queue.Queue()

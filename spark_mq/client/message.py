@@ -13,7 +13,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, eq=False)
 class Message:
-    """A delivered message. ``delivery_count`` starts at 1; ``redelivered`` is ``count > 1``."""
+    """A delivered message. ``delivery_count`` starts at 1; ``redelivered`` is ``count > 1``;
+    ``group_first`` marks the first message of a group since this consumer became its owner
+    (the JMSXGroupFirstForConsumer of Artemis)."""
 
     destination: str
     offset: int
@@ -27,6 +29,8 @@ class Message:
     headers: dict[str, str]
     delivery_count: int
     redelivered: bool
+    deliver_time: datetime | None = None
+    group_first: bool = False
     _consumer: Consumer | None = field(default=None, repr=False)
 
     @classmethod
@@ -45,6 +49,8 @@ class Message:
             headers=dict(headers),
             delivery_count=row["delivery_count"],
             redelivered=row["redelivered"],
+            deliver_time=row["deliver_time"],
+            group_first=row["group_first"],
             _consumer=consumer,
         )
 

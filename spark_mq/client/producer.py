@@ -53,6 +53,8 @@ class _Pending:
     headers: list[tuple[str, str]] | None
     ttl_ms: int | None
     expiry_time: datetime | None
+    delay_ms: int | None
+    deliver_time: datetime | None
     future: Future
 
 
@@ -221,10 +223,14 @@ class Producer:
         batch_bytes: int = 1024 * 1024,
         max_in_flight_batches: int = 32,
         timeout_s: float = 30.0,
+        group_id: str | None = None,
+        autogroup: bool = False,
     ) -> None:
         if destination is not None:
             validate_name(destination)
         self.destination = destination
+        # messages sent without a group id get this one (autogroup: a random one, as Artemis)
+        self.group_id = group_id or (f"auto-{uuid.uuid4().hex}" if autogroup else None)
         self._client, self._options = connect(url, timeout_s)
         self._linger = linger_ms / 1000
         self._batch_size = batch_size
@@ -280,8 +286,14 @@ class Producer:
         message_id: str | None = None,
         ttl_s: float | None = None,
         expiry_time: datetime | None = None,
+        delay_s: float | None = None,
+        deliver_at: datetime | None = None,
     ) -> Future:
-        """Buffer one message; the future resolves to its offset once it is durable."""
+        """Buffer one message; the future resolves to its offset once it is durable.
+
+        ``ttl_s`` / ``expiry_time``: it expires then. ``delay_s`` / ``deliver_at``: scheduled
+        delivery, consumers see it only from then on.
+        """
         dest = self._dest(destination)
         if isinstance(body, str):
             body = body.encode()
@@ -290,11 +302,13 @@ class Producer:
             body,
             message_id,
             dedup_id or self.next_dedup_id(),
-            group_id,
+            group_id or self.group_id,
             priority,
             list(headers.items()) if headers else None,
             None if ttl_s is None else int(ttl_s * 1000),
             expiry_time,
+            None if delay_s is None else int(delay_s * 1000),
+            deliver_at,
             fut,
         )
         with self._lock:
@@ -341,6 +355,10 @@ class Producer:
                 }
             )
         table = _conform_produce(table)
+        if self.group_id is not None and table["group_id"].null_count:
+            i = table.schema.get_field_index("group_id")
+            groups = pc.fill_null(table["group_id"], self.group_id)
+            table = table.set_column(i, "group_id", groups)
         if pc.all(pc.is_null(table["dedup_id"])).as_py():
             n = table.num_rows
             first = self._reserve(n)
@@ -433,6 +451,8 @@ class Producer:
                 pa.array([i.headers for i in items], PRODUCE_SCHEMA.field("headers").type),
                 pa.array([i.ttl_ms for i in items], pa.int64()),
                 pa.array([i.expiry_time for i in items], TS),
+                pa.array([i.delay_ms for i in items], pa.int64()),
+                pa.array([i.deliver_time for i in items], TS),
             ],
             schema=PRODUCE_SCHEMA,
         )

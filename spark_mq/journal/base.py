@@ -8,7 +8,7 @@ live in :class:`spark_mq.journal.Journal` above it, written once for every store
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import pyarrow as pa
 
@@ -63,6 +63,7 @@ class SubscriptionInfo:
     name: str
     start_offset: int
     durable: bool = True
+    selector: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class DestinationInfo:
     name: str
     kind: Kind
     subscriptions: dict[str, SubscriptionInfo] = field(default_factory=dict, compare=False)
+    # settings given at creation (or by configure); the rest come from the broker's defaults
+    settings: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)

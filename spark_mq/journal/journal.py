@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 import pyarrow as pa
 
@@ -141,8 +142,13 @@ class Journal:
                     f"destination {name!r} does not exist", destination=name
                 ) from None
 
-    def create_destination(self, name: str, kind: Kind) -> tuple[DestinationInfo, bool]:
-        """Create a queue or topic; returns it and whether it was new. Idempotent per kind."""
+    def create_destination(
+        self, name: str, kind: Kind, settings: dict[str, Any] | None = None
+    ) -> tuple[DestinationInfo, bool]:
+        """Create a queue or topic; returns it and whether it was new. Idempotent per kind.
+
+        ``settings`` (already validated by the caller) are recorded with it.
+        """
         validate_name(name)
         if kind not in ("queue", "topic"):
             raise ValueError(f"kind must be 'queue' or 'topic', got {kind!r}")
@@ -158,11 +164,19 @@ class Journal:
             if self._hot is not None:
                 shutil.rmtree(self._hot_dir(name), ignore_errors=True)
             self.store.create_logs(name)
-            self._record(bindings.CREATE_DESTINATION, name, kind=kind)
-            info = bindings.new_destination(name, kind)
+            self._record(bindings.CREATE_DESTINATION, name, kind=kind, settings=settings)
+            info = bindings.new_destination(name, kind, settings)
             self._dests[name] = info
             self._start_writer(name)
             return info, True
+
+    def configure_destination(self, name: str, settings: dict[str, Any]) -> None:
+        """Replace a destination's recorded settings."""
+        with self._lock:
+            info = self.destination(name)
+            self._record(bindings.CONFIGURE_DESTINATION, name, settings=settings or None)
+            info.settings.clear()
+            info.settings.update(settings)
 
     def delete_destination(self, name: str) -> None:
         """Delete a destination and its logs; pending appends fail with DestinationNotFound."""
@@ -177,8 +191,11 @@ class Journal:
             shutil.rmtree(tier.directory, ignore_errors=True)
         self.store.drop_logs(name)
 
-    def create_subscription(self, destination: str, name: str) -> tuple[SubscriptionInfo, bool]:
-        """A durable subscription on a topic: it receives what is published from now on."""
+    def create_subscription(
+        self, destination: str, name: str, selector: str | None = None
+    ) -> tuple[SubscriptionInfo, bool]:
+        """A durable subscription on a topic: it receives what is published from now on
+        (only what ``selector``, already checked by the caller, selects)."""
         validate_name(name, "subscription")
         with self._lock:
             info = self.destination(destination)
@@ -191,9 +208,13 @@ class Journal:
                 return info.subscriptions[name], False
             start = self._writer(destination).next_offset
             self._record(
-                bindings.CREATE_SUBSCRIPTION, destination, subscription=name, start_offset=start
+                bindings.CREATE_SUBSCRIPTION,
+                destination,
+                subscription=name,
+                start_offset=start,
+                settings={"selector": selector} if selector else None,
             )
-            sub = SubscriptionInfo(destination, name, start)
+            sub = SubscriptionInfo(destination, name, start, selector=selector)
             info.subscriptions[name] = sub
             return sub, True
 

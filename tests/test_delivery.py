@@ -1,0 +1,345 @@
+"""Delivery semantics through the SDK against a real broker: priority, scheduled delivery,
+redelivery delay and dead-lettering, TTL and expiry, delivery policies, non-durable and shared
+subscriptions, browse and purge, limits. Timing runs on a manual clock; "survives a restart"
+means a new broker on the same data directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_mq import (
+    Admin,
+    ConfigError,
+    Consumer,
+    ConsumerRefused,
+    DestinationFull,
+    Producer,
+    SelectorError,
+)
+from spark_mq.broker import RunningBroker
+from spark_mq.clock import ManualClock
+from tests.conftest import receive_n, start_inprocess
+
+
+def restart(broker: RunningBroker, data: Path, clock: ManualClock) -> RunningBroker:
+    broker.stop()
+    return start_inprocess(data, clock)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+def texts(messages: list) -> list[str]:
+    return [m.text for m in messages]
+
+
+def test_priority_higher_first_fifo_within_a_priority(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    sent = [("a", 1), ("b", 9), ("c", 4), ("d", 9), ("e", 1), ("f", None)]  # None: default 4
+    with Producer(broker.url, destination="q") as producer:
+        for body, prio in sent:
+            producer.send(body, priority=prio)
+    with Consumer(broker.url, "q") as consumer:
+        got = receive_n(consumer, 6)
+    assert texts(got) == ["b", "d", "c", "f", "a", "e"]
+    assert [m.priority for m in got] == [9, 9, 4, 4, 1, 1]
+
+
+def test_scheduled_delivery_waits_for_its_time_even_across_a_restart(
+    data: Path, clock: ManualClock
+) -> None:
+    broker = start_inprocess(data, clock)
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_queue("q")
+        with Producer(broker.url, destination="q") as producer:
+            producer.send("later", delay_s=30)
+            producer.send("now")
+        with Consumer(broker.url, "q") as consumer:
+            (now,) = receive_n(consumer, 1)
+            assert now.text == "now"
+            now.ack().result(timeout=5)
+            clock.advance(10)
+            broker.broker.run_timers()
+            assert consumer.receive(timeout=0.3) is None
+            with Admin(broker.url) as admin:
+                assert admin.stats("q")["scheduled"] == 1
+        broker = restart(broker, data, clock)
+        with Consumer(broker.url, "q") as consumer:
+            assert consumer.receive(timeout=0.3) is None
+            clock.advance(20)
+            broker.broker.run_timers()
+            (later,) = receive_n(consumer, 1)
+            assert later.text == "later" and later.deliver_time is not None
+    finally:
+        broker.stop()
+
+
+def test_redelivery_delay_grows_by_the_multiplier(
+    broker: RunningBroker, clock: ManualClock
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q", redelivery_delay_ms=1000, redelivery_multiplier=2.0)
+    with Producer(broker.url, destination="q") as producer:
+        producer.send_sync("m")
+    with Consumer(broker.url, "q") as consumer:
+        for count, delay in ((1, 1.0), (2, 2.0), (3, 4.0)):
+            (msg,) = receive_n(consumer, 1)
+            assert msg.delivery_count == count
+            msg.nack().result(timeout=5)
+            clock.advance(delay - 0.01)
+            broker.broker.run_timers()
+            assert consumer.receive(timeout=0.2) is None, f"redelivered before {delay}s"
+            clock.advance(0.01)
+            broker.broker.run_timers()
+        (msg,) = receive_n(consumer, 1)
+        assert msg.delivery_count == 4 and msg.redelivered
+
+
+def test_dead_letter_after_max_attempts_exactly_once_across_a_restart(
+    data: Path, clock: ManualClock
+) -> None:
+    broker = start_inprocess(data, clock)
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_queue("orders", max_delivery_attempts=3)
+        with Producer(broker.url, destination="orders") as producer:
+            producer.send_sync("poison", headers={"k": "v"})
+            producer.send_sync("fine")
+        with Consumer(broker.url, "orders", prefetch=1) as consumer:
+            (first,) = receive_n(consumer, 1)
+            assert first.text == "poison"
+            first.nack().result(timeout=5)  # 1 return
+        broker = restart(broker, data, clock)  # the count survives: 1 delivery came back
+        with Consumer(broker.url, "orders", prefetch=1) as consumer:
+            (again,) = receive_n(consumer, 1)
+            assert again.text == "poison" and again.delivery_count == 2
+            again.nack().result(timeout=5)
+            (third,) = receive_n(consumer, 1)
+            assert third.delivery_count == 3
+            third.nack().result(timeout=5)  # the third attempt failed: dead-letter it
+            broker.broker.run_timers()
+            (fine,) = receive_n(consumer, 1)
+            assert fine.text == "fine"
+            fine.ack().result(timeout=5)
+        broker = restart(broker, data, clock)
+        broker.broker.run_timers()
+        with Admin(broker.url) as admin:
+            stats = admin.stats("orders")
+            assert stats["depth"] == 0 and stats["dead_lettered"] == 0  # counted before restart
+            assert admin.stats("DLQ.orders")["depth"] == 1
+        with Consumer(broker.url, "DLQ.orders") as dlq:
+            (dead,) = receive_n(dlq, 1)
+            assert dlq.receive(timeout=0.3) is None
+        assert dead.text == "poison" and dead.headers["k"] == "v"
+        assert dead.headers["sparkmq.original_destination"] == "orders"
+        assert dead.headers["sparkmq.original_offset"] == "0"
+        assert dead.headers["sparkmq.delivery_count"] == "3"
+        assert "max_delivery_attempts" in dead.headers["sparkmq.reason"]
+    finally:
+        broker.stop()
+
+
+def test_lapsed_leases_count_towards_dead_lettering(
+    broker: RunningBroker, clock: ManualClock
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q", max_delivery_attempts=2, dead_letter=False)
+    with Producer(broker.url, destination="q") as producer:
+        producer.send_sync("m")
+    with Consumer(broker.url, "q") as consumer:
+        for _ in range(2):
+            receive_n(consumer, 1)
+            clock.advance(5.1)
+            broker.broker.run_timers()
+        broker.broker.run_timers()
+        assert consumer.receive(timeout=0.3) is None
+    with Admin(broker.url) as admin:
+        stats = admin.stats("q")
+        assert stats["depth"] == 0 and stats["dead_lettered"] == 1
+        assert "DLQ.q" not in {d["name"] for d in admin.list_destinations()}
+
+
+def test_ttl_expires_messages_and_the_reaper_moves_them_to_the_expiry_queue(
+    broker: RunningBroker, clock: ManualClock
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q", default_ttl_ms=60_000, expiry="queue")
+    with Producer(broker.url, destination="q") as producer:
+        producer.send("short", ttl_s=5)
+        producer.send("default")  # the queue's default: 60 s
+        producer.send("long", ttl_s=600)
+    clock.advance(10)
+    broker.broker.run_timers(reap=True)
+    with Consumer(broker.url, "q") as consumer:
+        got = receive_n(consumer, 2)
+        assert texts(got) == ["default", "long"]
+    # the consumer left without acking: both wait again, and one expires while waiting
+    clock.advance(60)
+    broker.broker.run_timers(reap=True)
+    with Consumer(broker.url, "q") as consumer:
+        (long,) = receive_n(consumer, 1)
+        assert long.text == "long"
+        long.ack().result(timeout=5)
+    with Admin(broker.url) as admin:
+        stats = admin.stats("q")
+        assert stats["expired"] == 2 and stats["depth"] == 0
+    with Consumer(broker.url, "EXP.q") as expired:
+        moved = receive_n(expired, 2)
+    assert sorted(texts(moved)) == ["default", "short"]
+    assert all(m.headers["sparkmq.reason"] == "expired" for m in moved)
+
+
+def test_expired_message_is_never_delivered_even_before_the_reaper_runs(
+    broker: RunningBroker, clock: ManualClock
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    with Producer(broker.url, destination="q") as producer:
+        producer.send("gone", ttl_s=1)
+        producer.send("kept")
+    clock.advance(2)
+    with Consumer(broker.url, "q") as consumer:
+        (kept,) = receive_n(consumer, 1)
+        assert kept.text == "kept"
+        assert consumer.receive(timeout=0.2) is None
+    broker.broker.run_timers()
+    assert broker.broker.stats("q")["expired"] == 1
+
+
+def test_consumer_selector_on_a_queue(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    with Producer(broker.url, destination="q") as producer:
+        for i in range(10):
+            producer.send(f"m{i}", headers={"n": str(i), "kind": "even" if i % 2 == 0 else "odd"})
+    with (
+        Consumer(broker.url, "q", selector="kind = 'odd' AND n > 4") as picky,
+        Consumer(broker.url, "q", selector="kind = 'even'") as evens,
+    ):
+        assert texts(receive_n(picky, 3)) == ["m5", "m7", "m9"]
+        assert picky.receive(timeout=0.2) is None
+        assert texts(receive_n(evens, 5)) == ["m0", "m2", "m4", "m6", "m8"]
+    with pytest.raises(SelectorError, match="malformed selector"):
+        Consumer(broker.url, "q", selector="kind = ")
+
+
+def test_durable_subscription_selector_survives_a_restart(data: Path, clock: ManualClock) -> None:
+    broker = start_inprocess(data, clock)
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_topic("t")
+            admin.create_subscription("t", "reds", selector="color = 'red'")
+            with pytest.raises(SelectorError):
+                admin.create_subscription("t", "bad", selector="color = = 'x'")
+        with Producer(broker.url, destination="t") as producer:
+            for color in ("red", "blue", "red", "green"):
+                producer.send(color, headers={"color": color})
+        broker = restart(broker, data, clock)
+        with Consumer(broker.url, "t", subscription="reds") as consumer:
+            got = receive_n(consumer, 2)
+            assert consumer.receive(timeout=0.2) is None
+            consumer.ack(got).result(timeout=5)
+        assert [m.offset for m in got] == [0, 2]
+        broker.broker.run_timers()
+        assert broker.broker.stats("t")["subscriptions"]["reds"]["depth"] == 0
+    finally:
+        broker.stop()
+
+
+def test_single_delivery_policy_refuses_a_second_consumer(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q", delivery_policy="single")
+    with Consumer(broker.url, "q"), pytest.raises(ConsumerRefused, match="single"):
+        Consumer(broker.url, "q")
+    with Consumer(broker.url, "q"):  # the first left: a new one is welcome
+        pass
+
+
+def test_failover_delivers_everything_to_the_first_then_the_next(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q", delivery_policy="failover")
+    with Producer(broker.url, destination="q") as producer:
+        producer.send_batch([b"a", b"b", b"c"])
+    first = Consumer(broker.url, "q")
+    with Consumer(broker.url, "q") as second:
+        got = receive_n(first, 3)
+        assert second.receive(timeout=0.3) is None
+        first.ack(got[:1]).result(timeout=5)
+        first.close()  # b and c go back; the second takes over
+        assert texts(receive_n(second, 2)) == ["b", "c"]
+
+
+def test_round_robin_deals_a_backlog_to_every_consumer(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    with Producer(broker.url, destination="q") as producer:
+        producer.send_batch([b"%d" % i for i in range(40)])
+    with Consumer(broker.url, "q", prefetch=10) as a, Consumer(broker.url, "q", prefetch=10) as b:
+        got_a, got_b = receive_n(a, 10), receive_n(b, 10)
+        assert not {m.offset for m in got_a} & {m.offset for m in got_b}
+
+
+def test_non_durable_subscriptions_private_and_shared(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_topic("t")
+    with Producer(broker.url, destination="t") as producer:
+        producer.send_sync("before")  # nobody subscribed: nobody gets it
+        with (
+            Consumer(broker.url, "t", durable=False) as private,
+            Consumer(broker.url, "t", subscription="work", durable=False) as w1,
+            Consumer(broker.url, "t", subscription="work", durable=False) as w2,
+        ):
+            producer.send_batch([b"%d" % i for i in range(6)])
+            assert texts(receive_n(private, 6)) == [str(i) for i in range(6)]
+            shared = []
+            while len(shared) < 6:
+                shared += w1.receive_many(6, timeout=0.2) + w2.receive_many(6, timeout=0.2)
+            assert sorted(texts(shared)) == [str(i) for i in range(6)]
+            subs = broker.broker.stats("t")["subscriptions"]
+            assert len(subs) == 2
+        producer.send_sync("after")
+    assert broker.broker.stats("t")["subscriptions"] == {}  # gone with their consumers
+
+
+def test_browse_shows_waiting_messages_and_purge_removes_them(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+        with Producer(broker.url, destination="q") as producer:
+            for i in range(5):
+                producer.send(f"m{i}", priority=9 if i == 3 else None, headers={"i": str(i)})
+        seen = admin.browse("q")
+        assert seen["body"].to_pylist() == [b"m3", b"m0", b"m1", b"m2", b"m4"]
+        assert admin.browse("q", limit=2, selector="i >= 2")["body"].to_pylist() == [b"m3", b"m2"]
+        with Consumer(broker.url, "q", prefetch=1) as consumer:
+            (held,) = receive_n(consumer, 1)
+            assert admin.browse("q").num_rows == 4  # browsing does not consume
+            assert admin.purge("q") == 4
+            assert admin.browse("q").num_rows == 0
+            assert admin.stats("q")["depth"] == 1  # the leased one stays
+            held.ack().result(timeout=5)
+        assert admin.stats("q")["depth"] == 0
+
+
+def test_limits_reject_or_drop_oldest(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("capped", max_messages=3)
+        admin.create_queue("ring", max_messages=3, overflow="drop_oldest")
+        with pytest.raises(ConfigError, match="overflow"):
+            admin.create_queue("bad", overflow="explode")
+    with Producer(broker.url) as producer:
+        producer.send_batch([b"1", b"2", b"3"], destination="capped")
+        with pytest.raises(DestinationFull, match="at most 3 messages"):
+            producer.send_batch([b"4"], destination="capped")
+        for i in range(6):
+            producer.send_sync(str(i), destination="ring")
+    broker.broker.run_timers()
+    with Consumer(broker.url, "ring") as consumer:
+        assert texts(receive_n(consumer, 3)) == ["3", "4", "5"]
+        assert consumer.receive(timeout=0.2) is None
+    assert broker.broker.stats("ring")["removed"] == 3

@@ -1,0 +1,154 @@
+"""Message groups: one consumer per group, in order; handover only when nothing is in flight."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow as pa
+
+from spark_mq import Admin, Consumer, Producer
+from spark_mq.broker import RunningBroker
+from spark_mq.broker.message_store import MessageStore
+from spark_mq.broker.subscription import Subscription
+from spark_mq.clock import ManualClock
+from spark_mq.config import DestinationSettings
+from spark_mq.schema import UNOFFSET_SCHEMA, normalize_produce_batch, with_offsets
+from tests.conftest import receive_n, start_inprocess
+
+
+def send_groups(url: str, groups: int, per_group: int) -> None:
+    with Producer(url, destination="q") as producer:
+        bodies, keys = [], []
+        for seq in range(per_group):
+            for g in range(groups):
+                bodies.append(f"{g}:{seq}".encode())
+                keys.append(f"g{g}")
+        producer.send_batch(pa.table({"body": bodies, "group_id": keys}))
+
+
+def test_each_group_goes_to_one_consumer_in_order(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    send_groups(broker.url, groups=20, per_group=15)
+    seen: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    lock = threading.Lock()
+    consumers = [Consumer(broker.url, "q", prefetch=7) for _ in range(3)]
+    try:
+
+        def work(i: int) -> None:
+            c = consumers[i]
+            while (batch := c.receive_many(50, timeout=1.0)) != []:
+                with lock:
+                    for m in batch:
+                        g, seq = m.text.split(":")
+                        seen[g].append((i, int(seq)))
+                c.ack(batch).result(timeout=10)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        for c in consumers:
+            c.close()
+    assert sorted(seen) == sorted(str(g) for g in range(20))
+    owners = set()
+    for g, got in seen.items():
+        assert [seq for _, seq in got] == list(range(15)), f"group {g} out of order: {got}"
+        assert len({who for who, _ in got}) == 1, f"group {g} went to several consumers"
+        owners.add(got[0][0])
+    assert len(owners) > 1  # the groups were spread over the consumers
+
+
+def test_a_group_moves_when_its_owner_leaves_flagged_and_in_order(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    send_groups(broker.url, groups=1, per_group=6)
+    first = Consumer(broker.url, "q", prefetch=2)
+    with Consumer(broker.url, "q", prefetch=10) as second:
+        got = receive_n(first, 2)
+        assert [m.text for m in got] == ["0:0", "0:1"]
+        assert got[0].group_first and not got[1].group_first
+        assert second.receive(timeout=0.3) is None  # the group is owned by the first
+        got[0].ack().result(timeout=5)
+        first.close()  # 0:1 was delivered and not acked: it goes to the next owner first
+        moved = receive_n(second, 5)
+        assert [m.text for m in moved] == ["0:1", "0:2", "0:3", "0:4", "0:5"]
+        assert moved[0].group_first and moved[0].redelivered
+        assert not any(m.group_first for m in moved[1:])
+
+
+def test_autogroup_pins_a_producer_to_one_consumer(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    with Producer(broker.url, destination="q", autogroup=True) as producer:
+        producer.send_batch([b"%d" % i for i in range(10)])
+        producer.send("one more")
+    with Consumer(broker.url, "q", prefetch=100) as a, Consumer(broker.url, "q", prefetch=100) as b:
+        got = a.receive_many(11, timeout=2) or b.receive_many(11, timeout=2)
+        while len(got) < 11:
+            more = a.receive_many(11, timeout=0.5) + b.receive_many(11, timeout=0.5)
+            got += more
+        assert len({m.group_id for m in got}) == 1 and got[0].group_id.startswith("auto-")
+        assert [m.text for m in got][-1] == "one more"
+
+
+def test_bindings_are_bounded_by_buckets_and_rebuilt_after_restart(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    data = tmp_path / "data"
+    broker = start_inprocess(data, clock)
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_queue("q", group_buckets=4)
+        send_groups(broker.url, groups=50, per_group=2)
+        with Consumer(broker.url, "q", prefetch=1000) as consumer:
+            got = receive_n(consumer, 100)
+            assert broker.broker.stats("q")["groups_owned"] <= 4
+            consumer.ack(got[:50]).result(timeout=5)  # the first message of every group
+        broker.stop()
+        broker = start_inprocess(data, clock)
+        with Consumer(broker.url, "q", prefetch=1000) as consumer:
+            again = receive_n(consumer, 50)
+            assert sorted(m.text for m in again) == sorted(f"{g}:1" for g in range(50))
+            assert broker.broker.stats("q")["groups_owned"] <= 4
+    finally:
+        broker.stop()
+
+
+def _subscription(clock: ManualClock) -> Subscription:
+    store = MessageStore()
+    rows = normalize_produce_batch(
+        pa.table({"body": [b"a0", b"a1", b"a2"], "group_id": ["a", "a", "a"]}),
+        enqueue_time_us=int(clock.wall() * 1e6),
+        max_message_bytes=1 << 20,
+        destination="q",
+    )
+    assert rows.schema == UNOFFSET_SCHEMA
+    store.add(with_offsets(rows, 0))
+    return Subscription(
+        "q",
+        "",
+        store,
+        start_offset=0,
+        lease_s=5.0,
+        monotonic=clock.monotonic,
+        wall=clock.wall,
+        settings=DestinationSettings(),
+    )
+
+
+def test_new_owner_waits_until_the_old_owners_acks_are_durable(clock: ManualClock) -> None:
+    sub = _subscription(clock)
+    sub.register(1)
+    sub.register(2)
+    assert [o for o, _, _ in sub.take(1, 1)] == [0]
+    ok, _ = sub.begin_ack(1, [(0, 1)])  # the ack is on its way to disk
+    assert ok == [0]
+    sub.release_consumer(1)  # the owner leaves meanwhile
+    assert sub.take(2, 10) == []  # a0 might still come back: a1 must not overtake it
+    sub.end_ack([0], durable=True)
+    assert sub.take(2, 10) == [(1, 1, True), (2, 1, False)]
