@@ -4,7 +4,7 @@ Producers and consumers talk to a broker over Arrow Flight; destinations are Del
 Spark reads with ``spark.readStream.format("sparkmq")`` (see ``spark_mq.connectors``).
 """
 
-from spark_mq.client import Admin, Consumer, Message, Producer
+from spark_mq.client import Admin, Consumer, Message, Producer, Transaction
 from spark_mq.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -18,6 +18,7 @@ from spark_mq.errors import (
     LeaseError,
     MessageRejected,
     MessageTooLarge,
+    NotAllowed,
     OperationTimeout,
     ProtocolError,
     SchemaMismatch,
@@ -44,6 +45,7 @@ __all__ = [
     "Message",
     "MessageRejected",
     "MessageTooLarge",
+    "NotAllowed",
     "OperationTimeout",
     "Producer",
     "ProtocolError",
@@ -51,4 +53,5 @@ __all__ = [
     "SelectorError",
     "SparkMQError",
     "SubscriptionNotFound",
+    "Transaction",
 ]

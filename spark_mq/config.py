@@ -31,6 +31,10 @@ class BrokerSection(_Section):
     port: int = Field(7676, ge=0, le=65535)
     data_dir: str = "./data"
     persistence: Literal["delta", "memory"] = "delta"
+    # a producer or consumer naming an unknown destination creates it as a queue
+    auto_create_queues: bool = True
+    # an auto-created queue with no consumer and no message left goes after this long idle
+    auto_delete_delay_s: float = Field(5.0, ge=0)
 
 
 class JournalSection(_Section):
@@ -67,6 +71,8 @@ class LimitsSection(_Section):
     max_bytes: int = Field(0, ge=0)
     overflow: Literal["reject", "block"] = "reject"
     block_timeout_s: float = Field(30.0, gt=0)
+    # memory held for unsettled messages; 0 = a quarter of the machine's memory
+    memory_budget_bytes: int = Field(0, ge=0)
 
 
 Overflow = Literal["reject", "block", "drop_oldest"]
@@ -88,6 +94,7 @@ class DestinationSettings(_Section):
     max_messages: int = Field(0, ge=0)  # unsettled messages held (0 = unlimited)
     max_bytes: int = Field(0, ge=0)  # unsettled body bytes held (0 = unlimited)
     overflow: Overflow = "reject"
+    auto_delete: bool = False  # deleted once unused and empty (auto-created queues)
 
     def redelivery_delay_s(self, delivery_count: int) -> float:
         """The wait before redelivering a message that was delivered ``delivery_count`` times."""

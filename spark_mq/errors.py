@@ -12,6 +12,7 @@
     │   ├── MessageTooLarge           a body or batch is over the limit (size, limit)
     │   └── SchemaMismatch            a produced batch has columns of the wrong name or type
     ├── SelectorError                 a message selector is malformed or unsupported
+    ├── NotAllowed                    the operation is not allowed on this destination
     ├── ConsumerRefused               the destination's delivery policy admits no more consumers
     ├── DestinationFull               a destination or the broker is at its limit (policy reject)
     ├── LeaseError                    an ack/nack/extend names a delivery that is not (or no
@@ -81,6 +82,10 @@ class SchemaMismatch(MessageRejected):
 
 class SelectorError(SparkMQError):
     code = "selector"
+
+
+class NotAllowed(SparkMQError):
+    code = "not_allowed"
 
 
 class ConsumerRefused(SparkMQError):

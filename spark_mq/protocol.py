@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import pyarrow as pa
+
 from spark_mq.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
@@ -32,6 +34,7 @@ ADMIN_ACTIONS = (
     "delete_subscription",
     "configure_destination",
     "purge",
+    "commit_transaction",
     "stats",
     "ping",
 )
@@ -49,6 +52,7 @@ class Consume:
     prefetch: int | None = None
     selector: str | None = None
     durable: bool = True
+    temporary: bool = False  # consume a new temporary queue (destination is ignored)
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class Browse:
 class Welcome:
     consumer_id: int
     lease_s: float
+    destination: str | None = None  # what is consumed (the name of a temporary queue)
 
 
 @dataclass(frozen=True)
@@ -159,15 +164,16 @@ def parse(data: bytes | memoryview | None) -> Frame:
             prefetch = _int(doc, "prefetch", optional=True)
             if prefetch is not None and prefetch < 1:
                 raise ProtocolError("prefetch must be at least 1", fault="remote")
-            durable = doc.get("durable", True)
-            if not isinstance(durable, bool):
-                raise ProtocolError("durable must be true or false", fault="remote")
+            durable, temporary = doc.get("durable", True), doc.get("temporary", False)
+            if not isinstance(durable, bool) or not isinstance(temporary, bool):
+                raise ProtocolError("durable and temporary must be true or false", fault="remote")
             return Consume(
                 _str(doc, "destination"),  # type: ignore[arg-type]
                 _str(doc, "subscription", optional=True),
                 prefetch,
                 _str(doc, "selector", optional=True),
                 durable,
+                temporary,
             )
         case "browse":
             limit = _int(doc, "limit")
@@ -183,7 +189,11 @@ def parse(data: bytes | memoryview | None) -> Frame:
             lease = doc.get("lease_s")
             if not isinstance(lease, int | float):
                 raise ProtocolError("lease_s must be a number", fault="remote")
-            return Welcome(_int(doc, "consumer_id"), float(lease))  # type: ignore[arg-type]
+            return Welcome(
+                _int(doc, "consumer_id"),  # type: ignore[arg-type]
+                float(lease),
+                _str(doc, "destination", optional=True),
+            )
         case "settle":
             verb = doc.get("verb")
             if verb not in ("ack", "nack", "extend"):
@@ -251,3 +261,42 @@ def parse_action_body(data: bytes | None) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ProtocolError("action body must be a JSON object", fault="remote")
     return doc
+
+
+# -- local transactions: DoAction "commit_transaction" ---------------------------------------
+Ack = tuple[str, str, int, int, int]  # destination, subscription, consumer, offset, count
+
+
+def ipc_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def encode_commit(acks: list[Ack], messages: pa.Table | None) -> bytes:
+    """A JSON line of acks, then (if any) an Arrow IPC stream of the messages to send."""
+    head = json.dumps({"acks": acks}).encode()
+    return head + b"\n" + (ipc_bytes(messages) if messages is not None else b"")
+
+
+def decode_commit(body: bytes) -> tuple[list[Ack], pa.Table | None]:
+    head, _, rest = body.partition(b"\n")
+    try:
+        doc: dict[str, Any] = json.loads(head)
+        acks = [
+            (str(d), str(s or ""), int(c), int(o), int(n)) for d, s, c, o, n in doc.get("acks", [])
+        ]
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"malformed transaction commit: {exc}", fault="remote") from None
+    if not rest:
+        return acks, None
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(rest)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ProtocolError(
+            f"transaction messages are not an Arrow stream: {exc}", fault="remote"
+        ) from None
+    if "destination" not in table.column_names:
+        raise ProtocolError("transaction messages need a 'destination' column", fault="remote")
+    return acks, table

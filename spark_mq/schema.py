@@ -69,6 +69,18 @@ BINDING_SCHEMA = pa.schema(
     ]
 )
 
+# one event of the transaction log: a commit (what to apply), or done (it was applied)
+TRANSACTION_SCHEMA = pa.schema(
+    [
+        pa.field("txid", pa.string()),
+        pa.field("event", pa.string()),
+        pa.field("time", TS),
+        pa.field("messages", pa.binary()),  # Arrow IPC: UNOFFSET_SCHEMA plus "destination"
+        pa.field("acks", pa.string()),  # JSON: [[destination, subscription, offset], ...]
+        pa.field("ends", pa.string()),  # JSON: destination -> its end offset before applying
+    ]
+)
+
 DEFAULT_PRIORITY = 4  # the JMS default
 QUEUE_SUBSCRIPTION = ""  # a queue is consumed through one implicit subscription
 

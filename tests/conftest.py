@@ -43,6 +43,16 @@ def broker(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
         running.stop()
 
 
+@pytest.fixture
+def strict_broker(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
+    """A broker that does not auto-create queues: unknown destinations are errors."""
+    running = start_inprocess(tmp_path / "strict", clock, **{"broker.auto_create_queues": False})
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
 def receive_n(consumer, n: int, timeout: float = 10.0) -> list:
     """Exactly ``n`` messages (deliveries may arrive in several batches), else fail."""
     got: list = []

@@ -52,8 +52,9 @@ def test_produce_consume_ack(broker: RunningBroker) -> None:
 
 
 def test_send_batch_without_waiting_gives_one_future_of_all_offsets(
-    broker: RunningBroker,
+    strict_broker: RunningBroker,
 ) -> None:
+    broker = strict_broker
     with Admin(broker.url) as admin:
         admin.create_queue("bulk")
     with Producer(broker.url, destination="bulk", batch_size=3) as producer:
@@ -133,7 +134,8 @@ def test_topic_with_two_durable_subscriptions(broker: RunningBroker) -> None:
             Consumer(broker.url, "events")
 
 
-def test_clear_errors_for_bad_input(broker: RunningBroker, tmp_path, clock) -> None:
+def test_clear_errors_for_bad_input(strict_broker: RunningBroker, tmp_path, clock) -> None:
+    broker = strict_broker
     with Admin(broker.url) as admin:
         admin.create_queue("q")
         with pytest.raises(DestinationNotFound, match="'missing' does not exist"):

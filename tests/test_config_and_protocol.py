@@ -22,6 +22,15 @@ def test_documented_config_file_equals_the_defaults() -> None:
     assert load_config(REPO / "conf" / "broker.toml", environ={}) == load_config(environ={})
 
 
+def test_every_setting_is_documented_in_the_config_file() -> None:
+    text = (REPO / "conf" / "broker.toml").read_text()
+    config = load_config(environ={})
+    for section, fields in config.model_dump().items():
+        assert f"[{section}]" in text, f"section [{section}] is not documented"
+        for key in fields:
+            assert f"\n{key} =" in text or f"# {key} =" in text, f"{section}.{key} undocumented"
+
+
 def test_hot_tier_directory(tmp_path: Path) -> None:
     local = load_config(overrides={"broker.data_dir": str(tmp_path)}, environ={})
     assert local.hot_dir() == str(tmp_path / "_hot")

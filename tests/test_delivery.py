@@ -343,3 +343,40 @@ def test_limits_reject_or_drop_oldest(broker: RunningBroker) -> None:
         assert texts(receive_n(consumer, 3)) == ["3", "4", "5"]
         assert consumer.receive(timeout=0.2) is None
     assert broker.broker.stats("ring")["removed"] == 3
+
+
+def test_memory_states_evict_bodies_then_block_producers(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    broker = start_inprocess(
+        tmp_path / "data",
+        clock,
+        **{"limits.memory_budget_bytes": 400_000, "limits.block_timeout_s": 0.5},
+    )
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_queue("q")
+        with Producer(broker.url, destination="q") as producer:
+            for i in range(6):  # 6 x 50 KiB: 75 % of the budget
+                producer.send_batch([bytes([i]) * 1024] * 50)
+            broker.broker.run_timers()
+            stats = broker.broker.stats("q")
+            # yellow: the oldest batches' bodies were evicted until back under 60 %
+            assert stats["bodies_evicted"] >= 100 and stats["memory_state"] == "green"
+            assert stats["memory_used_bytes"] < 240_000
+            producer.send_batch([b"x" * 1024] * 360)  # one batch of 90 %: red
+            broker.broker.run_timers()
+            assert broker.broker.stats("q")["memory_state"] == "red"
+            with pytest.raises(DestinationFull, match="memory is in state red"):
+                producer.send_batch([b"blocked"])
+        with Consumer(broker.url, "q", prefetch=1000) as consumer:
+            got = receive_n(consumer, 660)
+            # evicted bodies come back from the journal, intact
+            assert [m.body for m in got[:300:50]] == [bytes([i]) * 1024 for i in range(6)]
+            consumer.ack(got).result(timeout=10)
+        broker.broker.run_timers()
+        assert broker.broker.stats("q")["memory_state"] == "green"
+        with Producer(broker.url, destination="q") as producer:
+            producer.send_batch([b"flows again"])
+    finally:
+        broker.stop()

@@ -10,6 +10,7 @@ import itertools
 import logging
 import threading
 import time
+import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,8 +18,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.broker import disposal
+from spark_mq import protocol
+from spark_mq.broker import disposal, transactions
 from spark_mq.broker.dedup import DuplicateCache, combine
+from spark_mq.broker.memory import THROTTLE_S, MemoryMonitor
 from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.recovery import RETURNED, recover_destination
 from spark_mq.broker.selector import Selector, compile_selector
@@ -32,14 +35,23 @@ from spark_mq.errors import (
     DestinationExists,
     DestinationFull,
     DestinationNotFound,
+    LeaseError,
     MessageTooLarge,
+    NotAllowed,
     SparkMQError,
     SubscriptionNotFound,
 )
-from spark_mq.journal import DeltaStore, DestinationInfo, Journal, LogStore, MemoryStore
+from spark_mq.journal import DeltaStore, DestinationInfo, Journal, LogStore, MemoryStore, failpoints
 from spark_mq.journal.base import Kind
 from spark_mq.journal.hot_tier import HotTierSettings, has_segments
-from spark_mq.schema import MESSAGE_SCHEMA, QUEUE_SUBSCRIPTION, TS, normalize_produce_batch
+from spark_mq.names import validate_name
+from spark_mq.schema import (
+    MESSAGE_SCHEMA,
+    QUEUE_SUBSCRIPTION,
+    TS,
+    normalize_produce_batch,
+    numbered_ids,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +68,8 @@ class Destination:
     lock: threading.RLock = field(default_factory=threading.RLock)
     produced_total: int = 0
     dedup: DuplicateCache | None = None
+    temporary: bool = False  # memory only, gone with the consumer that made it
+    last_used: float = 0.0  # monotonic time of the last produce or attach (auto-delete)
     # claim dedup ids, append, bind: one batch at a time, so a racing resend finds its original
     produce_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -126,6 +140,7 @@ class Broker:
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         self._next_reap = 0.0
+        self.memory = MemoryMonitor(self.config.limits.memory_budget_bytes)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, *, run_timers: bool = True) -> None:
@@ -133,6 +148,9 @@ class Broker:
         started = time.perf_counter()
         self._refuse_unmoved_segments()
         infos = self.journal.open()
+        now_us = int(self.clock.wall() * 1_000_000)
+        for record in transactions.unfinished(self.journal.read_transactions()):
+            transactions.replay(self.journal, record, now_us)
         for info in infos.values():
             self._recover(info)
         log.info("recovered %d destination(s) in %.2fs", len(infos), time.perf_counter() - started)
@@ -208,7 +226,10 @@ class Broker:
         d = self.config.duplicates
         cache = DuplicateCache(d.cache_size, d.window_s) if d.cache_size else None
         settings = self.config.destinations.with_overrides(overrides or {})
-        return Destination(name, kind, settings, dict(overrides or {}), dedup=cache)
+        store = MessageStore(lambda start, end: self.journal.read_messages(name, start, end))
+        dest = Destination(name, kind, settings, dict(overrides or {}), store=store, dedup=cache)
+        dest.last_used = self.clock.monotonic()
+        return dest
 
     def _refill_dedup(self, dest: Destination) -> None:
         """Recent dedup ids from the log's newest rows, so a resend after a crash is caught."""
@@ -300,7 +321,23 @@ class Broker:
             if low is None:
                 low = self.journal.end_offset(dest.name)
             dest.store.drop_below(low)
+            self._maybe_auto_delete(dest, subs, now)
+        self.memory.measure(d.store for d in dests)
         return expired
+
+    def _maybe_auto_delete(self, dest: Destination, subs: list[Subscription], now: float) -> None:
+        if not dest.settings.auto_delete or dest.temporary:
+            return
+        if now - dest.last_used < self.config.broker.auto_delete_delay_s or dest.sessions:
+            return
+        end = self.journal.end_offset(dest.name)
+        if any(sub.depth_estimate(end) for sub in subs):
+            return
+        with self._lock:
+            if dest.sessions or self._dests.get(dest.name) is not dest:
+                return
+            self.delete_destination(dest.name, internal=True)
+        log.info("auto-deleted %s %s: unused and empty", dest.kind, dest.name)
 
     # -- what subscriptions leave for the broker: returns to record, messages to move ---------
     def _follow_up(self, dest: Destination, sub: Subscription) -> list[Future]:
@@ -434,6 +471,31 @@ class Broker:
                     destination=name,
                 ) from None
 
+    def destination_for_use(self, name: str) -> Destination:
+        """The destination a producer or consumer names: created as an auto-deleting queue
+        when it does not exist and ``broker.auto_create_queues`` allows it."""
+        with self._lock:
+            dest = self._dests.get(name)
+        if dest is None and self.config.broker.auto_create_queues:
+            validate_name(name)
+            if self.create_destination(name, "queue", {"auto_delete": True}):
+                log.info("auto-created queue %s", name)
+            dest = self._dest(name)
+        elif dest is None:
+            dest = self._dest(name)
+        dest.last_used = self.clock.monotonic()
+        return dest
+
+    def _administrable(self, name: str) -> Destination:
+        dest = self._dest(name)
+        if dest.temporary:
+            raise NotAllowed(
+                f"{name!r} is a temporary queue: it belongs to the consumer that made it and "
+                "goes with it; it cannot be administered",
+                destination=name,
+            )
+        return dest
+
     def create_destination(
         self, name: str, kind: Kind, settings: dict[str, Any] | None = None
     ) -> bool:
@@ -462,7 +524,7 @@ class Broker:
 
     def configure_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
         """Change some settings of a destination; returns all of them (effective)."""
-        dest = self._dest(name)
+        dest = self._administrable(name)
         with dest.lock:
             overrides = {**dest.overrides, **self._checked_settings(settings)}
             effective = self.config.destinations.with_overrides(overrides)
@@ -474,9 +536,9 @@ class Broker:
             sub.wake()
         return effective.model_dump()
 
-    def delete_destination(self, name: str) -> None:
+    def delete_destination(self, name: str, *, internal: bool = False) -> None:
         with self._lock:
-            dest = self._dest(name)
+            dest = self._dest(name) if internal else self._administrable(name)
             self.journal.delete_destination(name)
             del self._dests[name]
         for s in list(dest.sessions.values()):
@@ -532,6 +594,9 @@ class Broker:
             "journal_commits": writer.commits,
             "journal_failed_commits": writer.failed_commits,
             "last_commit_ms": round(writer.last_commit_ms, 3),
+            "bytes_in_memory": dest.store.nbytes,
+            "bodies_evicted": dest.store.evicted_rows,
+            **self.memory.stats(),
             "duplicates": dest.dedup.duplicates_total if dest.dedup else 0,
             "dedup_cache_ids": len(dest.dedup) if dest.dedup else 0,
         }
@@ -561,36 +626,60 @@ class Broker:
         To an ``AppendResult``; or, when some rows were duplicates (their dedup id was stored
         within the window), to a ``ProduceResult`` giving each row the offset its original has.
         """
-        dest = self._dest(destination)
+        dest = self.destination_for_use(destination)
+        now = self.clock.wall()
+        rows = self._checked_rows(dest, batch, now)
+        self._make_room(dest, rows)
+        self._admit_memory(dest, rows)
+        return self._store(dest, rows, now)
+
+    def _admit_memory(self, dest: Destination, rows: pa.Table) -> None:
+        """Throttle producers at orange, block them at red (the seeds' memory states)."""
+        state = self.memory.note_added(rows.nbytes)
+        if state == "orange":
+            time.sleep(THROTTLE_S)
+        elif state == "red":
+            timeout = self.config.limits.block_timeout_s
+            if not self.memory.wait_below_red(timeout):
+                raise DestinationFull(
+                    f"the broker's memory is in state red ({self.memory.used} of "
+                    f"{self.memory.budget} bytes): producers blocked {timeout}s and it did not "
+                    "improve; consume, or raise limits.memory_budget_bytes",
+                    destination=dest.name,
+                )
+
+    def _checked_rows(self, dest: Destination, batch: pa.RecordBatch | pa.Table, now: float):
         limit = self.config.limits.max_batch_bytes
         if batch.nbytes > limit:
             raise MessageTooLarge(
                 f"a batch of {batch.nbytes} bytes is over the limit of {limit} bytes "
                 "(setting limits.max_batch_bytes): send smaller batches",
-                destination=destination,
+                destination=dest.name,
                 size=batch.nbytes,
                 limit=limit,
             )
-        now = self.clock.wall()
         rows = normalize_produce_batch(
             batch,
             enqueue_time_us=int(now * 1_000_000),
             max_message_bytes=self.config.limits.max_message_bytes,
-            destination=destination,
+            destination=dest.name,
         )
         if dest.settings.default_ttl_ms:
             rows = _default_expiry(rows, int(now * 1_000_000), dest.settings.default_ttl_ms)
-        self._make_room(dest, rows)
+        return rows
+
+    def _store(self, dest: Destination, rows: pa.Table, now: float) -> Future:
+        """Append checked rows through duplicate detection."""
         cache = dest.dedup
         if cache is None or rows["dedup_id"].null_count == rows.num_rows:
-            return self.journal.append(destination, rows)
+            return self.journal.append(dest.name, rows)
         ids = rows["dedup_id"].to_pylist()
         with dest.produce_lock:
             keep, dups, claim = cache.claim(ids, now)
             stored = None
             if keep:
                 try:
-                    stored = self.journal.append(destination, rows if not dups else rows.take(keep))
+                    stored = self.journal.append(dest.name, rows if not dups else rows.take(keep))
                 except BaseException:
                     cache.release(claim)
                     raise
@@ -598,6 +687,86 @@ class Broker:
             if not dups:
                 return stored
         return combine(rows.num_rows, keep, stored, dups)
+
+    # -- local transactions --------------------------------------------------------------------
+    def commit_transaction(
+        self, acks: list[protocol.Ack], messages: pa.Table | None
+    ) -> dict[str, list[int]]:
+        """Send ``messages`` (a ``destination`` column plus produce columns) and settle
+        ``acks`` atomically; returns each destination's offsets, once everything is durable."""
+        txid = uuid.uuid4().hex
+        now = self.clock.wall()
+        record = transactions.Record(txid)
+        dests: dict[str, Destination] = {}
+        for name, batch in (
+            transactions.split_by_destination(messages) if messages else {}
+        ).items():
+            dest = dests[name] = self._dest(name)
+            rows = self._checked_rows(dest, batch, now)
+            n = rows.num_rows
+            ids = pc.coalesce(rows["dedup_id"], numbered_ids(f"tx:{txid}", 0, n, ":"))
+            rows = rows.set_column(rows.schema.get_field_index("dedup_id"), "dedup_id", ids)
+            self._make_room(dest, rows)
+            record.messages[name] = rows
+            record.ends[name] = self.journal.end_offset(name)
+        begun = self._begin_acks(acks)
+        try:
+            record.acks = [(d, s, o) for (d, s, _), offsets in begun.items() for o in offsets]
+            self.journal.record_transactions(record.row(transactions.COMMIT, int(now * 1e6)))
+        except BaseException:
+            for (d, s, _), offsets in begun.items():
+                self._dests[d].subscriptions[s].end_ack(offsets, durable=False)
+            raise
+        # committed: from here on recovery finishes the job if we crash
+        failpoints.hit("transaction-recorded")
+        stored = {
+            name: self._store(dests[name], rows, now) for name, rows in record.messages.items()
+        }
+        if stored:
+            for fut in stored.values():
+                fut.exception()
+            failpoints.hit("transaction-applying")
+        settled = {
+            key: self.journal.settle(key[0], offsets, subscription=key[1])
+            for key, offsets in begun.items()
+        }
+        out = {}
+        for name, fut in stored.items():
+            res = fut.result()
+            out[name] = list(res.offsets)
+        for (d, s, consumer_id), fut in settled.items():
+            ok = fut.exception() is None
+            dest = self._dests.get(d)
+            if dest is None:
+                continue
+            offsets = begun[(d, s, consumer_id)]
+            dest.subscriptions[s].end_ack(offsets, durable=ok)
+            session = dest.sessions.get(consumer_id)
+            if session is not None and ok:
+                session.forget(offsets)
+        self.journal.record_transactions(record.row(transactions.DONE, int(now * 1e6)))
+        return out
+
+    def _begin_acks(self, acks: list[protocol.Ack]) -> dict[tuple[str, str, int], list[int]]:
+        """Fence every ack of a transaction; all or none (a refusal rolls the others back)."""
+        grouped: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
+        for d, s, consumer_id, offset, count in acks:
+            grouped.setdefault((d, s, consumer_id), []).append((offset, count))
+        begun: dict[tuple[str, str, int], list[int]] = {}
+        problems: list[str] = []
+        for (d, s, consumer_id), entries in grouped.items():
+            dest = self._dest(d)
+            sub = self._named_subscription(dest, s or None)
+            ok, refused = sub.begin_ack(consumer_id, entries)
+            begun[(d, sub.name, consumer_id)] = ok
+            problems += [f"{d} offset {r.offset}: {r.reason}" for r in refused]
+        if problems:
+            for (d, s, _), offsets in begun.items():
+                self._dests[d].subscriptions[s].end_ack(offsets, durable=False)
+            raise LeaseError(
+                f"transaction rolled back: {len(problems)} ack(s) refused, e.g. {problems[0]}"
+            )
+        return begun
 
     def attach(
         self,
@@ -615,7 +784,7 @@ class Broker:
         name. ``selector`` filters what this consumer receives.
         """
         compiled = compile_selector(selector)
-        dest = self._dest(destination)
+        dest = self.destination_for_use(destination)
         with dest.lock:
             consumer_id = next(self._consumer_ids)
             sub = self._consumed_subscription(dest, subscription, durable, consumer_id)
@@ -645,6 +814,22 @@ class Broker:
                 on_close=self._closed_session,
             )
             dest.sessions[consumer_id] = session
+        return session
+
+    def attach_temporary(self, prefetch: int | None = None) -> ConsumerSession:
+        """A new temporary queue (memory only) and a consumer on it; the queue goes when that
+        consumer does. Its name is ``session.subscription.destination``."""
+        name = f"tmp.{uuid.uuid4().hex[:16]}"
+        with self._lock:
+            self.journal.create_temporary(name)
+            dest = self._new_destination(name, "queue")
+            dest.temporary = True
+            dest.subscriptions[QUEUE_SUBSCRIPTION] = self._subscription(
+                dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set(), durable=False
+            )
+            self._dests[name] = dest
+        session = self.attach(name, prefetch=prefetch)
+        log.info("temporary queue %s for consumer %d", name, session.consumer_id)
         return session
 
     def _consumed_subscription(
@@ -683,13 +868,21 @@ class Broker:
         return sub
 
     def _closed_session(self, session: ConsumerSession) -> None:
-        """A non-durable subscription goes with its last consumer."""
+        """A non-durable subscription goes with its last consumer, a temporary queue with
+        the consumer that made it."""
         sub = session.subscription
-        if sub.durable:
-            return
         with self._lock:
             dest = self._dests.get(sub.destination)
         if dest is None:
+            return
+        dest.last_used = self.clock.monotonic()
+        if dest.temporary:
+            try:
+                self.delete_destination(dest.name, internal=True)
+            except DestinationNotFound:
+                pass  # deleted meanwhile
+            return
+        if sub.durable:
             return
         with dest.lock:
             if not sub.consumers and dest.subscriptions.get(sub.name) is sub:
@@ -728,7 +921,7 @@ class Broker:
 
     def purge(self, destination: str, subscription: str | None = None) -> int:
         """Remove every waiting message (leased ones stay); returns how many, once durable."""
-        dest = self._dest(destination)
+        dest = self._administrable(destination)
         sub = self._named_subscription(dest, subscription)
         n = len(sub.purge())
         for fut in self._follow_up(dest, sub):

@@ -5,14 +5,15 @@ recovery); chunks whose every offset is below all subscriptions' low-water marks
 Next to each chunk sit the columns dispatch decides on (priority, group, expiry, scheduled
 time) as numpy arrays or lists, computed once per chunk, never per message; a chunk where a
 column is all null keeps ``None`` for it, so plain queues pay nothing for features unused.
-Bounded only by what is unsettled: paging bodies out of memory is the memory-states work.
+Bodies can be evicted (the broker's memory states): a chunk then keeps its dispatch columns
+and re-reads bodies from the journal when its messages are delivered.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ class Chunk:
     groups: list[str | None] | None
     expiry_us: np.ndarray | None  # NEVER where absent
     deliver_us: np.ndarray | None  # 0 where absent
+    evicted: bool = False  # bodies dropped from memory (re-read from the journal on delivery)
     _props: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @classmethod
@@ -117,11 +119,17 @@ class Entries:
         return None if d is None else d[self.start :]
 
 
+Loader = Callable[[int, int], pa.Table]  # (start, end) -> rows of the journal
+
+
 class MessageStore:
-    def __init__(self) -> None:
+    """``loader`` reads rows back from the journal: with it, bodies can be evicted."""
+
+    def __init__(self, loader: Loader | None = None) -> None:
         self._lock = threading.Lock()
         self._firsts: list[int] = []
         self._chunks: list[Chunk] = []
+        self._loader = loader
 
     def add(self, rows: pa.Table) -> None:
         """Add rows whose offsets are sorted and above every offset already held."""
@@ -183,11 +191,47 @@ class MessageStore:
             hi = np.searchsorted(wanted, offs[-1], side="right")
             if lo == hi:
                 continue
+            if chunk.evicted and self._loader is not None:
+                parts.append(self._reload(wanted[lo:hi], chunk.table.schema))
+                continue
             idx = np.searchsorted(offs, wanted[lo:hi])
             parts.append(chunk.table.take(pa.array(idx)))
         if not parts:
             raise KeyError("none of the requested offsets is held")
         return pa.concat_tables(parts)
+
+    def _reload(self, wanted: np.ndarray, schema: pa.Schema) -> pa.Table:
+        """Rows of ``wanted`` (sorted offsets) read back from the journal, bodies included."""
+        assert self._loader is not None
+        rows = self._loader(int(wanted[0]), int(wanted[-1]) + 1)
+        rows = rows.filter(pc.is_in(rows["offset"], value_set=pa.array(wanted)))
+        return rows.select(schema.names).cast(schema)
+
+    def evict_bodies(self, target_bytes: int) -> int:
+        """Drop bodies from memory, oldest chunks first and never the newest, until at most
+        ``target_bytes`` are held; returns the bytes freed. Without a loader: nothing."""
+        if self._loader is None:
+            return 0
+        freed = 0
+        with self._lock:
+            held = sum(c.table.nbytes for c in self._chunks)
+            for chunk in self._chunks[:-1]:
+                if held - freed <= target_bytes:
+                    break
+                if chunk.evicted:
+                    continue
+                t = chunk.table
+                i = t.schema.get_field_index("body")
+                before = t.nbytes
+                chunk.table = t.set_column(i, t.schema.field(i), pa.nulls(t.num_rows, pa.binary()))
+                chunk.evicted = True
+                freed += before - chunk.table.nbytes
+        return freed
+
+    @property
+    def evicted_rows(self) -> int:
+        with self._lock:
+            return sum(len(c.offsets) for c in self._chunks if c.evicted)
 
     def drop_below(self, offset: int) -> int:
         """Forget whole chunks entirely below ``offset``; returns how many rows went."""

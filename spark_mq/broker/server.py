@@ -54,7 +54,12 @@ class FlightService(fl.FlightServerBase):
 
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
         try:
-            result = self._action(action.type, protocol.parse_action_body(action.body.to_pybytes()))
+            if action.type == "commit_transaction":  # binary body: acks, then Arrow IPC
+                acks, messages = protocol.decode_commit(action.body.to_pybytes())
+                result = {"offsets": self.broker.commit_transaction(acks, messages)}
+            else:
+                body = protocol.parse_action_body(action.body.to_pybytes())
+                result = self._action(action.type, body)
         except SparkMQError as exc:
             raise _flight_error(exc) from None
         except (KeyError, TypeError) as exc:
@@ -121,7 +126,7 @@ class FlightService(fl.FlightServerBase):
             cmd = _command(descriptor)
             if not isinstance(cmd, Produce):
                 raise ProtocolError("do_put expects a produce command", fault="remote")
-            self.broker._dest(cmd.destination)
+            self.broker.destination_for_use(cmd.destination)
         except SparkMQError as exc:
             raise _flight_error(exc) from None
         acks = _InOrderAcks(writer)
@@ -149,19 +154,22 @@ class FlightService(fl.FlightServerBase):
             cmd = _command(descriptor)
             if not isinstance(cmd, Consume):
                 raise ProtocolError("do_exchange expects a consume command", fault="remote")
-            session = self.broker.attach(
-                cmd.destination,
-                cmd.subscription,
-                cmd.prefetch,
-                selector=cmd.selector,
-                durable=cmd.durable,
-            )
+            if cmd.temporary:
+                session = self.broker.attach_temporary(cmd.prefetch)
+            else:
+                session = self.broker.attach(
+                    cmd.destination,
+                    cmd.subscription,
+                    cmd.prefetch,
+                    selector=cmd.selector,
+                    durable=cmd.durable,
+                )
         except SparkMQError as exc:
             raise _flight_error(exc) from None
         log.info(
             "consumer %d attached to %s%s",
             session.consumer_id,
-            cmd.destination,
+            session.subscription.destination,
             f" subscription {cmd.subscription}" if cmd.subscription else "",
         )
         done = threading.Event()
@@ -190,7 +198,11 @@ class FlightService(fl.FlightServerBase):
             writer.write_metadata(
                 pa.py_buffer(
                     protocol.encode(
-                        protocol.Welcome(session.consumer_id, session.subscription.lease_s)
+                        protocol.Welcome(
+                            session.consumer_id,
+                            session.subscription.lease_s,
+                            session.subscription.destination,
+                        )
                     )
                 )
             )

@@ -79,6 +79,10 @@ class ConsumerSession:
             schema=DELIVERY_SCHEMA,
         )
 
+    def forget(self, offsets: list[int]) -> None:
+        """Offsets settled elsewhere (a transaction): they no longer use the prefetch window."""
+        self._forget(offsets)
+
     def _forget(self, offsets: list[int]) -> None:
         with self._lock:
             self._held.difference_update(offsets)

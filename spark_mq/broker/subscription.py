@@ -91,6 +91,8 @@ class Subscription:
         self._lock = threading.Lock()
         self.next_offset = start_offset
         self._settled: set[int] = set(settled)
+        # only recovery hands over settled offsets not yet ingested; acks settle ingested ones
+        self._settled_horizon = max(self._settled, default=-1)
         self._ready: dict[int, SortedList] = {}
         self._ready_n = 0
         self._scheduled: list[tuple[float, int]] = []  # (due wall time, offset), a heap
@@ -152,7 +154,7 @@ class Subscription:
         for part in self._store.entries(self.next_offset):
             offsets, prio = part.offsets, part.priority
             keep = np.ones(len(offsets), dtype=bool)
-            if self._settled:
+            if offsets[0] <= self._settled_horizon:
                 keep &= ~np.isin(offsets, np.fromiter(self._settled, np.int64))
             groups, expiry, deliver = part.groups, part.expiry_us, part.deliver_us
             plain = (

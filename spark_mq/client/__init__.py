@@ -1,8 +1,9 @@
-"""The Python SDK: ``Producer``, ``Consumer``, ``Admin``."""
+"""The Python SDK: ``Producer``, ``Consumer``, ``Transaction``, ``Admin``."""
 
 from spark_mq.client.admin import Admin
 from spark_mq.client.consumer import Consumer
 from spark_mq.client.message import Message
 from spark_mq.client.producer import Producer
+from spark_mq.client.transaction import Transaction
 
-__all__ = ["Admin", "Consumer", "Message", "Producer"]
+__all__ = ["Admin", "Consumer", "Message", "Producer", "Transaction"]

@@ -8,6 +8,8 @@ What a consumer reads: a queue; on a topic, a durable subscription (``subscripti
 created with ``Admin.create_subscription``) or, with ``durable=False``, a non-durable one that
 lives while consumers use it (private without a name, shared by all giving the same name).
 ``selector`` (SQL-92, over headers and JMS fields) filters what this consumer receives.
+``temporary=True`` makes a new queue only this consumer reads (``consumer.destination`` is its
+name: give it to others as a reply-to); it lives in memory only and goes when the consumer does.
 
 The ack vocabulary, each verb by its redelivery effect:
 
@@ -58,19 +60,23 @@ class Consumer:
         subscription: str | None = None,
         selector: str | None = None,
         durable: bool = True,
+        temporary: bool = False,
         prefetch: int = 100,
         settle_linger_ms: float = 1.0,
         settle_batch: int = 256,
         timeout_s: float = 30.0,
     ) -> None:
-        self.destination = validate_name(destination)
+        # temporary: a new queue only this consumer reads, gone when it closes (for replies);
+        # its name is self.destination once connected
+        self.destination = destination if temporary else validate_name(destination)
         if subscription is not None:
             validate_name(subscription, "subscription")
         self.subscription = subscription
+        self.durable = durable
         self._client, self._options = connect(url, timeout_s)
         descriptor = fl.FlightDescriptor.for_command(
             protocol.encode(
-                protocol.Consume(destination, subscription, prefetch, selector, durable)
+                protocol.Consume(destination, subscription, prefetch, selector, durable, temporary)
             )
         )
         # whole delivery batches travel through the queue; receive() takes from _ready
@@ -203,8 +209,9 @@ class Consumer:
     def _handle_metadata(self, buf: pa.Buffer | None) -> None:
         frame = protocol.parse(buf.to_pybytes() if buf is not None else None)
         match frame:
-            case protocol.Welcome(consumer_id=cid, lease_s=lease):
+            case protocol.Welcome(consumer_id=cid, lease_s=lease, destination=name):
                 self.consumer_id, self.lease_s = cid, lease
+                self.destination = name or self.destination
                 self._welcome.set()
             case protocol.Reply(request_id=rid, errors=errors):
                 refused = {e.get("offset"): e.get("reason", "refused") for e in errors}

@@ -22,7 +22,13 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from spark_mq.journal import layout
 from spark_mq.journal.boundary import translate
-from spark_mq.schema import BINDING_SCHEMA, MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
+from spark_mq.schema import (
+    BINDING_SCHEMA,
+    MESSAGE_SCHEMA,
+    SETTLEMENT_SCHEMA,
+    TRANSACTION_SCHEMA,
+    conform,
+)
 
 COMMIT_ATTEMPTS = 5  # per append, each after reloading the table's latest version
 
@@ -95,6 +101,21 @@ class DeltaStore:
         with self._bindings_lock, translate("writing the bindings log"):
             dt = self._open_or_create(uri, BINDING_SCHEMA)
             write_deltalake(dt, rows, mode="append")
+
+    def read_transactions(self) -> pa.Table:
+        uri = layout.transactions_uri(self.root)
+        with translate("reading the transaction log"):
+            try:
+                dt = DeltaTable(uri, storage_options=self._opts)
+            except TableNotFoundError:
+                return TRANSACTION_SCHEMA.empty_table()
+            return conform(dt.to_pyarrow_table(), TRANSACTION_SCHEMA)
+
+    def append_transactions(self, rows: pa.Table) -> None:
+        uri = layout.transactions_uri(self.root)
+        with self._bindings_lock, translate("writing the transaction log"):
+            dt = self._open_or_create(uri, TRANSACTION_SCHEMA)
+            _append(dt, rows, None, None)
 
     def create_logs(self, destination: str) -> None:
         with translate("creating logs", destination):

@@ -3,7 +3,9 @@
 When the environment names a point, reaching it kills the process with SIGKILL on the spot, as a
 power cut would: no ``finally`` blocks, no flush. Unset (always, outside tests) it costs one set
 lookup. Points: ``hot-tier-messages-moved`` (messages committed to Delta, settlements not yet,
-segments not retired) and ``hot-tier-moved`` (both committed, segments not yet retired).
+segments not retired), ``hot-tier-moved`` (both committed, segments not yet retired),
+``transaction-recorded`` (a transaction's commit row is durable, nothing of it applied) and
+``transaction-applying`` (its messages stored, its acks not yet).
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from spark_mq.journal.group_commit import (
     WriterStats,
 )
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats
+from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.names import validate_name
 from spark_mq.schema import SETTLEMENT_SCHEMA, UNOFFSET_SCHEMA
 
@@ -75,6 +76,7 @@ class Journal:
         self._lock = threading.RLock()
         self._dests: dict[str, DestinationInfo] = {}
         self._writers: dict[str, DestinationWriter] = {}
+        self._temporary: dict[str, MemoryStore] = {}  # never persisted, not in the bindings
         self._seq = 0
         self._opened = False
 
@@ -178,9 +180,38 @@ class Journal:
             info.settings.clear()
             info.settings.update(settings)
 
+    def create_temporary(self, name: str) -> DestinationInfo:
+        """A queue kept in memory only: no bindings event, no logs on disk (the seeds'
+        temporary destinations, which live as long as the connection that made them)."""
+        validate_name(name)
+        with self._lock:
+            if name in self._dests:
+                raise DestinationExists(f"{name!r} already exists", destination=name)
+            store = MemoryStore()
+            store.create_logs(name)
+            info = bindings.new_destination(name, "queue")
+            self._dests[name] = info
+            self._temporary[name] = store
+            self._writers[name] = DestinationWriter(
+                DirectSink(store, name), name, 0, on_commit=self._on_commit, **self._writer_opts
+            )
+            return info
+
+    def is_temporary(self, name: str) -> bool:
+        with self._lock:
+            return name in self._temporary
+
+    def _store_of(self, name: str) -> LogStore:
+        return self._temporary.get(name, self.store)
+
     def delete_destination(self, name: str) -> None:
         """Delete a destination and its logs; pending appends fail with DestinationNotFound."""
         with self._lock:
+            if name in self._temporary:
+                del self._dests[name], self._temporary[name]
+                writer = self._writers.pop(name)
+                writer.close(drain=False)
+                return
             self.destination(name)
             self._record(bindings.DELETE_DESTINATION, name)
             del self._dests[name]
@@ -270,6 +301,14 @@ class Journal:
         )
         return self._writer(destination).submit(rows, is_settlement=True)
 
+    # -- transactions ------------------------------------------------------------------------
+    def record_transactions(self, rows: pa.Table) -> None:
+        """Append to the transaction log; durable when this returns."""
+        self.store.append_transactions(rows)
+
+    def read_transactions(self) -> pa.Table:
+        return self.store.read_transactions()
+
     def end_offset(self, destination: str) -> int:
         """One past the last durable offset of ``destination``."""
         return self._writer(destination).next_offset
@@ -299,7 +338,7 @@ class Journal:
         tier = self._tiers.get(destination)
         if tier is not None:
             return tier.read_messages(start, end)
-        return self.store.read_messages(destination, start, end)
+        return self._store_of(destination).read_messages(destination, start, end)
 
     def read_settlements(self, destination: str) -> pa.Table:
         """Durable settlement rows (with a hot tier, a row may appear twice while it moves)."""
@@ -307,7 +346,7 @@ class Journal:
         tier = self._tiers.get(destination)
         if tier is not None:
             return tier.read_settlements()
-        return self.store.read_settlements(destination)
+        return self._store_of(destination).read_settlements(destination)
 
     def stats(self, destination: str) -> WriterStats:
         return self._writer(destination).stats

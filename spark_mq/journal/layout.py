@@ -3,6 +3,7 @@
 ::
 
     <root>/_bindings/                      destinations and subscriptions (Delta)
+    <root>/_transactions/                  committed local transactions, until applied (Delta)
     <root>/destinations/<name>/messages/   the message log (Delta)
     <root>/destinations/<name>/settlements/the settlement log (Delta)
     <hot>/<name>/segment-<seq>.log         the hot tier: durable records not yet moved to Delta
@@ -41,6 +42,10 @@ def join(root: str, *parts: str) -> str:
 
 def bindings_uri(root: str) -> str:
     return join(root, "_bindings")
+
+
+def transactions_uri(root: str) -> str:
+    return join(root, "_transactions")
 
 
 def destination_uri(root: str, name: str) -> str:

@@ -7,7 +7,7 @@ import threading
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.schema import BINDING_SCHEMA, MESSAGE_SCHEMA, SETTLEMENT_SCHEMA
+from spark_mq.schema import BINDING_SCHEMA, MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, TRANSACTION_SCHEMA
 
 
 class _Logs:
@@ -24,6 +24,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._bindings: list[pa.Table] = []
+        self._transactions: list[pa.Table] = []
         self._logs: dict[str, _Logs] = {}
 
     def read_bindings(self) -> pa.Table:
@@ -33,6 +34,14 @@ class MemoryStore:
     def append_bindings(self, rows: pa.Table) -> None:
         with self._lock:
             self._bindings.append(rows)
+
+    def read_transactions(self) -> pa.Table:
+        with self._lock:
+            return pa.concat_tables([TRANSACTION_SCHEMA.empty_table(), *self._transactions])
+
+    def append_transactions(self, rows: pa.Table) -> None:
+        with self._lock:
+            self._transactions.append(rows)
 
     def create_logs(self, destination: str) -> None:
         with self._lock:

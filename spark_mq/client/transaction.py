@@ -1,0 +1,138 @@
+"""Local transactions: sends to several destinations and acks of received messages, committed
+together or not at all (the seeds' transacted session).
+
+::
+
+    with Transaction(url) as tx:          # commits on success, rolls back on an exception
+        for msg in consumer.receive_many(10):
+            tx.send("shipments", transform(msg.body))
+            tx.ack(msg)
+
+Nothing is sent before ``commit``; after it returns every send is stored and every ack
+settled, and a broker crash cannot undo that (the broker finishes a committed transaction
+when it restarts). ``rollback`` (or an exception) drops the sends and gives the acked messages
+back for redelivery. An ack is fenced like any other: if a message's lease lapsed and it went
+elsewhere, the commit fails with ``LeaseError`` and nothing of the transaction happens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from spark_mq.client._transport import DEFAULT_URL, connect, translated
+from spark_mq.client.message import Message
+from spark_mq.errors import SparkMQError
+from spark_mq.names import validate_name
+from spark_mq.protocol import Ack, encode_commit
+from spark_mq.schema import PRODUCE_SCHEMA
+
+TX_SCHEMA = pa.schema([pa.field("destination", pa.string()), *PRODUCE_SCHEMA])
+
+
+class Transaction:
+    def __init__(self, url: str = DEFAULT_URL, *, timeout_s: float = 30.0) -> None:
+        self._client, self._options = connect(url, timeout_s)
+        self._rows: list[dict[str, Any]] = []
+        self._acked: list[Message] = []
+        self.closed = False
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if self.closed:
+                return
+            if exc_type is None:
+                self.commit()
+            else:
+                self.rollback()
+        finally:
+            self._client.close()
+
+    def send(
+        self,
+        destination: str,
+        body: bytes | str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        group_id: str | None = None,
+        priority: int | None = None,
+        dedup_id: str | None = None,
+        message_id: str | None = None,
+        ttl_s: float | None = None,
+        delay_s: float | None = None,
+    ) -> None:
+        """Add a message to send at commit."""
+        self._open()
+        self._rows.append(
+            {
+                "destination": validate_name(destination),
+                "body": body.encode() if isinstance(body, str) else body,
+                "message_id": message_id,
+                "dedup_id": dedup_id,
+                "group_id": group_id,
+                "priority": priority,
+                "headers": list(headers.items()) if headers else None,
+                "ttl_ms": None if ttl_s is None else int(ttl_s * 1000),
+                "delay_ms": None if delay_s is None else int(delay_s * 1000),
+            }
+        )
+
+    def ack(self, messages: Message | Iterable[Message]) -> None:
+        """Add received messages to settle at commit."""
+        self._open()
+        for m in [messages] if isinstance(messages, Message) else list(messages):
+            consumer = m._owner()
+            if consumer.consumer_id is None or not consumer.durable:
+                raise SparkMQError(
+                    "only messages of queues and durable subscriptions can be acked in a "
+                    "transaction"
+                )
+            self._acked.append(m)
+
+    def commit(self) -> dict[str, list[int]]:
+        """Send and ack everything, atomically; returns each destination's new offsets."""
+        self._open()
+        acks: list[Ack] = [
+            (
+                m.destination,
+                m._owner().subscription or "",
+                m._owner().consumer_id,  # type: ignore[misc]
+                m.offset,
+                m.delivery_count,
+            )
+            for m in self._acked
+        ]
+        table = pa.Table.from_pylist(self._rows, schema=TX_SCHEMA) if self._rows else None
+        body = encode_commit(acks, table)
+        with translated():
+            results = list(
+                self._client.do_action(fl.Action("commit_transaction", body), self._options)
+            )
+        self.closed = True
+        doc = json.loads(results[0].body.to_pybytes()) if results else {"offsets": {}}
+        return {k: list(v) for k, v in doc["offsets"].items()}
+
+    def rollback(self) -> None:
+        """Drop the sends; the acked messages go back for redelivery."""
+        if self.closed:
+            return
+        self.closed = True
+        by_consumer: dict[int, list[Message]] = {}
+        for m in self._acked:
+            by_consumer.setdefault(id(m._owner()), []).append(m)
+        for msgs in by_consumer.values():
+            try:
+                msgs[0]._owner().nack(msgs).result(timeout=30)
+            except SparkMQError:
+                pass  # the consumer is gone: its messages went back when it left
+
+    def _open(self) -> None:
+        if self.closed:
+            raise SparkMQError("this transaction is already committed or rolled back")

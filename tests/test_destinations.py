@@ -1,0 +1,80 @@
+"""Auto-created queues (and their auto-deletion) and temporary queues."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_mq import Admin, Consumer, DestinationNotFound, NotAllowed, Producer
+from spark_mq.broker import RunningBroker
+from spark_mq.clock import ManualClock
+from tests.conftest import receive_n, start_inprocess
+
+
+def names(url: str) -> set[str]:
+    with Admin(url) as admin:
+        return {d["name"] for d in admin.list_destinations()}
+
+
+def test_first_use_creates_a_queue_that_goes_when_unused_and_empty(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    data = tmp_path / "data"
+    broker = start_inprocess(data, clock)
+    try:
+        with Producer(broker.url) as producer:
+            producer.send_batch([b"a", b"b"], destination="drained")
+            producer.send_batch([b"c"], destination="kept")
+        with Consumer(broker.url, "fresh"):  # a consumer may create one too
+            assert {"drained", "kept", "fresh"} <= names(broker.url)
+        with Consumer(broker.url, "drained") as consumer:
+            consumer.ack(receive_n(consumer, 2)).result(timeout=5)
+            clock.advance(60)
+            broker.broker.run_timers()
+            assert "drained" in names(broker.url)  # a consumer is attached
+        clock.advance(4)
+        broker.broker.run_timers()
+        assert "drained" in names(broker.url)  # idle for less than auto_delete_delay_s
+        clock.advance(1)
+        broker.broker.run_timers()
+        assert names(broker.url) == {"kept"}  # holds a message: stays
+        broker.stop()
+        broker = start_inprocess(data, clock)  # after a restart only "kept" comes back
+        assert names(broker.url) == {"kept"}
+        with Admin(broker.url) as admin:
+            assert admin.stats("kept")["depth"] == 1
+    finally:
+        broker.stop()
+
+
+def test_explicitly_created_queues_are_not_auto_deleted(
+    broker: RunningBroker, clock: ManualClock
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("mine")
+    clock.advance(3600)
+    broker.broker.run_timers()
+    assert "mine" in names(broker.url)
+
+
+def test_temporary_queue_lives_with_its_consumer_and_never_touches_disk(
+    broker: RunningBroker, tmp_path: Path
+) -> None:
+    with Consumer(broker.url, temporary=True) as replies:
+        name = replies.destination
+        assert name.startswith("tmp.")
+        with Producer(broker.url) as producer:
+            producer.send_sync("reply", destination=name)
+        (msg,) = receive_n(replies, 1)
+        assert msg.text == "reply" and msg.destination == name
+        msg.ack().result(timeout=5)
+        with Admin(broker.url) as admin:
+            with pytest.raises(NotAllowed, match="temporary"):
+                admin.delete_destination(name)
+            with pytest.raises(NotAllowed):
+                admin.purge(name)
+        assert not list((tmp_path / "data").rglob(f"*{name}*"))
+    assert name not in names(broker.url)
+    with Admin(broker.url) as admin, pytest.raises(DestinationNotFound):
+        admin.stats(name)

@@ -1,0 +1,124 @@
+"""Local transactions: sends to several destinations and acks, all or nothing, even across a
+broker killed in the middle of applying one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_mq import Admin, BrokerUnavailable, Consumer, LeaseError, Producer, Transaction
+from spark_mq.broker import RunningBroker
+from spark_mq.clock import ManualClock
+from spark_mq.launch import BrokerProcess
+from tests.conftest import receive_n
+
+
+def setup(url: str) -> None:
+    with Admin(url) as admin:
+        for name in ("in", "out", "audit"):
+            admin.create_queue(name)
+    with Producer(url, destination="in") as producer:
+        producer.send_batch([b"order-1", b"order-2"])
+
+
+def test_commit_sends_and_acks_together(broker: RunningBroker) -> None:
+    setup(broker.url)
+    with Consumer(broker.url, "in") as consumer:
+        first, second = receive_n(consumer, 2)
+        with Transaction(broker.url) as tx:
+            tx.send("out", b"shipped " + first.body, headers={"k": "v"})
+            tx.send("audit", "one")
+            tx.send("out", b"shipped again")
+            tx.ack(first)
+        with Admin(broker.url) as admin:
+            assert admin.stats("in")["acked"] == 1 and admin.stats("in")["in_flight"] == 1
+            assert admin.stats("out")["end_offset"] == 2
+            assert admin.stats("audit")["end_offset"] == 1
+        second.ack().result(timeout=5)
+    with Consumer(broker.url, "out") as out:
+        got = receive_n(out, 2)
+    assert [m.text for m in got] == ["shipped order-1", "shipped again"]
+    assert got[0].headers == {"k": "v"} and got[0].dedup_id.startswith("tx:")
+
+
+def test_rollback_sends_nothing_and_redelivers_what_it_acked(broker: RunningBroker) -> None:
+    setup(broker.url)
+    with Consumer(broker.url, "in", prefetch=1) as consumer:
+        (msg,) = receive_n(consumer, 1)
+        with pytest.raises(RuntimeError, match="boom"), Transaction(broker.url) as tx:
+            tx.send("out", "never")
+            tx.ack(msg)
+            raise RuntimeError("boom")  # the with block rolls back
+        (again,) = receive_n(consumer, 1)
+        assert again.offset == msg.offset and again.redelivered
+    with Admin(broker.url) as admin:
+        assert admin.stats("out")["end_offset"] == 0
+        assert admin.stats("in")["acked"] == 0
+
+
+def test_a_stale_ack_rolls_the_whole_transaction_back(
+    broker: RunningBroker, clock: ManualClock
+) -> None:
+    setup(broker.url)
+    with Consumer(broker.url, "in", prefetch=1) as slow, Consumer(broker.url, "in") as other:
+        (msg,) = receive_n(slow, 1)
+        clock.advance(6)  # the lease lapses and the message is delivered again
+        broker.broker.run_timers()
+        again = []
+        while not again:
+            got = slow.receive_many(2, timeout=0.2) + other.receive_many(2, timeout=0.2)
+            again = [m for m in got if m.offset == msg.offset]
+        assert again[0].delivery_count == 2  # so msg (delivery 1) is stale
+        tx = Transaction(broker.url)
+        tx.send("out", "depends on the ack")
+        tx.ack(msg)
+        with pytest.raises(LeaseError, match="rolled back"):
+            tx.commit()
+    with Admin(broker.url) as admin:
+        assert admin.stats("out")["end_offset"] == 0
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("point", ["transaction-recorded", "transaction-applying"])
+def test_a_crash_after_commit_loses_nothing_of_it(tmp_path: Path, point: str) -> None:
+    data = str(tmp_path / "data")
+    log = str(tmp_path / "broker.log")
+    with BrokerProcess(data, log_file=log) as proc:
+        setup(proc.url)
+    crashing = BrokerProcess(data, log_file=log, env={"SPARKMQ_FAILPOINTS": point}).start()
+    with Consumer(crashing.url, "in") as consumer:
+        first, _ = receive_n(consumer, 2)
+        tx = Transaction(crashing.url)
+        tx.send("out", "a")
+        tx.send("audit", "b")
+        tx.ack(first)
+        with pytest.raises(BrokerUnavailable):
+            tx.commit()  # the broker dies after the commit point: the outcome is unknown here
+    crashing.proc.wait(30)
+    with BrokerProcess(data, log_file=log) as proc, Admin(proc.url) as admin:
+        assert admin.stats("out")["end_offset"] == 1  # exactly once, not twice
+        assert admin.stats("audit")["end_offset"] == 1
+        assert admin.stats("in")["depth"] == 1  # the ack was applied too
+        with Consumer(proc.url, "in") as consumer:
+            (left,) = receive_n(consumer, 1)
+            assert left.offset != first.offset
+    assert "recovered after a crash" in Path(log).read_text()
+
+
+@pytest.mark.process
+def test_a_crash_before_the_commit_point_shows_nothing(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    with BrokerProcess(data) as proc:
+        setup(proc.url)
+        with Consumer(proc.url, "in") as consumer:
+            first, _ = receive_n(consumer, 2)
+            tx = Transaction(proc.url)
+            tx.send("out", "a")
+            tx.ack(first)
+            proc.kill()  # before commit() reached the broker
+            with pytest.raises(BrokerUnavailable):
+                tx.commit()
+    with BrokerProcess(data) as proc, Admin(proc.url) as admin:
+        assert admin.stats("out")["end_offset"] == 0
+        assert admin.stats("in")["depth"] == 2
