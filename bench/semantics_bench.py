@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import shutil
+import statistics
 import tempfile
 import time
 
@@ -103,15 +104,33 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--consumers", type=int, default=8)
     ap.add_argument("--groups", type=int, default=1000)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per case; medians are shown")
     a = ap.parse_args()
     nodedup = ["--set", "duplicates.cache_size=0"]
+    cases = [
+        ("plain queue", 0, []),
+        (f"{a.groups} groups", a.groups, []),
+        ("plain, dedup off", 0, nodedup),
+    ]
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in cases}
+    for i in range(a.repeat):  # interleaved, so a slow spell of the machine hits every case
+        for name, groups, args in cases:
+            r = case(name, a.messages, a.consumers, groups, args)
+            runs[name].append(r)
+            print(f"run {i + 1}: {name}: produce {r['produce']:,.0f}/s, drain {r['drain']:,.0f}/s")
     results = [
-        case("plain queue", a.messages, a.consumers, 0, []),
-        case(f"{a.groups} groups", a.messages, a.consumers, a.groups, []),
-        case("plain, dedup off", a.messages, a.consumers, 0, nodedup),
+        {
+            "case": name,
+            "produce": statistics.median(r["produce"] for r in got),
+            "drain": statistics.median(r["drain"] for r in got),
+        }
+        for name, got in runs.items()
     ]
     base = results[0]
-    print(f"\n{a.messages:,} messages of {len(BODY)} B, {a.consumers} consumer processes")
+    print(
+        f"\n{a.messages:,} messages of {len(BODY)} B, {a.consumers} consumer processes, "
+        f"median of {a.repeat}"
+    )
     print(f"{'case':<20} {'produce msg/s':>14} {'vs plain':>9} {'drain msg/s':>12} {'vs plain':>9}")
     for r in results:
         print(

@@ -113,3 +113,47 @@ def test_a_resend_after_a_crash_is_still_caught(tmp_path: Path) -> None:
             assert (stats["end_offset"], stats["duplicates"], stats["depth"]) == (4, 3, 4)
     finally:
         broker.stop()
+
+
+def test_sdk_numbered_batches_are_runs_and_resends_of_any_shape_are_caught(
+    broker: RunningBroker,
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("runs")
+    ids = [f"p-{k}" for k in range(10, 20)]
+    with Producer(broker.url, destination="runs") as p:
+        assert p.send_batch(pa.table({"body": [b"a"] * 10, "dedup_id": ids})) == list(range(10))
+        cache = broker.broker._dests["runs"].dedup
+        assert len(cache) == 10 and len(cache._seen) == 1  # kept as one run
+        # the same run again, a run overlapping its end, and single ids out of it
+        assert p.send_batch(pa.table({"body": [b"b"] * 10, "dedup_id": ids})) == list(range(10))
+        overlap = [f"p-{k}" for k in range(18, 23)]
+        assert p.send_batch(pa.table({"body": [b"c"] * 5, "dedup_id": overlap})) == [
+            8,
+            9,
+            10,
+            11,
+            12,
+        ]
+        assert p.send_sync(b"d", dedup_id="p-15") == 5
+        assert p.send_sync(b"e", dedup_id="p-9") == 13  # not in the run: new
+        assert p.send_sync(b"f", dedup_id="p-010") == 14  # not numbered the SDK's way: new
+    assert broker.broker.stats("runs")["duplicates"] == 10 + 2 + 1
+    assert len(bodies_in(broker, "runs", 15)) == 15
+
+
+def test_runs_are_bounded_by_count_and_time(clock: ManualClock) -> None:
+    from spark_mq.broker.dedup import DuplicateCache
+
+    cache = DuplicateCache(size=25, window_s=60)
+    first = pa.array([f"q-{k}" for k in range(20)])
+    keep, dups, _ = cache.claim(first, clock.wall())
+    assert len(keep) == 20 and not dups
+    second = pa.array([f"q-{k}" for k in range(20, 30)])
+    cache.claim(second, clock.wall())
+    assert len(cache) == 25  # the oldest 5 ids of the first run went
+    keep, dups, _ = cache.claim(pa.array(["q-4", "q-5"]), clock.wall())
+    assert keep == [0] and list(dups) == [1]  # q-4 was forgotten, q-5 is still known
+    clock.advance(61)
+    keep, dups, _ = cache.claim(second, clock.wall())
+    assert len(keep) == 10 and not dups  # the window passed

@@ -635,7 +635,7 @@ class Broker:
 
     def _admit_memory(self, dest: Destination, rows: pa.Table) -> None:
         """Throttle producers at orange, block them at red (the seeds' memory states)."""
-        state = self.memory.note_added(rows.nbytes)
+        state = self.memory.note_added(rows.get_total_buffer_size())
         if state == "orange":
             time.sleep(THROTTLE_S)
         elif state == "red":
@@ -673,9 +673,8 @@ class Broker:
         cache = dest.dedup
         if cache is None or rows["dedup_id"].null_count == rows.num_rows:
             return self.journal.append(dest.name, rows)
-        ids = rows["dedup_id"].to_pylist()
         with dest.produce_lock:
-            keep, dups, claim = cache.claim(ids, now)
+            keep, dups, claim = cache.claim(rows["dedup_id"], now)
             stored = None
             if keep:
                 try:

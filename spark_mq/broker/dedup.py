@@ -8,14 +8,22 @@ then be stored). After a restart the cache is refilled from the message log's ne
 
 A duplicate is answered with the offset the original got, like Artemis answering a duplicate send
 as a success without storing it.
+
+The SDK numbers its ids (``<producer prefix>-<n>``, consecutive in a batch), so a batch's ids
+usually form a *run*: recognised with one vectorised comparison and kept as one entry, which
+makes detection cost per batch rather than per message. Other ids are kept one by one.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_mq.journal.base import AppendResult
 
@@ -38,6 +46,78 @@ _RECOVERED.first = 0  # a recovered id's "position" is its offset
 _Entry = tuple[float, _Batch, int]
 
 
+class _Run:
+    """Ids ``<prefix>-<first>`` .. ``<prefix>-<last>``; id k sits at ``base + k - origin``."""
+
+    __slots__ = ("at", "base", "batch", "first", "last", "origin", "prefix")
+
+    def __init__(self, prefix: str, first: int, last: int, at: float, batch: _Batch) -> None:
+        self.prefix, self.first, self.last, self.at, self.batch = prefix, first, last, at, batch
+        self.origin, self.base = first, 0
+
+    def __len__(self) -> int:
+        return self.last - self.first + 1
+
+
+def _numbered(dedup_id: str) -> tuple[str, int] | None:
+    """``("prefix", n)`` for an id the SDK numbered (``prefix-n``), else None."""
+    prefix, sep, number = dedup_id.rpartition("-")
+    if not sep or not number.isdigit() or (len(number) > 1 and number[0] == "0"):
+        return None
+    return prefix, int(number)
+
+
+def as_run(ids: pa.Array | pa.ChunkedArray) -> tuple[str, int] | None:
+    """``(prefix, first)`` when ``ids`` are exactly ``prefix-first``, ``prefix-first+1``...
+
+    Vectorised: every id starts with ``prefix-``, what follows is consecutive integers written
+    plainly (no sign, no leading zero). Ids of one length (the usual case) are read straight
+    from the string buffer as a matrix of digits.
+    """
+    n = len(ids)
+    if n < 2 or ids.null_count:
+        return None
+    head = _numbered(ids[0].as_py())
+    if head is None:
+        return None
+    prefix, first = head
+    expected = np.arange(first, first + n, dtype=np.int64)
+    arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    if arr.type != pa.string():
+        return _as_run_slow(arr, prefix, expected)
+    ends = np.frombuffer(arr.buffers()[1], np.int32)[arr.offset : arr.offset + n + 1]
+    width = int(ends[1] - ends[0])
+    if not (np.diff(ends) == width).all():
+        return _as_run_slow(arr, prefix, expected)  # the numbers cross a power of ten
+    head_bytes = np.frombuffer((prefix + "-").encode(), np.uint8)
+    digits = width - len(head_bytes)
+    data = np.frombuffer(arr.buffers()[2], np.uint8)[ends[0] : ends[0] + n * width]
+    rows = data.reshape(n, width)
+    if digits < 1 or not (rows[:, : len(head_bytes)] == head_bytes).all():
+        return None
+    number = rows[:, len(head_bytes) :].astype(np.int64) - ord("0")
+    if ((number < 0) | (number > 9)).any() or (digits > 1 and not number[:, 0].all()):
+        return None
+    values = number @ (10 ** np.arange(digits - 1, -1, -1, dtype=np.int64))
+    return head if np.array_equal(values, expected) else None
+
+
+def _as_run_slow(arr: pa.Array, prefix: str, expected: np.ndarray) -> tuple[str, int] | None:
+    if not pc.all(pc.starts_with(arr, prefix + "-")).as_py():
+        return None
+    try:
+        numbers = pc.utf8_slice_codeunits(arr, len(prefix) + 1).cast(pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if not np.array_equal(numbers.to_numpy(), expected):
+        return None
+    plain = np.floor(np.log10(np.maximum(expected, 1))).astype(np.int64) + 1
+    lengths = pc.binary_length(arr).to_numpy()
+    if not np.array_equal(lengths, plain + len(prefix.encode()) + 1):
+        return None
+    return prefix, int(expected[0])
+
+
 @dataclass(frozen=True)
 class ProduceResult:
     """What a produced batch became: an offset per row (a duplicate's is its original's)."""
@@ -51,29 +131,84 @@ class DuplicateCache:
         self.size = size
         self.window_s = window_s
         self._lock = threading.Lock()
-        self._seen: OrderedDict[str, _Entry] = OrderedDict()
+        self._seen: OrderedDict[str | _Run, _Entry | _Run] = OrderedDict()
+        self._runs: dict[str, list[_Run]] = {}  # prefix -> its runs
+        self._loose: Counter[str] = Counter()  # prefix -> numbered ids kept one by one
+        self._count = 0  # ids held, runs counted by their length
         self.duplicates_total = 0
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return self._count
+
+    # -- bookkeeping (callers hold the lock) ---------------------------------------------------
+    def _add(self, dedup_id: str, entry: _Entry) -> None:
+        if dedup_id in self._seen:
+            self._drop(dedup_id, self._seen.pop(dedup_id))
+        self._seen[dedup_id] = entry
+        self._count += 1
+        numbered = _numbered(dedup_id)
+        if numbered is not None:
+            self._loose[numbered[0]] += 1
+
+    def _add_run(self, run: _Run) -> None:
+        self._seen[run] = run
+        self._runs.setdefault(run.prefix, []).append(run)
+        self._count += len(run)
+
+    def _drop(self, key: str | _Run, entry: _Entry | _Run) -> None:
+        if isinstance(key, _Run):
+            self._count -= len(key)
+            runs = self._runs[key.prefix]
+            runs.remove(key)
+            if not runs:
+                del self._runs[key.prefix]
+            return
+        self._count -= 1
+        numbered = _numbered(key)
+        if numbered is not None:
+            self._loose[numbered[0]] -= 1
+            if not self._loose[numbered[0]]:
+                del self._loose[numbered[0]]
 
     def _evict(self, now: float) -> None:
         seen = self._seen
-        for _ in range(len(seen) - self.size):
-            seen.popitem(last=False)
+        while self._count > self.size and seen:
+            key = next(iter(seen))
+            excess = self._count - self.size
+            if isinstance(key, _Run) and len(key) > excess:
+                key.first += excess  # forget the run's oldest ids only
+                self._count -= excess
+                break
+            self._drop(key, seen.popitem(last=False)[1])
         oldest = now - self.window_s
-        while seen and next(iter(seen.values()))[0] < oldest:
-            seen.popitem(last=False)
+        while seen:
+            key, entry = next(iter(seen.items()))
+            at = entry.at if isinstance(entry, _Run) else entry[0]
+            if at >= oldest:
+                break
+            self._drop(key, seen.popitem(last=False)[1])
 
+    def _find(self, dedup_id: str) -> _Entry | None:
+        entry = self._seen.get(dedup_id)
+        if entry is not None:
+            return entry  # type: ignore[return-value]
+        if self._runs:
+            numbered = _numbered(dedup_id)
+            if numbered is not None:
+                for run in self._runs.get(numbered[0], ()):
+                    if run.first <= numbered[1] <= run.last:
+                        return run.at, run.batch, run.base + numbered[1] - run.origin
+        return None
+
+    # -- the interface -------------------------------------------------------------------------
     def remember(self, dedup_id: str, offset: int, at: float) -> None:
         """Record a stored message (recovery reads them back from the log, oldest first)."""
         with self._lock:
-            self._seen[dedup_id] = (at, _RECOVERED, offset)
-            self._seen.move_to_end(dedup_id)
+            self._add(dedup_id, (at, _RECOVERED, offset))
             self._evict(at)
 
     def claim(
-        self, ids: list[str | None], now: float
+        self, ids: pa.Array | pa.ChunkedArray, now: float
     ) -> tuple[list[int], dict[int, tuple[_Batch, int]], _Batch]:
         """Split a batch: the rows to store, and for each duplicate row where its original is.
 
@@ -81,27 +216,45 @@ class DuplicateCache:
         append); an id seen twice in one batch is a duplicate of its first row.
         """
         batch = _Batch()
+        run = as_run(ids)
         with self._lock:
             self._evict(now)
-            seen = self._seen
-            named = [i for i in ids if i is not None]
-            if len(set(named)) == len(named) and seen.keys().isdisjoint(named):
-                # the usual case, no duplicate: claim them all in one go
-                seen.update((i, (now, batch, row)) for row, i in enumerate(ids) if i is not None)
+            if run is not None:
+                prefix, first = run
+                last = first + len(ids) - 1
+                if prefix not in self._loose and not any(
+                    r.first <= last and first <= r.last for r in self._runs.get(prefix, ())
+                ):
+                    # the usual case: a fresh run of SDK-numbered ids, one entry for them all
+                    self._add_run(_Run(prefix, first, last, now, batch))
+                    self._evict(now)
+                    return list(range(len(ids))), {}, batch
+        names = ids.to_pylist()
+        with self._lock:
+            self._evict(now)
+            named = [i for i in names if i is not None]
+            if (
+                not self._runs
+                and len(set(named)) == len(named)
+                and self._seen.keys().isdisjoint(named)
+            ):
+                # no duplicate: claim them all in one go
+                for row, i in enumerate(names):
+                    if i is not None:
+                        self._add(i, (now, batch, row))
                 self._evict(now)
-                return list(range(len(ids))), {}, batch
+                return list(range(len(names))), {}, batch
             keep: list[int] = []
             dups: dict[int, tuple[_Batch, int]] = {}
-            for row, dedup_id in enumerate(ids):
+            for row, dedup_id in enumerate(names):
                 if dedup_id is None:
                     keep.append(row)
                     continue
-                entry = seen.get(dedup_id)
+                entry = self._find(dedup_id)
                 if entry is not None and not entry[1].failed and entry[0] >= now - self.window_s:
                     dups[row] = (entry[1], entry[2])
                     continue
-                seen[dedup_id] = (now, batch, len(keep))
-                seen.move_to_end(dedup_id)
+                self._add(dedup_id, (now, batch, len(keep)))
                 keep.append(row)
             self._evict(now)
             self.duplicates_total += len(dups)

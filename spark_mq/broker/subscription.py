@@ -101,9 +101,14 @@ class Subscription:
         self._counts: dict[int, int] = dict(returned or {})  # deliveries that came back
         self._count_horizon = max(self._counts, default=-1)  # recovered counts up to here
         self._leases: dict[int, Lease] = {}
-        self._groups: dict[int, str] = {}  # offset -> group, for waiting or leased grouped ones
+        # offset -> its group's bucket, for waiting or leased grouped messages (the bucket count
+        # is fixed for the subscription's life, so a bucket never changes meaning)
+        self._bucket: dict[int, int] = {}
+        self._buckets = settings.group_buckets
         self._expiry: dict[int, int] = {}  # offset -> expiry (us), for waiting ones with one
         self._owners: dict[int, int] = {}  # group bucket -> consumer
+        self._owned: dict[int, int] = {}  # consumer -> buckets it owns
+        self._live: dict[int, int] = {}  # bucket -> its unsettled messages (ingested)
         self._busy: dict[int, int] = {}  # group bucket -> leased messages
         self._held: dict[int, int] = {}  # group bucket -> scheduled messages (hold the group)
         self._doomed: dict[int, str] = {}  # offset -> "dead" | "expired" | "purged" | "dropped"
@@ -168,17 +173,24 @@ class Subscription:
                 self._ready_list(int(prio[0])).update(offsets.tolist())
                 self._ready_n += len(offsets)
                 continue
+            ready: dict[int, list[int]] = {}  # priority -> offsets, added in one go
+            buckets: dict[str, int] = {}  # group -> bucket, computed once per chunk
+            offs, prios = offsets.tolist(), prio.tolist()
             for i in np.nonzero(keep)[0].tolist():
-                o = int(offsets[i])
+                o = offs[i]
                 if self.selector is not None and not self.selector.matches(
                     part.chunk.props(part.start + i)
                 ):
                     self._settled.add(o)
                     self._filtered_log.append(o)
                     continue
-                p = int(prio[i])
-                if groups is not None and groups[i] is not None:
-                    self._groups[o] = groups[i]
+                p = prios[i]
+                if groups is not None and (group := groups[i]) is not None:
+                    b = buckets.get(group)
+                    if b is None:
+                        b = buckets[group] = bucket_of(group, self._buckets)
+                    self._bucket[o] = b
+                    self._live[b] = self._live.get(b, 0) + 1
                 if expiry is not None and expiry[i] != NEVER:
                     self._expiry[o] = int(expiry[i])
                 if attempts and self._counts.get(o, 0) >= attempts:
@@ -186,8 +198,10 @@ class Subscription:
                 elif deliver is not None and deliver[i] > now_us:
                     self._schedule(o, p, deliver[i] / 1_000_000)
                 else:
-                    self._ready_list(p).add(o)
-                    self._ready_n += 1
+                    ready.setdefault(p, []).append(o)
+            for p, added in ready.items():
+                self._ready_list(p).update(added)
+                self._ready_n += len(added)
         self.next_offset = end
 
     def _ready_list(self, priority: int) -> SortedList:
@@ -200,9 +214,8 @@ class Subscription:
         self._due[offset] = due
         self._priority[offset] = priority
         heapq.heappush(self._scheduled, (due, offset))
-        group = self._groups.get(offset)
-        if group is not None:
-            b = bucket_of(group, self.settings.group_buckets)
+        b = self._bucket.get(offset)
+        if b is not None:
             self._held[b] = self._held.get(b, 0) + 1
 
     def _doom(self, offset: int, priority: int, why: str) -> None:
@@ -217,9 +230,8 @@ class Subscription:
                 continue  # purged, or rescheduled
             del self._due[offset]
             p = self._priority.pop(offset)
-            group = self._groups.get(offset)
-            if group is not None:
-                b = bucket_of(group, self.settings.group_buckets)
+            b = self._bucket.get(offset)
+            if b is not None:
                 self._held[b] -= 1
                 if not self._held[b]:
                     del self._held[b]
@@ -244,12 +256,10 @@ class Subscription:
                 return []
             out = self._pick(consumer_id, limit, selector)
             deadline = self._now() + self.lease_s
-            buckets = self.settings.group_buckets
             for offset, count, _first, p in out:
                 self._leases[offset] = Lease(consumer_id, count, deadline, p)
-                group = self._groups.get(offset)
-                if group is not None:
-                    b = bucket_of(group, buckets)
+                b = self._bucket.get(offset)
+                if b is not None:
                     self._busy[b] = self._busy.get(b, 0) + 1
         return [(o, c, f) for o, c, f, _ in out]
 
@@ -257,7 +267,7 @@ class Subscription:
         self, consumer_id: int, limit: int, selector: Selector | None
     ) -> list[tuple[int, int, bool, int]]:
         out: list[tuple[int, int, bool, int]] = []
-        simple = selector is None and not self._groups and not self._expiry
+        simple = selector is None and not self._bucket and not self._expiry
         now_us = int(self._wall() * 1_000_000)
         budget = self.max_scan
         for p in sorted(self._ready, reverse=True):
@@ -294,32 +304,43 @@ class Subscription:
         """What of one ready list this consumer may have; and expired ones found on the way."""
         picked: list[tuple[int, bool]] = []
         gone: list[int] = []
-        buckets = self.settings.group_buckets
+        # groups are dealt out, not grabbed: a consumer takes new groups only up to its share
+        # of the buckets that hold unsettled messages
+        share = -(-len(self._live) // max(len(self._consumers), 1))
+        mine = self._owned.get(consumer_id, 0)
+        expiries, buckets, held, owners, busy = (
+            self._expiry,
+            self._bucket,
+            self._held,
+            self._owners,
+            self._busy,
+        )
         for scanned, o in enumerate(sl):
             if scanned >= budget or len(picked) >= want:
                 break
-            expiry = self._expiry.get(o)
-            if expiry is not None and expiry <= now_us:
-                gone.append(o)
-                self._doom(o, priority, "expired")
-                continue
-            group = self._groups.get(o)
-            b = owner = None
-            if group is not None:
-                b = bucket_of(group, buckets)
-                if b in self._held:
-                    continue  # an earlier message of the bucket waits for its time
-                owner = self._owners.get(b)
-                if owner is None and self._busy.get(b):
-                    continue  # the previous owner's messages are still being settled
-                if owner is not None and owner != consumer_id:
+            if expiries:
+                expiry = expiries.get(o)
+                if expiry is not None and expiry <= now_us:
+                    gone.append(o)
+                    self._doom(o, priority, "expired")
+                    continue
+            b = buckets.get(o)
+            owner = None
+            if b is not None:
+                owner = owners.get(b)
+                if owner is None:
+                    if b in held or b in busy or mine >= share:
+                        continue  # an earlier message waits for its time, or is being settled
+                elif owner != consumer_id or b in held:
                     continue
             if selector is not None and not selector.matches(self._store.props(o)):
                 continue
             first = b is not None and owner is None
             if first:
-                self._owners[b] = consumer_id  # type: ignore[index]
+                owners[b] = consumer_id  # type: ignore[index]
+                mine += 1
             picked.append((o, first))
+        self._owned[consumer_id] = mine
         return picked, gone
 
     def _return(self, offset: int, lease: Lease, *, log: bool = True) -> None:
@@ -332,9 +353,8 @@ class Subscription:
         if log:
             self._returned_log.append(offset)
         self.redelivered_total += 1
-        group = self._groups.get(offset)
-        if group is not None:
-            b = bucket_of(group, self.settings.group_buckets)
+        b = self._bucket.get(offset)
+        if b is not None:
             self._unbusy(b)
         attempts = self.settings.max_delivery_attempts
         if attempts and count >= attempts:
@@ -346,6 +366,13 @@ class Subscription:
         else:
             self._ready_list(lease.priority).add(offset)
             self._ready_n += 1
+
+    def _unlive(self, bucket: int) -> None:
+        left = self._live.get(bucket, 0) - 1
+        if left > 0:
+            self._live[bucket] = left
+        else:
+            self._live.pop(bucket, None)
 
     def _unbusy(self, bucket: int) -> None:
         left = self._busy.get(bucket, 0) - 1
@@ -366,9 +393,8 @@ class Subscription:
             )
         if self._counts.get(offset) == count and self._unready(offset):
             # the lease lapsed but nobody else has it yet: let the late answer through
-            group = self._groups.get(offset)
-            if group is not None:
-                b = bucket_of(group, self.settings.group_buckets)
+            b = self._bucket.get(offset)
+            if b is not None:
                 self._busy[b] = self._busy.get(b, 0) + 1
             priority = self._priority.pop(offset, None)
             lease = Lease(consumer_id, count, self._now() + self.lease_s, priority or 0)
@@ -388,9 +414,8 @@ class Subscription:
         due = self._due.pop(offset, None)
         if due is None:
             return False
-        group = self._groups.get(offset)
-        if group is not None:
-            b = bucket_of(group, self.settings.group_buckets)
+        b = self._bucket.get(offset)
+        if b is not None:
             self._held[b] -= 1
             if not self._held[b]:
                 del self._held[b]
@@ -426,10 +451,10 @@ class Subscription:
                     self._settled.add(offset)
                     self.acked_total += 1
                     self._expiry.pop(offset, None)
-                    group = self._groups.pop(offset, None)
-                    if group is not None:
-                        b = bucket_of(group, self.settings.group_buckets)
+                    b = self._bucket.pop(offset, None)
+                    if b is not None:
                         self._unbusy(b)
+                        self._unlive(b)
                         freed |= b not in self._busy and b not in self._owners
                 else:
                     lease.settling = False
@@ -502,6 +527,7 @@ class Subscription:
                 self._return(offset, self._leases.pop(offset))
             for b in [b for b, c in self._owners.items() if c == consumer_id]:
                 del self._owners[b]
+            self._owned.pop(consumer_id, None)
         self.wake()
         return len(mine)
 
@@ -563,7 +589,9 @@ class Subscription:
                     continue
                 self._priority.pop(o, None)
                 self._settled.add(o)
-                self._groups.pop(o, None)
+                b = self._bucket.pop(o, None)
+                if b is not None:
+                    self._unlive(b)
                 self._expiry.pop(o, None)
                 self._counts.pop(o, None)
                 if outcome == "expired":
