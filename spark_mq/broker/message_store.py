@@ -44,11 +44,13 @@ class Chunk:
     @classmethod
     def of(cls, rows: pa.Table) -> Chunk:
         rows = rows.combine_chunks()
-        groups = rows["group_id"]
+        groups, priority = rows["group_id"], rows["priority"]
+        if priority.null_count:  # the broker fills priorities in; older data may lack them
+            priority = pc.fill_null(priority, 4)
         return cls(
             rows["offset"].to_numpy(),
             rows,
-            pc.fill_null(rows["priority"], 4).to_numpy(),
+            priority.to_numpy(),
             None if groups.null_count == len(groups) else groups.to_pylist(),
             _micros(rows["expiry_time"], NEVER),
             _micros(rows["deliver_time"], 0),  # no delivery time: deliverable at once
@@ -130,6 +132,8 @@ class MessageStore:
         self._firsts: list[int] = []
         self._chunks: list[Chunk] = []
         self._loader = loader
+        self._rows = 0  # kept as chunks come and go: the timers read them every tick
+        self._nbytes = 0
 
     def add(self, rows: pa.Table) -> None:
         """Add rows whose offsets are sorted and above every offset already held."""
@@ -141,6 +145,8 @@ class MessageStore:
                 raise ValueError("rows must be added in increasing offset order")
             self._firsts.append(int(chunk.offsets[0]))
             self._chunks.append(chunk)
+            self._rows += len(chunk.offsets)
+            self._nbytes += chunk.table.get_total_buffer_size()
 
     @property
     def end(self) -> int:
@@ -214,7 +220,7 @@ class MessageStore:
             return 0
         freed = 0
         with self._lock:
-            held = sum(c.table.nbytes for c in self._chunks)
+            held = self._nbytes
             for chunk in self._chunks[:-1]:
                 if held - freed <= target_bytes:
                     break
@@ -222,10 +228,11 @@ class MessageStore:
                     continue
                 t = chunk.table
                 i = t.schema.get_field_index("body")
-                before = t.nbytes
+                before = t.get_total_buffer_size()
                 chunk.table = t.set_column(i, t.schema.field(i), pa.nulls(t.num_rows, pa.binary()))
                 chunk.evicted = True
-                freed += before - chunk.table.nbytes
+                freed += before - chunk.table.get_total_buffer_size()
+            self._nbytes -= freed
         return freed
 
     @property
@@ -239,15 +246,15 @@ class MessageStore:
         with self._lock:
             while self._chunks and self._chunks[0].offsets[-1] < offset:
                 dropped += len(self._chunks[0].offsets)
+                self._nbytes -= self._chunks[0].table.get_total_buffer_size()
                 del self._firsts[0], self._chunks[0]
+            self._rows -= dropped
         return dropped
 
     @property
     def rows(self) -> int:
-        with self._lock:
-            return sum(len(c.offsets) for c in self._chunks)
+        return self._rows
 
     @property
     def nbytes(self) -> int:
-        with self._lock:
-            return sum(c.table.nbytes for c in self._chunks)
+        return self._nbytes
