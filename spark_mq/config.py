@@ -69,7 +69,7 @@ class LimitsSection(_Section):
     # system-wide: unsettled messages / bytes held across every destination (0 = unlimited)
     max_messages: int = Field(0, ge=0)
     max_bytes: int = Field(0, ge=0)
-    overflow: Literal["reject", "block"] = "reject"
+    overflow: Literal["reject", "block", "drop_oldest"] = "reject"
     block_timeout_s: float = Field(30.0, gt=0)
     # memory held for unsettled messages; 0 = a quarter of the machine's memory
     memory_budget_bytes: int = Field(0, ge=0)

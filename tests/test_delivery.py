@@ -345,6 +345,25 @@ def test_limits_reject_or_drop_oldest(broker: RunningBroker) -> None:
     assert broker.broker.stats("ring")["removed"] == 3
 
 
+def test_broker_wide_limit_blocks_a_producer_until_consumers_make_room(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    settings = {"limits.max_messages": 4, "limits.overflow": "block", "limits.block_timeout_s": 20}
+    broker = start_inprocess(tmp_path / "data", clock, **settings)
+    try:
+        with Producer(broker.url) as producer:
+            producer.send_batch([b"a", b"b", b"c"], destination="one")
+            producer.send_batch([b"d"], destination="two")
+            blocked = producer.send_batch([b"e"], destination="two", wait=False)
+            with pytest.raises(TimeoutError):
+                blocked.result(timeout=0.5)  # the broker holds 4 of at most 4
+            with Consumer(broker.url, "one") as consumer:
+                consumer.ack(receive_n(consumer, 1)).result(timeout=5)
+                assert blocked.result(timeout=10) == [1]  # room made: it went through
+    finally:
+        broker.stop()
+
+
 def test_memory_states_evict_bodies_then_block_producers(
     tmp_path: Path, clock: ManualClock
 ) -> None:

@@ -944,30 +944,32 @@ class Broker:
         n, size = rows.num_rows, rows["body"].nbytes
         deadline = self.clock.monotonic() + lim.block_timeout_s
 
-        def over() -> str | None:
+        def over() -> tuple[str, bool, int] | None:
+            """What is over a limit: why, whether broker-wide, and how many messages too many."""
             depth, held = self._usage(dest)
             if st.max_messages and depth + n > st.max_messages:
-                return f"{dest.name!r} holds {depth} of at most {st.max_messages} messages"
+                why = f"{dest.name!r} holds {depth} of at most {st.max_messages} messages"
+                return why, False, depth + n - st.max_messages
             if st.max_bytes and held + size > st.max_bytes:
-                return f"{dest.name!r} holds {held} of at most {st.max_bytes} bytes"
+                return f"{dest.name!r} holds {held} of at most {st.max_bytes} bytes", False, n
             if lim.max_messages or lim.max_bytes:
                 usage = [self._usage(d) for d in list(self._dests.values())]
                 total_n, total_b = sum(u[0] for u in usage), sum(u[1] for u in usage)
                 if lim.max_messages and total_n + n > lim.max_messages:
-                    return f"the broker holds {total_n} of at most {lim.max_messages} messages"
+                    why = f"the broker holds {total_n} of at most {lim.max_messages} messages"
+                    return why, True, total_n + n - lim.max_messages
                 if lim.max_bytes and total_b + size > lim.max_bytes:
-                    return f"the broker holds {total_b} of at most {lim.max_bytes} bytes"
+                    why = f"the broker holds {total_b} of at most {lim.max_bytes} bytes"
+                    return why, True, n
             return None
 
-        while (why := over()) is not None:
-            system = why.startswith("the broker")
+        while (problem := over()) is not None:
+            why, system, excess = problem
             policy = lim.overflow if system else st.overflow
-            if policy == "drop_oldest":
-                depth, _ = self._usage(dest)
+            if policy == "drop_oldest":  # from the destination being produced to
                 with dest.lock:
                     subs = list(dest.subscriptions.values())
-                excess = max(depth + n - st.max_messages, 1) if st.max_messages else n
-                if not sum(sub.drop_oldest(excess) for sub in subs):
+                if not sum(sub.drop_oldest(max(excess, 1)) for sub in subs):
                     policy = "reject"  # nothing waiting to drop (all leased)
                 else:
                     for sub in subs:
