@@ -61,6 +61,8 @@ class DeliverySection(_Section):
     # a consumer with a selector, or held back by message groups, skips at most this many
     # waiting messages per delivery (bounds the cost of a delivery on a deep queue)
     max_scan: int = Field(20_000, ge=100)
+    # record each delivery before it is made (Artemis persist-delivery-count-before-delivery)
+    persist_delivery_count: bool = False
 
 
 class LimitsSection(_Section):

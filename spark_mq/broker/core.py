@@ -597,6 +597,8 @@ class Broker:
             "bytes_in_memory": dest.store.nbytes,
             "bodies_evicted": dest.store.evicted_rows,
             **self.memory.stats(),
+            "settings": dest.settings.model_dump(),
+            "temporary": dest.temporary,
             "duplicates": dest.dedup.duplicates_total if dest.dedup else 0,
             "dedup_cache_ids": len(dest.dedup) if dest.dedup else 0,
         }
@@ -811,6 +813,7 @@ class Broker:
                 settle_durably=settle,
                 selector=compiled,
                 on_close=self._closed_session,
+                persist_delivery_count=sub.durable and self.config.delivery.persist_delivery_count,
             )
             dest.sessions[consumer_id] = session
         return session

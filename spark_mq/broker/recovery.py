@@ -23,6 +23,10 @@ COMPACTED = "compacted"  # settlement outcome: every offset below this row's off
 # a delivery came back unsettled (nack, lapsed lease, consumer gone): not a settlement, but
 # counted, so delivery counts and dead-lettering survive a restart
 RETURNED = "returned"
+# a delivery is about to be made (only with delivery.persist_delivery_count): counted, so the
+# delivery count stays exact even for deliveries a crash interrupted
+DELIVERED = "delivered"
+NOT_SETTLED = (RETURNED, DELIVERED)
 
 
 @dataclass
@@ -47,7 +51,9 @@ def settled_by_subscription(settlements: pa.Table) -> dict[str, Settled]:
     out: dict[str, Settled] = {}
     if settlements.num_rows == 0:
         return out
-    settlements = settlements.filter(pc.not_equal(settlements["outcome"], RETURNED))
+    settlements = settlements.filter(
+        pc.invert(pc.is_in(settlements["outcome"], pa.array(NOT_SETTLED, pa.string())))
+    )
     for name in pc.unique(settlements["subscription"]).to_pylist():
         rows = settlements.filter(pc.equal(settlements["subscription"], name))
         marks = pc.equal(rows["outcome"], COMPACTED)
@@ -70,8 +76,22 @@ def low_water(start: int, settled: Settled | None) -> tuple[int, set[int]]:
 
 
 def returned_counts(settlements: pa.Table) -> dict[str, dict[int, int]]:
-    """Per subscription name: how many times each offset came back unsettled."""
-    rows = settlements.filter(pc.equal(settlements["outcome"], RETURNED))
+    """Per subscription name: how many deliveries of each offset ended without an ack.
+
+    Each return is recorded; with ``persist_delivery_count`` each delivery is too, and then a
+    delivery a crash interrupted counts as well: the larger of the two counts wins.
+    """
+    returned = _counts(settlements, RETURNED)
+    delivered = _counts(settlements, DELIVERED)
+    for name, counts in delivered.items():
+        mine = returned.setdefault(name, {})
+        for offset, n in counts.items():
+            mine[offset] = max(mine.get(offset, 0), n)
+    return returned
+
+
+def _counts(settlements: pa.Table, outcome: str) -> dict[str, dict[int, int]]:
+    rows = settlements.filter(pc.equal(settlements["outcome"], outcome))
     out: dict[str, dict[int, int]] = {}
     if rows.num_rows == 0:
         return out

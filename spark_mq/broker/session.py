@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_mq.broker.message_store import MessageStore
-from spark_mq.broker.recovery import RETURNED
+from spark_mq.broker.recovery import DELIVERED, RETURNED
 from spark_mq.broker.selector import Selector
 from spark_mq.broker.subscription import Refusal, Subscription
 from spark_mq.protocol import Reply, Settle
@@ -38,7 +38,9 @@ class ConsumerSession:
         settle_durably: SettleDurably,
         selector: Selector | None = None,
         on_close: Callable[[ConsumerSession], None] | None = None,
+        persist_delivery_count: bool = False,
     ) -> None:
+        self.persist_delivery_count = persist_delivery_count
         self.consumer_id = consumer_id
         self.subscription = subscription
         self.selector = selector
@@ -66,6 +68,9 @@ class ConsumerSession:
             return None
         with self._lock:
             self._held.update(o for o, _, _ in leased)
+        if self.persist_delivery_count:
+            # the count is on disk before the message leaves: exact even across a crash
+            self._settle_durably([o for o, _, _ in leased], DELIVERED).result()
         by_offset = {o: (c, f) for o, c, f in leased}
         rows = self._store.take(by_offset)  # in offset order; priority may want another
         order = [o for o, _, _ in leased]
