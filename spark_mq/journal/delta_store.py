@@ -47,7 +47,8 @@ def _append(dt: DeltaTable, rows: pa.Table, app_id: str | None, version: int | N
         if props is not None and (dt.transaction_version(app_id) or 0) >= version:
             return  # a retry of a commit that already landed
         try:
-            write_deltalake(dt, rows, mode="append", commit_properties=props)
+            # merge: a table written by an older version gains the columns added since
+            write_deltalake(dt, rows, mode="append", commit_properties=props, schema_mode="merge")
             return
         except CommitFailedError:
             if attempt == COMMIT_ATTEMPTS - 1:
@@ -100,7 +101,7 @@ class DeltaStore:
         uri = layout.bindings_uri(self.root)
         with self._bindings_lock, translate("writing the bindings log"):
             dt = self._open_or_create(uri, BINDING_SCHEMA)
-            write_deltalake(dt, rows, mode="append")
+            write_deltalake(dt, rows, mode="append", schema_mode="merge")
 
     def read_transactions(self) -> pa.Table:
         uri = layout.transactions_uri(self.root)
