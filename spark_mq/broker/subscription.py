@@ -151,13 +151,14 @@ class Subscription:
     # -- ingesting new messages --------------------------------------------------------------
     def _ingest(self) -> None:
         """Take in what the store holds from ``next_offset`` on (caller holds the lock)."""
-        end = self._store.end
-        if self.next_offset >= end:
+        if self.next_offset >= self._store.end:
             return
         now_us = int(self._wall() * 1_000_000)
         attempts = self.settings.max_delivery_attempts
-        for part in self._store.entries(self.next_offset):
+        end = self.next_offset
+        for part in self._store.entries(self.next_offset):  # a snapshot of the chunks
             offsets, prio = part.offsets, part.priority
+            end = int(offsets[-1]) + 1  # a chunk added meanwhile is ingested once, next time
             keep = np.ones(len(offsets), dtype=bool)
             if offsets[0] <= self._settled_horizon:
                 keep &= ~np.isin(offsets, np.fromiter(self._settled, np.int64))
