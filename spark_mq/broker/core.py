@@ -225,9 +225,14 @@ class Broker:
     ) -> Destination:
         d = self.config.duplicates
         cache = DuplicateCache(d.cache_size, d.window_s) if d.cache_size else None
-        settings = self.config.destinations.with_overrides(overrides or {})
+        overrides = dict(overrides or {})
+        unknown = [k for k in overrides if k not in DestinationSettings.model_fields]
+        if unknown:  # recorded by another version: say so, do not refuse to start
+            log.warning("%s: ignoring unknown recorded setting(s) %s", name, unknown)
+            overrides = {k: v for k, v in overrides.items() if k not in unknown}
+        settings = self.config.destinations.with_overrides(overrides)
         store = MessageStore(lambda start, end: self.journal.read_messages(name, start, end))
-        dest = Destination(name, kind, settings, dict(overrides or {}), store=store, dedup=cache)
+        dest = Destination(name, kind, settings, overrides, store=store, dedup=cache)
         dest.last_used = self.clock.monotonic()
         return dest
 
@@ -439,7 +444,11 @@ class Broker:
             counts=counts,
             target=target,
         )
-        self.produce(copy.target, copy.rows).add_done_callback(settle)
+        # not through produce(): a move frees as much as it takes, so limits and memory states
+        # must not block it (it runs on the timer thread)
+        side = self._dest(copy.target)
+        now = self.clock.wall()
+        self._store(side, self._checked_rows(side, copy.rows, now), now).add_done_callback(settle)
         if why == "dead":
             log.info("dead-lettering %d message(s) of %s into %s", len(offsets), dest.name, target)
         return done
