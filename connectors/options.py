@@ -37,8 +37,15 @@ _KNOWN = {
         "includeHeaders",
         "groupingKey",
         "groupingPartitions",
+        "consumer",
+        "url",
+        "subscription",
     )
 }
+# options that place a read in the log; a broker consumer's place is its claims
+_LOG_ONLY = ("startingoffsets", "startingtimestamp", "endingoffsets", "groupingpartitions")
+DEFAULT_URL = "grpc://127.0.0.1:7676"
+DEFAULT_MAX_CLAIM = 10_000
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,14 @@ class SourceOptions:
     include_headers: bool
     grouping_key: str
     grouping_partitions: int | None
+    # consuming through the broker: the query's consumer name (None: read the log in place)
+    consumer: str | None = None
+    url: str = DEFAULT_URL
+    subscription: str | None = None
+
+    @property
+    def through_broker(self) -> bool:
+        return self.consumer is not None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -67,6 +82,15 @@ class SourceOptions:
                 f"unknown sparkmq option(s) {unknown}; known: {sorted(_KNOWN.values())}",
                 setting=unknown[0],
             )
+        if "consumer" in opts:
+            return cls._broker_mode(opts)
+        for key in ("url", "subscription"):
+            if key in opts:
+                raise ConfigError(
+                    f"option {_KNOWN[key]!r} needs 'consumer' (a name for this query's claims): "
+                    "without it the query reads the Delta log in place",
+                    setting=_KNOWN[key],
+                )
         root = opts.get("root") or opts.get("path")
         if not root:
             raise ConfigError(
@@ -96,6 +120,59 @@ class SourceOptions:
             include_headers=_bool(opts, "includeheaders", True),
             grouping_key=grouping_key,
             grouping_partitions=_positive_int(opts, "groupingpartitions"),
+        )
+
+    @classmethod
+    def _broker_mode(cls, opts: Mapping[str, str]) -> SourceOptions:
+        """``consumer`` set: consume one queue, or a topic's durable subscription, through the
+        broker in claims (what the query holds is invisible to others until it commits)."""
+        given = [_KNOWN[k] for k in (*_LOG_ONLY, "maxbytespertrigger") if k in opts] + (
+            ["destinationPattern"] if "destinationpattern" in opts else []
+        )
+        if given:
+            raise ConfigError(
+                f"option(s) {given} do not apply when consuming through the broker ('consumer' "
+                "is set): the broker decides what each micro-batch claims",
+                setting=given[0],
+            )
+        listed, _ = _destinations(opts)
+        if len(listed) != 1:
+            raise ConfigError(
+                "consuming through the broker reads one destination", setting="destination"
+            )
+        consumer = opts["consumer"]
+        subscription = opts.get("subscription")
+        try:
+            validate_name(consumer, "consumer")
+            if subscription is not None:
+                validate_name(subscription, "subscription")
+        except Exception as exc:
+            raise ConfigError(f"{exc}", setting="consumer") from None
+        url = opts.get("url", DEFAULT_URL)
+        if "://" not in url:
+            raise ConfigError(
+                f"option 'url' must look like grpc://host:port, got {url!r}", setting="url"
+            )
+        root = opts.get("root") or opts.get("path")
+        return cls(
+            root=normalize_root(root) if root else "",
+            destinations=listed,
+            pattern=None,
+            starting="earliest",
+            starting_timestamp_ms=None,
+            ending="latest",
+            max_messages_per_trigger=_positive_int(opts, "maxmessagespertrigger")
+            or DEFAULT_MAX_CLAIM,
+            max_bytes_per_trigger=None,
+            max_messages_per_partition=_positive_int(opts, "maxmessagesperpartition")
+            or DEFAULT_MAX_MESSAGES_PER_PARTITION,
+            fail_on_data_loss=True,
+            include_headers=_bool(opts, "includeheaders", True),
+            grouping_key="group_id",
+            grouping_partitions=None,
+            consumer=consumer,
+            url=url,
+            subscription=subscription,
         )
 
 

@@ -214,10 +214,22 @@ class SparkMQDataSource(DataSource):
         return dr.source_ddl(self.parsed.include_headers)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BatchReader(self.parsed)
+        opts = self.parsed
+        if opts.through_broker:
+            raise ConfigError(
+                "option 'consumer' (consuming through the broker) is for streaming queries; a "
+                "batch read reads the log in place: drop 'consumer'",
+                setting="consumer",
+            )
+        return BatchReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return StreamReader(self.parsed)
+        opts = self.parsed
+        if opts.through_broker:
+            from spark_mq.connectors.broker_read import BrokerStreamReader
+
+            return BrokerStreamReader(opts)
+        return StreamReader(opts)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from spark_mq.connectors.sink import BatchWriter, SinkOptions

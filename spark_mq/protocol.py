@@ -35,6 +35,8 @@ ADMIN_ACTIONS = (
     "configure_destination",
     "purge",
     "commit_transaction",
+    "claim",
+    "ack_claims",
     "stats",
     "ping",
 )
@@ -63,6 +65,16 @@ class Browse:
     subscription: str | None = None
     limit: int = 100
     selector: str | None = None
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """``DoGet`` ticket: the messages of one claim of a Spark query (``spark_mq.broker.claims``)."""
+
+    destination: str
+    subscription: str | None
+    consumer: str
+    number: int
 
 
 @dataclass(frozen=True)
@@ -106,11 +118,12 @@ class PutFailed:
     error: dict[str, Any]
 
 
-Frame = Produce | Consume | Browse | Welcome | Settle | Reply | PutAck | PutFailed
+Frame = Produce | Consume | Browse | Claimed | Welcome | Settle | Reply | PutAck | PutFailed
 _TYPES: dict[str, type] = {
     "produce": Produce,
     "consume": Consume,
     "browse": Browse,
+    "claimed": Claimed,
     "welcome": Welcome,
     "settle": Settle,
     "reply": Reply,
@@ -184,6 +197,13 @@ def parse(data: bytes | memoryview | None) -> Frame:
                 _str(doc, "subscription", optional=True),
                 limit,  # type: ignore[arg-type]
                 _str(doc, "selector", optional=True),
+            )
+        case "claimed":
+            return Claimed(
+                _str(doc, "destination"),  # type: ignore[arg-type]
+                _str(doc, "subscription", optional=True),
+                _str(doc, "consumer"),  # type: ignore[arg-type]
+                _int(doc, "number"),  # type: ignore[arg-type]
             )
         case "welcome":
             lease = doc.get("lease_s")

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from spark_mq import protocol
 from spark_mq.broker import disposal, transactions
+from spark_mq.broker.claims import Claims
 from spark_mq.broker.dedup import DuplicateCache, combine
 from spark_mq.broker.memory import THROTTLE_S, MemoryMonitor
 from spark_mq.broker.message_store import MessageStore
@@ -141,6 +142,7 @@ class Broker:
         self._timer: threading.Thread | None = None
         self._next_reap = 0.0
         self.memory = MemoryMonitor(self.config.limits.memory_budget_bytes)
+        self.claims = Claims(self, self._consumer_ids)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, *, run_timers: bool = True) -> None:
@@ -210,6 +212,7 @@ class Broker:
                 returned=rs.returned,
                 selector=compile_selector(info.subscriptions[rs.name].selector),
             )
+            self.claims.restore(info.name, dest.subscriptions[rs.name], rs.claims)
         with self._lock:
             self._dests[info.name] = dest
         log.info(

@@ -26,7 +26,10 @@ RETURNED = "returned"
 # a delivery is about to be made (only with delivery.persist_delivery_count): counted, so the
 # delivery count stays exact even for deliveries a crash interrupted
 DELIVERED = "delivered"
-NOT_SETTLED = (RETURNED, DELIVERED)
+# a Spark query claimed the offset for one of its micro-batches (reason: "<claimant>#<n>");
+# settled when the query commits the batch (an ack)
+CLAIMED = "claimed"
+NOT_SETTLED = (RETURNED, DELIVERED, CLAIMED)
 
 
 @dataclass
@@ -36,6 +39,7 @@ class RecoveredSubscription:
     low_water: int
     settled_above: set[int]
     returned: dict[int, int]  # offset -> deliveries that came back, for unsettled offsets
+    claims: dict[str, dict[int, list[int]]]  # claimant -> claim number -> unsettled offsets
 
 
 @dataclass
@@ -108,6 +112,28 @@ def _counts(settlements: pa.Table, outcome: str) -> dict[str, dict[int, int]]:
     return out
 
 
+def claims_of(settlements: pa.Table) -> dict[str, dict[str, dict[int, list[int]]]]:
+    """Per subscription: each claimant's claims (number -> offsets), settled or not."""
+    rows = settlements.filter(pc.equal(settlements["outcome"], CLAIMED))
+    out: dict[str, dict[str, dict[int, list[int]]]] = {}
+    seen: set[tuple[str, str, int]] = set()  # a row read twice while the hot tier moves
+    for sub, offset, reason in zip(
+        rows["subscription"].to_pylist(),
+        rows["offset"].to_pylist(),
+        rows["reason"].to_pylist(),
+        strict=True,
+    ):
+        if (sub, reason, offset) in seen:
+            continue
+        seen.add((sub, reason, offset))
+        claimant, _, number = (reason or "").rpartition("#")
+        if claimant and number.isdigit():
+            out.setdefault(sub, {}).setdefault(claimant, {}).setdefault(int(number), []).append(
+                offset
+            )
+    return out
+
+
 def recover_destination(
     journal: Journal, info: DestinationInfo
 ) -> tuple[list[RecoveredSubscription], pa.Table]:
@@ -115,13 +141,22 @@ def recover_destination(
     settlements = journal.read_settlements(info.name) if end else None
     settled = settled_by_subscription(settlements) if settlements is not None else {}
     returned = returned_counts(settlements) if settlements is not None else {}
+    claimed = claims_of(settlements) if settlements is not None else {}
     subs = []
     for sub in info.subscriptions.values():
         low, above = low_water(sub.start_offset, settled.get(sub.name))
         counts = {
             o: n for o, n in returned.get(sub.name, {}).items() if o >= low and o not in above
         }
-        subs.append(RecoveredSubscription(sub.name, sub.start_offset, low, above, counts))
+        claims = {
+            claimant: {
+                number: live
+                for number, offsets in numbers.items()
+                if (live := [o for o in offsets if o >= low and o not in above])
+            }
+            for claimant, numbers in claimed.get(sub.name, {}).items()
+        }
+        subs.append(RecoveredSubscription(sub.name, sub.start_offset, low, above, counts, claims))
     first = min((s.low_water for s in subs), default=end)
     rows = journal.read_messages(info.name, first, end) if first < end else None
     if rows is None:

@@ -80,6 +80,25 @@ class FlightService(fl.FlightServerBase):
                 }
             case "configure_destination":
                 return b.configure_destination(body["name"], body["settings"])
+            case "claim":
+                below = body.get("below")
+                offsets = b.claims.claim(
+                    body["destination"],
+                    body.get("subscription"),
+                    body["consumer"],
+                    int(body["number"]),
+                    int(body["limit"]),
+                    None if below is None else int(below),
+                )
+                return {"count": len(offsets)}
+            case "ack_claims":
+                acked = b.claims.ack(
+                    body["destination"],
+                    body.get("subscription"),
+                    body["consumer"],
+                    int(body["upto"]),
+                )
+                return {"acked": acked}
             case "purge":
                 return {"purged": b.purge(body["name"], body.get("subscription"))}
             case "delete_destination":
@@ -105,11 +124,16 @@ class FlightService(fl.FlightServerBase):
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.RecordBatchStream:
         try:
             cmd = protocol.parse(ticket.ticket)
-            if not isinstance(cmd, protocol.Browse):
-                raise ProtocolError("do_get expects a browse command", fault="remote")
-            table = self.broker.browse(
-                cmd.destination, cmd.subscription, limit=cmd.limit, selector=cmd.selector
-            )
+            if isinstance(cmd, protocol.Browse):
+                table = self.broker.browse(
+                    cmd.destination, cmd.subscription, limit=cmd.limit, selector=cmd.selector
+                )
+            elif isinstance(cmd, protocol.Claimed):
+                table = self.broker.claims.rows(
+                    cmd.destination, cmd.subscription, cmd.consumer, cmd.number
+                )
+            else:
+                raise ProtocolError("do_get expects a browse or claimed command", fault="remote")
         except SparkMQError as exc:
             raise _flight_error(exc) from None
         return fl.RecordBatchStream(table)

@@ -25,6 +25,7 @@ at once, and never out of order). Within a group, priority still orders messages
 from __future__ import annotations
 
 import heapq
+import itertools
 import threading
 import zlib
 from collections.abc import Callable, Iterable
@@ -243,9 +244,19 @@ class Subscription:
 
     # -- delivery ----------------------------------------------------------------------------
     def take(
-        self, consumer_id: int, limit: int, selector: Selector | None = None
+        self,
+        consumer_id: int,
+        limit: int,
+        selector: Selector | None = None,
+        *,
+        lease_s: float | None = None,
+        below: int | None = None,
     ) -> list[Delivery]:
-        """Lease up to ``limit`` messages to ``consumer_id``: ``(offset, count, group_first)``."""
+        """Lease up to ``limit`` messages to ``consumer_id``: ``(offset, count, group_first)``.
+
+        ``lease_s`` overrides the mark interval (a Spark claim holds until committed);
+        ``below``: only offsets under it.
+        """
         if limit <= 0:
             return []
         with self._lock:
@@ -255,8 +266,8 @@ class Subscription:
             self._promote_due(self._wall())
             if not self._ready_n:
                 return []
-            out = self._pick(consumer_id, limit, selector)
-            deadline = self._now() + self.lease_s
+            out = self._pick(consumer_id, limit, selector, below)
+            deadline = self._now() + (self.lease_s if lease_s is None else lease_s)
             for offset, count, _first, p in out:
                 self._leases[offset] = Lease(consumer_id, count, deadline, p)
                 b = self._bucket.get(offset)
@@ -265,7 +276,7 @@ class Subscription:
         return [(o, c, f) for o, c, f, _ in out]
 
     def _pick(
-        self, consumer_id: int, limit: int, selector: Selector | None
+        self, consumer_id: int, limit: int, selector: Selector | None, below: int | None = None
     ) -> list[tuple[int, int, bool, int]]:
         out: list[tuple[int, int, bool, int]] = []
         simple = selector is None and not self._bucket and not self._expiry
@@ -277,12 +288,15 @@ class Subscription:
                 continue
             want = limit - len(out)
             if simple:
-                chosen = list(sl.islice(0, want))
+                if below is None:
+                    chosen = list(sl.islice(0, want))
+                else:
+                    chosen = list(itertools.islice(sl.irange(maximum=below - 1), want))
                 del sl[: len(chosen)]
                 self._ready_n -= len(chosen)
                 out.extend((o, self._counts.pop(o, 0) + 1, False, p) for o in chosen)
             else:
-                picked, gone = self._scan(sl, consumer_id, want, selector, now_us, budget, p)
+                picked, gone = self._scan(sl, consumer_id, want, selector, now_us, budget, p, below)
                 budget -= len(picked) + len(gone)
                 for o in (*(o for o, _ in picked), *gone):
                     sl.remove(o)
@@ -301,6 +315,7 @@ class Subscription:
         now_us: int,
         budget: int,
         priority: int,
+        below: int | None = None,
     ) -> tuple[list[tuple[int, bool]], list[int]]:
         """What of one ready list this consumer may have; and expired ones found on the way."""
         picked: list[tuple[int, bool]] = []
@@ -317,7 +332,7 @@ class Subscription:
             self._busy,
         )
         for scanned, o in enumerate(sl):
-            if scanned >= budget or len(picked) >= want:
+            if scanned >= budget or len(picked) >= want or (below is not None and o >= below):
                 break
             if expiries:
                 expiry = expiries.get(o)
@@ -531,6 +546,34 @@ class Subscription:
             self._owned.pop(consumer_id, None)
         self.wake()
         return len(mine)
+
+    def lease_to(self, consumer_id: int, offsets: Iterable[int], lease_s: float) -> list[int]:
+        """Lease these waiting offsets to ``consumer_id`` (a claim rebuilt after a restart);
+        returns those that were waiting."""
+        deadline = self._now() + lease_s
+        out = []
+        with self._lock:
+            self._ingest()
+            for o in offsets:
+                p = self._priority.get(o)
+                if o in self._leases or not self._unready(o):
+                    continue
+                p = self._priority.pop(o, p or 0)
+                self._leases[o] = Lease(consumer_id, self._counts.pop(o, 0) + 1, deadline, p)
+                b = self._bucket.get(o)
+                if b is not None:
+                    self._busy[b] = self._busy.get(b, 0) + 1
+                    if b not in self._owners:
+                        self._owners[b] = consumer_id
+                        self._owned[consumer_id] = self._owned.get(consumer_id, 0) + 1
+                out.append(o)
+        return out
+
+    def delivery_count(self, offset: int) -> int:
+        """The delivery count of a leased offset (0 if it is not leased)."""
+        with self._lock:
+            lease = self._leases.get(offset)
+            return lease.delivery_count if lease is not None else 0
 
     def is_leased_to(self, offset: int, consumer_id: int) -> bool:
         with self._lock:

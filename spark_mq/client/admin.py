@@ -87,5 +87,51 @@ class Admin:
         with translated():
             return self._client.do_get(ticket, self._options).read_all()
 
+    # -- claims: how a Spark query consumes through the broker (spark_mq.broker.claims) -------
+    def claim(
+        self,
+        destination: str,
+        consumer: str,
+        number: int,
+        limit: int,
+        *,
+        subscription: str | None = None,
+        below: int | None = None,
+    ) -> int:
+        """Make (or find again) claim ``number`` of ``consumer``; returns how many it holds."""
+        return int(
+            self._call(
+                "claim",
+                destination=destination,
+                subscription=subscription,
+                consumer=consumer,
+                number=number,
+                limit=limit,
+                below=below,
+            )["count"]
+        )
+
+    def claimed(
+        self, destination: str, consumer: str, number: int, *, subscription: str | None = None
+    ) -> pa.Table:
+        """The messages of one claim, in offset order."""
+        frame = protocol.Claimed(destination, subscription, consumer, number)
+        with translated():
+            return self._client.do_get(fl.Ticket(protocol.encode(frame)), self._options).read_all()
+
+    def ack_claims(
+        self, destination: str, consumer: str, upto: int, *, subscription: str | None = None
+    ) -> int:
+        """Ack every claim of ``consumer`` numbered ``upto`` or lower; returns messages acked."""
+        return int(
+            self._call(
+                "ack_claims",
+                destination=destination,
+                subscription=subscription,
+                consumer=consumer,
+                upto=upto,
+            )["acked"]
+        )
+
     def stats(self, name: str) -> dict[str, Any]:
         return dict(self._call("stats", name=name))

@@ -1,0 +1,152 @@
+"""Claims: how a Spark query consumes a queue (or a topic's durable subscription) through the
+broker, exactly once.
+
+A claimant (the query's ``consumer`` option) takes messages in numbered claims, one per
+micro-batch. A claim is a lease that does not lapse, recorded durably (settlement rows with
+outcome ``claimed``, reason ``<claimant>#<number>``) before the query sees it:
+
+* claiming number *n* again returns the same offsets (a query restarted from its checkpoint
+  replays batch *n* with exactly the same messages, even across a broker restart);
+* claiming *n* means the query committed every batch before it, so those claims are acked;
+  the query's ``commit`` acks them too (whichever comes first);
+* claimed messages are invisible to every other consumer until acked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from spark_mq.broker import disposal
+from spark_mq.broker.recovery import CLAIMED
+from spark_mq.errors import LeaseError
+from spark_mq.names import validate_name
+from spark_mq.schema import MESSAGE_SCHEMA
+
+if TYPE_CHECKING:
+    from spark_mq.broker.core import Broker, Destination
+    from spark_mq.broker.subscription import Subscription
+
+FOREVER = float("inf")
+
+
+@dataclass
+class Claimant:
+    consumer_id: int
+    batches: dict[int, list[int]] = field(default_factory=dict)  # claim number -> offsets
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Claims:
+    def __init__(self, broker: Broker, consumer_ids: itertools.count) -> None:
+        self._broker = broker
+        self._ids = consumer_ids
+        self._lock = threading.Lock()
+        self._claimants: dict[tuple[str, str, str], Claimant] = {}
+
+    def _subscription(
+        self, destination: str, subscription: str | None
+    ) -> tuple[Destination, Subscription]:
+        dest = self._broker._dest(destination)
+        return dest, self._broker._named_subscription(dest, subscription)
+
+    def _claimant(self, dest: str, sub: Subscription, name: str) -> Claimant:
+        validate_name(name, "consumer")
+        with self._lock:
+            key = (dest, sub.name, name)
+            found = self._claimants.get(key)
+            if found is None:
+                found = self._claimants[key] = Claimant(next(self._ids))
+                sub.register(found.consumer_id)
+            return found
+
+    def restore(
+        self, dest: str, sub: Subscription, claims: dict[str, dict[int, list[int]]]
+    ) -> None:
+        """After a restart: lease every unsettled claimed offset to its claimant again."""
+        for name, numbers in claims.items():
+            if not numbers:
+                continue
+            claimant = self._claimant(dest, sub, name)
+            for number, offsets in numbers.items():
+                claimant.batches[number] = sub.lease_to(claimant.consumer_id, offsets, FOREVER)
+
+    def claim(
+        self,
+        destination: str,
+        subscription: str | None,
+        name: str,
+        number: int,
+        limit: int,
+        below: int | None = None,
+    ) -> list[int]:
+        """The offsets of claim ``number`` (made now, unless it exists); acks earlier claims."""
+        dest, sub = self._subscription(destination, subscription)
+        claimant = self._claimant(destination, sub, name)
+        with claimant.lock:
+            self._ack(dest, sub, claimant, number - 1)
+            if number in claimant.batches:
+                return list(claimant.batches[number])
+            taken = sub.take(claimant.consumer_id, limit, lease_s=FOREVER, below=below)
+            offsets = [o for o, _, _ in taken]
+            if offsets:
+                self._broker.journal.settle(
+                    destination,
+                    offsets,
+                    subscription=sub.name,
+                    outcome=CLAIMED,
+                    reason=f"{name}#{number}",
+                ).result()
+                claimant.batches[number] = offsets
+            return offsets
+
+    def rows(self, destination: str, subscription: str | None, name: str, number: int) -> pa.Table:
+        """The messages of claim ``number``, in offset order."""
+        dest, sub = self._subscription(destination, subscription)
+        claimant = self._claimant(destination, sub, name)
+        with claimant.lock:
+            offsets = claimant.batches.get(number)
+        if offsets is None:
+            raise LeaseError(
+                f"{name!r} holds no claim {number} on {destination!r} (acked already, or never "
+                "made)",
+                destination=destination,
+            )
+        if not offsets:
+            return MESSAGE_SCHEMA.empty_table()
+        return disposal.order_like(dest.store.take(offsets), sorted(offsets))
+
+    def ack(self, destination: str, subscription: str | None, name: str, upto: int) -> int:
+        """Ack every claim numbered ``upto`` or lower (the query committed them)."""
+        dest, sub = self._subscription(destination, subscription)
+        claimant = self._claimant(destination, sub, name)
+        with claimant.lock:
+            return self._ack(dest, sub, claimant, upto)
+
+    def _ack(self, dest: Destination, sub: Subscription, claimant: Claimant, upto: int) -> int:
+        done = sorted(n for n in claimant.batches if n <= upto)
+        offsets = [o for n in done for o in claimant.batches[n]]
+        if offsets:
+            entries = [(o, sub.delivery_count(o)) for o in offsets]
+            ok, refused = sub.begin_ack(claimant.consumer_id, entries)
+            if refused:
+                sub.end_ack(ok, durable=False)
+                raise LeaseError(
+                    f"claim of {dest.name!r} could not be acked: offset {refused[0].offset}: "
+                    f"{refused[0].reason}",
+                    destination=dest.name,
+                )
+            fut = self._broker.journal.settle(dest.name, ok, subscription=sub.name)
+            try:
+                fut.result()
+            except BaseException:
+                sub.end_ack(ok, durable=False)
+                raise
+            sub.end_ack(ok, durable=True)
+        for n in done:
+            del claimant.batches[n]
+        return len(offsets)

@@ -1,0 +1,42 @@
+"""Claims (what a Spark query consuming through the broker holds) survive a broker restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_mq import Admin, Consumer, LeaseError, Producer
+from spark_mq.clock import ManualClock
+from tests.conftest import receive_n, start_inprocess
+
+
+def test_a_claim_is_the_same_after_a_restart_and_held_until_acked(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    data = tmp_path / "data"
+    broker = start_inprocess(data, clock)
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_queue("q")
+            with Producer(broker.url, destination="q") as producer:
+                producer.send_batch([b"%d" % i for i in range(8)])
+            assert admin.claim("q", "etl", 1, 3) == 3
+            assert admin.claim("q", "etl", 2, 3) == 3  # claim 1 is now acked
+            clock.advance(3600)  # a claim's lease never lapses
+            broker.broker.run_timers()
+        broker.stop()
+        broker = start_inprocess(data, clock)
+        with Admin(broker.url) as admin:
+            stats = admin.stats("q")  # claim 1 acked; claim 2 held again; 6 and 7 waiting
+            assert stats["depth"] == 5 and stats["in_flight"] == 3
+            assert admin.claim("q", "etl", 2, 3) == 3  # the same claim again
+            assert admin.claimed("q", "etl", 2)["body"].to_pylist() == [b"3", b"4", b"5"]
+            with Consumer(broker.url, "q") as other:  # only what nobody claimed
+                assert sorted(m.text for m in receive_n(other, 2)) == ["6", "7"]
+            assert admin.ack_claims("q", "etl", 2) == 3
+            assert admin.stats("q")["depth"] == 2  # 6 and 7: the other consumer did not ack
+            with pytest.raises(LeaseError, match="no claim 2"):
+                admin.claimed("q", "etl", 2)
+    finally:
+        broker.stop()
