@@ -61,6 +61,7 @@ def build(root: str, total: int, settled: float, body_bytes: int) -> None:
                 "priority": pa.array(np.full(n, 4, np.int32)),
                 "enqueue_time": pa.array(np.full(n, now, np.int64)).cast(TS),
                 "expiry_time": pa.nulls(n, TS),
+                "deliver_time": pa.nulls(n, TS),
                 "headers": pa.nulls(n, MESSAGE_SCHEMA.field("headers").type),
                 "body": body,
             },
