@@ -6,7 +6,8 @@ In one run, on one local[2] SparkSession:
 
 1. source: ``readStream.format("sparkmq")`` with ``Trigger.AvailableNow`` over a topic of
    ``--messages`` messages (written straight to Delta, 20 files), against ``spark.read.parquet``
-   of the very same Parquet files — messages/s, MB/s and the ratio;
+   of the very same Parquet files — messages/s, MB/s and the ratio — and the batch helper
+   ``read_log`` (Spark's native Parquet reader on the files Delta selects);
 2. sink: ``df.write.format("sparkmq")`` of ``--sink-messages`` rows through a broker;
 3. end-to-end latency of a continuous pipeline: SDK producer -> broker -> Delta -> a
    ``format("sparkmq")`` query (1 s trigger) -> foreachBatch, per message.
@@ -24,7 +25,7 @@ import numpy as np
 from compaction_bench import build  # bench/ is on sys.path when run as a script
 
 from spark_mq import Admin, Producer
-from spark_mq.connectors import local_session
+from spark_mq.connectors import local_session, read_log
 from spark_mq.journal import layout
 from spark_mq.launch import BrokerProcess
 
@@ -97,6 +98,13 @@ def source(spark, root: str, total: int, body: int) -> None:
             f"spark.read.parquet:  {n_pq / t_pq:,.0f} msg/s ({mb / t_pq:,.0f} MB/s), {t_pq:.1f} s"
         )
         print(f"ratio: {t_pq / t_src:.2f}x of plain Parquet (target >= 0.8x)")
+        t_log, n_log = timed_count(
+            lambda e=exprs: read_log(spark, root, "big").selectExpr(*e).first()["n"]
+        )
+        print(
+            f"read_log (batch):    {n_log / t_log:,.0f} msg/s ({mb / t_log:,.0f} MB/s), "
+            f"{t_log:.1f} s = {t_pq / t_log:.2f}x of plain Parquet"
+        )
 
 
 def sink(spark, url: str, n: int) -> None:

@@ -44,4 +44,12 @@ def local_session(app_name: str = "sparkmq"):
     return session
 
 
-__all__ = ["local_session", "register"]
+def read_log(spark: SparkSession, root: str, destination: str, **kwargs):
+    """A batch DataFrame of a message log through Spark's native Parquet reader
+    (:func:`spark_mq.connectors.native_read.read_log`)."""
+    from spark_mq.connectors.native_read import read_log as read
+
+    return read(spark, root, destination, **kwargs)
+
+
+__all__ = ["local_session", "read_log", "register"]

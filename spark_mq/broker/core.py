@@ -714,7 +714,7 @@ class Broker:
         for name, batch in (
             transactions.split_by_destination(messages) if messages else {}
         ).items():
-            dest = dests[name] = self._dest(name)
+            dest = dests[name] = self.destination_for_use(name)
             rows = self._checked_rows(dest, batch, now)
             n = rows.num_rows
             ids = pc.coalesce(rows["dedup_id"], numbered_ids(f"tx:{txid}", 0, n, ":"))
