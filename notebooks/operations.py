@@ -72,8 +72,9 @@ if mq.embedded is not None:
 
 # MAGIC %md
 # MAGIC ## Depth, lag and redeliveries
-# MAGIC `depth`: messages not yet settled; `delta_lag_ms`: how far Delta (what Spark and the jobs
-# MAGIC read) trails the broker; `redelivered`: deliveries after a nack or a lapsed lease.
+# MAGIC `depth`: messages not yet settled; `consumer_lag`: not yet delivered; `delta_lag_ms`:
+# MAGIC how far Delta (what Spark and the jobs read) trails the broker; `redelivered`: deliveries
+# MAGIC after a nack or a lapsed lease.
 
 # COMMAND ----------
 
@@ -89,7 +90,7 @@ with Admin(URL) as admin:
                     "subscription": sub or "(queue)",
                     "end_offset": d["end_offset"],
                     "depth": s["depth"],
-                    "consumer_lag": d["end_offset"] - s["next_offset"] + s["available_again"],
+                    "consumer_lag": s["waiting"],
                     "in_flight": s["in_flight"],
                     "acked": s["acked"],
                     "redelivered": s["redelivered"],

@@ -729,7 +729,9 @@ class Subscription:
             waiting = self._ready_n + len(self._due)
             return {
                 "start_offset": self.start_offset,
-                "next_offset": self.next_offset,
+                "next_offset": self.next_offset,  # ingested up to here (not: delivered)
+                # not delivered yet (the consumer lag): new, ready again, or scheduled
+                "waiting": unseen + waiting,
                 "in_flight": len(self._leases),
                 "scheduled": len(self._due),
                 "available_again": sum(1 for o in self._counts if o not in self._leases),
