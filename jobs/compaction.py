@@ -4,7 +4,8 @@ What goes, per destination:
 
 * message rows every subscription has settled: everything below the lowest *low-water mark*
   (the first unsettled offset of a subscription) and, above it, offsets settled by all;
-* message rows whose expiry time has passed (with ``drop_expired``): an ``expired`` settlement
+* message rows whose expiry time has passed (with ``drop_expired``; not for destinations created
+  with ``expiry = "queue"``, whose reaper moves them to ``EXP.<name>``): an ``expired`` settlement
   is written for every subscription that had not settled them first, so they count as settled;
 * settlement rows below a subscription's low-water mark, replaced by one ``compacted`` row
   carrying the mark (recovery reads it as "everything below is settled").
@@ -160,7 +161,9 @@ def _plan(
     old = offsets < young_from
     by_all &= old
     expired_mask = np.zeros(len(offsets), dtype=bool)
-    if policy.drop_expired and len(offsets):
+    # a destination whose expired messages go to EXP.<name> leaves them to the broker's reaper
+    moves_expired = info.settings.get("expiry") == "queue"
+    if policy.drop_expired and not moves_expired and len(offsets):
         when = pa.scalar(now, TS)
         expired_mask = pc.fill_null(pc.less(live_rows["expiry_time"], when), False).to_numpy(
             zero_copy_only=False

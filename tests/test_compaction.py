@@ -256,3 +256,31 @@ def test_compaction_racing_a_live_broker_loses_and_resurrects_nothing(tmp_path: 
     finally:
         broker.stop()
     assert messages_in_delta(data, "live")["offset"].to_pylist() == [total]
+
+
+def test_expired_rows_of_a_destination_with_an_expiry_queue_are_left_to_the_broker(
+    data: Path, clock: ManualClock
+) -> None:
+    running = start_inprocess(data, clock)
+    try:
+        with Admin(running.url) as admin:
+            admin.create_queue("moved", expiry="queue")
+            admin.create_queue("dropped")
+        for name in ("moved", "dropped"):
+            fill(running, name, batches=2, size=5, ttl_s=60)
+    finally:
+        running.stop()
+    later = datetime.fromtimestamp(clock.wall(), timezone.utc) + timedelta(minutes=10)
+    policy = CompactionPolicy(force=True)
+    results = {r.destination: r for r in compact_all(data, policy, now=later)}
+    assert results["dropped"].expired == 10
+    assert results["moved"].expired == 0  # the broker's reaper moves them to EXP.moved
+    assert len(messages_in_delta(data, "moved")) == 10
+    running = start_inprocess(data, clock)
+    try:
+        clock.advance(600)
+        running.broker.run_timers(reap=True)
+        with Consumer(running.url, "EXP.moved") as expired:
+            assert len(receive_n(expired, 10)) == 10
+    finally:
+        running.stop()
