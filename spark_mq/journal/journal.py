@@ -40,6 +40,7 @@ from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.names import validate_name
 from spark_mq.schema import SETTLEMENT_SCHEMA, UNOFFSET_SCHEMA
 
+_SETTLE_TIME = SETTLEMENT_SCHEMA.field("settle_time").type
 DEFAULT_BUFFER_TIMEOUT_S = 0.001
 DEFAULT_BUFFER_SIZE_BYTES = 490 * 1024
 DEFAULT_MAX_PENDING_BYTES = 256 * 1024 * 1024
@@ -286,16 +287,16 @@ class Journal:
     ) -> Future:
         """Record that ``subscription`` is done with ``offsets``; resolves once durable."""
         n = len(offsets)
-        now = pa.array([self._now_us()] * n, pa.int64()).cast(
-            SETTLEMENT_SCHEMA.field("settle_time").type
-        )
+        # repeated scalars, not Python lists: this runs for every ack frame on the hot path
         rows = pa.table(
             [
                 pa.array(offsets, pa.int64()),
-                pa.array([subscription] * n, pa.string()),
-                pa.array([outcome] * n, pa.string()),
-                now,
-                pa.array([reason] * n, pa.string()),
+                pa.repeat(pa.scalar(subscription, pa.string()), n),
+                pa.repeat(pa.scalar(outcome, pa.string()), n),
+                pa.repeat(pa.scalar(self._now_us(), _SETTLE_TIME), n),
+                pa.nulls(n, pa.string())
+                if reason is None
+                else pa.repeat(pa.scalar(reason, pa.string()), n),
             ],
             schema=SETTLEMENT_SCHEMA,
         )
