@@ -38,6 +38,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.progress = threading.Condition(self.lock)  # notified as produces are confirmed
         self.produced: dict[str, int] = {}  # dedup id -> offset, confirmed
         self.acked: set[str] = set()  # dedup ids whose ack the broker confirmed
         self.violations: list[str] = []
@@ -86,6 +87,7 @@ def produce(url: str, source: Source, ledger: Ledger, stop: threading.Event) -> 
                         known = ledger.produced.setdefault(dedup_id, offset)
                         if known != offset:
                             ledger.violations.append(f"{dedup_id} stored twice: {known}, {offset}")
+                    ledger.progress.notify_all()
                 source.unconfirmed = None
     except SparkMQError:
         return  # the broker died: the batch in flight stays unconfirmed and is resent
@@ -147,7 +149,10 @@ def test_twenty_sigkills_lose_nothing_duplicate_nothing_reorder_nothing(tmp_path
         ]
         for t in threads:
             t.start()
-        time.sleep(rng.uniform(0.3, 1.2))
+        # kill after a random amount of confirmed work (not a fixed time): mid-load, always
+        with ledger.progress:
+            target = len(ledger.produced) + rng.randint(BATCH, 60 * BATCH)
+            ledger.progress.wait_for(lambda t=target: len(ledger.produced) >= t, timeout=30)
         proc.kill()
         stop.set()
         for t in threads:
