@@ -12,12 +12,24 @@ which duplicate detection then catches, so a message lands in the DLQ exactly on
 
 from __future__ import annotations
 
+import logging
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_mq.broker.recovery import RETURNED
+from spark_mq.errors import SparkMQError
 from spark_mq.schema import HEADERS
+
+if TYPE_CHECKING:
+    from spark_mq.broker.core import Broker, Destination
+    from spark_mq.broker.subscription import Subscription
+
+log = logging.getLogger(__name__)
+FILTERED = "filtered"  # settlement outcome: not selected by the subscription's selector
 
 DLQ_PREFIX = "DLQ."
 EXPIRY_PREFIX = "EXP."
@@ -96,3 +108,101 @@ def order_like(rows: pa.Table, offsets: list[int]) -> pa.Table:
         return rows
     index = pc.index_in(pa.array(offsets, pa.int64()), value_set=rows["offset"])
     return rows.take(index)
+
+
+class Disposer:
+    """Carries out what subscriptions leave for the broker (on the timer thread, or at purge):
+    records returned and selector-filtered deliveries, and moves doomed messages to their side
+    queue (or drops them), settling each original once its copy is durable."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def run(self, dest: Destination, sub: Subscription) -> list[Future]:
+        """Everything ``sub`` left to do; the futures of the writes it started."""
+        futures = self.record_returns(dest, sub)
+        doomed = sub.claim_doomed()
+        by_reason: dict[str, list[int]] = {}
+        for offset, (why, _) in doomed.items():
+            by_reason.setdefault(why, []).append(offset)
+        counts = {o: n for o, (_, n) in doomed.items()}
+        for why, offsets in by_reason.items():
+            try:
+                futures.append(self._dispose(dest, sub, why, sorted(offsets), counts))
+            except Exception:
+                sub.unclaim(offsets)
+                log.exception(
+                    "could not dispose of %d %s message(s) of %s", len(offsets), why, dest.name
+                )
+        return futures
+
+    def record_returns(self, dest: Destination, sub: Subscription) -> list[Future]:
+        returned, filtered = sub.drain_log()
+        if not sub.durable:
+            return []
+        journal = self._broker.journal
+        return [
+            journal.settle(dest.name, offsets, subscription=sub.name, outcome=outcome)
+            for offsets, outcome in ((returned, RETURNED), (filtered, FILTERED))
+            if offsets
+        ]
+
+    def _dispose(
+        self,
+        dest: Destination,
+        sub: Subscription,
+        why: str,
+        offsets: list[int],
+        counts: dict[int, int],
+    ) -> Future:
+        broker = self._broker
+        target = side_queue(
+            dest.name, why, dead_letter=dest.settings.dead_letter, expiry=dest.settings.expiry
+        )
+        outcome = OUTCOMES[why]
+        reason = REASONS[why].format(n=max(counts.values(), default=0))
+        done: Future = Future()
+
+        def failed(exc: BaseException) -> None:
+            sub.unclaim(offsets)
+            done.set_exception(exc)
+
+        def finished(f: Future | None = None) -> None:
+            if f is not None and f.exception() is not None:
+                failed(f.exception())  # type: ignore[arg-type]
+                return
+            sub.finish(offsets, outcome)
+            done.set_result(len(offsets))
+
+        def settle(copied: Future | None = None) -> None:
+            if copied is not None and copied.exception() is not None:
+                failed(copied.exception())  # type: ignore[arg-type]
+            elif not sub.durable:
+                finished()
+            else:
+                try:
+                    broker.journal.settle(
+                        dest.name, offsets, subscription=sub.name, outcome=outcome, reason=reason
+                    ).add_done_callback(finished)
+                except SparkMQError as exc:  # the destination went, or the broker is closing
+                    failed(exc)
+
+        if target is None:
+            settle()
+            return done
+        if not broker.has_destination(target):
+            broker.create_destination(target, "queue", SIDE_QUEUE_SETTINGS)
+        copy = side_copy(
+            dest.store.take(offsets),
+            destination=dest.name,
+            subscription=sub.name,
+            why=why,
+            counts=counts,
+            target=target,
+        )
+        # not through produce(): a move frees as much as it takes, so limits and memory states
+        # must not block it (it runs on the timer thread)
+        broker.store_checked(copy.target, copy.rows).add_done_callback(settle)
+        if why == "dead":
+            log.info("dead-lettering %d message(s) of %s into %s", len(offsets), dest.name, target)
+        return done

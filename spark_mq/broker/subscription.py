@@ -27,13 +27,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 from sortedcontainers import SortedList
 
+from spark_mq.broker.groups import Groups
+from spark_mq.broker.housekeeping import Housekeeping
 from spark_mq.broker.message_store import NEVER, MessageStore
 from spark_mq.broker.selector import Selector
 from spark_mq.config import DestinationSettings
@@ -56,11 +57,7 @@ class Refusal:
     reason: str
 
 
-def bucket_of(group: str, buckets: int) -> int:
-    return zlib.crc32(group.encode()) % buckets
-
-
-class Subscription:
+class Subscription(Housekeeping):
     def __init__(
         self,
         destination: str,
@@ -102,16 +99,8 @@ class Subscription:
         self._counts: dict[int, int] = dict(returned or {})  # deliveries that came back
         self._count_horizon = max(self._counts, default=-1)  # recovered counts up to here
         self._leases: dict[int, Lease] = {}
-        # offset -> its group's bucket, for waiting or leased grouped messages (the bucket count
-        # is fixed for the subscription's life, so a bucket never changes meaning)
-        self._bucket: dict[int, int] = {}
-        self._buckets = settings.group_buckets
+        self._groups = Groups(settings.group_buckets)
         self._expiry: dict[int, int] = {}  # offset -> expiry (us), for waiting ones with one
-        self._owners: dict[int, int] = {}  # group bucket -> consumer
-        self._owned: dict[int, int] = {}  # consumer -> buckets it owns
-        self._live: dict[int, int] = {}  # bucket -> its unsettled messages (ingested)
-        self._busy: dict[int, int] = {}  # group bucket -> leased messages
-        self._held: dict[int, int] = {}  # group bucket -> scheduled messages (hold the group)
         self._doomed: dict[int, str] = {}  # offset -> "dead" | "expired" | "purged" | "dropped"
         self._disposing: set[int] = set()  # doomed offsets the broker is moving / settling
         self._consumers: list[int] = []  # in registration order (failover picks the first)
@@ -176,7 +165,7 @@ class Subscription:
                 self._ready_n += len(offsets)
                 continue
             ready: dict[int, list[int]] = {}  # priority -> offsets, added in one go
-            buckets: dict[str, int] = {}  # group -> bucket, computed once per chunk
+            known: dict[str, int] = {}  # group -> bucket, computed once per chunk
             offs, prios = offsets.tolist(), prio.tolist()
             for i in np.nonzero(keep)[0].tolist():
                 o = offs[i]
@@ -188,11 +177,7 @@ class Subscription:
                     continue
                 p = prios[i]
                 if groups is not None and (group := groups[i]) is not None:
-                    b = buckets.get(group)
-                    if b is None:
-                        b = buckets[group] = bucket_of(group, self._buckets)
-                    self._bucket[o] = b
-                    self._live[b] = self._live.get(b, 0) + 1
+                    self._groups.add(o, group, known)
                 if expiry is not None and expiry[i] != NEVER:
                     self._expiry[o] = int(expiry[i])
                 if attempts and self._counts.get(o, 0) >= attempts:
@@ -216,9 +201,7 @@ class Subscription:
         self._due[offset] = due
         self._priority[offset] = priority
         heapq.heappush(self._scheduled, (due, offset))
-        b = self._bucket.get(offset)
-        if b is not None:
-            self._held[b] = self._held.get(b, 0) + 1
+        self._groups.hold(offset)
 
     def _doom(self, offset: int, priority: int, why: str) -> None:
         self._doomed[offset] = why
@@ -232,11 +215,7 @@ class Subscription:
                 continue  # purged, or rescheduled
             del self._due[offset]
             p = self._priority.pop(offset)
-            b = self._bucket.get(offset)
-            if b is not None:
-                self._held[b] -= 1
-                if not self._held[b]:
-                    del self._held[b]
+            self._groups.unhold(offset)
             self._ready_list(p).add(offset)
             self._ready_n += 1
             n += 1
@@ -270,16 +249,14 @@ class Subscription:
             deadline = self._now() + (self.lease_s if lease_s is None else lease_s)
             for offset, count, _first, p in out:
                 self._leases[offset] = Lease(consumer_id, count, deadline, p)
-                b = self._bucket.get(offset)
-                if b is not None:
-                    self._busy[b] = self._busy.get(b, 0) + 1
+                self._groups.leased(offset)
         return [(o, c, f) for o, c, f, _ in out]
 
     def _pick(
         self, consumer_id: int, limit: int, selector: Selector | None, below: int | None = None
     ) -> list[tuple[int, int, bool, int]]:
         out: list[tuple[int, int, bool, int]] = []
-        simple = selector is None and not self._bucket and not self._expiry
+        simple = selector is None and not self._groups and not self._expiry
         now_us = int(self._wall() * 1_000_000)
         budget = self.max_scan
         for p in sorted(self._ready, reverse=True):
@@ -322,15 +299,10 @@ class Subscription:
         gone: list[int] = []
         # groups are dealt out, not grabbed: a consumer takes new groups only up to its share
         # of the buckets that hold unsettled messages
-        share = -(-len(self._live) // max(len(self._consumers), 1))
-        mine = self._owned.get(consumer_id, 0)
-        expiries, buckets, held, owners, busy = (
-            self._expiry,
-            self._bucket,
-            self._held,
-            self._owners,
-            self._busy,
-        )
+        g = self._groups
+        share = g.share(len(self._consumers))
+        mine = g.owned.get(consumer_id, 0)
+        expiries, buckets, held, owners, busy = self._expiry, g.of, g.held, g.owners, g.busy
         for scanned, o in enumerate(sl):
             if scanned >= budget or len(picked) >= want or (below is not None and o >= below):
                 break
@@ -356,7 +328,7 @@ class Subscription:
                 owners[b] = consumer_id  # type: ignore[index]
                 mine += 1
             picked.append((o, first))
-        self._owned[consumer_id] = mine
+        g.owned[consumer_id] = mine
         return picked, gone
 
     def _return(self, offset: int, lease: Lease, *, log: bool = True) -> None:
@@ -369,9 +341,7 @@ class Subscription:
         if log:
             self._returned_log.append(offset)
         self.redelivered_total += 1
-        b = self._bucket.get(offset)
-        if b is not None:
-            self._unbusy(b)
+        self._groups.returned(offset)
         attempts = self.settings.max_delivery_attempts
         if attempts and count >= attempts:
             self._doom(offset, lease.priority, "dead")
@@ -382,20 +352,6 @@ class Subscription:
         else:
             self._ready_list(lease.priority).add(offset)
             self._ready_n += 1
-
-    def _unlive(self, bucket: int) -> None:
-        left = self._live.get(bucket, 0) - 1
-        if left > 0:
-            self._live[bucket] = left
-        else:
-            self._live.pop(bucket, None)
-
-    def _unbusy(self, bucket: int) -> None:
-        left = self._busy.get(bucket, 0) - 1
-        if left > 0:
-            self._busy[bucket] = left
-        else:
-            self._busy.pop(bucket, None)
 
     def _check(self, consumer_id: int, offset: int, count: int) -> Lease | Refusal:
         lease = self._leases.get(offset)
@@ -409,9 +365,7 @@ class Subscription:
             )
         if self._counts.get(offset) == count and self._unready(offset):
             # the lease lapsed but nobody else has it yet: let the late answer through
-            b = self._bucket.get(offset)
-            if b is not None:
-                self._busy[b] = self._busy.get(b, 0) + 1
+            self._groups.leased(offset)
             priority = self._priority.pop(offset, None)
             lease = Lease(consumer_id, count, self._now() + self.lease_s, priority or 0)
             del self._counts[offset]
@@ -430,11 +384,7 @@ class Subscription:
         due = self._due.pop(offset, None)
         if due is None:
             return False
-        b = self._bucket.get(offset)
-        if b is not None:
-            self._held[b] -= 1
-            if not self._held[b]:
-                del self._held[b]
+        self._groups.unhold(offset)
         return True
 
     def begin_ack(
@@ -467,11 +417,7 @@ class Subscription:
                     self._settled.add(offset)
                     self.acked_total += 1
                     self._expiry.pop(offset, None)
-                    b = self._bucket.pop(offset, None)
-                    if b is not None:
-                        self._unbusy(b)
-                        self._unlive(b)
-                        freed |= b not in self._busy and b not in self._owners
+                    freed |= self._groups.settled(offset, was_leased=True)
                 else:
                     lease.settling = False
         if freed:
@@ -541,9 +487,7 @@ class Subscription:
             ]
             for offset in mine:
                 self._return(offset, self._leases.pop(offset))
-            for b in [b for b, c in self._owners.items() if c == consumer_id]:
-                del self._owners[b]
-            self._owned.pop(consumer_id, None)
+            self._groups.release(consumer_id)
         self.wake()
         return len(mine)
 
@@ -560,12 +504,7 @@ class Subscription:
                     continue
                 p = self._priority.pop(o, p or 0)
                 self._leases[o] = Lease(consumer_id, self._counts.pop(o, 0) + 1, deadline, p)
-                b = self._bucket.get(o)
-                if b is not None:
-                    self._busy[b] = self._busy.get(b, 0) + 1
-                    if b not in self._owners:
-                        self._owners[b] = consumer_id
-                        self._owned[consumer_id] = self._owned.get(consumer_id, 0) + 1
+                self._groups.leased(o, consumer_id)
                 out.append(o)
         return out
 
@@ -579,168 +518,3 @@ class Subscription:
         with self._lock:
             lease = self._leases.get(offset)
             return lease is not None and lease.consumer_id == consumer_id
-
-    # -- timers and the broker's follow-up work ----------------------------------------------
-    def tick(self) -> int:
-        """Scheduled messages whose time came become ready; returns how many."""
-        with self._lock:
-            n = self._promote_due(self._wall())
-        if n:
-            self.wake()
-        return n
-
-    def reap_expired(self) -> int:
-        """Doom waiting messages whose expiry passed (the expiry reaper); returns how many."""
-        now_us = int(self._wall() * 1_000_000)
-        with self._lock:
-            self._ingest()
-            late = [o for o, e in self._expiry.items() if e <= now_us]
-            n = 0
-            for o in late:
-                if o in self._leases or o in self._doomed:
-                    continue
-                p = self._priority.get(o)
-                if self._unready(o):
-                    self._doom(o, self._priority.pop(o, p or 0), "expired")
-                    n += 1
-            return n
-
-    def claim_doomed(self) -> dict[int, tuple[str, int]]:
-        """Doomed offsets nobody is disposing of yet: ``offset -> (reason, delivery count)``.
-
-        Reasons: ``"dead"``, ``"expired"``, ``"purged"``, ``"dropped"``. The caller disposes of
-        them and calls :meth:`finish`, or :meth:`unclaim` if that failed.
-        """
-        with self._lock:
-            out = {
-                o: (why, self._counts.get(o, 0))
-                for o, why in self._doomed.items()
-                if o not in self._disposing
-            }
-            self._disposing.update(out)
-        return out
-
-    def unclaim(self, offsets: Iterable[int]) -> None:
-        with self._lock:
-            self._disposing.difference_update(offsets)
-
-    def finish(self, offsets: Iterable[int], outcome: str) -> None:
-        """The broker settled doomed (or purged) offsets durably."""
-        with self._lock:
-            for o in offsets:
-                self._disposing.discard(o)
-                if self._doomed.pop(o, None) is None:
-                    continue
-                self._priority.pop(o, None)
-                self._settled.add(o)
-                b = self._bucket.pop(o, None)
-                if b is not None:
-                    self._unlive(b)
-                self._expiry.pop(o, None)
-                self._counts.pop(o, None)
-                if outcome == "expired":
-                    self.expired_total += 1
-                elif outcome == "dead_lettered":
-                    self.dead_lettered_total += 1
-                elif outcome in ("purged", "dropped"):
-                    self.removed_total += 1
-
-    def purge(self) -> list[int]:
-        """Doom every waiting (not leased) message as purged; the broker settles them."""
-        with self._lock:
-            self._ingest()
-            waiting = []
-            for p, sl in self._ready.items():
-                for o in sl:
-                    self._doom(o, p, "purged")
-                    waiting.append(o)
-            for o in self._due:
-                self._doomed[o] = "purged"
-                waiting.append(o)
-            self._ready.clear()
-            self._ready_n = 0
-            self._due.clear()
-            self._scheduled.clear()
-            self._held.clear()
-            return waiting
-
-    def drop_oldest(self, n: int) -> int:
-        """Doom up to ``n`` of the oldest waiting messages as dropped; returns how many."""
-        with self._lock:
-            self._ingest()
-            victims: list[tuple[int, int]] = []
-            for p, sl in self._ready.items():
-                victims.extend((o, p) for o in sl.islice(0, n))
-            victims.sort()
-            for o, p in victims[:n]:
-                self._ready[p].remove(o)
-                self._ready_n -= 1
-                self._doom(o, p, "dropped")
-            return min(n, len(victims))
-
-    def depth_estimate(self, end_offset: int) -> int:
-        """Unsettled messages, cheaply (settled offsets not yet ingested count as unsettled)."""
-        with self._lock:
-            unseen = max(end_offset - self.next_offset, 0)
-            return unseen + self._ready_n + len(self._due) + len(self._leases) + len(self._doomed)
-
-    def drain_log(self) -> tuple[list[int], list[int]]:
-        """Returned and selector-filtered offsets the broker should record, since last time."""
-        with self._lock:
-            returned, self._returned_log = self._returned_log, []
-            filtered, self._filtered_log = self._filtered_log, []
-        return returned, filtered
-
-    def browse(self, limit: int, selector: Selector | None = None) -> list[int]:
-        """Waiting offsets in delivery order (scheduled ones last), without leasing them."""
-        out: list[int] = []
-        with self._lock:
-            self._ingest()
-            self._promote_due(self._wall())
-            waiting = [o for p in sorted(self._ready, reverse=True) for o in self._ready[p]]
-            waiting += [o for _, o in sorted(self._scheduled) if o in self._due]
-        for o in waiting:
-            if len(out) >= limit:
-                break
-            if selector is None or selector.matches(self._store.props(o)):
-                out.append(o)
-        return out
-
-    # -- bookkeeping -------------------------------------------------------------------------
-    def low_water(self) -> int:
-        """Every offset below this is settled for this subscription."""
-        with self._lock:
-            candidates = [self.next_offset]
-            candidates += [sl[0] for sl in self._ready.values() if sl]
-            if self._leases:
-                candidates.append(min(self._leases))
-            if self._due:
-                candidates.append(min(self._due))
-            if self._doomed:
-                candidates.append(min(self._doomed))
-            low = min(candidates)
-            self._settled = {o for o in self._settled if o >= low}
-            return low
-
-    def stats(self, end_offset: int) -> dict[str, int]:
-        with self._lock:
-            unseen = max(end_offset - self.next_offset, 0)
-            unseen -= sum(1 for o in self._settled if o >= self.next_offset)
-            waiting = self._ready_n + len(self._due)
-            return {
-                "start_offset": self.start_offset,
-                "next_offset": self.next_offset,  # ingested up to here (not: delivered)
-                # not delivered yet (the consumer lag): new, ready again, or scheduled
-                "waiting": unseen + waiting,
-                "in_flight": len(self._leases),
-                "scheduled": len(self._due),
-                "available_again": sum(1 for o in self._counts if o not in self._leases),
-                "depth": unseen + waiting + len(self._leases) + len(self._doomed),
-                "acked": self.acked_total,
-                "redelivered": self.redelivered_total,
-                "dead_lettered": self.dead_lettered_total,
-                "expired": self.expired_total,
-                "removed": self.removed_total,
-                "consumers": len(self._consumers),
-                "groups_owned": len(self._owners),
-            }

@@ -22,15 +22,21 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.journal import Journal
-from spark_mq.protocol import ipc_bytes
-from spark_mq.schema import TRANSACTION_SCHEMA, UNOFFSET_SCHEMA
+from spark_mq.errors import LeaseError
+from spark_mq.journal import Journal, failpoints
+from spark_mq.protocol import Ack, ipc_bytes
+from spark_mq.schema import TRANSACTION_SCHEMA, UNOFFSET_SCHEMA, numbered_ids
+
+if TYPE_CHECKING:
+    from spark_mq.broker.core import Broker, Destination
 
 log = logging.getLogger(__name__)
 
@@ -134,3 +140,78 @@ def replay(journal: Journal, record: Record, now_us: int) -> tuple[int, int]:
         sum(len(v) for v in by_sub.values()),
     )
     return appended, sum(len(v) for v in by_sub.values())
+
+
+def commit(broker: Broker, acks: list[Ack], messages: pa.Table | None) -> dict[str, list[int]]:
+    """Send ``messages`` (a ``destination`` column plus produce columns) and settle
+    ``acks`` atomically; returns each destination's offsets, once everything is durable."""
+    txid = uuid.uuid4().hex
+    now = broker.clock.wall()
+    record = Record(txid)
+    dests: dict[str, Destination] = {}
+    for name, batch in (split_by_destination(messages) if messages else {}).items():
+        dest = dests[name] = broker.destination_for_use(name)
+        rows = broker._checked_rows(dest, batch, now)
+        n = rows.num_rows
+        ids = pc.coalesce(rows["dedup_id"], numbered_ids(f"tx:{txid}", 0, n, ":"))
+        rows = rows.set_column(rows.schema.get_field_index("dedup_id"), "dedup_id", ids)
+        broker.limits.make_room(dest, rows)
+        record.messages[name] = rows
+        record.ends[name] = broker.journal.end_offset(name)
+    begun = _begin_acks(broker, acks)
+    try:
+        record.acks = [(d, s, o) for (d, s, _), offsets in begun.items() for o in offsets]
+        broker.journal.record_transactions(record.row(COMMIT, int(now * 1e6)))
+    except BaseException:
+        for (d, s, _), offsets in begun.items():
+            broker._dests[d].subscriptions[s].end_ack(offsets, durable=False)
+        raise
+    # committed: from here on recovery finishes the job if we crash
+    failpoints.hit("transaction-recorded")
+    stored = {name: broker._store(dests[name], rows, now) for name, rows in record.messages.items()}
+    if stored:
+        for fut in stored.values():
+            fut.exception()
+        failpoints.hit("transaction-applying")
+    settled = {
+        key: broker.journal.settle(key[0], offsets, subscription=key[1])
+        for key, offsets in begun.items()
+    }
+    out = {}
+    for name, fut in stored.items():
+        res = fut.result()
+        out[name] = list(res.offsets)
+    for (d, s, consumer_id), fut in settled.items():
+        ok = fut.exception() is None
+        dest = broker._dests.get(d)
+        if dest is None:
+            continue
+        offsets = begun[(d, s, consumer_id)]
+        dest.subscriptions[s].end_ack(offsets, durable=ok)
+        session = dest.sessions.get(consumer_id)
+        if session is not None and ok:
+            session.forget(offsets)
+    broker.journal.record_transactions(record.row(DONE, int(now * 1e6)))
+    return out
+
+
+def _begin_acks(broker: Broker, acks: list[Ack]) -> dict[tuple[str, str, int], list[int]]:
+    """Fence every ack of a transaction; all or none (a refusal rolls the others back)."""
+    grouped: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
+    for d, s, consumer_id, offset, count in acks:
+        grouped.setdefault((d, s, consumer_id), []).append((offset, count))
+    begun: dict[tuple[str, str, int], list[int]] = {}
+    problems: list[str] = []
+    for (d, s, consumer_id), entries in grouped.items():
+        dest = broker._dest(d)
+        sub = broker._named_subscription(dest, s or None)
+        ok, refused = sub.begin_ack(consumer_id, entries)
+        begun[(d, sub.name, consumer_id)] = ok
+        problems += [f"{d} offset {r.offset}: {r.reason}" for r in refused]
+    if problems:
+        for (d, s, _), offsets in begun.items():
+            broker._dests[d].subscriptions[s].end_ack(offsets, durable=False)
+        raise LeaseError(
+            f"transaction rolled back: {len(problems)} ack(s) refused, e.g. {problems[0]}"
+        )
+    return begun

@@ -1,0 +1,200 @@
+"""Administering the broker's destinations and subscriptions: create, configure, delete,
+find, and their statistics (a part of :class:`spark_mq.broker.core.Broker`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from spark_mq.broker.selector import compile_selector
+from spark_mq.errors import ConfigError, DestinationNotFound, NotAllowed
+from spark_mq.journal.base import Kind
+from spark_mq.names import validate_name
+from spark_mq.schema import QUEUE_SUBSCRIPTION
+
+if TYPE_CHECKING:
+    from spark_mq.broker.destination import Destination
+    from spark_mq.broker.memory import MemoryMonitor
+    from spark_mq.clock import Clock
+    from spark_mq.config import BrokerConfig
+    from spark_mq.journal import Journal
+
+log = logging.getLogger("spark_mq.broker.core")
+
+
+class DestinationAdmin:
+    """Mixed into ``Broker``: relies on its ``_lock``, ``_dests``, ``journal``, ``config``,
+    ``clock``, ``memory`` and its ``_new_destination`` / ``_subscription`` builders."""
+
+    _lock: threading.RLock
+    _dests: dict[str, Destination]
+    journal: Journal
+    config: BrokerConfig
+    clock: Clock
+    memory: MemoryMonitor
+
+    def _dest(self, name: str) -> Destination:
+        with self._lock:
+            try:
+                return self._dests[name]
+            except KeyError:
+                raise DestinationNotFound(
+                    f"destination {name!r} does not exist (create it first, e.g. "
+                    f"Admin.create_queue({name!r}))",
+                    destination=name,
+                ) from None
+
+    def destination_for_use(self, name: str) -> Destination:
+        """The destination a producer or consumer names: created as an auto-deleting queue
+        when it does not exist and ``broker.auto_create_queues`` allows it."""
+        with self._lock:
+            dest = self._dests.get(name)
+        if dest is None and self.config.broker.auto_create_queues:
+            validate_name(name)
+            if self.create_destination(name, "queue", {"auto_delete": True}):
+                log.info("auto-created queue %s", name)
+            dest = self._dest(name)
+        elif dest is None:
+            dest = self._dest(name)
+        dest.last_used = self.clock.monotonic()
+        return dest
+
+    def _administrable(self, name: str) -> Destination:
+        dest = self._dest(name)
+        if dest.temporary:
+            raise NotAllowed(
+                f"{name!r} is a temporary queue: it belongs to the consumer that made it and "
+                "goes with it; it cannot be administered",
+                destination=name,
+            )
+        return dest
+
+    def create_destination(
+        self, name: str, kind: Kind, settings: dict[str, Any] | None = None
+    ) -> bool:
+        """Create a queue or topic (``settings``: overrides of ``[destinations]``)."""
+        overrides = self._checked_settings(settings)
+        with self._lock:
+            _, created = self.journal.create_destination(name, kind, overrides)
+            if created:
+                dest = self._new_destination(name, kind, overrides)
+                if kind == "queue":
+                    dest.subscriptions[QUEUE_SUBSCRIPTION] = self._subscription(
+                        dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set()
+                    )
+                self._dests[name] = dest
+                log.info("created %s %s", kind, name)
+            return created
+
+    def _checked_settings(self, settings: dict[str, Any] | None) -> dict[str, Any]:
+        """Validated overrides, as given (so later changes of the defaults still apply)."""
+        if not settings:
+            return {}
+        if not isinstance(settings, dict):
+            raise ConfigError("destination settings must be an object", setting="settings")
+        checked = self.config.destinations.with_overrides(settings)
+        return {k: getattr(checked, k) for k in settings}
+
+    def configure_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """Change some settings of a destination; returns all of them (effective)."""
+        dest = self._administrable(name)
+        with dest.lock:
+            overrides = {**dest.overrides, **self._checked_settings(settings)}
+            effective = self.config.destinations.with_overrides(overrides)
+            self.journal.configure_destination(name, overrides)
+            dest.overrides, dest.settings = overrides, effective
+            for sub in dest.subscriptions.values():
+                sub.settings = effective
+        for sub in list(dest.subscriptions.values()):
+            sub.wake()
+        return effective.model_dump()
+
+    def delete_destination(self, name: str, *, internal: bool = False) -> None:
+        with self._lock:
+            dest = self._dest(name) if internal else self._administrable(name)
+            self.journal.delete_destination(name)
+            del self._dests[name]
+        for s in list(dest.sessions.values()):
+            s.close()
+        log.info("deleted %s %s", dest.kind, name)
+
+    def create_subscription(self, destination: str, name: str, selector: str | None = None) -> bool:
+        """A durable subscription; with a selector it keeps only the messages that match."""
+        compiled = compile_selector(selector)
+        dest = self._dest(destination)
+        with dest.lock:
+            info, created = self.journal.create_subscription(
+                destination, name, compiled.text if compiled else None
+            )
+            if created:
+                dest.subscriptions[name] = self._subscription(
+                    dest,
+                    name,
+                    info.start_offset,
+                    next_offset=info.start_offset,
+                    settled=set(),
+                    selector=compiled,
+                )
+        return created
+
+    def delete_subscription(self, destination: str, name: str) -> None:
+        dest = self._dest(destination)
+        with dest.lock:
+            self.journal.delete_subscription(destination, name)
+            dest.subscriptions.pop(name, None)
+            doomed = [s for s in dest.sessions.values() if s.subscription.name == name]
+        for s in doomed:
+            s.close()
+
+    def list_destinations(self) -> list[dict[str, Any]]:
+        with self._lock:
+            names = sorted(self._dests)
+        return [self.stats(n) for n in names]
+
+    def stats(self, name: str) -> dict[str, Any]:
+        dest = self._dest(name)
+        end = self.journal.end_offset(name)
+        writer = self.journal.stats(name)
+        with dest.lock:
+            subs = {s.name: s.stats(end) for s in dest.subscriptions.values()}
+            consumers = len(dest.sessions)
+        out: dict[str, Any] = {
+            "name": name,
+            "kind": dest.kind,
+            "end_offset": end,
+            "consumers": consumers,
+            "rows_in_memory": dest.store.rows,
+            "journal_commits": writer.commits,
+            "journal_failed_commits": writer.failed_commits,
+            "last_commit_ms": round(writer.last_commit_ms, 3),
+            "bytes_in_memory": dest.store.nbytes,
+            "bodies_evicted": dest.store.evicted_rows,
+            **self.memory.stats(),
+            "settings": dest.settings.model_dump(),
+            "temporary": dest.temporary,
+            "duplicates": dest.dedup.duplicates_total if dest.dedup else 0,
+            "dedup_cache_ids": len(dest.dedup) if dest.dedup else 0,
+        }
+        tier = self.journal.tier_stats(name)
+        if tier is not None:
+            # freshness: how far the Delta tables (what Spark reads) trail the broker
+            out["delta_end_offset"] = tier.delta_end_offset
+            out["delta_lag_messages"] = end - tier.delta_end_offset
+            out["delta_lag_ms"] = round(tier.delta_lag_ms, 1)
+            out["hot_tier_bytes"] = tier.pending_bytes
+            out["hot_tier_segments"] = tier.segments
+            out["hot_tier_moves"] = tier.moves
+            out["hot_tier_move_failures"] = tier.move_failures
+        else:
+            out["delta_end_offset"] = end if self.journal.store.durable else None
+            out["delta_lag_messages"] = 0
+        if dest.kind == "queue":
+            out.update({k: v for k, v in subs[QUEUE_SUBSCRIPTION].items() if k != "start_offset"})
+        else:
+            out["subscriptions"] = subs
+        return out
+
+    def has_destination(self, name: str) -> bool:
+        with self._lock:
+            return name in self._dests

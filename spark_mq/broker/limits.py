@@ -1,0 +1,95 @@
+"""Limits and flow control on produce: per-destination and broker-wide message / byte limits
+(reject, block or drop the oldest), and the memory states' throttling and blocking."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from spark_mq.broker.memory import THROTTLE_S
+from spark_mq.errors import DestinationFull
+
+if TYPE_CHECKING:
+    from spark_mq.broker.core import Broker, Destination
+
+
+class Limits:
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def usage(self, dest: Destination) -> tuple[int, int]:
+        """Unsettled messages (of the slowest subscription) and bytes held for ``dest``."""
+        b = self._broker
+        end = b.journal.end_offset(dest.name)
+        with dest.lock:
+            subs = list(dest.subscriptions.values())
+        depth = max((s.depth_estimate(end) for s in subs), default=0)
+        return depth, dest.store.nbytes if subs else 0
+
+    def make_room(self, dest: Destination, rows: pa.Table) -> None:
+        """Apply the destination's and the broker's limits to a batch about to be stored."""
+        b = self._broker
+        st, lim = dest.settings, b.config.limits
+        if not (st.max_messages or st.max_bytes or lim.max_messages or lim.max_bytes):
+            return
+        n, size = rows.num_rows, rows["body"].nbytes
+        deadline = b.clock.monotonic() + lim.block_timeout_s
+
+        def over() -> tuple[str, bool, int] | None:
+            """What is over a limit: why, whether broker-wide, and how many messages too many."""
+            depth, held = self.usage(dest)
+            if st.max_messages and depth + n > st.max_messages:
+                why = f"{dest.name!r} holds {depth} of at most {st.max_messages} messages"
+                return why, False, depth + n - st.max_messages
+            if st.max_bytes and held + size > st.max_bytes:
+                return f"{dest.name!r} holds {held} of at most {st.max_bytes} bytes", False, n
+            if lim.max_messages or lim.max_bytes:
+                usage = [self.usage(d) for d in list(b._dests.values())]
+                total_n, total_b = sum(u[0] for u in usage), sum(u[1] for u in usage)
+                if lim.max_messages and total_n + n > lim.max_messages:
+                    why = f"the broker holds {total_n} of at most {lim.max_messages} messages"
+                    return why, True, total_n + n - lim.max_messages
+                if lim.max_bytes and total_b + size > lim.max_bytes:
+                    why = f"the broker holds {total_b} of at most {lim.max_bytes} bytes"
+                    return why, True, n
+            return None
+
+        while (problem := over()) is not None:
+            why, system, excess = problem
+            policy = lim.overflow if system else st.overflow
+            if policy == "drop_oldest":  # from the destination being produced to
+                with dest.lock:
+                    subs = list(dest.subscriptions.values())
+                if not sum(sub.drop_oldest(max(excess, 1)) for sub in subs):
+                    policy = "reject"  # nothing waiting to drop (all leased)
+                else:
+                    for sub in subs:
+                        b.disposer.run(dest, sub)
+                    return
+            if policy == "block" and b.clock.monotonic() < deadline and not b._stop.is_set():
+                time.sleep(0.01)
+                continue
+            setting = "limits" if system else f"destination {dest.name!r}"
+            raise DestinationFull(
+                f"{why}: batch of {n} refused ({setting} overflow = {policy}); consume, or "
+                "raise the limit",
+                destination=dest.name,
+            )
+
+    def admit_memory(self, dest: Destination, rows: pa.Table) -> None:
+        """Throttle producers at orange, block them at red (the seeds' memory states)."""
+        b = self._broker
+        state = b.memory.note_added(rows.get_total_buffer_size())
+        if state == "orange":
+            time.sleep(THROTTLE_S)
+        elif state == "red":
+            timeout = b.config.limits.block_timeout_s
+            if not b.memory.wait_below_red(timeout):
+                raise DestinationFull(
+                    f"the broker's memory is in state red ({b.memory.used} of "
+                    f"{b.memory.budget} bytes): producers blocked {timeout}s and it did not "
+                    "improve; consume, or raise limits.memory_budget_bytes",
+                    destination=dest.name,
+                )
