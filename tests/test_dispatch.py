@@ -8,17 +8,32 @@ from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.subscription import Subscription
 from spark_mq.clock import ManualClock
 from spark_mq.config import DestinationSettings
-from spark_mq.schema import normalize_produce_batch, with_offsets
+from spark_mq.schema import UNOFFSET_SCHEMA, normalize_produce_batch, with_offsets
 
 
-def rows(first: int, n: int) -> pa.Table:
+def rows(first: int, n: int, group: str | None = None) -> pa.Table:
+    columns = {"body": [b"m"] * n} | ({"group_id": [group] * n} if group else {})
     table = normalize_produce_batch(
-        pa.table({"body": [b"m"] * n}),
+        pa.table(columns),
         enqueue_time_us=0,
         max_message_bytes=1 << 20,
         destination="q",
     )
+    assert table.schema == UNOFFSET_SCHEMA
     return with_offsets(table, first)
+
+
+def subscription(store: MessageStore, clock: ManualClock) -> Subscription:
+    return Subscription(
+        "q",
+        "",
+        store,
+        start_offset=0,
+        lease_s=5.0,
+        monotonic=clock.monotonic,
+        wall=clock.wall,
+        settings=DestinationSettings(),
+    )
 
 
 class RacyStore(MessageStore):
@@ -40,17 +55,23 @@ def test_a_commit_racing_ingestion_is_delivered_once(clock: ManualClock) -> None
     store = RacyStore()
     store.add(rows(0, 3))
     store.pending.append(rows(3, 2))
-    sub = Subscription(
-        "q",
-        "",
-        store,
-        start_offset=0,
-        lease_s=5.0,
-        monotonic=clock.monotonic,
-        wall=clock.wall,
-        settings=DestinationSettings(),
-    )
+    sub = subscription(store, clock)
     sub.register(1)
     first = [o for o, _, _ in sub.take(1, 100)]
     again = [o for o, _, _ in sub.take(1, 100)]
     assert sorted(first + again) == [0, 1, 2, 3, 4]
+
+
+def test_new_owner_waits_until_the_old_owners_acks_are_durable(clock: ManualClock) -> None:
+    store = MessageStore()
+    store.add(rows(0, 3, group="a"))
+    sub = subscription(store, clock)
+    sub.register(1)
+    sub.register(2)
+    assert [o for o, _, _ in sub.take(1, 1)] == [0]
+    ok, _ = sub.begin_ack(1, [(0, 1)])  # the ack is on its way to disk
+    assert ok == [0]
+    sub.release_consumer(1)  # the owner leaves meanwhile
+    assert sub.take(2, 10) == []  # a0 might still come back: a1 must not overtake it
+    sub.end_ack([0], durable=True)
+    assert sub.take(2, 10) == [(1, 1, True), (2, 1, False)]

@@ -10,11 +10,7 @@ import pyarrow as pa
 
 from spark_mq import Admin, Consumer, Producer
 from spark_mq.broker import RunningBroker
-from spark_mq.broker.message_store import MessageStore
-from spark_mq.broker.subscription import Subscription
 from spark_mq.clock import ManualClock
-from spark_mq.config import DestinationSettings
-from spark_mq.schema import UNOFFSET_SCHEMA, normalize_produce_batch, with_offsets
 from tests.conftest import receive_n, start_inprocess
 
 
@@ -117,38 +113,3 @@ def test_bindings_are_bounded_by_buckets_and_rebuilt_after_restart(
             assert broker.broker.stats("q")["groups_owned"] <= 4
     finally:
         broker.stop()
-
-
-def _subscription(clock: ManualClock) -> Subscription:
-    store = MessageStore()
-    rows = normalize_produce_batch(
-        pa.table({"body": [b"a0", b"a1", b"a2"], "group_id": ["a", "a", "a"]}),
-        enqueue_time_us=int(clock.wall() * 1e6),
-        max_message_bytes=1 << 20,
-        destination="q",
-    )
-    assert rows.schema == UNOFFSET_SCHEMA
-    store.add(with_offsets(rows, 0))
-    return Subscription(
-        "q",
-        "",
-        store,
-        start_offset=0,
-        lease_s=5.0,
-        monotonic=clock.monotonic,
-        wall=clock.wall,
-        settings=DestinationSettings(),
-    )
-
-
-def test_new_owner_waits_until_the_old_owners_acks_are_durable(clock: ManualClock) -> None:
-    sub = _subscription(clock)
-    sub.register(1)
-    sub.register(2)
-    assert [o for o, _, _ in sub.take(1, 1)] == [0]
-    ok, _ = sub.begin_ack(1, [(0, 1)])  # the ack is on its way to disk
-    assert ok == [0]
-    sub.release_consumer(1)  # the owner leaves meanwhile
-    assert sub.take(2, 10) == []  # a0 might still come back: a1 must not overtake it
-    sub.end_ack([0], durable=True)
-    assert sub.take(2, 10) == [(1, 1, True), (2, 1, False)]
