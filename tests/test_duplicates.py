@@ -157,3 +157,28 @@ def test_runs_are_bounded_by_count_and_time(clock: ManualClock) -> None:
     clock.advance(61)
     keep, dups, _ = cache.claim(second, clock.wall())
     assert len(keep) == 10 and not dups  # the window passed
+
+
+def test_a_stored_batch_leaves_only_its_offset_in_the_cache(clock: ManualClock) -> None:
+    """Once stored, a cached id keeps no future (nor its lock and callbacks) alive, and a
+    later duplicate still gets the original's offset."""
+    import gc
+    import weakref
+    from concurrent.futures import Future
+
+    from spark_mq.broker.dedup import DuplicateCache, combine
+    from spark_mq.journal.base import AppendResult
+
+    cache = DuplicateCache(size=100, window_s=60)
+    for ids in (pa.array(["a", "b", "c"]), pa.array([f"r-{k}" for k in range(3)])):  # loose, run
+        _, _, batch = cache.claim(ids, clock.wall())
+        stored: Future = Future()
+        cache.bind(batch, stored)
+        stored.set_result(AppendResult("q", 40, 3))
+        gone = weakref.ref(stored)
+        del stored
+        gc.collect()
+        assert gone() is None
+        keep, dups, _ = cache.claim(ids[1:], clock.wall())
+        assert keep == [] and len(dups) == 2
+        assert combine(2, keep, None, dups).result().offsets == [41, 42]

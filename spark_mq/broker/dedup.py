@@ -34,7 +34,8 @@ class _Batch:
     __slots__ = ("failed", "first", "future")
 
     def __init__(self) -> None:
-        self.future: Future | None = None  # set by bind(); None for ids read back at recovery
+        # set by bind() until the rows are stored; None for ids read back at recovery
+        self.future: Future | None = None
         self.first: int | None = None
         self.failed = False
 
@@ -271,6 +272,10 @@ class DuplicateCache:
         def done(f: Future) -> None:
             if f.exception() is None:
                 batch.first = f.result().first_offset
+                # stored: the offset is all a duplicate needs. Dropping the future (its lock,
+                # its callbacks and what they hold) keeps a cached id small and off the
+                # garbage collector's hands for the whole dedup window.
+                batch.future = None
             else:  # not stored: a retry must not be taken for a duplicate
                 batch.failed = True
 
@@ -296,11 +301,12 @@ def combine(
                 for pos, row in enumerate(keep):
                     offsets[row] = first + pos
             for row, (batch, position) in dups.items():
-                if batch.future is not None:
-                    res: AppendResult = batch.future.result()  # raises if the original failed
+                original = batch.future  # read once: bind's callback clears it once stored
+                if original is not None:
+                    res: AppendResult = original.result()  # raises if the original failed
                     offsets[row] = res.first_offset + position
-                else:
-                    offsets[row] = (batch.first or 0) + position  # recovered from the log
+                else:  # stored (first is set before the future is dropped) or recovered
+                    offsets[row] = (batch.first or 0) + position
         except Exception as exc:
             result.set_exception(exc)
             return
