@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -40,6 +41,20 @@ class RunningBroker:
         self.broker.close()
 
 
+def settle_garbage_collector() -> None:
+    """Keep the cyclic garbage collector's pauses off the delivery path.
+
+    A full collection walks every tracked object: with the modules a broker imports (pyarrow,
+    sqlglot, ...) that took 60-160 ms, twice every few seconds under load, and each one stalled
+    every producer and consumer (measured: produce-ack p99 110-130 ms at 1,000 msg/s, 40 ms
+    without). What exists once the broker has started lives as long as the process, so it is
+    frozen out of every later collection; young collections run less often too.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
+
+
 def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
     """Run until SIGTERM or SIGINT; pending commits are flushed before exit."""
     setup_logging(
@@ -59,6 +74,7 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     running = RunningBroker(Broker(config), config.broker.host, config.broker.port)
+    settle_garbage_collector()
     log.info(
         "sparkmq broker listening on %s (data: %s, persistence: %s)",
         running.url,
