@@ -251,8 +251,10 @@ class FlightService(fl.FlightServerBase):
 class _InOrderAcks:
     """Answers a produce stream's batches in the order they came, as soon as each is durable.
 
-    Whichever thread completes a batch's future writes every answer that is now due (no acker
-    thread to wake); at most ``window`` batches wait, which bounds a stream's memory.
+    The thread completing a batch's future (the journal writer) only files the answer; a
+    sender thread per stream writes it to the socket. A write to a slow or far client can block,
+    and the writer must not wait on it: every destination's commits go through that one thread.
+    At most ``window`` batches wait, which bounds a stream's memory.
     """
 
     def __init__(self, writer: fl.FlightMetadataWriter, window: int = 64) -> None:
@@ -261,8 +263,13 @@ class _InOrderAcks:
         self._window = window
         self._next_seq = 0  # the next batch's number
         self._next_ack = 0  # the first batch not answered yet
+        self._sent = 0  # answers written (or dropped because the producer went away)
         self._done: dict[int, protocol.Frame] = {}
+        self._outgoing: list[protocol.Frame] = []
         self._broken = False
+        self._stopping = False
+        self._sender = threading.Thread(target=self._send_loop, name="produce-acks", daemon=True)
+        self._sender.start()
 
     def add(self, result: Future | SparkMQError) -> None:
         with self._cond:
@@ -278,21 +285,40 @@ class _InOrderAcks:
     def _complete(self, seq: int, frame: protocol.Frame) -> None:
         with self._cond:
             self._done[seq] = frame
-            # writing under the lock keeps the answers in order on the wire
             while (due := self._done.pop(self._next_ack, None)) is not None:
-                if not self._broken:
-                    try:
-                        self._writer.write(pa.py_buffer(protocol.encode(due)))
-                    except fl.FlightError:
-                        self._broken = True  # the producer went away; it resends what it lacks
+                self._outgoing.append(due)  # in order: one sender writes them in turn
                 self._next_ack += 1
             self._cond.notify_all()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._outgoing and not self._stopping:
+                    self._cond.wait()
+                if not self._outgoing:
+                    return
+                frames, self._outgoing = self._outgoing, []
+                broken = self._broken
+            for frame in frames:
+                if broken:
+                    break
+                try:
+                    self._writer.write(pa.py_buffer(protocol.encode(frame)))
+                except fl.FlightError:
+                    broken = True  # the producer went away; it resends what it lacks
+            with self._cond:
+                self._broken = self._broken or broken
+                self._sent += len(frames)
+                self._cond.notify_all()
 
     def drain(self) -> None:
         """Wait until every batch is answered (the stream closes when do_put returns)."""
         with self._cond:
-            while self._next_ack < self._next_seq:
+            while self._sent < self._next_seq:
                 self._cond.wait()
+            self._stopping = True
+            self._cond.notify_all()
+        self._sender.join()
 
 
 def _answer(seq: int, fut: Future) -> protocol.Frame:
