@@ -150,7 +150,10 @@ def normalize_produce_batch(
             f"batch for {destination!r} has no 'body' column", destination=destination
         )
     n = batch.num_rows
-    cols = {name: _cast_column(name, batch.column(name), PRODUCE_COLUMNS[name]) for name in names}
+    cols = {
+        name: _cast_column(name, column, PRODUCE_COLUMNS[name])
+        for name, column in zip(names, batch.columns, strict=True)
+    }
     # an all-null column (what the SDK sends for unused fields) needs no compute kernel
     cols = {k: v for k, v in cols.items() if k == "body" or v.null_count < n}
     body = cols["body"]
