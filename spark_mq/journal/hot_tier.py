@@ -155,11 +155,15 @@ class HotTier:
             return err, err
         now = time.monotonic()
         with self._cond:
+            was_empty = not self._pending
             for ref, (_, _, table) in zip(refs, records, strict=True):
                 self._pending.append(_Pending(ref, table, now))
                 self._pending_bytes += ref.size
                 self._segment_last_lsn[ref.segment] = ref.lsn
-            self._cond.notify_all()
+            # the mover sleeps until the oldest pending record is due: it needs waking only to
+            # start that clock or when enough waits; a wake per commit cost a context switch
+            if was_empty or self._pending_bytes >= self._settings.move_max_bytes:
+                self._cond.notify_all()
         return None, None
 
     # -- the mover ---------------------------------------------------------------------------
