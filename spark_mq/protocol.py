@@ -37,6 +37,7 @@ ADMIN_ACTIONS = (
     "commit_transaction",
     "claim",
     "ack_claims",
+    "release_claims",
     "stats",
     "ping",
 )

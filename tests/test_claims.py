@@ -40,3 +40,38 @@ def test_a_claim_is_the_same_after_a_restart_and_held_until_acked(
                 admin.claimed("q", "etl", 2)
     finally:
         broker.stop()
+
+
+def test_released_claims_go_back_to_other_consumers_and_the_name_is_retired(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    from spark_mq.errors import NotAllowed
+
+    data = tmp_path / "data"
+    broker = start_inprocess(data, clock)
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_queue("q")
+            with Producer(broker.url, destination="q") as producer:
+                producer.send_batch([b"%d" % i for i in range(6)])
+            assert admin.claim("q", "gone", 1, 2) == 2
+            assert admin.claim("q", "gone", 2, 2) == 2  # claim 1 acked: 0, 1
+            assert admin.release_claims("q", "gone") == 2  # claim 2: 2, 3
+            assert admin.release_claims("q", "never-claimed") == 0
+            with pytest.raises(NotAllowed, match="released"):
+                admin.claim("q", "gone", 3, 2)
+            stats = admin.stats("q")
+            assert stats["depth"] == 4 and stats["in_flight"] == 0
+        broker.stop()
+        broker = start_inprocess(data, clock)  # the release is durable
+        with Admin(broker.url) as admin:
+            assert admin.stats("q")["in_flight"] == 0
+            with pytest.raises(NotAllowed, match="released"):
+                admin.claim("q", "gone", 3, 2)
+            with Consumer(broker.url, "q") as other:
+                got = {m.text: m for m in receive_n(other, 4)}
+            assert sorted(got) == ["2", "3", "4", "5"]
+            # the released ones were delivered once already (to the query that is gone)
+            assert [got[t].delivery_count for t in ("2", "3", "4", "5")] == [2, 2, 1, 1]
+    finally:
+        broker.stop()

@@ -9,21 +9,26 @@ outcome ``claimed``, reason ``<claimant>#<number>``) before the query sees it:
   replays batch *n* with exactly the same messages, even across a broker restart);
 * claiming *n* means the query committed every batch before it, so those claims are acked;
   the query's ``commit`` acks them too (whichever comes first);
-* claimed messages are invisible to every other consumer until acked.
+* claimed messages are invisible to every other consumer until acked;
+* a claimant gone for good (a query deleted with its checkpoint) is *released*: what it holds
+  goes back to the other consumers, recorded as ``returned`` rows with reason
+  ``released:<claimant>``, and the name may not claim again on that subscription (a query still
+  using it would otherwise replay claims that no longer hold the same messages).
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from spark_mq.broker import disposal
-from spark_mq.broker.recovery import CLAIMED
-from spark_mq.errors import LeaseError
+from spark_mq.broker.recovery import CLAIMED, RELEASED_PREFIX, RETURNED
+from spark_mq.errors import LeaseError, NotAllowed
 from spark_mq.names import validate_name
 from spark_mq.schema import MESSAGE_SCHEMA
 
@@ -39,6 +44,7 @@ class Claimant:
     consumer_id: int
     batches: dict[int, list[int]] = field(default_factory=dict)  # claim number -> offsets
     lock: threading.Lock = field(default_factory=threading.Lock)
+    released: bool = False
 
 
 class Claims:
@@ -47,6 +53,7 @@ class Claims:
         self._ids = consumer_ids
         self._lock = threading.Lock()
         self._claimants: dict[tuple[str, str, str], Claimant] = {}
+        self._released: set[tuple[str, str, str]] = set()  # (destination, subscription, name)
 
     def _subscription(
         self, destination: str, subscription: str | None
@@ -58,6 +65,12 @@ class Claims:
         validate_name(name, "consumer")
         with self._lock:
             key = (dest, sub.name, name)
+            if key in self._released:
+                raise NotAllowed(
+                    f"consumer {name!r} of {dest!r} was released and may not claim again: give "
+                    "the query a new consumer name (and a new checkpoint)",
+                    destination=dest,
+                )
             found = self._claimants.get(key)
             if found is None:
                 found = self._claimants[key] = Claimant(next(self._ids))
@@ -65,9 +78,15 @@ class Claims:
             return found
 
     def restore(
-        self, dest: str, sub: Subscription, claims: dict[str, dict[int, list[int]]]
+        self,
+        dest: str,
+        sub: Subscription,
+        claims: dict[str, dict[int, list[int]]],
+        released: Iterable[str] = (),
     ) -> None:
         """After a restart: lease every unsettled claimed offset to its claimant again."""
+        with self._lock:
+            self._released.update((dest, sub.name, name) for name in released)
         for name, numbers in claims.items():
             if not numbers:
                 continue
@@ -88,6 +107,7 @@ class Claims:
         dest, sub = self._subscription(destination, subscription)
         claimant = self._claimant(destination, sub, name)
         with claimant.lock:
+            _check_live(claimant, name, destination)
             self._ack(dest, sub, claimant, number - 1)
             if number in claimant.batches:
                 return list(claimant.batches[number])
@@ -127,6 +147,38 @@ class Claims:
         with claimant.lock:
             return self._ack(dest, sub, claimant, upto)
 
+    def release(self, destination: str, subscription: str | None, name: str) -> int:
+        """Give back everything ``name`` holds and retire the name; returns how many messages.
+
+        The returns count as ended deliveries (each message's delivery count goes up by one).
+        """
+        _, sub = self._subscription(destination, subscription)
+        validate_name(name, "consumer")
+        key = (destination, sub.name, name)
+        with self._lock:
+            claimant = self._claimants.get(key)
+        if claimant is None:
+            return 0
+        with claimant.lock:
+            if claimant.released:
+                return 0
+            offsets = [o for n in sorted(claimant.batches) for o in claimant.batches[n]]
+            if offsets:  # durable first: a crash before this leaves the claims as they were
+                self._broker.journal.settle(
+                    destination,
+                    offsets,
+                    subscription=sub.name,
+                    outcome=RETURNED,
+                    reason=f"{RELEASED_PREFIX}{name}",
+                ).result()
+                with self._lock:
+                    self._released.add(key)
+            with self._lock:
+                del self._claimants[key]
+            claimant.released = True
+            claimant.batches.clear()
+            return sub.release_consumer(claimant.consumer_id, log=False)
+
     def _ack(self, dest: Destination, sub: Subscription, claimant: Claimant, upto: int) -> int:
         done = sorted(n for n in claimant.batches if n <= upto)
         offsets = [o for n in done for o in claimant.batches[n]]
@@ -150,3 +202,10 @@ class Claims:
         for n in done:
             del claimant.batches[n]
         return len(offsets)
+
+
+def _check_live(claimant: Claimant, name: str, destination: str) -> None:
+    if claimant.released:  # released while this call waited for the claimant
+        raise NotAllowed(
+            f"consumer {name!r} of {destination!r} was released meanwhile", destination=destination
+        )

@@ -158,7 +158,7 @@ class Broker(DestinationAdmin):
                 returned=rs.returned,
                 selector=compile_selector(info.subscriptions[rs.name].selector),
             )
-            self.claims.restore(info.name, dest.subscriptions[rs.name], rs.claims)
+            self.claims.restore(info.name, dest.subscriptions[rs.name], rs.claims, rs.released)
         with self._lock:
             self._dests[info.name] = dest
         log.info(

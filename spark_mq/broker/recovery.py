@@ -11,7 +11,7 @@ settled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +30,8 @@ DELIVERED = "delivered"
 # settled when the query commits the batch (an ack)
 CLAIMED = "claimed"
 NOT_SETTLED = (RETURNED, DELIVERED, CLAIMED)
+# the reason of the ``returned`` rows that release a claimant's claims: ``released:<claimant>``
+RELEASED_PREFIX = "released:"
 
 
 @dataclass
@@ -40,6 +42,7 @@ class RecoveredSubscription:
     settled_above: set[int]
     returned: dict[int, int]  # offset -> deliveries that came back, for unsettled offsets
     claims: dict[str, dict[int, list[int]]]  # claimant -> claim number -> unsettled offsets
+    released: set[str] = field(default_factory=set)  # claimants that may not claim again
 
 
 @dataclass
@@ -112,8 +115,25 @@ def _counts(settlements: pa.Table, outcome: str) -> dict[str, dict[int, int]]:
     return out
 
 
+def released_claimants(settlements: pa.Table) -> dict[str, set[str]]:
+    """Per subscription: the claimants whose claims were released (they may not claim again)."""
+    rows = settlements.filter(
+        pc.and_(
+            pc.equal(settlements["outcome"], RETURNED),
+            pc.starts_with(pc.fill_null(settlements["reason"], ""), RELEASED_PREFIX),
+        )
+    )
+    out: dict[str, set[str]] = {}
+    subs, reasons = rows["subscription"].to_pylist(), rows["reason"].to_pylist()
+    for sub, reason in zip(subs, reasons, strict=True):
+        out.setdefault(sub, set()).add(reason[len(RELEASED_PREFIX) :])
+    return out
+
+
 def claims_of(settlements: pa.Table) -> dict[str, dict[str, dict[int, list[int]]]]:
-    """Per subscription: each claimant's claims (number -> offsets), settled or not."""
+    """Per subscription: each claimant's claims (number -> offsets), settled or not; a released
+    claimant holds none."""
+    released = released_claimants(settlements)
     rows = settlements.filter(pc.equal(settlements["outcome"], CLAIMED))
     out: dict[str, dict[str, dict[int, list[int]]]] = {}
     seen: set[tuple[str, str, int]] = set()  # a row read twice while the hot tier moves
@@ -127,7 +147,7 @@ def claims_of(settlements: pa.Table) -> dict[str, dict[str, dict[int, list[int]]
             continue
         seen.add((sub, reason, offset))
         claimant, _, number = (reason or "").rpartition("#")
-        if claimant and number.isdigit():
+        if claimant and number.isdigit() and claimant not in released.get(sub, ()):
             out.setdefault(sub, {}).setdefault(claimant, {}).setdefault(int(number), []).append(
                 offset
             )
@@ -142,6 +162,7 @@ def recover_destination(
     settled = settled_by_subscription(settlements) if settlements is not None else {}
     returned = returned_counts(settlements) if settlements is not None else {}
     claimed = claims_of(settlements) if settlements is not None else {}
+    released = released_claimants(settlements) if settlements is not None else {}
     subs = []
     for sub in info.subscriptions.values():
         low, above = low_water(sub.start_offset, settled.get(sub.name))
@@ -156,7 +177,17 @@ def recover_destination(
             }
             for claimant, numbers in claimed.get(sub.name, {}).items()
         }
-        subs.append(RecoveredSubscription(sub.name, sub.start_offset, low, above, counts, claims))
+        subs.append(
+            RecoveredSubscription(
+                sub.name,
+                sub.start_offset,
+                low,
+                above,
+                counts,
+                claims,
+                released.get(sub.name, set()),
+            )
+        )
     first = min((s.low_water for s in subs), default=end)
     rows = journal.read_messages(info.name, first, end) if first < end else None
     if rows is None:

@@ -99,6 +99,11 @@ class FlightService(fl.FlightServerBase):
                     int(body["upto"]),
                 )
                 return {"acked": acked}
+            case "release_claims":
+                released = b.claims.release(
+                    body["destination"], body.get("subscription"), body["consumer"]
+                )
+                return {"released": released}
             case "purge":
                 return {"purged": b.purge(body["name"], body.get("subscription"))}
             case "delete_destination":

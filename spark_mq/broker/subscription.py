@@ -475,8 +475,10 @@ class Subscription(Housekeeping):
             self.wake()
         return len(lapsed)
 
-    def release_consumer(self, consumer_id: int) -> int:
-        """A consumer left: its unsettled messages come back; its groups may move."""
+    def release_consumer(self, consumer_id: int, *, log: bool = True) -> int:
+        """A consumer left: its unsettled messages come back; its groups may move.
+
+        ``log=False``: the caller has recorded the returns itself."""
         with self._lock:
             if consumer_id in self._consumers:
                 self._consumers.remove(consumer_id)
@@ -486,7 +488,7 @@ class Subscription(Housekeeping):
                 if lease.consumer_id == consumer_id and not lease.settling
             ]
             for offset in mine:
-                self._return(offset, self._leases.pop(offset))
+                self._return(offset, self._leases.pop(offset), log=log)
             self._groups.release(consumer_id)
         self.wake()
         return len(mine)

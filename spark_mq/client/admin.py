@@ -133,5 +133,19 @@ class Admin:
             )["acked"]
         )
 
+    def release_claims(
+        self, destination: str, consumer: str, *, subscription: str | None = None
+    ) -> int:
+        """Give back everything ``consumer`` (a Spark query's consumer name) holds, for a query
+        that is gone for good; the name may not claim again. Returns how many messages."""
+        return int(
+            self._call(
+                "release_claims",
+                destination=destination,
+                subscription=subscription,
+                consumer=consumer,
+            )["released"]
+        )
+
     def stats(self, name: str) -> dict[str, Any]:
         return dict(self._call("stats", name=name))
