@@ -275,10 +275,13 @@ class Consumer:
             self._settle_cond.notify_all()
         self._settler.join()
         with self._write_lock:
-            try:
-                self._writer.done_writing()
-            except (fl.FlightError, OSError):
-                pass  # the broker is gone already: nothing left to tell it
+            # a stream the broker already ended needs no goodbye: one test run aborted inside
+            # done_writing() after its broker was killed (the reader thread finishing the call)
+            if self.error is None and self._reader_thread.is_alive():
+                try:
+                    self._writer.done_writing()
+                except (fl.FlightError, OSError):
+                    pass  # the broker is gone already: nothing left to tell it
         self._reader_thread.join(timeout=30)
         try:
             self._writer.close()
