@@ -32,6 +32,10 @@ from spark_mq.schema import with_offsets
 
 log = logging.getLogger(__name__)
 
+# One flush carries at most this much (a backlog goes out in several): a flush's encoding buffer
+# is then reused instead of mapped afresh (see segments._Scratch), and no single sync is huge.
+MAX_FLUSH_BYTES = 8 * 1024 * 1024
+
 OnCommit = Callable[[str, pa.Table], None]
 
 
@@ -166,8 +170,17 @@ class DestinationWriter:
                     return None
                 else:
                     self._cond.wait()
-            taken, self._records = self._records, []
-            self._flush_requested = False
+            taken, size = [], 0
+            for r in self._records:  # oldest first, at most MAX_FLUSH_BYTES (at least one)
+                if taken and size + r.nbytes > MAX_FLUSH_BYTES:
+                    break
+                taken.append(r)
+                size += r.nbytes
+            del self._records[: len(taken)]
+            if self._records:
+                self._first_at = time.monotonic() - self._timeout  # the rest is due at once
+            else:
+                self._flush_requested = False
             return taken
 
     def _release(self, taken: list[_Record]) -> None:
