@@ -43,7 +43,8 @@ class Chunk:
 
     @classmethod
     def of(cls, rows: pa.Table) -> Chunk:
-        rows = rows.combine_chunks()
+        # the rows stay as committed (one flush can hold several produced batches): combining
+        # them copied every body into freshly mapped memory, per flush
         groups, priority = rows["group_id"], rows["priority"]
         if priority.null_count:  # the broker fills priorities in; older data may lack them
             priority = pc.fill_null(priority, 4)
