@@ -61,15 +61,8 @@ class RecordRef:
         return HEADER_BYTES + self.length
 
 
-def encode_table(table: pa.Table) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
-
-
 def encoded_size(table: pa.Table) -> int:
-    """How many bytes :func:`encode_table` gives, found without copying any data."""
+    """How many bytes ``table`` takes as an IPC stream, found without copying any data."""
     sink = pa.MockOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
