@@ -211,3 +211,30 @@ def test_delete_destination(broker: RunningBroker) -> None:
         # re-created empty
         admin.create_queue("gone")
         assert admin.stats("gone")["end_offset"] == 0
+
+
+def test_a_fresh_client_process_needs_no_pandas_to_send_or_receive(broker: RunningBroker) -> None:
+    """``pa.array`` and pyarrow's zoned timestamps import pandas on first use (0.2-1 s), which
+    held up a fresh process's first send and first delivery; the SDK builds and reads its
+    columns without it, times zoned UTC all the same."""
+    import subprocess
+    import sys
+
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    code = (
+        "import sys\n"
+        "from spark_mq import Consumer, Producer\n"
+        f"with Producer({broker.url!r}, destination='q') as p:\n"
+        "    p.send_sync('hello', ttl_s=60, group_id='g', priority=7)\n"
+        f"with Consumer({broker.url!r}, 'q') as c:\n"
+        "    m = c.receive(timeout=10)\n"
+        "    assert (m.text, m.group_id, m.priority) == ('hello', 'g', 7)\n"
+        "    assert m.ack().result() is None\n"
+        "    assert m.enqueue_time.utcoffset().total_seconds() == 0\n"
+        "    assert (m.expiry_time - m.enqueue_time).total_seconds() == 60\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -43,7 +43,7 @@ from spark_mq.client._transport import (
     translate_flight_error,
     translated,
 )
-from spark_mq.client.message import Message
+from spark_mq.client.message import Message, rows_of
 from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError, SparkMQError
 from spark_mq.names import validate_name
 
@@ -239,7 +239,7 @@ class Consumer:
                 except StopIteration:
                     break
                 if chunk.data is not None and chunk.data.num_rows:
-                    rows = chunk.data.to_pylist()
+                    rows = rows_of(chunk.data)
                     self._messages.put([Message.from_row(self.destination, r, self) for r in rows])
                 elif chunk.app_metadata is not None:
                     self._handle_metadata(chunk.app_metadata)
