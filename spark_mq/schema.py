@@ -221,7 +221,9 @@ def numbered_ids(prefix: str, first: int, n: int, sep: str = "-") -> pa.Array:
 
 def with_offsets(table: pa.Table, first_offset: int) -> pa.Table:
     """Prepend the broker-assigned, gap-free ``offset`` column."""
-    offsets = pa.array(range(first_offset, first_offset + table.num_rows), pa.int64())
+    n = table.num_rows
+    values = np.arange(first_offset, first_offset + n, dtype=np.int64)
+    offsets = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(values)])
     return table.add_column(0, MESSAGE_SCHEMA.field("offset"), offsets)
 
 
