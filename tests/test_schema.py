@@ -77,3 +77,21 @@ def test_a_minimal_batch_and_bad_columns() -> None:
         norm(sdk_batch(body=[b"a", None]))
     with pytest.raises(SchemaMismatch, match="unknown column"):
         norm(pa.table({"body": [b"a"], "colour": ["red"]}))
+
+
+@pytest.mark.parametrize("n", [0, 1, 8, 9, 17])
+def test_numpy_columns_equal_what_pa_array_builds(n: int) -> None:
+    import numpy as np
+
+    from spark_mq.schema import numpy_column
+
+    flags = np.arange(n) % 3 == 1
+    counts = np.arange(n, dtype=np.int32) + 1
+    for values, typ in (
+        (flags, pa.bool_()),
+        (counts, pa.int32()),
+        (counts.astype(np.int64), pa.int64()),
+    ):
+        built = numpy_column(values, typ)
+        built.validate(full=True)
+        assert built.equals(pa.array(values.tolist(), typ))

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -21,7 +22,7 @@ from spark_mq.broker.recovery import DELIVERED, RETURNED
 from spark_mq.broker.selector import Selector
 from spark_mq.broker.subscription import Refusal, Subscription
 from spark_mq.protocol import Reply, Settle
-from spark_mq.schema import DELIVERY_SCHEMA
+from spark_mq.schema import DELIVERY_SCHEMA, numpy_column
 
 SettleDurably = Callable[[list[int], str], Future]  # offsets, outcome
 
@@ -77,10 +78,15 @@ class ConsumerSession:
         if any(a > b for a, b in itertools.pairwise(order)):
             rows = rows.take(pc.index_in(pa.array(order, pa.int64()), value_set=rows["offset"]))
         state = [by_offset[o] for o in rows["offset"].to_pylist()]
-        delivery_count = pa.array([c for c, _ in state], pa.int32())
-        group_first = pa.array([f for _, f in state], pa.bool_())
+        counts = np.fromiter((c for c, _ in state), np.int32, len(state))
+        firsts = np.fromiter((f for _, f in state), np.bool_, len(state))
         return pa.table(
-            [*rows.columns, delivery_count, pc.greater(delivery_count, 1), group_first],
+            [
+                *rows.columns,
+                numpy_column(counts, pa.int32()),
+                numpy_column(counts > 1, pa.bool_()),
+                numpy_column(firsts, pa.bool_()),
+            ],
             schema=DELIVERY_SCHEMA,
         )
 
