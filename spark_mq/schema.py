@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -172,18 +174,18 @@ def normalize_produce_batch(
             )
     priority = cols.get("priority")
     if priority is None:
-        priority = pa.repeat(pa.scalar(DEFAULT_PRIORITY, pa.int32()), n)
+        priority = numpy_column(np.full(n, DEFAULT_PRIORITY, np.int32), pa.int32())
     else:
         priority = pc.fill_null(priority, DEFAULT_PRIORITY)
         low, high = pc.min_max(priority).values()
         if low.as_py() < 0 or high.as_py() > 9:
             raise MessageRejected("priority must be between 0 and 9", destination=destination)
-    enqueue = pa.repeat(pa.scalar(enqueue_time_us, TS), n)
+    enqueue = numpy_column(np.full(n, enqueue_time_us, np.int64), TS)
     expiry = _time_column(cols, "expiry_time", "ttl_ms", enqueue_time_us, n)
     deliver = _time_column(cols, "deliver_time", "delay_ms", enqueue_time_us, n)
 
     def opt(name: str, typ: pa.DataType) -> pa.Array:
-        return cols[name] if name in cols else pa.nulls(n, typ)
+        return cols[name] if name in cols else _nulls(n, typ)
 
     return pa.table(
         [
@@ -210,13 +212,19 @@ def _time_column(
         base = pa.repeat(pa.scalar(enqueue_time_us, pa.int64()), n)
         later = pc.add(base, pc.multiply(cols[relative_ms], 1000)).cast(TS)
         out = later if out is None else pc.coalesce(out, later)
-    return pa.nulls(n, TS) if out is None else out
+    return _nulls(n, TS) if out is None else out
 
 
 def numbered_ids(prefix: str, first: int, n: int, sep: str = "-") -> pa.Array:
     """``<prefix><sep><k>`` for k in ``first .. first+n-1``, built columnar (no per-row objects)."""
     seqs = pa.array(np.arange(first, first + n, dtype=np.int64)).cast(pa.string())
     return pc.binary_join_element_wise(prefix, seqs, sep)
+
+
+@functools.lru_cache(maxsize=256)
+def _nulls(n: int, typ: pa.DataType) -> pa.Array:
+    """An all-null column (immutable, so shared: most produced batches have several)."""
+    return pa.nulls(n, typ)
 
 
 def numpy_column(values: np.ndarray, typ: pa.DataType) -> pa.Array:
