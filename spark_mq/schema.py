@@ -221,9 +221,14 @@ def numbered_ids(prefix: str, first: int, n: int, sep: str = "-") -> pa.Array:
     return pc.binary_join_element_wise(prefix, seqs, sep)
 
 
-@functools.lru_cache(maxsize=256)
 def _nulls(n: int, typ: pa.DataType) -> pa.Array:
-    """An all-null column (immutable, so shared: most produced batches have several)."""
+    """An all-null column; small ones are shared (immutable, and most produced batches have
+    several), large ones are not kept."""
+    return _shared_nulls(n, typ) if n <= 1024 else pa.nulls(n, typ)
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_nulls(n: int, typ: pa.DataType) -> pa.Array:
     return pa.nulls(n, typ)
 
 
