@@ -41,7 +41,7 @@ from spark_mq.errors import (
     from_wire,
 )
 from spark_mq.names import validate_name
-from spark_mq.schema import PRODUCE_SCHEMA, TS, numbered_ids
+from spark_mq.schema import PRODUCE_SCHEMA, TS, numbered_ids, numpy_column
 
 
 @dataclass
@@ -485,9 +485,7 @@ def _column(values: list[Any], typ: pa.DataType) -> pa.Array:
         buffers = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(data))]
         return pa.Array.from_buffers(typ, n, buffers)
     if typ in _FIXED_WIDTH and all(type(v) is int for v in values):
-        return pa.Array.from_buffers(
-            typ, n, [None, pa.py_buffer(np.array(values, _FIXED_WIDTH[typ]))]
-        )
+        return numpy_column(np.array(values, _FIXED_WIDTH[typ]), typ)
     return pa.array(values, typ)
 
 
