@@ -11,6 +11,13 @@ from spark_mq.clock import ManualClock
 from tests.conftest import receive_n, start_inprocess
 
 
+def fill_queue(url: str, admin: Admin, n: int) -> None:
+    """Queue ``q`` holding the messages "0" .. "n-1"."""
+    admin.create_queue("q")
+    with Producer(url, destination="q") as producer:
+        producer.send_batch([b"%d" % i for i in range(n)])
+
+
 def test_a_claim_is_the_same_after_a_restart_and_held_until_acked(
     tmp_path: Path, clock: ManualClock
 ) -> None:
@@ -18,9 +25,7 @@ def test_a_claim_is_the_same_after_a_restart_and_held_until_acked(
     broker = start_inprocess(data, clock)
     try:
         with Admin(broker.url) as admin:
-            admin.create_queue("q")
-            with Producer(broker.url, destination="q") as producer:
-                producer.send_batch([b"%d" % i for i in range(8)])
+            fill_queue(broker.url, admin, 8)
             assert admin.claim("q", "etl", 1, 3) == 3
             assert admin.claim("q", "etl", 2, 3) == 3  # claim 1 is now acked
             clock.advance(3600)  # a claim's lease never lapses
@@ -51,9 +56,7 @@ def test_released_claims_go_back_to_other_consumers_and_the_name_is_retired(
     broker = start_inprocess(data, clock)
     try:
         with Admin(broker.url) as admin:
-            admin.create_queue("q")
-            with Producer(broker.url, destination="q") as producer:
-                producer.send_batch([b"%d" % i for i in range(6)])
+            fill_queue(broker.url, admin, 6)
             assert admin.claim("q", "gone", 1, 2) == 2
             assert admin.claim("q", "gone", 2, 2) == 2  # claim 1 acked: 0, 1
             assert admin.release_claims("q", "gone") == 2  # claim 2: 2, 3
@@ -73,5 +76,39 @@ def test_released_claims_go_back_to_other_consumers_and_the_name_is_retired(
             assert sorted(got) == ["2", "3", "4", "5"]
             # the released ones were delivered once already (to the query that is gone)
             assert [got[t].delivery_count for t in ("2", "3", "4", "5")] == [2, 2, 1, 1]
+    finally:
+        broker.stop()
+
+
+def test_a_claim_that_could_not_be_recorded_leaves_nothing_invisible(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """A claim is recorded before the query sees it; if the record fails (a full disk, say), the
+    error reaches the query and the messages are not held by a claim that never lapses."""
+    from concurrent.futures import Future
+
+    from spark_mq.errors import JournalError
+
+    broker = start_inprocess(tmp_path / "data", clock)
+    journal = broker.broker.journal
+    real_settle = journal.settle
+
+    def settle(destination: str, offsets: list[int], **kw: object) -> Future:
+        if kw.get("outcome") != "claimed":
+            return real_settle(destination, offsets, **kw)
+        failed: Future = Future()
+        failed.set_exception(JournalError("disk full", destination=destination))
+        return failed
+
+    try:
+        with Admin(broker.url) as admin:
+            fill_queue(broker.url, admin, 3)
+            journal.settle = settle  # our own seam: the journal refuses the claim's record
+            with pytest.raises(JournalError, match="disk full"):
+                admin.claim("q", "etl", 1, 3)
+            journal.settle = real_settle
+            assert admin.stats("q")["in_flight"] == 0
+            with Consumer(broker.url, "q") as other:
+                assert sorted(m.text for m in receive_n(other, 3)) == ["0", "1", "2"]
     finally:
         broker.stop()

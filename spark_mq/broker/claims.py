@@ -114,15 +114,23 @@ class Claims:
             taken = sub.take(claimant.consumer_id, limit, lease_s=FOREVER, below=below)
             offsets = [o for o, _, _ in taken]
             if offsets:
-                self._broker.journal.settle(
-                    destination,
-                    offsets,
-                    subscription=sub.name,
-                    outcome=CLAIMED,
-                    reason=f"{name}#{number}",
-                ).result()
+                try:
+                    self._record(sub, destination, offsets, CLAIMED, f"{name}#{number}")
+                except BaseException:
+                    # not recorded (a full disk, say): a lease that never lapses must not be
+                    # left behind, or these messages would stay invisible to everyone
+                    sub.nack(claimant.consumer_id, [(o, c) for o, c, _ in taken])
+                    raise
                 claimant.batches[number] = offsets
             return offsets
+
+    def _record(
+        self, sub: Subscription, destination: str, offsets: list[int], outcome: str, reason: str
+    ) -> None:
+        """Make settlement rows for ``offsets`` durable before anyone is told (claims, releases)."""
+        self._broker.journal.settle(
+            destination, offsets, subscription=sub.name, outcome=outcome, reason=reason
+        ).result()
 
     def rows(self, destination: str, subscription: str | None, name: str, number: int) -> pa.Table:
         """The messages of claim ``number``, in offset order."""
@@ -164,13 +172,7 @@ class Claims:
                 return 0
             offsets = [o for n in sorted(claimant.batches) for o in claimant.batches[n]]
             if offsets:  # durable first: a crash before this leaves the claims as they were
-                self._broker.journal.settle(
-                    destination,
-                    offsets,
-                    subscription=sub.name,
-                    outcome=RETURNED,
-                    reason=f"{RELEASED_PREFIX}{name}",
-                ).result()
+                self._record(sub, destination, offsets, RETURNED, f"{RELEASED_PREFIX}{name}")
                 with self._lock:
                     self._released.add(key)
             with self._lock:

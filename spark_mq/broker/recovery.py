@@ -130,10 +130,11 @@ def released_claimants(settlements: pa.Table) -> dict[str, set[str]]:
     return out
 
 
-def claims_of(settlements: pa.Table) -> dict[str, dict[str, dict[int, list[int]]]]:
-    """Per subscription: each claimant's claims (number -> offsets), settled or not; a released
-    claimant holds none."""
-    released = released_claimants(settlements)
+def claims_of(
+    settlements: pa.Table, released: dict[str, set[str]]
+) -> dict[str, dict[str, dict[int, list[int]]]]:
+    """Per subscription: each claimant's claims (number -> offsets), settled or not; a claimant
+    in ``released`` (per subscription, :func:`released_claimants`) holds none."""
     rows = settlements.filter(pc.equal(settlements["outcome"], CLAIMED))
     out: dict[str, dict[str, dict[int, list[int]]]] = {}
     seen: set[tuple[str, str, int]] = set()  # a row read twice while the hot tier moves
@@ -161,8 +162,8 @@ def recover_destination(
     settlements = journal.read_settlements(info.name) if end else None
     settled = settled_by_subscription(settlements) if settlements is not None else {}
     returned = returned_counts(settlements) if settlements is not None else {}
-    claimed = claims_of(settlements) if settlements is not None else {}
     released = released_claimants(settlements) if settlements is not None else {}
+    claimed = claims_of(settlements, released) if settlements is not None else {}
     subs = []
     for sub in info.subscriptions.values():
         low, above = low_water(sub.start_offset, settled.get(sub.name))
