@@ -95,6 +95,14 @@ class Settle:
 
 
 @dataclass(frozen=True)
+class Bye:
+    """A consumer is leaving: the broker answers the settles before it, then ends the stream.
+
+    The consumer never half-closes (``done_writing``) while its reader thread may be finishing
+    the call on a broken stream: Arrow Flight aborts the process when both close it at once."""
+
+
+@dataclass(frozen=True)
 class Reply:
     request_id: int
     ok: tuple[int, ...] = ()
@@ -119,7 +127,7 @@ class PutFailed:
     error: dict[str, Any]
 
 
-Frame = Produce | Consume | Browse | Claimed | Welcome | Settle | Reply | PutAck | PutFailed
+Frame = Produce | Consume | Browse | Claimed | Welcome | Settle | Bye | Reply | PutAck | PutFailed
 _TYPES: dict[str, type] = {
     "produce": Produce,
     "consume": Consume,
@@ -127,6 +135,7 @@ _TYPES: dict[str, type] = {
     "claimed": Claimed,
     "welcome": Welcome,
     "settle": Settle,
+    "bye": Bye,
     "reply": Reply,
     "put_ack": PutAck,
     "put_failed": PutFailed,
@@ -220,6 +229,8 @@ def parse(data: bytes | memoryview | None) -> Frame:
             if verb not in ("ack", "nack", "extend"):
                 raise ProtocolError(f"unknown settle verb {verb!r}", fault="remote")
             return Settle(verb, _int(doc, "request_id"), _entries(doc.get("entries")))  # type: ignore[arg-type]
+        case "bye":
+            return Bye()
         case "reply":
             ok = doc.get("ok", [])
             errors = doc.get("errors", [])

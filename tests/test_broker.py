@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
@@ -238,3 +241,59 @@ def test_a_fresh_client_process_needs_no_pandas_to_send_or_receive(broker: Runni
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_a_bye_ends_the_stream_after_answering_the_settles_before_it(broker: RunningBroker) -> None:
+    """A consumer leaves with a bye frame, never by half-closing: the broker answers, then ends
+    the stream, so only the client's reader thread finishes the call."""
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    with Producer(broker.url, destination="q") as producer:
+        producer.send_batch(["a", "b"])
+    client = fl.FlightClient(broker.url)
+    desc = fl.FlightDescriptor.for_command(protocol.encode(protocol.Consume("q")))
+    writer, reader = client.do_exchange(desc)
+    welcome = protocol.parse(reader.read_chunk().app_metadata.to_pybytes())
+    assert isinstance(welcome, protocol.Welcome)
+    delivered = reader.read_chunk().data
+    while delivered.num_rows < 2:
+        delivered = pa.concat_batches([delivered, reader.read_chunk().data])
+    first = delivered.column("offset")[0].as_py()
+    settle = protocol.Settle("ack", 7, ((first, 1),))
+    writer.write_metadata(pa.py_buffer(protocol.encode(settle)))
+    writer.write_metadata(pa.py_buffer(protocol.encode(protocol.Bye())))
+    frames = []
+    with pytest.raises(StopIteration):
+        while True:
+            frames.append(protocol.parse(reader.read_chunk().app_metadata.to_pybytes()))
+    assert frames == [protocol.Reply(7, (first,), ())]
+    writer.close()
+    client.close()
+    with Admin(broker.url) as admin:  # the acked one is gone; the other went back
+        stats = admin.stats("q")
+        assert (stats["depth"], stats["in_flight"]) == (1, 0)
+
+
+class _SilentBroker(fl.FlightServerBase):
+    """Welcomes a consumer, then neither reads nor answers nor ends the stream."""
+
+    def __init__(self) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.release = threading.Event()
+
+    def do_exchange(self, context, descriptor, reader, writer) -> None:
+        writer.begin(pa.schema([]))
+        writer.write_metadata(pa.py_buffer(protocol.encode(protocol.Welcome(1, 5.0, "q"))))
+        self.release.wait(60)
+
+
+def test_closing_a_consumer_on_a_broker_that_never_answers_returns_within_its_timeout() -> None:
+    server = _SilentBroker()
+    try:
+        consumer = Consumer(f"grpc://127.0.0.1:{server.port}", "q", timeout_s=1.0)
+        started = time.monotonic()
+        consumer.close()
+        assert time.monotonic() - started < 10
+    finally:
+        server.release.set()
+        server.shutdown()

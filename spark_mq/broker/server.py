@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -25,12 +26,13 @@ from spark_mq import protocol
 from spark_mq.broker.core import Broker
 from spark_mq.broker.dedup import ProduceResult
 from spark_mq.errors import ProtocolError, SparkMQError, to_wire
-from spark_mq.protocol import Consume, Produce, PutAck, PutFailed, Settle
+from spark_mq.protocol import Bye, Consume, Produce, PutAck, PutFailed, Settle
 from spark_mq.schema import DELIVERY_SCHEMA
 
 log = logging.getLogger(__name__)
 
 _IDLE_WAKE_S = 0.5  # a consumer loop re-checks that its stream is alive this often
+_BYE_WAIT_S = 30.0  # how long a leaving consumer's unanswered settles may keep its stream open
 
 
 def _flight_error(err: SparkMQError) -> fl.FlightServerError:
@@ -202,6 +204,7 @@ class FlightService(fl.FlightServerBase):
             f" subscription {cmd.subscription}" if cmd.subscription else "",
         )
         done = threading.Event()
+        said_bye = threading.Event()
         problem: list[SparkMQError] = []
 
         def read_settles() -> None:
@@ -210,8 +213,13 @@ class FlightService(fl.FlightServerBase):
                     frame = protocol.parse(
                         chunk.app_metadata.to_pybytes() if chunk.app_metadata else b""
                     )
+                    if isinstance(frame, Bye):
+                        said_bye.set()  # answered below, then the stream ends
+                        break
                     if not isinstance(frame, Settle):
-                        raise ProtocolError("consumers may only send settle frames", fault="remote")
+                        raise ProtocolError(
+                            "consumers may only send settle and bye frames", fault="remote"
+                        )
                     session.settle(frame)
             except SparkMQError as exc:
                 problem.append(exc)
@@ -242,6 +250,13 @@ class FlightService(fl.FlightServerBase):
                     writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
                 while (batch := session.next_delivery()) is not None:
                     writer.write_table(batch)
+            # a leaving consumer still listens: its last acks are answered once durable
+            deadline = time.monotonic() + _BYE_WAIT_S
+            while said_bye.is_set() and session.unanswered and time.monotonic() < deadline:
+                for reply in session.replies():
+                    writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
+                session.wakeup.wait(_IDLE_WAKE_S)
+                session.wakeup.clear()
             for reply in session.replies():
                 writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
         except fl.FlightError:

@@ -53,6 +53,7 @@ class ConsumerSession:
         self._lock = threading.Lock()
         self._held: set[int] = set()  # offsets leased to this session and not yet answered
         self._outbox: deque[Reply] = deque()
+        self._unanswered = 0  # settle frames whose reply is not in the outbox yet
         self.wakeup = threading.Event()
         self.closed = False
         subscription.add_waiter(self.wakeup)
@@ -102,7 +103,14 @@ class ConsumerSession:
     def _reply(self, reply: Reply) -> None:
         with self._lock:
             self._outbox.append(reply)
+            self._unanswered -= 1
         self.wakeup.set()
+
+    @property
+    def unanswered(self) -> int:
+        """Settle frames taken whose reply is still to come (an ack waits to be durable)."""
+        with self._lock:
+            return self._unanswered
 
     def replies(self) -> list[Reply]:
         with self._lock:
@@ -111,7 +119,10 @@ class ConsumerSession:
         return out
 
     def settle(self, frame: Settle) -> None:
+        """Apply one frame; exactly one reply reaches the outbox for it, now or once durable."""
         sub = self.subscription
+        with self._lock:
+            self._unanswered += 1
         match frame.verb:
             case "ack":
                 ok, refused = sub.begin_ack(self.consumer_id, frame.entries)

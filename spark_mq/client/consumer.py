@@ -88,6 +88,7 @@ class Consumer:
         self._settles: list[tuple[Verb, list[tuple[int, int]], Future]] = []
         self._queued = 0  # settle entries in _settles
         self._linger = settle_linger_ms / 1000
+        self._timeout_s = timeout_s
         self._settle_batch = settle_batch
         self._requests: dict[int, list[tuple[list[int], Future]]] = {}
         self._request_ids = itertools.count(1)
@@ -274,17 +275,20 @@ class Consumer:
             self._closed = True
             self._settle_cond.notify_all()
         self._settler.join()
-        with self._write_lock:
-            # a stream the broker already ended needs no goodbye: one test run aborted inside
-            # done_writing() after its broker was killed (the reader thread finishing the call)
-            if self.error is None and self._reader_thread.is_alive():
-                try:
-                    self._writer.done_writing()
-                except (fl.FlightError, OSError):
-                    pass  # the broker is gone already: nothing left to tell it
-        self._reader_thread.join(timeout=30)
+        # never done_writing() here: if the broker died, the reader thread is finishing the call
+        # and Arrow Flight aborts the process when both sides of a stream close it at once.
+        # The bye asks the broker to end the stream after answering every settle sent before it.
         try:
-            self._writer.close()
+            with self._write_lock:
+                self._writer.write_metadata(pa.py_buffer(protocol.encode(protocol.Bye())))
+        except (fl.FlightError, OSError):
+            pass  # the broker is gone already: the reader thread sees the stream fail
+        self._reader_thread.join(timeout=self._timeout_s)
+        if self._reader_thread.is_alive():  # a broker that neither answers nor fails
+            self._reader.cancel()  # thread-safe, unlike closing
+            self._reader_thread.join()
+        try:
+            self._writer.close()  # the reader has finished: no one else touches the stream
         except (fl.FlightError, OSError):
             pass  # the stream's outcome was already reported to every settle future
         self._client.close()
