@@ -5,7 +5,8 @@
 * ``DoExchange`` consumes: the descriptor is a :class:`Consume` command. The broker first sends
   :class:`Welcome`, then delivery batches (``DELIVERY_SCHEMA``). The client sends
   :class:`Settle` frames (ack / nack / extend) as app-metadata-only messages; each is answered
-  by a :class:`Reply` once its effect is durable.
+  by a :class:`Reply` once its effect is durable. To leave, the client sends :class:`Bye`; the
+  broker answers what came before it, then ends the stream.
 * ``DoGet`` browses: the ticket is a :class:`Browse` command; the answer is a table of
   waiting messages (``MESSAGE_SCHEMA``) in delivery order.
 * ``DoAction`` administers: the action type names the operation, the body is a JSON object.
