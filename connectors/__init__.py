@@ -12,10 +12,26 @@ if TYPE_CHECKING:
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("sparkmq")`` available in ``spark``."""
-    from spark_mq.connectors.source import SparkMQDataSource
+    """Make ``format("sparkmq")`` available in ``spark``.
 
-    spark.dataSource.register(SparkMQDataSource)
+    With the connector's jar on the driver's classpath (:func:`jar_path`; ``local_session``
+    puts it there), log streams are read by Spark's own Parquet reader (``connectors/jvm.py``);
+    without it, by the Python data source alone."""
+    from spark_mq.connectors import jvm
+    from spark_mq.connectors.source import PythonSideSource, SparkMQDataSource
+
+    if jvm.jvm_present(spark):
+        spark.dataSource.register(PythonSideSource)
+        jvm.install(spark)
+    else:
+        spark.dataSource.register(SparkMQDataSource)
+
+
+def jar_path() -> str | None:
+    """The connector's jar (compiled on first use with the JDK's javac), or None without one."""
+    from spark_mq.connectors.jvm import jar_path as path
+
+    return path()
 
 
 def local_session(app_name: str = "sparkmq"):
@@ -26,9 +42,12 @@ def local_session(app_name: str = "sparkmq"):
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master("local[2]")
+    jar = jar_path()
+    if jar is not None:
+        builder = builder.config("spark.driver.extraClassPath", jar)
     session = (
-        SparkSession.builder.master("local[2]")
-        .appName(app_name)
+        builder.appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
@@ -52,4 +71,4 @@ def read_log(spark: SparkSession, root: str, destination: str, **kwargs):
     return read(spark, root, destination, **kwargs)
 
 
-__all__ = ["local_session", "read_log", "register"]
+__all__ = ["jar_path", "local_session", "read_log", "register"]

@@ -101,8 +101,9 @@ class _Planner:
             return dr.end_offset(root, dest)
         return min(wanted, dr.end_offset(root, dest))
 
-    def slices(self, ranges: dict[str, tuple[int, int]]) -> list[Slice]:
-        """Check for offsets compaction removed, then split the ranges into tasks."""
+    def check_missing(self, ranges: dict[str, tuple[int, int]]) -> None:
+        """Offsets compaction removed that the ranges need: an error, or a warning when
+        ``failOnDataLoss`` is false."""
         opts = self.opts
         for dest, (start, end) in ranges.items():
             missing = dr.missing_offsets(opts.root, dest, start, end)
@@ -122,6 +123,11 @@ class _Planner:
                         offset=int(missing[0]),
                     )
                 log.warning("%s; skipping them (failOnDataLoss=false)", text)
+
+    def slices(self, ranges: dict[str, tuple[int, int]]) -> list[Slice]:
+        """Check for offsets compaction removed, then split the ranges into tasks."""
+        opts = self.opts
+        self.check_missing(ranges)
         live = [(d, s, e) for d, (s, e) in sorted(ranges.items()) if e > s]
         files = {d: dr.data_files(opts.root, d, s, e) for d, s, e in live}
         common = {
@@ -244,6 +250,15 @@ class SparkMQDataSource(DataSource):
         return StreamWriter(SinkOptions.parse(self.options, schema))
 
 
+class PythonSideSource(SparkMQDataSource):
+    """The same source under the name the connector's Java provider delegates to (it owns
+    ``"sparkmq"`` when its jar is on the classpath: see ``jvm.py``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "sparkmq_python"
+
+
 def _append_only(overwrite: bool) -> None:
     if overwrite:
         raise ConfigError(
@@ -309,12 +324,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self.reportLatestOffset()
 
-    def partitions(self, start: Offsets, end: Offsets) -> list[Slice]:
-        ranges = {}
+    def ranges(self, start: Offsets, end: Offsets) -> dict[str, tuple[int, int]]:
+        """What the batch ``(start, end]`` reads of each destination: ``[from, to)``."""
+        out = {}
         for dest, stop in end.items():
             begin = int(start[dest]) if dest in start else self.plan.start_of(dest)
-            ranges[dest] = (min(begin, int(stop)), int(stop))
-        return self.plan.slices(ranges)
+            out[dest] = (min(begin, int(stop)), int(stop))
+        return out
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[Slice]:
+        return self.plan.slices(self.ranges(start, end))
 
     def read(self, partition: Slice) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return _read(partition)

@@ -1,0 +1,13 @@
+package sparkmq.spark;
+
+/** Implemented in Python (spark_mq.connectors.jvm) and set once per driver by register(spark). */
+public interface PlannerFactory {
+  /** A planner for these options (a JSON object), or an error naming a bad option. */
+  Planner create(String options);
+
+  /** Whether these options (a JSON object) read message logs in a way LogSource serves. */
+  boolean servesStream(String options);
+
+  /** The Python data source's name, which serves everything the JVM stream does not. */
+  String pythonSourceName();
+}
