@@ -7,8 +7,9 @@ In one run, on one local[2] SparkSession:
 
 1. source: ``readStream.format("sparkmq")`` with ``Trigger.AvailableNow`` over a topic of
    ``--messages`` messages (written straight to Delta, 20 files), against ``spark.read.parquet``
-   of the very same Parquet files — messages/s, MB/s and the ratio — and the batch helper
-   ``read_log`` (Spark's native Parquet reader on the files Delta selects);
+   of the very same Parquet files — messages/s, MB/s and the ratio — beside Spark's own
+   streaming Parquet source on those files (what any Structured Streaming query costs on top
+   of a batch read) and the batch helper ``read_log``;
 2. sink: ``df.write.format("sparkmq")`` of ``--sink-messages`` rows through a broker;
 3. end-to-end latency of a continuous pipeline: SDK producer -> broker -> Delta -> a
    ``format("sparkmq")`` query (1 s trigger) -> foreachBatch, per message.
@@ -86,13 +87,34 @@ def source(spark, root: str, total: int, body: int, rounds: int) -> None:
         served_by.append(q.recentProgress[0]["sources"][0]["description"])
         return seen[0]
 
+    def file_stream(exprs: tuple[str, ...]) -> int:
+        """Spark's own streaming Parquet source on the same files: the engine's ceiling."""
+        seen = [0]
+
+        def batch(df, _i) -> None:
+            seen[0] += df.selectExpr(*exprs).first()["n"]
+
+        schema = spark.read.parquet(*parquet_files(root, "big")).schema
+        q = (
+            spark.readStream.format("parquet")
+            .schema(schema)
+            .load(layout.messages_uri(root, "big"))
+            .writeStream.foreachBatch(batch)
+            .option("checkpointLocation", tempfile.mkdtemp())
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+        return seen[0]
+
     mb = total * (body + 60) / 1e6  # rough bytes per row incl. the other columns
     # each path runs `rounds` times, interleaved, and its best run counts: the first runs of a
     # session pay for JIT, code generation and Python workers, and this VM's speed drifts
     for label, exprs in (("all columns", ALL_COLUMNS), ("body only", BODY_ONLY)):
-        runs: dict[str, list[tuple[float, int]]] = {"src": [], "pq": [], "log": []}
+        runs: dict[str, list[tuple[float, int]]] = {"src": [], "pq": [], "log": [], "fs": []}
         for _ in range(rounds):
             runs["src"].append(timed_count(lambda e=exprs: stream(e)))
+            runs["fs"].append(timed_count(lambda e=exprs: file_stream(e)))
             runs["pq"].append(timed_count(lambda e=exprs: parquet(e)))
             runs["log"].append(
                 timed_count(
@@ -110,6 +132,12 @@ def source(spark, root: str, total: int, body: int, rounds: int) -> None:
             f"{t_pq:.2f} s (runs: {', '.join(f'{t:.2f}' for t, _ in runs['pq'])})"
         )
         print(f"ratio: {t_pq / t_src:.2f}x of plain Parquet (target >= 0.8x)")
+        t_fs, n_fs = min(runs["fs"])
+        print(
+            f"Spark's own Parquet file stream, availableNow, same files: {n_fs / t_fs:,.0f} "
+            f"msg/s = {t_pq / t_fs:.2f}x of plain Parquet (runs: "
+            f"{', '.join(f'{t:.2f}' for t, _ in runs['fs'])}): what any stream costs on top"
+        )
         print(
             f"read_log (batch):    {n_log / t_log:,.0f} msg/s ({mb / t_log:,.0f} MB/s), "
             f"{t_log:.2f} s = {t_pq / t_log:.2f}x of plain Parquet"
