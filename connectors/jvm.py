@@ -1,16 +1,17 @@
-"""The JVM half of ``format("sparkmq")``: streaming reads of message logs at Parquet speed.
+"""The JVM half of ``format("sparkmq")``: reads of message logs at Parquet speed.
 
-A Python data source hands every row from a Python worker to the JVM, which caps a stream near
-a fifth of what Spark reads Parquet at (``bench/spark_bench.py``). So the connector also ships
-a small Java source (``connectors/java/``, compiled here with the JDK's ``javac`` against
+A Python data source hands every row from a Python worker to the JVM, which caps it near a
+fifth of what Spark reads Parquet at (``bench/spark_bench.py``). So the connector also ships
+a small Java provider (``connectors/java/``, compiled here with the JDK's ``javac`` against
 pyspark's own jars, once per source version, into ``~/.cache/sparkmq``). With its jar on the
 driver's classpath, ``format("sparkmq")`` is that Java provider:
 
-* a streaming read of message logs becomes, batch after batch, Spark's own Parquet reader over
-  the files Delta's offset statistics select; what each batch holds (offsets, admission
-  control, data loss) is still decided here, in Python, by :class:`LogPlanner` through py4j;
-* everything else (batch reads, consuming through the broker, ``groupingPartitions``, remote
-  roots, the sink) is the Python data source, registered as ``sparkmq_python``.
+* a streaming or batch read of message logs in place becomes Spark's own Parquet reader over
+  the files Delta's offset statistics select; what each read holds (offsets, admission
+  control, data loss) is still decided here, in Python, by :class:`LogPlanner` and
+  :meth:`PlannerFactory.planBatch` through py4j;
+* everything else (consuming through the broker, ``groupingPartitions``, remote roots, the
+  sink) is the Python data source, registered as ``sparkmq_python``.
 
 Without a JDK the connector is the Python data source alone, as before (same results, slower).
 """
@@ -32,7 +33,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from spark_mq.connectors import delta_read as dr
 from spark_mq.connectors.options import SourceOptions
-from spark_mq.connectors.source import Slice, StreamReader
+from spark_mq.connectors.source import BatchReader, ReadPlanner, Slice, StreamReader
 from spark_mq.errors import ConfigError
 from spark_mq.journal import layout
 
@@ -146,6 +147,12 @@ class PlannerFactory:
     def create(self, options: str) -> LogPlanner:
         return LogPlanner(json.loads(options))
 
+    def planBatch(self, options: str) -> str:
+        opts = json.loads(options)
+        reader = BatchReader(SourceOptions.parse(opts))
+        split = any(k.lower() == "maxmessagesperpartition" for k in opts)
+        return json.dumps(scans(reader.plan, reader.ranges, split=split))
+
     def pythonSourceName(self) -> str:
         return PYTHON_SOURCE_NAME
 
@@ -189,52 +196,48 @@ class LogPlanner:
         self.reader.prepareForTriggerAvailableNow()
 
     def plan(self, start: str | None, end: str) -> str:
-        """The batch ``(start, end]`` as Parquet scans: ``whole`` ones read every row of their
-        files, the others only ``start <= offset < end``.
-
-        One scan per destination, split into tasks by Spark as for any Parquet read
-        (``spark.sql.files.maxPartitionBytes``); with ``maxMessagesPerPartition`` given, one
-        scan per task the Python source would run (small files together, a big file split by
-        offsets)."""
+        """The batch ``(start, end]`` as Parquet scans (:func:`scans`)."""
         ranges = self.reader.ranges(self._start(start), json.loads(end))
-        pieces = self.reader.plan.slices(ranges)  # checks for data loss first
-        if not self._split:
-            pieces = [_merged(pieces)]
-        root = self.reader.opts.root
-        spans = {
-            dest: {
-                uri: (low, high) for uri, low, high, _ in dr.data_files(root, dest, lo, hi) or ()
-            }
-            for dest, (lo, hi) in ranges.items()
-            if hi > lo
-        }
-        out = []
-        for piece in pieces:
-            for dest, lo, hi, files in piece.ranges:
-                if files is None:
-                    raise ConfigError(
-                        f"the data files of {dest!r} under {root} carry no offset statistics, "
-                        "which the native stream needs; read it with the Python source: "
-                        f"format({PYTHON_SOURCE_NAME!r})",
-                        setting="root",
-                    )
-                inside = [f for f in files if lo <= spans[dest][f][0] and spans[dest][f][1] < hi]
-                cut = [f for f in files if f not in inside]
-                for chosen, whole in ((inside, True), (cut, False)):
-                    if chosen:
-                        out.append(
-                            {
-                                "destination": dest,
-                                "start": lo,
-                                "end": hi,
-                                "files": chosen,
-                                "whole": whole,
-                            }
-                        )
-        return json.dumps(out)
+        return json.dumps(scans(self.reader.plan, ranges, split=self._split))
 
     class Java:
         implements = ["sparkmq.spark.Planner"]
+
+
+def scans(plan: ReadPlanner, ranges: dict[str, tuple[int, int]], *, split: bool) -> list[dict]:
+    """``ranges`` as Parquet scans: ``whole`` ones read every row of their files, the others
+    only ``start <= offset < end``. Checks for data loss first.
+
+    One scan per destination, split into tasks by Spark as for any Parquet read
+    (``spark.sql.files.maxPartitionBytes``); with ``split`` (``maxMessagesPerPartition`` given),
+    one scan per task the Python source would run (small files together, a big file split by
+    offsets)."""
+    pieces = plan.slices(ranges)
+    if not split:
+        pieces = [_merged(pieces)]
+    root = plan.opts.root
+    spans = {
+        dest: {uri: (low, high) for uri, low, high, _ in dr.data_files(root, dest, lo, hi) or ()}
+        for dest, (lo, hi) in ranges.items()
+        if hi > lo
+    }
+    out = []
+    for piece in pieces:
+        for dest, lo, hi, files in piece.ranges:
+            if files is None:
+                raise ConfigError(
+                    f"the data files of {dest!r} under {root} carry no offset statistics, "
+                    "which the native reader needs; read it with the Python source: "
+                    f"format({PYTHON_SOURCE_NAME!r})",
+                    setting="root",
+                )
+            inside = [f for f in files if lo <= spans[dest][f][0] and spans[dest][f][1] < hi]
+            cut = [f for f in files if f not in inside]
+            for chosen, whole in ((inside, True), (cut, False)):
+                if chosen:
+                    scan = {"destination": dest, "start": lo, "end": hi, "files": chosen}
+                    out.append({**scan, "whole": whole})
+    return out
 
 
 def _merged(pieces: list[Slice]) -> Slice:

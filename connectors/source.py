@@ -73,7 +73,7 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         )
 
 
-class _Planner:
+class ReadPlanner:
     """What both readers share: which destinations, where each starts, how ranges split."""
 
     def __init__(self, opts: SourceOptions) -> None:
@@ -269,7 +269,7 @@ def _append_only(overwrite: bool) -> None:
 
 class BatchReader(DataSourceReader):
     def __init__(self, opts: SourceOptions) -> None:
-        self.plan = _Planner(opts)
+        self.plan = ReadPlanner(opts)
         self.ranges: dict[str, tuple[int, int]] = {}
         for dest in self.plan.destinations():
             end = dr.end_offset(opts.root, dest)
@@ -288,7 +288,7 @@ class BatchReader(DataSourceReader):
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self.plan = _Planner(opts)
+        self.plan = ReadPlanner(opts)
         self._target: Offsets | None = None  # set by Trigger.AvailableNow
 
     def initialOffset(self) -> Offsets:

@@ -95,10 +95,28 @@ def test_what_the_native_stream_does_not_serve_goes_to_the_python_source(
         spark, "sparkmq", "grouped", root=two_logs, destination="orders", groupingPartitions=2
     )
     assert NATIVE not in served_by(grouped)
-    assert spark.table("grouped").count() == 240
-    # a batch read is the Python source too, and so is the sink (test_spark_sink)
-    batch = spark.read.format("sparkmq").option("root", two_logs).option("destination", "audit")
-    assert batch.load().count() == 80
+    assert spark.table("grouped").count() == 240  # the sink is Python's too (test_spark_sink)
+
+
+def test_native_batch_read_equals_the_python_source(spark, two_logs: str) -> None:
+    def read(fmt: str, **options: object):
+        reader = spark.read.format(fmt).option("root", two_logs)
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return reader.load()
+
+    window = {
+        "destination": "orders,audit",
+        "startingOffsets": '{"orders": 10, "audit": -2}',
+        "endingOffsets": '{"orders": 130, "audit": -1}',
+    }
+    native, python = read("sparkmq", **window), read(jvm.PYTHON_SOURCE_NAME, **window)
+    assert "PlannedRelation" in native._jdf.queryExecution().optimizedPlan().toString()
+    assert "sparkmq_python" in python._jdf.queryExecution().optimizedPlan().toString()
+    order = ["destination", "offset"]  # chispa cannot sort by the headers map
+    assert_df_equality(native.orderBy(order), python.orderBy(order))
+    assert native.where("destination = 'orders'").count() == 120  # offsets 10 .. 129
+    assert read("sparkmq", destination="audit", includeHeaders="false").count() == 80
 
 
 def test_a_bad_option_is_still_named_by_the_python_source(spark, two_logs: str) -> None:

@@ -5,6 +5,9 @@ public interface PlannerFactory {
   /** A planner for these options (a JSON object), or an error naming a bad option. */
   Planner create(String options);
 
+  /** A batch read's scans for these options (a JSON object), as {@link Planner#plan} gives them. */
+  String planBatch(String options);
+
   /** Whether these options (a JSON object) read message logs in a way LogSource serves. */
   boolean servesStream(String options);
 

@@ -9,7 +9,9 @@ import org.apache.spark.sql.connector.catalog.TableProvider;
 import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2;
 import org.apache.spark.sql.execution.streaming.Source;
+import org.apache.spark.sql.sources.BaseRelation;
 import org.apache.spark.sql.sources.DataSourceRegister;
+import org.apache.spark.sql.sources.RelationProvider;
 import org.apache.spark.sql.sources.StreamSourceProvider;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
@@ -20,13 +22,15 @@ import scala.jdk.javaapi.CollectionConverters;
 /**
  * {@code format("sparkmq")} when the connector's jar is on Spark's classpath.
  *
- * <p>Everything is served by the Python data source (registered under another name by
- * {@code spark_mq.connectors.register}), except streaming reads of message logs: those Spark
- * plans from the very Parquet files the Delta log names, read by its own vectorized reader, so
- * no row passes through a Python worker. The Python side still decides what each micro-batch
- * holds (offsets, admission control, data loss), through {@link Planner}.
+ * <p>Everything is served by the Python data source (registered under another name by {@code
+ * spark_mq.connectors.register}), except reads of message logs in place: Spark plans those,
+ * micro-batch after micro-batch or as one batch read, as Parquet reads of the very files the
+ * Delta log names, with its own vectorized reader, so no row passes through a Python worker.
+ * The Python side still decides what each read holds (offsets, admission control, data loss),
+ * through {@link Planner} and {@link PlannerFactory#planBatch}.
  */
-public final class SparkmqProvider implements DataSourceRegister, TableProvider, StreamSourceProvider {
+public final class SparkmqProvider
+    implements DataSourceRegister, TableProvider, StreamSourceProvider, RelationProvider {
   static final ObjectMapper JSON = new ObjectMapper();
   private PythonDataSourceV2 python;
 
@@ -63,7 +67,7 @@ public final class SparkmqProvider implements DataSourceRegister, TableProvider,
   public Table getTable(StructType schema, Transform[] partitioning, Map<String, String> properties) {
     Table table = python().getTable(schema, partitioning, properties);
     if (Bridge.get().servesStream(json(properties))) {
-      return new BatchOnlyTable(table); // Spark then streams through createSource below
+      return new WriteOnlyTable(table); // Spark then reads through createSource / createRelation
     }
     return table;
   }
@@ -87,6 +91,15 @@ public final class SparkmqProvider implements DataSourceRegister, TableProvider,
       scala.collection.immutable.Map<String, String> parameters) {
     Planner planner = Bridge.get().create(json(CollectionConverters.asJava(parameters)));
     return new LogSource(sqlContext.sparkSession(), schemaOf(schema, parameters), planner);
+  }
+
+  // -- RelationProvider: batch reads of message logs --------------------------------------------
+  @Override
+  public BaseRelation createRelation(
+      SQLContext sqlContext, scala.collection.immutable.Map<String, String> parameters) {
+    String options = json(CollectionConverters.asJava(parameters));
+    LogReads reads = new LogReads(sqlContext.sparkSession(), schemaOf(Option.empty(), parameters));
+    return new PlannedRelation(sqlContext, reads, Bridge.get().planBatch(options));
   }
 
   private StructType schemaOf(

@@ -15,11 +15,11 @@ import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
-/** The Python source's table without its micro-batch read, so Spark streams through LogSource. */
-final class BatchOnlyTable implements SupportsRead, SupportsWrite {
+/** The Python source's table for writes only: Spark reads through LogSource and PlannedRelation. */
+final class WriteOnlyTable implements SupportsRead, SupportsWrite {
   private final Table inner;
 
-  BatchOnlyTable(Table inner) {
+  WriteOnlyTable(Table inner) {
     this.inner = inner;
   }
 
@@ -53,6 +53,7 @@ final class BatchOnlyTable implements SupportsRead, SupportsWrite {
   public Set<TableCapability> capabilities() {
     Set<TableCapability> caps = EnumSet.noneOf(TableCapability.class);
     caps.addAll(inner.capabilities());
+    caps.remove(TableCapability.BATCH_READ);
     caps.remove(TableCapability.MICRO_BATCH_READ);
     caps.remove(TableCapability.CONTINUOUS_READ);
     return caps;

@@ -1,0 +1,139 @@
+package sparkmq.spark;
+
+import static org.apache.spark.sql.functions.col;
+import static org.apache.spark.sql.functions.lit;
+
+import com.fasterxml.jackson.core.JsonProcessingException;
+import com.fasterxml.jackson.databind.JsonNode;
+import java.util.ArrayList;
+import java.util.List;
+import org.apache.spark.rdd.RDD;
+import org.apache.spark.sql.Column;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
+import org.apache.spark.sql.classic.SparkSession;
+import org.apache.spark.sql.execution.datasources.LogicalRelation;
+import org.apache.spark.sql.execution.datasources.LogicalRelation$;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import scala.reflect.ClassTag$;
+
+/**
+ * A planned read of message logs as Spark Parquet reads. The plan (from the Python planner) is
+ * a JSON list of scans {"destination", "start", "end", "files", "whole"}: a whole scan reads
+ * every row of its files, the others only start <= offset < end.
+ */
+final class LogReads {
+  private final SparkSession spark;
+  private final StructType schema;
+  private final StructType logSchema; // the columns the Parquet files hold
+
+  LogReads(org.apache.spark.sql.SparkSession spark, StructType schema) {
+    this.spark = (SparkSession) spark;
+    this.schema = schema;
+    List<StructField> kept = new ArrayList<>();
+    for (StructField f : schema.fields()) {
+      if (!f.name().equals("destination")) {
+        kept.add(f);
+      }
+    }
+    this.logSchema = new StructType(kept.toArray(new StructField[0]));
+  }
+
+  /**
+   * A micro-batch: whole files are streaming relations Spark reads and counts like its file
+   * stream source does; files a batch boundary cuts are read, filtered to the range, behind one
+   * more leaf (Spark counts a batch's rows at its leaves: at the Parquet scan they would include
+   * the rows the offset filter drops).
+   */
+  Dataset<Row> microBatch(String plan) {
+    Dataset<Row> whole = null;
+    Dataset<Row> cut = null;
+    for (JsonNode scan : parse(plan)) {
+      if (scan.get("whole").asBoolean()) {
+        Dataset<Row> part = streaming(paths(scan)).select(columns(scan));
+        whole = whole == null ? part : whole.unionAll(part);
+      } else {
+        Dataset<Row> part = filtered(scan);
+        cut = cut == null ? part : cut.unionAll(part);
+      }
+    }
+    if (cut == null && whole != null) {
+      return whole;
+    }
+    Dataset<Row> leaf = spark.internalCreateDataFrame(rows(cut), schema, true);
+    return whole == null ? leaf : whole.unionAll(leaf);
+  }
+
+  /** A batch read's rows (Spark's Parquet reads, run when the relation is scanned). */
+  RDD<InternalRow> batch(String plan) {
+    Dataset<Row> out = null;
+    for (JsonNode scan : parse(plan)) {
+      Dataset<Row> part =
+          scan.get("whole").asBoolean()
+              ? spark.read().schema(logSchema).parquet(paths(scan)).select(columns(scan))
+              : filtered(scan);
+      out = out == null ? part : out.unionAll(part);
+    }
+    return rows(out);
+  }
+
+  StructType schema() {
+    return schema;
+  }
+
+  private RDD<InternalRow> rows(Dataset<Row> df) {
+    if (df == null) {
+      return spark.sparkContext().emptyRDD(ClassTag$.MODULE$.apply(InternalRow.class));
+    }
+    return ((org.apache.spark.sql.classic.Dataset<Row>) df).queryExecution().toRdd();
+  }
+
+  private Dataset<Row> filtered(JsonNode scan) {
+    long start = scan.get("start").asLong();
+    long end = scan.get("end").asLong();
+    return spark
+        .read()
+        .schema(logSchema)
+        .parquet(paths(scan))
+        .where(col("offset").geq(start).and(col("offset").lt(end)))
+        .select(columns(scan));
+  }
+
+  /** The files as a streaming relation (what Spark's own file stream source hands back). */
+  private Dataset<Row> streaming(String[] paths) {
+    Dataset<Row> files = spark.read().schema(logSchema).parquet(paths);
+    LogicalPlan plan = ((org.apache.spark.sql.classic.Dataset<Row>) files).logicalPlan();
+    return org.apache.spark.sql.classic.Dataset.ofRows(
+        spark, LogicalRelation$.MODULE$.apply(((LogicalRelation) plan).relation(), true));
+  }
+
+  private Column[] columns(JsonNode scan) {
+    String destination = scan.get("destination").asText();
+    Column[] out = new Column[schema.fields().length];
+    int i = 0;
+    for (StructField f : schema.fields()) {
+      out[i++] = f.name().equals("destination") ? lit(destination).as("destination") : col(f.name());
+    }
+    return out;
+  }
+
+  private static String[] paths(JsonNode scan) {
+    JsonNode files = scan.get("files");
+    String[] out = new String[files.size()];
+    for (int i = 0; i < out.length; i++) {
+      out[i] = files.get(i).asText();
+    }
+    return out;
+  }
+
+  private static JsonNode parse(String plan) {
+    try {
+      return SparkmqProvider.JSON.readTree(plan);
+    } catch (JsonProcessingException e) {
+      throw new IllegalStateException("the sparkmq planner answered " + plan, e);
+    }
+  }
+}

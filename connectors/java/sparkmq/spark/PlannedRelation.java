@@ -1,0 +1,42 @@
+package sparkmq.spark;
+
+import org.apache.spark.rdd.RDD;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SQLContext;
+import org.apache.spark.sql.sources.BaseRelation;
+import org.apache.spark.sql.sources.TableScan;
+import org.apache.spark.sql.types.StructType;
+
+/** A batch read of message logs: the rows of Spark's Parquet reads the planner chose. */
+final class PlannedRelation extends BaseRelation implements TableScan {
+  private final SQLContext sqlContext;
+  private final LogReads reads;
+  private final String plan;
+
+  PlannedRelation(SQLContext sqlContext, LogReads reads, String plan) {
+    this.sqlContext = sqlContext;
+    this.reads = reads;
+    this.plan = plan;
+  }
+
+  @Override
+  public SQLContext sqlContext() {
+    return sqlContext;
+  }
+
+  @Override
+  public StructType schema() {
+    return reads.schema();
+  }
+
+  @Override
+  public boolean needConversion() {
+    return false; // buildScan hands Spark its own internal rows
+  }
+
+  @Override
+  @SuppressWarnings("unchecked")
+  public RDD<Row> buildScan() {
+    return (RDD<Row>) (RDD<?>) reads.batch(plan);
+  }
+}
