@@ -111,11 +111,29 @@ def source(spark, root: str, total: int, body: int, rounds: int) -> None:
     # each path runs `rounds` times, interleaved, and its best run counts: the first runs of a
     # session pay for JIT, code generation and Python workers, and this VM's speed drifts
     for label, exprs in (("all columns", ALL_COLUMNS), ("body only", BODY_ONLY)):
-        runs: dict[str, list[tuple[float, int]]] = {"src": [], "pq": [], "log": [], "fs": []}
+        runs: dict[str, list[tuple[float, int]]] = {
+            "src": [],
+            "pq": [],
+            "log": [],
+            "fs": [],
+            "batch": [],
+        }
         for _ in range(rounds):
             runs["src"].append(timed_count(lambda e=exprs: stream(e)))
             runs["fs"].append(timed_count(lambda e=exprs: file_stream(e)))
             runs["pq"].append(timed_count(lambda e=exprs: parquet(e)))
+            runs["batch"].append(
+                timed_count(
+                    lambda e=exprs: (
+                        spark.read.format("sparkmq")
+                        .option("root", root)
+                        .option("destination", "big")
+                        .load()
+                        .selectExpr(*e)
+                        .first()["n"]
+                    )
+                )
+            )
             runs["log"].append(
                 timed_count(
                     lambda e=exprs: read_log(spark, root, "big").selectExpr(*e).first()["n"]
@@ -137,6 +155,11 @@ def source(spark, root: str, total: int, body: int, rounds: int) -> None:
             f"Spark's own Parquet file stream, availableNow, same files: {n_fs / t_fs:,.0f} "
             f"msg/s = {t_pq / t_fs:.2f}x of plain Parquet (runs: "
             f"{', '.join(f'{t:.2f}' for t, _ in runs['fs'])}): what any stream costs on top"
+        )
+        t_b, n_b = min(runs["batch"])
+        print(
+            f"spark.read.format('sparkmq') (batch): {n_b / t_b:,.0f} msg/s, {t_b:.2f} s = "
+            f"{t_pq / t_b:.2f}x of plain Parquet"
         )
         print(
             f"read_log (batch):    {n_log / t_log:,.0f} msg/s ({mb / t_log:,.0f} MB/s), "

@@ -67,14 +67,22 @@ final class LogReads {
     return whole == null ? leaf : whole.unionAll(leaf);
   }
 
-  /** A batch read's rows (Spark's Parquet reads, run when the relation is scanned). */
-  RDD<InternalRow> batch(String plan) {
+  /**
+   * A batch read's rows, only the {@code required} columns in that order (Spark's Parquet
+   * reads, run when the relation is scanned).
+   */
+  RDD<InternalRow> batch(String plan, String[] required) {
+    Column[] wanted = new Column[required.length];
+    for (int i = 0; i < required.length; i++) {
+      wanted[i] = col(required[i]);
+    }
     Dataset<Row> out = null;
     for (JsonNode scan : parse(plan)) {
       Dataset<Row> part =
           scan.get("whole").asBoolean()
               ? spark.read().schema(logSchema).parquet(paths(scan)).select(columns(scan))
               : filtered(scan);
+      part = part.select(wanted);
       out = out == null ? part : out.unionAll(part);
     }
     return rows(out);

@@ -4,11 +4,11 @@ import org.apache.spark.rdd.RDD;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SQLContext;
 import org.apache.spark.sql.sources.BaseRelation;
-import org.apache.spark.sql.sources.TableScan;
+import org.apache.spark.sql.sources.PrunedScan;
 import org.apache.spark.sql.types.StructType;
 
 /** A batch read of message logs: the rows of Spark's Parquet reads the planner chose. */
-final class PlannedRelation extends BaseRelation implements TableScan {
+final class PlannedRelation extends BaseRelation implements PrunedScan {
   private final SQLContext sqlContext;
   private final LogReads reads;
   private final String plan;
@@ -36,7 +36,7 @@ final class PlannedRelation extends BaseRelation implements TableScan {
 
   @Override
   @SuppressWarnings("unchecked")
-  public RDD<Row> buildScan() {
-    return (RDD<Row>) (RDD<?>) reads.batch(plan);
+  public RDD<Row> buildScan(String[] requiredColumns) {
+    return (RDD<Row>) (RDD<?>) reads.batch(plan, requiredColumns);
   }
 }
