@@ -96,8 +96,14 @@ def jar_path() -> str | None:
         java = [str(p) for p in files if p.suffix == ".java"]
         cmd = [javac, "-nowarn", "-d", str(classes), "-cp", str(_spark_jars() / "*"), *java]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"compiling the sparkmq Spark connector failed:\n{done.stderr}")
+        if done.returncode != 0:  # e.g. a pyspark whose internals moved: still usable
+            log.warning(
+                "compiling the Java half of format('sparkmq') failed, so it reads through "
+                "Python workers (slower); please report this with pyspark %s:\n%s",
+                pyspark.__version__,
+                done.stderr,
+            )
+            return None
         partial = Path(tmp) / jar.name
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as out:
             for path in sorted(classes.rglob("*.class")):
@@ -110,9 +116,10 @@ def jar_path() -> str | None:
 
 
 def jvm_present(spark: SparkSession) -> bool:
-    """Whether this session's driver has the connector's classes."""
-    jvm = spark.sparkContext._jvm
+    """Whether this session's driver has the connector's classes (never with Spark Connect,
+    whose client has no JVM to call back from)."""
     try:
+        jvm = spark.sparkContext._jvm
         jvm.java.lang.Class.forName(
             _BRIDGE, False, jvm.Thread.currentThread().getContextClassLoader()
         )

@@ -124,3 +124,27 @@ def test_a_bad_option_is_still_named_by_the_python_source(spark, two_logs: str) 
         stream(
             spark, "sparkmq", "bad", root=two_logs, destination="orders", maxMessagesPerTrigger=0
         )
+
+
+def test_the_jar_registers_the_provider_and_a_broken_build_falls_back(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(jvm.jar_path()) as jar:
+        names = jar.namelist()
+        service = jar.read("META-INF/services/org.apache.spark.sql.sources.DataSourceRegister")
+    assert service.decode().strip() == "sparkmq.spark.SparkmqProvider"
+    assert "sparkmq/spark/LogSource.class" in names
+    # sources that do not compile (a pyspark whose internals moved) leave the Python source
+    broken = tmp_path / "java"
+    (broken / "sparkmq").mkdir(parents=True)
+    (broken / "sparkmq" / "Broken.java").write_text("class Broken { nope }")
+    monkeypatch.setattr(jvm, "SOURCES", broken)
+    monkeypatch.setenv("SPARKMQ_CACHE", str(tmp_path / "cache"))
+    assert jvm.jar_path() is None
+    assert "compiling the Java half" in caplog.text
+    monkeypatch.setattr(jvm, "_javac", lambda: None)  # and so does a machine without a JDK
+    assert jvm.jar_path() is None
+    assert "no javac" in caplog.text
+    assert not list((tmp_path / "cache").glob("*.jar"))
