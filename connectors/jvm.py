@@ -143,7 +143,7 @@ def install(spark: SparkSession) -> None:
 class PlannerFactory:
     """``sparkmq.spark.PlannerFactory``, called from the driver's JVM."""
 
-    def servesStream(self, options: str) -> bool:  # the Java interface names the methods
+    def servesReads(self, options: str) -> bool:  # the Java interface names the methods
         try:
             opts = SourceOptions.parse(json.loads(options))
         except Exception:

@@ -1,6 +1,5 @@
 package sparkmq.spark;
 
-
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
@@ -15,9 +14,8 @@ import org.apache.spark.sql.types.StructType;
 import scala.Option;
 
 /**
- * A message-log stream whose batches are plain Parquet reads: the Planner (Python) names the
- * files and the offset range of each destination, and each batch is those files through Spark's
- * own reader, filtered to the range, with the destination as a column.
+ * A message-log stream whose batches are plain Parquet reads: the Planner (Python) decides the
+ * offsets and names the files of each batch, {@link LogReads} turns them into Spark reads.
  */
 final class LogSource implements Source, SupportsAdmissionControl, SupportsTriggerAvailableNow {
   private final StructType schema;

@@ -8,9 +8,9 @@ public interface PlannerFactory {
   /** A batch read's scans for these options (a JSON object), as {@link Planner#plan} gives them. */
   String planBatch(String options);
 
-  /** Whether these options (a JSON object) read message logs in a way LogSource serves. */
-  boolean servesStream(String options);
+  /** Whether these options (a JSON object) read message logs in place, as LogReads does. */
+  boolean servesReads(String options);
 
-  /** The Python data source's name, which serves everything the JVM stream does not. */
+  /** The Python data source's name, which serves everything else (consumers, the sink...). */
   String pythonSourceName();
 }

@@ -66,7 +66,7 @@ public final class SparkmqProvider
   @Override
   public Table getTable(StructType schema, Transform[] partitioning, Map<String, String> properties) {
     Table table = python().getTable(schema, partitioning, properties);
-    if (Bridge.get().servesStream(json(properties))) {
+    if (Bridge.get().servesReads(json(properties))) {
       return new WriteOnlyTable(table); // Spark then reads through createSource / createRelation
     }
     return table;
