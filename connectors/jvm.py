@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows
 
-from spark_mq.connectors import delta_read as dr
 from spark_mq.connectors.options import SourceOptions
 from spark_mq.connectors.source import BatchReader, ReadPlanner, Slice, StreamReader
 from spark_mq.errors import ConfigError
@@ -226,10 +225,11 @@ def scans(plan: ReadPlanner, ranges: dict[str, tuple[int, int]], *, split: bool)
     if not split:
         pieces = [_merged(pieces)]
     root = plan.opts.root
+    # the spans of the very snapshot the slices came from: a compaction committing meanwhile
+    # must not leave a file without its offsets
     spans = {
-        dest: {uri: (low, high) for uri, low, high, _ in dr.data_files(root, dest, lo, hi) or ()}
-        for dest, (lo, hi) in ranges.items()
-        if hi > lo
+        dest: {uri: (low, high) for uri, low, high, _ in found or ()}
+        for dest, found in plan.last_files.items()
     }
     out = []
     for piece in pieces:

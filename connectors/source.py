@@ -78,6 +78,8 @@ class ReadPlanner:
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
+        # the data files (uri, min, max, rows) the last slices were cut from, per destination
+        self.last_files: dict[str, list[tuple[str, int, int, int]] | None] = {}
 
     def destinations(self) -> list[str]:
         if self.opts.pattern is not None:
@@ -130,6 +132,7 @@ class ReadPlanner:
         self.check_missing(ranges)
         live = [(d, s, e) for d, (s, e) in sorted(ranges.items()) if e > s]
         files = {d: dr.data_files(opts.root, d, s, e) for d, s, e in live}
+        self.last_files = files  # what the slices were cut from (the native reader's plan too)
         common = {
             "root": opts.root,
             "include_headers": opts.include_headers,
