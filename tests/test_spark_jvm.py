@@ -148,3 +148,40 @@ def test_the_jar_registers_the_provider_and_a_broken_build_falls_back(
     assert jvm.jar_path() is None
     assert "no javac" in caplog.text
     assert not list((tmp_path / "cache").glob("*.jar"))
+
+
+def test_a_checkpoint_of_the_python_source_resumes_on_the_native_one(
+    spark, broker: RunningBroker
+) -> None:
+    """Upgrading: both keep the same offsets ({"destination": next offset}), so a query
+    checkpointed by the Python source goes on natively without a gap or a repeat."""
+    root = broker.broker.config.broker.data_dir
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    checkpoint = tempfile.mkdtemp()
+
+    def run(fmt: str) -> list[int]:
+        seen: list[int] = []
+        query = (
+            spark.readStream.format(fmt)
+            .option("root", root)
+            .option("destination", "q")
+            .load()
+            .writeStream.foreachBatch(
+                lambda df, _i: seen.extend(r.offset for r in df.select("offset").collect())
+            )
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+        return sorted(seen)
+
+    with Producer(broker.url, destination="q") as producer:
+        producer.send_batch([f"a{i}" for i in range(30)])
+        assert broker.broker.journal.move(timeout=60)
+        assert run(jvm.PYTHON_SOURCE_NAME) == list(range(30))
+        producer.send_batch([f"b{i}" for i in range(20)])
+    assert broker.broker.journal.move(timeout=60)
+    assert run("sparkmq") == list(range(30, 50))
