@@ -9,7 +9,8 @@ In one run, on one local[2] SparkSession:
    ``--messages`` messages (written straight to Delta, 20 files), against ``spark.read.parquet``
    of the very same Parquet files — messages/s, MB/s and the ratio — beside Spark's own
    streaming Parquet source on those files (what any Structured Streaming query costs on top
-   of a batch read) and the batch helper ``read_log``;
+   of a batch read), ``spark.read.format("sparkmq")`` and the batch helper ``read_log``; every
+   read feeds Spark's ``noop`` sink;
 2. sink: ``df.write.format("sparkmq")`` of ``--sink-messages`` rows through a broker;
 3. end-to-end latency of a continuous pipeline: SDK producer -> broker -> Delta -> a
    ``format("sparkmq")`` query (1 s trigger) -> foreachBatch, per message.
@@ -44,127 +45,92 @@ def timed_count(run) -> tuple[float, int]:
     return time.perf_counter() - started, n
 
 
-# every column is touched, so Spark cannot prune any: what a query of whole messages reads
+# what each read hands on: every column (whole messages), or just the bodies
 ALL_COLUMNS = (
-    "count(*) AS n",
-    "sum(length(body)) AS b",
-    "max(offset) AS o",
-    "count(message_id) AS m",
-    "count(dedup_id) AS d",
-    "count(group_id) AS g",
-    "sum(priority) AS p",
-    "max(enqueue_time) AS e",
-    "count(expiry_time) AS x",
-    "sum(size(headers)) AS h",
+    "destination",
+    "offset",
+    "message_id",
+    "dedup_id",
+    "group_id",
+    "priority",
+    "enqueue_time",
+    "expiry_time",
+    "deliver_time",
+    "headers",
+    "body",
 )
-BODY_ONLY = ("count(*) AS n", "sum(length(body)) AS b")
+BODY_ONLY = ("body",)
 
 
 def source(spark, root: str, total: int, body: int, rounds: int) -> None:
-    def parquet(exprs: tuple[str, ...]) -> int:
-        df = spark.read.parquet(*parquet_files(root, "big"))
-        return df.selectExpr(*exprs).first()["n"]
+    """Every read goes to Spark's ``noop`` sink, which Spark provides for benchmarks: it consumes
+    each row and costs nothing itself. (``foreachBatch`` would not do: Spark turns every
+    micro-batch into an RDD-backed DataFrame for it, which costs more than the read.)"""
+    files = parquet_files(root, "big")
+    served_by: list[str] = []
 
-    served_by = []
+    def batch_noop(df, columns: tuple[str, ...]) -> int:
+        df.selectExpr(*columns).write.format("noop").mode("overwrite").save()
+        return total
 
-    def stream(exprs: tuple[str, ...]) -> int:
-        seen = [0]
-
-        def batch(df, _i) -> None:
-            seen[0] += df.selectExpr(*exprs).first()["n"]
-
+    def stream_noop(reader, columns: tuple[str, ...], label: str | None = None) -> int:
         q = (
-            spark.readStream.format("sparkmq")
-            .option("root", root)
-            .option("destination", "big")
-            .load()
-            .writeStream.foreachBatch(batch)
+            reader.load()
+            .selectExpr(*columns)
+            .writeStream.format("noop")
             .option("checkpointLocation", tempfile.mkdtemp())
             .trigger(availableNow=True)
             .start()
         )
         q.awaitTermination()
-        served_by.append(q.recentProgress[0]["sources"][0]["description"])
-        return seen[0]
+        if label:
+            served_by.append(q.recentProgress[0]["sources"][0]["description"])
+        return sum(p["numInputRows"] for p in q.recentProgress)
 
-    def file_stream(exprs: tuple[str, ...]) -> int:
-        """Spark's own streaming Parquet source on the same files: the engine's ceiling."""
-        seen = [0]
+    def sparkmq(columns: tuple[str, ...]) -> int:
+        reader = spark.readStream.format("sparkmq").option("root", root)
+        return stream_noop(reader.option("destination", "big"), columns, "sparkmq")
 
-        def batch(df, _i) -> None:
-            seen[0] += df.selectExpr(*exprs).first()["n"]
+    def file_stream(columns: tuple[str, ...]) -> int:
+        """Spark's own streaming Parquet source on the same files: what any stream costs."""
+        schema = spark.read.parquet(*files).schema
+        reader = spark.readStream.format("parquet").schema(schema)
+        log_only = tuple(c for c in columns if c != "destination")
+        return stream_noop(reader.option("path", layout.messages_uri(root, "big")), log_only)
 
-        schema = spark.read.parquet(*parquet_files(root, "big")).schema
-        q = (
-            spark.readStream.format("parquet")
-            .schema(schema)
-            .load(layout.messages_uri(root, "big"))
-            .writeStream.foreachBatch(batch)
-            .option("checkpointLocation", tempfile.mkdtemp())
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
-        return seen[0]
-
+    reads = {
+        "source availableNow": sparkmq,
+        "spark.read.parquet": lambda c: batch_noop(
+            spark.read.parquet(*files), tuple(x for x in c if x != "destination")
+        ),
+        "Spark's own Parquet file stream": file_stream,
+        "spark.read.format('sparkmq')": lambda c: batch_noop(
+            spark.read.format("sparkmq").option("root", root).option("destination", "big").load(),
+            c,
+        ),
+        "read_log (batch)": lambda c: batch_noop(read_log(spark, root, "big"), c),
+    }
     mb = total * (body + 60) / 1e6  # rough bytes per row incl. the other columns
-    # each path runs `rounds` times, interleaved, and its best run counts: the first runs of a
+    # each read runs `rounds` times, interleaved, and its best run counts: the first runs of a
     # session pay for JIT, code generation and Python workers, and this VM's speed drifts
-    for label, exprs in (("all columns", ALL_COLUMNS), ("body only", BODY_ONLY)):
-        runs: dict[str, list[tuple[float, int]]] = {
-            "src": [],
-            "pq": [],
-            "log": [],
-            "fs": [],
-            "batch": [],
-        }
+    for label, columns in (("all columns", ALL_COLUMNS), ("body only", BODY_ONLY)):
+        runs: dict[str, list[tuple[float, int]]] = {name: [] for name in reads}
         for _ in range(rounds):
-            runs["src"].append(timed_count(lambda e=exprs: stream(e)))
-            runs["fs"].append(timed_count(lambda e=exprs: file_stream(e)))
-            runs["pq"].append(timed_count(lambda e=exprs: parquet(e)))
-            runs["batch"].append(
-                timed_count(
-                    lambda e=exprs: (
-                        spark.read.format("sparkmq")
-                        .option("root", root)
-                        .option("destination", "big")
-                        .load()
-                        .selectExpr(*e)
-                        .first()["n"]
-                    )
-                )
+            for name, read in reads.items():
+                runs[name].append(timed_count(lambda r=read, c=columns: r(c)))
+        best = {name: min(r) for name, r in runs.items()}
+        t_pq = best["spark.read.parquet"][0]
+        print(f"-- {label} (best of {rounds}; the stream served by {served_by[-1]}):")
+        for name, (took, n) in best.items():
+            ratio = (
+                "" if name == "spark.read.parquet" else f" = {t_pq / took:.2f}x of plain Parquet"
             )
-            runs["log"].append(
-                timed_count(
-                    lambda e=exprs: read_log(spark, root, "big").selectExpr(*e).first()["n"]
-                )
+            target = " (target >= 0.8x)" if name == "source availableNow" else ""
+            every = ", ".join(f"{t:.2f}" for t, _ in runs[name])
+            print(
+                f"{name + ':':34} {n / took:>12,.0f} msg/s ({mb / took:,.0f} MB/s), {took:.2f} s"
+                f"{ratio}{target}  [runs: {every}]"
             )
-        (t_src, n_src), (t_pq, n_pq), (t_log, n_log) = (min(runs[k]) for k in ("src", "pq", "log"))
-        print(f"-- {label} (best of {rounds}; stream served by {served_by[-1]}):")
-        print(
-            f"source availableNow: {n_src / t_src:,.0f} msg/s ({mb / t_src:,.0f} MB/s), "
-            f"{t_src:.2f} s (runs: {', '.join(f'{t:.2f}' for t, _ in runs['src'])})"
-        )
-        print(
-            f"spark.read.parquet:  {n_pq / t_pq:,.0f} msg/s ({mb / t_pq:,.0f} MB/s), "
-            f"{t_pq:.2f} s (runs: {', '.join(f'{t:.2f}' for t, _ in runs['pq'])})"
-        )
-        print(f"ratio: {t_pq / t_src:.2f}x of plain Parquet (target >= 0.8x)")
-        t_fs, n_fs = min(runs["fs"])
-        print(
-            f"Spark's own Parquet file stream, availableNow, same files: {n_fs / t_fs:,.0f} "
-            f"msg/s = {t_pq / t_fs:.2f}x of plain Parquet (runs: "
-            f"{', '.join(f'{t:.2f}' for t, _ in runs['fs'])}): what any stream costs on top"
-        )
-        t_b, n_b = min(runs["batch"])
-        print(
-            f"spark.read.format('sparkmq') (batch): {n_b / t_b:,.0f} msg/s, {t_b:.2f} s = "
-            f"{t_pq / t_b:.2f}x of plain Parquet"
-        )
-        print(
-            f"read_log (batch):    {n_log / t_log:,.0f} msg/s ({mb / t_log:,.0f} MB/s), "
-            f"{t_log:.2f} s = {t_pq / t_log:.2f}x of plain Parquet"
-        )
 
 
 def sink(spark, url: str, n: int) -> None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows
 
+from spark_mq.connectors import delta_read as dr
 from spark_mq.connectors.options import SourceOptions
 from spark_mq.connectors.source import BatchReader, ReadPlanner, Slice, StreamReader
 from spark_mq.errors import ConfigError
@@ -152,6 +153,9 @@ class PlannerFactory:
             and opts.grouping_partitions is None
             and layout.is_local(opts.root)
         )
+
+    def schema(self, options: str) -> str:
+        return dr.source_ddl(SourceOptions.parse(json.loads(options)).include_headers)
 
     def create(self, options: str) -> LogPlanner:
         return LogPlanner(json.loads(options))

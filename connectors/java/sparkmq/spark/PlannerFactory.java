@@ -11,6 +11,9 @@ public interface PlannerFactory {
   /** Whether these options (a JSON object) read message logs in place, as LogReads does. */
   boolean servesReads(String options);
 
+  /** The schema (DDL) of a read with these options, which {@link #servesReads} accepted. */
+  String schema(String options);
+
   /** The Python data source's name, which serves everything else (consumers, the sink...). */
   String pythonSourceName();
 }
