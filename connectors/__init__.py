@@ -5,6 +5,7 @@ Call :func:`register` once per SparkSession.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,6 +25,11 @@ def register(spark: SparkSession) -> None:
         spark.dataSource.register(PythonSideSource)
         jvm.install(spark)
     else:
+        logging.getLogger(__name__).info(
+            "format('sparkmq') reads through Python workers: for Spark's own Parquet reader, "
+            "start the session with spark.driver.extraClassPath=jar_path() (spark.jars on a "
+            "cluster)"
+        )
         spark.dataSource.register(SparkMQDataSource)
 
 

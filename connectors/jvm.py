@@ -33,7 +33,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from spark_mq.connectors import delta_read as dr
 from spark_mq.connectors.options import SourceOptions
-from spark_mq.connectors.source import BatchReader, ReadPlanner, Slice, StreamReader
+from spark_mq.connectors.source import BatchReader, ReadPlanner, StreamReader
 from spark_mq.errors import ConfigError
 from spark_mq.journal import layout
 
@@ -144,18 +144,11 @@ class PlannerFactory:
     """``sparkmq.spark.PlannerFactory``, called from the driver's JVM."""
 
     def servesReads(self, options: str) -> bool:  # the Java interface names the methods
-        try:
-            opts = SourceOptions.parse(json.loads(options))
-        except Exception:
-            return False  # the Python source reports what is wrong, as it always did
-        return (
-            not opts.through_broker
-            and opts.grouping_partitions is None
-            and layout.is_local(opts.root)
-        )
+        return _served(options) is not None
 
-    def schema(self, options: str) -> str:
-        return dr.source_ddl(SourceOptions.parse(json.loads(options)).include_headers)
+    def schema(self, options: str) -> str | None:
+        opts = _served(options)
+        return None if opts is None else dr.source_ddl(opts.include_headers)
 
     def create(self, options: str) -> LogPlanner:
         return LogPlanner(json.loads(options))
@@ -225,47 +218,46 @@ def scans(plan: ReadPlanner, ranges: dict[str, tuple[int, int]], *, split: bool)
     (``spark.sql.files.maxPartitionBytes``); with ``split`` (``maxMessagesPerPartition`` given),
     one scan per task the Python source would run (small files together, a big file split by
     offsets)."""
-    pieces = plan.slices(ranges)
-    if not split:
-        pieces = [_merged(pieces)]
     root = plan.opts.root
-    # the spans of the very snapshot the slices came from: a compaction committing meanwhile
-    # must not leave a file without its offsets
+    files = plan.files_of(ranges)  # one listing: a compaction meanwhile cannot split the two
     spans = {
         dest: {uri: (low, high) for uri, low, high, _ in found or ()}
-        for dest, found in plan.last_files.items()
+        for dest, found in files.items()
     }
+    if split:
+        pieces = [r for piece in plan.slices(ranges, files) for r in piece.ranges]
+    else:
+        plan.check_missing(ranges)
+        pieces = [
+            (d, *ranges[d], None if f is None else [u for u, *_ in f]) for d, f in files.items()
+        ]
     out = []
-    for piece in pieces:
-        for dest, lo, hi, files in piece.ranges:
-            if files is None:
-                raise ConfigError(
-                    f"the data files of {dest!r} under {root} carry no offset statistics, "
-                    "which the native reader needs; read it with the Python source: "
-                    f"format({PYTHON_SOURCE_NAME!r})",
-                    setting="root",
-                )
-            inside = [f for f in files if lo <= spans[dest][f][0] and spans[dest][f][1] < hi]
-            cut = [f for f in files if f not in inside]
-            for chosen, whole in ((inside, True), (cut, False)):
-                if chosen:
-                    scan = {"destination": dest, "start": lo, "end": hi, "files": chosen}
-                    out.append({**scan, "whole": whole})
+    for dest, lo, hi, uris in pieces:
+        if uris is None:
+            raise ConfigError(
+                f"the data files of {dest!r} under {root} carry no offset statistics, "
+                "which the native reader needs; read it with the Python source: "
+                f"format({PYTHON_SOURCE_NAME!r})",
+                setting="root",
+            )
+        inside = [f for f in uris if lo <= spans[dest][f][0] and spans[dest][f][1] < hi]
+        cut = [f for f in uris if f not in inside]
+        for chosen, whole in ((inside, True), (cut, False)):
+            if chosen:
+                scan = {"destination": dest, "start": lo, "end": hi, "files": chosen}
+                out.append({**scan, "whole": whole})
     return out
 
 
-def _merged(pieces: list[Slice]) -> Slice:
-    """All of each destination's files in one range (the ranges of one batch never overlap)."""
-    spans: dict[str, tuple[int, int, list[str] | None]] = {}
-    for piece in pieces:
-        for dest, lo, hi, files in piece.ranges:
-            low, high, seen = spans.get(dest, (lo, hi, []))
-            if files is None or seen is None:
-                spans[dest] = (min(lo, low), max(hi, high), None)
-                continue
-            spans[dest] = (min(lo, low), max(hi, high), seen + [f for f in files if f not in seen])
-    ranges = tuple((d, lo, hi, None if f is None else tuple(f)) for d, (lo, hi, f) in spans.items())
-    return Slice(root="", ranges=ranges, include_headers=True, grouping_key="group_id")
+def _served(options: str) -> SourceOptions | None:
+    """The options of a read of message logs in place the native reader serves, else None."""
+    try:
+        opts = SourceOptions.parse(json.loads(options))
+    except Exception:
+        return None  # the Python source reports what is wrong, as it always did
+    if opts.through_broker or opts.grouping_partitions is not None:
+        return None
+    return opts if layout.is_local(opts.root) else None
 
 
 def _limit(text: str) -> ReadLimit:

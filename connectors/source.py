@@ -40,6 +40,7 @@ from spark_mq.errors import ConfigError, DataLoss
 log = logging.getLogger(__name__)
 
 Offsets = dict[str, int]
+Spans = list[tuple[str, int, int, int]]  # a destination's data files: (uri, min, max, rows)
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,6 @@ class ReadPlanner:
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        # the data files (uri, min, max, rows) the last slices were cut from, per destination
-        self.last_files: dict[str, list[tuple[str, int, int, int]] | None] = {}
 
     def destinations(self) -> list[str]:
         if self.opts.pattern is not None:
@@ -126,13 +125,20 @@ class ReadPlanner:
                     )
                 log.warning("%s; skipping them (failOnDataLoss=false)", text)
 
-    def slices(self, ranges: dict[str, tuple[int, int]]) -> list[Slice]:
-        """Check for offsets compaction removed, then split the ranges into tasks."""
+    def files_of(self, ranges: dict[str, tuple[int, int]]) -> dict[str, Spans | None]:
+        """Per destination with rows to read: its data files (``dr.data_files``)."""
+        root = self.opts.root
+        return {d: dr.data_files(root, d, s, e) for d, (s, e) in sorted(ranges.items()) if e > s}
+
+    def slices(
+        self, ranges: dict[str, tuple[int, int]], files: dict[str, Spans | None] | None = None
+    ) -> list[Slice]:
+        """Check for offsets compaction removed, then split the ranges into tasks (cut from
+        ``files``, the result of :meth:`files_of`, when given)."""
         opts = self.opts
         self.check_missing(ranges)
         live = [(d, s, e) for d, (s, e) in sorted(ranges.items()) if e > s]
-        files = {d: dr.data_files(opts.root, d, s, e) for d, s, e in live}
-        self.last_files = files  # what the slices were cut from (the native reader's plan too)
+        files = self.files_of(ranges) if files is None else files
         common = {
             "root": opts.root,
             "include_headers": opts.include_headers,
@@ -193,7 +199,7 @@ class ReadPlanner:
         return min(budgets) if budgets else None
 
 
-def _uris(spans: list[tuple[str, int, int, int]] | None) -> tuple[str, ...] | None:
+def _uris(spans: Spans | None) -> tuple[str, ...] | None:
     return None if spans is None else tuple(span[0] for span in spans)
 
 

@@ -43,6 +43,36 @@ def broker(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
         running.stop()
 
 
+class Restartable:
+    """An in-process broker on one data directory that a test restarts in place."""
+
+    def __init__(self, data_dir: Path, clock: ManualClock) -> None:
+        self.data_dir, self.clock = data_dir, clock
+        self.running = start_inprocess(data_dir, clock)
+
+    @property
+    def url(self) -> str:
+        return self.running.url
+
+    @property
+    def broker(self) -> Broker:
+        return self.running.broker
+
+    def restart(self) -> None:
+        """Stop the broker (gracefully) and start a new one on the same data."""
+        self.running.stop()
+        self.running = start_inprocess(self.data_dir, self.clock)
+
+
+@pytest.fixture
+def restartable(tmp_path: Path, clock: ManualClock) -> Iterator[Restartable]:
+    holder = Restartable(tmp_path / "data", clock)
+    try:
+        yield holder
+    finally:
+        holder.running.stop()
+
+
 @pytest.fixture
 def strict_broker(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
     """A broker that does not auto-create queues: unknown destinations are errors."""

@@ -8,7 +8,7 @@ import pytest
 
 from spark_mq import Admin, Consumer, LeaseError, Producer
 from spark_mq.clock import ManualClock
-from tests.conftest import receive_n, start_inprocess
+from tests.conftest import Restartable, receive_n, start_inprocess
 
 
 def fill_queue(url: str, admin: Admin, n: int) -> None:
@@ -19,65 +19,55 @@ def fill_queue(url: str, admin: Admin, n: int) -> None:
 
 
 def test_a_claim_is_the_same_after_a_restart_and_held_until_acked(
-    tmp_path: Path, clock: ManualClock
+    restartable: Restartable, clock: ManualClock
 ) -> None:
-    data = tmp_path / "data"
-    broker = start_inprocess(data, clock)
-    try:
-        with Admin(broker.url) as admin:
-            fill_queue(broker.url, admin, 8)
-            assert admin.claim("q", "etl", 1, 3) == 3
-            assert admin.claim("q", "etl", 2, 3) == 3  # claim 1 is now acked
-            clock.advance(3600)  # a claim's lease never lapses
-            broker.broker.run_timers()
-        broker.stop()
-        broker = start_inprocess(data, clock)
-        with Admin(broker.url) as admin:
-            stats = admin.stats("q")  # claim 1 acked; claim 2 held again; 6 and 7 waiting
-            assert stats["depth"] == 5 and stats["in_flight"] == 3
-            assert admin.claim("q", "etl", 2, 3) == 3  # the same claim again
-            assert admin.claimed("q", "etl", 2)["body"].to_pylist() == [b"3", b"4", b"5"]
-            with Consumer(broker.url, "q") as other:  # only what nobody claimed
-                assert sorted(m.text for m in receive_n(other, 2)) == ["6", "7"]
-            assert admin.ack_claims("q", "etl", 2) == 3
-            assert admin.stats("q")["depth"] == 2  # 6 and 7: the other consumer did not ack
-            with pytest.raises(LeaseError, match="no claim 2"):
-                admin.claimed("q", "etl", 2)
-    finally:
-        broker.stop()
+    broker = restartable
+    with Admin(broker.url) as admin:
+        fill_queue(broker.url, admin, 8)
+        assert admin.claim("q", "etl", 1, 3) == 3
+        assert admin.claim("q", "etl", 2, 3) == 3  # claim 1 is now acked
+        clock.advance(3600)  # a claim's lease never lapses
+        broker.broker.run_timers()
+    broker.restart()
+    with Admin(broker.url) as admin:
+        stats = admin.stats("q")  # claim 1 acked; claim 2 held again; 6 and 7 waiting
+        assert stats["depth"] == 5 and stats["in_flight"] == 3
+        assert admin.claim("q", "etl", 2, 3) == 3  # the same claim again
+        assert admin.claimed("q", "etl", 2)["body"].to_pylist() == [b"3", b"4", b"5"]
+        with Consumer(broker.url, "q") as other:  # only what nobody claimed
+            assert sorted(m.text for m in receive_n(other, 2)) == ["6", "7"]
+        assert admin.ack_claims("q", "etl", 2) == 3
+        assert admin.stats("q")["depth"] == 2  # 6 and 7: the other consumer did not ack
+        with pytest.raises(LeaseError, match="no claim 2"):
+            admin.claimed("q", "etl", 2)
 
 
 def test_released_claims_go_back_to_other_consumers_and_the_name_is_retired(
-    tmp_path: Path, clock: ManualClock
+    restartable: Restartable,
 ) -> None:
     from spark_mq.errors import NotAllowed
 
-    data = tmp_path / "data"
-    broker = start_inprocess(data, clock)
-    try:
-        with Admin(broker.url) as admin:
-            fill_queue(broker.url, admin, 6)
-            assert admin.claim("q", "gone", 1, 2) == 2
-            assert admin.claim("q", "gone", 2, 2) == 2  # claim 1 acked: 0, 1
-            assert admin.release_claims("q", "gone") == 2  # claim 2: 2, 3
-            assert admin.release_claims("q", "never-claimed") == 0
-            with pytest.raises(NotAllowed, match="released"):
-                admin.claim("q", "gone", 3, 2)
-            stats = admin.stats("q")
-            assert stats["depth"] == 4 and stats["in_flight"] == 0
-        broker.stop()
-        broker = start_inprocess(data, clock)  # the release is durable
-        with Admin(broker.url) as admin:
-            assert admin.stats("q")["in_flight"] == 0
-            with pytest.raises(NotAllowed, match="released"):
-                admin.claim("q", "gone", 3, 2)
-            with Consumer(broker.url, "q") as other:
-                got = {m.text: m for m in receive_n(other, 4)}
-            assert sorted(got) == ["2", "3", "4", "5"]
-            # the released ones were delivered once already (to the query that is gone)
-            assert [got[t].delivery_count for t in ("2", "3", "4", "5")] == [2, 2, 1, 1]
-    finally:
-        broker.stop()
+    broker = restartable
+    with Admin(broker.url) as admin:
+        fill_queue(broker.url, admin, 6)
+        assert admin.claim("q", "gone", 1, 2) == 2
+        assert admin.claim("q", "gone", 2, 2) == 2  # claim 1 acked: 0, 1
+        assert admin.release_claims("q", "gone") == 2  # claim 2: 2, 3
+        assert admin.release_claims("q", "never-claimed") == 0
+        with pytest.raises(NotAllowed, match="released"):
+            admin.claim("q", "gone", 3, 2)
+        stats = admin.stats("q")
+        assert stats["depth"] == 4 and stats["in_flight"] == 0
+    broker.restart()  # the release is durable
+    with Admin(broker.url) as admin:
+        assert admin.stats("q")["in_flight"] == 0
+        with pytest.raises(NotAllowed, match="released"):
+            admin.claim("q", "gone", 3, 2)
+        with Consumer(broker.url, "q") as other:
+            got = {m.text: m for m in receive_n(other, 4)}
+        assert sorted(got) == ["2", "3", "4", "5"]
+        # the released ones were delivered once already (to the query that is gone)
+        assert [got[t].delivery_count for t in ("2", "3", "4", "5")] == [2, 2, 1, 1]
 
 
 def test_a_claim_that_could_not_be_recorded_leaves_nothing_invisible(

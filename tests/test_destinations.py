@@ -9,7 +9,7 @@ import pytest
 from spark_mq import Admin, Consumer, DestinationNotFound, NotAllowed, Producer
 from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
-from tests.conftest import receive_n, start_inprocess
+from tests.conftest import Restartable, receive_n
 
 
 def names(url: str) -> set[str]:
@@ -18,34 +18,29 @@ def names(url: str) -> set[str]:
 
 
 def test_first_use_creates_a_queue_that_goes_when_unused_and_empty(
-    tmp_path: Path, clock: ManualClock
+    restartable: Restartable, clock: ManualClock
 ) -> None:
-    data = tmp_path / "data"
-    broker = start_inprocess(data, clock)
-    try:
-        with Producer(broker.url) as producer:
-            producer.send_batch([b"a", b"b"], destination="drained")
-            producer.send_batch([b"c"], destination="kept")
-        with Consumer(broker.url, "fresh"):  # a consumer may create one too
-            assert {"drained", "kept", "fresh"} <= names(broker.url)
-        with Consumer(broker.url, "drained") as consumer:
-            consumer.ack(receive_n(consumer, 2)).result(timeout=5)
-            clock.advance(60)
-            broker.broker.run_timers()
-            assert "drained" in names(broker.url)  # a consumer is attached
-        clock.advance(4)
+    broker = restartable
+    with Producer(broker.url) as producer:
+        producer.send_batch([b"a", b"b"], destination="drained")
+        producer.send_batch([b"c"], destination="kept")
+    with Consumer(broker.url, "fresh"):  # a consumer may create one too
+        assert {"drained", "kept", "fresh"} <= names(broker.url)
+    with Consumer(broker.url, "drained") as consumer:
+        consumer.ack(receive_n(consumer, 2)).result(timeout=5)
+        clock.advance(60)
         broker.broker.run_timers()
-        assert "drained" in names(broker.url)  # idle for less than auto_delete_delay_s
-        clock.advance(1)
-        broker.broker.run_timers()
-        assert names(broker.url) == {"kept"}  # holds a message: stays
-        broker.stop()
-        broker = start_inprocess(data, clock)  # after a restart only "kept" comes back
-        assert names(broker.url) == {"kept"}
-        with Admin(broker.url) as admin:
-            assert admin.stats("kept")["depth"] == 1
-    finally:
-        broker.stop()
+        assert "drained" in names(broker.url)  # a consumer is attached
+    clock.advance(4)
+    broker.broker.run_timers()
+    assert "drained" in names(broker.url)  # idle for less than auto_delete_delay_s
+    clock.advance(1)
+    broker.broker.run_timers()
+    assert names(broker.url) == {"kept"}  # holds a message: stays
+    broker.restart()  # after a restart only "kept" comes back
+    assert names(broker.url) == {"kept"}
+    with Admin(broker.url) as admin:
+        assert admin.stats("kept")["depth"] == 1
 
 
 def test_explicitly_created_queues_are_not_auto_deleted(

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from pathlib import Path
 
 import pyarrow as pa
 
 from spark_mq import Admin, Consumer, Producer
 from spark_mq.broker import RunningBroker
-from spark_mq.clock import ManualClock
-from tests.conftest import receive_n, start_inprocess
+from tests.conftest import Restartable, receive_n
 
 
 def send_groups(url: str, groups: int, per_group: int) -> None:
@@ -93,23 +91,18 @@ def test_autogroup_pins_a_producer_to_one_consumer(broker: RunningBroker) -> Non
 
 
 def test_bindings_are_bounded_by_buckets_and_rebuilt_after_restart(
-    tmp_path: Path, clock: ManualClock
+    restartable: Restartable,
 ) -> None:
-    data = tmp_path / "data"
-    broker = start_inprocess(data, clock)
-    try:
-        with Admin(broker.url) as admin:
-            admin.create_queue("q", group_buckets=4)
-        send_groups(broker.url, groups=50, per_group=2)
-        with Consumer(broker.url, "q", prefetch=1000) as consumer:
-            got = receive_n(consumer, 100)
-            assert broker.broker.stats("q")["groups_owned"] <= 4
-            consumer.ack(got[:50]).result(timeout=5)  # the first message of every group
-        broker.stop()
-        broker = start_inprocess(data, clock)
-        with Consumer(broker.url, "q", prefetch=1000) as consumer:
-            again = receive_n(consumer, 50)
-            assert sorted(m.text for m in again) == sorted(f"{g}:1" for g in range(50))
-            assert broker.broker.stats("q")["groups_owned"] <= 4
-    finally:
-        broker.stop()
+    broker = restartable
+    with Admin(broker.url) as admin:
+        admin.create_queue("q", group_buckets=4)
+    send_groups(broker.url, groups=50, per_group=2)
+    with Consumer(broker.url, "q", prefetch=1000) as consumer:
+        got = receive_n(consumer, 100)
+        assert broker.broker.stats("q")["groups_owned"] <= 4
+        consumer.ack(got[:50]).result(timeout=5)  # the first message of every group
+    broker.restart()
+    with Consumer(broker.url, "q", prefetch=1000) as consumer:
+        again = receive_n(consumer, 50)
+        assert sorted(m.text for m in again) == sorted(f"{g}:1" for g in range(50))
+        assert broker.broker.stats("q")["groups_owned"] <= 4

@@ -84,7 +84,7 @@ def test_sigkill_mid_load_loses_no_acknowledged_message(tmp_path: Path, mode: st
     threads.append(threading.Thread(target=consume))
     for t in threads:
         t.start()
-    enough.wait(60)
+    assert enough.wait(60), "the load never reached the point where the broker is killed"
     proc.kill()  # SIGKILL mid-load
     stop.set()
     for t in threads:

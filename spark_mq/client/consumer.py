@@ -286,7 +286,9 @@ class Consumer:
         self._reader_thread.join(timeout=self._timeout_s)
         if self._reader_thread.is_alive():  # a broker that neither answers nor fails
             self._reader.cancel()  # thread-safe, unlike closing
-            self._reader_thread.join()
+            self._reader_thread.join(timeout=self._timeout_s)
+        if self._reader_thread.is_alive():
+            return  # left to the process's end: closing beside a live reader aborted it
         try:
             self._writer.close()  # the reader has finished: no one else touches the stream
         except (fl.FlightError, OSError):

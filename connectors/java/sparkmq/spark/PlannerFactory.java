@@ -11,7 +11,7 @@ public interface PlannerFactory {
   /** Whether these options (a JSON object) read message logs in place, as LogReads does. */
   boolean servesReads(String options);
 
-  /** The schema (DDL) of a read with these options, which {@link #servesReads} accepted. */
+  /** The schema (DDL) of a read with these options, or null when {@link #servesReads} is false. */
   String schema(String options);
 
   /** The Python data source's name, which serves everything else (consumers, the sink...). */

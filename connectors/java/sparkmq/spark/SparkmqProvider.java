@@ -50,11 +50,11 @@ public final class SparkmqProvider
   // -- TableProvider: the Python source, but a log read's stream comes from createSource --------
   @Override
   public StructType inferSchema(CaseInsensitiveStringMap options) {
-    String json = json(options.asCaseSensitiveMap());
-    if (Bridge.get().servesReads(json)) {
-      // asked of the driver's Python directly: the Python source would start a Python worker
-      // for it, which costs a log read a fifth of a second, several times per query
-      return StructType.fromDDL(Bridge.get().schema(json));
+    // asked of the driver's Python directly: the Python source would start a Python worker
+    // for it, which costs a log read a fifth of a second, several times per query
+    String ddl = Bridge.get().schema(json(options.asCaseSensitiveMap()));
+    if (ddl != null) {
+      return StructType.fromDDL(ddl);
     }
     return python().inferSchema(options); // and names whatever is wrong with the options
   }
