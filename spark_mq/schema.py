@@ -185,7 +185,7 @@ def normalize_produce_batch(
     deliver = _time_column(cols, "deliver_time", "delay_ms", enqueue_time_us, n)
 
     def opt(name: str, typ: pa.DataType) -> pa.Array:
-        return cols[name] if name in cols else _nulls(n, typ)
+        return cols[name] if name in cols else null_column(n, typ)
 
     return pa.table(
         [
@@ -212,7 +212,7 @@ def _time_column(
         base = pa.repeat(pa.scalar(enqueue_time_us, pa.int64()), n)
         later = pc.add(base, pc.multiply(cols[relative_ms], 1000)).cast(TS)
         out = later if out is None else pc.coalesce(out, later)
-    return _nulls(n, TS) if out is None else out
+    return null_column(n, TS) if out is None else out
 
 
 def numbered_ids(prefix: str, first: int, n: int, sep: str = "-") -> pa.Array:
@@ -221,7 +221,7 @@ def numbered_ids(prefix: str, first: int, n: int, sep: str = "-") -> pa.Array:
     return pc.binary_join_element_wise(prefix, seqs, sep)
 
 
-def _nulls(n: int, typ: pa.DataType) -> pa.Array:
+def null_column(n: int, typ: pa.DataType) -> pa.Array:
     """An all-null column; small ones are shared (immutable, and most produced batches have
     several), large ones are not kept."""
     return _shared_nulls(n, typ) if n <= 1024 else pa.nulls(n, typ)
