@@ -232,6 +232,7 @@ def test_compaction_racing_a_live_broker_loses_and_resurrects_nothing(tmp_path: 
         stop.set()
         for th in threads:
             th.join(60)
+            assert not th.is_alive(), "a compaction or load thread hung"
         assert not [r for r in runs if r.action == "failed"], [r.reason for r in runs]
         with Admin(broker.url) as admin:  # the broker's own commits got through each time
             assert admin.stats("live")["hot_tier_move_failures"] == 0

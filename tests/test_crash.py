@@ -170,6 +170,7 @@ def test_twenty_sigkills_lose_nothing_duplicate_nothing_reorder_nothing(tmp_path
         assert admin.stats("q")["depth"] == 0
     stop.set()
     drain.join(30)
+    assert not drain.is_alive(), "the draining consumer hung"
     with Consumer(proc.url, "DLQ.q", prefetch=1000) as dlq:
         dead = []
         while batch := dlq.receive_many(1000, timeout=2):

@@ -65,6 +65,7 @@ def test_racing_resends_store_each_id_once(broker: RunningBroker) -> None:
         t.start()
     for t in threads:
         t.join(60)
+        assert not t.is_alive(), "a producer hung"
     assert len(results) == 3 and results[0] == results[1] == results[2]  # same answer for all
     assert sorted(results[0]) == list(range(200))
     with Admin(broker.url) as admin:

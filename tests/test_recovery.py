@@ -89,6 +89,7 @@ def test_sigkill_mid_load_loses_no_acknowledged_message(tmp_path: Path, mode: st
     stop.set()
     for t in threads:
         t.join(30)
+        assert not t.is_alive(), "a load thread hung after the kill"
     assert not errors, errors
     assert len(produced) >= 300 and len(confirmed_acks) >= 100
 

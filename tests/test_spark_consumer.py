@@ -102,7 +102,7 @@ def test_topic_subscription_consumer_with_available_now(spark, broker: RunningBr
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(120)
+    assert query.awaitTermination(120), "the availableNow query did not finish in 120 s"
     assert sorted(got) == sorted(b"e%d" % i for i in range(15))
     with Admin(broker.url) as admin:
         subs = admin.stats("events")["subscriptions"]

@@ -32,7 +32,7 @@ def stream(spark, fmt: str, name: str, **options: object):
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(120)
+    assert query.awaitTermination(120), "the availableNow query did not finish in 120 s"
     assert query.exception() is None
     return query
 
@@ -174,7 +174,7 @@ def test_a_checkpoint_of_the_python_source_resumes_on_the_native_one(
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination(120)
+        assert query.awaitTermination(120), "the availableNow query did not finish in 120 s"
         assert query.exception() is None
         return sorted(seen)
 

@@ -63,7 +63,7 @@ class Stream:
             .trigger(availableNow=True)
             .start()
         )
-        q.awaitTermination(120)
+        assert q.awaitTermination(120), "the availableNow query did not finish in 120 s"
         if q.exception() is not None:
             raise q.exception()
         return [r for _, rows in self.batches[before:] for r in rows]

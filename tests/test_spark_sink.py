@@ -107,11 +107,12 @@ def test_pipeline_killed_mid_batch_is_exactly_once(spark, broker: RunningBroker)
             .start()
         )
         try:
-            query.awaitTermination(120)
+            finished = query.awaitTermination(120)
         except Exception as exc:
             assert "Python worker exited unexpectedly" in str(exc), exc
             restarts += 1  # a task's worker died mid-partition: restart from the checkpoint
             continue
+        assert finished, "the availableNow query did not finish in 120 s"
         assert query.exception() is None
         break
     killed = len(os.listdir(markers))  # one marker per task whose Python worker was killed

@@ -43,7 +43,7 @@ def run_available_now(spark, reader, name: str):
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(120)
+    assert query.awaitTermination(120), "the availableNow query did not finish in 120 s"
     return query
 
 
@@ -108,7 +108,7 @@ def test_latest_starts_after_existing_messages(
             .trigger(availableNow=True)
             .start()
         )
-        q.awaitTermination(120)
+        assert q.awaitTermination(120), "the availableNow query did not finish in 120 s"
         return len(collected) - before
 
     assert run() == 0

@@ -49,7 +49,7 @@ def run(spark, running, checkpoint: str, shape, out: list) -> None:
         .trigger(availableNow=True)
         .start()
     )
-    q.awaitTermination(180)
+    assert q.awaitTermination(180), "the availableNow query did not finish in 180 s"
     assert q.exception() is None, q.exception()
 
 

@@ -95,7 +95,7 @@ def test_a_crash_after_commit_loses_nothing_of_it(tmp_path: Path, point: str) ->
         tx.ack(first)
         with pytest.raises(BrokerUnavailable):
             tx.commit()  # the broker dies after the commit point: the outcome is unknown here
-    crashing.proc.wait(30)
+    assert crashing.proc.wait(30) == -9  # the failpoint SIGKILLed it after the commit point
     with BrokerProcess(data, log_file=log) as proc, Admin(proc.url) as admin:
         assert admin.stats("out")["end_offset"] == 1  # exactly once, not twice
         assert admin.stats("audit")["end_offset"] == 1
