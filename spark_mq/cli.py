@@ -29,6 +29,9 @@ def main() -> None:
 )
 @click.option("--host", help="Interface to listen on [broker.host].")
 @click.option("--port", type=int, help="Port; 0 picks a free one [broker.port].")
+@click.option(
+    "--wire-port", type=int, help="Port of the direct wire; 0 picks a free one [broker.wire_port]."
+)
 @click.option("--data-dir", help="Directory or URI of the Delta tables [broker.data_dir].")
 @click.option("--persistence", type=click.Choice(["delta", "memory"]), help="[broker.persistence]")
 @click.option(
@@ -37,12 +40,13 @@ def main() -> None:
 @click.option(
     "--ready-file",
     type=click.Path(dir_okay=False),
-    help="Write {url, port, pid} here once listening.",
+    help="Write {url, port, wire_port, pid} here once listening.",
 )
 def broker(
     config_file: str | None,
     host: str | None,
     port: int | None,
+    wire_port: int | None,
     data_dir: str | None,
     persistence: str | None,
     sets: tuple[str, ...],
@@ -63,6 +67,7 @@ def broker(
     for key, value in {
         "broker.host": host,
         "broker.port": port,
+        "broker.wire_port": wire_port,
         "broker.data_dir": data_dir,
         "broker.persistence": persistence,
     }.items():

@@ -29,6 +29,9 @@ class _Section(BaseModel):
 class BrokerSection(_Section):
     host: str = "127.0.0.1"
     port: int = Field(7676, ge=0, le=65535)
+    # the direct wire (spark_mq.wire): producers' and consumers' low-latency transport
+    wire: bool = True
+    wire_port: int = Field(7677, ge=0, le=65535)
     data_dir: str = "./data"
     persistence: Literal["delta", "memory"] = "delta"
     # a producer or consumer naming an unknown destination creates it as a queue

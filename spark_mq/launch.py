@@ -43,6 +43,8 @@ class BrokerProcess:
                 "broker",
                 "--port",
                 "0",
+                "--wire-port",
+                "0",
                 "--data-dir",
                 self.data_dir,
                 "--ready-file",

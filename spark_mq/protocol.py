@@ -145,6 +145,13 @@ _NAMES = {cls: name for name, cls in _TYPES.items()}
 
 
 def encode(frame: Frame) -> bytes:
+    if type(frame) is PutAck and frame.offsets is None and not frame.duplicates:
+        # the answer to every produce: formatted directly, at a tenth of json.dumps' cost
+        return b'{"seq":%d,"first_offset":%d,"count":%d,"type":"put_ack"}' % (
+            frame.seq,
+            frame.first_offset,
+            frame.count,
+        )
     # shallow: frames hold only JSON values, and asdict's deep copy of a settle frame's
     # thousand entries cost a consumer more than the rest of its acking
     doc = dict(vars(frame))

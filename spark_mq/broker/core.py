@@ -35,7 +35,7 @@ from spark_mq.broker.memory import MemoryMonitor
 from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.recovery import recover_destination
 from spark_mq.broker.selector import Selector, compile_selector
-from spark_mq.broker.session import ConsumerSession
+from spark_mq.broker.session import ConsumerSession, Wakeup
 from spark_mq.broker.subscription import Subscription
 from spark_mq.clock import Clock, SystemClock
 from spark_mq.config import BrokerConfig, DestinationSettings
@@ -385,12 +385,14 @@ class Broker(DestinationAdmin):
         *,
         selector: str | None = None,
         durable: bool = True,
+        wakeup: Wakeup | None = None,
     ) -> ConsumerSession:
         """Attach a consumer to a queue, or to a subscription of a topic.
 
         On a topic, ``durable=False`` attaches to a non-durable subscription that lives while
         consumers use it: private without a name, shared by every consumer giving the same
-        name. ``selector`` filters what this consumer receives.
+        name. ``selector`` filters what this consumer receives. ``wakeup`` is set whenever the
+        session has something to send (default: a ``threading.Event``).
         """
         compiled = compile_selector(selector)
         dest = self.destination_for_use(destination)
@@ -422,11 +424,14 @@ class Broker(DestinationAdmin):
                 selector=compiled,
                 on_close=self._closed_session,
                 persist_delivery_count=sub.durable and self.config.delivery.persist_delivery_count,
+                wakeup=wakeup,
             )
             dest.sessions[consumer_id] = session
         return session
 
-    def attach_temporary(self, prefetch: int | None = None) -> ConsumerSession:
+    def attach_temporary(
+        self, prefetch: int | None = None, *, wakeup: Wakeup | None = None
+    ) -> ConsumerSession:
         """A new temporary queue (memory only) and a consumer on it; the queue goes when that
         consumer does. Its name is ``session.subscription.destination``."""
         name = f"tmp.{uuid.uuid4().hex[:16]}"
@@ -438,7 +443,7 @@ class Broker(DestinationAdmin):
                 dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set(), durable=False
             )
             self._dests[name] = dest
-        session = self.attach(name, prefetch=prefetch)
+        session = self.attach(name, prefetch=prefetch, wakeup=wakeup)
         log.info("temporary queue %s for consumer %d", name, session.consumer_id)
         return session
 

@@ -28,6 +28,20 @@ class Limits:
         depth = max((s.depth_estimate(end) for s in subs), default=0)
         return depth, dest.store.nbytes if subs else 0
 
+    def may_wait(self, destination: str) -> bool:
+        """Whether a produce to ``destination`` could wait now: a ``block`` overflow policy
+        with a limit set, or the memory in state orange or red (a cheap over-estimate)."""
+        b = self._broker
+        if b.memory.state in ("orange", "red"):
+            return True
+        lim = b.config.limits
+        if lim.overflow == "block" and (lim.max_messages or lim.max_bytes):
+            return True
+        with b._lock:
+            dest = b._dests.get(destination)
+        st = dest.settings if dest is not None else b.config.destinations
+        return st.overflow == "block" and bool(st.max_messages or st.max_bytes)
+
     def make_room(self, dest: Destination, rows: pa.Table) -> None:
         """Apply the destination's and the broker's limits to a batch about to be stored."""
         b = self._broker

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from spark_mq.broker.core import Broker
 from spark_mq.broker.server import FlightService
+from spark_mq.broker.wire_server import WireServer
 from spark_mq.config import BrokerConfig
 from spark_mq.logs import setup_logging
 
@@ -19,18 +20,29 @@ log = logging.getLogger("spark_mq.broker")
 
 
 class RunningBroker:
-    """A broker with its Flight service listening. Usable in-process (tests, demo)."""
+    """A broker with its Flight service (and the direct wire, when configured) listening.
+    Usable in-process (tests, demo)."""
 
     def __init__(self, broker: Broker, host: str, port: int) -> None:
         self.broker = broker
         broker.start()
+        self.wire: WireServer | None = None
         try:
-            self.service = FlightService(broker, f"grpc://{host}:{port}")
+            if broker.config.broker.wire:
+                self.wire = WireServer(broker, host, broker.config.broker.wire_port)
+            self.service = FlightService(
+                broker,
+                f"grpc://{host}:{port}",
+                wire_port=self.wire.port if self.wire else None,
+            )
         except Exception:
+            if self.wire is not None:
+                self.wire.shutdown()
             broker.close()
             raise
         self.host = host
         self.port = self.service.port
+        self.wire_port = self.wire.port if self.wire else None
 
     @property
     def url(self) -> str:
@@ -38,6 +50,8 @@ class RunningBroker:
 
     def stop(self) -> None:
         self.service.shutdown()
+        if self.wire is not None:
+            self.wire.shutdown()
         self.broker.close()
 
 
@@ -76,15 +90,24 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
     running = RunningBroker(Broker(config), config.broker.host, config.broker.port)
     settle_garbage_collector()
     log.info(
-        "sparkmq broker listening on %s (data: %s, persistence: %s)",
+        "sparkmq broker listening on %s, direct wire on %s (data: %s, persistence: %s)",
         running.url,
+        f"port {running.wire_port}" if running.wire_port else "no port (broker.wire = false)",
         config.broker.data_dir,
         config.broker.persistence,
     )
     if ready_file:
         tmp = f"{ready_file}.tmp"
         with open(tmp, "w") as fh:
-            json.dump({"url": running.url, "port": running.port, "pid": os.getpid()}, fh)
+            json.dump(
+                {
+                    "url": running.url,
+                    "port": running.port,
+                    "wire_port": running.wire_port,
+                    "pid": os.getpid(),
+                },
+                fh,
+            )
         os.replace(tmp, ready_file)
     try:
         while not stop.wait(1.0):

@@ -12,6 +12,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +28,10 @@ from spark_mq.schema import DELIVERY_SCHEMA, numpy_column
 SettleDurably = Callable[[list[int], str], Future]  # offsets, outcome
 
 
+class Wakeup(Protocol):
+    def set(self) -> None: ...
+
+
 class ConsumerSession:
     def __init__(
         self,
@@ -40,6 +45,7 @@ class ConsumerSession:
         selector: Selector | None = None,
         on_close: Callable[[ConsumerSession], None] | None = None,
         persist_delivery_count: bool = False,
+        wakeup: Wakeup | None = None,
     ) -> None:
         self.persist_delivery_count = persist_delivery_count
         self.consumer_id = consumer_id
@@ -54,7 +60,8 @@ class ConsumerSession:
         self._held: set[int] = set()  # offsets leased to this session and not yet answered
         self._outbox: deque[Reply] = deque()
         self._unanswered = 0  # settle frames whose reply is not in the outbox yet
-        self.wakeup = threading.Event()
+        # set when there is something to send; a transport may bring its own (a loop's marker)
+        self.wakeup: Wakeup = wakeup if wakeup is not None else threading.Event()
         self.closed = False
         subscription.add_waiter(self.wakeup)
         self.wakeup.set()

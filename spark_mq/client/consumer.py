@@ -24,6 +24,7 @@ Not guaranteed: a message whose ack future failed may be delivered again.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -43,6 +44,7 @@ from spark_mq.client._transport import (
     translate_flight_error,
     translated,
 )
+from spark_mq.client._wire import Transport, WireConsumeLink, wire_address
 from spark_mq.client.message import Message, rows_of
 from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError, SparkMQError
 from spark_mq.names import validate_name
@@ -65,6 +67,7 @@ class Consumer:
         settle_linger_ms: float = 1.0,
         settle_batch: int = 256,
         timeout_s: float = 30.0,
+        transport: Transport = "auto",
     ) -> None:
         # temporary: a new queue only this consumer reads, gone when it closes (for replies);
         # its name is self.destination once connected
@@ -74,10 +77,8 @@ class Consumer:
         self.subscription = subscription
         self.durable = durable
         self._client, self._options = connect(url, timeout_s)
-        descriptor = fl.FlightDescriptor.for_command(
-            protocol.encode(
-                protocol.Consume(destination, subscription, prefetch, selector, durable, temporary)
-            )
+        command = protocol.Consume(
+            destination, subscription, prefetch, selector, durable, temporary
         )
         # whole delivery batches travel through the queue; receive() takes from _ready
         self._messages: queue.Queue[object] = queue.Queue()
@@ -97,11 +98,17 @@ class Consumer:
         self._welcome = threading.Event()
         self.lease_s: float | None = None
         self.consumer_id: int | None = None
+        self._link: _FlightLink | WireConsumeLink | None = None
         try:
-            with translated():
-                self._writer, self._reader = self._client.do_exchange(descriptor, STREAM_OPTIONS)
-                first = self._reader.read_chunk()  # the Welcome, or the broker's refusal
-            self._handle_metadata(first.app_metadata)
+            address = wire_address(self._client, self._options, url, transport)
+            if address is not None:
+                self._link = WireConsumeLink(address, timeout_s, command)
+            else:
+                self._link = _FlightLink(self._client, command)
+            first = self._link.read()  # the Welcome, or the broker's refusal
+            if not isinstance(first, bytes):
+                raise ProtocolError("the broker did not start with a welcome", fault="remote")
+            self._handle_metadata(first)
         except BaseException:
             self._abandon()
             raise
@@ -200,15 +207,14 @@ class Consumer:
             frame = protocol.Settle(verb, request_id, entries)
             try:
                 with self._write_lock:
-                    self._writer.write_metadata(pa.py_buffer(protocol.encode(frame)))
-            except (fl.FlightError, OSError) as exc:
-                err = translate_flight_error(exc)
+                    self._link.send(frame)  # type: ignore[union-attr]
+            except SparkMQError as err:
                 for _, f in self._requests.pop(request_id, []):
                     f.set_exception(err)
 
     # -- the stream --------------------------------------------------------------------------
-    def _handle_metadata(self, buf: pa.Buffer | None) -> None:
-        frame = protocol.parse(buf.to_pybytes() if buf is not None else None)
+    def _handle_metadata(self, data: bytes) -> None:
+        frame = protocol.parse(data)
         match frame:
             case protocol.Welcome(consumer_id=cid, lease_s=lease, destination=name):
                 self.consumer_id, self.lease_s = cid, lease
@@ -234,16 +240,12 @@ class Consumer:
 
     def _read(self) -> None:
         try:
-            while True:
-                try:
-                    chunk = self._reader.read_chunk()
-                except StopIteration:
-                    break
-                if chunk.data is not None and chunk.data.num_rows:
-                    rows = rows_of(chunk.data)
+            while (item := self._link.read()) is not None:  # type: ignore[union-attr]
+                if isinstance(item, bytes):
+                    self._handle_metadata(item)
+                elif item.num_rows:
+                    rows = rows_of(item)
                     self._messages.put([Message.from_row(self.destination, r, self) for r in rows])
-                elif chunk.app_metadata is not None:
-                    self._handle_metadata(chunk.app_metadata)
             if not self._closed:
                 self.error = BrokerUnavailable("the broker closed the consumer stream")
         except (fl.FlightError, OSError, SparkMQError) as exc:
@@ -259,12 +261,9 @@ class Consumer:
             self._messages.put(_CLOSED)
 
     def _abandon(self) -> None:
-        writer = getattr(self, "_writer", None)
-        if writer is not None:
-            try:
-                writer.close()
-            except (fl.FlightError, OSError):
-                pass  # the refusal already raised is the error worth reporting
+        if self._link is not None:
+            with contextlib.suppress(SparkMQError):
+                self._link.close()  # the refusal already raised is the error worth reporting
         self._client.close()
 
     def close(self) -> None:
@@ -278,19 +277,53 @@ class Consumer:
         # never done_writing() here: if the broker died, the reader thread is finishing the call
         # and Arrow Flight aborts the process when both sides of a stream close it at once.
         # The bye asks the broker to end the stream after answering every settle sent before it.
+        assert self._link is not None
         try:
             with self._write_lock:
-                self._writer.write_metadata(pa.py_buffer(protocol.encode(protocol.Bye())))
-        except (fl.FlightError, OSError):
+                self._link.send(protocol.Bye())
+        except SparkMQError:
             pass  # the broker is gone already: the reader thread sees the stream fail
         self._reader_thread.join(timeout=self._timeout_s)
         if self._reader_thread.is_alive():  # a broker that neither answers nor fails
-            self._reader.cancel()  # thread-safe, unlike closing
+            self._link.cancel()  # thread-safe, unlike closing
             self._reader_thread.join(timeout=self._timeout_s)
         if self._reader_thread.is_alive():
             return  # left to the process's end: closing beside a live reader aborted it
-        try:
-            self._writer.close()  # the reader has finished: no one else touches the stream
-        except (fl.FlightError, OSError):
-            pass  # the stream's outcome was already reported to every settle future
+        with contextlib.suppress(SparkMQError):
+            # the reader has finished: no one else touches the stream; its outcome was
+            # already reported to every settle future
+            self._link.close()
         self._client.close()
+
+
+class _FlightLink:
+    """A consumer's Flight ``DoExchange`` stream (the transport when there is no direct wire)."""
+
+    def __init__(self, client: fl.FlightClient, command: protocol.Consume) -> None:
+        descriptor = fl.FlightDescriptor.for_command(protocol.encode(command))
+        with translated():
+            self._writer, self._reader = client.do_exchange(descriptor, STREAM_OPTIONS)
+
+    def read(self) -> pa.RecordBatch | bytes | None:
+        """A delivery batch, a control frame's JSON, or None at the end of the stream."""
+        while True:
+            try:
+                with translated():
+                    chunk = self._reader.read_chunk()
+            except StopIteration:
+                return None
+            if chunk.data is not None and chunk.data.num_rows:
+                return chunk.data
+            if chunk.app_metadata is not None:
+                return chunk.app_metadata.to_pybytes()
+
+    def send(self, frame: protocol.Frame) -> None:
+        with translated():
+            self._writer.write_metadata(pa.py_buffer(protocol.encode(frame)))
+
+    def cancel(self) -> None:
+        self._reader.cancel()  # thread-safe, unlike closing
+
+    def close(self) -> None:
+        with translated():
+            self._writer.close()

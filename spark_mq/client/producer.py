@@ -1,5 +1,6 @@
-"""The producer: batches messages by size and linger time, pipelines batches on one Flight
-stream per destination, and resolves each message's future with its offset once durable.
+"""The producer: batches messages by size and linger time, pipelines batches on one stream per
+destination (the direct wire when the broker offers it, else Arrow Flight), and resolves each
+message's future with its offset once durable.
 
 Every message gets a dedup id unless one is given (a per-producer random prefix plus a
 sequence number), so that a resend after an unknown outcome can be recognised.
@@ -34,6 +35,7 @@ from spark_mq.client._transport import (
     translate_flight_error,
     translated,
 )
+from spark_mq.client._wire import Address, Transport, WireProduceStream, wire_address
 from spark_mq.errors import (
     BrokerUnavailable,
     ProtocolError,
@@ -213,12 +215,16 @@ class Producer:
     ``send`` buffers and returns a future of the message's offset; a buffer is sent when it
     holds ``batch_size`` messages or ``batch_bytes`` bytes, or ``linger_ms`` after its first
     message. ``send_sync`` sends at once and waits. Use as a context manager, or call ``close``.
+
+    ``transport``: ``"auto"`` uses the broker's direct wire when it offers one (the lowest
+    latency), else Arrow Flight; ``"wire"`` or ``"flight"`` insist on one.
     """
 
     def __init__(
         self,
         url: str = DEFAULT_URL,
         *,
+        transport: Transport = "auto",
         destination: str | None = None,
         linger_ms: float = 5.0,
         batch_size: int = 1000,
@@ -234,6 +240,9 @@ class Producer:
         # messages sent without a group id get this one (autogroup: a random one, as Artemis)
         self.group_id = group_id or (f"auto-{uuid.uuid4().hex}" if autogroup else None)
         self._client, self._options = connect(url, timeout_s)
+        self._url, self._transport, self._timeout_s = url, transport, timeout_s
+        self._address: Address | None = None
+        self._discovered = False
         self._linger = linger_ms / 1000
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
@@ -245,7 +254,7 @@ class Producer:
         self._buffers: dict[str, list[_Pending]] = {}
         self._buffer_bytes: dict[str, int] = {}
         self._first_at: dict[str, float] = {}
-        self._streams: dict[str, _PutStream] = {}
+        self._streams: dict[str, _PutStream | WireProduceStream] = {}
         self._stream_lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._closed = False
@@ -428,11 +437,19 @@ class Producer:
                 finally:
                     self._lock.acquire()
 
-    def _stream(self, dest: str) -> _PutStream:
+    def _stream(self, dest: str) -> _PutStream | WireProduceStream:
         with self._stream_lock:
             stream = self._streams.get(dest)
             if stream is None or stream.broken is not None:
-                stream = _PutStream(self._client, self._options, dest, self._window)
+                if not self._discovered:  # asked once, when the first stream opens
+                    self._address = wire_address(
+                        self._client, self._options, self._url, self._transport
+                    )
+                    self._discovered = True
+                if self._address is not None:
+                    stream = WireProduceStream(self._address, self._timeout_s, dest, self._window)
+                else:
+                    stream = _PutStream(self._client, self._options, dest, self._window)
                 self._streams[dest] = stream
             return stream
 

@@ -10,16 +10,23 @@ reading its stream meanwhile, and measured pipelined single-message produce at 7
 Offsets are assigned at flush time, not at append time, so a failed commit leaves no gap: the
 next flush reuses the offsets the failed one would have taken.
 
+A transport that serves many clients from one thread (``spark_mq.broker.wire_server``) commits
+inline instead: inside :func:`committing_here`, a submit does not wake the writer thread, and
+when the block ends that thread commits every writer it touched itself, one sync each, and the
+futures resolve there. Thread hand-offs, not the work, were most of a synchronous send's cost.
+Either way one commit runs at a time per destination (the commit lock), so offsets stay in order.
+
 Not guaranteed: a record whose future failed with ``JournalError`` was not stored (when the store
 cannot say whether a commit landed, the writer asks ``committed_end`` and reports what it finds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,6 +44,23 @@ log = logging.getLogger(__name__)
 MAX_FLUSH_BYTES = 8 * 1024 * 1024
 
 OnCommit = Callable[[str, pa.Table], None]
+
+_here = threading.local()  # .writers: the writers this thread will commit itself, in order
+
+
+@contextlib.contextmanager
+def committing_here() -> Iterator[None]:
+    """Submits in this block are committed by this thread when it ends (nested: the outermost)."""
+    if getattr(_here, "writers", None) is not None:
+        yield
+        return
+    _here.writers = writers = {}
+    try:
+        yield
+    finally:
+        _here.writers = None
+        for w in writers:
+            w.commit_here()
 
 
 class CommitSink(Protocol):
@@ -91,8 +115,10 @@ class DestinationWriter:
         self._max_pending = max_pending_bytes
         self._on_commit = on_commit
         self._cond = threading.Condition()
+        self._commit_lock = threading.Lock()  # one commit at a time: the thread's, or inline
         self._records: list[_Record] = []
         self._pending_bytes = 0
+        self._blocked = 0  # submitters waiting for the pending bytes to go down
         self._first_at = 0.0
         self._closing = False
         self._flush_requested = False
@@ -111,10 +137,16 @@ class DestinationWriter:
     def submit(self, table: pa.Table, *, is_settlement: bool) -> Future:
         fut: Future = Future()
         nbytes = table.get_total_buffer_size()  # .nbytes costs ~16 us even for one row
+        inline = getattr(_here, "writers", None)
         with self._cond:
             # bounded buffer: block the caller while the writer is behind (back-pressure)
             while self._pending_bytes > self._max_pending and not self._closing:
-                self._cond.wait()
+                self._cond.notify_all()  # records held for an inline commit go now
+                self._blocked += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._blocked -= 1
             if self._closing:
                 raise DestinationNotFound(
                     f"destination {self.destination!r} is closing", destination=self.destination
@@ -123,8 +155,21 @@ class DestinationWriter:
                 self._first_at = time.monotonic()
             self._records.append(_Record(table, fut, is_settlement, nbytes))
             self._pending_bytes += nbytes
-            self._cond.notify_all()
+            if inline is None:
+                self._cond.notify_all()
+        if inline is not None:
+            inline[self] = None
         return fut
+
+    def commit_here(self) -> None:
+        """Commit what is buffered in the calling thread (see :func:`committing_here`)."""
+        while True:
+            with self._commit_lock:
+                with self._cond:
+                    taken = self._take_now() if self._records else None
+                if taken is None:
+                    return
+                self._flush(taken)
 
     def flush(self) -> None:
         """Ask for an immediate commit of what is buffered and wait for it."""
@@ -152,7 +197,8 @@ class DestinationWriter:
         self._sink.close(drain=drain)
 
     # -- the writer thread -------------------------------------------------------------------
-    def _take(self) -> list[_Record] | None:
+    def _wait_due(self) -> bool:
+        """Wait until a flush is due; False once closing with nothing left."""
         with self._cond:
             while True:
                 if self._records:
@@ -164,34 +210,42 @@ class DestinationWriter:
                         or self._pending_bytes >= self._size
                         or now >= due
                     ):
-                        break
+                        return True
                     self._cond.wait(due - now)
                 elif self._closing:
-                    return None
+                    return False
                 else:
                     self._cond.wait()
-            taken, size = [], 0
-            for r in self._records:  # oldest first, at most MAX_FLUSH_BYTES (at least one)
-                if taken and size + r.nbytes > MAX_FLUSH_BYTES:
-                    break
-                taken.append(r)
-                size += r.nbytes
-            del self._records[: len(taken)]
-            if self._records:
-                self._first_at = time.monotonic() - self._timeout  # the rest is due at once
-            else:
-                self._flush_requested = False
-            return taken
+
+    def _take_now(self) -> list[_Record]:
+        """The oldest records, at most MAX_FLUSH_BYTES (at least one); caller holds the lock."""
+        taken, size = [], 0
+        for r in self._records:
+            if taken and size + r.nbytes > MAX_FLUSH_BYTES:
+                break
+            taken.append(r)
+            size += r.nbytes
+        del self._records[: len(taken)]
+        if self._records:
+            self._first_at = time.monotonic() - self._timeout  # the rest is due at once
+        else:
+            self._flush_requested = False
+        return taken
 
     def _release(self, taken: list[_Record]) -> None:
         with self._cond:
             self._pending_bytes -= sum(r.nbytes for r in taken)
             self.stats.pending_bytes = self._pending_bytes
-            self._cond.notify_all()
+            if self._blocked:  # not otherwise: it would wake the writer thread for nothing
+                self._cond.notify_all()
 
     def _run(self) -> None:
-        while (taken := self._take()) is not None:
-            self._flush(taken)
+        while self._wait_due():
+            with self._commit_lock:
+                with self._cond:
+                    taken = self._take_now() if self._records else None
+                if taken:  # an inline commit may have taken them meanwhile
+                    self._flush(taken)
 
     def _flush(self, taken: list[_Record]) -> None:
         started = time.perf_counter()

@@ -1,0 +1,409 @@
+"""The direct wire's server (:mod:`spark_mq.wire`): one thread serves every connection.
+
+Each turn of the loop reads every ready socket and hands produce batches and settle frames to
+the broker inside :func:`~spark_mq.journal.group_commit.committing_here`, so all of them are
+made durable by this thread at the end of the turn, one sync per destination, with no hand-off
+to the journal writer. The same turn then answers the producers and writes the deliveries the
+commit made possible. Work finished by other threads (a Flight producer's commit, a lapsed
+lease) reaches the loop through a wake-up socket.
+
+A produce that may have to wait (a ``block`` overflow policy with limits set, or the memory in
+state orange or red) runs on a helper thread instead, and its connection is not read until it is
+answered: the loop never sleeps on behalf of one client, and a producer's batches keep order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import selectors
+import socket
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+
+from spark_mq import protocol, wire
+from spark_mq.broker.core import Broker
+from spark_mq.broker.dedup import ProduceResult
+from spark_mq.broker.session import ConsumerSession
+from spark_mq.errors import MessageTooLarge, ProtocolError, SparkMQError, to_wire
+from spark_mq.journal.group_commit import committing_here
+from spark_mq.schema import PRODUCE_SCHEMA
+
+log = logging.getLogger(__name__)
+
+_READ_BYTES = 256 * 1024
+_IDLE_S = 0.5  # the loop looks at its stop flag this often when nothing happens
+
+
+class _Conn:
+    """One client connection: what came in, what waits to go out."""
+
+    def __init__(self, server: WireServer, sock: socket.socket, peer: Any) -> None:
+        self.server = server
+        self.sock = sock
+        self.peer = peer
+        self.reader = wire.FrameReader(server.max_frame)
+        self.out: deque[memoryview] = deque()
+        self.closing = False  # close once everything queued is written
+        # refused: once the failure is written, half-close and discard what still comes until
+        # the client hangs up (closing at once would reset the connection, and the client could
+        # lose the failure frame and see "connection reset" instead of the reason)
+        self.refused = False
+        self.closed = False
+        self.events = 0  # what the selector watches for (0: not registered)
+        self.role: str | None = None  # "produce" or "consume", from the first frame
+        # producing
+        self.destination = ""
+        self.answers: deque[bytes] = deque()  # filled by commit callbacks (any thread)
+        self.backlog: deque[tuple[int, bytes] | wire.TooLarge] = deque()
+        self.parked = False  # a produce that may wait runs on a helper thread
+        # consuming
+        self.session: ConsumerSession | None = None
+        self.bye = False
+
+    def set(self) -> None:
+        """The session's wake-up (``ConsumerSession.wakeup``): something to send."""
+        self.server.mark(self)
+
+    def queue(self, data: bytes | Any) -> None:
+        self.out.append(memoryview(data).cast("B"))
+
+
+class WireServer:
+    def __init__(self, broker: Broker, host: str, port: int) -> None:
+        self.broker = broker
+        limits = broker.config.limits
+        self.max_frame = limits.max_batch_bytes + wire.FRAME_SLACK
+        self._listener = socket.create_server((host, port), backlog=128)
+        self._listener.setblocking(False)
+        self.port = self._listener.getsockname()[1]
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._dirty: deque[_Conn] = deque()
+        self._poked = False
+        self._stopping = False
+        self._conns: set[_Conn] = set()
+        self._helpers = ThreadPoolExecutor(4, thread_name_prefix="wire-blocking-produce")
+        self._thread = threading.Thread(target=self._run, name="wire-loop", daemon=True)
+        self._ident: int | None = None
+        self._thread.start()
+
+    # -- waking the loop ---------------------------------------------------------------------
+    def mark(self, conn: _Conn) -> None:
+        """``conn`` has something to send; callable from any thread."""
+        self._dirty.append(conn)
+        if threading.get_ident() != self._ident and not self._poked:
+            self._poked = True
+            with contextlib.suppress(BlockingIOError, OSError):
+                self._wake_w.send(b"w")
+
+    def shutdown(self) -> None:
+        """Stop accepting, close every connection (consumers' messages go back), stop."""
+        self._stopping = True
+        self._poked = False
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"s")
+        self._thread.join()
+        self._helpers.shutdown(wait=True)
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+        self._sel.close()
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        self._ident = threading.get_ident()
+        while not self._stopping:
+            events = self._sel.select(_IDLE_S)
+            with committing_here():
+                for key, mask in events:
+                    try:
+                        self._event(key, mask)
+                    except Exception:  # one client's trouble never stops the loop
+                        log.exception("wire: error serving %s", key.data)
+                        if isinstance(key.data, _Conn):
+                            self._close(key.data)
+            self._serve_dirty()
+        for conn in list(self._conns):
+            self._close(conn)
+
+    def _event(self, key: selectors.SelectorKey, mask: int) -> None:
+        if key.data == "accept":
+            self._accept()
+        elif key.data == "wake":
+            self._poked = False
+            with contextlib.suppress(BlockingIOError):
+                while self._wake_r.recv(4096):
+                    pass
+        else:
+            conn: _Conn = key.data
+            if mask & selectors.EVENT_WRITE:
+                self._write(conn)
+            if mask & selectors.EVENT_READ and not conn.closed:
+                self._read(conn)
+
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                sock, peer = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of file descriptors, say: keep serving the rest
+                log.warning("wire: cannot accept a connection: %s", exc)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(self, sock, peer)
+            self._conns.add(conn)
+            self._interest(conn)
+
+    def _interest(self, conn: _Conn) -> None:
+        """Watch for what ``conn`` needs now: input unless parked or closing, output if queued."""
+        if conn.closed:
+            return
+        want = 0 if conn.parked or conn.closing else selectors.EVENT_READ
+        if conn.refused:
+            want = selectors.EVENT_READ
+        if conn.out:
+            want |= selectors.EVENT_WRITE
+        if want == conn.events:
+            return
+        if not conn.events:
+            self._sel.register(conn.sock, want, conn)
+        elif not want:
+            self._sel.unregister(conn.sock)
+        else:
+            self._sel.modify(conn.sock, want, conn)
+        conn.events = want
+
+    # -- reading -----------------------------------------------------------------------------
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client went away (or closed after its last frame)
+            self._close(conn)
+            return
+        if conn.refused:
+            return  # discarded: the client has its answer
+        try:
+            conn.backlog.extend(conn.reader.feed(data))
+            self._handle_backlog(conn)
+        except SparkMQError as exc:
+            self._refuse(conn, exc)
+
+    def _handle_backlog(self, conn: _Conn) -> None:
+        while conn.backlog and not conn.parked and not conn.closing and not conn.refused:
+            item = conn.backlog.popleft()
+            if isinstance(item, wire.TooLarge):
+                self._too_large(conn, item)
+                continue
+            kind, body = item
+            if conn.role is None:
+                self._first(conn, kind, body)
+            elif conn.role == "produce":
+                if kind != wire.BATCH:
+                    raise ProtocolError(
+                        "a producer connection carries batch frames only", fault="remote"
+                    )
+                self._produce(conn, body)
+            else:
+                if kind != wire.CONTROL:
+                    raise ProtocolError("consumers send settle and bye frames only", fault="remote")
+                self._consumer_frame(conn, protocol.parse(body))
+
+    def _first(self, conn: _Conn, kind: int, body: bytes) -> None:
+        frame = protocol.parse(body) if kind == wire.CONTROL else None
+        match frame:
+            case protocol.Produce(destination=name):
+                self.broker.destination_for_use(name)
+                conn.role, conn.destination = "produce", name
+            case protocol.Consume() as cmd:
+                self._attach(conn, cmd)
+            case _:
+                raise ProtocolError(
+                    "a connection starts with a produce or consume frame", fault="remote"
+                )
+
+    def _refuse(self, conn: _Conn, err: SparkMQError) -> None:
+        """Say why, then hang up once it is written."""
+        log.info("wire: refusing %s: %s", conn.peer, err.message)
+        conn.backlog.clear()
+        conn.queue(wire.failure(err))
+        conn.refused = True
+        self._write(conn)
+
+    # -- producing ---------------------------------------------------------------------------
+    def _produce(self, conn: _Conn, body: bytes) -> None:
+        seq, batch = wire.read_batch(body, PRODUCE_SCHEMA)
+        dest = conn.destination
+        try:
+            parked = self.broker.limits.may_wait(dest)
+            if parked:
+                fut = self._helpers.submit(self._produce_waiting, dest, batch)
+            else:
+                fut = self.broker.produce(dest, batch)
+        except SparkMQError as exc:
+            self._answer(conn, protocol.PutFailed(seq, json.loads(to_wire(exc))))
+            return
+        conn.parked = parked
+        fut.add_done_callback(lambda f: self._produced(conn, seq, f, unpark=parked))
+
+    def _produce_waiting(self, dest: str, batch: pa.RecordBatch) -> Any:
+        return self.broker.produce(dest, batch).result()
+
+    def _produced(self, conn: _Conn, seq: int, fut: Future, *, unpark: bool = False) -> None:
+        """A batch is durable or failed (any thread): queue its answer."""
+        try:
+            res = fut.result()
+            if isinstance(res, ProduceResult):
+                first = res.offsets[0] if res.offsets else 0
+                frame: protocol.Frame = protocol.PutAck(
+                    seq, first, len(res.offsets), tuple(res.offsets), res.duplicates
+                )
+            else:
+                frame = protocol.PutAck(seq, res.first_offset, res.count)
+        except Exception as exc:
+            err = exc if isinstance(exc, SparkMQError) else SparkMQError(f"internal error: {exc}")
+            frame = protocol.PutFailed(seq, json.loads(to_wire(err)))
+        conn.answers.append(wire.control(frame))
+        if unpark:
+            conn.parked = False  # the loop reads its backlog and its socket again
+        self.mark(conn)
+
+    def _answer(self, conn: _Conn, frame: protocol.Frame) -> None:
+        conn.answers.append(wire.control(frame))
+        self.mark(conn)
+
+    def _too_large(self, conn: _Conn, item: wire.TooLarge) -> None:
+        limit = self.broker.config.limits.max_batch_bytes
+        err = MessageTooLarge(
+            f"a frame of {item.size} bytes is over the limit of {limit} bytes (setting "
+            "limits.max_batch_bytes): send smaller batches",
+            destination=conn.destination or None,
+            size=item.size,
+            limit=limit,
+        )
+        if conn.role != "produce" or item.kind != wire.BATCH:
+            raise err
+        self._answer(conn, protocol.PutFailed(item.seq, json.loads(to_wire(err))))
+
+    # -- consuming ---------------------------------------------------------------------------
+    def _attach(self, conn: _Conn, cmd: protocol.Consume) -> None:
+        b = self.broker
+        if cmd.temporary:
+            session = b.attach_temporary(cmd.prefetch, wakeup=conn)
+        else:
+            session = b.attach(
+                cmd.destination,
+                cmd.subscription,
+                cmd.prefetch,
+                selector=cmd.selector,
+                durable=cmd.durable,
+                wakeup=conn,
+            )
+        conn.role, conn.session = "consume", session
+        sub = session.subscription
+        conn.queue(
+            wire.control(protocol.Welcome(session.consumer_id, sub.lease_s, sub.destination))
+        )
+        log.info("consumer %d attached to %s over the wire", session.consumer_id, sub.destination)
+        self.mark(conn)
+
+    def _consumer_frame(self, conn: _Conn, frame: protocol.Frame) -> None:
+        assert conn.session is not None
+        match frame:
+            case protocol.Settle():
+                conn.session.settle(frame)
+            case protocol.Bye():
+                conn.bye = True  # answer what came before, then hang up
+                self.mark(conn)
+            case _:
+                raise ProtocolError("consumers send settle and bye frames only", fault="remote")
+
+    # -- writing -----------------------------------------------------------------------------
+    def _serve_dirty(self) -> None:
+        seen: set[_Conn] = set()
+        while self._dirty:
+            conn = self._dirty.popleft()
+            if conn in seen or conn.closed:
+                continue
+            seen.add(conn)
+            try:
+                self._serve(conn)
+            except Exception:
+                log.exception("wire: error serving %s", conn.peer)
+                self._close(conn)
+
+    def _serve(self, conn: _Conn) -> None:
+        while conn.answers:
+            conn.queue(conn.answers.popleft())
+        session = conn.session
+        if session is not None:
+            for reply in session.replies():
+                conn.queue(wire.control(reply))
+            if not conn.bye:
+                while (table := session.next_delivery()) is not None:
+                    for batch in table.to_batches():
+                        for part in wire.batch_parts(0, batch):
+                            conn.queue(part)
+            elif not session.unanswered:
+                conn.closing = True
+        if conn.backlog and not conn.parked and not conn.closing and not conn.refused:
+            with committing_here():  # frames that waited behind a parked produce
+                try:
+                    self._handle_backlog(conn)
+                except SparkMQError as exc:
+                    self._refuse(conn, exc)
+        self._write(conn)
+
+    def _write(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        while conn.out:
+            try:
+                sent = conn.sock.sendmsg(list(conn.out)[:512])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EPIPE, errno.ECONNRESET):
+                    log.info("wire: writing to %s failed: %s", conn.peer, exc)
+                self._close(conn)
+                return
+            while conn.out and sent >= len(conn.out[0]):
+                sent -= len(conn.out.popleft())
+            if sent:
+                conn.out[0] = conn.out[0][sent:]
+        if conn.closing and not conn.out:
+            self._close(conn)
+            return
+        if conn.refused and not conn.out:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_WR)
+        self._interest(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._conns.discard(conn)
+        if conn.events:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._sel.unregister(conn.sock)
+        if conn.session is not None:  # before hanging up: a client seeing the end may rely on it
+            self.broker.detach(conn.session)
+            log.info("consumer %d detached", conn.session.consumer_id)
+        with contextlib.suppress(OSError):
+            conn.sock.close()

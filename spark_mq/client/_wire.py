@@ -1,0 +1,231 @@
+"""The client side of the direct wire (:mod:`spark_mq.wire`): a produce stream and a consume
+link, each on its own TCP connection, with the same contracts as their Flight counterparts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from spark_mq import protocol, wire
+from spark_mq.client._transport import call_action
+from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError, from_wire
+from spark_mq.schema import DELIVERY_SCHEMA
+
+if TYPE_CHECKING:
+    from spark_mq.client.producer import _Outcome
+
+Transport = Literal["auto", "wire", "flight"]
+Address = tuple[str, int]
+_SEQ_LIMIT = 2**32
+
+
+def wire_address(
+    client: fl.FlightClient, options: fl.FlightCallOptions, url: str, transport: Transport
+) -> Address | None:
+    """Where the broker's direct wire listens, or None to use Flight.
+
+    ``auto`` uses the wire when the broker offers it; ``wire`` insists on it.
+    """
+    if transport == "flight":
+        return None
+    if transport not in ("auto", "wire"):
+        raise ValueError(f"transport must be 'auto', 'wire' or 'flight', got {transport!r}")
+    answer = call_action(client, options, "ping")
+    port = answer.get("wire_port") if isinstance(answer, dict) else None
+    if not port:
+        if transport == "wire":
+            raise BrokerUnavailable(
+                "the broker does not offer the direct wire (broker.wire = false): "
+                "use transport='flight' or 'auto'"
+            )
+        return None
+    return urlparse(url).hostname or "127.0.0.1", int(port)
+
+
+def _connect(address: Address, timeout_s: float) -> socket.socket:
+    try:
+        sock = socket.create_connection(address, timeout=timeout_s)
+    except OSError as exc:
+        raise BrokerUnavailable(
+            f"cannot reach the broker's direct wire at {address[0]}:{address[1]}: {exc}"
+        ) from exc
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _failure(frame: wire.Failure) -> SparkMQError:
+    return from_wire(json.dumps(frame.error).encode(), "the broker refused the connection")
+
+
+class _Frames:
+    """Blocking reads of whole frames from one socket (one reader thread)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._reader = wire.FrameReader()
+        self._ready: deque[tuple[int, bytes] | wire.TooLarge] = deque()
+
+    def next(self) -> tuple[int, bytes] | None:
+        """The next frame; None once the broker closed the connection (or it was shut down)."""
+        while not self._ready:
+            try:
+                data = self._sock.recv(1024 * 1024)
+            except OSError as exc:
+                raise BrokerUnavailable(f"the connection to the broker broke: {exc}") from exc
+            if not data:
+                return None
+            self._ready.extend(self._reader.feed(data))
+        item = self._ready.popleft()
+        assert not isinstance(item, wire.TooLarge)  # this reader has no limit
+        return item
+
+
+def _control(kind: int, body: bytes) -> protocol.Frame:
+    if kind != wire.CONTROL:
+        raise ProtocolError(f"unexpected frame of kind {kind} from the broker", fault="remote")
+    frame = wire.parse_control(body)
+    if isinstance(frame, wire.Failure):
+        raise _failure(frame)
+    return frame
+
+
+class WireProduceStream:
+    """Batches to one destination on one connection; each answer names its batch's sequence
+    number. Same interface as the Flight stream (``write``, ``broken``, ``close``)."""
+
+    def __init__(self, address: Address, timeout_s: float, destination: str, window: int) -> None:
+        self.destination = destination
+        self._sock = _connect(address, timeout_s)
+        self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)
+        self._window = threading.Semaphore(window)
+        self._in_flight: dict[int, _Outcome] = {}
+        self._seq = 0
+        self._closing = False
+        self.broken: SparkMQError | None = None
+        try:
+            self._sock.sendall(wire.control(protocol.Produce(destination)))
+        except OSError as exc:
+            self._sock.close()
+            raise BrokerUnavailable(f"cannot reach the broker's direct wire: {exc}") from exc
+        self._reader = threading.Thread(target=self._read_acks, name="producer-acks", daemon=True)
+        self._reader.start()
+
+    def write(self, batch: pa.RecordBatch, outcome: _Outcome) -> None:
+        self._window.acquire()
+        with self._lock:
+            if self.broken is not None:
+                self._window.release()
+                raise self.broken
+            seq = self._seq
+            self._seq = (seq + 1) % _SEQ_LIMIT
+            self._in_flight[seq] = outcome
+            try:
+                wire.send_parts(self._sock, wire.batch_parts(seq, batch))
+            except OSError as exc:
+                self._fail(BrokerUnavailable(f"the connection to the broker broke: {exc}"))
+                raise self.broken from exc  # type: ignore[misc]
+
+    def _fail(self, err: SparkMQError) -> None:
+        """Every batch not answered fails with ``err``; the stream is done (caller has the lock)."""
+        if self.broken is None:
+            self.broken = err
+        for outcome in self._in_flight.values():
+            outcome.fail(err)
+            self._window.release()
+        self._in_flight.clear()
+        self._answered.notify_all()
+
+    def _read_acks(self) -> None:
+        frames = _Frames(self._sock)
+        err: SparkMQError = BrokerUnavailable("the broker closed the produce connection")
+        try:
+            while (item := frames.next()) is not None:
+                frame = _control(*item)
+                if not isinstance(frame, protocol.PutAck | protocol.PutFailed):
+                    raise ProtocolError(f"unexpected answer to a produce: {frame}", fault="remote")
+                with self._lock:
+                    outcome = self._in_flight.pop(frame.seq, None)
+                    self._answered.notify_all()
+                if outcome is None:
+                    raise ProtocolError(f"an answer to unknown batch {frame.seq}", fault="remote")
+                self._window.release()
+                match frame:
+                    case protocol.PutAck(first_offset=first, count=count, offsets=offsets) if (
+                        count == outcome.rows and (offsets is None or len(offsets) == count)
+                    ):
+                        outcome.resolve(first, offsets)
+                    case protocol.PutFailed(error=error):
+                        wire_err = protocol.encode_action_body(**error)
+                        outcome.fail(from_wire(wire_err, "produce failed"))
+                    case _:
+                        raise ProtocolError(
+                            f"a produce answer does not fit: {frame}", fault="remote"
+                        )
+        except SparkMQError as exc:
+            err = exc
+        with self._lock:
+            if self._in_flight or not self._closing:
+                self._fail(err)
+
+    def close(self) -> None:
+        """Wait for every batch's answer (or the stream's failure), then hang up."""
+        with self._lock:
+            self._answered.wait_for(lambda: not self._in_flight or self.broken is not None)
+            self._closing = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._reader.join()
+        self._sock.close()
+
+
+class WireConsumeLink:
+    """A consumer's connection: deliveries and replies in, settle and bye frames out."""
+
+    def __init__(self, address: Address, timeout_s: float, command: protocol.Consume) -> None:
+        self._sock = _connect(address, timeout_s)
+        self._frames = _Frames(self._sock)
+        self._send_lock = threading.Lock()
+        try:
+            self._sock.sendall(wire.control(command))
+        except OSError as exc:
+            self._sock.close()
+            raise BrokerUnavailable(f"cannot reach the broker's direct wire: {exc}") from exc
+
+    def read(self) -> pa.RecordBatch | bytes | None:
+        """A delivery batch, a control frame's JSON, or None at the end of the stream."""
+        item = self._frames.next()
+        if item is None:
+            return None
+        kind, body = item
+        if kind == wire.BATCH:
+            return wire.read_batch(body, DELIVERY_SCHEMA)[1]
+        if kind == wire.CONTROL and body.startswith(b'{"type":"failure"'):
+            _control(kind, body)  # raises the broker's error
+        if kind != wire.CONTROL:
+            raise ProtocolError(f"unexpected frame of kind {kind} from the broker", fault="remote")
+        return body
+
+    def send(self, frame: protocol.Frame) -> None:
+        try:
+            with self._send_lock:
+                self._sock.sendall(wire.control(frame))
+        except OSError as exc:
+            raise BrokerUnavailable(f"the connection to the broker broke: {exc}") from exc
+
+    def cancel(self) -> None:
+        """Make a blocked :meth:`read` return (thread-safe)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._sock.close()

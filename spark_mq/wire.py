@@ -1,0 +1,153 @@
+"""The direct wire: sparkmq's low-latency transport for producers and consumers (plain TCP).
+
+Arrow Flight stays the transport of administration, browsing, transactions and Spark; the SDK's
+producers and consumers use this one when the broker offers it (``ping`` says on which port).
+Each frame is a 5-byte header (body length, u32 little-endian; kind, u8) and a body:
+
+* ``CONTROL``: one JSON frame of :mod:`spark_mq.protocol` (``Produce``, ``Consume``, ``Welcome``,
+  ``Settle``, ``Reply``, ``Bye``, ``PutAck``, ``PutFailed``) or :class:`Failure`;
+* ``BATCH``: a u32 sequence number, then one Arrow IPC record batch message without its schema:
+  ``PRODUCE_SCHEMA`` from a producer, ``DELIVERY_SCHEMA`` to a consumer (both sides know it).
+
+A connection does one thing, named by its first frame. A producer connection starts with
+``Produce``; each batch is answered by a ``PutAck``/``PutFailed`` carrying its sequence number,
+once durable. A consumer connection starts with ``Consume``; the broker answers ``Welcome``,
+then sends deliveries and the replies to ``Settle`` frames; after ``Bye`` it answers what came
+before and closes. A refusal is a :class:`Failure` frame, and the broker closes the connection.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from spark_mq import protocol
+from spark_mq.errors import ProtocolError, SparkMQError, to_wire
+
+HEADER = struct.Struct("<IB")
+SEQ = struct.Struct("<I")
+CONTROL, BATCH = 1, 2
+# what a frame may carry beyond a batch's own buffers (IPC metadata, padding)
+FRAME_SLACK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The broker refuses the connection's first frame (or something later): why, as on Flight."""
+
+    error: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TooLarge:
+    """A frame over the reader's limit; its body was skipped, the stream goes on."""
+
+    kind: int
+    seq: int
+    size: int
+
+
+def control(frame: protocol.Frame | Failure) -> bytes:
+    if isinstance(frame, Failure):
+        body = json.dumps({"type": "failure", "error": frame.error}, separators=(",", ":"))
+        body = body.encode()
+    else:
+        body = protocol.encode(frame)
+    return HEADER.pack(len(body), CONTROL) + body
+
+
+def failure(err: SparkMQError) -> bytes:
+    return control(Failure(json.loads(to_wire(err))))
+
+
+def parse_control(body: bytes) -> protocol.Frame | Failure:
+    if body.startswith(b'{"type":"failure"'):
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise ProtocolError(f"failure frame is not JSON: {exc}", fault="remote") from None
+        if not isinstance(doc.get("error"), dict):
+            raise ProtocolError("failure.error must be an object", fault="remote")
+        return Failure(doc["error"])
+    return protocol.parse(body)
+
+
+def batch_parts(seq: int, batch: pa.RecordBatch) -> list[Any]:
+    """A batch frame as buffers to hand to ``sendmsg`` (the batch is not copied)."""
+    message = batch.serialize()
+    return [HEADER.pack(SEQ.size + message.size, BATCH) + SEQ.pack(seq), message]
+
+
+def read_batch(body: bytes, schema: pa.Schema) -> tuple[int, pa.RecordBatch]:
+    """A batch frame's sequence number and batch; a malformed one is a ``ProtocolError``."""
+    if len(body) < SEQ.size:
+        raise ProtocolError("batch frame shorter than its sequence number", fault="remote")
+    (seq,) = SEQ.unpack_from(body)
+    try:
+        batch = pa.ipc.read_record_batch(pa.py_buffer(body)[SEQ.size :], schema)
+        batch.validate()
+    except (pa.ArrowInvalid, OSError, ValueError) as exc:
+        raise ProtocolError(
+            f"batch {seq} is not an Arrow record batch of the expected schema: {exc}",
+            fault="remote",
+        ) from None
+    return seq, batch
+
+
+class FrameReader:
+    """Cuts a byte stream into ``(kind, body)`` frames; frames over ``max_body`` are skipped and
+    reported as :class:`TooLarge` (a producer's oversized batch gets an answer, not a hang-up)."""
+
+    def __init__(self, max_body: int | None = None) -> None:
+        self._buf = bytearray()
+        self._max = max_body
+        self._skip = 0
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes] | TooLarge]:
+        if self._skip:
+            n = min(self._skip, len(data))
+            self._skip -= n
+            data = data[n:]
+        buf = self._buf
+        buf += data
+        out: list[tuple[int, bytes] | TooLarge] = []
+        pos = 0
+        while len(buf) - pos >= HEADER.size:
+            size, kind = HEADER.unpack_from(buf, pos)
+            body_at = pos + HEADER.size
+            if self._max is not None and size > self._max:
+                if len(buf) - body_at < SEQ.size:
+                    break  # wait for the sequence number, to say which batch it was
+                (seq,) = SEQ.unpack_from(buf, body_at)
+                out.append(TooLarge(kind, seq, size))
+                have = len(buf) - body_at
+                if have >= size:
+                    pos = body_at + size
+                    continue
+                self._skip = size - have
+                pos = len(buf)
+                break
+            if len(buf) - body_at < size:
+                break
+            out.append((kind, bytes(buf[body_at : body_at + size])))
+            pos = body_at + size
+        if pos:
+            del buf[:pos]
+        return out
+
+
+def send_parts(sock: socket.socket, parts: list[Any]) -> None:
+    """Write every buffer of ``parts`` on a blocking socket (``sendmsg`` may write a part)."""
+    views = [memoryview(p).cast("B") for p in parts]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
