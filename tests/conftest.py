@@ -28,7 +28,12 @@ def clock() -> ManualClock:
 
 
 def start_inprocess(data_dir: Path, clock: ManualClock, **settings: object) -> RunningBroker:
-    overrides = {"broker.data_dir": str(data_dir), "broker.port": 0, "broker.wire_port": 0, **settings}
+    overrides = {
+        "broker.data_dir": str(data_dir),
+        "broker.port": 0,
+        "broker.wire_port": 0,
+        **settings,
+    }
     config = load_config(overrides=overrides, environ={})
     return RunningBroker(Broker(config, clock=clock), "127.0.0.1", 0)
 

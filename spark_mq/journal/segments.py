@@ -64,6 +64,13 @@ class RecordRef:
 _SMALL = 64 * 1024
 
 
+def _stream_of(table: pa.Table) -> pa.Buffer:
+    stream = pa.BufferOutputStream()
+    with pa.ipc.new_stream(stream, table.schema) as writer:
+        writer.write_table(table)
+    return stream.getvalue()
+
+
 def encoded_size(table: pa.Table) -> int:
     """How many bytes ``table`` takes as an IPC stream, found without copying any data."""
     sink = pa.MockOutputStream()
@@ -87,12 +94,9 @@ class _Scratch:
 
     def encode(self, tables: list[pa.Table]) -> list[pa.Buffer]:
         """Each table as an IPC stream; the buffers are valid until the next call."""
-        if len(tables) == 1 and tables[0].get_total_buffer_size() <= _SMALL:
-            # one small record (a synchronous send): one encoding pass, not a sizing one too
-            stream = pa.BufferOutputStream()
-            with pa.ipc.new_stream(stream, tables[0].schema) as writer:
-                writer.write_table(tables[0])
-            return [stream.getvalue()]
+        if all(t.get_total_buffer_size() <= _SMALL for t in tables):
+            # small records (synchronous sends, acks): one encoding pass, not a sizing one too
+            return [_stream_of(t) for t in tables]
         sizes = [encoded_size(t) for t in tables]
         need = sum(sizes)
         buffer = self._buffer

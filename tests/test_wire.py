@@ -1,0 +1,224 @@
+"""The direct wire: framing, inline group commit, and a real broker's wire server under good and
+bad input (the SDK's own tests run over the wire too: it is the default transport)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from spark_mq import Admin, Consumer, Producer, protocol, wire
+from spark_mq.broker import RunningBroker
+from spark_mq.clock import ManualClock
+from spark_mq.errors import BrokerUnavailable, MessageTooLarge, ProtocolError
+from spark_mq.journal.group_commit import DestinationWriter, DirectSink, committing_here
+from spark_mq.journal.memory_store import MemoryStore
+from spark_mq.schema import DELIVERY_SCHEMA, PRODUCE_SCHEMA, UNOFFSET_SCHEMA, null_column
+from tests.conftest import start_inprocess
+
+
+def _one(body: bytes) -> pa.RecordBatch:
+    cols = [
+        pa.array([body]) if f.name == "body" else null_column(1, f.type) for f in PRODUCE_SCHEMA
+    ]
+    return pa.record_batch(cols, schema=PRODUCE_SCHEMA)
+
+
+def _frame_bytes(seq: int, batch: pa.RecordBatch) -> bytes:
+    return b"".join(bytes(memoryview(p)) for p in wire.batch_parts(seq, batch))
+
+
+# -- framing ---------------------------------------------------------------------------------
+def test_frames_reassemble_however_the_stream_is_cut() -> None:
+    stream = (
+        wire.control(protocol.Produce("q"))
+        + _frame_bytes(7, _one(b"hello"))
+        + wire.control(protocol.Bye())
+    )
+    for cut in range(1, len(stream)):
+        reader = wire.FrameReader()
+        frames = reader.feed(stream[:cut]) + reader.feed(stream[cut:])
+        assert [k for k, _ in frames] == [wire.CONTROL, wire.BATCH, wire.CONTROL], cut
+        assert protocol.parse(frames[0][1]) == protocol.Produce("q")
+        seq, batch = wire.read_batch(frames[1][1], PRODUCE_SCHEMA)
+        assert (seq, batch["body"].to_pylist()) == (7, [b"hello"])
+        assert protocol.parse(frames[2][1]) == protocol.Bye()
+
+
+def test_a_frame_over_the_limit_is_skipped_and_reported_and_the_stream_goes_on() -> None:
+    big, small = _frame_bytes(3, _one(b"x" * 5000)), _frame_bytes(4, _one(b"ok"))
+    reader = wire.FrameReader(max_body=1000)
+    out = []
+    for i in range(0, len(big + small), 97):  # arrives in pieces
+        out += reader.feed((big + small)[i : i + 97])
+    assert isinstance(out[0], wire.TooLarge)
+    assert (out[0].seq, out[0].kind, out[0].size) == (3, wire.BATCH, len(big) - 5)
+    assert wire.read_batch(out[1][1], PRODUCE_SCHEMA)[1]["body"].to_pylist() == [b"ok"]
+    assert len(out) == 2
+
+
+def test_a_malformed_batch_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError, match="batch 9"):
+        wire.read_batch(wire.SEQ.pack(9) + b"not arrow at all", PRODUCE_SCHEMA)
+    with pytest.raises(ProtocolError, match="shorter"):
+        wire.read_batch(b"\x01", PRODUCE_SCHEMA)
+
+
+# -- inline group commit ----------------------------------------------------------------------
+def test_submits_inside_committing_here_are_committed_by_the_submitting_thread() -> None:
+    store = MemoryStore()
+    store.create_logs("q")
+    committed_by: list[int] = []
+    writer = DestinationWriter(
+        DirectSink(store, "q"),
+        "q",
+        0,
+        buffer_timeout_s=0.0,
+        buffer_size_bytes=1 << 20,
+        max_pending_bytes=1 << 30,
+        on_commit=lambda dest, rows: committed_by.append(threading.get_ident()),
+    )
+    rows = pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA})
+    try:
+        with committing_here():
+            first = writer.submit(rows, is_settlement=False)
+            second = writer.submit(rows, is_settlement=False)
+            time.sleep(0.05)  # the writer thread, had it been woken, commits in microseconds
+            assert not first.done() and not second.done()
+        assert first.result(0).first_offset == 0 and second.result(0).first_offset == 2
+        assert committed_by == [threading.get_ident()]  # one commit, in this thread
+        later = writer.submit(rows, is_settlement=False)  # outside: the writer thread's job
+        assert later.result(10).first_offset == 4
+        assert committed_by[-1] != threading.get_ident()
+    finally:
+        writer.close()
+
+
+# -- a real broker's wire server -------------------------------------------------------------
+def _raw(broker: RunningBroker) -> socket.socket:
+    assert broker.wire_port
+    return socket.create_connection(("127.0.0.1", broker.wire_port), timeout=10)
+
+
+def _frames_until_closed(sock: socket.socket) -> list[tuple[int, bytes]]:
+    reader, frames = wire.FrameReader(), []
+    while data := sock.recv(65536):
+        frames += reader.feed(data)
+    return frames
+
+
+def test_a_malformed_first_frame_gets_a_clear_failure_and_the_broker_serves_on(
+    broker: RunningBroker,
+) -> None:
+    with _raw(broker) as sock:
+        sock.sendall(wire.HEADER.pack(8, wire.CONTROL) + b"not json")
+        frames = _frames_until_closed(sock)  # answered, then half-closed by the broker
+    failure = wire.parse_control(frames[0][1])
+    assert isinstance(failure, wire.Failure)
+    assert failure.error["code"] == ProtocolError.code
+    assert "not JSON" in failure.error["message"]
+    with Producer(broker.url, destination="q", transport="wire") as producer:
+        assert producer.send_sync(b"still serving") == 0
+
+
+def test_a_batch_over_the_limit_fails_alone_and_the_connection_goes_on(tmp_path: Path) -> None:
+    running = start_inprocess(
+        tmp_path / "data", ManualClock(), **{"limits.max_batch_bytes": 64 * 1024}
+    )
+    try:
+        with Producer(running.url, destination="q", transport="wire") as producer:
+            with pytest.raises(MessageTooLarge, match=r"limits\.max_batch_bytes"):
+                producer.send_batch([b"x" * 1024] * 200)  # ~200 KiB in one frame
+            assert producer.send_batch([b"small", b"ones"]) == [0, 1]
+        with Consumer(running.url, "q", transport="wire") as consumer:
+            got = [consumer.receive(timeout=10) for _ in range(2)]
+            assert [m.body for m in got if m] == [b"small", b"ones"]
+    finally:
+        running.stop()
+
+
+def test_a_consumer_that_drops_its_connection_gives_its_messages_back(
+    broker: RunningBroker,
+) -> None:
+    with Producer(broker.url, destination="q") as producer:
+        producer.send_batch([b"a", b"b"])
+    with _raw(broker) as sock:
+        sock.sendall(wire.control(protocol.Consume("q", prefetch=10)))
+        reader, frames = wire.FrameReader(), []
+        while len(frames) < 2:  # the welcome, then the delivery
+            frames += reader.feed(sock.recv(65536))
+        assert isinstance(protocol.parse(frames[0][1]), protocol.Welcome)
+        leased = wire.read_batch(frames[1][1], DELIVERY_SCHEMA)[1]
+        assert leased["body"].to_pylist() == [b"a", b"b"]
+    # gone without acking: both are delivered again, at once (no lease has to lapse)
+    with Consumer(broker.url, "q") as consumer:
+        again = consumer.receive_many(2, timeout=10)
+        assert [(m.body, m.redelivered) for m in again] == [(b"a", True), (b"b", True)]
+
+
+@pytest.mark.parametrize("transport", ["wire", "flight"])
+def test_both_transports_carry_the_same_round_trip(broker: RunningBroker, transport: str) -> None:
+    with Producer(broker.url, destination="q", transport=transport) as producer:  # type: ignore[arg-type]
+        offsets = [producer.send(b"m%d" % i, headers={"i": str(i)}) for i in range(5)]
+        producer.flush()
+        assert [f.result(10) for f in offsets] == [0, 1, 2, 3, 4]
+    with Consumer(broker.url, "q", transport=transport) as consumer:  # type: ignore[arg-type]
+        got = consumer.receive_many(5, timeout=10)
+        while len(got) < 5:
+            got += consumer.receive_many(5 - len(got), timeout=10)
+        assert [(m.body, m.headers["i"]) for m in got] == [(b"m%d" % i, str(i)) for i in range(5)]
+        consumer.ack(got).result(10)
+    with Admin(broker.url) as admin:
+        assert admin.stats("q")["depth"] == 0
+
+
+def test_insisting_on_the_wire_of_a_broker_without_one_says_what_to_do(tmp_path: Path) -> None:
+    running = start_inprocess(tmp_path / "data", ManualClock(), **{"broker.wire": False})
+    try:
+        assert running.wire_port is None
+        with pytest.raises(BrokerUnavailable, match="transport='flight'"):
+            Consumer(running.url, "q", transport="wire")
+        with Producer(running.url, destination="q") as producer:  # auto: Flight, and it works
+            assert producer.send_sync(b"over flight") == 0
+    finally:
+        running.stop()
+
+
+class _SilentWire(fl.FlightServerBase):
+    """Points consumers at a wire listener that welcomes them, then reads and never answers
+    (not even the bye), nor hangs up."""
+
+    def __init__(self) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.hung_up = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def do_action(self, context, action):
+        yield b'{"ok": true, "wire_port": %d}' % self.listener.getsockname()[1]
+
+    def _serve(self) -> None:
+        sock, _ = self.listener.accept()
+        sock.sendall(wire.control(protocol.Welcome(1, 5.0, "q")))
+        while sock.recv(65536):  # the client's frames, until it hangs up
+            pass
+        self.hung_up.set()
+        sock.close()
+
+
+def test_closing_a_wire_consumer_whose_broker_never_answers_returns_within_its_timeout() -> None:
+    server = _SilentWire()
+    try:
+        consumer = Consumer(f"grpc://127.0.0.1:{server.port}", "q", timeout_s=1.0)
+        started = time.monotonic()
+        consumer.close()
+        assert time.monotonic() - started < 10
+        assert server.hung_up.wait(10)  # the connection was shut down, not left open
+    finally:
+        server.listener.close()
+        server.shutdown()
