@@ -33,6 +33,8 @@ MODES = {
     # duplicate detection off: compare with "hot" for what dedup costs (every SDK message has
     # a dedup id, so "hot" checks each one)
     "hot-nodedup": ["--set", "duplicates.cache_size=0"],
+    # no direct wire: producers and consumers use Arrow Flight (compare with "hot")
+    "hot-flight": ["--set", "broker.wire=false"],
 }
 
 

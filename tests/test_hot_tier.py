@@ -67,17 +67,24 @@ def test_segment_round_trip_across_segments(tmp_path: Path) -> None:
 def test_the_encoding_buffer_is_reused_and_each_payload_decodes_to_its_table() -> None:
     from spark_mq.journal.segments import _Scratch, decode_table
 
-    scratch = _Scratch(keep_bytes=64 * 1024)
+    scratch = _Scratch(keep_bytes=512 * 1024)
     held = []
-    for sizes in ([3000, 10], [10], [20_000, 20_000], [5], [50_000, 50_000]):  # grow, shrink
+    for sizes in (
+        [100_000, 10],
+        [80_000],
+        [150_000, 150_000],  # grow
+        [90_000],  # shrink
+        [300_000, 300_000],  # over keep_bytes
+        [3000, 10],  # small records: encoded on their own, the buffer is left alone
+    ):
         tables = [rows([os.urandom(n)], k) for k, n in enumerate(sizes)]
         payloads = scratch.encode(tables)
         for payload, table in zip(payloads, tables, strict=True):
             assert decode_table(payload).equals(table)
         held.append(scratch._buffer)
-    first, same, grown, reused, dropped = held
+    first, same, grown, reused, dropped, untouched = held
     assert same is first and grown is not first and reused is grown  # no new memory if it fits
-    assert dropped is None  # over keep_bytes: not held on to
+    assert dropped is None and untouched is None  # over keep_bytes: not held on to
 
 
 @pytest.mark.parametrize("damage", ["cut", "flip"])

@@ -3,7 +3,8 @@
 Each turn of the loop reads every ready socket and hands produce batches and settle frames to
 the broker inside :func:`~spark_mq.journal.group_commit.committing_here`, so all of them are
 made durable by this thread at the end of the turn, one sync per destination, with no hand-off
-to the journal writer. The same turn then answers the producers and writes the deliveries the
+to the journal writer (with the hot tier or in memory; a Delta-only journal's commits stay on
+the writer threads). The same turn then answers the producers and writes the deliveries the
 commit made possible. Work finished by other threads (a Flight producer's commit, a lapsed
 lease) reaches the loop through a wake-up socket.
 
@@ -124,7 +125,7 @@ class WireServer:
         self._ident = threading.get_ident()
         while not self._stopping:
             events = self._sel.select(_IDLE_S)
-            with committing_here():
+            with self._committing():
                 for key, mask in events:
                     try:
                         self._event(key, mask)
@@ -135,6 +136,13 @@ class WireServer:
             self._serve_dirty()
         for conn in list(self._conns):
             self._close(conn)
+
+    def _committing(self) -> contextlib.AbstractContextManager[None]:
+        """Inline commits when a commit costs about a sync; with Delta-only journals (a Delta
+        commit per flush, 15-50 ms) the writer threads commit, and the loop serves on."""
+        return (
+            committing_here() if self.broker.journal.commits_are_quick else contextlib.nullcontext()
+        )
 
     def _event(self, key: selectors.SelectorKey, mask: int) -> None:
         if key.data == "accept":
@@ -362,7 +370,7 @@ class WireServer:
             elif not session.unanswered:
                 conn.closing = True
         if conn.backlog and not conn.parked and not conn.closing and not conn.refused:
-            with committing_here():  # frames that waited behind a parked produce
+            with self._committing():  # frames that waited behind a parked produce
                 try:
                     self._handle_backlog(conn)
                 except SparkMQError as exc:

@@ -99,6 +99,11 @@ class Journal:
             w.close(drain=True)
         self.store.close()
 
+    @property
+    def commits_are_quick(self) -> bool:
+        """Whether a commit takes about a sync (the hot tier, memory), not a Delta commit."""
+        return self._hot is not None or not self.store.durable
+
     def _start_writer(self, name: str) -> None:
         sink: CommitSink
         if self._hot is not None:
