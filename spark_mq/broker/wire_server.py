@@ -115,7 +115,8 @@ class WireServer:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"s")
         self._thread.join()
-        self._helpers.shutdown(wait=True)
+        # a produce waiting for room gives up when the broker closes (DestinationFull)
+        self._helpers.shutdown(wait=False, cancel_futures=True)
         for s in (self._listener, self._wake_r, self._wake_w):
             s.close()
         self._sel.close()
@@ -343,17 +344,18 @@ class WireServer:
 
     # -- writing -----------------------------------------------------------------------------
     def _serve_dirty(self) -> None:
-        seen: set[_Conn] = set()
         while self._dirty:
-            conn = self._dirty.popleft()
-            if conn in seen or conn.closed:
-                continue
-            seen.add(conn)
-            try:
-                self._serve(conn)
-            except Exception:
-                log.exception("wire: error serving %s", conn.peer)
-                self._close(conn)
+            # each connection once a round; one marked again while served (its backlog's commit
+            # answered it) comes round again
+            due = dict.fromkeys(self._dirty.popleft() for _ in range(len(self._dirty)))
+            for conn in due:
+                if conn.closed:
+                    continue
+                try:
+                    self._serve(conn)
+                except Exception:
+                    log.exception("wire: error serving %s", conn.peer)
+                    self._close(conn)
 
     def _serve(self, conn: _Conn) -> None:
         while conn.answers:
