@@ -78,7 +78,11 @@ def broker(
     except ConfigError as exc:
         click.echo(f"sparkmq broker: {exc}", err=True)
         sys.exit(2)
-    serve(config, ready_file=ready_file)
+    try:
+        serve(config, ready_file=ready_file)
+    except ConfigError as exc:  # found on start-up: a port taken, segments left behind
+        click.echo(f"sparkmq broker: {exc}", err=True)
+        sys.exit(2)
 
 
 @main.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -20,6 +21,7 @@ from spark_mq import (
     SchemaMismatch,
     SubscriptionNotFound,
     protocol,
+    wire,
 )
 from spark_mq.broker import RunningBroker
 from tests.conftest import receive_n, start_inprocess
@@ -298,8 +300,37 @@ class _SilentBroker(fl.FlightServerBase):
         self.cancelled.set()
 
 
-def test_closing_a_consumer_on_a_broker_that_never_answers_returns_within_its_timeout() -> None:
-    server = _SilentBroker()
+class _SilentWire(fl.FlightServerBase):
+    """Points consumers at a direct-wire listener that welcomes them, then reads and never
+    answers (not even the bye), nor hangs up, until the client does."""
+
+    def __init__(self) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.cancelled = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def do_action(self, context, action):
+        yield b'{"ok": true, "wire_port": %d}' % self.listener.getsockname()[1]
+
+    def _serve(self) -> None:
+        sock, _ = self.listener.accept()
+        sock.sendall(wire.control(protocol.Welcome(1, 5.0, "q")))
+        while sock.recv(65536):  # the client's frames, until it hangs up
+            pass
+        self.cancelled.set()
+        sock.close()
+
+    def shutdown(self) -> None:
+        self.listener.close()
+        super().shutdown()
+
+
+@pytest.mark.parametrize("silent", [_SilentBroker, _SilentWire], ids=["flight", "wire"])
+def test_closing_a_consumer_on_a_broker_that_never_answers_returns_within_its_timeout(
+    silent: type[_SilentBroker | _SilentWire],
+) -> None:
+    server = silent()
     try:
         consumer = Consumer(f"grpc://127.0.0.1:{server.port}", "q", timeout_s=1.0)
         started = time.monotonic()

@@ -168,12 +168,15 @@ def test_twenty_sigkills_lose_nothing_duplicate_nothing_reorder_nothing(tmp_path
         while admin.stats("q")["depth"] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert admin.stats("q")["depth"] == 0
+        dead_letters = admin.stats("DLQ.q")["depth"]  # every one of them, duplicates too
     stop.set()
     drain.join(30)
     assert not drain.is_alive(), "the draining consumer hung"
     with Consumer(proc.url, "DLQ.q", prefetch=1000) as dlq:
         dead = []
-        while batch := dlq.receive_many(1000, timeout=2):
+        while len(dead) < dead_letters:
+            batch = dlq.receive_many(1000, timeout=10)
+            assert batch, f"seed {seed}: {len(dead)} of {dead_letters} dead letters delivered"
             dead += batch
             dlq.ack(batch).result(timeout=10)
     assert proc.stop() == 0

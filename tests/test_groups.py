@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 
 import pyarrow as pa
@@ -33,7 +34,11 @@ def test_each_group_goes_to_one_consumer_in_order(broker: RunningBroker) -> None
 
         def work(i: int) -> None:
             c = consumers[i]
-            while (batch := c.receive_many(50, timeout=1.0)) != []:
+            while True:
+                with lock:
+                    if sum(map(len, seen.values())) >= 300:  # 20 groups x 15
+                        return
+                batch = c.receive_many(50, timeout=0.2)
                 with lock:
                     for m in batch:
                         g, seq = m.text.split(":")
@@ -45,6 +50,7 @@ def test_each_group_goes_to_one_consumer_in_order(broker: RunningBroker) -> None
             t.start()
         for t in threads:
             t.join(timeout=60)
+            assert not t.is_alive(), "a consumer never saw all 300 messages"
     finally:
         for c in consumers:
             c.close()
@@ -82,10 +88,11 @@ def test_autogroup_pins_a_producer_to_one_consumer(broker: RunningBroker) -> Non
         producer.send_batch([b"%d" % i for i in range(10)])
         producer.send("one more")
     with Consumer(broker.url, "q", prefetch=100) as a, Consumer(broker.url, "q", prefetch=100) as b:
-        got = a.receive_many(11, timeout=2) or b.receive_many(11, timeout=2)
+        got: list = []
+        deadline = time.monotonic() + 30
         while len(got) < 11:
-            more = a.receive_many(11, timeout=0.5) + b.receive_many(11, timeout=0.5)
-            got += more
+            assert time.monotonic() < deadline, f"only {len(got)} of 11 delivered"
+            got += a.receive_many(11, timeout=0.1) + b.receive_many(11, timeout=0.1)
         assert len({m.group_id for m in got}) == 1 and got[0].group_id.startswith("auto-")
         assert [m.text for m in got][-1] == "one more"
 

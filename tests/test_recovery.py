@@ -96,9 +96,13 @@ def test_sigkill_mid_load_loses_no_acknowledged_message(tmp_path: Path, mode: st
     restarted = BrokerProcess(data, extra_args=args, log_file=str(tmp_path / "broker2.log"))
     restarted.start()
     try:
+        with Admin(restarted.url) as admin:
+            waiting = admin.stats("q")["depth"]
         with Consumer(restarted.url, "q", prefetch=1000) as c:
             seen: dict[int, bytes] = {}
-            while batch := c.receive_many(1000, timeout=2):
+            while len(seen) < waiting:
+                batch = c.receive_many(1000, timeout=10)
+                assert batch, f"{len(seen)} of {waiting} waiting messages delivered"
                 for m in batch:
                     assert m.offset not in seen, f"offset {m.offset} delivered twice"
                     seen[m.offset] = m.body

@@ -9,13 +9,12 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.flight as fl
 import pytest
 
 from spark_mq import Admin, Consumer, Producer, protocol, wire
 from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
-from spark_mq.errors import BrokerUnavailable, MessageTooLarge, ProtocolError
+from spark_mq.errors import BrokerUnavailable, ConfigError, MessageTooLarge, ProtocolError
 from spark_mq.journal.group_commit import DestinationWriter, DirectSink, committing_here
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.schema import DELIVERY_SCHEMA, PRODUCE_SCHEMA, UNOFFSET_SCHEMA, null_column
@@ -189,36 +188,11 @@ def test_insisting_on_the_wire_of_a_broker_without_one_says_what_to_do(tmp_path:
         running.stop()
 
 
-class _SilentWire(fl.FlightServerBase):
-    """Points consumers at a wire listener that welcomes them, then reads and never answers
-    (not even the bye), nor hangs up."""
-
-    def __init__(self) -> None:
-        super().__init__("grpc://127.0.0.1:0")
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.hung_up = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def do_action(self, context, action):
-        yield b'{"ok": true, "wire_port": %d}' % self.listener.getsockname()[1]
-
-    def _serve(self) -> None:
-        sock, _ = self.listener.accept()
-        sock.sendall(wire.control(protocol.Welcome(1, 5.0, "q")))
-        while sock.recv(65536):  # the client's frames, until it hangs up
-            pass
-        self.hung_up.set()
-        sock.close()
-
-
-def test_closing_a_wire_consumer_whose_broker_never_answers_returns_within_its_timeout() -> None:
-    server = _SilentWire()
-    try:
-        consumer = Consumer(f"grpc://127.0.0.1:{server.port}", "q", timeout_s=1.0)
-        started = time.monotonic()
-        consumer.close()
-        assert time.monotonic() - started < 10
-        assert server.hung_up.wait(10)  # the connection was shut down, not left open
-    finally:
-        server.listener.close()
-        server.shutdown()
+def test_a_taken_wire_port_is_a_config_error_naming_the_setting(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=r"broker\.wire_port") as caught:
+            start_inprocess(tmp_path / "data", ManualClock(), **{"broker.wire_port": port})
+        assert f"127.0.0.1:{port}" in str(caught.value)
+    running = start_inprocess(tmp_path / "data", ManualClock())  # nothing was left half-open
+    running.stop()

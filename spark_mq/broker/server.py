@@ -303,7 +303,7 @@ class _InOrderAcks:
         if isinstance(result, SparkMQError):
             self._complete(seq, PutFailed(seq, json.loads(to_wire(result))))
         else:
-            result.add_done_callback(lambda f: self._complete(seq, _answer(seq, f)))
+            result.add_done_callback(lambda f: self._complete(seq, put_answer(seq, f)))
 
     def _complete(self, seq: int, frame: protocol.Frame) -> None:
         with self._cond:
@@ -344,7 +344,8 @@ class _InOrderAcks:
         self._sender.join()
 
 
-def _answer(seq: int, fut: Future) -> protocol.Frame:
+def put_answer(seq: int, fut: Future) -> protocol.Frame:
+    """The answer to produced batch ``seq`` whose future is done (any transport)."""
     try:
         res = fut.result()
         if isinstance(res, ProduceResult):

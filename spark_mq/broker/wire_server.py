@@ -30,9 +30,9 @@ import pyarrow as pa
 
 from spark_mq import protocol, wire
 from spark_mq.broker.core import Broker
-from spark_mq.broker.dedup import ProduceResult
+from spark_mq.broker.server import put_answer
 from spark_mq.broker.session import ConsumerSession
-from spark_mq.errors import MessageTooLarge, ProtocolError, SparkMQError, to_wire
+from spark_mq.errors import ConfigError, MessageTooLarge, ProtocolError, SparkMQError, to_wire
 from spark_mq.journal.group_commit import committing_here
 from spark_mq.schema import PRODUCE_SCHEMA
 
@@ -81,7 +81,14 @@ class WireServer:
         self.broker = broker
         limits = broker.config.limits
         self.max_frame = limits.max_batch_bytes + wire.FRAME_SLACK
-        self._listener = socket.create_server((host, port), backlog=128)
+        try:
+            self._listener = socket.create_server((host, port), backlog=128)
+        except OSError as exc:  # the port taken (a second broker on this machine), say
+            raise ConfigError(
+                f"the direct wire cannot listen on {host}:{port}: {exc.strerror or exc}; set "
+                "broker.wire_port (0 picks a free port), or broker.wire = false",
+                setting="broker.wire_port",
+            ) from exc
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
         self._sel = selectors.DefaultSelector()
@@ -275,19 +282,7 @@ class WireServer:
 
     def _produced(self, conn: _Conn, seq: int, fut: Future, *, unpark: bool = False) -> None:
         """A batch is durable or failed (any thread): queue its answer."""
-        try:
-            res = fut.result()
-            if isinstance(res, ProduceResult):
-                first = res.offsets[0] if res.offsets else 0
-                frame: protocol.Frame = protocol.PutAck(
-                    seq, first, len(res.offsets), tuple(res.offsets), res.duplicates
-                )
-            else:
-                frame = protocol.PutAck(seq, res.first_offset, res.count)
-        except Exception as exc:
-            err = exc if isinstance(exc, SparkMQError) else SparkMQError(f"internal error: {exc}")
-            frame = protocol.PutFailed(seq, json.loads(to_wire(err)))
-        conn.answers.append(wire.control(frame))
+        conn.answers.append(wire.control(put_answer(seq, fut)))
         if unpark:
             conn.parked = False  # the loop reads its backlog and its socket again
         self.mark(conn)

@@ -8,19 +8,17 @@ import json
 import socket
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq import protocol, wire
+from spark_mq.client._outcome import Outcome
 from spark_mq.client._transport import call_action
 from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError, from_wire
 from spark_mq.schema import DELIVERY_SCHEMA
-
-if TYPE_CHECKING:
-    from spark_mq.client.producer import _Outcome
 
 Transport = Literal["auto", "wire", "flight"]
 Address = tuple[str, int]
@@ -108,7 +106,7 @@ class WireProduceStream:
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)
         self._window = threading.Semaphore(window)
-        self._in_flight: dict[int, _Outcome] = {}
+        self._in_flight: dict[int, Outcome] = {}
         self._seq = 0
         self._closing = False
         self.broken: SparkMQError | None = None
@@ -120,7 +118,7 @@ class WireProduceStream:
         self._reader = threading.Thread(target=self._read_acks, name="producer-acks", daemon=True)
         self._reader.start()
 
-    def write(self, batch: pa.RecordBatch, outcome: _Outcome) -> None:
+    def write(self, batch: pa.RecordBatch, outcome: Outcome) -> None:
         self._window.acquire()
         with self._lock:
             if self.broken is not None:
@@ -159,18 +157,7 @@ class WireProduceStream:
                 if outcome is None:
                     raise ProtocolError(f"an answer to unknown batch {frame.seq}", fault="remote")
                 self._window.release()
-                match frame:
-                    case protocol.PutAck(first_offset=first, count=count, offsets=offsets) if (
-                        count == outcome.rows and (offsets is None or len(offsets) == count)
-                    ):
-                        outcome.resolve(first, offsets)
-                    case protocol.PutFailed(error=error):
-                        wire_err = protocol.encode_action_body(**error)
-                        outcome.fail(from_wire(wire_err, "produce failed"))
-                    case _:
-                        raise ProtocolError(
-                            f"a produce answer does not fit: {frame}", fault="remote"
-                        )
+                outcome.answer(frame)
         except SparkMQError as exc:
             err = exc
         with self._lock:

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from spark_mq import protocol
+from spark_mq.client._outcome import Outcome
 from spark_mq.client._transport import (
     DEFAULT_URL,
     STREAM_OPTIONS,
@@ -38,10 +39,8 @@ from spark_mq.client._transport import (
 from spark_mq.client._wire import Address, Transport, WireProduceStream, wire_address
 from spark_mq.errors import (
     BrokerUnavailable,
-    ProtocolError,
     SchemaMismatch,
     SparkMQError,
-    from_wire,
 )
 from spark_mq.names import validate_name
 from spark_mq.schema import PRODUCE_SCHEMA, TS, null_column, numbered_ids, numpy_column
@@ -87,35 +86,6 @@ def _conform_produce(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=PRODUCE_SCHEMA)
 
 
-class _Outcome:
-    """Who hears how one sent batch ended: a future per message (``send``) or one for the batch.
-
-    ``send_batch`` uses the single future, resolved to the list of offsets; a future per
-    message would cost more than the rest of the client's work for a 1,000-message batch.
-    """
-
-    __slots__ = ("per_message", "rows", "whole")
-
-    def __init__(
-        self, rows: int, per_message: list[Future] | None = None, whole: Future | None = None
-    ) -> None:
-        self.rows, self.per_message, self.whole = rows, per_message, whole
-
-    def resolve(self, first: int, offsets: tuple[int, ...] | None = None) -> None:
-        """Rows have ``first`` onwards, or ``offsets`` (a duplicate has its original's)."""
-        listed = list(offsets) if offsets is not None else range(first, first + self.rows)
-        if self.per_message is not None:
-            for f, offset in zip(self.per_message, listed, strict=True):
-                f.set_result(offset)
-        if self.whole is not None:
-            self.whole.set_result(list(listed))
-
-    def fail(self, err: SparkMQError) -> None:
-        for f in [*(self.per_message or ()), *([self.whole] if self.whole else [])]:
-            if not f.done():
-                f.set_exception(err)
-
-
 class _PutStream:
     """One DoPut stream to one destination; acks come back in order."""
 
@@ -128,13 +98,13 @@ class _PutStream:
             self._writer, self._acks = client.do_put(descriptor, PRODUCE_SCHEMA, STREAM_OPTIONS)
         self._lock = threading.Lock()
         self._window = threading.Semaphore(window)
-        self._in_flight: deque[_Outcome] = deque()
+        self._in_flight: deque[Outcome] = deque()
         self.broken: SparkMQError | None = None
         self._closed_writer = False
         self._reader = threading.Thread(target=self._read_acks, name="producer-acks", daemon=True)
         self._reader.start()
 
-    def write(self, batch: pa.RecordBatch, outcome: _Outcome) -> None:
+    def write(self, batch: pa.RecordBatch, outcome: Outcome) -> None:
         self._window.acquire()
         with self._lock:
             if self.broken is not None:
@@ -164,18 +134,7 @@ class _PutStream:
                 with self._lock:
                     outcome = self._in_flight.popleft()
                 self._window.release()
-                match frame:
-                    case protocol.PutAck(first_offset=first, count=count, offsets=offsets) if (
-                        count == outcome.rows and (offsets is None or len(offsets) == count)
-                    ):
-                        outcome.resolve(first, offsets)
-                    case protocol.PutFailed(error=error):
-                        wire = protocol.encode_action_body(**error)
-                        outcome.fail(from_wire(wire, "produce failed"))
-                    case _:
-                        raise ProtocolError(
-                            f"unexpected answer to a produce: {frame}", fault="remote"
-                        )
+                outcome.answer(frame)
             # the stream ended early: the broker's reason (if any) surfaces on close()
             with self._lock:
                 if self._in_flight or self.broken is None:
@@ -375,7 +334,7 @@ class Producer:
             stream = self._stream(dest)
             for batch in table.to_batches(max_chunksize=self._batch_size):
                 parts.append(Future())
-                stream.write(batch, _Outcome(batch.num_rows, whole=parts[-1]))
+                stream.write(batch, Outcome(batch.num_rows, whole=parts[-1]))
         result = parts[0] if len(parts) == 1 else _joined(parts)  # none: an empty table
         return result.result() if wait else result
 
@@ -471,7 +430,7 @@ class Producer:
         )
         futures = [i.future for i in items]
         try:
-            self._stream(dest).write(batch, _Outcome(len(items), per_message=futures))
+            self._stream(dest).write(batch, Outcome(len(items), per_message=futures))
         except SparkMQError as exc:
             for f in futures:
                 if not f.done():

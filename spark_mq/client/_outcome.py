@@ -1,0 +1,49 @@
+"""How one sent batch ended, whichever transport carried it."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from spark_mq import protocol
+from spark_mq.errors import ProtocolError, SparkMQError, from_wire
+
+
+class Outcome:
+    """Who hears how one sent batch ended: a future per message (``send``) or one for the batch.
+
+    ``send_batch`` uses the single future, resolved to the list of offsets; a future per
+    message would cost more than the rest of the client's work for a 1,000-message batch.
+    """
+
+    __slots__ = ("per_message", "rows", "whole")
+
+    def __init__(
+        self, rows: int, per_message: list[Future] | None = None, whole: Future | None = None
+    ) -> None:
+        self.rows, self.per_message, self.whole = rows, per_message, whole
+
+    def answer(self, frame: protocol.Frame) -> None:
+        """Resolve or fail from the broker's answer (``PutAck`` / ``PutFailed``)."""
+        match frame:
+            case protocol.PutAck(first_offset=first, count=count, offsets=offsets) if (
+                count == self.rows and (offsets is None or len(offsets) == count)
+            ):
+                self.resolve(first, offsets)
+            case protocol.PutFailed(error=error):
+                self.fail(from_wire(protocol.encode_action_body(**error), "produce failed"))
+            case _:
+                raise ProtocolError(f"unexpected answer to a produce: {frame}", fault="remote")
+
+    def resolve(self, first: int, offsets: tuple[int, ...] | None = None) -> None:
+        """Rows have ``first`` onwards, or ``offsets`` (a duplicate has its original's)."""
+        listed = list(offsets) if offsets is not None else range(first, first + self.rows)
+        if self.per_message is not None:
+            for f, offset in zip(self.per_message, listed, strict=True):
+                f.set_result(offset)
+        if self.whole is not None:
+            self.whole.set_result(list(listed))
+
+    def fail(self, err: SparkMQError) -> None:
+        for f in [*(self.per_message or ()), *([self.whole] if self.whole else [])]:
+            if not f.done():
+                f.set_exception(err)
