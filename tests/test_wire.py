@@ -17,7 +17,13 @@ from spark_mq.clock import ManualClock
 from spark_mq.errors import BrokerUnavailable, ConfigError, MessageTooLarge, ProtocolError
 from spark_mq.journal.group_commit import DestinationWriter, DirectSink, committing_here
 from spark_mq.journal.memory_store import MemoryStore
-from spark_mq.schema import DELIVERY_SCHEMA, PRODUCE_SCHEMA, UNOFFSET_SCHEMA, null_column
+from spark_mq.schema import (
+    DELIVERY_SCHEMA,
+    PRODUCE_SCHEMA,
+    SETTLEMENT_SCHEMA,
+    UNOFFSET_SCHEMA,
+    null_column,
+)
 from tests.conftest import start_inprocess
 
 
@@ -96,6 +102,70 @@ def test_submits_inside_committing_here_are_committed_by_the_submitting_thread()
         assert committed_by[-1] != threading.get_ident()
     finally:
         writer.close()
+
+
+class _RecordingSink(DirectSink):
+    """Notes each commit: which parts it carried, and the thread that made it."""
+
+    def __init__(self, store: MemoryStore, destination: str) -> None:
+        super().__init__(store, destination)
+        self.commits: list[tuple[bool, bool, int]] = []
+
+    def commit(self, messages, end_offset, settlements):  # type: ignore[no-untyped-def]
+        self.commits.append((messages is not None, settlements is not None, threading.get_ident()))
+        return super().commit(messages, end_offset, settlements)
+
+
+def test_acks_alone_wait_to_share_the_next_commit_and_are_committed_in_time_without_one() -> None:
+    store = MemoryStore()
+    store.create_logs("q")
+    sink = _RecordingSink(store, "q")
+    writer = DestinationWriter(
+        sink,
+        "q",
+        0,
+        buffer_timeout_s=0.0,
+        buffer_size_bytes=1 << 20,
+        max_pending_bytes=1 << 30,
+        settle_timeout_s=5.0,  # long: the message below surely comes first
+    )
+    rows = pa.table({f.name: null_column(1, f.type) for f in UNOFFSET_SCHEMA})
+    acks = pa.table(
+        {
+            f.name: pa.array([0]) if f.name == "offset" else null_column(1, f.type)
+            for f in SETTLEMENT_SCHEMA
+        },
+        schema=SETTLEMENT_SCHEMA,
+    )
+    me = threading.get_ident()
+    try:
+        with committing_here():
+            ack = writer.submit(acks, is_settlement=True)
+        assert not ack.done() and sink.commits == []  # no sync of its own
+        with committing_here():
+            msg = writer.submit(rows, is_settlement=False)
+        assert msg.result(0).first_offset == 0 and ack.result(0) is None
+        assert sink.commits == [(True, True, me)]  # one commit carried both
+    finally:
+        writer.close()
+
+    quick = DestinationWriter(
+        sink,
+        "q",
+        1,
+        buffer_timeout_s=0.0,
+        buffer_size_bytes=1 << 20,
+        max_pending_bytes=1 << 30,
+        settle_timeout_s=0.01,
+    )
+    try:
+        sink.commits.clear()
+        with committing_here():
+            ack = quick.submit(acks, is_settlement=True)
+        assert ack.result(10) is None  # nothing else came: the writer thread committed it
+        assert sink.commits == [(False, True, sink.commits[0][2])] and sink.commits[0][2] != me
+    finally:
+        quick.close()
 
 
 # -- a real broker's wire server -------------------------------------------------------------

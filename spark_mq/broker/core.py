@@ -75,6 +75,7 @@ class Broker(DestinationAdmin):
             buffer_timeout_s=self.config.journal.buffer_timeout_ms / 1000,
             buffer_size_bytes=self.config.journal.buffer_size_bytes,
             max_pending_bytes=self.config.journal.max_pending_bytes,
+            settle_timeout_s=self.config.journal.settle_timeout_ms / 1000,
             on_commit=self._on_commit,
             now_us=lambda: int(self.clock.wall() * 1_000_000),
             hot_tier=hot_tier_settings(self.config) if store.durable else None,

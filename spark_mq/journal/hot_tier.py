@@ -252,11 +252,7 @@ class HotTier:
         settles = [p for p in batch if p.ref.kind == KIND_SETTLEMENTS]
         if messages:
             end = messages[-1].ref.end_offset
-            # one conform for the whole move: per record it held the GIL for ~15 ms a second
-            rows = conform(
-                pa.concat_tables([p.table for p in messages], promote_options="permissive"),
-                MESSAGE_SCHEMA,
-            )
+            rows = _one_batch([p.table for p in messages], MESSAGE_SCHEMA)
             if rows["offset"][0].as_py() < self._delta_end:  # a partial earlier move
                 rows = rows.filter(pc.greater_equal(rows["offset"], self._delta_end))
             self._store.commit_messages(self.destination, rows, end)
@@ -264,10 +260,7 @@ class HotTier:
             self._delta_end = end
         if settles:
             version = settles[-1].ref.lsn
-            rows = conform(
-                pa.concat_tables([p.table for p in settles], promote_options="permissive"),
-                SETTLEMENT_SCHEMA,
-            )
+            rows = _one_batch([p.table for p in settles], SETTLEMENT_SCHEMA)
             self._store.commit_settlements(self.destination, rows, version)
             self._settled_version = version
         failpoints.hit("hot-tier-moved")
@@ -344,6 +337,17 @@ class HotTier:
         if drain and not self._pending:
             # everything is in Delta: no segment is left to say otherwise (see has_segments)
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _one_batch(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """The records of one move as a single record batch of ``schema``.
+
+    A record is often one row (a synchronous send, an ack). delta-rs pays per batch it is
+    handed: measured with 500 one-row records of 1 KiB, the append took 23-37 ms as 500 batches
+    and 7-11 ms as one, and each move competes with the wire loop for this machine's cores. One
+    conform for the whole move, too: per record it held the GIL for ~15 ms a second.
+    """
+    return conform(pa.concat_tables(tables, promote_options="permissive"), schema).combine_chunks()
 
 
 def has_segments(hot_root: str) -> list[str]:

@@ -60,6 +60,7 @@ class Journal:
         buffer_timeout_s: float = DEFAULT_BUFFER_TIMEOUT_S,
         buffer_size_bytes: int = DEFAULT_BUFFER_SIZE_BYTES,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        settle_timeout_s: float = 0.0,
         on_commit: OnCommit | None = None,
         now_us: Callable[[], int] = _now_us,
         hot_tier: HotTierSettings | None = None,
@@ -71,6 +72,7 @@ class Journal:
             "buffer_timeout_s": buffer_timeout_s,
             "buffer_size_bytes": buffer_size_bytes,
             "max_pending_bytes": max_pending_bytes,
+            "settle_timeout_s": settle_timeout_s,
         }
         self._on_commit = on_commit
         self._now_us = now_us
