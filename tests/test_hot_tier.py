@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,8 +15,10 @@ from spark_mq.errors import SchemaMismatch
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.hot_tier import HotTierSettings
 from spark_mq.journal.segments import (
+    FIRST_SEGMENT_BYTES,
     KIND_MESSAGES,
     KIND_SETTLEMENTS,
+    SPARE,
     SegmentLog,
 )
 from spark_mq.launch import BrokerProcess
@@ -62,6 +65,58 @@ def test_segment_round_trip_across_segments(tmp_path: Path) -> None:
     # numbering continues after a reopen
     assert reopened.append([written[0]])[0].lsn == len(written) + 1
     reopened.close()
+
+
+def _wait_for(path: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.01)
+
+
+def test_segments_are_written_over_zeros_from_a_spare_zeroed_ahead(tmp_path: Path) -> None:
+    size = 256 * 1024
+    log = SegmentLog(str(tmp_path), segment_bytes=size, sync="fdatasync")
+    log.open()
+    assert segment_files(tmp_path) == []  # a log never written to has no file
+    written = [(KIND_MESSAGES, 0, rows([b"first"], 0))]
+    refs = log.append(written)
+    (first,) = segment_files(tmp_path)
+    # the first append made the first segment, zeroed (short when segment_bytes is large)
+    assert first.stat().st_size == min(size, FIRST_SEGMENT_BYTES)
+    data = first.read_bytes()
+    assert data[refs[0].position + refs[0].size :] == bytes(len(data) - refs[0].size)
+    spare = tmp_path / SPARE
+    offset = 1
+    rolls = 0
+    while len(segment_files(tmp_path)) < 3:
+        table = rows([os.urandom(3000)], offset)
+        written.append((KIND_MESSAGES, offset, table))
+        refs += log.append([written[-1]])
+        offset += 1
+        if len(segment_files(tmp_path)) - 1 > rolls:  # this append rolled: into the spare
+            rolls += 1
+            assert not spare.exists(), "the roll did not take the zeroed spare"
+        if refs[-1].position * 2 >= size and refs[-1].segment == len(segment_files(tmp_path)) - 1:
+            _wait_for(spare)  # half full: the next segment is being zeroed
+            assert spare.stat().st_size == size and spare.read_bytes() == bytes(size)
+    # each roll took the spare: the active segment is full size (sealed ones give back their
+    # unused tail), and the segment sealed after it was filled to the end of its zeros
+    assert segment_files(tmp_path)[2].stat().st_size == size
+    assert segment_files(tmp_path)[1].stat().st_size > size - 4096
+    log.close()
+
+    (tmp_path / "spare.log.tmp").write_bytes(b"half-zeroed when the broker died")
+    reopened = SegmentLog(str(tmp_path), segment_bytes=size, sync="fdatasync")
+    assert reopened.open() == refs  # neither spare file is read as a segment
+    assert not (tmp_path / "spare.log.tmp").exists()
+    for ref, (_, _, table) in zip(refs, written, strict=True):
+        assert reopened.read(ref).equals(table)
+    reopened.close()
+    if spare.exists():  # a spare of another segment size is not used
+        other = SegmentLog(str(tmp_path), segment_bytes=2 * size, sync="none")
+        assert other.open() == refs and not spare.exists()
+        other.close()
 
 
 def test_the_encoding_buffer_is_reused_and_each_payload_decodes_to_its_table() -> None:

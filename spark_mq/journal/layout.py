@@ -7,6 +7,7 @@
     <root>/destinations/<name>/messages/   the message log (Delta)
     <root>/destinations/<name>/settlements/the settlement log (Delta)
     <hot>/<name>/segment-<seq>.log         the hot tier: durable records not yet moved to Delta
+    <hot>/<name>/spare.log                 a zeroed segment-to-be (never read as one)
                                            (<hot> is <root>/_hot unless journal.hot_dir says)
 """
 

@@ -13,15 +13,27 @@ therefore never served, and :meth:`SegmentLog.open` truncates it away.
 
 Only the last segment is ever written; a segment is *sealed* once a later one exists. Sealed
 segments whose records have all been moved to Delta are deleted (:meth:`SegmentLog.retire`).
+
+Segments are written over zeros, not over space merely reserved (the Artemis journal's pre-filled
+files). A sync after writing into reserved space must also journal the file system's note that
+the space now holds data: measured on this machine's ext4, ``fdatasync`` took 220-240 us in the
+broker that way against 145-180 us over zeros. A log's first segment is a short one, made and
+zeroed by its first append (:data:`FIRST_SEGMENT_BYTES`); once the active segment is half full,
+a thread zeroes a full-size spare (``spare.log``) for the next roll. A roll finding no spare
+ready falls back to reserving space. A crash while a spare is being zeroed leaves
+``spare.log.tmp``, which the next open deletes; neither file is ever read as a segment.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
 import threading
+import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,6 +50,12 @@ KIND_MESSAGES = 1
 KIND_SETTLEMENTS = 2
 
 SyncMode = Literal["fsync", "fdatasync", "none"]
+
+FIRST_SEGMENT_BYTES = 1024 * 1024  # zeroed by the first append: about 3 ms, once per start
+SPARE = "spare.log"
+_SPARE_TMP = SPARE + ".tmp"
+_ZEROS = bytes(1024 * 1024)
+_PACE_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -150,6 +168,28 @@ def scan_segment(
     return refs, pos
 
 
+def _zero(
+    fd: int, size: int, sync: SyncMode, *, paced: bool = False, stop: Callable[[], bool] = bool
+) -> None:
+    """Write ``size`` zero bytes from the start of ``fd`` and sync them (unless told to stop).
+
+    ``paced``: synced every few MiB, resting as long as that took, so the disk is never taken
+    from the appends for more than a few milliseconds at a time.
+    """
+    pos = 0
+    while pos < size and not stop():
+        started = time.perf_counter()
+        end = min(size, pos + _PACE_BYTES) if paced else size
+        while pos < end:
+            pos += os.pwrite(fd, memoryview(_ZEROS)[: min(len(_ZEROS), end - pos)], pos)
+        if sync != "none" and (paced or pos >= size):
+            os.fdatasync(fd)
+        if paced:
+            time.sleep(time.perf_counter() - started)
+    if sync != "none" and pos >= size:
+        os.fsync(fd)
+
+
 def _segment_name(seq: int) -> str:
     return f"segment-{seq:012d}.log"
 
@@ -174,7 +214,11 @@ class SegmentLog:
         self._fd = -1
         self._active = -1
         self._position = 0
+        self._capacity = 0  # bytes of the active segment file
         self._scratch = _Scratch()
+        self._spare: threading.Thread | None = None  # zeroing the next segment
+        self._spare_ready = False  # spare.log is zeroed and synced
+        self._closing = False
         self.next_lsn = 1
 
     # -- opening and recovery ----------------------------------------------------------------
@@ -184,6 +228,7 @@ class SegmentLog:
         ``first_lsn`` is used when no segment holds a record (numbering continues from there).
         """
         os.makedirs(self.directory, exist_ok=True)
+        self._drop_unusable_spare()
         seqs = sorted(
             s for n in os.listdir(self.directory) if (s := _parse_segment_name(n)) is not None
         )
@@ -217,9 +262,19 @@ class SegmentLog:
         if self._active >= 0:
             self._fd = os.open(self._segments[self._active], os.O_RDWR)
             self._preallocate(self._fd, self._position)
-        else:
-            self._roll()
+            self._capacity = os.fstat(self._fd).st_size
+        # else the first append makes the first segment: a destination never written to after a
+        # start costs no file and no zeroing
         return refs
+
+    def _drop_unusable_spare(self) -> None:
+        """A half-zeroed spare (a crash) goes; so does one of another ``segment_bytes``."""
+        tmp, spare = (os.path.join(self.directory, n) for n in (_SPARE_TMP, SPARE))
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if os.path.exists(spare) and os.path.getsize(spare) != self.segment_bytes:
+            os.unlink(spare)
+        self._spare_ready = os.path.exists(spare)
 
     def _preallocate(self, fd: int, used: int) -> None:
         if used < self.segment_bytes:
@@ -230,16 +285,29 @@ class SegmentLog:
                     raise
 
     def _roll(self) -> None:
-        """Seal the active segment (if any) and start a new, pre-allocated one."""
+        """Seal the active segment (if any) and start a new one, written over zeros if it can."""
         seq = self._active + 1 if self._active >= 0 else 0
         path = os.path.join(self.directory, _segment_name(seq))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        spare = os.path.join(self.directory, SPARE)
+        if self._spare_ready:
+            self._spare_ready = False
+            os.rename(spare, path)  # zeroed and synced before it got its name
+            fd = os.open(path, os.O_RDWR)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                if self._active < 0:  # a log's first segment: short, zeroed now
+                    _zero(fd, min(self.segment_bytes, FIRST_SEGMENT_BYTES), self.sync_mode)
+                else:  # no spare ready (the last roll was too recent): space reserved only
+                    self._preallocate(fd, 0)
+            except BaseException:
+                os.close(fd)
+                os.unlink(path)
+                raise
         try:
-            self._preallocate(fd, 0)
             self._sync_directory()
         except BaseException:
             os.close(fd)
-            os.unlink(path)
             raise
         if self._fd >= 0:
             # the sealed segment gives back its unused pre-allocated tail
@@ -248,6 +316,40 @@ class SegmentLog:
         with self._lock:
             self._segments[seq] = path
         self._fd, self._active, self._position = fd, seq, 0
+        self._capacity = os.fstat(fd).st_size
+
+    def _want_spare(self) -> None:
+        """Zero the next segment in the background once the active one is half full."""
+        if (
+            self._spare is not None
+            or self._spare_ready
+            or self._closing
+            or self._position * 2 < self._capacity
+        ):
+            return
+        self._spare = threading.Thread(
+            target=self._make_spare, name="hot-tier-spare-segment", daemon=True
+        )
+        self._spare.start()
+
+    def _make_spare(self) -> None:
+        tmp = os.path.join(self.directory, _SPARE_TMP)
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                stop = lambda: self._closing  # noqa: E731
+                _zero(fd, self.segment_bytes, self.sync_mode, paced=True, stop=stop)
+            finally:
+                os.close(fd)
+            if not self._closing:
+                os.rename(tmp, os.path.join(self.directory, SPARE))
+                self._spare_ready = True  # a roll's own directory sync makes its rename durable
+        except OSError as exc:  # a full disk, say: rolls reserve space instead
+            log.warning("could not prepare a spare segment in %s: %s", self.directory, exc)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        finally:
+            self._spare = None
 
     def _sync_directory(self) -> None:
         if self.sync_mode == "none":
@@ -274,7 +376,7 @@ class SegmentLog:
             encoded.append((kind, first, table.num_rows, lsn, header, payload))
             size += len(header) + payload.size
             lsn += 1
-        if self._position > 0 and self._position + size > self.segment_bytes:
+        if self._fd < 0 or (self._position > 0 and self._position + size > self._capacity):
             self._roll()
         start = self._position
         refs, buffers, pos = [], [], start
@@ -295,6 +397,7 @@ class SegmentLog:
             raise
         self._position = pos
         self.next_lsn = lsn
+        self._want_spare()
         return refs
 
     def _cut(self, position: int) -> None:
@@ -339,6 +442,12 @@ class SegmentLog:
             return len(self._segments)
 
     def close(self) -> None:
+        self._closing = True
+        spare = self._spare
+        if spare is not None:
+            spare.join()
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.directory, _SPARE_TMP))
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
