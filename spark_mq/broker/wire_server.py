@@ -39,6 +39,7 @@ from spark_mq.schema import PRODUCE_SCHEMA
 log = logging.getLogger(__name__)
 
 _READ_BYTES = 256 * 1024
+_READ_TURN_BYTES = 8 * 1024 * 1024  # the most one connection gives one turn (one sync)
 _IDLE_S = 0.5  # the loop looks at its stop flag this often when nothing happens
 
 
@@ -203,19 +204,31 @@ class WireServer:
 
     # -- reading -----------------------------------------------------------------------------
     def _read(self, conn: _Conn) -> None:
+        # what is there, up to _READ_TURN_BYTES: batches that arrived together share one sync
+        got = 0
+        while got < _READ_TURN_BYTES:
+            try:
+                data = conn.sock.recv(_READ_BYTES)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                data = b""
+            if not data:  # the client went away (or closed after its last frame)
+                if got:  # answer what came first; the next turn sees the end again
+                    break
+                self._close(conn)
+                return
+            got += len(data)
+            if conn.refused:
+                continue  # discarded: the client has its answer
+            try:
+                conn.backlog.extend(conn.reader.feed(data))
+            except SparkMQError as exc:
+                self._refuse(conn, exc)
+                return
+            if len(data) < _READ_BYTES:
+                break  # drained
         try:
-            data = conn.sock.recv(_READ_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:  # the client went away (or closed after its last frame)
-            self._close(conn)
-            return
-        if conn.refused:
-            return  # discarded: the client has its answer
-        try:
-            conn.backlog.extend(conn.reader.feed(data))
             self._handle_backlog(conn)
         except SparkMQError as exc:
             self._refuse(conn, exc)
