@@ -42,7 +42,7 @@ class BrokerSection(_Section):
 
 class JournalSection(_Section):
     buffer_timeout_ms: float = Field(0.0, ge=0, le=10_000)
-    # a flush of settlements alone (acks) waits this long for messages to share its sync
+    # while messages flow, a flush of settlements alone (acks) waits this long to share their sync
     settle_timeout_ms: float = Field(1.0, ge=0, le=10_000)
     buffer_size_bytes: int = Field(490 * 1024, ge=1)
     max_pending_bytes: int = Field(256 * MiB, ge=1)

@@ -116,19 +116,22 @@ class _RecordingSink(DirectSink):
         return super().commit(messages, end_offset, settlements)
 
 
-def test_acks_alone_wait_to_share_the_next_commit_and_are_committed_in_time_without_one() -> None:
+def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -> None:
     store = MemoryStore()
     store.create_logs("q")
     sink = _RecordingSink(store, "q")
-    writer = DestinationWriter(
-        sink,
-        "q",
-        0,
-        buffer_timeout_s=0.0,
-        buffer_size_bytes=1 << 20,
-        max_pending_bytes=1 << 30,
-        settle_timeout_s=5.0,  # long: the message below surely comes first
-    )
+
+    def writer(first: int, settle_timeout_s: float) -> DestinationWriter:
+        return DestinationWriter(
+            sink,
+            "q",
+            first,
+            buffer_timeout_s=0.0,
+            buffer_size_bytes=1 << 20,
+            max_pending_bytes=1 << 30,
+            settle_timeout_s=settle_timeout_s,
+        )
+
     rows = pa.table({f.name: null_column(1, f.type) for f in UNOFFSET_SCHEMA})
     acks = pa.table(
         {
@@ -138,32 +141,38 @@ def test_acks_alone_wait_to_share_the_next_commit_and_are_committed_in_time_with
         schema=SETTLEMENT_SCHEMA,
     )
     me = threading.get_ident()
+    w = writer(0, 5.0)  # long: the second message below surely comes first
     try:
         with committing_here():
-            ack = writer.submit(acks, is_settlement=True)
-        assert not ack.done() and sink.commits == []  # no sync of its own
+            ack = w.submit(acks, is_settlement=True)
+        # no message about (a queue being drained): the ack is not held
+        assert ack.result(0) is None and sink.commits == [(False, True, me)]
+        sink.commits.clear()
         with committing_here():
-            msg = writer.submit(rows, is_settlement=False)
-        assert msg.result(0).first_offset == 0 and ack.result(0) is None
-        assert sink.commits == [(True, True, me)]  # one commit carried both
+            first = w.submit(rows, is_settlement=False)
+        assert first.result(0).first_offset == 0
+        with committing_here():
+            ack = w.submit(acks, is_settlement=True)
+        assert not ack.done()  # a message came just now: the ack waits to share the next sync
+        with committing_here():
+            msg = w.submit(rows, is_settlement=False)
+        assert msg.result(0).first_offset == 1 and ack.result(0) is None
+        assert sink.commits == [(True, False, me), (True, True, me)]  # one sync for both
     finally:
-        writer.close()
+        w.close()
 
-    quick = DestinationWriter(
-        sink,
-        "q",
-        1,
-        buffer_timeout_s=0.0,
-        buffer_size_bytes=1 << 20,
-        max_pending_bytes=1 << 30,
-        settle_timeout_s=0.01,
-    )
+    quick = writer(2, 0.05)
     try:
         sink.commits.clear()
         with committing_here():
-            ack = quick.submit(acks, is_settlement=True)
-        assert ack.result(10) is None  # nothing else came: the writer thread committed it
-        assert sink.commits == [(False, True, sink.commits[0][2])] and sink.commits[0][2] != me
+            quick.submit(rows, is_settlement=False)
+            ack = quick.submit(acks, is_settlement=True)  # shares the message's commit
+        with committing_here():
+            late = quick.submit(acks, is_settlement=True)
+        assert ack.result(0) is None and not late.done()
+        assert late.result(10) is None  # nothing else came: the writer thread committed it
+        assert [c[:2] for c in sink.commits] == [(True, True), (False, True)]
+        assert sink.commits[0][2] == me and sink.commits[1][2] != me
     finally:
         quick.close()
 

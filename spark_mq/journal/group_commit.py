@@ -7,10 +7,11 @@ thread does every flush: a submitter that flushed its own record (leader style) 
 reading its stream meanwhile, and measured pipelined single-message produce at 740/s against
 1,320/s with the hand-off, at no gain for synchronous sends.
 
-A flush holding only settlements (acks) waits up to ``settle_timeout_s`` for messages to share
-its sync: under load an ack costs no sync of its own, and no producer waits behind one. Nobody
-is answered early: an ack's reply, and the prefetch room it gives back, still wait until it is
-durable.
+While messages are flowing (one came within ``settle_timeout_s``), a flush holding only
+settlements (acks) waits up to ``settle_timeout_s`` for messages to share its sync: an ack then
+costs no sync of its own, and no producer waits behind one. Acks with no messages about (a
+queue being drained) are not held. Nobody is answered early: an ack's reply, and the prefetch
+room it gives back, still wait until it is durable.
 
 Offsets are assigned at flush time, not at append time, so a failed commit leaves no gap: the
 next flush reuses the offsets the failed one would have taken.
@@ -130,6 +131,7 @@ class DestinationWriter:
         self._thread_wakes_at: float | None = None
         self._blocked = 0  # submitters waiting for the pending bytes to go down
         self._first_at = 0.0
+        self._last_message_at = float("-inf")
         self._closing = False
         self._flush_requested = False
         self.stats = WriterStats()
@@ -161,8 +163,11 @@ class DestinationWriter:
                 raise DestinationNotFound(
                     f"destination {self.destination!r} is closing", destination=self.destination
                 )
+            now = time.monotonic()
             if not self._records:
-                self._first_at = time.monotonic()
+                self._first_at = now
+            if not is_settlement:
+                self._last_message_at = now
             self._records.append(_Record(table, fut, is_settlement, nbytes))
             self._messages += not is_settlement
             self._pending_bytes += nbytes
@@ -223,7 +228,10 @@ class DestinationWriter:
         """When the buffered records must be committed (caller holds the lock; records exist)."""
         if self._closing or self._flush_requested or self._pending_bytes >= self._size:
             return 0.0
-        return self._first_at + (self._timeout if self._messages else self._settle_timeout)
+        wait = self._timeout
+        if not self._messages and self._first_at - self._last_message_at < self._settle_timeout:
+            wait = self._settle_timeout  # acks alone while messages flow: wait for one to share
+        return self._first_at + wait
 
     def _wait_due(self) -> bool:
         """Wait until a flush is due; False once closing with nothing left."""
