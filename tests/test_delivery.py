@@ -5,6 +5,9 @@ means a new broker on the same data directory."""
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -141,6 +144,46 @@ def test_dead_letter_after_max_attempts_exactly_once_across_a_restart(
         assert dead.headers["sparkmq.original_offset"] == "0"
         assert dead.headers["sparkmq.delivery_count"] == "3"
         assert "max_delivery_attempts" in dead.headers["sparkmq.reason"]
+    finally:
+        broker.stop()
+
+
+def test_a_clean_shutdown_waits_for_a_dead_letter_move_under_way(
+    data: Path, clock: ManualClock
+) -> None:
+    broker = start_inprocess(data, clock)
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_queue("orders", max_delivery_attempts=1)
+        with Producer(broker.url, destination="orders") as producer:
+            producer.send_sync("poison")
+        with Consumer(broker.url, "orders", prefetch=1) as consumer:
+            (first,) = receive_n(consumer, 1)
+            first.nack().result(timeout=5)  # its only attempt failed: dead-letter it
+        # the copy's commit is slow to report (a DLQ's first segment on a slow disk, say): the
+        # seam is the broker's own store_checked, the journal and Delta stay real
+        real_store = broker.broker.store_checked
+        late: list[threading.Thread] = []
+
+        def slow_store(destination: str, rows):  # type: ignore[no-untyped-def]
+            stored, reported = real_store(destination, rows), Future()
+
+            def report() -> None:
+                time.sleep(0.3)
+                reported.set_result(stored.result())
+
+            late.append(threading.Thread(target=report))
+            late[-1].start()
+            return reported
+
+        broker.broker.store_checked = slow_store  # type: ignore[method-assign]
+        broker.broker.run_timers()  # the move starts; the stop comes before its copy reports
+        broker = restart(broker, data, clock)
+        assert len(late) == 1 and not late[0].is_alive(), "the stop did not wait for the move"
+        broker.broker.run_timers()
+        with Admin(broker.url) as admin:
+            assert admin.stats("orders")["depth"] == 0  # settled before the journal closed
+            assert admin.stats("DLQ.orders")["depth"] == 1  # moved once, not again
     finally:
         broker.stop()
 

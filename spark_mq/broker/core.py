@@ -57,6 +57,7 @@ from spark_mq.schema import (
 )
 
 log = logging.getLogger(__name__)
+_CLOSE_MOVES_S = 30.0  # how long a clean shutdown waits for dead-letter and expiry moves
 
 
 class Broker(DestinationAdmin):
@@ -142,6 +143,14 @@ class Broker(DestinationAdmin):
                 subs = list(dest.subscriptions.values())
             for sub in subs:
                 self.disposer.record_returns(dest, sub)
+        # a message moved to a dead-letter or expiry queue is settled once its copy is durable:
+        # closing the journal in between would leave both (and move it again after a restart)
+        if not self.disposer.wait_under_way(timeout=_CLOSE_MOVES_S):
+            log.warning(
+                "closing with dead-letter or expiry moves unfinished after %.0f s: their "
+                "messages are moved again after the restart",
+                _CLOSE_MOVES_S,
+            )
         self.journal.close()
 
     def _recover(self, info: DestinationInfo) -> None:

@@ -13,7 +13,10 @@ which duplicate detection then catches, so a message lands in the DLQ exactly on
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -117,6 +120,15 @@ class Disposer:
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        self._lock = threading.Lock()
+        self._under_way: set[Future] = set()  # moves whose original is not settled yet
+
+    def wait_under_way(self, timeout: float) -> bool:
+        """Wait for the moves started so far to settle their originals (a clean shutdown must
+        not close the journal between a copy and its settlement); False if ``timeout`` passed."""
+        with self._lock:
+            pending = list(self._under_way)
+        return not futures_wait(pending, timeout).not_done
 
     def run(self, dest: Destination, sub: Subscription) -> list[Future]:
         """Everything ``sub`` left to do; the futures of the writes it started."""
@@ -187,9 +199,36 @@ class Disposer:
                 except SparkMQError as exc:  # the destination went, or the broker is closing
                     failed(exc)
 
+        with self._lock:
+            self._under_way.add(done)
+        done.add_done_callback(self._forget)
+        try:
+            self._start(dest, sub, why, offsets, counts, target, settle)
+        except BaseException as exc:
+            if not done.done():
+                done.set_exception(exc)  # nothing under way (the caller unclaims the offsets)
+            raise
+        return done
+
+    def _forget(self, done: Future) -> None:
+        with self._lock:
+            self._under_way.discard(done)
+
+    def _start(
+        self,
+        dest: Destination,
+        sub: Subscription,
+        why: str,
+        offsets: list[int],
+        counts: dict[int, int],
+        target: str | None,
+        settle: Callable[[Future | None], None],
+    ) -> None:
+        """Copy the doomed messages to ``target`` (if any); ``settle`` runs once it is durable."""
+        broker = self._broker
         if target is None:
-            settle()
-            return done
+            settle(None)
+            return
         if not broker.has_destination(target):
             broker.create_destination(target, "queue", SIDE_QUEUE_SETTINGS)
         copy = side_copy(
@@ -205,4 +244,3 @@ class Disposer:
         broker.store_checked(copy.target, copy.rows).add_done_callback(settle)
         if why == "dead":
             log.info("dead-lettering %d message(s) of %s into %s", len(offsets), dest.name, target)
-        return done
