@@ -15,7 +15,12 @@ from spark_mq import Admin, Consumer, Producer, protocol, wire
 from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
 from spark_mq.errors import BrokerUnavailable, ConfigError, MessageTooLarge, ProtocolError
-from spark_mq.journal.group_commit import DestinationWriter, DirectSink, committing_here
+from spark_mq.journal.group_commit import (
+    DestinationWriter,
+    DirectSink,
+    committing_elsewhere,
+    committing_here,
+)
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.schema import (
     DELIVERY_SCHEMA,
@@ -100,6 +105,13 @@ def test_submits_inside_committing_here_are_committed_by_the_submitting_thread()
         later = writer.submit(rows, is_settlement=False)  # outside: the writer thread's job
         assert later.result(10).first_offset == 4
         assert committed_by[-1] != threading.get_ident()
+        with committing_here():
+            with committing_elsewhere():  # a big batch: the writer thread syncs it meanwhile
+                big = writer.submit(rows, is_settlement=False)
+            assert big.result(10).first_offset == 6  # before the block ends
+            small = writer.submit(rows, is_settlement=False)
+        assert small.result(0).first_offset == 8
+        assert committed_by[-2] != threading.get_ident() == committed_by[-1]
     finally:
         writer.close()
 

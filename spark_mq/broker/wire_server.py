@@ -5,8 +5,10 @@ the broker inside :func:`~spark_mq.journal.group_commit.committing_here`, so all
 made durable by this thread at the end of the turn, one sync per destination, with no hand-off
 to the journal writer (with the hot tier or in memory; a Delta-only journal's commits stay on
 the writer threads). The same turn then answers the producers and writes the deliveries the
-commit made possible. Work finished by other threads (a Flight producer's commit, a lapsed
-lease) reaches the loop through a wake-up socket.
+commit made possible. A big batch (256 KiB or more) is the exception: the journal writer thread
+syncs it while the loop reads the next (batched 1 KiB produce: 330-339k msg/s against
+255-314k inline, interleaved runs). Work finished by other threads (a Flight producer's commit,
+a lapsed lease) reaches the loop through a wake-up socket.
 
 A produce that may have to wait (a ``block`` overflow policy with limits set, or the memory in
 state orange or red) runs on a helper thread instead, and its connection is not read until it is
@@ -33,13 +35,15 @@ from spark_mq.broker.core import Broker
 from spark_mq.broker.server import put_answer
 from spark_mq.broker.session import ConsumerSession
 from spark_mq.errors import ConfigError, MessageTooLarge, ProtocolError, SparkMQError, to_wire
-from spark_mq.journal.group_commit import committing_here
+from spark_mq.journal.group_commit import committing_elsewhere, committing_here
 from spark_mq.schema import PRODUCE_SCHEMA
 
 log = logging.getLogger(__name__)
 
 _READ_BYTES = 256 * 1024
 _READ_TURN_BYTES = 8 * 1024 * 1024  # the most one connection gives one turn (one sync)
+# a batch this big is synced by the journal writer thread, so the loop reads the next meanwhile
+_INLINE_MAX_BYTES = 256 * 1024
 _IDLE_S = 0.5  # the loop looks at its stop flag this often when nothing happens
 
 
@@ -282,6 +286,9 @@ class WireServer:
             parked = self.broker.limits.may_wait(dest)
             if parked:
                 fut = self._helpers.submit(self._produce_waiting, dest, batch)
+            elif len(body) >= _INLINE_MAX_BYTES:  # the writer thread syncs; the loop reads on
+                with committing_elsewhere():
+                    fut = self.broker.produce(dest, batch)
             else:
                 fut = self.broker.produce(dest, batch)
         except SparkMQError as exc:

@@ -69,6 +69,18 @@ def committing_here() -> Iterator[None]:
             w.commit_here()
 
 
+@contextlib.contextmanager
+def committing_elsewhere() -> Iterator[None]:
+    """Inside :func:`committing_here`: submits in this block go to the writer threads after all
+    (a big batch, whose sync the writer thread makes while this thread reads on)."""
+    writers = getattr(_here, "writers", None)
+    _here.writers = None
+    try:
+        yield
+    finally:
+        _here.writers = writers
+
+
 class CommitSink(Protocol):
     """Where a flush goes: the store directly (:class:`DirectSink`) or the hot tier."""
 
