@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,11 @@ def receive_n(consumer, n: int, timeout: float = 10.0) -> list:
         assert batch, f"only {len(got)} of {n} messages arrived within {timeout}s"
         got += batch
     return got
+
+
+def wait_for(check: Callable[[], object], timeout: float = 30.0, what: str = "it") -> None:
+    """Poll ``check`` until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)

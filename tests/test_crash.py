@@ -23,6 +23,7 @@ import pytest
 from spark_mq import Admin, Consumer, Producer, SparkMQError
 from spark_mq.journal import DeltaStore
 from spark_mq.launch import BrokerProcess
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.process
 
@@ -163,10 +164,8 @@ def test_twenty_sigkills_lose_nothing_duplicate_nothing_reorder_nothing(tmp_path
     stop = threading.Event()
     drain = threading.Thread(target=consume, args=(proc.url, ledger, stop))
     drain.start()
-    deadline = time.monotonic() + 60
     with Admin(proc.url) as admin:
-        while admin.stats("q")["depth"] and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(lambda: admin.stats("q")["depth"] == 0, 60, "the queue to drain")
         assert admin.stats("q")["depth"] == 0
         dead_letters = admin.stats("DLQ.q")["depth"]  # every one of them, duplicates too
     stop.set()

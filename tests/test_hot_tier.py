@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,7 +22,7 @@ from spark_mq.journal.segments import (
 )
 from spark_mq.launch import BrokerProcess
 from spark_mq.schema import with_offsets
-from tests.conftest import receive_n, start_inprocess
+from tests.conftest import receive_n, start_inprocess, wait_for
 from tests.test_journal_conformance import rows as unoffset  # rows as the journal gets them
 
 
@@ -67,13 +66,6 @@ def test_segment_round_trip_across_segments(tmp_path: Path) -> None:
     reopened.close()
 
 
-def _wait_for(path: Path, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
-        time.sleep(0.01)
-
-
 def test_segments_are_written_over_zeros_from_a_spare_zeroed_ahead(tmp_path: Path) -> None:
     size = 256 * 1024
     log = SegmentLog(str(tmp_path), segment_bytes=size, sync="fdatasync")
@@ -98,7 +90,7 @@ def test_segments_are_written_over_zeros_from_a_spare_zeroed_ahead(tmp_path: Pat
             rolls += 1
             assert not spare.exists(), "the roll did not take the zeroed spare"
         if refs[-1].position * 2 >= size and refs[-1].segment == len(segment_files(tmp_path)) - 1:
-            _wait_for(spare)  # half full: the next segment is being zeroed
+            wait_for(spare.exists, 20, SPARE)  # half full: the next segment is being zeroed
             assert spare.stat().st_size == size and spare.read_bytes() == bytes(size)
     # each roll took the spare: the active segment is full size (sealed ones give back their
     # unused tail), and the segment sealed after it was filled to the end of its zeros

@@ -5,13 +5,13 @@ exactly the same messages."""
 from __future__ import annotations
 
 import tempfile
-import time
 
 import pytest
 
 from spark_mq import Admin, ConfigError, Producer
 from spark_mq.broker import RunningBroker
 from spark_mq.connectors.options import SourceOptions
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -32,13 +32,6 @@ def consume(spark, broker: RunningBroker, checkpoint: str, on_batch, **opts):
         .trigger(processingTime="0 seconds")
         .start()
     )
-
-
-def wait_for(check, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def test_queue_consumer_claims_acks_and_replays_exactly(spark, broker: RunningBroker) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
@@ -203,44 +202,30 @@ class Disposer:
             self._under_way.add(done)
         done.add_done_callback(self._forget)
         try:
-            self._start(dest, sub, why, offsets, counts, target, settle)
+            if target is None:
+                settle()
+                return done
+            if not broker.has_destination(target):
+                broker.create_destination(target, "queue", SIDE_QUEUE_SETTINGS)
+            copy = side_copy(
+                dest.store.take(offsets),
+                destination=dest.name,
+                subscription=sub.name,
+                why=why,
+                counts=counts,
+                target=target,
+            )
+            # not through produce(): a move frees as much as it takes, so limits and memory
+            # states must not block it (it runs on the timer thread)
+            broker.store_checked(copy.target, copy.rows).add_done_callback(settle)
         except BaseException as exc:
             if not done.done():
                 done.set_exception(exc)  # nothing under way (the caller unclaims the offsets)
             raise
+        if why == "dead":
+            log.info("dead-lettering %d message(s) of %s into %s", len(offsets), dest.name, target)
         return done
 
     def _forget(self, done: Future) -> None:
         with self._lock:
             self._under_way.discard(done)
-
-    def _start(
-        self,
-        dest: Destination,
-        sub: Subscription,
-        why: str,
-        offsets: list[int],
-        counts: dict[int, int],
-        target: str | None,
-        settle: Callable[[Future | None], None],
-    ) -> None:
-        """Copy the doomed messages to ``target`` (if any); ``settle`` runs once it is durable."""
-        broker = self._broker
-        if target is None:
-            settle(None)
-            return
-        if not broker.has_destination(target):
-            broker.create_destination(target, "queue", SIDE_QUEUE_SETTINGS)
-        copy = side_copy(
-            dest.store.take(offsets),
-            destination=dest.name,
-            subscription=sub.name,
-            why=why,
-            counts=counts,
-            target=target,
-        )
-        # not through produce(): a move frees as much as it takes, so limits and memory states
-        # must not block it (it runs on the timer thread)
-        broker.store_checked(copy.target, copy.rows).add_done_callback(settle)
-        if why == "dead":
-            log.info("dead-lettering %d message(s) of %s into %s", len(offsets), dest.name, target)
