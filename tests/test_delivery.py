@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -75,12 +76,67 @@ def test_scheduled_delivery_waits_for_its_time_even_across_a_restart(
         broker = restart(broker, data, clock)
         with Consumer(broker.url, "q") as consumer:
             assert consumer.receive(timeout=0.3) is None
+            with Admin(broker.url) as admin:  # recovered, and scheduled again
+                assert admin.stats("q")["scheduled"] == 1
             clock.advance(20)
             broker.broker.run_timers()
             (later,) = receive_n(consumer, 1)
             assert later.text == "later" and later.deliver_time is not None
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def untimed(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
+    """A broker whose own timer never fires (once an hour): only the test moves things on."""
+    running = start_inprocess(
+        tmp_path / "data", clock, **{"delivery.lease_check_interval_ms": 3_600_000}
+    )
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_a_browse_that_releases_a_scheduled_message_wakes_the_consumer(
+    untimed: RunningBroker, clock: ManualClock
+) -> None:
+    # browsing promotes what is due; the timer's next tick finds nothing left to promote, so
+    # unless the browse wakes the consumers, nobody tells them
+    with Admin(untimed.url) as admin:
+        admin.create_queue("q")
+    with Producer(untimed.url, destination="q") as producer:
+        producer.send_sync("later", delay_s=30)
+    with Consumer(untimed.url, "q") as consumer:
+        assert consumer.receive(timeout=0.2) is None
+        clock.advance(30)
+        with Admin(untimed.url) as admin:
+            assert admin.browse("q")["body"].to_pylist() == [b"later"]
+        untimed.broker.run_timers()
+        (later,) = receive_n(consumer, 1, timeout=5)
+        assert later.text == "later"
+
+
+def test_scheduled_messages_one_consumer_releases_but_cannot_take_go_to_another(
+    untimed: RunningBroker, clock: ManualClock
+) -> None:
+    with Admin(untimed.url) as admin:
+        admin.create_queue("q")
+    with (
+        Consumer(untimed.url, "q", prefetch=1) as full,
+        Producer(untimed.url, destination="q") as producer,
+    ):
+        producer.send_sync("first")
+        (first,) = receive_n(full, 1)
+        with Consumer(untimed.url, "q") as other:
+            producer.send_sync("a", delay_s=30)
+            producer.send_sync("b", delay_s=30)
+            clock.advance(30)
+            # the ack frees a place in full's window: its next delivery promotes both, takes one
+            first.ack().result(timeout=5)
+            (got,) = receive_n(other, 1, timeout=5)
+            (mine,) = receive_n(full, 1, timeout=5)
+            assert sorted([got.text, mine.text]) == ["a", "b"]
 
 
 def test_redelivery_delay_grows_by_the_multiplier(

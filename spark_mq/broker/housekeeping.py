@@ -161,9 +161,11 @@ class Housekeeping:
         out: list[int] = []
         with self._lock:
             self._ingest()
-            self._promote_due(self._wall())
+            promoted = self._promote_due(self._wall())
             waiting = [o for p in sorted(self._ready, reverse=True) for o in self._ready[p]]
             waiting += [o for _, o in sorted(self._scheduled) if o in self._due]
+        if promoted:  # the timer will not promote these again: the consumers must hear of it
+            self.wake()
         for o in waiting:
             if len(out) >= limit:
                 break

@@ -242,7 +242,7 @@ class Subscription(Housekeeping):
             if self.settings.delivery_policy == "failover" and self._consumers[:1] != [consumer_id]:
                 return []
             self._ingest()
-            self._promote_due(self._wall())
+            promoted = self._promote_due(self._wall())
             if not self._ready_n:
                 return []
             out = self._pick(consumer_id, limit, selector, below)
@@ -250,6 +250,9 @@ class Subscription(Housekeeping):
             for offset, count, _first, p in out:
                 self._leases[offset] = Lease(consumer_id, count, deadline, p)
                 self._groups.leased(offset)
+            left = promoted and self._ready_n
+        if left:  # the timer will not promote what this consumer left: the others must hear
+            self.wake()
         return [(o, c, f) for o, c, f, _ in out]
 
     def _pick(

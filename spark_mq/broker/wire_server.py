@@ -161,10 +161,13 @@ class WireServer:
         if key.data == "accept":
             self._accept()
         elif key.data == "wake":
-            self._poked = False
+            # drain first, then clear: cleared first, a poke sent in between would be drained
+            # with the flag left set, and no thread would poke again (each mark then waited for
+            # the next socket event, or for _IDLE_S)
             with contextlib.suppress(BlockingIOError):
                 while self._wake_r.recv(4096):
                     pass
+            self._poked = False
         else:
             conn: _Conn = key.data
             if mask & selectors.EVENT_WRITE:
