@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -24,6 +25,7 @@ from spark_mq import (
     wire,
 )
 from spark_mq.broker import RunningBroker
+from spark_mq.clock import ManualClock
 from tests.conftest import receive_n, start_inprocess
 
 
@@ -54,6 +56,51 @@ def test_produce_consume_ack(broker: RunningBroker) -> None:
         assert consumer.receive(timeout=0.2) is None
         assert [m.offset for m in again] == list(range(20, 28))
         assert all(m.redelivered and m.delivery_count == 2 for m in again)
+
+
+def test_every_field_of_a_delivery_batch_mixing_set_and_unset_fields(
+    broker: RunningBroker, clock: ManualClock
+) -> None:
+    """Messages are built a column at a time from a delivery batch: fields set on some rows
+    only, and all-null columns, come out right on every message of one batch."""
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    now = datetime.fromtimestamp(clock.wall(), timezone.utc)
+    past = now - timedelta(seconds=5)
+    with Producer(broker.url, destination="q") as producer:
+        producer.send("plain")
+        producer.send(
+            "full",
+            headers={"a": "1", "b": "2"},
+            group_id="g",
+            priority=9,
+            ttl_s=60,
+            message_id="m-1",
+            dedup_id="d-1",
+            deliver_at=past,
+        )
+        producer.send("third", priority=0)
+    with Consumer(broker.url, "q") as consumer:
+        got = receive_n(consumer, 3)
+    assert [m.text for m in got] == ["full", "plain", "third"]  # by priority
+    plain, full, third = sorted(got, key=lambda m: m.offset)
+    enqueued = plain.enqueue_time
+    assert enqueued.tzinfo is not None and enqueued.utcoffset() == timedelta(0)
+    assert abs((enqueued - now).total_seconds()) < 0.001
+    assert (plain.offset, plain.body, plain.headers, plain.group_id) == (0, b"plain", {}, None)
+    assert (plain.priority, plain.message_id, plain.expiry_time, plain.deliver_time) == (
+        4,
+        None,
+        None,
+        None,
+    )
+    assert (full.offset, full.text, full.headers) == (1, "full", {"a": "1", "b": "2"})
+    assert (full.group_id, full.priority, full.message_id, full.dedup_id) == ("g", 9, "m-1", "d-1")
+    assert full.expiry_time - full.enqueue_time == timedelta(seconds=60)
+    assert full.deliver_time == past
+    assert (full.delivery_count, full.redelivered, full.group_first) == (1, False, True)
+    assert (third.offset, third.priority, third.headers, third.expiry_time) == (2, 0, {}, None)
+    assert third.enqueue_time == enqueued and third.dedup_id not in (None, plain.dedup_id)
 
 
 def test_send_batch_without_waiting_gives_one_future_of_all_offsets(

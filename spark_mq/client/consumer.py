@@ -45,7 +45,7 @@ from spark_mq.client._transport import (
     translated,
 )
 from spark_mq.client._wire import Transport, WireConsumeLink, wire_address
-from spark_mq.client.message import Message, rows_of
+from spark_mq.client.message import Message, messages_of
 from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError, SparkMQError
 from spark_mq.names import validate_name
 
@@ -244,8 +244,7 @@ class Consumer:
                 if isinstance(item, bytes):
                     self._handle_metadata(item)
                 elif item.num_rows:
-                    rows = rows_of(item)
-                    self._messages.put([Message.from_row(self.destination, r, self) for r in rows])
+                    self._messages.put(messages_of(self.destination, item, self))
             if not self._closed:
                 self.error = BrokerUnavailable("the broker closed the consumer stream")
         except (fl.FlightError, OSError, SparkMQError) as exc:
