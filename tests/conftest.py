@@ -39,14 +39,19 @@ def start_inprocess(data_dir: Path, clock: ManualClock, **settings: object) -> R
     return RunningBroker(Broker(config, clock=clock), "127.0.0.1", 0)
 
 
-@pytest.fixture
-def broker(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
-    """A real broker with a real Flight server on port 0, in this process, on a manual clock."""
-    running = start_inprocess(tmp_path / "data", clock)
+def _serving(data_dir: Path, clock: ManualClock, **settings: object) -> Iterator[RunningBroker]:
+    """The body of a broker fixture: started before the test, stopped after it."""
+    running = start_inprocess(data_dir, clock, **settings)
     try:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def broker(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
+    """A real broker with a real Flight server on port 0, in this process, on a manual clock."""
+    yield from _serving(tmp_path / "data", clock)
 
 
 class Restartable:
@@ -82,11 +87,13 @@ def restartable(tmp_path: Path, clock: ManualClock) -> Iterator[Restartable]:
 @pytest.fixture
 def strict_broker(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
     """A broker that does not auto-create queues: unknown destinations are errors."""
-    running = start_inprocess(tmp_path / "strict", clock, **{"broker.auto_create_queues": False})
-    try:
-        yield running
-    finally:
-        running.stop()
+    yield from _serving(tmp_path / "strict", clock, **{"broker.auto_create_queues": False})
+
+
+@pytest.fixture
+def untimed(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
+    """A broker whose own timer never fires (once an hour): only the test moves things on."""
+    yield from _serving(tmp_path / "data", clock, **{"delivery.lease_check_interval_ms": 3_600_000})
 
 
 def receive_n(consumer, n: int, timeout: float = 10.0) -> list:

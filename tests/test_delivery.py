@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -84,18 +83,6 @@ def test_scheduled_delivery_waits_for_its_time_even_across_a_restart(
             assert later.text == "later" and later.deliver_time is not None
     finally:
         broker.stop()
-
-
-@pytest.fixture
-def untimed(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
-    """A broker whose own timer never fires (once an hour): only the test moves things on."""
-    running = start_inprocess(
-        tmp_path / "data", clock, **{"delivery.lease_check_interval_ms": 3_600_000}
-    )
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 def test_a_browse_that_releases_a_scheduled_message_wakes_the_consumer(
