@@ -119,6 +119,23 @@ def test_send_batch_without_waiting_gives_one_future_of_all_offsets(
             producer.send_batch([b"x"] * 5, destination="missing", wait=False).result(timeout=10)
 
 
+def test_one_message_deliveries_flag_the_first_of_a_group(broker: RunningBroker) -> None:
+    """With prefetch 1 every delivery holds one message (the broker's one-message path)."""
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    with Producer(broker.url, destination="q") as producer:
+        for body in (b"g1", b"g2", b"plain"):
+            producer.send_sync(body, group_id="g" if body != b"plain" else None)
+    with Consumer(broker.url, "q", prefetch=1) as consumer:
+        seen = []
+        for _ in range(3):
+            msg = consumer.receive(timeout=5)
+            assert msg is not None
+            seen.append((msg.body, msg.group_first, msg.redelivered, msg.delivery_count))
+            msg.ack().result(timeout=5)
+    assert seen == [(b"g1", True, False, 1), (b"g2", False, False, 1), (b"plain", False, False, 1)]
+
+
 def test_nack_redelivers_with_higher_count(broker: RunningBroker) -> None:
     with Admin(broker.url) as admin:
         admin.create_queue("q")
@@ -126,7 +143,7 @@ def test_nack_redelivers_with_higher_count(broker: RunningBroker) -> None:
         producer.send_batch([b"only"])
     with Consumer(broker.url, "q", prefetch=1) as consumer:
         first = consumer.receive(timeout=5)
-        assert first is not None and first.delivery_count == 1
+        assert first is not None and (first.delivery_count, first.redelivered) == (1, False)
         first.nack().result(timeout=5)
         second = consumer.receive(timeout=5)
         assert second is not None

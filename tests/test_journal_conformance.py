@@ -73,9 +73,13 @@ def test_read_range_and_settlements(journal: Journal) -> None:
     assert journal.read_messages("q", 1, 3)["body"].to_pylist() == [b"b", b"c"]
     journal.settle("q", [0, 2], subscription="").result()
     journal.settle("q", [3], subscription="", outcome="ack").result()
-    settled = journal.read_settlements("q")
-    assert sorted(settled["offset"].to_pylist()) == [0, 2, 3]
-    assert set(settled["outcome"].to_pylist()) == {"ack"}
+    journal.settle("q", [1], subscription="", outcome="dead", reason="too many attempts").result()
+    settled = journal.read_settlements("q").sort_by("offset")
+    assert settled["offset"].to_pylist() == [0, 1, 2, 3]
+    assert settled["subscription"].to_pylist() == [""] * 4
+    assert settled["outcome"].to_pylist() == ["ack", "dead", "ack", "ack"]
+    assert settled["reason"].to_pylist() == [None, "too many attempts", None, None]
+    assert settled["settle_time"].null_count == 0
 
 
 def test_bindings_and_kinds(journal: Journal) -> None:

@@ -79,6 +79,46 @@ def test_a_minimal_batch_and_bad_columns() -> None:
         norm(pa.table({"body": [b"a"], "colour": ["red"]}))
 
 
+PLAIN_AND_NOT = {
+    "bodies only": dict(body=[b"a", b"bb"]),
+    "ids, group, headers": dict(
+        body=[b"a", b"b"],
+        message_id=["m1", None],
+        dedup_id=["d1", "d2"],
+        group_id=[None, "g"],
+        headers=[[("k", "v")], None],
+    ),
+    "a priority": dict(body=[b"a", b"b"], priority=[None, 7]),
+    "a ttl": dict(body=[b"a"], ttl_ms=[5]),
+    "a delay": dict(body=[b"a", b"b"], delay_ms=[None, 10]),
+    "none at all": dict(body=[]),
+}
+
+
+@pytest.mark.parametrize("columns", PLAIN_AND_NOT.values(), ids=PLAIN_AND_NOT.keys())
+def test_a_record_batch_off_the_wire_gives_the_rows_a_table_gives(columns: dict) -> None:
+    """A record batch of exactly PRODUCE_SCHEMA (what the wire reads) may take the plain path,
+    which builds nothing; it must give what the general path gives."""
+    table = sdk_batch(**columns)
+    (batch,) = table.to_batches() or [pa.RecordBatch.from_pylist([], schema=PRODUCE_SCHEMA)]
+    expected = norm(table)
+    got = norm(batch)
+    assert got.schema == UNOFFSET_SCHEMA
+    assert got.to_pylist() == expected.to_pylist()
+
+
+def test_a_record_batch_off_the_wire_is_checked_like_a_table() -> None:
+    def batch(**columns: list) -> pa.RecordBatch:
+        return sdk_batch(**columns).to_batches()[0]
+
+    with pytest.raises(SchemaMismatch, match="must not contain nulls"):
+        norm(batch(body=[b"a", None]))
+    with pytest.raises(MessageTooLarge, match="1001 bytes is over the limit of 1000"):
+        norm(batch(body=[b"x" * 10, b"y" * 1001]))
+    sliced = batch(body=[b"y" * 1001, b"ok"]).slice(1)  # its buffers still hold the big one
+    assert norm(sliced)["body"].to_pylist() == [b"ok"]
+
+
 @pytest.mark.parametrize("n", [0, 1, 8, 9, 17])
 def test_numpy_columns_equal_what_pa_array_builds(n: int) -> None:
     import numpy as np

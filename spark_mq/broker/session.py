@@ -7,6 +7,7 @@ handed to :meth:`settle`, whose replies land in the outbox once durable.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections import deque
@@ -80,23 +81,16 @@ class ConsumerSession:
         if self.persist_delivery_count:
             # the count is on disk before the message leaves: exact even across a crash
             self._settle_durably([o for o, _, _ in leased], DELIVERED).result()
-        by_offset = {o: (c, f) for o, c, f in leased}
-        rows = self._store.take(by_offset)  # in offset order; priority may want another
         order = [o for o, _, _ in leased]
+        rows = self._store.take(order)  # in offset order; priority may want another
         if any(a > b for a, b in itertools.pairwise(order)):
             rows = rows.take(pc.index_in(pa.array(order, pa.int64()), value_set=rows["offset"]))
-        state = [by_offset[o] for o in rows["offset"].to_pylist()]
-        counts = np.fromiter((c for c, _ in state), np.int32, len(state))
-        firsts = np.fromiter((f for _, f in state), np.bool_, len(state))
-        return pa.table(
-            [
-                *rows.columns,
-                numpy_column(counts, pa.int32()),
-                numpy_column(counts > 1, pa.bool_()),
-                numpy_column(firsts, pa.bool_()),
-            ],
-            schema=DELIVERY_SCHEMA,
-        )
+        if rows.num_rows == len(leased):  # every one held: the rows are in the leased order
+            state = [(c, f) for _, c, f in leased]
+        else:
+            by_offset = {o: (c, f) for o, c, f in leased}
+            state = [by_offset[o] for o in rows["offset"].to_pylist()]
+        return pa.table([*rows.columns, *_delivery_state(state)], schema=DELIVERY_SCHEMA)
 
     def forget(self, offsets: list[int]) -> None:
         """Offsets settled elsewhere (a transaction): they no longer use the prefetch window."""
@@ -201,3 +195,25 @@ def _reply(request_id: int, ok: list[int], refused: list[Refusal]) -> Reply:
         tuple(ok),
         tuple({"offset": r.offset, "reason": r.reason} for r in refused),
     )
+
+
+def _delivery_state(state: list[tuple[int, bool]]) -> tuple[pa.Array, ...]:
+    """The ``delivery_count``, ``redelivered`` and ``group_first`` columns of a delivery of
+    messages with these ``(count, group_first)``; a one-message delivery's are shared."""
+    if len(state) == 1:
+        return _one_delivery_state(*state[0])
+    counts = np.fromiter((c for c, _ in state), np.int32, len(state))
+    firsts = np.fromiter((f for _, f in state), np.bool_, len(state))
+    return (
+        numpy_column(counts, _INT32),
+        numpy_column(counts > 1, _BOOL),
+        numpy_column(firsts, _BOOL),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _one_delivery_state(count: int, first: bool) -> tuple[pa.Array, ...]:
+    return pa.array([count], _INT32), pa.array([count > 1], _BOOL), pa.array([first], _BOOL)
+
+
+_INT32, _BOOL = pa.int32(), pa.bool_()
