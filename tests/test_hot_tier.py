@@ -134,6 +134,43 @@ def test_the_encoding_buffer_is_reused_and_each_payload_decodes_to_its_table() -
     assert dropped is None and untouched is None  # over keep_bytes: not held on to
 
 
+def _written_by_a_stream_writer(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_small_records_are_the_very_ipc_streams_a_stream_writer_gives() -> None:
+    """Small records are put together from the schema's message, encoded once, and each batch's;
+    the bytes must be what pyarrow's stream writer makes, whatever the rows and chunks."""
+    from spark_mq.journal.segments import _Scratch, decode_table
+    from spark_mq.schema import SETTLEMENT_SCHEMA
+
+    settle_time = pa.array([1, None], pa.int64()).cast(SETTLEMENT_SCHEMA.field("settle_time").type)
+    acks = pa.table(
+        [
+            pa.array([3, 4]),
+            pa.array(["", "s"]),
+            pa.array(["ack", "dead"]),
+            settle_time,
+            pa.array([None, "too many attempts"]),
+        ],
+        schema=SETTLEMENT_SCHEMA,
+    )
+    tables = [
+        rows([b"one"]),
+        rows([]),
+        pa.concat_tables([rows([b"a"], 0), rows([b"b", b"c"], 1), rows([b"d"], 3)]),  # 3 chunks
+        acks,
+        pa.table({"other": [1, 2]}),  # not a journal schema: written the general way
+    ]
+    payloads = _Scratch().encode(tables)
+    for payload, table in zip(payloads, tables, strict=True):
+        assert payload.to_pybytes() == _written_by_a_stream_writer(table)
+        assert decode_table(payload).equals(table)
+
+
 @pytest.mark.parametrize("damage", ["cut", "flip"])
 def test_torn_tail_is_truncated_at_every_byte_of_the_last_record(
     tmp_path: Path, damage: str

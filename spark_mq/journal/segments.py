@@ -39,6 +39,8 @@ from typing import Literal
 
 import pyarrow as pa
 
+from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA
+
 log = logging.getLogger(__name__)
 
 MAGIC = 0x31514D53  # "SMQ1" little-endian
@@ -83,9 +85,19 @@ _SMALL = 64 * 1024
 # given explicitly: without options, every writer reads two environment variables (os.environ
 # lookups were ~10 % of encoding a one-row record)
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions()
+_SCHEMA_MESSAGES = [(s, s.serialize().to_pybytes()) for s in (MESSAGE_SCHEMA, SETTLEMENT_SCHEMA)]
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # continuation marker, length 0
 
 
 def _stream_of(table: pa.Table) -> pa.Buffer:
+    """``table`` as an IPC stream. Of the journal's two schemas, the stream is put together from
+    the schema's message, encoded once, and each batch's (the same bytes a stream writer gives,
+    in about a third of the time for a one-row record: writing the schema message was most of
+    it)."""
+    for schema, message in _SCHEMA_MESSAGES:
+        if table.schema.equals(schema, check_metadata=True):
+            batches = [batch.serialize() for batch in table.to_batches()]
+            return pa.py_buffer(b"".join([message, *batches, _END_OF_STREAM]))
     stream = pa.BufferOutputStream()
     with pa.ipc.new_stream(stream, table.schema, options=_IPC_OPTIONS) as writer:
         writer.write_table(table)
