@@ -1,0 +1,105 @@
+"""The broker's own CPU per message: one produce, delivery and ack at a time, in this process.
+
+No sockets and no client: a wire-shaped one-message batch is read, produced and committed the way
+the direct wire's loop does it (``committing_here``), delivered through a consumer session and
+serialized as a delivery frame, then acked. With ``--sync none`` (the default) the disk is out of
+the picture too, so the figure is the Python and Arrow work a message costs the broker: the part
+of a synchronous send's round trip, and of the produce-to-consume latency, that the broker's code
+decides. Compare runs of this script between changes; end-to-end figures (``broker_bench.py``)
+vary by ±10 % from run to run on this machine, this one by about ±5 %.
+
+    python bench/broker_cycle.py [--messages 5000] [--sync none|fdatasync]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import pyarrow as pa
+
+from spark_mq import wire
+from spark_mq.broker.core import Broker
+from spark_mq.config import load_config
+from spark_mq.journal.group_commit import committing_here
+from spark_mq.protocol import Settle
+from spark_mq.schema import PRODUCE_SCHEMA
+
+
+class _NoWakeup:
+    def set(self) -> None:
+        pass
+
+
+def _frame_bodies(n: int) -> list[bytes]:
+    """What a producer's one-message batch frames carry (the SDK's shape: body and dedup id)."""
+    out = []
+    for i in range(n):
+        columns = {f.name: pa.nulls(1, f.type) for f in PRODUCE_SCHEMA}
+        columns["body"] = pa.array([os.urandom(1024)], pa.binary())
+        columns["dedup_id"] = pa.array([f"cycle-{i}"], pa.string())
+        batch = pa.record_batch(list(columns.values()), schema=PRODUCE_SCHEMA)
+        out.append(b"".join(bytes(p) for p in wire.batch_parts(i, batch))[wire.HEADER.size :])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--sync", choices=["none", "fdatasync", "fsync"], default="none")
+    args = parser.parse_args()
+    data = tempfile.mkdtemp(prefix="sparkmq-cycle-")
+    overrides = {"broker.data_dir": data, "broker.port": 0, "journal.sync": args.sync}
+    broker = Broker(load_config(overrides=overrides, environ={}))
+    broker.start()
+    try:
+        broker.create_destination("q", "queue", None)
+        session = broker.attach("q", None, 1000, wakeup=_NoWakeup())
+        bodies = _frame_bodies(args.messages)
+        phases: dict[str, list[float]] = {"produce": [], "deliver": [], "ack": []}
+
+        def cycle(i: int) -> None:
+            t0 = time.perf_counter()
+            _, batch = wire.read_batch(bodies[i], PRODUCE_SCHEMA)
+            with committing_here():
+                answer = broker.produce("q", batch)
+            answer.result()
+            t1 = time.perf_counter()
+            table = session.next_delivery()
+            assert table is not None and table.num_rows == 1
+            for part in table.to_batches():
+                wire.batch_parts(0, part)
+            t2 = time.perf_counter()
+            with committing_here():
+                session.settle(Settle("ack", i, ((table["offset"][0].as_py(), 1),)))
+            session.replies()
+            t3 = time.perf_counter()
+            for name, took in zip(phases, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                phases[name].append(took * 1e6)
+
+        warm = min(500, args.messages // 5)
+        for i in range(warm):
+            cycle(i)
+        for v in phases.values():
+            v.clear()
+        wall, cpu = time.perf_counter(), time.process_time()
+        for i in range(warm, args.messages):
+            cycle(i)
+        n = args.messages - warm
+        wall, cpu = (time.perf_counter() - wall) / n * 1e6, (time.process_time() - cpu) / n * 1e6
+        print(f"{n:,} messages, journal.sync={args.sync}")
+        print(f"cycle: {wall:.0f} us wall, {cpu:.0f} us CPU (all of the broker's threads)")
+        for name, v in phases.items():
+            p50, mean = statistics.median(v), statistics.mean(v)
+            print(f"  {name:8s} p50 {p50:6.0f} us   mean {mean:6.0f}")
+    finally:
+        broker.close()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
