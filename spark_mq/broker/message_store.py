@@ -183,7 +183,7 @@ class MessageStore:
 
     def take(self, offsets: Iterable[int]) -> pa.Table:
         """The rows of ``offsets`` (held ones), in increasing offset order."""
-        if isinstance(offsets, list) and len(offsets) == 1:  # a synchronous send's delivery
+        if isinstance(offsets, list) and len(offsets) == 1:  # a one-message delivery
             found = self._locate(offsets[0])
             if found is not None and not found[0].evicted:
                 return found[0].table.slice(found[1], 1)
