@@ -224,7 +224,7 @@ def _plain_rows(
             batch.column(_AT["message_id"]),
             batch.column(_AT["dedup_id"]),
             batch.column(_AT["group_id"]),
-            _default_priorities(n),
+            constant_column(DEFAULT_PRIORITY, n, _INT32),
             numpy_column(np.full(n, enqueue_time_us, np.int64), TS),
             null_column(n, TS),
             null_column(n, TS),
@@ -233,17 +233,6 @@ def _plain_rows(
         ],
         schema=UNOFFSET_SCHEMA,
     )
-
-
-def _default_priorities(n: int) -> pa.Array:
-    if n <= 1024:
-        return _shared_priorities(n)
-    return numpy_column(np.full(n, DEFAULT_PRIORITY, np.int32), pa.int32())
-
-
-@functools.lru_cache(maxsize=64)
-def _shared_priorities(n: int) -> pa.Array:
-    return numpy_column(np.full(n, DEFAULT_PRIORITY, np.int32), pa.int32())
 
 
 def _check_body_sizes(body: pa.Array, max_message_bytes: int, destination: str) -> None:
@@ -279,14 +268,22 @@ def numbered_ids(prefix: str, first: int, n: int, sep: str = "-") -> pa.Array:
 
 
 def null_column(n: int, typ: pa.DataType) -> pa.Array:
-    """An all-null column; small ones are shared (immutable, and most produced batches have
-    several), large ones are not kept."""
-    return _shared_nulls(n, typ) if n <= 1024 else pa.nulls(n, typ)
+    """An all-null column (shared when small, see :func:`constant_column`)."""
+    return constant_column(None, n, typ)
 
 
-@functools.lru_cache(maxsize=256)
-def _shared_nulls(n: int, typ: pa.DataType) -> pa.Array:
-    return pa.nulls(n, typ)
+def constant_column(value: object, n: int, typ: pa.DataType) -> pa.Array:
+    """``value`` (None: null) ``n`` times. Small ones are shared: they are immutable, and the hot
+    path needs the same few again and again (the nulls of a one-message batch's unused fields,
+    its default priority, an ack's subscription and outcome)."""
+    return _shared_constant(value, n, typ) if n <= 1024 else _constant(value, n, typ)
+
+
+def _constant(value: object, n: int, typ: pa.DataType) -> pa.Array:
+    return pa.nulls(n, typ) if value is None else pa.repeat(pa.scalar(value, typ), n)
+
+
+_shared_constant = functools.lru_cache(maxsize=256)(_constant)
 
 
 def numpy_column(values: np.ndarray, typ: pa.DataType) -> pa.Array:
@@ -299,6 +296,7 @@ def numpy_column(values: np.ndarray, typ: pa.DataType) -> pa.Array:
 
 
 _BOOL_ID = pa.bool_().id
+_INT32 = pa.int32()
 
 
 def with_offsets(table: pa.Table, first_offset: int) -> pa.Table:

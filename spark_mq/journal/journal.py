@@ -11,7 +11,6 @@ its rows are then committed to the store.
 
 from __future__ import annotations
 
-import functools
 import shutil
 import threading
 import time
@@ -40,20 +39,10 @@ from spark_mq.journal.group_commit import (
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.names import validate_name
-from spark_mq.schema import SETTLEMENT_SCHEMA, UNOFFSET_SCHEMA, null_column, numpy_column
+from spark_mq.schema import SETTLEMENT_SCHEMA, UNOFFSET_SCHEMA, constant_column, numpy_column
 
 _SETTLE_TIME = SETTLEMENT_SCHEMA.field("settle_time").type
 _INT64, _STRING = pa.int64(), pa.string()
-
-
-def _repeated(value: str, n: int) -> pa.Array:
-    """``value`` ``n`` times as a string column; the short ones are shared (immutable)."""
-    return _shared_repeat(value, n) if n <= 64 else pa.repeat(pa.scalar(value, _STRING), n)
-
-
-@functools.lru_cache(maxsize=256)
-def _shared_repeat(value: str, n: int) -> pa.Array:
-    return pa.array([value] * n, _STRING)
 
 
 DEFAULT_BUFFER_TIMEOUT_S = 0.001
@@ -314,10 +303,10 @@ class Journal:
         rows = pa.table(
             [
                 numpy_column(np.array(offsets, np.int64), _INT64),
-                _repeated(subscription, n),
-                _repeated(outcome, n),
+                constant_column(subscription, n, _STRING),
+                constant_column(outcome, n, _STRING),
                 numpy_column(np.full(n, self._now_us(), np.int64), _SETTLE_TIME),
-                null_column(n, _STRING) if reason is None else _repeated(reason, n),
+                constant_column(reason, n, _STRING),
             ],
             schema=SETTLEMENT_SCHEMA,
         )
