@@ -293,6 +293,24 @@ def test_reads_span_both_tiers_while_moving(tmp_path: Path) -> None:
         j.close()
 
 
+def test_a_move_of_records_of_different_schemas_gives_rows_of_the_current_one() -> None:
+    from spark_mq.journal.hot_tier import _one_batch
+    from spark_mq.schema import MESSAGE_SCHEMA, conform
+
+    current = [rows([b"a"], 0), rows([b"b", b"c"], 1)]
+    # a record from a version without deliver_time, with a wider body type
+    old = rows([b"d"], 3).drop_columns(["deliver_time"])
+    old = old.set_column(
+        old.schema.get_field_index("body"), "body", old["body"].cast(pa.large_binary())
+    )
+    for records in (current, [*current, old], [old, *current]):
+        got = _one_batch(records, MESSAGE_SCHEMA)
+        want = pa.concat_tables([conform(t, MESSAGE_SCHEMA) for t in records])
+        assert got.schema.equals(MESSAGE_SCHEMA)
+        assert got.equals(want)
+        assert got["body"].num_chunks == 1  # one batch for delta-rs, not one per record
+
+
 # -- freshness through the broker --------------------------------------------------------------
 @pytest.mark.spark
 def test_consumers_see_messages_before_delta_does(spark, tmp_path: Path, clock) -> None:

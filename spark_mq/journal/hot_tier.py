@@ -359,10 +359,17 @@ def _one_batch(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
 
     A record is often one row (a synchronous send, an ack). delta-rs pays per batch it is
     handed: measured with 500 one-row records of 1 KiB, the append took 23-37 ms as 500 batches
-    and 7-11 ms as one, and each move competes with the wire loop for this machine's cores. One
-    conform for the whole move, too: per record it held the GIL for ~15 ms a second.
+    and 7-11 ms as one. Records of one schema (all but some recovered from an older version's
+    segments) are concatenated as they are and conformed once: promoting and casting 500
+    one-row tables took 5.1 ms, 2.7 ms without (9-15 ms against 5-6.5 in the running broker).
     """
-    return conform(pa.concat_tables(tables, promote_options="permissive"), schema).combine_chunks()
+    try:
+        table = pa.concat_tables(tables)
+    except pa.ArrowInvalid:  # the records' schemas differ
+        table = pa.concat_tables(tables, promote_options="permissive")
+    if not table.schema.equals(schema):
+        table = conform(table, schema)
+    return table.combine_chunks()
 
 
 def has_segments(hot_root: str) -> list[str]:
