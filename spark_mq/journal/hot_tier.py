@@ -236,7 +236,28 @@ class HotTier:
                 self._retire_moved()
             except OSError:
                 log.exception("hot tier %s: could not delete moved segments", self.destination)
-            _let_go(batch)
+            self._let_go(batch)
+
+    def _let_go(self, batch: list[_Pending]) -> None:
+        """Drop the last references to a moved ``batch`` a few records at a time.
+
+        Freeing a move's records (hundreds of small Arrow tables) takes 6-9 ms of CPU in the
+        running broker; at once, it held up every client. Between two steps the mover yields
+        the GIL, and while nothing waits for it (no flush, no close, no backlog) it also rests
+        a millisecond, so the work is spread out rather than a burst on this machine's two
+        busy cores. Measured at 1,000 msg/s for 15 s, six interleaved pairs: latency p99
+        4.9-10.9 ms resting against 9.3-17.1 ms without (lower in every pair), p50 within the
+        noise (1.2-1.9 ms either way).
+        """
+        while batch:
+            del batch[-_LET_GO_EACH:]
+            with self._cond:
+                rest = (
+                    not self._closing
+                    and self._move_target <= self._moved_lsn
+                    and self._pending_bytes < self._settings.move_max_bytes
+                )
+            time.sleep(_LET_GO_REST_S if rest else 0)  # 0 still yields the GIL
 
     def _take_batch(self) -> list[_Pending]:
         batch, size = [], 0
@@ -340,18 +361,8 @@ class HotTier:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _let_go(items: list) -> None:
-    """Drop the last references to ``items`` a few at a time, letting other threads run between.
-
-    A move's records were freed all at once when the next batch replaced them: hundreds of Arrow
-    tables, ~6 ms with the GIL held, a latency spike for every client of the broker each move.
-    """
-    while items:
-        del items[-_LET_GO_EACH:]
-        time.sleep(0)  # yields the GIL to a thread that waits for it
-
-
 _LET_GO_EACH = 32
+_LET_GO_REST_S = 0.001
 
 
 def _one_batch(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
