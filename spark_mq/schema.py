@@ -169,7 +169,7 @@ def normalize_produce_batch(
         _check_body_sizes(body, max_message_bytes, destination)
     priority = cols.get("priority")
     if priority is None:
-        priority = numpy_column(np.full(n, DEFAULT_PRIORITY, np.int32), pa.int32())
+        priority = constant_column(DEFAULT_PRIORITY, n, _INT32)
     else:
         priority = pc.fill_null(priority, DEFAULT_PRIORITY)
         low, high = pc.min_max(priority).values()
