@@ -12,8 +12,9 @@ import pyarrow as pa
 import pytest
 
 from spark_mq import Admin, Consumer, Producer, protocol, wire
-from spark_mq.broker import RunningBroker
+from spark_mq.broker import Broker, RunningBroker
 from spark_mq.clock import ManualClock
+from spark_mq.config import load_config
 from spark_mq.errors import BrokerUnavailable, ConfigError, MessageTooLarge, ProtocolError
 from spark_mq.journal.group_commit import (
     DestinationWriter,
@@ -29,7 +30,7 @@ from spark_mq.schema import (
     UNOFFSET_SCHEMA,
     null_column,
 )
-from tests.conftest import start_inprocess
+from tests.conftest import receive_n, start_inprocess
 
 
 def _one(body: bytes) -> pa.RecordBatch:
@@ -287,3 +288,74 @@ def test_a_taken_wire_port_is_a_config_error_naming_the_setting(tmp_path: Path) 
         assert f"127.0.0.1:{port}" in str(caught.value)
     running = start_inprocess(tmp_path / "data", ManualClock())  # nothing was left half-open
     running.stop()
+
+
+# -- the SDK's produce stream: who reads the answers ------------------------------------------
+def _acks_threads() -> int:
+    return sum(t.name == "producer-acks" for t in threading.enumerate())
+
+
+def test_synchronous_sends_from_several_threads_each_read_their_own_answers(
+    broker: RunningBroker,
+) -> None:
+    before = _acks_threads()
+    got: dict[int, list[int]] = {}
+    with Producer(broker.url, destination="q", transport="wire", linger_ms=0) as producer:
+
+        def sender(n: int) -> None:
+            got[n] = [producer.send_sync(b"%d-%d" % (n, i)) for i in range(40)]
+
+        threads = [threading.Thread(target=sender, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        # every answer was read by a waiting sender: no reader thread was needed
+        assert _acks_threads() == before
+    assert sorted(o for offsets in got.values() for o in offsets) == list(range(160))
+    assert all(offsets == sorted(offsets) for offsets in got.values())  # each thread in order
+    with Consumer(broker.url, "q", prefetch=200) as consumer:
+        bodies = {m.offset: m.body for m in receive_n(consumer, 160)}
+    for n, offsets in got.items():
+        assert [bodies[o] for o in offsets] == [b"%d-%d" % (n, i) for i in range(40)]
+
+
+def test_a_send_nobody_waits_for_is_answered_between_synchronous_sends(
+    broker: RunningBroker,
+) -> None:
+    with Producer(broker.url, destination="q", transport="wire", linger_ms=0) as producer:
+        assert producer.send_sync(b"first") == 0
+        answered = threading.Event()
+        fut = producer.send(b"second")  # no flush: a reader thread must answer it
+        fut.add_done_callback(lambda _: answered.set())
+        assert answered.wait(10) and fut.result() == 1
+        assert producer.send_sync(b"third") == 2
+        assert producer.send_batch([b"fourth", b"fifth"]) == [3, 4]
+
+
+def test_a_synchronous_producer_reaches_a_broker_restarted_on_its_ports_without_a_failure(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    ports = []
+    for _ in range(2):
+        with socket.create_server(("127.0.0.1", 0)) as probe:
+            ports.append(probe.getsockname()[1])
+    flight_port, wire_port = ports
+
+    def start() -> RunningBroker:
+        config = load_config(
+            overrides={"broker.data_dir": str(tmp_path / "data"), "broker.wire_port": wire_port},
+            environ={},
+        )
+        return RunningBroker(Broker(config, clock=clock), "127.0.0.1", flight_port)
+
+    running = start()
+    try:
+        with Producer(running.url, destination="q", transport="wire", linger_ms=0) as producer:
+            assert producer.send_sync(b"before") == 0
+            running.stop()  # the broker hangs up while nothing is in flight
+            running = start()
+            # the hang-up is noticed before writing: a new connection, no failed send
+            assert producer.send_sync(b"after") == 1
+    finally:
+        running.stop()

@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 from collections import deque
+from concurrent.futures import Future
 from typing import Literal
 from urllib.parse import urlparse
 
@@ -98,27 +99,36 @@ def _control(kind: int, body: bytes) -> protocol.Frame:
 
 class WireProduceStream:
     """Batches to one destination on one connection; each answer names its batch's sequence
-    number. Same interface as the Flight stream (``write``, ``broken``, ``close``)."""
+    number. Same interface as the Flight stream (``write``, ``wait``, ``usable``, ``close``).
+
+    Answers are read by whoever waits for them: a thread that sends and then waits
+    (``send_sync``, ``flush``) reads its answer off the socket itself, so a synchronous send
+    costs one thread wake-up, not two (the reader thread's, then the caller's). The first batch
+    that nobody waits for (``send`` with its future kept) starts a reader thread, which from
+    then on reads every answer.
+    """
 
     def __init__(self, address: Address, timeout_s: float, destination: str, window: int) -> None:
         self.destination = destination
         self._sock = _connect(address, timeout_s)
+        self._frames = _Frames(self._sock)
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)
         self._window = threading.Semaphore(window)
         self._in_flight: dict[int, Outcome] = {}
         self._seq = 0
         self._closing = False
+        self._reading = False  # a thread is reading answers (the reader thread: for good)
+        self._reader: threading.Thread | None = None
         self.broken: SparkMQError | None = None
         try:
             self._sock.sendall(wire.control(protocol.Produce(destination)))
         except OSError as exc:
             self._sock.close()
             raise BrokerUnavailable(f"cannot reach the broker's direct wire: {exc}") from exc
-        self._reader = threading.Thread(target=self._read_acks, name="producer-acks", daemon=True)
-        self._reader.start()
 
-    def write(self, batch: pa.RecordBatch, outcome: Outcome) -> None:
+    def write(self, batch: pa.RecordBatch, outcome: Outcome, *, waited: bool = False) -> None:
+        """Send ``batch``; ``waited``: the caller will :meth:`wait` for its answer."""
         self._window.acquire()
         with self._lock:
             if self.broken is not None:
@@ -132,6 +142,58 @@ class WireProduceStream:
             except OSError as exc:
                 self._fail(BrokerUnavailable(f"the connection to the broker broke: {exc}"))
                 raise self.broken from exc  # type: ignore[misc]
+            if not waited:
+                self._start_reader()
+
+    def wait(self, futures: list[Future]) -> None:
+        """Return once every one of ``futures`` is done, reading answers if no thread does."""
+        for fut in futures:
+            while not fut.done():
+                with self._lock:
+                    if fut.done():
+                        break
+                    threaded = self._reader is not None
+                    if threaded:
+                        pass
+                    elif self._reading:  # another caller reads: wait for its next frame
+                        self._answered.wait()
+                        continue
+                    else:
+                        self._reading = True  # this caller's turn to read
+                if threaded:  # the reader thread answers it
+                    fut.exception()
+                    continue
+                try:
+                    self._read_one()
+                finally:
+                    with self._lock:
+                        self._reading = False
+                        self._answered.notify_all()
+
+    def usable(self) -> bool:
+        """Whether to keep writing on this stream. With no reader thread, a broker that hung up
+        while nothing was in flight is noticed here (a restarted broker is then reached on a
+        new connection, and no send fails for it)."""
+        with self._lock:
+            if self.broken is None and self._reader is None and not self._reading:
+                try:
+                    peeked = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    peeked = None
+                except OSError as exc:
+                    self._fail(BrokerUnavailable(f"the connection to the broker broke: {exc}"))
+                    peeked = None
+                if peeked == b"":
+                    self._fail(BrokerUnavailable("the broker closed the produce connection"))
+            return self.broken is None
+
+    def _start_reader(self) -> None:
+        """Answers nobody waits for need a reader thread (caller has the lock)."""
+        if self._reader is None:
+            self._reader = threading.Thread(
+                target=self._read_acks, name="producer-acks", daemon=True
+            )
+            self._reader.start()
 
     def _fail(self, err: SparkMQError) -> None:
         """Every batch not answered fails with ``err``; the stream is done (caller has the lock)."""
@@ -143,35 +205,47 @@ class WireProduceStream:
         self._in_flight.clear()
         self._answered.notify_all()
 
-    def _read_acks(self) -> None:
-        frames = _Frames(self._sock)
-        err: SparkMQError = BrokerUnavailable("the broker closed the produce connection")
+    def _read_one(self) -> bool:
+        """Read and settle one answer (the caller has the reading turn); False at the end."""
         try:
-            while (item := frames.next()) is not None:
-                frame = _control(*item)
-                if not isinstance(frame, protocol.PutAck | protocol.PutFailed):
-                    raise ProtocolError(f"unexpected answer to a produce: {frame}", fault="remote")
-                with self._lock:
-                    outcome = self._in_flight.pop(frame.seq, None)
-                    self._answered.notify_all()
-                if outcome is None:
-                    raise ProtocolError(f"an answer to unknown batch {frame.seq}", fault="remote")
-                self._window.release()
-                outcome.answer(frame)
+            item = self._frames.next()
+            if item is None:
+                raise BrokerUnavailable("the broker closed the produce connection")
+            frame = _control(*item)
+            if not isinstance(frame, protocol.PutAck | protocol.PutFailed):
+                raise ProtocolError(f"unexpected answer to a produce: {frame}", fault="remote")
+            with self._lock:
+                outcome = self._in_flight.pop(frame.seq, None)
+                self._answered.notify_all()
+            if outcome is None:
+                raise ProtocolError(f"an answer to unknown batch {frame.seq}", fault="remote")
         except SparkMQError as exc:
-            err = exc
-        with self._lock:
-            if self._in_flight or not self._closing:
-                self._fail(err)
+            with self._lock:
+                if self._in_flight or not self._closing:
+                    self._fail(exc)
+            return False
+        self._window.release()
+        outcome.answer(frame)
+        return True
+
+    def _read_acks(self) -> None:
+        with self._lock:  # take the reading turn from a caller that has it, for good
+            self._answered.wait_for(lambda: not self._reading)
+            self._reading = True
+        while self._read_one():
+            pass
 
     def close(self) -> None:
         """Wait for every batch's answer (or the stream's failure), then hang up."""
         with self._lock:
+            if self._in_flight and self.broken is None:
+                self._start_reader()  # answers a caller gave up waiting for
             self._answered.wait_for(lambda: not self._in_flight or self.broken is not None)
             self._closing = True
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        self._reader.join()
+        if self._reader is not None:
+            self._reader.join()
         self._sock.close()
 
 

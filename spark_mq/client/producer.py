@@ -104,7 +104,7 @@ class _PutStream:
         self._reader = threading.Thread(target=self._read_acks, name="producer-acks", daemon=True)
         self._reader.start()
 
-    def write(self, batch: pa.RecordBatch, outcome: Outcome) -> None:
+    def write(self, batch: pa.RecordBatch, outcome: Outcome, *, waited: bool = False) -> None:
         self._window.acquire()
         with self._lock:
             if self.broken is not None:
@@ -120,6 +120,13 @@ class _PutStream:
             except (fl.FlightError, OSError) as exc:
                 self._fail(translate_flight_error(exc))
                 raise self.broken from exc  # type: ignore[misc]
+
+    def wait(self, futures: list[Future]) -> None:
+        for f in futures:  # the reader thread answers them
+            f.exception()
+
+    def usable(self) -> bool:
+        return self.broken is None
 
     def _fail(self, err: SparkMQError) -> None:
         self.broken = err
@@ -264,6 +271,49 @@ class Producer:
         ``ttl_s`` / ``expiry_time``: it expires then. ``delay_s`` / ``deliver_at``: scheduled
         delivery, consumers see it only from then on.
         """
+        dest, fut, full = self._buffer(
+            body,
+            destination,
+            headers,
+            group_id,
+            priority,
+            dedup_id,
+            message_id,
+            ttl_s,
+            expiry_time,
+            delay_s,
+            deliver_at,
+            waiting=False,
+        )
+        if full or self._linger <= 0:  # linger 0: no batching wait, not even a thread hop
+            self._flush_dest(dest)
+        return fut
+
+    def send_sync(self, body: bytes | str, **kwargs: Any) -> int:
+        """Send one message now and wait until it is durable; returns its offset."""
+        dest, fut, _ = self._buffer(body, **kwargs, waiting=True)
+        self.flush(dest)  # this thread writes it and reads its answer
+        return fut.result()
+
+    def _buffer(
+        self,
+        body: bytes | str,
+        destination: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        group_id: str | None = None,
+        priority: int | None = None,
+        dedup_id: str | None = None,
+        message_id: str | None = None,
+        ttl_s: float | None = None,
+        expiry_time: datetime | None = None,
+        delay_s: float | None = None,
+        deliver_at: datetime | None = None,
+        *,
+        waiting: bool,
+    ) -> tuple[str, Future, bool]:
+        """Add one message to its destination's buffer: its destination, its future, and
+        whether the buffer is full. ``waiting``: the caller flushes it at once (the linger
+        thread need not be woken)."""
         dest = self._dest(destination)
         if isinstance(body, str):
             body = body.encode()
@@ -287,19 +337,12 @@ class Producer:
             buf = self._buffers.setdefault(dest, [])
             if not buf:
                 self._first_at[dest] = time.monotonic()
-                self._wake.notify()
+                if not waiting and self._linger > 0:
+                    self._wake.notify()
             buf.append(item)
             self._buffer_bytes[dest] = self._buffer_bytes.get(dest, 0) + len(body)
             full = len(buf) >= self._batch_size or self._buffer_bytes[dest] >= self._batch_bytes
-        if full or self._linger <= 0:  # linger 0: no batching wait, not even a thread hop
-            self._flush_dest(dest)
-        return fut
-
-    def send_sync(self, body: bytes | str, **kwargs: Any) -> int:
-        """Send one message now and wait until it is durable; returns its offset."""
-        fut = self.send(body, **kwargs)
-        self.flush(kwargs.get("destination"))
-        return fut.result()
+        return dest, fut, full
 
     def send_batch(
         self,
@@ -334,7 +377,9 @@ class Producer:
             stream = self._stream(dest)
             for batch in table.to_batches(max_chunksize=self._batch_size):
                 parts.append(Future())
-                stream.write(batch, Outcome(batch.num_rows, whole=parts[-1]))
+                stream.write(batch, Outcome(batch.num_rows, whole=parts[-1]), waited=wait)
+        if wait:
+            stream.wait(parts)
         result = parts[0] if len(parts) == 1 else _joined(parts)  # none: an empty table
         return result.result() if wait else result
 
@@ -342,9 +387,14 @@ class Producer:
         """Send what is buffered (for one destination, or all) and wait until it is durable."""
         with self._lock:
             dests = [destination] if destination else list(self._buffers)
-        futures = [i.future for d in dests for i in self._flush_dest(d)]
-        for f in futures:
-            f.exception()
+        for d in dests:
+            written = self._flush_dest(d, waited=True)
+            futures = [i.future for i in written]
+            stream = self._streams.get(d)
+            if stream is not None:  # none: it could not be opened, and the futures say why
+                stream.wait(futures)
+            for f in futures:
+                f.exception()
 
     def close(self) -> None:
         """Send what is buffered, wait for every ack, and close the streams."""
@@ -362,13 +412,15 @@ class Producer:
         self._client.close()
 
     # -- internals ---------------------------------------------------------------------------
-    def _flush_dest(self, dest: str) -> list[_Pending]:
-        """Take a destination's buffer and write it; one at a time, so batches keep order."""
+    def _flush_dest(self, dest: str, *, waited: bool = False) -> list[_Pending]:
+        """Take a destination's buffer and write it; one at a time, so batches keep order.
+
+        ``waited``: the caller waits for the answer through the stream's ``wait``."""
         with self._send_lock:
             with self._lock:
                 items = self._take(dest)
             if items:
-                self._send_now(dest, items)
+                self._send_now(dest, items, waited)
             return items
 
     def _take(self, dest: str) -> list[_Pending]:
@@ -399,7 +451,7 @@ class Producer:
     def _stream(self, dest: str) -> _PutStream | WireProduceStream:
         with self._stream_lock:
             stream = self._streams.get(dest)
-            if stream is None or stream.broken is not None:
+            if stream is None or not stream.usable():
                 if not self._discovered:  # asked once, when the first stream opens
                     self._address = wire_address(
                         self._client, self._options, self._url, self._transport
@@ -412,7 +464,7 @@ class Producer:
                 self._streams[dest] = stream
             return stream
 
-    def _send_now(self, dest: str, items: list[_Pending]) -> None:
+    def _send_now(self, dest: str, items: list[_Pending], waited: bool) -> None:
         batch = pa.record_batch(
             [
                 _column([i.body for i in items], _BINARY),
@@ -430,7 +482,7 @@ class Producer:
         )
         futures = [i.future for i in items]
         try:
-            self._stream(dest).write(batch, Outcome(len(items), per_message=futures))
+            self._stream(dest).write(batch, Outcome(len(items), per_message=futures), waited=waited)
         except SparkMQError as exc:
             for f in futures:
                 if not f.done():
