@@ -229,7 +229,7 @@ class WireProduceStream:
         return True
 
     def _read_acks(self) -> None:
-        with self._lock:  # take the reading turn from a caller that has it, for good
+        with self._lock:  # once a reading caller is done, read every answer from then on
             self._answered.wait_for(lambda: not self._reading)
             self._reading = True
         while self._read_one():
