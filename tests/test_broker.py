@@ -219,6 +219,9 @@ def test_clear_errors_for_bad_input(strict_broker: RunningBroker, tmp_path, cloc
             producer.send_batch(pa.table({"body": [b"x"], "colour": ["red"]}), destination="q")
         with pytest.raises(SchemaMismatch, match="'priority'"):
             producer.send_batch(pa.table({"body": [b"x"], "priority": ["high"]}), destination="q")
+        with pytest.raises(TypeError, match=r"send_sync\(\) got .* \['ttl'\]; .*'ttl_s'"):
+            producer.send_sync(b"x", destination="q", ttl=5)
+        assert producer.send_sync(b"x", destination="q", ttl_s=5) == 0  # nothing went before
     with pytest.raises(DestinationNotFound):
         Consumer(broker.url, "missing")
 

@@ -11,6 +11,7 @@ to a message the broker did store; resend it with the same dedup id.
 
 from __future__ import annotations
 
+import inspect
 import struct
 import threading
 import time
@@ -290,7 +291,14 @@ class Producer:
         return fut
 
     def send_sync(self, body: bytes | str, **kwargs: Any) -> int:
-        """Send one message now and wait until it is durable; returns its offset."""
+        """Send one message now and wait until it is durable; returns its offset.
+
+        Takes the keyword arguments of :meth:`send`."""
+        if unknown := kwargs.keys() - _SEND_OPTIONS:
+            raise TypeError(
+                f"send_sync() got unexpected keyword argument(s) {sorted(unknown)}; it takes "
+                f"those of send(): {sorted(_SEND_OPTIONS)}"
+            )
         dest, fut, _ = self._buffer(body, **kwargs, waiting=True)
         self.flush(dest)  # this thread writes it and reads its answer
         return fut.result()
@@ -488,6 +496,8 @@ class Producer:
                 if not f.done():
                     f.set_exception(exc)
 
+
+_SEND_OPTIONS = frozenset(inspect.signature(Producer.send).parameters) - {"self", "body"}
 
 # built once: constructing and comparing DataTypes per column was a third of a send's cost
 _BINARY, _STRING, _INT32, _INT64 = pa.binary(), pa.string(), pa.int32(), pa.int64()
