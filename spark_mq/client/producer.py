@@ -106,6 +106,8 @@ class _PutStream:
         self._reader.start()
 
     def write(self, batch: pa.RecordBatch, outcome: Outcome, *, waited: bool = False) -> None:
+        """Send ``batch`` (``waited`` makes no difference here: the reader thread reads every
+        answer of a Flight stream)."""
         self._window.acquire()
         with self._lock:
             if self.broken is not None:
@@ -399,10 +401,11 @@ class Producer:
             written = self._flush_dest(d, waited=True)
             futures = [i.future for i in written]
             stream = self._streams.get(d)
-            if stream is not None:  # none: it could not be opened, and the futures say why
+            if stream is not None:
                 stream.wait(futures)
-            for f in futures:
-                f.exception()
+            else:  # it could not be opened: the futures failed, saying why
+                for f in futures:
+                    f.exception()
 
     def close(self) -> None:
         """Send what is buffered, wait for every ack, and close the streams."""
