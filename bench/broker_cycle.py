@@ -8,7 +8,7 @@ of a synchronous send's round trip, and of the produce-to-consume latency, that 
 decides. Compare runs of this script between changes; end-to-end figures (``broker_bench.py``)
 vary by ±10 % from run to run on this machine, this one by about ±5 %.
 
-    python bench/broker_cycle.py [--messages 5000] [--sync none|fdatasync]
+    python bench/broker_cycle.py [--messages 5000] [--sync none|fdatasync] [--every-column]
 """
 
 from __future__ import annotations
@@ -35,15 +35,22 @@ class _NoWakeup:
         pass
 
 
-def _frame_bodies(n: int) -> list[bytes]:
-    """What a producer's one-message batch frames carry (the SDK's shape: body and dedup id)."""
+def _frame_bodies(n: int, every_column: bool) -> list[bytes]:
+    """What a producer's one-message batch frames carry: the SDK's shape (a ``COLUMNS`` frame of
+    a body and a dedup id), or with ``every_column`` a ``BATCH`` frame of every column."""
     out = []
     for i in range(n):
-        columns = {f.name: pa.nulls(1, f.type) for f in PRODUCE_SCHEMA}
-        columns["body"] = pa.array([os.urandom(1024)], pa.binary())
-        columns["dedup_id"] = pa.array([f"cycle-{i}"], pa.string())
-        batch = pa.record_batch(list(columns.values()), schema=PRODUCE_SCHEMA)
-        out.append(b"".join(bytes(p) for p in wire.batch_parts(i, batch))[wire.HEADER.size :])
+        body = pa.array([os.urandom(1024)], pa.binary())
+        dedup_id = pa.array([f"cycle-{i}"], pa.string())
+        if every_column:
+            columns = {f.name: pa.nulls(1, f.type) for f in PRODUCE_SCHEMA}
+            columns["body"], columns["dedup_id"] = body, dedup_id
+            batch = pa.record_batch(list(columns.values()), schema=PRODUCE_SCHEMA)
+            parts = wire.batch_parts(i, batch)
+        else:
+            schema = wire.PRODUCE_SUBSETS.schema(0b101)  # body, dedup_id
+            parts = wire.PRODUCE_SUBSETS.parts(i, pa.record_batch([body, dedup_id], schema=schema))
+        out.append(b"".join(bytes(p) for p in parts)[wire.HEADER.size :])
     return out
 
 
@@ -51,6 +58,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--sync", choices=["none", "fdatasync", "fsync"], default="none")
+    parser.add_argument(
+        "--every-column",
+        action="store_true",
+        help="produce BATCH frames of every column (the SDK before COLUMNS frames; Flight's shape)",
+    )
     args = parser.parse_args()
     data = tempfile.mkdtemp(prefix="sparkmq-cycle-")
     overrides = {"broker.data_dir": data, "broker.port": 0, "journal.sync": args.sync}
@@ -59,12 +71,15 @@ def main() -> None:
     try:
         broker.create_destination("q", "queue", None)
         session = broker.attach("q", None, 1000, wakeup=_NoWakeup())
-        bodies = _frame_bodies(args.messages)
+        bodies = _frame_bodies(args.messages, args.every_column)
         phases: dict[str, list[float]] = {"produce": [], "deliver": [], "ack": []}
 
         def cycle(i: int) -> None:
             t0 = time.perf_counter()
-            _, batch = wire.read_batch(bodies[i], PRODUCE_SCHEMA)
+            if args.every_column:
+                _, batch = wire.read_batch(bodies[i], PRODUCE_SCHEMA)
+            else:
+                _, batch = wire.PRODUCE_SUBSETS.read(bodies[i])
             with committing_here():
                 answer = broker.produce("q", batch)
             answer.result()

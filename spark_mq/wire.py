@@ -7,7 +7,11 @@ Each frame is a 5-byte header (body length, u32 little-endian; kind, u8) and a b
 * ``CONTROL``: one JSON frame of :mod:`spark_mq.protocol` (``Produce``, ``Consume``, ``Welcome``,
   ``Settle``, ``Reply``, ``Bye``, ``PutAck``, ``PutFailed``) or :class:`Failure`;
 * ``BATCH``: a u32 sequence number, then one Arrow IPC record batch message without its schema:
-  ``PRODUCE_SCHEMA`` from a producer, ``DELIVERY_SCHEMA`` to a consumer (both sides know it).
+  ``PRODUCE_SCHEMA`` from a producer, ``DELIVERY_SCHEMA`` to a consumer (both sides know it);
+* ``COLUMNS``: from a producer, a batch of only some of ``PRODUCE_SCHEMA``'s columns (those a
+  message uses: the SDK's plain message is a body and a dedup id): a u32 sequence number, a u16
+  naming them (bit ``i``: field ``i``, in the schema's order), then the IPC record batch message
+  of those columns. The absent ones are null; the broker need not look at them.
 
 A connection does one thing, named by its first frame. A producer connection starts with
 ``Produce``; each batch is answered by a ``PutAck``/``PutFailed`` carrying its sequence number,
@@ -28,10 +32,12 @@ import pyarrow as pa
 
 from spark_mq import protocol
 from spark_mq.errors import ProtocolError, SparkMQError, to_wire
+from spark_mq.schema import PRODUCE_SCHEMA
 
 HEADER = struct.Struct("<IB")
 SEQ = struct.Struct("<I")
-CONTROL, BATCH = 1, 2
+CONTROL, BATCH, COLUMNS = 1, 2, 3
+MASK = struct.Struct("<H")
 # what a frame may carry beyond a batch's own buffers (IPC metadata, padding)
 FRAME_SLACK = 1024 * 1024
 
@@ -88,15 +94,65 @@ def read_batch(body: bytes, schema: pa.Schema) -> tuple[int, pa.RecordBatch]:
     if len(body) < SEQ.size:
         raise ProtocolError("batch frame shorter than its sequence number", fault="remote")
     (seq,) = SEQ.unpack_from(body)
+    return seq, _batch(seq, pa.py_buffer(body)[SEQ.size :], schema)
+
+
+def _batch(seq: int, message: pa.Buffer, schema: pa.Schema) -> pa.RecordBatch:
     try:
-        batch = pa.ipc.read_record_batch(pa.py_buffer(body)[SEQ.size :], schema)
+        batch = pa.ipc.read_record_batch(message, schema)
         batch.validate()
     except (pa.ArrowInvalid, OSError, ValueError) as exc:
         raise ProtocolError(
             f"batch {seq} is not an Arrow record batch of the expected schema: {exc}",
             fault="remote",
         ) from None
-    return seq, batch
+    return batch
+
+
+class ColumnSubsets:
+    """The schemas of ``COLUMNS`` frames: subsets of ``full`` (in its order) by their mask."""
+
+    def __init__(self, full: pa.Schema) -> None:
+        self.full = full
+        self._schemas: dict[int, pa.Schema] = {}
+        self._masks: dict[tuple[str, ...], int] = {}
+
+    def schema(self, mask: int) -> pa.Schema:
+        """The schema of the columns ``mask`` names; ``ValueError`` for bits past the last."""
+        schema = self._schemas.get(mask)
+        if schema is None:
+            if not 0 < mask < 1 << len(self.full):
+                raise ValueError(f"column mask {mask:#x} names no column or an unknown one")
+            schema = pa.schema([f for i, f in enumerate(self.full) if mask >> i & 1])
+            self._schemas[mask] = schema
+            self._masks[tuple(schema.names)] = mask
+        return schema
+
+    def parts(self, seq: int, batch: pa.RecordBatch) -> list[Any]:
+        """``batch`` (some of ``full``'s columns, in its order) as a ``COLUMNS`` frame."""
+        names = tuple(batch.schema.names)
+        mask = self._masks.get(names)
+        if mask is None:
+            at = {name: i for i, name in enumerate(self.full.names)}
+            mask = sum(1 << at[name] for name in names)
+            if list(self.schema(mask)) != list(batch.schema):
+                raise ValueError(f"columns {list(names)} are not a subset of {self.full.names}")
+        message = batch.serialize()
+        head = HEADER.pack(SEQ.size + MASK.size + message.size, COLUMNS)
+        return [head + SEQ.pack(seq) + MASK.pack(mask), message]
+
+    def read(self, body: bytes) -> tuple[int, pa.RecordBatch]:
+        """A ``COLUMNS`` frame's sequence number and batch; a malformed one is a
+        ``ProtocolError``."""
+        if len(body) < SEQ.size + MASK.size:
+            raise ProtocolError("columns frame shorter than its header", fault="remote")
+        (seq,) = SEQ.unpack_from(body)
+        (mask,) = MASK.unpack_from(body, SEQ.size)
+        try:
+            schema = self.schema(mask)
+        except ValueError as exc:
+            raise ProtocolError(f"batch {seq}: {exc}", fault="remote") from None
+        return seq, _batch(seq, pa.py_buffer(body)[SEQ.size + MASK.size :], schema)
 
 
 class FrameReader:
@@ -151,3 +207,6 @@ def send_parts(sock: socket.socket, parts: list[Any]) -> None:
             views.pop(0)
         if sent:
             views[0] = views[0][sent:]
+
+
+PRODUCE_SUBSETS = ColumnSubsets(PRODUCE_SCHEMA)  # what a producer's COLUMNS frames carry

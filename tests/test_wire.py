@@ -80,6 +80,34 @@ def test_a_malformed_batch_is_a_protocol_error() -> None:
         wire.read_batch(b"\x01", PRODUCE_SCHEMA)
 
 
+def test_a_columns_frame_carries_only_the_columns_named_and_refuses_bad_masks() -> None:
+    subsets = wire.PRODUCE_SUBSETS
+    schema = subsets.schema(0b101)
+    assert schema.names == ["body", "dedup_id"]
+    batch = pa.record_batch([pa.array([b"b1", b"b2"]), pa.array(["d1", None])], schema=schema)
+    frame = b"".join(bytes(memoryview(p)) for p in subsets.parts(4, batch))
+    ((kind, body),) = wire.FrameReader().feed(frame)
+    assert kind == wire.COLUMNS
+    seq, back = subsets.read(body)
+    assert seq == 4 and back.equals(batch)
+    # every column is a subset too (the same columns, in the schema's order)
+    full = _one(b"x")
+    whole = b"".join(bytes(memoryview(p)) for p in subsets.parts(5, full))
+    assert subsets.read(whole[wire.HEADER.size :])[1].equals(full)
+    head = wire.SEQ.pack(6)
+    with pytest.raises(ProtocolError, match="batch 6: column mask 0x0 names no column"):
+        subsets.read(head + wire.MASK.pack(0) + body[6:])
+    with pytest.raises(ProtocolError, match="batch 6: column mask 0x400 names no column or an"):
+        subsets.read(head + wire.MASK.pack(1 << len(PRODUCE_SCHEMA)) + body[6:])
+    with pytest.raises(ProtocolError, match="batch 6 is not an Arrow record batch"):
+        subsets.read(head + wire.MASK.pack(0b111) + body[6:])  # three columns named, two sent
+    with pytest.raises(ProtocolError, match="shorter"):
+        subsets.read(head + b"\x01")
+    out_of_order = pa.record_batch([pa.array(["d"]), pa.array([b"b"])], names=["dedup_id", "body"])
+    with pytest.raises(ValueError, match="not a subset"):
+        subsets.parts(7, out_of_order)
+
+
 # -- inline group commit ----------------------------------------------------------------------
 def test_submits_inside_committing_here_are_committed_by_the_submitting_thread() -> None:
     store = MemoryStore()
@@ -250,6 +278,64 @@ def test_a_consumer_that_drops_its_connection_gives_its_messages_back(
     with Consumer(broker.url, "q") as consumer:
         again = consumer.receive_many(2, timeout=10)
         assert [(m.body, m.redelivered) for m in again] == [(b"a", True), (b"b", True)]
+
+
+def test_columns_frames_are_checked_as_any_batch_and_stored_with_the_defaults(
+    broker: RunningBroker,
+) -> None:
+    subsets = wire.PRODUCE_SUBSETS
+
+    def frame(seq: int, columns: dict[str, pa.Array]) -> bytes:
+        at = PRODUCE_SCHEMA.names
+        mask = sum(1 << at.index(name) for name in columns)
+        batch = pa.record_batch(list(columns.values()), schema=subsets.schema(mask))
+        return b"".join(bytes(memoryview(p)) for p in subsets.parts(seq, batch))
+
+    with _raw(broker) as sock:
+        sock.sendall(wire.control(protocol.Produce("q")))
+        sock.sendall(frame(0, {"body": pa.array([b"plain"]), "dedup_id": pa.array(["p-0"])}))
+        sock.sendall(frame(1, {"body": pa.array([b"bad"]), "priority": pa.array([12], pa.int32())}))
+        sock.sendall(frame(2, {"body": pa.array([None], pa.binary())}))
+        sock.sendall(
+            frame(3, {"body": pa.array([b"urgent"]), "priority": pa.array([9], pa.int32())})
+        )
+        sock.sendall(frame(4, {"body": pa.array([b"again"]), "dedup_id": pa.array(["p-0"])}))
+        reader, answers = wire.FrameReader(), []
+        while len(answers) < 5:
+            answers += [protocol.parse(body) for _, body in reader.feed(sock.recv(65536))]
+    by_seq = {a.seq: a for a in answers}
+    assert isinstance(by_seq[0], protocol.PutAck) and by_seq[0].first_offset == 0
+    assert isinstance(by_seq[1], protocol.PutFailed)
+    assert "priority must be between 0 and 9" in by_seq[1].error["message"]
+    assert isinstance(by_seq[2], protocol.PutFailed)
+    assert "'body' must not contain nulls" in by_seq[2].error["message"]
+    assert isinstance(by_seq[3], protocol.PutAck) and by_seq[3].first_offset == 1
+    assert isinstance(by_seq[4], protocol.PutAck) and by_seq[4].duplicates == 1
+    with Consumer(broker.url, "q") as consumer:
+        got = receive_n(consumer, 2)
+        assert [(m.body, m.priority, m.dedup_id) for m in got] == [
+            (b"urgent", 9, None),  # the higher priority first
+            (b"plain", 4, "p-0"),  # no priority column: the JMS default
+        ]
+        consumer.ack(got).result(10)
+
+
+def test_the_sdk_sends_only_the_columns_its_messages_use() -> None:
+    from concurrent.futures import Future
+
+    from spark_mq.client.producer import _batch_of, _Pending
+
+    def pending(body: bytes, priority: int | None = None) -> _Pending:
+        none = (None,) * 5  # headers, ttl, expiry, delay, delivery time
+        return _Pending(body, None, "d", None, priority, *none, Future())  # type: ignore[arg-type]
+
+    plain = _batch_of([pending(b"a"), pending(b"b")], every_column=False)
+    assert plain.schema.names == ["body", "dedup_id"]
+    mixed = _batch_of([pending(b"a"), pending(b"b", 7)], every_column=False)
+    assert mixed.schema.names == ["body", "dedup_id", "priority"]
+    assert mixed["priority"].to_pylist() == [None, 7]
+    every = _batch_of([pending(b"a")], every_column=True)  # Flight: one schema per stream
+    assert every.schema.equals(PRODUCE_SCHEMA)
 
 
 @pytest.mark.parametrize("transport", ["wire", "flight"])

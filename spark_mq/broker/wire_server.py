@@ -250,11 +250,11 @@ class WireServer:
             if conn.role is None:
                 self._first(conn, kind, body)
             elif conn.role == "produce":
-                if kind != wire.BATCH:
+                if kind not in (wire.BATCH, wire.COLUMNS):
                     raise ProtocolError(
                         "a producer connection carries batch frames only", fault="remote"
                     )
-                self._produce(conn, body)
+                self._produce(conn, kind, body)
             else:
                 if kind != wire.CONTROL:
                     raise ProtocolError("consumers send settle and bye frames only", fault="remote")
@@ -282,8 +282,11 @@ class WireServer:
         self._write(conn)
 
     # -- producing ---------------------------------------------------------------------------
-    def _produce(self, conn: _Conn, body: bytes) -> None:
-        seq, batch = wire.read_batch(body, PRODUCE_SCHEMA)
+    def _produce(self, conn: _Conn, kind: int, body: bytes) -> None:
+        if kind == wire.COLUMNS:
+            seq, batch = wire.PRODUCE_SUBSETS.read(body)
+        else:
+            seq, batch = wire.read_batch(body, PRODUCE_SCHEMA)
         dest = conn.destination
         try:
             parked = self.broker.limits.may_wait(dest)
@@ -323,7 +326,7 @@ class WireServer:
             size=item.size,
             limit=limit,
         )
-        if conn.role != "produce" or item.kind != wire.BATCH:
+        if conn.role != "produce" or item.kind not in (wire.BATCH, wire.COLUMNS):
             raise err
         self._answer(conn, protocol.PutFailed(item.seq, json.loads(to_wire(err))))
 

@@ -127,8 +127,11 @@ class WireProduceStream:
             self._sock.close()
             raise BrokerUnavailable(f"cannot reach the broker's direct wire: {exc}") from exc
 
+    every_column = False  # a batch may leave out columns it does not use (a COLUMNS frame)
+
     def write(self, batch: pa.RecordBatch, outcome: Outcome, *, waited: bool = False) -> None:
-        """Send ``batch``; ``waited``: the caller will :meth:`wait` for its answer."""
+        """Send ``batch`` (of ``PRODUCE_SCHEMA``'s columns, or only some of them, in its
+        order); ``waited``: the caller will :meth:`wait` for its answer."""
         self._window.acquire()
         with self._lock:
             if self.broken is not None:
@@ -138,7 +141,7 @@ class WireProduceStream:
             self._seq = (seq + 1) % _SEQ_LIMIT
             self._in_flight[seq] = outcome
             try:
-                wire.send_parts(self._sock, wire.batch_parts(seq, batch))
+                wire.send_parts(self._sock, wire.PRODUCE_SUBSETS.parts(seq, batch))
             except OSError as exc:
                 self._fail(BrokerUnavailable(f"the connection to the broker broke: {exc}"))
                 raise self.broken from exc  # type: ignore[misc]
