@@ -228,16 +228,17 @@ def _plain_subsets() -> dict[tuple[str, ...], tuple[pa.Schema, list[int]]]:
 _PLAIN_SUBSETS = _plain_subsets()
 _FULL_SOURCES = _sources(PRODUCE_SCHEMA.names)
 _ENQUEUE_AT = UNOFFSET_SCHEMA.get_field_index("enqueue_time")
+_BODY_AT = UNOFFSET_SCHEMA.get_field_index("body")
 
 
 def _plain_rows(
     batch: pa.RecordBatch, enqueue_time_us: int, max_message_bytes: int, destination: str
 ) -> pa.Table | None:
     """``normalize_produce_batch`` for a plain batch: its columns are used as they are, no
-    kernel runs (a one-message batch: 14 us against the general path's 22). A plain batch has
-    only some of the columns ``_PLAIN_COLUMNS`` names (what the SDK sends over the direct wire:
-    the null-checks of the other columns are spared, 8 us), or exactly ``PRODUCE_SCHEMA``
-    without priorities, expiry or schedule. None for any other batch."""
+    kernel runs (a one-message batch: 13 us against the general path's 22). A plain batch is
+    exactly ``PRODUCE_SCHEMA`` without priorities, expiry or schedule, or has only some of the
+    columns ``_PLAIN_COLUMNS`` names, as the SDK sends over the direct wire: the other columns
+    need no null check then (8 us). None for any other batch."""
     schema = batch.schema
     n = batch.num_rows
     if schema.equals(PRODUCE_SCHEMA):
@@ -249,7 +250,7 @@ def _plain_rows(
         if subset is None or not schema.equals(subset[0]):
             return None
         sources = subset[1]
-    body = batch.column(sources[-1])
+    body = batch.column(sources[_BODY_AT])
     if body.null_count:
         raise SchemaMismatch("column 'body' must not contain nulls", destination=destination)
     # a batch off the wire shares no buffers: their total bounds the bodies' (.nbytes is slower)

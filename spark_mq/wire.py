@@ -113,6 +113,8 @@ class ColumnSubsets:
     """The schemas of ``COLUMNS`` frames: subsets of ``full`` (in its order) by their mask."""
 
     def __init__(self, full: pa.Schema) -> None:
+        if len(full) > 8 * MASK.size:
+            raise ValueError(f"a column mask of {MASK.size} bytes names at most 16 columns")
         self.full = full
         self._schemas: dict[int, pa.Schema] = {}
         self._masks: dict[tuple[str, ...], int] = {}

@@ -503,7 +503,7 @@ _FIELDS = [(f.name, f.type) for f in PRODUCE_SCHEMA]
 def _batch_of(items: list[_Pending], *, every_column: bool) -> pa.RecordBatch:
     """Buffered messages as a batch: of every column of ``PRODUCE_SCHEMA``, or of only those
     some message uses. A plain message is then a body and a dedup id, and neither the SDK nor
-    the broker handles the other eight columns (a one-message batch: 7 us built, against 11)."""
+    the broker handles the other eight columns (a one-message batch: 10 us built, against 16)."""
     columns, mask = [], 0
     for i, (name, typ) in enumerate(_FIELDS):
         values = [getattr(item, name) for item in items]
