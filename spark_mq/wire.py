@@ -136,9 +136,13 @@ class ColumnSubsets:
         mask = self._masks.get(names)
         if mask is None:
             at = {name: i for i, name in enumerate(self.full.names)}
-            mask = sum(1 << at[name] for name in names)
-            if list(self.schema(mask)) != list(batch.schema):
-                raise ValueError(f"columns {list(names)} are not a subset of {self.full.names}")
+            mask = sum(1 << at[name] for name in names if name in at)
+        # types too, every time: the broker reads the frame with the schema its mask names
+        if not mask or not batch.schema.equals(self.schema(mask)):
+            raise ValueError(
+                f"columns {batch.schema} are not some of {self.full.names} in that order, "
+                "each of its type"
+            )
         message = batch.serialize()
         head = HEADER.pack(SEQ.size + MASK.size + message.size, COLUMNS)
         return [head + SEQ.pack(seq) + MASK.pack(mask), message]

@@ -104,8 +104,15 @@ def test_a_columns_frame_carries_only_the_columns_named_and_refuses_bad_masks() 
     with pytest.raises(ProtocolError, match="shorter"):
         subsets.read(head + b"\x01")
     out_of_order = pa.record_batch([pa.array(["d"]), pa.array([b"b"])], names=["dedup_id", "body"])
-    with pytest.raises(ValueError, match="not a subset"):
+    with pytest.raises(ValueError, match="not some of"):
         subsets.parts(7, out_of_order)
+    for wrong in (
+        pa.record_batch([pa.array(["a string body"])], names=["body"]),  # after a good one
+        pa.record_batch([pa.array([b"b"]), pa.array([1])], names=["body", "no_such_column"]),
+    ):
+        subsets.parts(8, pa.record_batch([pa.array([b"b"])], names=["body"]))
+        with pytest.raises(ValueError, match="not some of"):
+            subsets.parts(8, wrong)
 
 
 # -- inline group commit ----------------------------------------------------------------------
