@@ -485,3 +485,30 @@ def test_memory_states_evict_bodies_then_block_producers(
             producer.send_batch([b"flows again"])
     finally:
         broker.stop()
+
+
+def test_a_message_one_subscription_acked_stays_acked_for_it_across_a_restart(
+    data: Path, clock: ManualClock
+) -> None:
+    # "billing" acks the second message but not the first: after the restart, the rows given
+    # back hold one it must not get again, above its low-water mark
+    broker = start_inprocess(data, clock)
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_topic("t")
+            admin.create_subscription("t", "billing")
+            admin.create_subscription("t", "audit")
+        with Producer(broker.url, destination="t") as producer:
+            producer.send_sync(b"first")
+            producer.send_sync(b"second")
+        with Consumer(broker.url, "t", subscription="billing") as consumer:
+            _, second = receive_n(consumer, 2)
+            consumer.ack(second).result(timeout=5)
+        broker = restart(broker, data, clock)
+        with Consumer(broker.url, "t", subscription="billing") as consumer:
+            assert [m.body for m in receive_n(consumer, 1)] == [b"first"]
+            assert consumer.receive(timeout=0.3) is None
+        with Consumer(broker.url, "t", subscription="audit") as consumer:
+            assert [m.body for m in receive_n(consumer, 2)] == [b"first", b"second"]
+    finally:
+        broker.stop()

@@ -149,9 +149,6 @@ class Subscription(Housekeeping):
         for part in self._store.entries(self.next_offset):  # a snapshot of the chunks
             offsets, prio = part.offsets, part.priority
             end = int(offsets[-1]) + 1  # a chunk added meanwhile is ingested once, next time
-            keep = np.ones(len(offsets), dtype=bool)
-            if offsets[0] <= self._settled_horizon:
-                keep &= ~np.isin(offsets, np.fromiter(self._settled, np.int64))
             groups, expiry, deliver = part.groups, part.expiry_us, part.deliver_us
             plain = (
                 groups is None
@@ -160,6 +157,16 @@ class Subscription(Housekeeping):
                 and self.selector is None
                 and offsets[0] > self._count_horizon
             )
+            if plain and len(offsets) == 1:
+                # one plain message (a synchronous send): no numpy for one row (35 us in the
+                # running broker with it, measured, for ~6 us of work)
+                if end - 1 > self._settled_horizon or end - 1 not in self._settled:
+                    self._ready_list(int(prio[0])).add(end - 1)
+                    self._ready_n += 1
+                continue
+            keep = np.ones(len(offsets), dtype=bool)
+            if offsets[0] <= self._settled_horizon:
+                keep &= ~np.isin(offsets, np.fromiter(self._settled, np.int64))
             if plain and keep.all() and (prio == prio[0]).all():
                 self._ready_list(int(prio[0])).update(offsets.tolist())
                 self._ready_n += len(offsets)
