@@ -345,6 +345,45 @@ def test_the_sdk_sends_only_the_columns_its_messages_use() -> None:
     assert every.schema.equals(PRODUCE_SCHEMA)
 
 
+def test_delivered_fields_are_read_when_asked_and_a_kept_message_does_not_keep_the_batch() -> None:
+    from datetime import datetime, timezone
+
+    from spark_mq.client.message import messages_of
+
+    at = datetime(2026, 11, 22, 12, 0, 0, 123456, tzinfo=timezone.utc)
+    later = datetime(2026, 11, 23, tzinfo=timezone.utc)
+    plain = {"offset": 7, "body": b"x" * (1 << 20), "dedup_id": "d-7", "priority": 4}
+    full = {
+        **plain,
+        **{"offset": 8, "body": b"full", "message_id": "m-8", "group_id": "g", "priority": 9},
+        **{"expiry_time": later, "deliver_time": later, "headers": [("k", "v")]},
+        **{"delivery_count": 2, "redelivered": True, "group_first": True},
+    }
+    rows = [{"enqueue_time": at, "delivery_count": 1, "redelivered": False, **plain}, full]
+    batch = pa.RecordBatch.from_pylist(rows, schema=DELIVERY_SCHEMA)
+    first, second = messages_of("q", batch, None)
+    assert (first.offset, first.body, first.delivery_count) == (7, plain["body"], 1)
+    assert (first.message_id, first.group_id, first.expiry_time, first.deliver_time) == (None,) * 4
+    assert (first.dedup_id, first.priority, first.headers, first.redelivered) == (
+        "d-7",
+        4,
+        {},
+        False,
+    )
+    assert first.enqueue_time == at and first.enqueue_time.tzinfo is not None
+    assert second.headers == {"k": "v"} and second.expiry_time == later == second.deliver_time
+    assert (second.message_id, second.group_id, second.priority) == ("m-8", "g", 9)
+    assert (second.delivery_count, second.redelivered, second.group_first) == (2, True, True)
+    assert second.text == "full" and not first.group_first
+    with pytest.raises(AttributeError):
+        first.body = b"changed"  # type: ignore[misc]
+    # the bodies were copied out; the messages keep only the small columns of their batch
+    held = pa.total_allocated_bytes()
+    del batch, rows
+    assert pa.total_allocated_bytes() <= held - (1 << 20)
+    assert first.body == plain["body"] and first.dedup_id == "d-7"
+
+
 @pytest.mark.parametrize("transport", ["wire", "flight"])
 def test_both_transports_carry_the_same_round_trip(broker: RunningBroker, transport: str) -> None:
     with Producer(broker.url, destination="q", transport=transport) as producer:  # type: ignore[arg-type]

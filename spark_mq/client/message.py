@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -18,77 +17,154 @@ if TYPE_CHECKING:
 def messages_of(
     destination: str, batch: pa.Table | pa.RecordBatch, consumer: Consumer | None
 ) -> list[Message]:
-    """A delivery batch as messages, built a column at a time.
+    """A delivery batch as messages.
 
-    Most deliveries at a steady rate carry one message. Row dicts (``to_pylist`` on the batch)
-    cost ~47 us for a one-row batch, and reading zoned timestamps through pyarrow imports pandas
-    (0.2-1 s on a consumer's first delivery). Columns that are all null are not converted at all;
-    times are read as integer microseconds and made UTC datetimes here.
+    What every consumer reads (offset, body, delivery count) is made Python values at once; the
+    rest a column at a time, for every message of the batch, when a message's field is first
+    read. Measured in a loop: a one-row delivery took 15 us when all thirteen columns were
+    converted at once, a 1,000-row one 2.2 ms.
     """
-    n = batch.num_rows
-    columns = dict(zip(batch.schema.names, batch.columns, strict=True))
-
-    def column(name: str) -> list[Any]:
-        c = columns[name]
-        return [None] * n if c.null_count == n else c.to_pylist()
-
-    def times(name: str) -> list[datetime | None]:
-        c = columns[name]
-        if c.null_count == n:
-            return [None] * n
-        micros = (c.view(pa.int64()) if c.type == TS else c.cast(TS).cast(pa.int64())).to_pylist()
-        return [None if us is None else _EPOCH + timedelta(microseconds=us) for us in micros]
-
-    headers = [dict(h) if h else {} for h in column("headers")]
+    if isinstance(batch, pa.Table):
+        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else batch
+    rest = _Columns(batch.drop_columns(["body"]))
     return [
-        Message(destination, *fields, consumer)
-        for fields in zip(
-            column("offset"),
-            column("body"),
-            column("message_id"),
-            column("dedup_id"),
-            column("group_id"),
-            column("priority"),
-            times("enqueue_time"),
-            times("expiry_time"),
-            headers,
-            column("delivery_count"),
-            column("redelivered"),
-            times("deliver_time"),
-            column("group_first"),
-            strict=True,
+        Message(destination, offset, body, count, rest, row, consumer)
+        for row, (offset, body, count) in enumerate(
+            zip(
+                batch.column("offset").to_pylist(),
+                batch.column("body").to_pylist(),
+                batch.column("delivery_count").to_pylist(),
+                strict=True,
+            )
         )
     ]
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_TIMES = frozenset({"enqueue_time", "expiry_time", "deliver_time"})
 
 
-@dataclass(frozen=True, eq=False)
+class _Columns:
+    """A delivery batch's other columns, each made Python values (for every row) on first read.
+
+    Bodies are not among them: a message kept long after its batch was read keeps alive only
+    the batch's small columns. Two threads reading one column at once both convert it and
+    store equal lists; no lock is needed.
+    """
+
+    __slots__ = ("_batch", "_values")
+
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        self._batch = batch
+        self._values: dict[str, list[Any]] = {}
+
+    def get(self, name: str) -> list[Any]:
+        values = self._values.get(name)
+        if values is None:
+            values = self._values[name] = self._convert(name)
+        return values
+
+    def _convert(self, name: str) -> list[Any]:
+        column, n = self._batch.column(name), self._batch.num_rows
+        if column.null_count == n:
+            return [None] * n
+        if name == "headers":
+            return [dict(h) if h else {} for h in column.to_pylist()]
+        if name in _TIMES:
+            # as integer microseconds, made UTC datetimes here: reading zoned timestamps through
+            # pyarrow imports pandas (0.2-1 s on a consumer's first delivery)
+            typed = column if column.type == TS else column.cast(TS)
+            micros = typed.view(pa.int64()).to_pylist()
+            return [None if us is None else _EPOCH + timedelta(microseconds=us) for us in micros]
+        return column.to_pylist()
+
+
 class Message:
     """A delivered message. ``delivery_count`` starts at 1; ``redelivered`` is ``count > 1``;
     ``group_first`` marks the first message of a group since this consumer became its owner
-    (the JMSXGroupFirstForConsumer of Artemis)."""
+    (the JMSXGroupFirstForConsumer of Artemis). Read-only."""
 
-    destination: str
-    offset: int
-    body: bytes
-    message_id: str | None
-    dedup_id: str | None
-    group_id: str | None
-    priority: int
-    enqueue_time: datetime
-    expiry_time: datetime | None
-    headers: dict[str, str]
-    delivery_count: int
-    redelivered: bool
-    deliver_time: datetime | None = None
-    group_first: bool = False
-    _consumer: Consumer | None = field(default=None, repr=False)
+    __slots__ = ("_body", "_consumer", "_count", "_destination", "_offset", "_rest", "_row")
+
+    def __init__(
+        self,
+        destination: str,
+        offset: int,
+        body: bytes,
+        delivery_count: int,
+        rest: _Columns,
+        row: int,
+        consumer: Consumer | None = None,
+    ) -> None:
+        self._destination, self._offset, self._body = destination, offset, body
+        self._count, self._rest, self._row, self._consumer = delivery_count, rest, row, consumer
+
+    @property
+    def destination(self) -> str:
+        return self._destination
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    @property
+    def body(self) -> bytes:
+        return self._body
+
+    @property
+    def delivery_count(self) -> int:
+        return self._count
+
+    @property
+    def message_id(self) -> str | None:
+        return self._rest.get("message_id")[self._row]
+
+    @property
+    def dedup_id(self) -> str | None:
+        return self._rest.get("dedup_id")[self._row]
+
+    @property
+    def group_id(self) -> str | None:
+        return self._rest.get("group_id")[self._row]
+
+    @property
+    def priority(self) -> int:
+        return self._rest.get("priority")[self._row]
+
+    @property
+    def enqueue_time(self) -> datetime:
+        return self._rest.get("enqueue_time")[self._row]
+
+    @property
+    def expiry_time(self) -> datetime | None:
+        return self._rest.get("expiry_time")[self._row]
+
+    @property
+    def deliver_time(self) -> datetime | None:
+        return self._rest.get("deliver_time")[self._row]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self._rest.get("headers")[self._row]
+
+    @property
+    def redelivered(self) -> bool:
+        return self._rest.get("redelivered")[self._row]
+
+    @property
+    def group_first(self) -> bool:
+        return bool(self._rest.get("group_first")[self._row])
 
     @property
     def text(self) -> str:
         return self.body.decode("utf-8")
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(destination={self.destination!r}, offset={self.offset}, "
+            f"delivery_count={self.delivery_count}, body={self.body[:64]!r}"
+            f"{'...' if len(self.body) > 64 else ''})"
+        )
 
     def _owner(self) -> Consumer:
         if self._consumer is None:
