@@ -32,6 +32,8 @@ class BrokerSection(_Section):
     # the direct wire (spark_mq.wire): producers' and consumers' low-latency transport
     wire: bool = True
     wire_port: int = Field(7677, ge=0, le=65535)
+    # the wire also on a local socket (Linux), which clients on this machine use
+    wire_local: bool = True
     data_dir: str = "./data"
     persistence: Literal["delta", "memory"] = "delta"
     # a producer or consumer naming an unknown destination creates it as a queue

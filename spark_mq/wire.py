@@ -1,7 +1,9 @@
-"""The direct wire: sparkmq's low-latency transport for producers and consumers (plain TCP).
+"""The direct wire: sparkmq's low-latency transport for producers and consumers (plain TCP, and
+a local socket for clients on the broker's machine).
 
 Arrow Flight stays the transport of administration, browsing, transactions and Spark; the SDK's
-producers and consumers use this one when the broker offers it (``ping`` says on which port).
+producers and consumers use this one when the broker offers it (``ping`` says on which port, and
+the name of the local socket).
 Each frame is a 5-byte header (body length, u32 little-endian; kind, u8) and a body:
 
 * ``CONTROL``: one JSON frame of :mod:`spark_mq.protocol` (``Produce``, ``Consume``, ``Welcome``,

@@ -400,6 +400,48 @@ def test_both_transports_carry_the_same_round_trip(broker: RunningBroker, transp
         assert admin.stats("q")["depth"] == 0
 
 
+@pytest.mark.parametrize("local", [True, False])
+def test_clients_on_this_machine_use_the_local_socket_unless_it_is_off(
+    tmp_path: Path, local: bool
+) -> None:
+    from spark_mq.client._transport import call_action, connect
+
+    running = start_inprocess(tmp_path / "data", ManualClock(), **{"broker.wire_local": local})
+    try:
+        client, options = connect(running.url, 10)
+        name = call_action(client, options, "ping")["wire_local"]
+        client.close()
+        assert (name is not None) is local
+        family = socket.AF_UNIX if local else socket.AF_INET
+        with Producer(running.url, destination="q", transport="wire") as producer:
+            assert producer.send_sync(b"near") == 0
+            assert producer._streams["q"]._sock.family == family  # type: ignore[union-attr]
+        with Consumer(running.url, "q", transport="wire") as consumer:
+            assert consumer._link._sock.family == family  # type: ignore[union-attr]
+            [message] = receive_n(consumer, 1)
+            assert message.body == b"near"
+            consumer.ack(message).result(10)
+    finally:
+        running.stop()
+    if name is not None:  # gone with the broker: nothing left to connect to
+        with socket.socket(socket.AF_UNIX) as probe, pytest.raises(ConnectionRefusedError):
+            probe.connect("\0" + name)
+
+
+def test_a_local_socket_this_process_cannot_reach_falls_back_to_tcp(broker: RunningBroker) -> None:
+    # another machine's broker names a local socket that does not exist here
+    from spark_mq.client._wire import Address, WireConsumeLink
+
+    address = Address("127.0.0.1", broker.wire_port, "sparkmq-wire-of-another-machine")  # type: ignore[arg-type]
+    link = WireConsumeLink(address, 10, protocol.Consume("q", None, 10, None, True, False))
+    try:
+        assert link._sock.family == socket.AF_INET
+        welcome = protocol.parse(link.read())  # type: ignore[arg-type]
+        assert isinstance(welcome, protocol.Welcome)
+    finally:
+        link.close()
+
+
 def test_insisting_on_the_wire_of_a_broker_without_one_says_what_to_do(tmp_path: Path) -> None:
     running = start_inprocess(tmp_path / "data", ManualClock(), **{"broker.wire": False})
     try:

@@ -29,11 +29,13 @@ class RunningBroker:
         self.wire: WireServer | None = None
         try:
             if broker.config.broker.wire:
-                self.wire = WireServer(broker, host, broker.config.broker.wire_port)
+                settings = broker.config.broker
+                self.wire = WireServer(broker, host, settings.wire_port, local=settings.wire_local)
             self.service = FlightService(
                 broker,
                 f"grpc://{host}:{port}",
                 wire_port=self.wire.port if self.wire else None,
+                wire_local=self.wire.local_name if self.wire else None,
             )
         except Exception:
             if self.wire is not None:
@@ -89,10 +91,15 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
     signal.signal(signal.SIGINT, on_signal)
     running = RunningBroker(Broker(config), config.broker.host, config.broker.port)
     settle_garbage_collector()
+    wire_at = "no port (broker.wire = false)"
+    if running.wire is not None:
+        wire_at = f"port {running.wire_port}"
+        if running.wire.local_name:
+            wire_at += f" and local socket @{running.wire.local_name}"
     log.info(
         "sparkmq broker listening on %s, direct wire on %s (data: %s, persistence: %s)",
         running.url,
-        f"port {running.wire_port}" if running.wire_port else "no port (broker.wire = false)",
+        wire_at,
         config.broker.data_dir,
         config.broker.persistence,
     )

@@ -47,11 +47,18 @@ def _command(descriptor: fl.FlightDescriptor) -> protocol.Frame:
 
 class FlightService(fl.FlightServerBase):
     def __init__(
-        self, broker: Broker, location: str, *, wire_port: int | None = None, **kwargs: Any
+        self,
+        broker: Broker,
+        location: str,
+        *,
+        wire_port: int | None = None,
+        wire_local: str | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(location, **kwargs)
         self.broker = broker
         self.wire_port = wire_port
+        self.wire_local = wire_local
 
     # -- admin -------------------------------------------------------------------------------
     def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
@@ -75,8 +82,8 @@ class FlightService(fl.FlightServerBase):
     def _action(self, name: str, body: dict[str, Any]) -> Any:
         b = self.broker
         match name:
-            case "ping":  # also how clients find the direct wire
-                return {"ok": True, "wire_port": self.wire_port}
+            case "ping":  # also how clients find the direct wire (and its local socket)
+                return {"ok": True, "wire_port": self.wire_port, "wire_local": self.wire_local}
             case "create_destination":
                 return {
                     "created": b.create_destination(

@@ -1,15 +1,19 @@
 """The client side of the direct wire (:mod:`spark_mq.wire`): a produce stream and a consume
-link, each on its own TCP connection, with the same contracts as their Flight counterparts."""
+link, each on its own connection, with the same contracts as their Flight counterparts.
+
+A connection goes through the broker's local socket when the broker offers one and this process
+can reach it (the same machine and network namespace), else over TCP."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import socket
+import sys
 import threading
 from collections import deque
 from concurrent.futures import Future
-from typing import Literal
+from typing import Literal, NamedTuple
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -22,8 +26,16 @@ from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError, from
 from spark_mq.schema import DELIVERY_SCHEMA
 
 Transport = Literal["auto", "wire", "flight"]
-Address = tuple[str, int]
 _SEQ_LIMIT = 2**32
+
+
+class Address(NamedTuple):
+    """Where the broker's direct wire listens: its TCP host and port, and the name of its local
+    socket (Linux's abstract namespace), if it has one."""
+
+    host: str
+    port: int
+    local: str | None = None
 
 
 def wire_address(
@@ -38,7 +50,8 @@ def wire_address(
     if transport not in ("auto", "wire"):
         raise ValueError(f"transport must be 'auto', 'wire' or 'flight', got {transport!r}")
     answer = call_action(client, options, "ping")
-    port = answer.get("wire_port") if isinstance(answer, dict) else None
+    answer = answer if isinstance(answer, dict) else {}
+    port, local = answer.get("wire_port"), answer.get("wire_local")
     if not port:
         if transport == "wire":
             raise BrokerUnavailable(
@@ -46,15 +59,26 @@ def wire_address(
                 "use transport='flight' or 'auto'"
             )
         return None
-    return urlparse(url).hostname or "127.0.0.1", int(port)
+    local = local if isinstance(local, str) and sys.platform.startswith("linux") else None
+    return Address(urlparse(url).hostname or "127.0.0.1", int(port), local)
 
 
 def _connect(address: Address, timeout_s: float) -> socket.socket:
+    if address.local is not None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout_s)  # a full accept queue would block a local connect
+        try:
+            sock.connect("\0" + address.local)
+        except OSError:  # another machine's (or network namespace's) broker: over TCP
+            sock.close()
+        else:
+            sock.settimeout(None)
+            return sock
     try:
-        sock = socket.create_connection(address, timeout=timeout_s)
+        sock = socket.create_connection((address.host, address.port), timeout=timeout_s)
     except OSError as exc:
         raise BrokerUnavailable(
-            f"cannot reach the broker's direct wire at {address[0]}:{address[1]}: {exc}"
+            f"cannot reach the broker's direct wire at {address.host}:{address.port}: {exc}"
         ) from exc
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
