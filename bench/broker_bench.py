@@ -8,7 +8,8 @@ flush a Delta commit, ``journal.hot_tier=false``):
 1. synchronous single sends of 1 KiB persistent messages (one at a time, each waits for its ack);
 2. batched produce (1,000 x 1 KiB per batch, pipelined), and how far Delta trailed meanwhile;
 3. consume with a per-message ack;
-4. produce-to-consume latency p50/p99 at a fixed 1,000 msg/s;
+4. produce-to-consume latency p50/p99 at a fixed 1,000 msg/s, the consumer calling
+   ``receive_many``, then taking messages in an ``on_message`` callback;
 
 then this disk's fsync'd sequential write bandwidth (the ceiling for any persistent broker) and
 each mode's batched produce as a fraction of it. The disk is measured last, so its 256 MiB of
@@ -27,7 +28,7 @@ import tempfile
 import threading
 import time
 
-from spark_mq import Admin, Consumer, Producer
+from spark_mq import Admin, Consumer, Message, Producer
 from spark_mq.launch import BrokerProcess
 
 KiB = 1024
@@ -132,22 +133,31 @@ def consume_with_acks(url: str, total: int) -> str:
     return f"{total / took:,.0f} msg/s"
 
 
-def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5) -> str:
+def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5, *, listen: bool) -> str:
+    """Produce-to-consume latency at a steady ``rate``; ``listen``: the consumer takes messages
+    in an ``on_message`` callback (on its reader thread), else it calls ``receive_many``."""
     lat: list[float] = []
     done = threading.Event()
+
+    def record(m: Message) -> None:
+        sent = struct.unpack("d", m.body[:8])[0]
+        if sent:  # 0: the warm-up message
+            lat.append((time.time() - sent) * 1000)
+        m.ack()
+        if len(lat) >= rate * seconds:
+            done.set()
 
     def consume() -> None:
         with Consumer(url, "latency", prefetch=1000) as c:
             while len(lat) < rate * seconds:
                 for m in c.receive_many(100, timeout=10):
-                    sent = struct.unpack("d", m.body[:8])[0]
-                    if sent:  # 0: the warm-up message
-                        lat.append((time.time() - sent) * 1000)
-                    m.ack()
-        done.set()
+                    record(m)
 
-    t = threading.Thread(target=consume)
-    t.start()
+    if listen:
+        consumer = Consumer(url, "latency", prefetch=1000, on_message=record)
+    else:
+        t = threading.Thread(target=consume)
+        t.start()
     with Producer(url, destination="latency", linger_ms=0) as p:
         p.send_sync(struct.pack("d", 0.0) + body[8:])  # opens the stream: not a figure
         start = time.perf_counter()
@@ -158,7 +168,10 @@ def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5) -> str:
             p.send(struct.pack("d", time.time()) + body[8:])
         p.flush()
     done.wait(60)
-    t.join(60)
+    if listen:
+        consumer.close()
+    else:
+        t.join(60)
     return (
         f"p50 {statistics.median(lat):.2f} ms, p99 {pct(lat, 0.99):.2f} ms, "
         f"max {max(lat):.1f} ms ({len(lat):,} messages)"
@@ -183,7 +196,9 @@ def run_mode(name: str, data: str, total: int) -> float:
         print(f"batched produce, 1 KiB:     {figure}", flush=True)
         print(f"Delta behind the broker:    {lag}", flush=True)
         print(f"consume, per-message ack:   {consume_with_acks(broker.url, total)}", flush=True)
-        print(f"latency at 1,000 msg/s:     {latency(broker.url, body)}", flush=True)
+        for listen, how in ((False, "receive"), (True, "on_message")):
+            figure = latency(broker.url, body, listen=listen)
+            print(f"latency at 1,000 msg/s, {how + ':':11s} {figure}", flush=True)
     finally:
         broker.stop()
     return mib
