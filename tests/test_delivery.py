@@ -546,15 +546,18 @@ def test_an_on_message_consumer_is_called_in_order_and_a_raise_redelivers(
 def test_on_message_may_close_its_consumer_and_the_rest_go_back(broker: RunningBroker) -> None:
     got: list[bytes] = []
     consumers: list[Consumer] = []
+    made = threading.Event()  # the first call may come before the constructor returns
 
     def on_message(m: Message) -> None:
         got.append(m.body)
         m.ack()
+        made.wait(10)
         consumers[0].close()  # on the reader thread: no deadlock, no second call
 
     with Producer(broker.url, destination="q") as producer:
         producer.send_batch([b"a", b"b", b"c"])
     consumers.append(Consumer(broker.url, "q", on_message=on_message, prefetch=10))
+    made.set()
     wait_for(lambda: not consumers[0]._reader_thread.is_alive(), what="the stream to end")
     assert got == [b"a"]
     with Consumer(broker.url, "q") as again:

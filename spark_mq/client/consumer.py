@@ -16,8 +16,9 @@ callback (the JMS message listener): the consumer's reader thread calls it with 
 it arrives, one at a time, in delivery order, with no hand-off to another thread (at 1,000 msg/s
 that saved ~0.05 ms of produce-to-consume latency, measured). The callback settles messages as
 ``receive``'s caller would; one that raises has its message nacked (delivered again, or
-dead-lettered after ``max_delivery_attempts``). It may call ``close``. ``receive`` is then not
-available, and ``error`` says why the stream ended if it did.
+dead-lettered after ``max_delivery_attempts``). It may call ``close``; its first call may come
+before the constructor has returned. ``receive`` is then not available, and ``error`` says why
+the stream ended if it did.
 
 The ack vocabulary, each verb by its redelivery effect:
 
