@@ -543,7 +543,10 @@ def test_an_on_message_consumer_is_called_in_order_and_a_raise_redelivers(
         wait_for(lambda: admin.stats("q")["depth"] == 0, what="every ack")
 
 
-def test_on_message_may_close_its_consumer_and_the_rest_go_back(broker: RunningBroker) -> None:
+@pytest.mark.parametrize("transport", ["wire", "flight"])
+def test_on_message_may_close_its_consumer_and_the_rest_go_back(
+    broker: RunningBroker, transport: str
+) -> None:
     got: list[bytes] = []
     consumers: list[Consumer] = []
     made = threading.Event()  # the first call may come before the constructor returns
@@ -556,7 +559,9 @@ def test_on_message_may_close_its_consumer_and_the_rest_go_back(broker: RunningB
 
     with Producer(broker.url, destination="q") as producer:
         producer.send_batch([b"a", b"b", b"c"])
-    consumers.append(Consumer(broker.url, "q", on_message=on_message, prefetch=10))
+    consumers.append(
+        Consumer(broker.url, "q", on_message=on_message, prefetch=10, transport=transport)  # type: ignore[arg-type]
+    )
     made.set()
     wait_for(lambda: not consumers[0]._reader_thread.is_alive(), what="the stream to end")
     assert got == [b"a"]
