@@ -14,6 +14,7 @@ import pytest
 
 from spark_mq import (
     Admin,
+    BrokerUnavailable,
     ConfigError,
     Consumer,
     ConsumerRefused,
@@ -563,7 +564,25 @@ def test_on_message_may_close_its_consumer_and_the_rest_go_back(
         Consumer(broker.url, "q", on_message=on_message, prefetch=10, transport=transport)  # type: ignore[arg-type]
     )
     made.set()
-    wait_for(lambda: not consumers[0]._reader_thread.is_alive(), what="the stream to end")
+    assert consumers[0].wait(10) is True  # ended by close(): no error
     assert got == [b"a"]
     with Consumer(broker.url, "q") as again:
         assert [m.body for m in receive_n(again, 2)] == [b"b", b"c"]
+
+
+def test_waiting_on_an_on_message_consumer_says_when_the_broker_went_away(
+    data: Path, clock: ManualClock
+) -> None:
+    broker = start_inprocess(data, clock)
+    got: list[bytes] = []
+    try:
+        with Producer(broker.url, destination="q") as producer:
+            producer.send_sync(b"one")
+        consumer = Consumer(broker.url, "q", on_message=lambda m: got.append(m.body))
+        assert consumer.wait(0.2) is False  # still serving
+        assert got == [b"one"]
+    finally:
+        broker.stop()
+    with pytest.raises(BrokerUnavailable, match="the broker"):  # closed the stream, or broke
+        consumer.wait(10)
+    consumer.close()

@@ -17,8 +17,8 @@ it arrives, one at a time, in delivery order, with no hand-off to another thread
 its produce-to-consume p50 was 0.03-0.19 ms below receive_many's, three interleaved pairs). The
 callback settles messages as ``receive``'s caller would; one that raises has its message nacked
 (delivered again, or dead-lettered after ``max_delivery_attempts``). It may call ``close``; its
-first call may come before the constructor has returned. ``receive`` is then not available, and
-``error`` says why the stream ended if it did.
+first call may come before the constructor has returned. ``receive`` is then not available;
+``wait`` blocks until the stream ends, and raises why if it broke.
 
 The ack vocabulary, each verb by its redelivery effect:
 
@@ -178,6 +178,19 @@ class Consumer:
     def __iter__(self) -> Iterator[Message]:
         while (msg := self.receive()) is not None:
             yield msg
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the stream ends: False if ``timeout`` seconds passed first, True once it
+        was closed; if it broke (the broker went away), raise why. What an ``on_message``
+        consumer's owner calls to serve until then."""
+        if threading.current_thread() is self._reader_thread:
+            raise RuntimeError("wait() from on_message would wait for itself: call close()")
+        self._reader_thread.join(timeout)
+        if self._reader_thread.is_alive():
+            return False
+        if self.error is not None:
+            raise self.error
+        return True
 
     # -- settling ----------------------------------------------------------------------------
     def ack(self, messages: Message | Iterable[Message]) -> Future:
