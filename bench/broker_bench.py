@@ -135,7 +135,9 @@ def consume_with_acks(url: str, total: int) -> str:
 
 def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5, *, listen: bool) -> str:
     """Produce-to-consume latency at a steady ``rate``; ``listen``: the consumer takes messages
-    in an ``on_message`` callback (on its reader thread), else it calls ``receive_many``."""
+    in an ``on_message`` callback (on its reader thread), else it calls ``receive_many``. Each
+    way has its own queue: with Delta-only journals a commit's cost grows with its log."""
+    queue = "latency-listen" if listen else "latency-receive"
     lat: list[float] = []
     done = threading.Event()
 
@@ -148,17 +150,17 @@ def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5, *, listen
             done.set()
 
     def consume() -> None:
-        with Consumer(url, "latency", prefetch=1000) as c:
+        with Consumer(url, queue, prefetch=1000) as c:
             while len(lat) < rate * seconds:
                 for m in c.receive_many(100, timeout=10):
                     record(m)
 
     if listen:
-        consumer = Consumer(url, "latency", prefetch=1000, on_message=record)
+        consumer = Consumer(url, queue, prefetch=1000, on_message=record)
     else:
         t = threading.Thread(target=consume)
         t.start()
-    with Producer(url, destination="latency", linger_ms=0) as p:
+    with Producer(url, destination=queue, linger_ms=0) as p:
         p.send_sync(struct.pack("d", 0.0) + body[8:])  # opens the stream: not a figure
         start = time.perf_counter()
         for i in range(rate * seconds):
@@ -189,7 +191,7 @@ def run_mode(name: str, data: str, total: int) -> float:
     print(f"\n== journal mode: {name} ==", flush=True)
     try:
         with Admin(broker.url) as admin:
-            for q in ("sync", "bulk", "latency"):
+            for q in ("sync", "bulk", "latency-receive", "latency-listen"):
                 admin.create_queue(q)
         print(f"synchronous single sends:   {sync_sends(broker.url, body, 5000)}", flush=True)
         mib, figure, lag = batched(broker.url, body, total)
