@@ -158,8 +158,8 @@ class Subscription(Housekeeping):
                 and offsets[0] > self._count_horizon
             )
             if plain and len(offsets) == 1:
-                # one plain message (a synchronous send): no numpy for one row (35 us in the
-                # running broker with it, measured, for ~6 us of work)
+                # one plain message (a synchronous send): with numpy's calls on one-element
+                # arrays this took 35 us in the running broker, without them 15 (measured)
                 if end - 1 > self._settled_horizon or end - 1 not in self._settled:
                     self._ready_list(int(prio[0])).add(end - 1)
                     self._ready_n += 1
