@@ -359,7 +359,8 @@ def test_delivered_fields_are_read_when_asked_and_a_kept_message_does_not_keep_t
         **{"expiry_time": later, "deliver_time": later, "headers": [("k", "v")]},
         **{"delivery_count": 2, "redelivered": True, "group_first": True},
     }
-    rows = [{"enqueue_time": at, "delivery_count": 1, "redelivered": False, **plain}, full]
+    rows_plain = {"enqueue_time": at, "delivery_count": 1, "redelivered": False, **plain}
+    rows = [rows_plain, full]
     batch = pa.RecordBatch.from_pylist(rows, schema=DELIVERY_SCHEMA)
     first, second = messages_of("q", batch, None)
     assert (first.offset, first.body, first.delivery_count) == (7, plain["body"], 1)
@@ -382,6 +383,10 @@ def test_delivered_fields_are_read_when_asked_and_a_kept_message_does_not_keep_t
     del batch, rows
     assert pa.total_allocated_bytes() <= held - (1 << 20)
     assert first.body == plain["body"] and first.dedup_id == "d-7"
+    # a batch of plain messages only: each still has its own (empty) headers
+    alone = pa.RecordBatch.from_pylist([{**rows_plain, "offset": 9}] * 2, schema=DELIVERY_SCHEMA)
+    a, b = messages_of("q", alone, None)
+    assert a.headers == {} == b.headers and a.headers is not b.headers
 
 
 @pytest.mark.parametrize("transport", ["wire", "flight"])

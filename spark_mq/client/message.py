@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -40,6 +40,7 @@ def messages_of(
     ]
 
 
+T = TypeVar("T")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _TIMES = frozenset({"enqueue_time", "expiry_time", "deliver_time"})
 
@@ -66,10 +67,12 @@ class _Columns:
 
     def _convert(self, name: str) -> list[Any]:
         column, n = self._batch.column(name), self._batch.num_rows
+        if name == "headers":  # a dict each, empty when there are none
+            if column.null_count == n:
+                return [{} for _ in range(n)]
+            return [dict(h) if h else {} for h in column.to_pylist()]
         if column.null_count == n:
             return [None] * n
-        if name == "headers":
-            return [dict(h) if h else {} for h in column.to_pylist()]
         if name in _TIMES:
             # as integer microseconds, made UTC datetimes here: reading zoned timestamps through
             # pyarrow imports pandas (0.2-1 s on a consumer's first delivery)
@@ -77,6 +80,18 @@ class _Columns:
             micros = typed.view(pa.int64()).to_pylist()
             return [None if us is None else _EPOCH + timedelta(microseconds=us) for us in micros]
         return column.to_pylist()
+
+
+class _Field(Generic[T]):
+    """A read-only field of :class:`Message` taken from its batch's other columns when read."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, message: Message | None, owner: type | None = None) -> T:
+        if message is None:  # on the class: the descriptor itself
+            return self  # type: ignore[return-value]
+        return message._rest.get(self._name)[message._row]
 
 
 class Message:
@@ -115,45 +130,16 @@ class Message:
     def delivery_count(self) -> int:
         return self._count
 
-    @property
-    def message_id(self) -> str | None:
-        return self._rest.get("message_id")[self._row]
-
-    @property
-    def dedup_id(self) -> str | None:
-        return self._rest.get("dedup_id")[self._row]
-
-    @property
-    def group_id(self) -> str | None:
-        return self._rest.get("group_id")[self._row]
-
-    @property
-    def priority(self) -> int:
-        return self._rest.get("priority")[self._row]
-
-    @property
-    def enqueue_time(self) -> datetime:
-        return self._rest.get("enqueue_time")[self._row]
-
-    @property
-    def expiry_time(self) -> datetime | None:
-        return self._rest.get("expiry_time")[self._row]
-
-    @property
-    def deliver_time(self) -> datetime | None:
-        return self._rest.get("deliver_time")[self._row]
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return self._rest.get("headers")[self._row]
-
-    @property
-    def redelivered(self) -> bool:
-        return self._rest.get("redelivered")[self._row]
-
-    @property
-    def group_first(self) -> bool:
-        return bool(self._rest.get("group_first")[self._row])
+    message_id = _Field[str | None]()
+    dedup_id = _Field[str | None]()
+    group_id = _Field[str | None]()
+    priority = _Field[int]()
+    enqueue_time = _Field[datetime]()
+    expiry_time = _Field[datetime | None]()
+    deliver_time = _Field[datetime | None]()
+    headers = _Field[dict[str, str]]()
+    redelivered = _Field[bool]()
+    group_first = _Field[bool]()
 
     @property
     def text(self) -> str:
