@@ -224,8 +224,47 @@ def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -
     finally:
         quick.close()
 
+    # a thread that says it comes back (the wire loop) commits such acks itself when due
+    own = writer(3, 0.05)
+    later: dict[DestinationWriter, float] = {}
+    try:
+        sink.commits.clear()
+        with committing_here(later):
+            own.submit(rows, is_settlement=False)
+        with committing_here(later):
+            late = own.submit(acks, is_settlement=True)
+        assert list(later) == [own] and later[own] > time.monotonic()
+        time.sleep(later[own] - time.monotonic() + 0.1)
+        assert not late.done()  # due a while ago, but the writer thread was not woken for it
+        with committing_here(later):  # back: nothing submitted, the due acks go now
+            pass
+        assert late.result(0) is None and later == {}
+        assert sink.commits == [(True, False, me), (False, True, me)]
+    finally:
+        own.close()
+
 
 # -- a real broker's wire server -------------------------------------------------------------
+def test_the_loop_itself_commits_an_ack_left_waiting_to_share_a_sync(
+    tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ack that comes while messages flow waits up to ``journal.settle_timeout_ms`` for a
+    sync to share; the loop wakes for it when due, however long it would sleep otherwise."""
+    from spark_mq.broker import wire_server
+
+    monkeypatch.setattr(wire_server, "_IDLE_S", 60.0)  # nothing else would wake the loop
+    running = start_inprocess(tmp_path / "data", clock, **{"journal.settle_timeout_ms": 300})
+    try:
+        with Admin(running.url) as admin:
+            admin.create_queue("q")
+        with Consumer(running.url, "q") as c, Producer(running.url, destination="q") as p:
+            p.send_sync(b"m")
+            (m,) = receive_n(c, 1)
+            c.ack([m]).result(timeout=10)
+    finally:
+        running.stop()
+
+
 def _raw(broker: RunningBroker) -> socket.socket:
     assert broker.wire_port
     return socket.create_connection(("127.0.0.1", broker.wire_port), timeout=10)

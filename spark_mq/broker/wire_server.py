@@ -30,6 +30,7 @@ import selectors
 import socket
 import sys
 import threading
+import time
 import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,7 +43,11 @@ from spark_mq.broker.core import Broker
 from spark_mq.broker.server import put_answer
 from spark_mq.broker.session import ConsumerSession
 from spark_mq.errors import ConfigError, MessageTooLarge, ProtocolError, SparkMQError, to_wire
-from spark_mq.journal.group_commit import committing_elsewhere, committing_here
+from spark_mq.journal.group_commit import (
+    DestinationWriter,
+    committing_elsewhere,
+    committing_here,
+)
 from spark_mq.schema import PRODUCE_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -137,6 +142,7 @@ class WireServer:
         self._dirty: deque[_Conn] = deque()
         self._poked = False
         self._stopping = False
+        self._later: dict[DestinationWriter, float] = {}  # see committing_here
         self._conns: set[_Conn] = set()
         self._helpers = ThreadPoolExecutor(4, thread_name_prefix="wire-blocking-produce")
         self._thread = threading.Thread(target=self._run, name="wire-loop", daemon=True)
@@ -169,7 +175,10 @@ class WireServer:
     def _run(self) -> None:
         self._ident = threading.get_ident()
         while not self._stopping:
-            events = self._sel.select(_IDLE_S)
+            timeout = _IDLE_S
+            if self._later:  # acks waiting to share a sync: this loop commits them when due
+                timeout = min(timeout, max(min(self._later.values()) - time.monotonic(), 0.0))
+            events = self._sel.select(timeout)
             with self._committing():
                 for key, mask in events:
                     try:
@@ -185,9 +194,9 @@ class WireServer:
     def _committing(self) -> contextlib.AbstractContextManager[None]:
         """Inline commits when a commit costs about a sync; with Delta-only journals (a Delta
         commit per flush, 15-50 ms) the writer threads commit, and the loop serves on."""
-        return (
-            committing_here() if self.broker.journal.commits_are_quick else contextlib.nullcontext()
-        )
+        if self.broker.journal.commits_are_quick:
+            return committing_here(self._later)
+        return contextlib.nullcontext()
 
     def _event(self, key: selectors.SelectorKey, mask: int) -> None:
         if key.data == "accept":

@@ -55,8 +55,17 @@ _here = threading.local()  # .writers: the writers this thread will commit itsel
 
 
 @contextlib.contextmanager
-def committing_here() -> Iterator[None]:
-    """Submits in this block are committed by this thread when it ends (nested: the outermost)."""
+def committing_here(later: dict[DestinationWriter, float] | None = None) -> Iterator[None]:
+    """Submits in this block are committed by this thread when it ends (nested: the outermost).
+
+    Settlements alone may be left to wait for a commit to share (``settle_timeout_s``). With
+    ``later``, this thread takes care of them itself: ``later`` maps each writer holding such
+    records to when they are due, and the caller comes back by then (another block, with the
+    same ``later``, commits every writer in it whose records are due). Without, the writer
+    thread is woken to commit them when due. Measured at 1,000 msg/s, where nearly every ack
+    waits for the next message: the writer thread then woke about once a message (5,000
+    times in 5 s), each time taking the GIL for a moment from the loop.
+    """
     if getattr(_here, "writers", None) is not None:
         yield
         return
@@ -65,8 +74,13 @@ def committing_here() -> Iterator[None]:
         yield
     finally:
         _here.writers = None
+        if later:
+            writers.update(dict.fromkeys(later))
+            later.clear()
         for w in writers:
-            w.commit_here()
+            due = w.commit_here(coming_back=later is not None)
+            if due is not None and later is not None:
+                later[w] = due
 
 
 @contextlib.contextmanager
@@ -189,23 +203,25 @@ class DestinationWriter:
             inline[self] = None
         return fut
 
-    def commit_here(self) -> None:
+    def commit_here(self, *, coming_back: bool = False) -> float | None:
         """Commit what is buffered in the calling thread (see :func:`committing_here`).
 
-        Settlements alone are left for a later commit to share while they may wait: the writer
-        thread commits them when they are due, should nothing else come first.
+        Settlements alone are left for a later commit to share while they may wait; returns
+        when they are due (``time.monotonic()``), or None when nothing is left. The writer
+        thread commits them then, should nothing else come first, unless the caller is
+        ``coming_back`` to do it.
         """
         while True:
             with self._commit_lock:
                 with self._cond:
                     if not self._records:
-                        return
+                        return None
                     due = self._due_at()
                     if time.monotonic() < due:
                         wakes = self._thread_wakes_at
-                        if wakes is not None and wakes > due:
+                        if not coming_back and wakes is not None and wakes > due:
                             self._cond.notify_all()
-                        return
+                        return due
                     taken = self._take_now()
                 self._flush(taken)
 
