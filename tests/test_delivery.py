@@ -87,6 +87,31 @@ def test_scheduled_delivery_waits_for_its_time_even_across_a_restart(
         broker.stop()
 
 
+def test_a_scheduled_message_is_due_once_the_clock_reads_its_time_whatever_the_rounding(
+    data: Path,
+) -> None:
+    """Times are kept in microseconds; seconds as floats round. From this start, a clock moved
+    on by exactly the delay read an ulp short of the due time, and the message stayed
+    scheduled (about 1 start time in 175: a rare failure of the test above)."""
+    clock = ManualClock(start_wall=1763858000.0261729)
+    start = clock.wall()
+    assert (int(start * 1_000_000) + 30_000_000) / 1_000_000 > start + 30  # the trap
+    broker = start_inprocess(data, clock, **{"delivery.lease_check_interval_ms": 3_600_000})
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_queue("q")
+        with Producer(broker.url, destination="q") as producer:
+            producer.send_sync("later", delay_s=30)
+        with Consumer(broker.url, "q") as consumer:
+            assert consumer.receive(timeout=0.2) is None
+            clock.advance(30)
+            broker.broker.run_timers()
+            (later,) = receive_n(consumer, 1, timeout=5)
+            assert later.text == "later"
+    finally:
+        broker.stop()
+
+
 def test_a_browse_that_releases_a_scheduled_message_wakes_the_consumer(
     untimed: RunningBroker, clock: ManualClock
 ) -> None:
