@@ -183,3 +183,44 @@ def test_a_stored_batch_leaves_only_its_offset_in_the_cache(clock: ManualClock) 
         keep, dups, _ = cache.claim(ids[1:], clock.wall())
         assert keep == [] and len(dups) == 2
         assert combine(2, keep, None, dups).result().offsets == [41, 42]
+
+
+def test_ids_cached_one_by_one_are_plain_values_once_stored(clock: ManualClock) -> None:
+    """Synchronous sends cache their ids one at a time, for the whole dedup window. Once stored
+    (or read back at recovery) an entry holds plain values only, which the garbage collector
+    stops walking: holding their batches, such entries were most of what each young collection
+    in the broker walked."""
+    import gc
+    from concurrent.futures import Future
+
+    from spark_mq.broker.dedup import DuplicateCache, combine
+    from spark_mq.errors import JournalError
+    from spark_mq.journal.base import AppendResult
+
+    cache = DuplicateCache(size=100, window_s=60)
+    _, _, batch = cache.claim(pa.array(["solo"]), clock.wall())
+    stored: Future = Future()
+    cache.bind(batch, stored)
+    keep, dups, _ = cache.claim(pa.array(["solo"]), clock.wall())
+    assert keep == [] and len(dups) == 1  # a duplicate of a pending original waits for it
+    waiting = combine(1, keep, None, dups)
+    assert not waiting.done()
+    stored.set_result(AppendResult("q", 7, 1))
+    assert waiting.result(0).offsets == [7]
+    gc.collect()
+    assert not gc.is_tracked(cache._seen["solo"])
+    keep, dups, _ = cache.claim(pa.array(["solo"]), clock.wall())
+    assert keep == [] and combine(1, keep, None, dups).result(0).offsets == [7]
+
+    cache.remember("recovered", 3, clock.wall())
+    gc.collect()
+    assert not gc.is_tracked(cache._seen["recovered"])
+    keep, dups, _ = cache.claim(pa.array(["recovered"]), clock.wall())
+    assert keep == [] and combine(1, keep, None, dups).result(0).offsets == [3]
+
+    _, _, failed = cache.claim(pa.array(["lost"]), clock.wall())
+    lost: Future = Future()
+    cache.bind(failed, lost)
+    lost.set_exception(JournalError("the disk is full"))
+    keep, dups, _ = cache.claim(pa.array(["lost"]), clock.wall())
+    assert keep == [0] and not dups  # never stored: a retry is new
