@@ -119,6 +119,42 @@ def test_send_batch_without_waiting_gives_one_future_of_all_offsets(
             producer.send_batch([b"x"] * 5, destination="missing", wait=False).result(timeout=10)
 
 
+PLAIN_CLIENT = """
+import sys
+from spark_mq import Admin, Consumer, Producer
+url = sys.argv[1]
+with Admin(url) as admin:
+    admin.create_queue("q")
+with Producer(url, destination="q") as p:
+    assert p.send_sync(b"one") == 0
+    assert p.send_batch([b"x"] * 1000) == list(range(1, 1001))
+with Consumer(url, "q", prefetch=2000) as c:
+    got = []
+    while len(got) < 1001:
+        got += c.receive_many(1001, timeout=10)
+    c.ack(got).result(timeout=10)
+print("pandas imported:", "pandas" in sys.modules)
+"""
+
+
+@pytest.mark.process
+def test_a_plain_client_never_imports_pandas(broker: RunningBroker) -> None:
+    """pyarrow imports pandas on its first conversion of Python values (~0.15 s): a producer's
+    first send_batch paid for it, and so did the first figure of a throughput run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", PLAIN_CLIENT, broker.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "pandas imported: False"
+
+
 def test_one_message_deliveries_flag_the_first_of_a_group(broker: RunningBroker) -> None:
     """With prefetch 1 every delivery holds one message (the broker's one-message path)."""
     with Admin(broker.url) as admin:
