@@ -121,19 +121,25 @@ def test_send_batch_without_waiting_gives_one_future_of_all_offsets(
 
 PLAIN_CLIENT = """
 import sys
+from datetime import datetime, timedelta, timezone
 from spark_mq import Admin, Consumer, Producer
 url = sys.argv[1]
 with Admin(url) as admin:
     admin.create_queue("q")
 with Producer(url, destination="q") as p:
-    assert p.send_sync(b"one", headers={"k": "v"}, group_id="g", priority=7) == 0
+    expiry = datetime.now(timezone.utc) + timedelta(hours=1)
+    past = datetime(2020, 1, 1, tzinfo=timezone.utc)
+    one = dict(headers={"k": "v"}, group_id="g", priority=7, expiry_time=expiry, deliver_at=past)
+    assert p.send_sync(b"one", **one) == 0
     assert p.send_batch([b"x"] * 1000) == list(range(1, 1001))
 with Consumer(url, "q", prefetch=2000) as c:
     got = []
     while len(got) < 1001:
         got += c.receive_many(1001, timeout=10)
     c.ack(got).result(timeout=10)
-assert (got[0].headers, got[0].group_id, got[0].priority) == ({"k": "v"}, "g", 7)
+first = got[0]
+assert (first.headers, first.group_id, first.priority) == ({"k": "v"}, "g", 7)
+assert (first.expiry_time, first.deliver_time) == (expiry, past)
 print("pandas imported:", "pandas" in sys.modules)
 """
 
@@ -141,8 +147,8 @@ print("pandas imported:", "pandas" in sys.modules)
 @pytest.mark.process
 def test_a_client_never_imports_pandas(broker: RunningBroker) -> None:
     """pyarrow imports pandas on its first conversion of Python values (~0.15 s): a producer's
-    first send_batch, or first message with headers, paid for it, and so did the first figure
-    of a throughput run."""
+    first send_batch, or first message with headers or times, paid for it, and so did the
+    first figure of a throughput run."""
     import subprocess
     import sys
 

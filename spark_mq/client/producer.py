@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
@@ -494,6 +494,9 @@ _SEND_OPTIONS = frozenset(inspect.signature(Producer.send).parameters) - {"self"
 # built once: constructing and comparing DataTypes per column was a third of a send's cost
 _BINARY, _STRING, _INT32, _INT64 = pa.binary(), pa.string(), pa.int32(), pa.int64()
 _FIXED_WIDTH = {_INT32.id: np.int32, _INT64.id: np.int64}
+_TIMESTAMP_ID = pa.timestamp("us").id
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
 _VARIABLE = {_BINARY.id, _STRING.id}
 _ONE_VALUE = struct.Struct("<ii")  # the offsets of a one-value binary or string column
 # a message's fields, named as in _Pending, in PRODUCE_SCHEMA's order
@@ -519,8 +522,8 @@ def _column(values: list[Any], typ: pa.DataType) -> pa.Array:
 
     An unused field (all None) skips the conversion, which was most of a single message's cost.
     ``pa.array`` also imports pandas on its first call in a process (0.15-0.4 s measured): bytes,
-    strings, integers and headers without gaps, all most messages have, are assembled here
-    instead, so a producer's first send is as fast as the rest.
+    strings, integers, times and headers without gaps are assembled here instead, so a
+    producer's first send is as fast as the rest.
     """
     n = len(values)
     if all(v is None for v in values):
@@ -542,6 +545,10 @@ def _column(values: list[Any], typ: pa.DataType) -> pa.Array:
         return pa.Array.from_buffers(typ, n, buffers)
     if typ.id in _FIXED_WIDTH and all(type(v) is int for v in values):
         return numpy_column(np.array(values, _FIXED_WIDTH[typ.id]), typ)
+    if typ.id == _TIMESTAMP_ID and typ.unit == "us" and all(type(v) is datetime for v in values):
+        # as pyarrow reads them: a naive time is UTC; whole microseconds, no float rounding
+        since = [(v if v.tzinfo else v.replace(tzinfo=timezone.utc)) - _EPOCH for v in values]
+        return numpy_column(np.array([d // _MICROSECOND for d in since], np.int64), typ)
     if isinstance(typ, pa.MapType) and all(type(v) is list for v in values):  # headers
         pairs = [pair for v in values for pair in v]
         if all(type(k) is str and type(x) is str for k, x in pairs):
