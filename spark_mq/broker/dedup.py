@@ -20,6 +20,7 @@ import threading
 from collections import Counter, OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -196,10 +197,8 @@ class DuplicateCache:
             self._drop(key, seen.popitem(last=False)[1])
 
     def _find(self, dedup_id: str) -> tuple[float, _Batch, int] | None:
-        entry = self._seen.get(dedup_id)
+        entry = cast("_Entry | None", self._seen.get(dedup_id))  # an id key holds no run
         if entry is not None:
-            if isinstance(entry, _Run):
-                return None  # a run is keyed by itself, never by an id
             at, batch, position = entry
             return at, batch or _RECOVERED, position
         if self._runs:
