@@ -21,6 +21,7 @@ from spark_mq.journal.group_commit import (
     DirectSink,
     committing_elsewhere,
     committing_here,
+    resolve,
 )
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.schema import (
@@ -242,6 +243,52 @@ def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -
         assert sink.commits == [(True, False, me), (False, True, me)]
     finally:
         own.close()
+
+
+def test_committing_here_can_leave_the_futures_for_the_caller_to_resolve_after() -> None:
+    """The wire loop writes the deliveries a commit made possible before it answers producers
+    and acks: the commit is durable and visible at the end of the block, its futures pending
+    until the caller resolves them, in commit order."""
+    store = MemoryStore()
+    store.create_logs("q")
+    visible: list[int] = []
+    writer = DestinationWriter(
+        DirectSink(store, "q"),
+        "q",
+        0,
+        buffer_timeout_s=0.0,
+        buffer_size_bytes=1 << 20,
+        max_pending_bytes=1 << 30,
+        on_commit=lambda dest, rows: visible.append(rows.num_rows),
+    )
+    rows = pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA})
+    acks = pa.table(
+        {
+            f.name: pa.array([0]) if f.name == "offset" else null_column(1, f.type)
+            for f in SETTLEMENT_SCHEMA
+        },
+        schema=SETTLEMENT_SCHEMA,
+    )
+    order: list[str] = []
+    resolving: list = []
+    try:
+        with committing_here(resolving=resolving):
+            msg = writer.submit(rows, is_settlement=False)
+            ack = writer.submit(acks, is_settlement=True)
+            msg.add_done_callback(lambda f: order.append("message"))
+            ack.add_done_callback(lambda f: order.append("ack"))
+        assert visible == [2] and store.committed_end("q") == 2  # durable and handed on
+        assert not msg.done() and not ack.done() and len(resolving) == 2
+        resolve(resolving)
+        assert msg.result(0).first_offset == 0 and ack.result(0) is None
+        assert order == ["message", "ack"] and resolving == []
+        with committing_here():  # without a list, as before: resolved when the block ends
+            plain = writer.submit(rows, is_settlement=False)
+        assert plain.result(0).first_offset == 2
+        later = writer.submit(rows, is_settlement=False)  # the writer thread never defers
+        assert later.result(10).first_offset == 4 and resolving == []
+    finally:
+        writer.close()
 
 
 # -- a real broker's wire server -------------------------------------------------------------

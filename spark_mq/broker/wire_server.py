@@ -45,8 +45,10 @@ from spark_mq.broker.session import ConsumerSession
 from spark_mq.errors import ConfigError, MessageTooLarge, ProtocolError, SparkMQError, to_wire
 from spark_mq.journal.group_commit import (
     DestinationWriter,
+    Resolutions,
     committing_elsewhere,
     committing_here,
+    resolve,
 )
 from spark_mq.schema import PRODUCE_SCHEMA
 
@@ -143,6 +145,7 @@ class WireServer:
         self._poked = False
         self._stopping = False
         self._later: dict[DestinationWriter, float] = {}  # see committing_here
+        self._resolving: Resolutions = []  # what inline commits answer once deliveries are out
         self._conns: set[_Conn] = set()
         self._helpers = ThreadPoolExecutor(4, thread_name_prefix="wire-blocking-produce")
         self._thread = threading.Thread(target=self._run, name="wire-loop", daemon=True)
@@ -195,7 +198,7 @@ class WireServer:
         """Inline commits when a commit costs about a sync; with Delta-only journals (a Delta
         commit per flush, 15-50 ms) the writer threads commit, and the loop serves on."""
         if self.broker.journal.commits_are_quick:
-            return committing_here(self._later)
+            return committing_here(self._later, self._resolving)
         return contextlib.nullcontext()
 
     def _event(self, key: selectors.SelectorKey, mask: int) -> None:
@@ -407,18 +410,26 @@ class WireServer:
 
     # -- writing -----------------------------------------------------------------------------
     def _serve_dirty(self) -> None:
-        while self._dirty:
-            # each connection once a round; one marked again while served (its backlog's commit
-            # answered it) comes round again
-            due = dict.fromkeys(self._dirty.popleft() for _ in range(len(self._dirty)))
-            for conn in due:
-                if conn.closed:
-                    continue
-                try:
-                    self._serve(conn)
-                except Exception:
-                    log.exception("wire: error serving %s", conn.peer)
-                    self._close(conn)
+        """Write what is waiting: first the deliveries the turn's commits made possible, then,
+        once their futures resolve, the answers to producers and acks. Resolved first, those
+        callbacks took ~25 us between a sync and the consumer's message (measured at 1,000
+        msg/s), for answers that were written after it anyway."""
+        while True:
+            while self._dirty:
+                # each connection once a round; one marked again while served (its backlog's
+                # commit answered it) comes round again
+                due = dict.fromkeys(self._dirty.popleft() for _ in range(len(self._dirty)))
+                for conn in due:
+                    if conn.closed:
+                        continue
+                    try:
+                        self._serve(conn)
+                    except Exception:
+                        log.exception("wire: error serving %s", conn.peer)
+                        self._close(conn)
+            if not self._resolving:
+                return
+            resolve(self._resolving)  # answers queue up, their connections are marked
 
     def _serve(self, conn: _Conn) -> None:
         while conn.answers:

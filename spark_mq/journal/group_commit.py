@@ -51,11 +51,17 @@ MAX_FLUSH_BYTES = 8 * 1024 * 1024
 
 OnCommit = Callable[[str, pa.Table], None]
 
-_here = threading.local()  # .writers: the writers this thread will commit itself, in order
+# .writers: the writers this thread will commit itself, in order; .resolving: where the
+# commits it makes put their futures' results (see committing_here)
+_here = threading.local()
+
+Resolutions = list[tuple[Future, object]]
 
 
 @contextlib.contextmanager
-def committing_here(later: dict[DestinationWriter, float] | None = None) -> Iterator[None]:
+def committing_here(
+    later: dict[DestinationWriter, float] | None = None, resolving: Resolutions | None = None
+) -> Iterator[None]:
     """Submits in this block are committed by this thread when it ends (nested: the outermost).
 
     Settlements alone may be left to wait for a commit to share (``settle_timeout_s``). With
@@ -65,6 +71,12 @@ def committing_here(later: dict[DestinationWriter, float] | None = None) -> Iter
     thread is woken to commit them when due. Measured at 1,000 msg/s, where nearly every ack
     waits for the next message: the writer thread then woke about once a message (5,000
     times in 5 s), each time taking the GIL for a moment from the loop.
+
+    With ``resolving``, the commits made here leave their futures pending and append each with
+    its result to ``resolving``, for the caller to :func:`resolve` once it has done what should
+    come first. The wire loop writes the deliveries a commit made possible, then answers the
+    producers and acks: their callbacks no longer stand between a sync and the consumer.
+    Everything is durable and visible (``on_commit`` has run) before the block ends either way.
     """
     if getattr(_here, "writers", None) is not None:
         yield
@@ -77,10 +89,23 @@ def committing_here(later: dict[DestinationWriter, float] | None = None) -> Iter
         if later:
             writers.update(dict.fromkeys(later))
             later.clear()
-        for w in writers:
-            due = w.commit_here(coming_back=later is not None)
-            if due is not None and later is not None:
-                later[w] = due
+        _here.resolving = resolving
+        try:
+            for w in writers:
+                due = w.commit_here(coming_back=later is not None)
+                if due is not None and later is not None:
+                    later[w] = due
+        finally:
+            _here.resolving = None
+
+
+def resolve(resolving: Resolutions) -> None:
+    """Resolve the futures :func:`committing_here` left pending, in commit order."""
+    pending = resolving[:]
+    resolving.clear()
+    for future, result in pending:
+        if not future.done():  # failed meanwhile (a commit that raised after it): that stands
+            future.set_result(result)
 
 
 @contextlib.contextmanager
@@ -337,6 +362,7 @@ class DestinationWriter:
         rows = _one_table(tables)
         settle_rows = _one_table([r.table for r in settles])
         msg_error, settle_error = self._sink.commit(rows, offset, settle_rows)
+        resolving = getattr(_here, "resolving", None)  # None: resolve them now
         if rows is not None and self._resolve(messages, msg_error):
             with self._cond:
                 self._next_offset = offset
@@ -344,11 +370,17 @@ class DestinationWriter:
             if self._on_commit is not None:
                 self._on_commit(self.destination, rows)
             for r, res in zip(messages, results, strict=True):
-                r.future.set_result(res)
+                if resolving is None:
+                    r.future.set_result(res)
+                else:
+                    resolving.append((r.future, res))
         if settle_rows is not None and self._resolve(settles, settle_error):
             self.stats.settlements += settle_rows.num_rows
             for r in settles:
-                r.future.set_result(None)
+                if resolving is None:
+                    r.future.set_result(None)
+                else:
+                    resolving.append((r.future, None))
 
     def _resolve(self, records: list[_Record], error: SparkMQError | None) -> bool:
         """Count the commit; on ``error`` fail every record's future. True when it is durable."""
