@@ -172,7 +172,9 @@ class FrameReader:
         self._max = max_body
         self._skip = 0
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes] | TooLarge]:
+    def feed(self, data: bytes | memoryview) -> list[tuple[int, bytes] | TooLarge]:
+        """The frames ``data`` completes. ``data`` is copied: the caller may reuse its buffer
+        (the readers receive into one buffer, over and over)."""
         if self._skip:
             n = min(self._skip, len(data))
             self._skip -= n

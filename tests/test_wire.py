@@ -45,6 +45,18 @@ def _frame_bytes(seq: int, batch: pa.RecordBatch) -> bytes:
     return b"".join(bytes(memoryview(p)) for p in wire.batch_parts(seq, batch))
 
 
+def _fed(reader: wire.FrameReader, pieces: list[bytes]) -> list:
+    """Feed ``pieces`` as the readers do: each received into one buffer, reused (scribbled over
+    here after each feed, so a frame that kept a view of it would show)."""
+    inbox = bytearray(max(map(len, pieces)))
+    view, out = memoryview(inbox), []
+    for piece in pieces:
+        inbox[: len(piece)] = piece
+        out += reader.feed(view[: len(piece)])
+        inbox[:] = b"\xee" * len(inbox)
+    return out
+
+
 # -- framing ---------------------------------------------------------------------------------
 def test_frames_reassemble_however_the_stream_is_cut() -> None:
     stream = (
@@ -54,7 +66,7 @@ def test_frames_reassemble_however_the_stream_is_cut() -> None:
     )
     for cut in range(1, len(stream)):
         reader = wire.FrameReader()
-        frames = reader.feed(stream[:cut]) + reader.feed(stream[cut:])
+        frames = _fed(reader, [stream[:cut], stream[cut:]])
         assert [k for k, _ in frames] == [wire.CONTROL, wire.BATCH, wire.CONTROL], cut
         assert protocol.parse(frames[0][1]) == protocol.Produce("q")
         seq, batch = wire.read_batch(frames[1][1], PRODUCE_SCHEMA)
@@ -65,9 +77,8 @@ def test_frames_reassemble_however_the_stream_is_cut() -> None:
 def test_a_frame_over_the_limit_is_skipped_and_reported_and_the_stream_goes_on() -> None:
     big, small = _frame_bytes(3, _one(b"x" * 5000)), _frame_bytes(4, _one(b"ok"))
     reader = wire.FrameReader(max_body=1000)
-    out = []
-    for i in range(0, len(big + small), 97):  # arrives in pieces
-        out += reader.feed((big + small)[i : i + 97])
+    stream = big + small
+    out = _fed(reader, [stream[i : i + 97] for i in range(0, len(stream), 97)])  # in pieces
     assert isinstance(out[0], wire.TooLarge)
     assert (out[0].seq, out[0].kind, out[0].size) == (3, wire.BATCH, len(big) - 5)
     assert wire.read_batch(out[1][1], PRODUCE_SCHEMA)[1]["body"].to_pylist() == [b"ok"]

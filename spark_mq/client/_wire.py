@@ -27,6 +27,7 @@ from spark_mq.schema import DELIVERY_SCHEMA
 
 Transport = Literal["auto", "wire", "flight"]
 _SEQ_LIMIT = 2**32
+_READ_BYTES = 256 * 1024
 
 
 class Address(NamedTuple):
@@ -96,17 +97,21 @@ class _Frames:
         self._sock = sock
         self._reader = wire.FrameReader()
         self._ready: deque[tuple[int, bytes] | wire.TooLarge] = deque()
+        # reads land here: recv(1 MiB) allocated, mapped and unmapped a new buffer each call,
+        # ~17 us of every delivery's read (measured); recv_into reuses this one
+        self._inbox = bytearray(_READ_BYTES)
+        self._inbox_view = memoryview(self._inbox)
 
     def next(self) -> tuple[int, bytes] | None:
         """The next frame; None once the broker closed the connection (or it was shut down)."""
         while not self._ready:
             try:
-                data = self._sock.recv(1024 * 1024)
+                n = self._sock.recv_into(self._inbox)
             except OSError as exc:
                 raise BrokerUnavailable(f"the connection to the broker broke: {exc}") from exc
-            if not data:
+            if not n:
                 return None
-            self._ready.extend(self._reader.feed(data))
+            self._ready.extend(self._reader.feed(self._inbox_view[:n]))  # feed copies
         item = self._ready.popleft()
         assert not isinstance(item, wire.TooLarge)  # this reader has no limit
         return item
