@@ -1,11 +1,11 @@
-"""The direct wire: framing, inline group commit, and a real broker's wire server under good and
-bad input (the SDK's own tests run over the wire too: it is the default transport)."""
+"""The direct wire: framing, and a real broker's wire server under good and bad input (the SDK's
+own tests run over the wire too: it is the default transport; the loop's inline group commit is
+tested in ``test_inline_commit.py``)."""
 
 from __future__ import annotations
 
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,19 +16,9 @@ from spark_mq.broker import Broker, RunningBroker
 from spark_mq.clock import ManualClock
 from spark_mq.config import load_config
 from spark_mq.errors import BrokerUnavailable, ConfigError, MessageTooLarge, ProtocolError
-from spark_mq.journal.group_commit import (
-    DestinationWriter,
-    DirectSink,
-    committing_elsewhere,
-    committing_here,
-    resolve,
-)
-from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.schema import (
     DELIVERY_SCHEMA,
     PRODUCE_SCHEMA,
-    SETTLEMENT_SCHEMA,
-    UNOFFSET_SCHEMA,
     null_column,
 )
 from tests.conftest import receive_n, start_inprocess
@@ -125,181 +115,6 @@ def test_a_columns_frame_carries_only_the_columns_named_and_refuses_bad_masks() 
         subsets.parts(8, pa.record_batch([pa.array([b"b"])], names=["body"]))
         with pytest.raises(ValueError, match="not some of"):
             subsets.parts(8, wrong)
-
-
-# -- inline group commit ----------------------------------------------------------------------
-def test_submits_inside_committing_here_are_committed_by_the_submitting_thread() -> None:
-    store = MemoryStore()
-    store.create_logs("q")
-    committed_by: list[int] = []
-    writer = DestinationWriter(
-        DirectSink(store, "q"),
-        "q",
-        0,
-        buffer_timeout_s=0.0,
-        buffer_size_bytes=1 << 20,
-        max_pending_bytes=1 << 30,
-        on_commit=lambda dest, rows: committed_by.append(threading.get_ident()),
-    )
-    rows = pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA})
-    try:
-        with committing_here():
-            first = writer.submit(rows, is_settlement=False)
-            second = writer.submit(rows, is_settlement=False)
-            time.sleep(0.05)  # the writer thread, had it been woken, commits in microseconds
-            assert not first.done() and not second.done()
-        assert first.result(0).first_offset == 0 and second.result(0).first_offset == 2
-        assert committed_by == [threading.get_ident()]  # one commit, in this thread
-        later = writer.submit(rows, is_settlement=False)  # outside: the writer thread's job
-        assert later.result(10).first_offset == 4
-        assert committed_by[-1] != threading.get_ident()
-        with committing_here():
-            with committing_elsewhere():  # a big batch: the writer thread syncs it meanwhile
-                big = writer.submit(rows, is_settlement=False)
-            assert big.result(10).first_offset == 6  # before the block ends
-            small = writer.submit(rows, is_settlement=False)
-        assert small.result(0).first_offset == 8
-        assert committed_by[-2] != threading.get_ident() == committed_by[-1]
-    finally:
-        writer.close()
-
-
-class _RecordingSink(DirectSink):
-    """Notes each commit: which parts it carried, and the thread that made it."""
-
-    def __init__(self, store: MemoryStore, destination: str) -> None:
-        super().__init__(store, destination)
-        self.commits: list[tuple[bool, bool, int]] = []
-
-    def commit(self, messages, end_offset, settlements):  # type: ignore[no-untyped-def]
-        self.commits.append((messages is not None, settlements is not None, threading.get_ident()))
-        return super().commit(messages, end_offset, settlements)
-
-
-def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -> None:
-    store = MemoryStore()
-    store.create_logs("q")
-    sink = _RecordingSink(store, "q")
-
-    def writer(first: int, settle_timeout_s: float) -> DestinationWriter:
-        return DestinationWriter(
-            sink,
-            "q",
-            first,
-            buffer_timeout_s=0.0,
-            buffer_size_bytes=1 << 20,
-            max_pending_bytes=1 << 30,
-            settle_timeout_s=settle_timeout_s,
-        )
-
-    rows = pa.table({f.name: null_column(1, f.type) for f in UNOFFSET_SCHEMA})
-    acks = pa.table(
-        {
-            f.name: pa.array([0]) if f.name == "offset" else null_column(1, f.type)
-            for f in SETTLEMENT_SCHEMA
-        },
-        schema=SETTLEMENT_SCHEMA,
-    )
-    me = threading.get_ident()
-    w = writer(0, 5.0)  # long: the second message below surely comes first
-    try:
-        with committing_here():
-            ack = w.submit(acks, is_settlement=True)
-        # no message about (a queue being drained): the ack is not held
-        assert ack.result(0) is None and sink.commits == [(False, True, me)]
-        sink.commits.clear()
-        with committing_here():
-            first = w.submit(rows, is_settlement=False)
-        assert first.result(0).first_offset == 0
-        with committing_here():
-            ack = w.submit(acks, is_settlement=True)
-        assert not ack.done()  # a message came just now: the ack waits to share the next sync
-        with committing_here():
-            msg = w.submit(rows, is_settlement=False)
-        assert msg.result(0).first_offset == 1 and ack.result(0) is None
-        assert sink.commits == [(True, False, me), (True, True, me)]  # one sync for both
-    finally:
-        w.close()
-
-    quick = writer(2, 0.05)
-    try:
-        sink.commits.clear()
-        with committing_here():
-            quick.submit(rows, is_settlement=False)
-            ack = quick.submit(acks, is_settlement=True)  # shares the message's commit
-        with committing_here():
-            late = quick.submit(acks, is_settlement=True)
-        assert ack.result(0) is None and not late.done()
-        assert late.result(10) is None  # nothing else came: the writer thread committed it
-        assert [c[:2] for c in sink.commits] == [(True, True), (False, True)]
-        assert sink.commits[0][2] == me and sink.commits[1][2] != me
-    finally:
-        quick.close()
-
-    # a thread that says it comes back (the wire loop) commits such acks itself when due
-    own = writer(3, 0.05)
-    later: dict[DestinationWriter, float] = {}
-    try:
-        sink.commits.clear()
-        with committing_here(later):
-            own.submit(rows, is_settlement=False)
-        with committing_here(later):
-            late = own.submit(acks, is_settlement=True)
-        assert list(later) == [own] and later[own] > time.monotonic()
-        time.sleep(later[own] - time.monotonic() + 0.1)
-        assert not late.done()  # due a while ago, but the writer thread was not woken for it
-        with committing_here(later):  # back: nothing submitted, the due acks go now
-            pass
-        assert late.result(0) is None and later == {}
-        assert sink.commits == [(True, False, me), (False, True, me)]
-    finally:
-        own.close()
-
-
-def test_committing_here_can_leave_the_futures_for_the_caller_to_resolve_after() -> None:
-    """The wire loop writes the deliveries a commit made possible before it answers producers
-    and acks: the commit is durable and visible at the end of the block, its futures pending
-    until the caller resolves them, in commit order."""
-    store = MemoryStore()
-    store.create_logs("q")
-    visible: list[int] = []
-    writer = DestinationWriter(
-        DirectSink(store, "q"),
-        "q",
-        0,
-        buffer_timeout_s=0.0,
-        buffer_size_bytes=1 << 20,
-        max_pending_bytes=1 << 30,
-        on_commit=lambda dest, rows: visible.append(rows.num_rows),
-    )
-    rows = pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA})
-    acks = pa.table(
-        {
-            f.name: pa.array([0]) if f.name == "offset" else null_column(1, f.type)
-            for f in SETTLEMENT_SCHEMA
-        },
-        schema=SETTLEMENT_SCHEMA,
-    )
-    order: list[str] = []
-    resolving: list = []
-    try:
-        with committing_here(resolving=resolving):
-            msg = writer.submit(rows, is_settlement=False)
-            ack = writer.submit(acks, is_settlement=True)
-            msg.add_done_callback(lambda f: order.append("message"))
-            ack.add_done_callback(lambda f: order.append("ack"))
-        assert visible == [2] and store.committed_end("q") == 2  # durable and handed on
-        assert not msg.done() and not ack.done() and len(resolving) == 2
-        resolve(resolving)
-        assert msg.result(0).first_offset == 0 and ack.result(0) is None
-        assert order == ["message", "ack"] and resolving == []
-        with committing_here():  # without a list, as before: resolved when the block ends
-            plain = writer.submit(rows, is_settlement=False)
-        assert plain.result(0).first_offset == 2
-        later = writer.submit(rows, is_settlement=False)  # the writer thread never defers
-        assert later.result(10).first_offset == 4 and resolving == []
-    finally:
-        writer.close()
 
 
 # -- a real broker's wire server -------------------------------------------------------------
