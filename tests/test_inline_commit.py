@@ -11,6 +11,7 @@ import pyarrow as pa
 from spark_mq.journal.group_commit import (
     DestinationWriter,
     DirectSink,
+    OnCommit,
     committing_elsewhere,
     committing_here,
     resolve,
@@ -19,18 +20,34 @@ from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.schema import SETTLEMENT_SCHEMA, UNOFFSET_SCHEMA, null_column
 
 
-def test_submits_inside_committing_here_are_committed_by_the_submitting_thread() -> None:
-    store = MemoryStore()
+def _direct_writer(store: MemoryStore, on_commit: OnCommit) -> DestinationWriter:
+    """A writer of queue ``q`` straight to ``store``, flushing at once."""
     store.create_logs("q")
-    committed_by: list[int] = []
-    writer = DestinationWriter(
+    return DestinationWriter(
         DirectSink(store, "q"),
         "q",
         0,
         buffer_timeout_s=0.0,
         buffer_size_bytes=1 << 20,
         max_pending_bytes=1 << 30,
-        on_commit=lambda dest, rows: committed_by.append(threading.get_ident()),
+        on_commit=on_commit,
+    )
+
+
+def _ack_of_offset_0() -> pa.Table:
+    return pa.table(
+        {
+            f.name: pa.array([0]) if f.name == "offset" else null_column(1, f.type)
+            for f in SETTLEMENT_SCHEMA
+        },
+        schema=SETTLEMENT_SCHEMA,
+    )
+
+
+def test_submits_inside_committing_here_are_committed_by_the_submitting_thread() -> None:
+    committed_by: list[int] = []
+    writer = _direct_writer(
+        MemoryStore(), lambda dest, rows: committed_by.append(threading.get_ident())
     )
     rows = pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA})
     try:
@@ -84,13 +101,7 @@ def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -
         )
 
     rows = pa.table({f.name: null_column(1, f.type) for f in UNOFFSET_SCHEMA})
-    acks = pa.table(
-        {
-            f.name: pa.array([0]) if f.name == "offset" else null_column(1, f.type)
-            for f in SETTLEMENT_SCHEMA
-        },
-        schema=SETTLEMENT_SCHEMA,
-    )
+    acks = _ack_of_offset_0()
     me = threading.get_ident()
     w = writer(0, 5.0)  # long: the second message below surely comes first
     try:
@@ -152,25 +163,10 @@ def test_committing_here_can_leave_the_futures_for_the_caller_to_resolve_after()
     and acks: the commit is durable and visible at the end of the block, its futures pending
     until the caller resolves them, in commit order."""
     store = MemoryStore()
-    store.create_logs("q")
     visible: list[int] = []
-    writer = DestinationWriter(
-        DirectSink(store, "q"),
-        "q",
-        0,
-        buffer_timeout_s=0.0,
-        buffer_size_bytes=1 << 20,
-        max_pending_bytes=1 << 30,
-        on_commit=lambda dest, rows: visible.append(rows.num_rows),
-    )
+    writer = _direct_writer(store, lambda dest, rows: visible.append(rows.num_rows))
     rows = pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA})
-    acks = pa.table(
-        {
-            f.name: pa.array([0]) if f.name == "offset" else null_column(1, f.type)
-            for f in SETTLEMENT_SCHEMA
-        },
-        schema=SETTLEMENT_SCHEMA,
-    )
+    acks = _ack_of_offset_0()
     order: list[str] = []
     resolving: list = []
     try:
