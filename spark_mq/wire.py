@@ -14,6 +14,11 @@ Each frame is a 5-byte header (body length, u32 little-endian; kind, u8) and a b
   message uses: the SDK's plain message is a body and a dedup id): a u32 sequence number, a u16
   naming them (bit ``i``: field ``i``, in the schema's order), then the IPC record batch message
   of those columns. The absent ones are null; the broker need not look at them.
+* ``PLAIN``: from a producer, messages of only a body and a dedup id (the SDK's plain message)
+  laid out as Arrow lays out their columns, with no IPC metadata to write or read: a u32
+  sequence number, a u32 message count ``n``, the dedup ids' ``n + 1`` i32 offsets, the
+  bodies' ``n + 1`` i32 offsets, then the ids' UTF-8 bytes and the bodies' bytes. Brokers from
+  wire version 2 on take it (``ping`` says which version a broker speaks).
 
 A connection does one thing, named by its first frame. A producer connection starts with
 ``Produce``; each batch is answered by a ``PutAck``/``PutFailed`` carrying its sequence number,
@@ -24,6 +29,7 @@ before and closes. A refusal is a :class:`Failure` frame, and the broker closes 
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import struct
@@ -38,8 +44,14 @@ from spark_mq.schema import PRODUCE_SCHEMA
 
 HEADER = struct.Struct("<IB")
 SEQ = struct.Struct("<I")
-CONTROL, BATCH, COLUMNS = 1, 2, 3
+CONTROL, BATCH, COLUMNS, PLAIN = 1, 2, 3, 4
+PRODUCE_KINDS = (BATCH, COLUMNS, PLAIN)  # the frames that carry a producer's messages
+VERSION = 2  # 1: CONTROL, BATCH, COLUMNS; 2: and PLAIN
 MASK = struct.Struct("<H")
+PLAIN_HEAD = struct.Struct("<II")  # sequence number, message count
+_ONE_PLAIN = struct.Struct("<IBIIiiii")  # a one-message PLAIN frame up to its id: all but data
+_OFFSET = struct.Struct("<i")
+_OFFSET_LIMIT = 2**31  # i32 offsets
 # what a frame may carry beyond a batch's own buffers (IPC metadata, padding)
 FRAME_SLACK = 1024 * 1024
 
@@ -163,6 +175,79 @@ class ColumnSubsets:
         return seq, _batch(seq, pa.py_buffer(body)[SEQ.size + MASK.size :], schema)
 
 
+@dataclass(frozen=True, slots=True)
+class Plain:
+    """Messages of only a body and a dedup id, as a ``PLAIN`` frame carries them."""
+
+    dedup_ids: list[bytes]
+    bodies: list[bytes]
+
+    @staticmethod
+    def fits(total_bytes: int) -> bool:
+        """Whether messages of this many bytes in all (ids and bodies) fit i32 offsets."""
+        return total_bytes < _OFFSET_LIMIT
+
+    def parts(self, seq: int) -> list[Any]:
+        """The frame as buffers to hand to ``sendmsg`` (a single body is not copied)."""
+        ids, bodies = self.dedup_ids, self.bodies
+        n = len(bodies)
+        if n == 1:  # the commonest frame: one pack, no offset lists (0.2 us, measured)
+            (d,), (b,) = ids, bodies
+            size = PLAIN_HEAD.size + 4 * _OFFSET.size + len(d) + len(b)
+            return [_ONE_PLAIN.pack(size, PLAIN, seq, 1, 0, len(d), 0, len(b)) + d, b]
+        id_ends = itertools.accumulate(map(len, ids), initial=0)
+        body_ends = itertools.accumulate(map(len, bodies), initial=0)
+        offsets = struct.pack(f"<{2 * (n + 1)}i", *id_ends, *body_ends)
+        ids_data, bodies_data = b"".join(ids), b"".join(bodies)
+        size = PLAIN_HEAD.size + len(offsets) + len(ids_data) + len(bodies_data)
+        return [
+            HEADER.pack(size, PLAIN) + PLAIN_HEAD.pack(seq, n) + offsets + ids_data,
+            bodies_data,
+        ]
+
+
+def read_plain(body: bytes) -> tuple[int, pa.RecordBatch]:
+    """A ``PLAIN`` frame's sequence number and its messages, as a batch of ``PLAIN_SCHEMA``
+    over the frame's own bytes; a malformed one is a ``ProtocolError``."""
+    if len(body) < PLAIN_HEAD.size:
+        raise ProtocolError("plain frame shorter than its header", fault="remote")
+    seq, n = PLAIN_HEAD.unpack_from(body)
+    ids_at = PLAIN_HEAD.size
+    bodies_at = ids_at + _OFFSET.size * (n + 1)
+    data_at = bodies_at + _OFFSET.size * (n + 1)
+    if len(body) < data_at:
+        raise ProtocolError(
+            f"batch {seq}: a plain frame of {len(body)} bytes cannot hold the offsets of {n} "
+            "messages",
+            fault="remote",
+        )
+    (ids_size,) = _OFFSET.unpack_from(body, bodies_at - _OFFSET.size)
+    (bodies_size,) = _OFFSET.unpack_from(body, data_at - _OFFSET.size)
+    if ids_size < 0 or bodies_size < 0 or data_at + ids_size + bodies_size != len(body):
+        raise ProtocolError(
+            f"batch {seq}: a plain frame of {len(body)} bytes, but its offsets end at "
+            f"{ids_size} (ids) and {bodies_size} (bodies) after {data_at} bytes of header",
+            fault="remote",
+        )
+    buf = pa.py_buffer(body)
+    bodies_data_at = data_at + ids_size
+    try:
+        ids = pa.Array.from_buffers(
+            _STRING, n, [None, buf[ids_at:bodies_at], buf[data_at:bodies_data_at]]
+        )
+        bodies = pa.Array.from_buffers(
+            _BINARY, n, [None, buf[bodies_at:data_at], buf[bodies_data_at:]]
+        )
+        ids.validate(full=True)  # offsets in order and in bounds, ids UTF-8
+        bodies.validate(full=True)
+    except (pa.ArrowInvalid, ValueError) as exc:
+        raise ProtocolError(
+            f"batch {seq}: a plain frame's offsets or dedup ids are invalid: {exc}",
+            fault="remote",
+        ) from None
+    return seq, pa.RecordBatch.from_arrays([bodies, ids], schema=PLAIN_SCHEMA)
+
+
 class FrameReader:
     """Cuts a byte stream into ``(kind, body)`` frames; frames over ``max_body`` are skipped and
     reported as :class:`TooLarge` (a producer's oversized batch gets an answer, not a hang-up)."""
@@ -220,3 +305,8 @@ def send_parts(sock: socket.socket, parts: list[Any]) -> None:
 
 
 PRODUCE_SUBSETS = ColumnSubsets(PRODUCE_SCHEMA)  # what a producer's COLUMNS frames carry
+# what a PLAIN frame is read as: the COLUMNS batch of the same messages
+PLAIN_SCHEMA = PRODUCE_SUBSETS.schema(
+    sum(1 << PRODUCE_SCHEMA.get_field_index(name) for name in ("body", "dedup_id"))
+)
+_STRING, _BINARY = pa.string(), pa.binary()

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from spark_mq import wire
 from spark_mq.broker import Broker, RunningBroker
 from spark_mq.clock import ManualClock
 from spark_mq.config import load_config
@@ -112,3 +114,17 @@ def wait_for(check: Callable[[], object], timeout: float = 30.0, what: str = "it
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+def raw_wire(broker: RunningBroker) -> socket.socket:
+    """A bare TCP connection to a broker's direct wire (to send what the SDK never would)."""
+    assert broker.wire_port
+    return socket.create_connection(("127.0.0.1", broker.wire_port), timeout=10)
+
+
+def frames_until_closed(sock: socket.socket) -> list[tuple[int, bytes]]:
+    """Every frame the broker sends until it closes the connection."""
+    reader, frames = wire.FrameReader(), []
+    while data := sock.recv(65536):
+        frames += reader.feed(data)
+    return frames

@@ -21,7 +21,7 @@ from spark_mq.schema import (
     PRODUCE_SCHEMA,
     null_column,
 )
-from tests.conftest import receive_n, start_inprocess
+from tests.conftest import frames_until_closed, raw_wire, receive_n, start_inprocess
 
 
 def _one(body: bytes) -> pa.RecordBatch:
@@ -138,24 +138,12 @@ def test_the_loop_itself_commits_an_ack_left_waiting_to_share_a_sync(
         running.stop()
 
 
-def _raw(broker: RunningBroker) -> socket.socket:
-    assert broker.wire_port
-    return socket.create_connection(("127.0.0.1", broker.wire_port), timeout=10)
-
-
-def _frames_until_closed(sock: socket.socket) -> list[tuple[int, bytes]]:
-    reader, frames = wire.FrameReader(), []
-    while data := sock.recv(65536):
-        frames += reader.feed(data)
-    return frames
-
-
 def test_a_malformed_first_frame_gets_a_clear_failure_and_the_broker_serves_on(
     broker: RunningBroker,
 ) -> None:
-    with _raw(broker) as sock:
+    with raw_wire(broker) as sock:
         sock.sendall(wire.HEADER.pack(8, wire.CONTROL) + b"not json")
-        frames = _frames_until_closed(sock)  # answered, then half-closed by the broker
+        frames = frames_until_closed(sock)  # answered, then half-closed by the broker
     failure = wire.parse_control(frames[0][1])
     assert isinstance(failure, wire.Failure)
     assert failure.error["code"] == ProtocolError.code
@@ -185,7 +173,7 @@ def test_a_consumer_that_drops_its_connection_gives_its_messages_back(
 ) -> None:
     with Producer(broker.url, destination="q") as producer:
         producer.send_batch([b"a", b"b"])
-    with _raw(broker) as sock:
+    with raw_wire(broker) as sock:
         sock.sendall(wire.control(protocol.Consume("q", prefetch=10)))
         reader, frames = wire.FrameReader(), []
         while len(frames) < 2:  # the welcome, then the delivery
@@ -210,7 +198,7 @@ def test_columns_frames_are_checked_as_any_batch_and_stored_with_the_defaults(
         batch = pa.record_batch(list(columns.values()), schema=subsets.schema(mask))
         return b"".join(bytes(memoryview(p)) for p in subsets.parts(seq, batch))
 
-    with _raw(broker) as sock:
+    with raw_wire(broker) as sock:
         sock.sendall(wire.control(protocol.Produce("q")))
         sock.sendall(frame(0, {"body": pa.array([b"plain"]), "dedup_id": pa.array(["p-0"])}))
         sock.sendall(frame(1, {"body": pa.array([b"bad"]), "priority": pa.array([12], pa.int32())}))

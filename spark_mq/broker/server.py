@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from spark_mq import protocol
+from spark_mq import protocol, wire
 from spark_mq.broker.core import Broker
 from spark_mq.broker.dedup import ProduceResult
 from spark_mq.errors import ProtocolError, SparkMQError, to_wire
@@ -83,7 +83,12 @@ class FlightService(fl.FlightServerBase):
         b = self.broker
         match name:
             case "ping":  # also how clients find the direct wire (and its local socket)
-                return {"ok": True, "wire_port": self.wire_port, "wire_local": self.wire_local}
+                return {
+                    "ok": True,
+                    "wire_port": self.wire_port,
+                    "wire_local": self.wire_local,
+                    "wire_version": wire.VERSION,
+                }
             case "create_destination":
                 return {
                     "created": b.create_destination(

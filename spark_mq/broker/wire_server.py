@@ -300,7 +300,7 @@ class WireServer:
             if conn.role is None:
                 self._first(conn, kind, body)
             elif conn.role == "produce":
-                if kind not in (wire.BATCH, wire.COLUMNS):
+                if kind not in wire.PRODUCE_KINDS:
                     raise ProtocolError(
                         "a producer connection carries batch frames only", fault="remote"
                     )
@@ -333,7 +333,9 @@ class WireServer:
 
     # -- producing ---------------------------------------------------------------------------
     def _produce(self, conn: _Conn, kind: int, body: bytes) -> None:
-        if kind == wire.COLUMNS:
+        if kind == wire.PLAIN:
+            seq, batch = wire.read_plain(body)
+        elif kind == wire.COLUMNS:
             seq, batch = wire.PRODUCE_SUBSETS.read(body)
         else:
             seq, batch = wire.read_batch(body, PRODUCE_SCHEMA)
@@ -376,7 +378,7 @@ class WireServer:
             size=item.size,
             limit=limit,
         )
-        if conn.role != "produce" or item.kind not in (wire.BATCH, wire.COLUMNS):
+        if conn.role != "produce" or item.kind not in wire.PRODUCE_KINDS:
             raise err
         self._answer(conn, protocol.PutFailed(item.seq, json.loads(to_wire(err))))
 

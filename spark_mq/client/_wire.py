@@ -31,12 +31,13 @@ _READ_BYTES = 256 * 1024
 
 
 class Address(NamedTuple):
-    """Where the broker's direct wire listens: its TCP host and port, and the name of its local
-    socket (Linux's abstract namespace), if it has one."""
+    """Where the broker's direct wire listens: its TCP host and port, the name of its local
+    socket (Linux's abstract namespace), if it has one, and the wire version it speaks."""
 
     host: str
     port: int
     local: str | None = None
+    version: int = 1
 
 
 def wire_address(
@@ -61,7 +62,9 @@ def wire_address(
             )
         return None
     local = local if isinstance(local, str) and sys.platform.startswith("linux") else None
-    return Address(urlparse(url).hostname or "127.0.0.1", int(port), local)
+    version = answer.get("wire_version")
+    version = version if isinstance(version, int) else 1  # brokers before versions: 1
+    return Address(urlparse(url).hostname or "127.0.0.1", int(port), local, version)
 
 
 def _connect(address: Address, timeout_s: float) -> socket.socket:
@@ -139,6 +142,7 @@ class WireProduceStream:
 
     def __init__(self, address: Address, timeout_s: float, destination: str, window: int) -> None:
         self.destination = destination
+        self.takes_plain = address.version >= 2  # PLAIN frames
         self._sock = _connect(address, timeout_s)
         self._frames = _Frames(self._sock)
         self._lock = threading.Lock()
@@ -158,9 +162,12 @@ class WireProduceStream:
 
     every_column = False  # a batch may leave out columns it does not use (a COLUMNS frame)
 
-    def write(self, batch: pa.RecordBatch, outcome: Outcome, *, waited: bool = False) -> None:
+    def write(
+        self, batch: pa.RecordBatch | wire.Plain, outcome: Outcome, *, waited: bool = False
+    ) -> None:
         """Send ``batch`` (of ``PRODUCE_SCHEMA``'s columns, or only some of them, in its
-        order); ``waited``: the caller will :meth:`wait` for its answer."""
+        order; or plain messages, when the broker ``takes_plain``); ``waited``: the caller will
+        :meth:`wait` for its answer."""
         self._window.acquire()
         with self._lock:
             if self.broken is not None:
@@ -170,7 +177,11 @@ class WireProduceStream:
             self._seq = (seq + 1) % _SEQ_LIMIT
             self._in_flight[seq] = outcome
             try:
-                wire.send_parts(self._sock, wire.PRODUCE_SUBSETS.parts(seq, batch))
+                if isinstance(batch, wire.Plain):
+                    parts = batch.parts(seq)
+                else:
+                    parts = wire.PRODUCE_SUBSETS.parts(seq, batch)
+                wire.send_parts(self._sock, parts)
             except OSError as exc:
                 self._fail(BrokerUnavailable(f"the connection to the broker broke: {exc}"))
                 raise self.broken from exc  # type: ignore[misc]
