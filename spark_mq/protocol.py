@@ -57,6 +57,9 @@ class Consume:
     selector: str | None = None
     durable: bool = True
     temporary: bool = False  # consume a new temporary queue (destination is ignored)
+    # the direct wire may deliver a plain message as a ONE frame (brokers before wire version 2
+    # ignore it and send batches)
+    compact: bool = False
 
 
 @dataclass(frozen=True)
@@ -196,8 +199,11 @@ def parse(data: bytes | memoryview | None) -> Frame:
             if prefetch is not None and prefetch < 1:
                 raise ProtocolError("prefetch must be at least 1", fault="remote")
             durable, temporary = doc.get("durable", True), doc.get("temporary", False)
-            if not isinstance(durable, bool) or not isinstance(temporary, bool):
-                raise ProtocolError("durable and temporary must be true or false", fault="remote")
+            compact = doc.get("compact", False)
+            if not all(isinstance(flag, bool) for flag in (durable, temporary, compact)):
+                raise ProtocolError(
+                    "durable, temporary and compact must be true or false", fault="remote"
+                )
             return Consume(
                 _str(doc, "destination"),  # type: ignore[arg-type]
                 _str(doc, "subscription", optional=True),
@@ -205,6 +211,7 @@ def parse(data: bytes | memoryview | None) -> Frame:
                 _str(doc, "selector", optional=True),
                 durable,
                 temporary,
+                compact,
             )
         case "browse":
             limit = _int(doc, "limit")

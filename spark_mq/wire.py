@@ -19,6 +19,12 @@ Each frame is a 5-byte header (body length, u32 little-endian; kind, u8) and a b
   sequence number, a u32 message count ``n``, the dedup ids' ``n + 1`` i32 offsets, the
   bodies' ``n + 1`` i32 offsets, then the ids' UTF-8 bytes and the bodies' bytes. Brokers from
   wire version 2 on take it (``ping`` says which version a broker speaks).
+* ``ONE``: to a consumer that asked for them (``Consume.compact``), a delivery of one message
+  whose only fields are a body, a dedup id, a priority and the broker's (no message id, group,
+  headers, expiry or delivery time): ``ONE_HEAD`` (a u32 sequence number, 0; the i64 offset,
+  the i64 enqueue time in microseconds, the i32 priority, the i32 delivery count, the i32
+  length of the dedup id, -1 for none), the id's UTF-8 bytes, then the body. A consumer reads
+  it without Arrow, and the broker writes it without an IPC batch.
 
 A connection does one thing, named by its first frame. A producer connection starts with
 ``Produce``; each batch is answered by a ``PutAck``/``PutFailed`` carrying its sequence number,
@@ -34,24 +40,26 @@ import json
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from spark_mq import protocol
 from spark_mq.errors import ProtocolError, SparkMQError, to_wire
-from spark_mq.schema import PRODUCE_SCHEMA
+from spark_mq.schema import MESSAGE_SCHEMA, PRODUCE_SCHEMA
 
 HEADER = struct.Struct("<IB")
 SEQ = struct.Struct("<I")
-CONTROL, BATCH, COLUMNS, PLAIN = 1, 2, 3, 4
+CONTROL, BATCH, COLUMNS, PLAIN, ONE = 1, 2, 3, 4, 5
 PRODUCE_KINDS = (BATCH, COLUMNS, PLAIN)  # the frames that carry a producer's messages
-VERSION = 2  # 1: CONTROL, BATCH, COLUMNS; 2: and PLAIN
+VERSION = 2  # 1: CONTROL, BATCH, COLUMNS; 2: and PLAIN, ONE
 MASK = struct.Struct("<H")
 PLAIN_HEAD = struct.Struct("<II")  # sequence number, message count
 _ONE_PLAIN = struct.Struct("<IBIIiiii")  # a one-message PLAIN frame up to its id: all but data
 _OFFSET = struct.Struct("<i")
 _OFFSET_LIMIT = 2**31  # i32 offsets
+ONE_HEAD = struct.Struct("<Iqqiii")
+_ONE_FRAME = struct.Struct("<IBIqqiii")  # a ONE frame's header and ONE_HEAD
 # what a frame may carry beyond a batch's own buffers (IPC metadata, padding)
 FRAME_SLACK = 1024 * 1024
 
@@ -246,6 +254,74 @@ def read_plain(body: bytes) -> tuple[int, pa.RecordBatch]:
             fault="remote",
         ) from None
     return seq, pa.RecordBatch.from_arrays([bodies, ids], schema=PLAIN_SCHEMA)
+
+
+class One(NamedTuple):
+    """A ``ONE`` frame's message: what a consumer needs of it."""
+
+    offset: int
+    enqueue_time_us: int
+    priority: int
+    delivery_count: int
+    dedup_id: str | None
+    body: bytes
+
+
+# the columns of MESSAGE_SCHEMA a ONE frame's message has no value in
+_NOT_IN_ONE = [
+    MESSAGE_SCHEMA.get_field_index(name)
+    for name in ("message_id", "group_id", "expiry_time", "deliver_time", "headers")
+]
+_AT = {name: i for i, name in enumerate(MESSAGE_SCHEMA.names)}
+_OFFSET_AT, _ENQUEUE_AT, _PRIORITY_AT = _AT["offset"], _AT["enqueue_time"], _AT["priority"]
+_DEDUP_AT, _BODY_AT = _AT["dedup_id"], _AT["body"]
+
+
+def one_parts(rows: pa.Table, state: list[tuple[int, bool]]) -> list[Any] | None:
+    """A delivery (rows of ``MESSAGE_SCHEMA``, each one's delivery count and whether it is its
+    group's first) as a ``ONE`` frame; None unless it is one message a ``ONE`` frame can carry.
+    The body is not copied."""
+    if len(state) != 1 or rows.num_rows != 1 or state[0][1]:
+        return None
+    if not rows.schema.equals(MESSAGE_SCHEMA) or any(
+        rows.column(i).null_count != 1 for i in _NOT_IN_ONE
+    ):
+        return None
+    priority, dedup = rows.column(_PRIORITY_AT)[0], rows.column(_DEDUP_AT)[0]
+    if not priority.is_valid:
+        return None
+    dedup_id = dedup.as_buffer() if dedup.is_valid else None
+    id_size = -1 if dedup_id is None else dedup_id.size
+    body = rows.column(_BODY_AT)[0].as_buffer()
+    head = _ONE_FRAME.pack(
+        ONE_HEAD.size + max(id_size, 0) + body.size,
+        ONE,
+        0,
+        rows.column(_OFFSET_AT)[0].as_py(),
+        rows.column(_ENQUEUE_AT)[0].value,
+        priority.as_py(),
+        state[0][0],
+        id_size,
+    )
+    return [head, body] if dedup_id is None else [head, dedup_id, body]
+
+
+def read_one(body: bytes) -> One:
+    """A ``ONE`` frame's message; a malformed one is a ``ProtocolError``."""
+    if len(body) < ONE_HEAD.size:
+        raise ProtocolError("a one-message delivery shorter than its header", fault="remote")
+    _, offset, enqueue_us, priority, count, id_size = ONE_HEAD.unpack_from(body)
+    id_end = ONE_HEAD.size + max(id_size, 0)
+    if id_end > len(body):
+        raise ProtocolError(
+            f"a one-message delivery of {len(body)} bytes with a dedup id of {id_size}",
+            fault="remote",
+        )
+    try:
+        dedup_id = None if id_size < 0 else body[ONE_HEAD.size : id_end].decode()
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"a delivered dedup id is not UTF-8: {exc}", fault="remote") from None
+    return One(offset, enqueue_us, priority, count, dedup_id, body[id_end:])
 
 
 class FrameReader:

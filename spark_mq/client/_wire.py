@@ -305,12 +305,15 @@ class WireConsumeLink:
             self._sock.close()
             raise BrokerUnavailable(f"cannot reach the broker's direct wire: {exc}") from exc
 
-    def read(self) -> pa.RecordBatch | bytes | None:
-        """A delivery batch, a control frame's JSON, or None at the end of the stream."""
+    def read(self) -> pa.RecordBatch | wire.One | bytes | None:
+        """A delivery batch or one message, a control frame's JSON, or None at the end of the
+        stream."""
         item = self._frames.next()
         if item is None:
             return None
         kind, body = item
+        if kind == wire.ONE:
+            return wire.read_one(body)
         if kind == wire.BATCH:
             return wire.read_batch(body, DELIVERY_SCHEMA)[1]
         if kind == wire.CONTROL and body.startswith(b'{"type":"failure"'):

@@ -34,6 +34,7 @@ Not guaranteed: a message whose ack future failed may be delivered again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import queue
@@ -46,7 +47,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from spark_mq import protocol
+from spark_mq import protocol, wire
 from spark_mq.client._transport import (
     DEFAULT_URL,
     STREAM_OPTIONS,
@@ -55,7 +56,7 @@ from spark_mq.client._transport import (
     translated,
 )
 from spark_mq.client._wire import Transport, WireConsumeLink, wire_address
-from spark_mq.client.message import Message, messages_of
+from spark_mq.client.message import Message, message_of_one, messages_of
 from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError, SparkMQError
 from spark_mq.names import validate_name
 
@@ -116,8 +117,9 @@ class Consumer:
         self._link: _FlightLink | WireConsumeLink | None = None
         try:
             address = wire_address(self._client, self._options, url, transport)
-            if address is not None:
-                self._link = WireConsumeLink(address, timeout_s, command)
+            if address is not None:  # plain messages may come alone as ONE frames
+                compact = dataclasses.replace(command, compact=True)
+                self._link = WireConsumeLink(address, timeout_s, compact)
             else:
                 self._link = _FlightLink(self._client, command)
             first = self._link.read()  # the Welcome, or the broker's refusal
@@ -276,12 +278,17 @@ class Consumer:
             while (item := self._link.read()) is not None:  # type: ignore[union-attr]
                 if isinstance(item, bytes):
                     self._handle_metadata(item)
+                    continue
+                if isinstance(item, wire.One):
+                    messages = [message_of_one(self.destination, item, self)]
                 elif item.num_rows:
                     messages = messages_of(self.destination, item, self)
-                    if self._on_message is None:
-                        self._messages.put(messages)
-                    else:
-                        self._dispatch(messages)
+                else:
+                    continue
+                if self._on_message is None:
+                    self._messages.put(messages)
+                else:
+                    self._dispatch(messages)
             if not self._closed:
                 self.error = BrokerUnavailable("the broker closed the consumer stream")
         except (fl.FlightError, OSError, SparkMQError) as exc:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import pyarrow as pa
 
+from spark_mq import wire
 from spark_mq.schema import TS
 
 if TYPE_CHECKING:
@@ -38,6 +39,42 @@ def messages_of(
             )
         )
     ]
+
+
+def message_of_one(destination: str, one: wire.One, consumer: Consumer | None) -> Message:
+    """A ``ONE`` frame's message (one plain message, delivered without a batch)."""
+    return Message(
+        destination, one.offset, one.body, one.delivery_count, _OneFields(one), 0, consumer
+    )
+
+
+class _OneFields:
+    """The other fields of a ``ONE`` frame's message, as :class:`_Columns` gives them (a list
+    of one value each). The fields a ``ONE`` frame has no value in are empty."""
+
+    __slots__ = ("_one",)
+
+    def __init__(self, one: wire.One) -> None:
+        self._one = one
+
+    def get(self, name: str) -> list[Any]:
+        one = self._one
+        match name:
+            case "dedup_id":
+                return [one.dedup_id]
+            case "priority":
+                return [one.priority]
+            case "enqueue_time":
+                return [_EPOCH + timedelta(microseconds=one.enqueue_time_us)]
+            case "redelivered":
+                return [one.delivery_count > 1]
+            case "group_first":
+                return [False]
+            case "headers":
+                return [{}]
+            case "message_id" | "group_id" | "expiry_time" | "deliver_time":
+                return [None]
+        raise KeyError(name)
 
 
 T = TypeVar("T")
@@ -107,7 +144,7 @@ class Message:
         offset: int,
         body: bytes,
         delivery_count: int,
-        rest: _Columns,
+        rest: _Columns | _OneFields,
         row: int,
         consumer: Consumer | None = None,
     ) -> None:
