@@ -230,18 +230,18 @@ def test_columns_frames_are_checked_as_any_batch_and_stored_with_the_defaults(
 def test_the_sdk_sends_only_the_columns_its_messages_use() -> None:
     from concurrent.futures import Future
 
-    from spark_mq.client.producer import _batch_of, _Pending
+    from spark_mq.client._pending import Pending, batch_of
 
-    def pending(body: bytes, priority: int | None = None) -> _Pending:
+    def pending(body: bytes, priority: int | None = None) -> Pending:
         none = (None,) * 5  # headers, ttl, expiry, delay, delivery time
-        return _Pending(body, None, "d", None, priority, *none, Future())  # type: ignore[arg-type]
+        return Pending(body, None, "d", None, priority, *none, Future())  # type: ignore[arg-type]
 
-    plain = _batch_of([pending(b"a"), pending(b"b")], every_column=False)
+    plain = batch_of([pending(b"a"), pending(b"b")], every_column=False)
     assert plain.schema.names == ["body", "dedup_id"]
-    mixed = _batch_of([pending(b"a"), pending(b"b", 7)], every_column=False)
+    mixed = batch_of([pending(b"a"), pending(b"b", 7)], every_column=False)
     assert mixed.schema.names == ["body", "dedup_id", "priority"]
     assert mixed["priority"].to_pylist() == [None, 7]
-    every = _batch_of([pending(b"a")], every_column=True)  # Flight: one schema per stream
+    every = batch_of([pending(b"a")], every_column=True)  # Flight: one schema per stream
     assert every.schema.equals(PRODUCE_SCHEMA)
 
 

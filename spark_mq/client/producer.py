@@ -12,24 +12,22 @@ to a message the broker did store; resend it with the same dedup id.
 from __future__ import annotations
 
 import inspect
-import struct
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
 
-from spark_mq import protocol, wire
+from spark_mq import protocol
 from spark_mq.client._outcome import Outcome
+from spark_mq.client._pending import Pending, batch_of, column, plain_of
 from spark_mq.client._transport import (
     DEFAULT_URL,
     STREAM_OPTIONS,
@@ -44,22 +42,7 @@ from spark_mq.errors import (
     SparkMQError,
 )
 from spark_mq.names import validate_name
-from spark_mq.schema import PRODUCE_SCHEMA, null_column, numbered_ids, numpy_column
-
-
-@dataclass
-class _Pending:
-    body: bytes
-    message_id: str | None
-    dedup_id: str
-    group_id: str | None
-    priority: int | None
-    headers: list[tuple[str, str]] | None
-    ttl_ms: int | None
-    expiry_time: datetime | None
-    delay_ms: int | None
-    deliver_time: datetime | None
-    future: Future
+from spark_mq.schema import PRODUCE_SCHEMA, numbered_ids
 
 
 def _conform_produce(table: pa.Table) -> pa.Table:
@@ -223,7 +206,7 @@ class Producer:
         self._seq_lock = threading.Lock()
         self._next_seq = 0
         self._lock = threading.Lock()
-        self._buffers: dict[str, list[_Pending]] = {}
+        self._buffers: dict[str, list[Pending]] = {}
         self._buffer_bytes: dict[str, int] = {}
         self._first_at: dict[str, float] = {}
         self._streams: dict[str, _PutStream | WireProduceStream] = {}
@@ -331,7 +314,7 @@ class Producer:
         if isinstance(body, str):
             body = body.encode()
         fut: Future = Future()
-        item = _Pending(
+        item = Pending(
             body,
             message_id,
             dedup_id or self.next_dedup_id(),
@@ -373,7 +356,7 @@ class Producer:
         if isinstance(bodies, pa.Table | pa.RecordBatch):
             table = pa.table(bodies) if isinstance(bodies, pa.RecordBatch) else bodies
         else:
-            table = pa.table({"body": _column(list(bodies), _BINARY)})
+            table = pa.table({"body": column(list(bodies), pa.binary())})
         table = _conform_produce(table)
         if self.group_id is not None and table["group_id"].null_count:
             i = table.schema.get_field_index("group_id")
@@ -426,7 +409,7 @@ class Producer:
         self._client.close()
 
     # -- internals ---------------------------------------------------------------------------
-    def _flush_dest(self, dest: str, *, waited: bool = False) -> list[_Pending]:
+    def _flush_dest(self, dest: str, *, waited: bool = False) -> list[Pending]:
         """Take a destination's buffer and write it; one at a time, so batches keep order.
 
         ``waited``: the caller waits for the answer through the stream's ``wait``."""
@@ -437,7 +420,7 @@ class Producer:
                 self._send_now(dest, items, waited)
             return items
 
-    def _take(self, dest: str) -> list[_Pending]:
+    def _take(self, dest: str) -> list[Pending]:
         items = self._buffers.pop(dest, [])
         self._buffer_bytes.pop(dest, None)
         self._first_at.pop(dest, None)
@@ -478,11 +461,11 @@ class Producer:
                 self._streams[dest] = stream
             return stream
 
-    def _send_now(self, dest: str, items: list[_Pending], waited: bool) -> None:
+    def _send_now(self, dest: str, items: list[Pending], waited: bool) -> None:
         futures = [i.future for i in items]
         try:
             stream = self._stream(dest)
-            batch = (stream.takes_plain and _plain_of(items)) or _batch_of(
+            batch = (stream.takes_plain and plain_of(items)) or batch_of(
                 items, every_column=stream.every_column
             )
             stream.write(batch, Outcome(len(items), per_message=futures), waited=waited)
@@ -493,100 +476,6 @@ class Producer:
 
 
 _SEND_OPTIONS = frozenset(inspect.signature(Producer.send).parameters) - {"self", "body"}
-
-# built once: constructing and comparing DataTypes per column was a third of a send's cost
-_BINARY, _STRING, _INT32, _INT64 = pa.binary(), pa.string(), pa.int32(), pa.int64()
-_FIXED_WIDTH = {_INT32.id: np.int32, _INT64.id: np.int64}
-_TIMESTAMP_ID = pa.timestamp("us").id
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_MICROSECOND = timedelta(microseconds=1)
-_VARIABLE = {_BINARY.id, _STRING.id}
-_ONE_VALUE = struct.Struct("<ii")  # the offsets of a one-value binary or string column
-# a message's fields, named as in _Pending, in PRODUCE_SCHEMA's order
-_FIELDS = [(f.name, f.type) for f in PRODUCE_SCHEMA]
-
-
-def _plain_of(items: list[_Pending]) -> wire.Plain | None:
-    """Buffered messages as a ``PLAIN`` frame, when each is only a body (bytes) and a dedup id:
-    what ``send`` makes of a message given no options. None for any other. Written, not built
-    as an Arrow batch and serialized: a one-message frame takes 0.2 us, a batch 11 us
-    (measured)."""
-    ids, bodies, size = [], [], 0
-    for i in items:
-        if (
-            type(i.body) is not bytes
-            or i.message_id is not None
-            or i.group_id is not None
-            or i.priority is not None
-            or i.headers is not None
-            or i.ttl_ms is not None
-            or i.expiry_time is not None
-            or i.delay_ms is not None
-            or i.deliver_time is not None
-        ):
-            return None
-        dedup_id = i.dedup_id.encode()
-        ids.append(dedup_id)
-        bodies.append(i.body)
-        size += len(dedup_id) + len(i.body)
-    return wire.Plain(ids, bodies) if wire.Plain.fits(size) else None
-
-
-def _batch_of(items: list[_Pending], *, every_column: bool) -> pa.RecordBatch:
-    """Buffered messages as a batch: of every column of ``PRODUCE_SCHEMA``, or of only those
-    some message uses. A plain message is then a body and a dedup id, and neither the SDK nor
-    the broker handles the other eight columns (a one-message batch: 10 us built, against 16)."""
-    columns, mask = [], 0
-    for i, (name, typ) in enumerate(_FIELDS):
-        values = [getattr(item, name) for item in items]
-        if every_column or any(v is not None for v in values):
-            columns.append(_column(values, typ))
-            mask |= 1 << i
-    schema = PRODUCE_SCHEMA if every_column else wire.PRODUCE_SUBSETS.schema(mask)
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
-
-
-def _column(values: list[Any], typ: pa.DataType) -> pa.Array:
-    """An Arrow column of ``values``, built from buffers where it can be.
-
-    An unused field (all None) skips the conversion, which was most of a single message's cost.
-    ``pa.array`` also imports pandas on its first call in a process (0.15-0.4 s measured): bytes,
-    strings, integers, times and headers without gaps are assembled here instead, so a
-    producer's first send is as fast as the rest.
-    """
-    n = len(values)
-    if all(v is None for v in values):
-        return null_column(n, typ)  # shared: most fields of most messages are unused
-    if any(v is None for v in values):
-        return pa.array(values, typ)
-    if typ.id in _VARIABLE and all(isinstance(v, bytes | str) for v in values):
-        data = [v.encode() if isinstance(v, str) else v for v in values]
-        if n == 1:  # a single message: two offsets, no numpy round trip
-            if len(data[0]) >= 2**31:
-                return pa.array(values, typ)
-            offsets = pa.py_buffer(_ONE_VALUE.pack(0, len(data[0])))
-            return pa.Array.from_buffers(typ, 1, [None, offsets, pa.py_buffer(data[0])])
-        ends = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, data), dtype=np.int64, count=n), out=ends[1:])
-        if ends[-1] >= 2**31:  # over 32-bit offsets: let pyarrow say what is wrong
-            return pa.array(values, typ)
-        buffers = [None, pa.py_buffer(ends.astype(np.int32)), pa.py_buffer(b"".join(data))]
-        return pa.Array.from_buffers(typ, n, buffers)
-    if typ.id in _FIXED_WIDTH and all(type(v) is int for v in values):
-        return numpy_column(np.array(values, _FIXED_WIDTH[typ.id]), typ)
-    if typ.id == _TIMESTAMP_ID and typ.unit == "us" and all(type(v) is datetime for v in values):
-        # as pyarrow reads them: a naive time is UTC; whole microseconds, no float rounding
-        since = [(v if v.tzinfo else v.replace(tzinfo=timezone.utc)) - _EPOCH for v in values]
-        return numpy_column(np.array([d // _MICROSECOND for d in since], np.int64), typ)
-    if isinstance(typ, pa.MapType) and all(type(v) is list for v in values):  # headers
-        pairs = [pair for v in values for pair in v]
-        if all(type(k) is str and type(x) is str for k, x in pairs):
-            offsets = np.zeros(n + 1, np.int32)
-            np.cumsum(np.fromiter(map(len, values), np.int32, count=n), out=offsets[1:])
-            keys = _column([k for k, _ in pairs], typ.key_type)
-            items = _column([x for _, x in pairs], typ.item_type)
-            return pa.MapArray.from_arrays(numpy_column(offsets, _INT32), keys, items, type=typ)
-    return pa.array(values, typ)
 
 
 def _joined(parts: list[Future]) -> Future:
