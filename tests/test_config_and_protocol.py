@@ -95,6 +95,7 @@ FRAMES = [
     protocol.Produce("q"),
     protocol.Consume("t", "sub", 10),
     protocol.Consume("q"),
+    protocol.Consume("q", compact=True),
     protocol.Welcome(3, 5.0),
     protocol.Settle("ack", 7, ((1, 1), (2, 3))),
     protocol.Reply(7, (1,), ({"offset": 2, "reason": "stale"},)),
@@ -106,6 +107,16 @@ FRAMES = [
 @pytest.mark.parametrize("frame", FRAMES, ids=lambda f: type(f).__name__)
 def test_frames_round_trip(frame: protocol.Frame) -> None:
     assert protocol.parse(protocol.encode(frame)) == frame
+
+
+def test_a_consume_frame_says_which_flag_is_not_true_or_false() -> None:
+    for flag in ("durable", "temporary", "compact"):
+        doc = b'{"type":"consume","destination":"q","%s":"yes"}' % flag.encode()
+        with pytest.raises(ProtocolError, match="durable, temporary and compact must be true"):
+            protocol.parse(doc)
+    # a consumer that does not say (an SDK from before ONE frames) gets batches
+    assert protocol.parse(b'{"type":"consume","destination":"q"}') == protocol.Consume("q")
+    assert protocol.Consume("q").compact is False
 
 
 @given(st.binary(max_size=300))
