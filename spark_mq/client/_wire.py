@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import socket
+import struct
 import sys
 import threading
 from collections import deque
@@ -106,10 +108,14 @@ class _Frames:
         self._inbox_view = memoryview(self._inbox)
 
     def next(self) -> tuple[int, bytes] | None:
-        """The next frame; None once the broker closed the connection (or it was shut down)."""
+        """The next frame; None once the broker closed the connection (or it was shut down).
+        Raises TimeoutError when the socket's receive timeout (``SO_RCVTIMEO``) passed first;
+        what had come of a frame is kept for the next call."""
         while not self._ready:
             try:
                 n = self._sock.recv_into(self._inbox)
+            except BlockingIOError:
+                raise TimeoutError("no frame from the broker in time") from None
             except OSError as exc:
                 raise BrokerUnavailable(f"the connection to the broker broke: {exc}") from exc
             if not n:
@@ -118,6 +124,11 @@ class _Frames:
         item = self._ready.popleft()
         assert not isinstance(item, wire.TooLarge)  # this reader has no limit
         return item
+
+    @property
+    def buffered(self) -> bool:
+        """Whether a whole frame is already here (:meth:`next` will not block)."""
+        return bool(self._ready)
 
 
 def _control(kind: int, body: bytes) -> protocol.Frame:
@@ -293,21 +304,60 @@ class WireProduceStream:
 
 
 class WireConsumeLink:
-    """A consumer's connection: deliveries and replies in, settle and bye frames out."""
+    """A consumer's connection: deliveries and replies in, settle and bye frames out.
+
+    One thread at a time reads it (:class:`~spark_mq.client._turn.ReadTurn` says which). A
+    reader may wait for a frame in :meth:`wait`, which another thread can cut short
+    (:meth:`wake`), or in :meth:`read` itself, with a timeout."""
 
     def __init__(self, address: Address, timeout_s: float, command: protocol.Consume) -> None:
         self._sock = _connect(address, timeout_s)
         self._frames = _Frames(self._sock)
         self._send_lock = threading.Lock()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._poll_either = select.poll()  # poll, not select: a process may have fds > 1024
+        self._poll_either.register(self._sock, select.POLLIN)
+        self._poll_either.register(self._wake_r, select.POLLIN)
+        self._recv_timeout: float | None = None  # the socket's SO_RCVTIMEO (None: none)
         try:
             self._sock.sendall(wire.control(command))
         except OSError as exc:
-            self._sock.close()
+            self.close()
             raise BrokerUnavailable(f"cannot reach the broker's direct wire: {exc}") from exc
 
-    def read(self) -> pa.RecordBatch | wire.One | bytes | None:
+    def wait(self) -> bool:
+        """Wait until :meth:`read` has something (a frame, or the end of the stream): True; or
+        until another thread calls :meth:`wake`: False."""
+        if self._frames.buffered:
+            return True
+        try:
+            events = self._poll_either.poll()
+        except OSError as exc:
+            raise BrokerUnavailable(f"the connection to the broker broke: {exc}") from exc
+        sock = self._sock.fileno()
+        return any(fd == sock for fd, _ in events)
+
+    def wake(self) -> None:
+        """Cut short a :meth:`wait` (from another thread)."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def drain_wake(self) -> None:
+        """Forget :meth:`wake` calls made so far (the waiter saw them)."""
+        with contextlib.suppress(OSError):
+            while self._wake_r.recv(64):
+                pass
+
+    def read(self, timeout: float | None = None) -> pa.RecordBatch | wire.One | bytes | None:
         """A delivery batch or one message, a control frame's JSON, or None at the end of the
-        stream."""
+        stream. Raises TimeoutError if ``timeout`` seconds (None: no limit) pass first.
+
+        The wait for a frame is the blocking receive itself, with the socket's own timeout: a
+        poll before it was a second place to lose the GIL to another thread, and cost the
+        produce-to-consume p50 about 0.02 ms at 1,000 msg/s (three runs each way)."""
+        if timeout != self._recv_timeout and not self._frames.buffered:
+            self._set_recv_timeout(timeout)
         item = self._frames.next()
         if item is None:
             return None
@@ -322,6 +372,16 @@ class WireConsumeLink:
             raise ProtocolError(f"unexpected frame of kind {kind} from the broker", fault="remote")
         return body
 
+    def _set_recv_timeout(self, timeout: float | None) -> None:
+        # SO_RCVTIMEO 0 is no limit: a zero timeout is the shortest the kernel takes, 1 us
+        us = 0 if timeout is None else max(round(timeout * 1e6), 1)
+        value = struct.pack("@ll", us // 1_000_000, us % 1_000_000)  # struct timeval
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+        except OSError as exc:
+            raise BrokerUnavailable(f"the connection to the broker broke: {exc}") from exc
+        self._recv_timeout = timeout
+
     def send(self, frame: protocol.Frame) -> None:
         try:
             with self._send_lock:
@@ -335,4 +395,5 @@ class WireConsumeLink:
             self._sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        self._sock.close()
+        for sock in (self._sock, self._wake_r, self._wake_w):
+            sock.close()

@@ -13,9 +13,10 @@ name: give it to others as a reply-to); it lives in memory only and goes when th
 
 Consumption is synchronous (``receive``, ``receive_many``, iteration) or, with ``on_message``, a
 callback (the JMS message listener): the consumer's reader thread calls it with each message as
-it arrives, one at a time, in delivery order, with no hand-off to another thread (at 1,000 msg/s
-its produce-to-consume p50 was 0.03-0.19 ms below receive_many's, three interleaved pairs). The
-callback settles messages as ``receive``'s caller would; one that raises has its message nacked
+it arrives, one at a time, in delivery order, with no hand-off to another thread. Over the direct
+wire, a ``receive`` that finds nothing delivered reads the connection itself
+(:mod:`~spark_mq.client._turn`), so it gets a message without a hand-off too; over Flight, the
+reader thread queues messages for it. The callback settles messages as ``receive``'s caller would; one that raises has its message nacked
 (delivered again, or dead-lettered after ``max_delivery_attempts``). It may call ``close``; its
 first call may come before the constructor has returned. ``receive`` is then not available;
 ``wait`` blocks until the stream ends, and raises why if it broke.
@@ -39,6 +40,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -55,6 +57,7 @@ from spark_mq.client._transport import (
     translate_flight_error,
     translated,
 )
+from spark_mq.client._turn import ReadTurn
 from spark_mq.client._wire import Transport, WireConsumeLink, wire_address
 from spark_mq.client.message import Message, message_of_one, messages_of
 from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError, SparkMQError
@@ -115,11 +118,14 @@ class Consumer:
         self.lease_s: float | None = None
         self.consumer_id: int | None = None
         self._link: _FlightLink | WireConsumeLink | None = None
+        self._turn: ReadTurn | None = None  # receivers read the wire link themselves
         try:
             address = wire_address(self._client, self._options, url, transport)
             if address is not None:  # plain messages may come alone as ONE frames
                 compact = dataclasses.replace(command, compact=True)
                 self._link = WireConsumeLink(address, timeout_s, compact)
+                if on_message is None:
+                    self._turn = ReadTurn(self._link, lambda: bool(self._requests))
             else:
                 self._link = _FlightLink(self._client, command)
             first = self._link.read()  # the Welcome, or the broker's refusal
@@ -167,6 +173,16 @@ class Consumer:
 
     def _fill(self, timeout: float | None, *, block: bool = True) -> bool:
         """Move one delivered batch into ``_ready``; False when none came (or the stream ended)."""
+        if not self._messages.queue:  # (a peek, without the queue's lock)
+            if not block:
+                return False
+            if self._turn is not None:
+                started = time.monotonic()
+                got = self._read_link(timeout)
+                if got is not None:
+                    return got
+                if timeout is not None:  # what is left of it, for the queue
+                    timeout = max(timeout - (time.monotonic() - started), 0.0)
         try:
             item = self._messages.get(block, timeout)
         except queue.Empty:
@@ -176,6 +192,35 @@ class Consumer:
             return False
         self._ready.extend(item)  # type: ignore[arg-type]
         return True
+
+    def _read_link(self, timeout: float | None) -> bool | None:
+        """Read the link on the receiver's thread (see :mod:`~spark_mq.client._turn`) until a
+        delivery comes (True) or ``timeout`` passes (False); None: take from the queue, which
+        the reader thread filled before it let go of the turn, or will end (the stream ended or
+        broke)."""
+        assert self._turn is not None and isinstance(self._link, WireConsumeLink)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._turn.take(timeout):
+            return False
+        try:
+            while not self._messages.queue:  # (a peek: the reader thread cannot add to it now)
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                try:
+                    messages = self._take(self._link.read(left))
+                except TimeoutError:
+                    return False
+                except (OSError, SparkMQError) as exc:
+                    self._turn.fail(exc)  # the reader thread ends the stream with it
+                    return None
+                if messages is None:
+                    self._turn.summon()  # the reader thread reads the end and reports it
+                    return None
+                if messages:
+                    self._ready.extend(messages)
+                    return True
+            return None
+        finally:
+            self._turn.give()
 
     def __iter__(self) -> Iterator[Message]:
         while (msg := self.receive()) is not None:
@@ -187,6 +232,8 @@ class Consumer:
         consumer's owner calls to serve until then."""
         if threading.current_thread() is self._reader_thread:
             raise RuntimeError("wait() from on_message would wait for itself: call close()")
+        if self._turn is not None:
+            self._turn.summon()  # it reads on, to see the end
         self._reader_thread.join(timeout)
         if self._reader_thread.is_alive():
             return False
@@ -246,6 +293,8 @@ class Consumer:
             except SparkMQError as err:
                 for _, f in self._requests.pop(request_id, []):
                     f.set_exception(err)
+            if self._turn is not None:
+                self._turn.poke()  # someone reads the reply
 
     # -- the stream --------------------------------------------------------------------------
     def _handle_metadata(self, data: bytes) -> None:
@@ -273,22 +322,40 @@ class Consumer:
             case _:
                 raise ProtocolError(f"unexpected frame from the broker: {frame}", fault="remote")
 
+    def _take(self, item: pa.RecordBatch | wire.One | bytes | None) -> list[Message] | None:
+        """What ``item``, read from the link, delivers (replies are handled here); None at the
+        end of the stream."""
+        if item is None:
+            return None
+        if isinstance(item, bytes):
+            self._handle_metadata(item)
+            return []
+        if isinstance(item, wire.One):
+            return [message_of_one(self.destination, item, self)]
+        return messages_of(self.destination, item, self) if item.num_rows else []
+
+    def _read_next(self) -> bool:
+        """Read and hand on the link's next item (the reader thread); False at the end."""
+        if self._turn is None:
+            messages = self._take(self._link.read())  # type: ignore[union-attr]
+        else:
+            with self._turn.thread_reading() as readable:
+                if not readable:
+                    return True  # a receiver reads the link for now
+                messages = self._take(self._link.read())  # type: ignore[union-attr]
+                if messages:  # queued before the turn goes: messages keep their order
+                    self._messages.put(messages)
+                return messages is not None
+        if messages and self._on_message is None:
+            self._messages.put(messages)
+        elif messages:
+            self._dispatch(messages)
+        return messages is not None
+
     def _read(self) -> None:
         try:
-            while (item := self._link.read()) is not None:  # type: ignore[union-attr]
-                if isinstance(item, bytes):
-                    self._handle_metadata(item)
-                    continue
-                if isinstance(item, wire.One):
-                    messages = [message_of_one(self.destination, item, self)]
-                elif item.num_rows:
-                    messages = messages_of(self.destination, item, self)
-                else:
-                    continue
-                if self._on_message is None:
-                    self._messages.put(messages)
-                else:
-                    self._dispatch(messages)
+            while self._read_next():
+                pass
             if not self._closed:
                 self.error = BrokerUnavailable("the broker closed the consumer stream")
         except (fl.FlightError, OSError, SparkMQError) as exc:
@@ -347,6 +414,8 @@ class Consumer:
                 self._link.send(protocol.Bye())
         except SparkMQError:
             pass  # the broker is gone already: the reader thread sees the stream fail
+        if self._turn is not None:
+            self._turn.summon()  # the reader thread reads on to the end of the stream
         if threading.current_thread() is self._reader_thread:  # on_message closes its consumer
             self._close_when_read = True  # the reader thread lets go once the stream ends
             return
