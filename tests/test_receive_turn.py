@@ -195,6 +195,22 @@ def test_a_malformed_frame_a_receiver_reads_ends_the_consumer_with_a_protocol_er
         consumer.close()
 
 
+def test_a_malformed_frame_the_reader_thread_reads_fails_the_settle_and_the_receiver(
+    broker: RunningBroker, fake_wire: FakeWire
+) -> None:
+    consumer = consumer_of(fake_wire, broker.url)
+    try:
+        fake_wire.send(one_frame(1, b"fine"))
+        ack = consumer.ack(consumer.receive(timeout=5))  # nobody receives: the thread reads
+        fake_wire.send(wire.HEADER.pack(3, wire.ONE) + b"bad")
+        with pytest.raises(ProtocolError, match="shorter than its header"):
+            ack.result(timeout=10)
+        with pytest.raises(ProtocolError, match="shorter than its header"):
+            consumer.receive(timeout=5)
+    finally:
+        consumer.close()
+
+
 @pytest.fixture
 def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A real broker process, for a test to SIGKILL."""

@@ -56,6 +56,10 @@ class ReadTurn:
             if failed is not None:
                 raise failed
             yield self._link.wait()
+        except Exception as exc:  # no receiver reads a broken link while the consumer ends
+            with self._cond:
+                self._failed = self._failed or exc
+            raise
         finally:
             with self._cond:
                 self._thread_reading = False
@@ -99,6 +103,11 @@ class ReadTurn:
         with self._cond:
             self._summoned = True
             self._cond.notify_all()
+
+    @property
+    def broken(self) -> bool:
+        """Whether a read broke the link (the consumer is ending: read nothing more)."""
+        return self._failed is not None
 
     def fail(self, exc: BaseException) -> None:
         """A receiver's read broke the link: the reader thread raises ``exc`` at its next turn,

