@@ -41,13 +41,14 @@ class ReadTurn:
         self._receiver_reading = False  # a receiver has it
         self._wanted = False  # a receiver waits for it
         self._woken = False  # the reader thread's wait was cut short and not yet drained
-        self._failed: BaseException | None = None  # a receiver's read broke the link
+        self._failed: BaseException | None = None  # a read broke the link
 
     @contextlib.contextmanager
     def thread_reading(self) -> Iterator[bool]:
         """For the reader thread: wait for the turn, then for something to read. Yields True
-        when :meth:`~WireConsumeLink.read` will not block, False when a receiver wants the turn
-        (the reader thread then lets go and calls again). Queue what is read inside the block."""
+        when the link has something (a frame, at least its start, or the end), False when a
+        receiver wants the turn (the reader thread then lets go and calls again). Queue what is
+        read inside the block; an error raised there marks the link broken."""
         with self._cond:
             self._cond.wait_for(self._thread_may_read)
             failed = self._failed

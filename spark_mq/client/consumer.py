@@ -210,7 +210,7 @@ class Consumer:
             while not self._messages.queue:  # (a peek: the reader thread cannot add to it now)
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 try:
-                    messages = self._take(self._link.read(left))
+                    messages = self._messages_in(self._link.read(left))
                 except TimeoutError:
                     return False
                 except (OSError, SparkMQError) as exc:
@@ -326,7 +326,7 @@ class Consumer:
             case _:
                 raise ProtocolError(f"unexpected frame from the broker: {frame}", fault="remote")
 
-    def _take(self, item: pa.RecordBatch | wire.One | bytes | None) -> list[Message] | None:
+    def _messages_in(self, item: pa.RecordBatch | wire.One | bytes | None) -> list[Message] | None:
         """What ``item``, read from the link, delivers (replies are handled here); None at the
         end of the stream."""
         if item is None:
@@ -341,12 +341,12 @@ class Consumer:
     def _read_next(self) -> bool:
         """Read and hand on the link's next item (the reader thread); False at the end."""
         if self._turn is None:
-            messages = self._take(self._link.read())  # type: ignore[union-attr]
+            messages = self._messages_in(self._link.read())  # type: ignore[union-attr]
         else:
             with self._turn.thread_reading() as readable:
                 if not readable:
                     return True  # a receiver reads the link for now
-                messages = self._take(self._link.read())  # type: ignore[union-attr]
+                messages = self._messages_in(self._link.read())  # type: ignore[union-attr]
                 if messages:  # queued before the turn goes: messages keep their order
                     self._messages.put(messages)
                 return messages is not None
