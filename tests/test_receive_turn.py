@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -214,21 +215,12 @@ def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
 
 def test_a_broker_killed_while_a_receiver_waits_is_reported(broker_process: BrokerProcess) -> None:
     consumer = Consumer(broker_process.url, "q", transport="wire", timeout_s=5)
-    outcome: list[BaseException | object] = []
-
-    def receive() -> None:
-        try:
-            outcome.append(consumer.receive(timeout=60))
-        except BrokerUnavailable as exc:
-            outcome.append(exc)
-
-    waiting = threading.Thread(target=receive)
-    waiting.start()
-    time.sleep(0.1)  # (let it block; it must end either way)
-    broker_process.kill()
-    waiting.join(20)
-    assert not waiting.is_alive(), "receive() did not notice the broker die"
-    assert isinstance(outcome[0], BrokerUnavailable)
+    with ThreadPoolExecutor(1) as pool:
+        receiving = pool.submit(consumer.receive, 60)
+        time.sleep(0.1)  # (let it block; it must end either way)
+        broker_process.kill()
+        with pytest.raises(BrokerUnavailable):  # as soon as the receive notices
+            receiving.result(timeout=20)
     with pytest.raises(BrokerUnavailable):
         consumer.wait(10)
     consumer.close()
@@ -245,12 +237,10 @@ def test_wait_sees_a_live_stream_then_its_end(broker_process: BrokerProcess) -> 
 
 def test_closing_from_another_thread_ends_a_blocked_receive(broker: RunningBroker) -> None:
     consumer = Consumer(broker.url, "q", transport="wire")
-    outcome: list[object] = []
-    waiting = threading.Thread(target=lambda: outcome.append(consumer.receive(timeout=60)))
-    waiting.start()
-    time.sleep(0.1)  # (let it block; it must end either way)
-    started = time.monotonic()
-    consumer.close()
-    waiting.join(20)
-    assert not waiting.is_alive() and outcome == [None]
-    assert time.monotonic() - started < 10
+    with ThreadPoolExecutor(1) as pool:
+        receiving = pool.submit(consumer.receive, 60)
+        time.sleep(0.1)  # (let it block; it must end either way)
+        started = time.monotonic()
+        consumer.close()
+        assert receiving.result(timeout=20) is None
+        assert time.monotonic() - started < 10
