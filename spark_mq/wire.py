@@ -46,7 +46,8 @@ import pyarrow as pa
 
 from spark_mq import protocol
 from spark_mq.errors import ProtocolError, SparkMQError, to_wire
-from spark_mq.schema import MESSAGE_SCHEMA, PRODUCE_SCHEMA
+from spark_mq.plain import PlainMessage
+from spark_mq.schema import DEFAULT_PRIORITY, MESSAGE_SCHEMA, PRODUCE_SCHEMA
 
 HEADER = struct.Struct("<IB")
 SEQ = struct.Struct("<I")
@@ -56,6 +57,7 @@ VERSION = 2  # 1: CONTROL, BATCH, COLUMNS; 2: and PLAIN, ONE
 MASK = struct.Struct("<H")
 PLAIN_HEAD = struct.Struct("<II")  # sequence number, message count
 _ONE_PLAIN = struct.Struct("<IBIIiiii")  # a one-message PLAIN frame up to its id: all but data
+_ONE_PLAIN_OFFSETS = struct.Struct("<iiii")  # a one-message PLAIN frame's id and body offsets
 _OFFSET = struct.Struct("<i")
 _OFFSET_LIMIT = 2**31  # i32 offsets
 ONE_HEAD = struct.Struct("<Iqqiii")
@@ -256,6 +258,26 @@ def read_plain(body: bytes) -> tuple[int, pa.RecordBatch]:
     return seq, pa.RecordBatch.from_arrays([bodies, ids], schema=PLAIN_SCHEMA)
 
 
+def read_plain_message(body: bytes) -> tuple[int, PlainMessage] | None:
+    """A well-formed ``PLAIN`` frame of exactly one message: its sequence number and the
+    message (see :mod:`spark_mq.plain`); None for any other frame, which :func:`read_plain`
+    reads (or refuses, saying what is wrong)."""
+    data_at = PLAIN_HEAD.size + _ONE_PLAIN_OFFSETS.size
+    if len(body) < data_at:
+        return None
+    seq, n = PLAIN_HEAD.unpack_from(body)
+    ids_at, id_end, bodies_at, body_end = _ONE_PLAIN_OFFSETS.unpack_from(body, PLAIN_HEAD.size)
+    if n != 1 or ids_at or bodies_at or id_end < 0 or body_end < 0:
+        return None
+    if data_at + id_end + body_end != len(body):
+        return None
+    try:
+        dedup_id = body[data_at : data_at + id_end].decode()
+    except UnicodeDecodeError:
+        return None
+    return seq, PlainMessage(dedup_id, body[data_at + id_end :])
+
+
 class One(NamedTuple):
     """A ``ONE`` frame's message: what a consumer needs of it."""
 
@@ -304,6 +326,23 @@ def one_parts(rows: pa.Table, state: list[tuple[int, bool]]) -> list[Any] | None
         id_size,
     )
     return [head, body] if dedup_id is None else [head, dedup_id, body]
+
+
+def plain_one_parts(message: PlainMessage, delivery_count: int) -> list[Any]:
+    """A plain message's delivery as a ``ONE`` frame (the body is not copied)."""
+    dedup = None if message.dedup_id is None else message.dedup_id.encode()
+    id_size = -1 if dedup is None else len(dedup)
+    head = _ONE_FRAME.pack(
+        ONE_HEAD.size + max(id_size, 0) + len(message.body),
+        ONE,
+        0,
+        message.offset,
+        message.enqueue_time_us,
+        DEFAULT_PRIORITY,
+        delivery_count,
+        id_size,
+    )
+    return [head, message.body] if dedup is None else [head, dedup, message.body]
 
 
 def read_one(body: bytes) -> One:

@@ -16,11 +16,13 @@ from spark_mq.journal.hot_tier import HotTierSettings
 from spark_mq.journal.segments import (
     FIRST_SEGMENT_BYTES,
     KIND_MESSAGES,
+    KIND_PLAIN,
     KIND_SETTLEMENTS,
     SPARE,
     SegmentLog,
 )
 from spark_mq.launch import BrokerProcess
+from spark_mq.plain import PlainMessage, PlainRows
 from spark_mq.schema import with_offsets
 from tests.conftest import receive_n, start_inprocess, wait_for
 from tests.test_journal_conformance import rows as unoffset  # rows as the journal gets them
@@ -29,6 +31,22 @@ from tests.test_journal_conformance import rows as unoffset  # rows as the journ
 def rows(bodies: list[bytes], first: int = 0) -> pa.Table:
     """Rows as the journal writes them to a segment."""
     return with_offsets(unoffset(bodies), first)
+
+
+def plain(bodies: list[bytes], first: int = 0) -> PlainRows:
+    """Plain messages as the journal writes them to a segment (every other without an id)."""
+    return PlainRows(
+        [
+            PlainMessage(
+                None if k % 2 else f"p-{first + k}", b, 1_700_000_000_000_000 + k, first + k
+            )
+            for k, b in enumerate(bodies)
+        ]
+    )
+
+
+def as_table(records: pa.Table | PlainRows) -> pa.Table:
+    return records.table() if isinstance(records, PlainRows) else records
 
 
 def segment_files(directory: Path) -> list[Path]:
@@ -45,6 +63,10 @@ def test_segment_round_trip_across_segments(tmp_path: Path) -> None:
         table = rows([os.urandom(random.Random(i).randint(10, 3000)) for _ in range(5)], offset)
         written.append((KIND_MESSAGES, offset, table))
         offset += 5
+        if i % 4 == 1:  # plain messages: one, or several with an empty body among them
+            bodies = [os.urandom(100)] if i % 8 == 1 else [b"x" * 2000, b"", b"\xff" * 7]
+            written.append((KIND_PLAIN, offset, plain(bodies, offset)))
+            offset += len(bodies)
         if i % 3 == 0:
             settle = pa.table({"offset": pa.array([offset - 1], pa.int64())})
             written.append((KIND_SETTLEMENTS, -1, settle))
@@ -60,7 +82,7 @@ def test_segment_round_trip_across_segments(tmp_path: Path) -> None:
     assert found == refs
     for ref, (kind, first, table) in zip(found, written, strict=True):
         assert (ref.kind, ref.first_offset, ref.rows) == (kind, first, table.num_rows)
-        assert reopened.read(ref).equals(table)
+        assert reopened.read(ref).equals(as_table(table))
     # numbering continues after a reopen
     assert reopened.append([written[0]])[0].lsn == len(written) + 1
     reopened.close()
@@ -171,15 +193,21 @@ def test_small_records_are_the_very_ipc_streams_a_stream_writer_gives() -> None:
         assert decode_table(payload).equals(table)
 
 
+@pytest.mark.parametrize("last_kind", [KIND_MESSAGES, KIND_PLAIN], ids=["arrow", "plain"])
 @pytest.mark.parametrize("damage", ["cut", "flip"])
 def test_torn_tail_is_truncated_at_every_byte_of_the_last_record(
-    tmp_path: Path, damage: str
+    tmp_path: Path, damage: str, last_kind: int
 ) -> None:
     src = tmp_path / "src"
     log = SegmentLog(str(src), segment_bytes=64 * 1024, sync="none")
     log.open()
-    tables = [rows([b"first"], 0), rows([b"second", b"2nd"], 1), rows([b"third" * 20], 3)]
-    refs = [log.append([(KIND_MESSAGES, t["offset"][0].as_py(), t)])[0] for t in tables]
+    third = rows([b"third" * 20], 3) if last_kind == KIND_MESSAGES else plain([b"third" * 20], 3)
+    tables = [rows([b"first"], 0), rows([b"second", b"2nd"], 1), third]
+    kinds = [KIND_MESSAGES, KIND_MESSAGES, last_kind]
+    refs = [
+        log.append([(kind, first, t)])[0]
+        for kind, first, t in zip(kinds, [0, 1, 3], tables, strict=True)
+    ]
     log.close()
     (segment,) = segment_files(src)
     last = refs[-1]
@@ -203,13 +231,13 @@ def test_torn_tail_is_truncated_at_every_byte_of_the_last_record(
             continue
         assert found == refs[:2], f"byte {k}: the torn record was served"
         # the next append reuses the torn record's place and number; a reopen sees it whole
-        again = reopened.append([(KIND_MESSAGES, 3, tables[2])])[0]
+        again = reopened.append([(last_kind, 3, tables[2])])[0]
         assert again.lsn == 3 and again.position == last.position
         reopened.close()
         final = SegmentLog(str(work), segment_bytes=64 * 1024, sync="none")
         found = final.open()
         assert [r.lsn for r in found] == [1, 2, 3]
-        assert final.read(found[2]).equals(tables[2])
+        assert final.read(found[2]).equals(as_table(tables[2]))
         final.close()
 
 

@@ -115,16 +115,24 @@ def _kinds_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Which reader the broker's wire server uses for each produced frame."""
     seen: list[str] = []
     read_plain, read_columns = wire.read_plain, wire.ColumnSubsets.read
+    read_one = wire.read_plain_message
 
     def plain(body: bytes):
         seen.append("plain")
         return read_plain(body)
+
+    def plain_one(body: bytes):
+        one = read_one(body)
+        if one is not None:  # else read_plain reads it
+            seen.append("plain")
+        return one
 
     def columns(self: wire.ColumnSubsets, body: bytes):
         seen.append("columns")
         return read_columns(self, body)
 
     monkeypatch.setattr(wire, "read_plain", plain)
+    monkeypatch.setattr(wire, "read_plain_message", plain_one)
     monkeypatch.setattr(wire.ColumnSubsets, "read", columns)
     return seen
 

@@ -50,6 +50,7 @@ from spark_mq.errors import (
 from spark_mq.journal import DestinationInfo, Journal, LogStore
 from spark_mq.journal.base import Kind
 from spark_mq.journal.hot_tier import has_segments
+from spark_mq.plain import PlainMessage, plain_batch
 from spark_mq.schema import (
     MESSAGE_SCHEMA,
     QUEUE_SUBSCRIPTION,
@@ -328,9 +329,43 @@ class Broker(DestinationAdmin):
         dest = self.destination_for_use(destination)
         now = self.clock.wall()
         rows = self._checked_rows(dest, batch, now)
-        self.limits.make_room(dest, rows)
-        self.limits.admit_memory(dest, rows)
+        self.limits.make_room(dest, rows.num_rows, rows["body"].nbytes)
+        self.limits.admit_memory(dest, rows.get_total_buffer_size())
         return self._store(dest, rows, now)
+
+    def produce_plain(self, destination: str, message: PlainMessage) -> Future:
+        """:meth:`produce` for one plain message (:mod:`spark_mq.plain`), with the same checks
+        and the same stored row, built without Arrow."""
+        dest = self.destination_for_use(destination)
+        if dest.settings.default_ttl_ms:  # the row gets an expiry time: not plain
+            return self.produce(destination, plain_batch(message))
+        now = self.clock.wall()
+        limit = self.config.limits.max_message_bytes
+        if len(message.body) > limit:
+            raise MessageTooLarge(
+                f"a message body of {len(message.body)} bytes is over the limit of {limit} "
+                f"bytes (setting limits.max_message_bytes) for {dest.name!r}",
+                destination=dest.name,
+                size=len(message.body),
+                limit=limit,
+            )
+        message.enqueue_time_us = int(now * 1_000_000)
+        self.limits.make_room(dest, 1, len(message.body))
+        self.limits.admit_memory(dest, message.nbytes)
+        cache = dest.dedup
+        if cache is None or message.dedup_id is None:
+            return self.journal.append_plain(dest.name, message)
+        with dest.produce_lock:
+            keep, dups, claim = cache.claim([message.dedup_id], now)
+            if dups:
+                return combine(1, keep, None, dups)
+            try:
+                stored = self.journal.append_plain(dest.name, message)
+            except BaseException:
+                cache.release(claim)
+                raise
+            cache.bind(claim, stored)
+            return stored
 
     def store_checked(self, destination: str, batch: pa.Table) -> Future:
         """Store produce columns in ``destination`` as the broker itself, past every limit (a

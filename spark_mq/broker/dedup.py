@@ -217,15 +217,16 @@ class DuplicateCache:
             self._evict(at)
 
     def claim(
-        self, ids: pa.Array | pa.ChunkedArray, now: float
+        self, ids: pa.Array | pa.ChunkedArray | list[str | None], now: float
     ) -> tuple[list[int], dict[int, tuple[_Batch, int]], _Batch]:
         """Split a batch: the rows to store, and for each duplicate row where its original is.
 
         New ids are claimed for the returned batch at once (:meth:`bind` ties it to the
-        append); an id seen twice in one batch is a duplicate of its first row.
+        append); an id seen twice in one batch is a duplicate of its first row. ``ids`` may be
+        a list (a plain message's one id).
         """
         batch = _Batch()
-        run = as_run(ids)
+        run = None if isinstance(ids, list) else as_run(ids)
         with self._lock:
             self._evict(now)
             if run is not None:
@@ -238,7 +239,7 @@ class DuplicateCache:
                     self._add_run(_Run(prefix, first, last, now, batch))
                     self._evict(now)
                     return list(range(len(ids))), {}, batch
-        names = ids.to_pylist()
+        names = ids if isinstance(ids, list) else ids.to_pylist()
         with self._lock:
             self._evict(now)
             named = [i for i in names if i is not None]

@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from spark_mq.broker.memory import THROTTLE_S
 from spark_mq.errors import DestinationFull
 
@@ -42,13 +40,13 @@ class Limits:
         st = dest.settings if dest is not None else b.config.destinations
         return st.overflow == "block" and bool(st.max_messages or st.max_bytes)
 
-    def make_room(self, dest: Destination, rows: pa.Table) -> None:
-        """Apply the destination's and the broker's limits to a batch about to be stored."""
+    def make_room(self, dest: Destination, n: int, size: int) -> None:
+        """Apply the destination's and the broker's limits to ``n`` messages of ``size`` bytes
+        of bodies about to be stored."""
         b = self._broker
         st, lim = dest.settings, b.config.limits
         if not (st.max_messages or st.max_bytes or lim.max_messages or lim.max_bytes):
             return
-        n, size = rows.num_rows, rows["body"].nbytes
         deadline = b.clock.monotonic() + lim.block_timeout_s
 
         def over() -> tuple[str, bool, int] | None:
@@ -92,10 +90,11 @@ class Limits:
                 destination=dest.name,
             )
 
-    def admit_memory(self, dest: Destination, rows: pa.Table) -> None:
-        """Throttle producers at orange, block them at red (the seeds' memory states)."""
+    def admit_memory(self, dest: Destination, size: int) -> None:
+        """Throttle producers at orange, block them at red (the seeds' memory states); ``size``:
+        the bytes about to be held."""
         b = self._broker
-        state = b.memory.note_added(rows.get_total_buffer_size())
+        state = b.memory.note_added(size)
         if state == "orange":
             time.sleep(THROTTLE_S)
         elif state == "red":

@@ -14,14 +14,19 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_mq.plain import PlainMessage, PlainRows
+from spark_mq.schema import DEFAULT_PRIORITY
+
 NEVER = np.iinfo(np.int64).max  # an absent expiry / delivery time, in microseconds
+_ONE_PRIORITY = np.array([DEFAULT_PRIORITY], np.int32)  # a plain message's (shared, read only)
+_ONE_PRIORITY.flags.writeable = False
 
 
 def _micros(column: pa.ChunkedArray, absent: int) -> np.ndarray | None:
@@ -30,19 +35,66 @@ def _micros(column: pa.ChunkedArray, absent: int) -> np.ndarray | None:
     return pc.fill_null(column.cast(pa.int64()), absent).to_numpy()
 
 
-@dataclass
 class Chunk:
-    offsets: np.ndarray
-    table: pa.Table
-    priority: np.ndarray
-    groups: list[str | None] | None
-    expiry_us: np.ndarray | None  # NEVER where absent
-    deliver_us: np.ndarray | None  # 0 where absent
-    evicted: bool = False  # bodies dropped from memory (re-read from the journal on delivery)
-    _props: list[dict[str, Any]] | None = field(default=None, repr=False)
+    """One commit's rows (a table, or plain messages whose table is built only when asked for)
+    and their dispatch columns."""
+
+    __slots__ = (
+        "_props",
+        "_table",
+        "deliver_us",
+        "evicted",
+        "expiry_us",
+        "groups",
+        "offsets",
+        "plain",
+        "priority",
+    )
+
+    def __init__(
+        self,
+        offsets: np.ndarray,
+        table: pa.Table | None,
+        priority: np.ndarray,
+        groups: list[str | None] | None,
+        expiry_us: np.ndarray | None,  # NEVER where absent
+        deliver_us: np.ndarray | None,  # 0 where absent
+        plain: PlainRows | None = None,
+    ) -> None:
+        self.offsets = offsets
+        self._table = table
+        self.priority = priority
+        self.groups = groups
+        self.expiry_us = expiry_us
+        self.deliver_us = deliver_us
+        self.plain = plain  # the messages as they came, while their bodies are held
+        self.evicted = False  # bodies dropped from memory (re-read from the journal on delivery)
+        self._props: list[dict[str, Any]] | None = None
+
+    @property
+    def table(self) -> pa.Table:
+        if self._table is None:
+            assert self.plain is not None
+            self._table = self.plain.table()
+        return self._table
+
+    @table.setter
+    def table(self, table: pa.Table) -> None:
+        self._table = table
+
+    @property
+    def nbytes(self) -> int:
+        """What the chunk counts for in the store's size: the same from its add to its drop,
+        unless its bodies are evicted. A plain chunk's table, once built, is not counted: for
+        one message (the usual plain chunk) it shares the body, for more it copies them."""
+        if self.plain is not None:
+            return self.plain.get_total_buffer_size()
+        return self.table.get_total_buffer_size()
 
     @classmethod
-    def of(cls, rows: pa.Table) -> Chunk:
+    def of(cls, rows: pa.Table | PlainRows) -> Chunk:
+        if isinstance(rows, PlainRows):
+            return cls.of_plain(rows)
         # the rows stay as committed (one flush can hold several produced batches): combining
         # them copied every body into freshly mapped memory, per flush
         groups, priority = rows["group_id"], rows["priority"]
@@ -56,6 +108,14 @@ class Chunk:
             _micros(rows["expiry_time"], NEVER),
             _micros(rows["deliver_time"], 0),  # no delivery time: deliverable at once
         )
+
+    @classmethod
+    def of_plain(cls, rows: PlainRows) -> Chunk:
+        """Plain messages: the default priority, no group, expiry or delivery time."""
+        n = rows.num_rows
+        offsets = np.fromiter((m.offset for m in rows.messages), np.int64, n)
+        priority = _ONE_PRIORITY if n == 1 else np.full(n, DEFAULT_PRIORITY, np.int32)
+        return cls(offsets, None, priority, None, None, None, plain=rows)
 
     def props(self, i: int) -> dict[str, Any]:
         """What a selector sees of row ``i``: its headers, then the JMS fields."""
@@ -136,7 +196,7 @@ class MessageStore:
         self._rows = 0  # kept as chunks come and go: the timers read them every tick
         self._nbytes = 0
 
-    def add(self, rows: pa.Table) -> None:
+    def add(self, rows: pa.Table | PlainRows) -> None:
         """Add rows whose offsets are sorted and above every offset already held."""
         if rows.num_rows == 0:
             return
@@ -147,7 +207,7 @@ class MessageStore:
             self._firsts.append(int(chunk.offsets[0]))
             self._chunks.append(chunk)
             self._rows += len(chunk.offsets)
-            self._nbytes += chunk.table.get_total_buffer_size()
+            self._nbytes += chunk.nbytes
 
     @property
     def end(self) -> int:
@@ -180,6 +240,14 @@ class MessageStore:
         """A held message's headers and JMS fields (what selectors read); {} if not held."""
         found = self._locate(offset)
         return found[0].props(found[1]) if found else {}
+
+    def plain(self, offset: int) -> PlainMessage | None:
+        """The held message at ``offset`` as it came, when it came as a plain message (and its
+        body is held); else None (:meth:`take` has it)."""
+        found = self._locate(offset)
+        if found is None or found[0].plain is None or found[0].evicted:
+            return None
+        return found[0].plain.messages[found[1]]
 
     def take(self, offsets: Iterable[int]) -> pa.Table:
         """The rows of ``offsets`` (held ones), in increasing offset order."""
@@ -236,12 +304,13 @@ class MessageStore:
                     break
                 if chunk.evicted:
                     continue
+                before = chunk.nbytes
                 t = chunk.table
                 i = t.schema.get_field_index("body")
-                before = t.get_total_buffer_size()
                 chunk.table = t.set_column(i, t.schema.field(i), pa.nulls(t.num_rows, pa.binary()))
+                chunk.plain = None  # its messages held the bodies too
                 chunk.evicted = True
-                freed += before - chunk.table.get_total_buffer_size()
+                freed += before - chunk.nbytes
             self._nbytes -= freed
         return freed
 
@@ -256,7 +325,7 @@ class MessageStore:
         with self._lock:
             while self._chunks and self._chunks[0].offsets[-1] < offset:
                 dropped += len(self._chunks[0].offsets)
-                self._nbytes -= self._chunks[0].table.get_total_buffer_size()
+                self._nbytes -= self._chunks[0].nbytes
                 del self._firsts[0], self._chunks[0]
             self._rows -= dropped
         return dropped

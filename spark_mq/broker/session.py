@@ -23,6 +23,7 @@ from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.recovery import DELIVERED, RETURNED
 from spark_mq.broker.selector import Selector
 from spark_mq.broker.subscription import Refusal, Subscription
+from spark_mq.plain import PlainMessage, PlainRows
 from spark_mq.protocol import Reply, Settle
 from spark_mq.schema import DELIVERY_SCHEMA, MESSAGE_SCHEMA, numpy_column
 
@@ -73,9 +74,10 @@ class ConsumerSession:
         leased = self.next_leased()
         return None if leased is None else delivery_table(*leased)
 
-    def next_leased(self) -> tuple[pa.Table, list[DeliveryState]] | None:
+    def next_leased(self) -> tuple[pa.Table | PlainMessage, list[DeliveryState]] | None:
         """Lease what fits in the prefetch window: the rows, in the order to deliver them, and
-        each one's ``(delivery_count, group_first)`` (:func:`delivery_table` joins them)."""
+        each one's ``(delivery_count, group_first)`` (:func:`delivery_table` joins them). One
+        plain message comes as it is (:mod:`spark_mq.plain`)."""
         with self._lock:
             room = min(self.prefetch - len(self._held), self._max_batch)
         if room <= 0 or self.closed:
@@ -89,6 +91,8 @@ class ConsumerSession:
             # the count is on disk before the message leaves: exact even across a crash
             self._settle_durably([o for o, _, _ in leased], DELIVERED).result()
         order = [o for o, _, _ in leased]
+        if len(order) == 1 and (plain := self._store.plain(order[0])) is not None:
+            return plain, [leased[0][1:]]
         rows = self._store.take(order)  # in offset order; priority may want another
         if any(a > b for a, b in itertools.pairwise(order)):
             rows = rows.take(pc.index_in(pa.array(order, pa.int64()), value_set=rows["offset"]))
@@ -202,8 +206,10 @@ def _reply(request_id: int, ok: list[int], refused: list[Refusal]) -> Reply:
     )
 
 
-def delivery_table(rows: pa.Table, state: list[DeliveryState]) -> pa.Table:
+def delivery_table(rows: pa.Table | PlainMessage, state: list[DeliveryState]) -> pa.Table:
     """Leased rows and their delivery state as a batch of ``DELIVERY_SCHEMA``."""
+    if isinstance(rows, PlainMessage):
+        rows = PlainRows([rows]).table()
     if not rows.schema.equals(MESSAGE_SCHEMA, check_metadata=True):  # rebuilt, or refused
         return pa.table([*rows.columns, *_delivery_state(state)], schema=DELIVERY_SCHEMA)
     # three columns added to the rows as they are: a one-row delivery in 3.7 us, not 9.6

@@ -155,7 +155,7 @@ def commit(broker: Broker, acks: list[Ack], messages: pa.Table | None) -> dict[s
         n = rows.num_rows
         ids = pc.coalesce(rows["dedup_id"], numbered_ids(f"tx:{txid}", 0, n, ":"))
         rows = rows.set_column(rows.schema.get_field_index("dedup_id"), "dedup_id", ids)
-        broker.limits.make_room(dest, rows)
+        broker.limits.make_room(dest, rows.num_rows, rows["body"].nbytes)
         record.messages[name] = rows
         record.ends[name] = broker.journal.end_offset(name)
     begun = _begin_acks(broker, acks)

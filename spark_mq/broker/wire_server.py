@@ -51,6 +51,7 @@ from spark_mq.journal.group_commit import (
     committing_here,
     resolve,
 )
+from spark_mq.plain import PlainMessage
 from spark_mq.schema import PRODUCE_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -334,7 +335,10 @@ class WireServer:
 
     # -- producing ---------------------------------------------------------------------------
     def _produce(self, conn: _Conn, kind: int, body: bytes) -> None:
-        if kind == wire.PLAIN:
+        one = wire.read_plain_message(body) if kind == wire.PLAIN else None
+        if one is not None:  # the commonest frame: one plain message (spark_mq.plain)
+            seq, batch = one
+        elif kind == wire.PLAIN:
             seq, batch = wire.read_plain(body)
         elif kind == wire.COLUMNS:
             seq, batch = wire.PRODUCE_SUBSETS.read(body)
@@ -345,6 +349,8 @@ class WireServer:
             parked = self.broker.limits.may_wait(dest)
             if parked:
                 fut = self._helpers.submit(self._produce_waiting, dest, batch)
+            elif isinstance(batch, PlainMessage):
+                fut = self.broker.produce_plain(dest, batch)
             elif len(body) >= _INLINE_MAX_BYTES:  # the writer thread syncs; the loop reads on
                 with committing_elsewhere():
                     fut = self.broker.produce(dest, batch)
@@ -356,7 +362,9 @@ class WireServer:
         conn.parked = parked
         fut.add_done_callback(lambda f: self._produced(conn, seq, f, unpark=parked))
 
-    def _produce_waiting(self, dest: str, batch: pa.RecordBatch) -> Any:
+    def _produce_waiting(self, dest: str, batch: pa.RecordBatch | PlainMessage) -> Any:
+        if isinstance(batch, PlainMessage):
+            return self.broker.produce_plain(dest, batch).result()
         return self.broker.produce(dest, batch).result()
 
     def _produced(self, conn: _Conn, seq: int, fut: Future, *, unpark: bool = False) -> None:
@@ -470,11 +478,15 @@ class WireServer:
         self._write(conn)
 
     @staticmethod
-    def _delivery_parts(conn: _Conn, rows: pa.Table, state: list[DeliveryState]) -> list[Any]:
+    def _delivery_parts(
+        conn: _Conn, rows: pa.Table | PlainMessage, state: list[DeliveryState]
+    ) -> list[Any]:
         """Leased rows as frames: a ONE frame when the consumer takes them and the delivery is
         one plain message, else batches. Measured warm, for a 1 KiB message: 6.8 us to write
         the frame against 10.8 for the batch, and the consumer reads it in 1.1 us against
         11.5."""
+        if conn.compact and isinstance(rows, PlainMessage):
+            return wire.plain_one_parts(rows, state[0][0])
         if conn.compact and (parts := wire.one_parts(rows, state)) is not None:
             return parts
         table = delivery_table(rows, state)

@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from spark_mq.errors import DestinationNotFound, JournalError, SparkMQError
 from spark_mq.journal.base import AppendResult, LogStore
+from spark_mq.plain import PlainMessage, PlainRows
 from spark_mq.schema import with_offsets
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,10 @@ log = logging.getLogger(__name__)
 # is then reused instead of mapped afresh (see segments._Scratch), and no single sync is huge.
 MAX_FLUSH_BYTES = 8 * 1024 * 1024
 
-OnCommit = Callable[[str, pa.Table], None]
+# what a commit's messages are: rows of MESSAGE_SCHEMA, or plain messages (spark_mq.plain) when
+# every message of the commit came as one
+Rows = pa.Table | PlainRows
+OnCommit = Callable[[str, Rows], None]
 
 # .writers: the writers this thread will commit itself, in order; .resolving: where the
 # commits it makes put their futures' results (see committing_here)
@@ -124,7 +128,7 @@ class CommitSink(Protocol):
     """Where a flush goes: the store directly (:class:`DirectSink`) or the hot tier."""
 
     def commit(
-        self, messages: pa.Table | None, end_offset: int, settlements: pa.Table | None
+        self, messages: Rows | None, end_offset: int, settlements: pa.Table | None
     ) -> tuple[SparkMQError | None, SparkMQError | None]:
         """Make both parts durable; returns the error of each part (None when it is durable)."""
         ...
@@ -134,7 +138,7 @@ class CommitSink(Protocol):
 
 @dataclass
 class _Record:
-    table: pa.Table
+    payload: pa.Table | PlainMessage  # a settlement is always a table
     future: Future
     is_settlement: bool
     nbytes: int
@@ -197,9 +201,11 @@ class DestinationWriter:
         with self._cond:
             return self._next_offset
 
-    def submit(self, table: pa.Table, *, is_settlement: bool) -> Future:
+    def submit(self, table: pa.Table | PlainMessage, *, is_settlement: bool) -> Future:
         fut: Future = Future()
-        nbytes = table.get_total_buffer_size()  # .nbytes costs ~16 us even for one row
+        # a table's .nbytes costs ~16 us even for one row
+        plain = isinstance(table, PlainMessage)
+        nbytes = table.nbytes if plain else table.get_total_buffer_size()
         inline = getattr(_here, "writers", None)
         with self._cond:
             # bounded buffer: block the caller while the writer is behind (back-pressure)
@@ -353,14 +359,8 @@ class DestinationWriter:
     def _commit(self, taken: list[_Record]) -> None:
         messages = [r for r in taken if not r.is_settlement]
         settles = [r for r in taken if r.is_settlement]
-        offset = self._next_offset
-        tables, results = [], []
-        for r in messages:
-            tables.append(with_offsets(r.table, offset))
-            results.append(AppendResult(self.destination, offset, r.table.num_rows))
-            offset += r.table.num_rows
-        rows = _one_table(tables)
-        settle_rows = _one_table([r.table for r in settles])
+        rows, offset, results = self._numbered(messages)
+        settle_rows = _one_table([r.payload for r in settles])
         msg_error, settle_error = self._sink.commit(rows, offset, settle_rows)
         resolving = getattr(_here, "resolving", None)  # None: resolve them now
         if rows is not None and self._resolve(messages, msg_error):
@@ -381,6 +381,30 @@ class DestinationWriter:
                     r.future.set_result(None)
                 else:
                     resolving.append((r.future, None))
+
+    def _numbered(self, messages: list[_Record]) -> tuple[Rows | None, int, list[AppendResult]]:
+        """The messages with their offsets, the end offset, and each record's result."""
+        offset = self._next_offset
+        plain, tables, results = [], [], []
+        for r in messages:
+            if isinstance(r.payload, PlainMessage):
+                r.payload.offset = offset  # a failed commit's next try numbers it again
+                plain.append(r.payload)
+                tables.append(None)
+                n = 1
+            else:
+                tables.append(with_offsets(r.payload, offset))
+                n = r.payload.num_rows
+            results.append(AppendResult(self.destination, offset, n))
+            offset += n
+        if plain and len(plain) == len(messages):
+            return PlainRows(plain), offset, results
+        if plain:  # plain messages among batches: all as tables, in offset order
+            tables = [
+                PlainRows([r.payload]).table() if t is None else t  # type: ignore[list-item]
+                for r, t in zip(messages, tables, strict=True)
+            ]
+        return _one_table(tables), offset, results
 
     def _resolve(self, records: list[_Record], error: SparkMQError | None) -> bool:
         """Count the commit; on ``error`` fail every record's future. True when it is durable."""
@@ -413,9 +437,11 @@ class DirectSink:
         return self._store.committed_end(self.destination)
 
     def commit(
-        self, messages: pa.Table | None, end_offset: int, settlements: pa.Table | None
+        self, messages: Rows | None, end_offset: int, settlements: pa.Table | None
     ) -> tuple[SparkMQError | None, SparkMQError | None]:
         msg_error = settle_error = None
+        if isinstance(messages, PlainRows):
+            messages = messages.table()
         if messages is not None:
             try:
                 self._store.commit_messages(self.destination, messages, end_offset)

@@ -40,11 +40,14 @@ from spark_mq.journal.boundary import translate
 from spark_mq.journal.group_commit import as_journal_error
 from spark_mq.journal.segments import (
     KIND_MESSAGES,
+    KIND_PLAIN,
     KIND_SETTLEMENTS,
+    MESSAGE_KINDS,
     RecordRef,
     SegmentLog,
     SyncMode,
 )
+from spark_mq.plain import PlainRows, plain_table
 from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
 
 log = logging.getLogger(__name__)
@@ -63,7 +66,7 @@ class HotTierSettings:
 @dataclass
 class _Pending:
     ref: RecordRef
-    table: pa.Table
+    table: pa.Table | PlainRows  # PlainRows for a KIND_PLAIN record written since the start
     written_at: float  # time.monotonic() of the append (of the open, for recovered records)
 
 
@@ -113,7 +116,7 @@ class HotTier:
             end = self._delta_end
             for ref in refs:
                 self._segment_last_lsn[ref.segment] = ref.lsn
-                if ref.kind == KIND_MESSAGES:
+                if ref.kind in MESSAGE_KINDS:
                     end = max(end, ref.end_offset)
                 if self._is_moved(ref):
                     continue
@@ -138,17 +141,18 @@ class HotTier:
         return end
 
     def _is_moved(self, ref: RecordRef) -> bool:
-        if ref.kind == KIND_MESSAGES:
+        if ref.kind in MESSAGE_KINDS:
             return ref.end_offset <= self._delta_end
         return ref.lsn <= self._settled_version
 
     # -- the writer side ---------------------------------------------------------------------
     def commit(
-        self, messages: pa.Table | None, end_offset: int, settlements: pa.Table | None
+        self, messages: pa.Table | PlainRows | None, end_offset: int, settlements: pa.Table | None
     ) -> tuple[SparkMQError | None, SparkMQError | None]:
-        records = []
+        records: list[tuple[int, int, pa.Table | PlainRows]] = []
         if messages is not None:
-            records.append((KIND_MESSAGES, end_offset - messages.num_rows, messages))
+            kind = KIND_PLAIN if isinstance(messages, PlainRows) else KIND_MESSAGES
+            records.append((kind, end_offset - messages.num_rows, messages))
         if settlements is not None:
             records.append((KIND_SETTLEMENTS, -1, settlements))
         with self._cond:
@@ -278,11 +282,11 @@ class HotTier:
 
     def _move(self, batch: list[_Pending]) -> None:
         """Commit ``batch`` (consecutive records, oldest first) to Delta, idempotently."""
-        messages = [p for p in batch if p.ref.kind == KIND_MESSAGES]
+        messages = [p for p in batch if p.ref.kind in MESSAGE_KINDS]
         settles = [p for p in batch if p.ref.kind == KIND_SETTLEMENTS]
         if messages:
             end = messages[-1].ref.end_offset
-            rows = _one_batch([p.table for p in messages], MESSAGE_SCHEMA)
+            rows = _one_batch(_as_tables([p.table for p in messages]), MESSAGE_SCHEMA)
             if rows["offset"][0].as_py() < self._delta_end:  # a partial earlier move
                 rows = rows.filter(pc.greater_equal(rows["offset"], self._delta_end))
             self._store.commit_messages(self.destination, rows, end)
@@ -315,7 +319,7 @@ class HotTier:
         """Rows with ``start <= offset < end``: from Delta, then from the records not yet moved."""
         with self._cond:
             delta_end = self._delta_end
-            hot = [p.table for p in self._pending if p.ref.kind == KIND_MESSAGES]
+            hot = _as_tables([p.table for p in self._pending if p.ref.kind in MESSAGE_KINDS])
         parts = [MESSAGE_SCHEMA.empty_table()]
         if start < delta_end:
             stop = delta_end if end is None else min(end, delta_end)
@@ -371,6 +375,23 @@ class HotTier:
 
 _LET_GO_EACH = 32
 _LET_GO_REST_S = 0.001
+
+
+def _as_tables(records: list[pa.Table | PlainRows]) -> list[pa.Table]:
+    """Message records as tables: consecutive plain ones become one table, built in one go."""
+    out: list[pa.Table] = []
+    run: list = []
+    for rows in records:
+        if isinstance(rows, PlainRows):
+            run += rows.messages
+            continue
+        if run:
+            out.append(plain_table(run))
+            run = []
+        out.append(rows)
+    if run:
+        out.append(plain_table(run))
+    return out
 
 
 def _one_batch(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:

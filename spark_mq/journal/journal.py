@@ -39,6 +39,7 @@ from spark_mq.journal.group_commit import (
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.names import validate_name
+from spark_mq.plain import PlainMessage
 from spark_mq.schema import SETTLEMENT_SCHEMA, UNOFFSET_SCHEMA, constant_column, numpy_column
 
 _SETTLE_TIME = SETTLEMENT_SCHEMA.field("settle_time").type
@@ -286,6 +287,10 @@ class Journal:
                 destination=destination,
             )
         return self._writer(destination).submit(rows, is_settlement=False)
+
+    def append_plain(self, destination: str, message: PlainMessage) -> Future:
+        """:meth:`append` for one plain message (:mod:`spark_mq.plain`), its enqueue time set."""
+        return self._writer(destination).submit(message, is_settlement=False)
 
     def settle(
         self,

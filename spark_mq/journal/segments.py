@@ -4,7 +4,12 @@ A destination's segment log is a directory of files ``segment-<seq>.log``, each 
 ``segment_bytes`` (so an append rarely has to grow the file) and filled with records::
 
     magic u32 | kind u8 | reserved u8,u16 | lsn u64 | first_offset i64 | rows u32 | length u32
-    | crc32 u32 (over the 32 header bytes before it and the payload) | payload (Arrow IPC stream)
+    | crc32 u32 (over the 32 header bytes before it and the payload) | payload
+
+The payload is an Arrow IPC stream (messages, settlements), or for plain messages
+(:mod:`spark_mq.plain`) each one's enqueue time, dedup id and body as they came
+(:meth:`~spark_mq.plain.PlainRows.encode`): a one-message record in about a microsecond, where
+the Arrow stream of its row took tens.
 
 ``lsn`` numbers the records of one log 1, 2, 3 ... without gaps across segments, so a scan
 recognises the end of the log: the first record whose magic, length, checksum or lsn is not the
@@ -39,6 +44,7 @@ from typing import Literal
 
 import pyarrow as pa
 
+from spark_mq.plain import PlainRows
 from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,9 @@ HEADER_BYTES = _HEADER.size + _CRC.size  # 36
 
 KIND_MESSAGES = 1
 KIND_SETTLEMENTS = 2
+KIND_PLAIN = 3  # plain messages (spark_mq.plain), read back as rows of MESSAGE_SCHEMA
+MESSAGE_KINDS = (KIND_MESSAGES, KIND_PLAIN)
+_KINDS = (KIND_MESSAGES, KIND_SETTLEMENTS, KIND_PLAIN)
 
 SyncMode = Literal["fsync", "fdatasync", "none"]
 
@@ -164,7 +173,7 @@ def scan_segment(
     view = memoryview(data)
     while pos + HEADER_BYTES <= len(view):
         magic, kind, _, _, lsn, first, rows, length = _HEADER.unpack_from(view, pos)
-        if magic != MAGIC or lsn != expected_lsn or kind not in (KIND_MESSAGES, KIND_SETTLEMENTS):
+        if magic != MAGIC or lsn != expected_lsn or kind not in _KINDS:
             break
         end = pos + HEADER_BYTES + length
         if end > len(view):
@@ -372,8 +381,9 @@ class SegmentLog:
             os.close(dfd)
 
     # -- appending (the writer thread) -------------------------------------------------------
-    def append(self, records: list[tuple[int, int, pa.Table]]) -> list[RecordRef]:
-        """Write ``(kind, first_offset, table)`` records and make them durable with one sync.
+    def append(self, records: list[tuple[int, int, pa.Table | PlainRows]]) -> list[RecordRef]:
+        """Write ``(kind, first_offset, rows)`` records and make them durable with one sync (the
+        rows of a ``KIND_PLAIN`` record are :class:`PlainRows`, of the others a table).
 
         On failure nothing of this call is kept: the partial write is cut off again, so a later
         scan cannot find a record the caller was told had failed.
@@ -381,7 +391,12 @@ class SegmentLog:
         encoded = []
         size = 0
         lsn = self.next_lsn
-        payloads = self._scratch.encode([table for _, _, table in records])
+        tables = [t for kind, _, t in records if kind != KIND_PLAIN]
+        streams = iter(self._scratch.encode(tables) if tables else ())  # type: ignore[arg-type]
+        payloads = [
+            pa.py_buffer(t.encode()) if kind == KIND_PLAIN else next(streams)  # type: ignore[union-attr]
+            for kind, _, t in records
+        ]
         for (kind, first, table), payload in zip(records, payloads, strict=True):
             header = encode_record(kind, lsn, first, table.num_rows, payload)
             encoded.append((kind, first, table.num_rows, lsn, header, payload))
@@ -421,11 +436,14 @@ class SegmentLog:
 
     # -- reading and retiring ----------------------------------------------------------------
     def read(self, ref: RecordRef) -> pa.Table:
+        """A record's rows (plain messages as rows of ``MESSAGE_SCHEMA``)."""
         with self._lock:
             path = self._segments[ref.segment]
         with open(path, "rb") as fh:
             fh.seek(ref.position + HEADER_BYTES)
             payload = fh.read(ref.length)
+        if ref.kind == KIND_PLAIN:
+            return PlainRows.decode(payload, ref.first_offset, ref.rows).table()
         return decode_table(payload)
 
     def retire(self, segments: list[int]) -> int:

@@ -1,0 +1,169 @@
+"""A single plain message as Python values, from the wire to the consumer.
+
+The commonest produce is one message of a body and a dedup id (a synchronous send, a producer
+sending one at a time): a ``PLAIN`` frame of one message. Carried as Arrow, its way through the
+broker built and took apart one-row tables about forty times (reading the frame, the stored
+columns, the offset, the segment record, the store's chunk, the delivery), most of the broker's
+CPU for such a message. As a :class:`PlainMessage` it goes through the group commit, the hot
+tier's segment log (a record of kind ``KIND_PLAIN``) and the message store as it is, and reaches
+a consumer as a ``ONE`` frame. A table of ``MESSAGE_SCHEMA`` is built only where one is needed
+(the mover's Delta commit, a browse, a Flight consumer, a selector), once for many messages:
+:meth:`PlainRows.table`.
+
+A plain message's stored row has the default priority, its enqueue time, dedup id and body, and
+nulls everywhere else: exactly the row the general path stores for the same message.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pyarrow as pa
+
+from spark_mq.schema import (
+    DEFAULT_PRIORITY,
+    MESSAGE_SCHEMA,
+    PRODUCE_SCHEMA,
+    TS,
+    constant_column,
+    null_column,
+    numpy_column,
+)
+
+# a message's fixed part in a segment record: enqueue time, dedup id length (-1: none), body length
+_ENTRY = struct.Struct("<qiI")
+_STRING, _BINARY, _INT32 = pa.string(), pa.binary(), pa.int32()
+
+
+class PlainMessage:
+    """One plain message; ``offset`` is -1 until the group commit gives it one."""
+
+    __slots__ = ("body", "dedup_id", "enqueue_time_us", "offset")
+
+    def __init__(
+        self, dedup_id: str | None, body: bytes, enqueue_time_us: int = 0, offset: int = -1
+    ) -> None:
+        self.dedup_id = dedup_id
+        self.body = body
+        self.enqueue_time_us = enqueue_time_us
+        self.offset = offset
+
+    @property
+    def nbytes(self) -> int:
+        """About what its row takes in memory: what the limits and the memory monitor count."""
+        return len(self.body) + (len(self.dedup_id) if self.dedup_id else 0) + 40
+
+    def __repr__(self) -> str:
+        return f"PlainMessage(offset={self.offset}, dedup_id={self.dedup_id!r}, {len(self.body)} B)"
+
+
+class PlainRows:
+    """Plain messages with offsets, in offset order: the messages of one commit."""
+
+    __slots__ = ("_table", "messages")
+
+    def __init__(self, messages: list[PlainMessage]) -> None:
+        self.messages = messages
+        self._table: pa.Table | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.messages)
+
+    def get_total_buffer_size(self) -> int:
+        return sum(m.nbytes for m in self.messages)
+
+    def table(self) -> pa.Table:
+        """The messages as rows of ``MESSAGE_SCHEMA`` (built once)."""
+        if self._table is None:
+            self._table = plain_table(self.messages)
+        return self._table
+
+    # -- the segment record (``KIND_PLAIN``) ------------------------------------------------
+    def encode(self) -> bytes:
+        """Each message's enqueue time, id and body lengths, id and body: its bytes as they came
+        (the offsets are the record's: the first, then one more each)."""
+        parts = []
+        for m in self.messages:
+            dedup = m.dedup_id.encode() if m.dedup_id is not None else b""
+            id_size = -1 if m.dedup_id is None else len(dedup)
+            parts += (_ENTRY.pack(m.enqueue_time_us, id_size, len(m.body)), dedup, m.body)
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, payload: bytes | memoryview, first_offset: int, rows: int) -> PlainRows:
+        """What :meth:`encode` wrote; ``ValueError`` when the payload does not hold ``rows``."""
+        view = memoryview(payload)
+        messages, pos = [], 0
+        for i in range(rows):
+            enqueue, id_size, body_size = _ENTRY.unpack_from(view, pos)
+            pos += _ENTRY.size
+            id_end = pos + max(id_size, 0)
+            end = id_end + body_size
+            if end > len(view):
+                raise ValueError(f"a plain record's message {i} runs past its payload")
+            dedup = None if id_size < 0 else bytes(view[pos:id_end]).decode()
+            messages.append(PlainMessage(dedup, bytes(view[id_end:end]), enqueue, first_offset + i))
+            pos = end
+        if pos != len(view):
+            over = len(view) - pos
+            raise ValueError(f"a plain record of {rows} message(s) has {over} byte(s) over")
+        return cls(messages)
+
+
+def plain_table(messages: list[PlainMessage]) -> pa.Table:
+    """Rows of ``MESSAGE_SCHEMA`` for plain messages with offsets, built from buffers (no
+    per-row Arrow calls, and no pandas import, which pyarrow's conversion of Python values does)."""
+    n = len(messages)
+    offsets = np.fromiter((m.offset for m in messages), np.int64, n)
+    enqueue = np.fromiter((m.enqueue_time_us for m in messages), np.int64, n)
+    ids = [m.dedup_id for m in messages]
+    return pa.table(
+        [
+            numpy_column(offsets, pa.int64()),
+            null_column(n, _STRING),
+            _variable(_STRING, [None if i is None else i.encode() for i in ids]),
+            null_column(n, _STRING),
+            constant_column(DEFAULT_PRIORITY, n, _INT32),
+            numpy_column(enqueue, TS),
+            null_column(n, TS),
+            null_column(n, TS),
+            null_column(n, MESSAGE_SCHEMA.field("headers").type),
+            _variable(_BINARY, [m.body for m in messages]),
+        ],
+        schema=MESSAGE_SCHEMA,
+    )
+
+
+def _variable(typ: pa.DataType, values: list[bytes | None]) -> pa.Array:
+    """A string or binary column of ``values`` (None: null), from its buffers."""
+    n = len(values)
+    lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int64, n)
+    ends = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=ends[1:])
+    if ends[-1] >= 2**31:
+        raise ValueError("plain messages of 2 GiB or more in one table")
+    data = pa.py_buffer(b"".join(v for v in values if v is not None))
+    valid = None
+    nulls = sum(v is None for v in values)
+    if nulls:
+        present = np.fromiter((v is not None for v in values), np.bool_, n)
+        valid = pa.py_buffer(np.packbits(present, bitorder="little"))
+    return pa.Array.from_buffers(
+        typ, n, [valid, pa.py_buffer(ends.astype(np.int32)), data], null_count=nulls
+    )
+
+
+_PLAIN_PRODUCE = pa.schema([f for f in PRODUCE_SCHEMA if f.name in ("body", "dedup_id")])
+
+
+def plain_batch(message: PlainMessage) -> pa.RecordBatch:
+    """The message as the produce batch a ``PLAIN`` frame is read as (for the general path)."""
+    columns = {
+        "body": _variable(_BINARY, [message.body]),
+        "dedup_id": _variable(
+            _STRING, [None if message.dedup_id is None else message.dedup_id.encode()]
+        ),
+    }
+    return pa.record_batch([columns[n] for n in _PLAIN_PRODUCE.names], schema=_PLAIN_PRODUCE)
