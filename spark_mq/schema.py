@@ -283,13 +283,18 @@ def _check_body_sizes(body: pa.Array, max_message_bytes: int, destination: str) 
     one: only a batch over the limit in all needs this exact check)."""
     largest = pc.max(pc.binary_length(body)).as_py()
     if largest > max_message_bytes:
-        raise MessageTooLarge(
-            f"a message body of {largest} bytes is over the limit of {max_message_bytes} bytes "
-            f"(setting limits.max_message_bytes) for {destination!r}",
-            destination=destination,
-            size=largest,
-            limit=max_message_bytes,
-        )
+        raise body_too_large(largest, max_message_bytes, destination)
+
+
+def body_too_large(size: int, max_message_bytes: int, destination: str) -> MessageTooLarge:
+    """The error for a message body of ``size`` bytes, over ``max_message_bytes``."""
+    return MessageTooLarge(
+        f"a message body of {size} bytes is over the limit of {max_message_bytes} bytes "
+        f"(setting limits.max_message_bytes) for {destination!r}",
+        destination=destination,
+        size=size,
+        limit=max_message_bytes,
+    )
 
 
 def _time_column(

@@ -54,6 +54,7 @@ from spark_mq.plain import PlainMessage, plain_batch
 from spark_mq.schema import (
     MESSAGE_SCHEMA,
     QUEUE_SUBSCRIPTION,
+    body_too_large,
     normalize_produce_batch,
 )
 
@@ -342,13 +343,7 @@ class Broker(DestinationAdmin):
         now = self.clock.wall()
         limit = self.config.limits.max_message_bytes
         if len(message.body) > limit:
-            raise MessageTooLarge(
-                f"a message body of {len(message.body)} bytes is over the limit of {limit} "
-                f"bytes (setting limits.max_message_bytes) for {dest.name!r}",
-                destination=dest.name,
-                size=len(message.body),
-                limit=limit,
-            )
+            raise body_too_large(len(message.body), limit, dest.name)
         message.enqueue_time_us = int(now * 1_000_000)
         self.limits.make_room(dest, 1, len(message.body))
         self.limits.admit_memory(dest, message.nbytes)
