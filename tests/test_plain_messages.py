@@ -15,7 +15,7 @@ from spark_mq.errors import MessageTooLarge
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.group_commit import committing_here
 from spark_mq.journal.hot_tier import HotTierSettings
-from spark_mq.journal.segments import KIND_PLAIN, scan_segment
+from spark_mq.journal.segments import KIND_PLAIN, KIND_SETTLEMENTS, scan_segment
 from spark_mq.launch import BrokerProcess
 from spark_mq.plain import PlainMessage, PlainRows, plain_batch, plain_table
 from spark_mq.schema import MESSAGE_SCHEMA, normalize_produce_batch, with_offsets
@@ -101,34 +101,45 @@ def test_a_store_evicting_plain_bodies_reads_them_back() -> None:
     assert store.drop_below(3) == 3 and store.nbytes == 0
 
 
+def _fields(m) -> tuple:
+    return (m.offset, m.dedup_id, m.body, m.priority, m.enqueue_time, m.expiry_time, m.group_id)
+
+
 def test_sync_sends_go_the_plain_way_to_every_kind_of_consumer(tmp_path: Path, clock) -> None:
     running = start_inprocess(tmp_path / "data", clock)
     try:
-        with Producer(running.url, destination="q", linger_ms=0) as p:
-            offsets = [p.send_sync(b"m%d" % i, dedup_id=f"d-{i}") for i in range(3)]
-            again = p.send_sync(b"resent", dedup_id="d-1")  # a duplicate: the original's offset
+        with (
+            Consumer(running.url, "q", transport="wire") as live,
+            Producer(running.url, destination="q", linger_ms=0) as p,
+        ):
+            delivered = []
+            for i in range(3):
+                assert p.send_sync(b"m%d" % i, dedup_id=f"d-{i}") == i
+                delivered += receive_n(live, 1)  # alone in the queue: a ONE frame
+            assert p.send_sync(b"resent", dedup_id="d-1") == 1  # a duplicate: the original's
             with pytest.raises(MessageTooLarge, match="max_message_bytes"):
                 p.send_sync(b"x" * (running.broker.config.limits.max_message_bytes + 1))
-        assert again == offsets[1] and offsets == [0, 1, 2]
+            for m in delivered:
+                m.nack()
         hot = Path(running.broker.config.hot_dir_location()) / "q"
         (segment,) = hot.glob("segment-*.log")
         refs, _ = scan_segment(segment.read_bytes(), 0, 1)
-        assert [r.kind for r in refs] == [KIND_PLAIN] * 3, "each send is one plain record"
+        assert [r.kind for r in refs if r.kind != KIND_SETTLEMENTS] == [KIND_PLAIN] * 3
 
         now_us = int(clock.wall() * 1_000_000)
         expected = [general_row(PlainMessage(f"d-{i}", b"m%d" % i, now_us, i)) for i in range(3)]
         with Admin(running.url) as admin:
             browsed = admin.browse("q")
         assert browsed.select(MESSAGE_SCHEMA.names).equals(pa.concat_tables(expected))
-        for transport in ("wire", "flight"):
-            with Consumer(running.url, "q", transport=transport) as c:
-                got = receive_n(c, 3)
-                for m in got:
-                    m.nack()
-            assert [(m.offset, m.dedup_id, m.body, m.priority) for m in got] == [
-                (i, f"d-{i}", b"m%d" % i, 4) for i in range(3)
-            ]
-            assert all(m.redelivered == (transport == "flight") for m in got)
+        with Consumer(running.url, "q", transport="flight") as c:
+            redelivered = receive_n(c, 3)  # from the rows built for them
+        want = [
+            (i, f"d-{i}", b"m%d" % i, 4, t["enqueue_time"][0].as_py(), None, None)
+            for i, t in enumerate(expected)
+        ]
+        assert [_fields(m) for m in delivered] == want
+        assert [_fields(m) for m in redelivered] == want
+        assert all(m.redelivered for m in redelivered)
     finally:
         running.stop()
 
