@@ -388,7 +388,7 @@ class DestinationWriter:
         plain, tables, results = [], [], []
         for r in messages:
             if isinstance(r.payload, PlainMessage):
-                r.payload.offset = offset  # a failed commit's next try numbers it again
+                r.payload.offset = offset  # offsets are given at commit time, as for tables
                 plain.append(r.payload)
                 tables.append(None)
                 n = 1
