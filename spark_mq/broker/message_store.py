@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,41 +35,20 @@ def _micros(column: pa.ChunkedArray, absent: int) -> np.ndarray | None:
     return pc.fill_null(column.cast(pa.int64()), absent).to_numpy()
 
 
+@dataclass
 class Chunk:
     """One commit's rows (a table, or plain messages whose table is built only when asked for)
     and their dispatch columns."""
 
-    __slots__ = (
-        "_props",
-        "_table",
-        "deliver_us",
-        "evicted",
-        "expiry_us",
-        "groups",
-        "offsets",
-        "plain",
-        "priority",
-    )
-
-    def __init__(
-        self,
-        offsets: np.ndarray,
-        table: pa.Table | None,
-        priority: np.ndarray,
-        groups: list[str | None] | None,
-        expiry_us: np.ndarray | None,  # NEVER where absent
-        deliver_us: np.ndarray | None,  # 0 where absent
-        plain: PlainRows | None = None,
-    ) -> None:
-        self.offsets = offsets
-        self._table = table
-        self.priority = priority
-        self.groups = groups
-        self.expiry_us = expiry_us
-        self.deliver_us = deliver_us
-        self.plain = plain  # the messages as they came, while their bodies are held
-        self.evicted = False  # bodies dropped from memory (re-read from the journal on delivery)
-        self._props: list[dict[str, Any]] | None = None
+    offsets: np.ndarray
+    _table: pa.Table | None  # None until a plain chunk's table is asked for
+    priority: np.ndarray
+    groups: list[str | None] | None
+    expiry_us: np.ndarray | None  # NEVER where absent
+    deliver_us: np.ndarray | None  # 0 where absent
+    plain: PlainRows | None = None  # the messages as they came, while their bodies are held
+    evicted: bool = False  # bodies dropped from memory (re-read from the journal on delivery)
+    _props: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
     def table(self) -> pa.Table:
