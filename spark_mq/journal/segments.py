@@ -66,7 +66,11 @@ FIRST_SEGMENT_BYTES = 1024 * 1024  # zeroed by the first append: about 3 ms, onc
 SPARE = "spare.log"
 _SPARE_TMP = SPARE + ".tmp"
 _ZEROS = bytes(1024 * 1024)
-_PACE_BYTES = 4 * 1024 * 1024
+# A spare is zeroed this much at a time, each part synced, resting as long as that took. An
+# append's sync waits for the part being written: measured on this machine, appends at 1,000/s
+# while 64 MiB were zeroed had p99 0.58 ms in parts of 128 KiB (0.34 ms with nothing zeroed),
+# 0.89 in 256 KiB, 2.4 in 1 MiB and 6-7 in 4 MiB; zeroing took 0.5 s instead of 0.25.
+_PACE_BYTES = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -193,8 +197,8 @@ def _zero(
 ) -> None:
     """Write ``size`` zero bytes from the start of ``fd`` and sync them (unless told to stop).
 
-    ``paced``: synced every few MiB, resting as long as that took, so the disk is never taken
-    from the appends for more than a few milliseconds at a time.
+    ``paced``: synced every :data:`_PACE_BYTES`, resting as long as that took, so an append's
+    sync never waits long behind the zeros.
     """
     pos = 0
     while pos < size and not stop():
