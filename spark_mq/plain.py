@@ -29,6 +29,7 @@ from spark_mq.schema import (
     constant_column,
     null_column,
     numpy_column,
+    variable_column,
 )
 
 # a message's fixed part in a segment record: enqueue time, dedup id length (-1: none), body length
@@ -66,6 +67,10 @@ class PlainRows:
     def __init__(self, messages: list[PlainMessage]) -> None:
         self.messages = messages
         self._table: pa.Table | None = None
+
+    @classmethod
+    def joined(cls, parts: list[PlainRows]) -> PlainRows:
+        return cls([m for part in parts for m in part.messages])
 
     @property
     def num_rows(self) -> int:
@@ -123,35 +128,16 @@ def plain_table(messages: list[PlainMessage]) -> pa.Table:
         [
             numpy_column(offsets, pa.int64()),
             null_column(n, _STRING),
-            _variable(_STRING, [None if i is None else i.encode() for i in ids]),
+            variable_column(_STRING, [None if i is None else i.encode() for i in ids]),
             null_column(n, _STRING),
             constant_column(DEFAULT_PRIORITY, n, _INT32),
             numpy_column(enqueue, TS),
             null_column(n, TS),
             null_column(n, TS),
             null_column(n, MESSAGE_SCHEMA.field("headers").type),
-            _variable(_BINARY, [m.body for m in messages]),
+            variable_column(_BINARY, [m.body for m in messages]),
         ],
         schema=MESSAGE_SCHEMA,
-    )
-
-
-def _variable(typ: pa.DataType, values: list[bytes | None]) -> pa.Array:
-    """A string or binary column of ``values`` (None: null), from its buffers."""
-    n = len(values)
-    lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int64, n)
-    ends = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths, out=ends[1:])
-    if ends[-1] >= 2**31:
-        raise ValueError("plain messages of 2 GiB or more in one table")
-    data = pa.py_buffer(b"".join(v for v in values if v is not None))
-    valid = None
-    nulls = sum(v is None for v in values)
-    if nulls:
-        present = np.fromiter((v is not None for v in values), np.bool_, n)
-        valid = pa.py_buffer(np.packbits(present, bitorder="little"))
-    return pa.Array.from_buffers(
-        typ, n, [valid, pa.py_buffer(ends.astype(np.int32)), data], null_count=nulls
     )
 
 
@@ -161,8 +147,8 @@ _PLAIN_PRODUCE = pa.schema([f for f in PRODUCE_SCHEMA if f.name in ("body", "ded
 def plain_batch(message: PlainMessage) -> pa.RecordBatch:
     """The message as the produce batch a ``PLAIN`` frame is read as (for the general path)."""
     columns = {
-        "body": _variable(_BINARY, [message.body]),
-        "dedup_id": _variable(
+        "body": variable_column(_BINARY, [message.body]),
+        "dedup_id": variable_column(
             _STRING, [None if message.dedup_id is None else message.dedup_id.encode()]
         ),
     }

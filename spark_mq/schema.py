@@ -357,6 +357,25 @@ def numpy_column(values: np.ndarray, typ: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
 
 
+def variable_column(typ: pa.DataType, values: list[bytes | None]) -> pa.Array:
+    """A string or binary column of ``values`` (None: null), from its buffers."""
+    n = len(values)
+    lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int64, n)
+    ends = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=ends[1:])
+    if ends[-1] >= 2**31:
+        raise ValueError("2 GiB or more of strings or bytes in one column")
+    data = pa.py_buffer(b"".join(v for v in values if v is not None))
+    valid = None
+    nulls = sum(v is None for v in values)
+    if nulls:
+        present = np.fromiter((v is not None for v in values), np.bool_, n)
+        valid = pa.py_buffer(np.packbits(present, bitorder="little"))
+    return pa.Array.from_buffers(
+        typ, n, [valid, pa.py_buffer(ends.astype(np.int32)), data], null_count=nulls
+    )
+
+
 _BOOL_ID = pa.bool_().id
 _INT32 = pa.int32()
 

@@ -17,10 +17,12 @@ from spark_mq.journal.segments import (
     FIRST_SEGMENT_BYTES,
     KIND_MESSAGES,
     KIND_PLAIN,
+    KIND_PLAIN_SETTLEMENTS,
     KIND_SETTLEMENTS,
     SPARE,
     SegmentLog,
 )
+from spark_mq.journal.settlements import Settlement, SettlementRows
 from spark_mq.launch import BrokerProcess
 from spark_mq.plain import PlainMessage, PlainRows
 from spark_mq.schema import with_offsets
@@ -45,8 +47,18 @@ def plain(bodies: list[bytes], first: int = 0) -> PlainRows:
     )
 
 
-def as_table(records: pa.Table | PlainRows) -> pa.Table:
-    return records.table() if isinstance(records, PlainRows) else records
+def settled(offsets: list[int]) -> SettlementRows:
+    """Settlements as the journal writes them to a segment: an ack, and a dead-lettering."""
+    return SettlementRows(
+        [
+            Settlement(offsets, "sub", "ack", 1_700_000_000_000_000),
+            Settlement([offsets[0]], "", "dead", 1_700_000_000_000_001, "5 delivery attempts"),
+        ]
+    )
+
+
+def as_table(records: pa.Table | PlainRows | SettlementRows) -> pa.Table:
+    return records if isinstance(records, pa.Table) else records.table()
 
 
 def segment_files(directory: Path) -> list[Path]:
@@ -67,9 +79,11 @@ def test_segment_round_trip_across_segments(tmp_path: Path) -> None:
             bodies = [os.urandom(100)] if i % 8 == 1 else [b"x" * 2000, b"", b"\xff" * 7]
             written.append((KIND_PLAIN, offset, plain(bodies, offset)))
             offset += len(bodies)
-        if i % 3 == 0:
+        if i % 3 == 0:  # as versions before KIND_PLAIN_SETTLEMENTS wrote them
             settle = pa.table({"offset": pa.array([offset - 1], pa.int64())})
             written.append((KIND_SETTLEMENTS, -1, settle))
+        if i % 3 == 1:
+            written.append((KIND_PLAIN_SETTLEMENTS, -1, settled(list(range(offset - i, offset)))))
     refs = []
     for k in range(0, len(written), 4):  # several records per sync
         refs += log.append(written[k : k + 4])
@@ -193,7 +207,11 @@ def test_small_records_are_the_very_ipc_streams_a_stream_writer_gives() -> None:
         assert decode_table(payload).equals(table)
 
 
-@pytest.mark.parametrize("last_kind", [KIND_MESSAGES, KIND_PLAIN], ids=["arrow", "plain"])
+@pytest.mark.parametrize(
+    "last_kind",
+    [KIND_MESSAGES, KIND_PLAIN, KIND_PLAIN_SETTLEMENTS],
+    ids=["arrow", "plain", "settlements"],
+)
 @pytest.mark.parametrize("damage", ["cut", "flip"])
 def test_torn_tail_is_truncated_at_every_byte_of_the_last_record(
     tmp_path: Path, damage: str, last_kind: int
@@ -201,12 +219,17 @@ def test_torn_tail_is_truncated_at_every_byte_of_the_last_record(
     src = tmp_path / "src"
     log = SegmentLog(str(src), segment_bytes=64 * 1024, sync="none")
     log.open()
-    third = rows([b"third" * 20], 3) if last_kind == KIND_MESSAGES else plain([b"third" * 20], 3)
+    third = {
+        KIND_MESSAGES: rows([b"third" * 20], 3),
+        KIND_PLAIN: plain([b"third" * 20], 3),
+        KIND_PLAIN_SETTLEMENTS: settled([0, 1, 2]),
+    }[last_kind]
+    third_first = -1 if last_kind == KIND_PLAIN_SETTLEMENTS else 3
     tables = [rows([b"first"], 0), rows([b"second", b"2nd"], 1), third]
     kinds = [KIND_MESSAGES, KIND_MESSAGES, last_kind]
     refs = [
         log.append([(kind, first, t)])[0]
-        for kind, first, t in zip(kinds, [0, 1, 3], tables, strict=True)
+        for kind, first, t in zip(kinds, [0, 1, third_first], tables, strict=True)
     ]
     log.close()
     (segment,) = segment_files(src)
@@ -231,7 +254,7 @@ def test_torn_tail_is_truncated_at_every_byte_of_the_last_record(
             continue
         assert found == refs[:2], f"byte {k}: the torn record was served"
         # the next append reuses the torn record's place and number; a reopen sees it whole
-        again = reopened.append([(last_kind, 3, tables[2])])[0]
+        again = reopened.append([(last_kind, third_first, tables[2])])[0]
         assert again.lsn == 3 and again.position == last.position
         reopened.close()
         final = SegmentLog(str(work), segment_bytes=64 * 1024, sync="none")

@@ -17,7 +17,8 @@ from spark_mq.journal.group_commit import (
     resolve,
 )
 from spark_mq.journal.memory_store import MemoryStore
-from spark_mq.schema import SETTLEMENT_SCHEMA, UNOFFSET_SCHEMA, null_column
+from spark_mq.journal.settlements import Settlement
+from spark_mq.schema import UNOFFSET_SCHEMA, null_column
 
 
 def _direct_writer(store: MemoryStore, on_commit: OnCommit) -> DestinationWriter:
@@ -34,14 +35,8 @@ def _direct_writer(store: MemoryStore, on_commit: OnCommit) -> DestinationWriter
     )
 
 
-def _ack_of_offset_0() -> pa.Table:
-    return pa.table(
-        {
-            f.name: pa.array([0]) if f.name == "offset" else null_column(1, f.type)
-            for f in SETTLEMENT_SCHEMA
-        },
-        schema=SETTLEMENT_SCHEMA,
-    )
+def _ack_of_offset_0() -> Settlement:
+    return Settlement([0], "q", "ack", 0)
 
 
 def test_submits_inside_committing_here_are_committed_by_the_submitting_thread() -> None:
@@ -52,20 +47,20 @@ def test_submits_inside_committing_here_are_committed_by_the_submitting_thread()
     rows = pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA})
     try:
         with committing_here():
-            first = writer.submit(rows, is_settlement=False)
-            second = writer.submit(rows, is_settlement=False)
+            first = writer.submit(rows)
+            second = writer.submit(rows)
             time.sleep(0.05)  # the writer thread, had it been woken, commits in microseconds
             assert not first.done() and not second.done()
         assert first.result(0).first_offset == 0 and second.result(0).first_offset == 2
         assert committed_by == [threading.get_ident()]  # one commit, in this thread
-        later = writer.submit(rows, is_settlement=False)  # outside: the writer thread's job
+        later = writer.submit(rows)  # outside: the writer thread's job
         assert later.result(10).first_offset == 4
         assert committed_by[-1] != threading.get_ident()
         with committing_here():
             with committing_elsewhere():  # a big batch: the writer thread syncs it meanwhile
-                big = writer.submit(rows, is_settlement=False)
+                big = writer.submit(rows)
             assert big.result(10).first_offset == 6  # before the block ends
-            small = writer.submit(rows, is_settlement=False)
+            small = writer.submit(rows)
         assert small.result(0).first_offset == 8
         assert committed_by[-2] != threading.get_ident() == committed_by[-1]
     finally:
@@ -106,18 +101,18 @@ def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -
     w = writer(0, 5.0)  # long: the second message below surely comes first
     try:
         with committing_here():
-            ack = w.submit(acks, is_settlement=True)
+            ack = w.submit(acks)
         # no message about (a queue being drained): the ack is not held
         assert ack.result(0) is None and sink.commits == [(False, True, me)]
         sink.commits.clear()
         with committing_here():
-            first = w.submit(rows, is_settlement=False)
+            first = w.submit(rows)
         assert first.result(0).first_offset == 0
         with committing_here():
-            ack = w.submit(acks, is_settlement=True)
+            ack = w.submit(acks)
         assert not ack.done()  # a message came just now: the ack waits to share the next sync
         with committing_here():
-            msg = w.submit(rows, is_settlement=False)
+            msg = w.submit(rows)
         assert msg.result(0).first_offset == 1 and ack.result(0) is None
         assert sink.commits == [(True, False, me), (True, True, me)]  # one sync for both
     finally:
@@ -127,10 +122,10 @@ def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -
     try:
         sink.commits.clear()
         with committing_here():
-            quick.submit(rows, is_settlement=False)
-            ack = quick.submit(acks, is_settlement=True)  # shares the message's commit
+            quick.submit(rows)
+            ack = quick.submit(acks)  # shares the message's commit
         with committing_here():
-            late = quick.submit(acks, is_settlement=True)
+            late = quick.submit(acks)
         assert ack.result(0) is None and not late.done()
         assert late.result(10) is None  # nothing else came: the writer thread committed it
         assert [c[:2] for c in sink.commits] == [(True, True), (False, True)]
@@ -144,9 +139,9 @@ def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -
     try:
         sink.commits.clear()
         with committing_here(later):
-            own.submit(rows, is_settlement=False)
+            own.submit(rows)
         with committing_here(later):
-            late = own.submit(acks, is_settlement=True)
+            late = own.submit(acks)
         assert list(later) == [own] and later[own] > time.monotonic()
         time.sleep(later[own] - time.monotonic() + 0.1)
         assert not late.done()  # due a while ago, but the writer thread was not woken for it
@@ -171,8 +166,8 @@ def test_committing_here_can_leave_the_futures_for_the_caller_to_resolve_after()
     resolving: list = []
     try:
         with committing_here(resolving=resolving):
-            msg = writer.submit(rows, is_settlement=False)
-            ack = writer.submit(acks, is_settlement=True)
+            msg = writer.submit(rows)
+            ack = writer.submit(acks)
             msg.add_done_callback(lambda f: order.append("message"))
             ack.add_done_callback(lambda f: order.append("ack"))
         assert visible == [2] and store.committed_end("q") == 2  # durable and handed on
@@ -181,9 +176,9 @@ def test_committing_here_can_leave_the_futures_for_the_caller_to_resolve_after()
         assert msg.result(0).first_offset == 0 and ack.result(0) is None
         assert order == ["message", "ack"] and resolving == []
         with committing_here():  # without a list, as before: resolved when the block ends
-            plain = writer.submit(rows, is_settlement=False)
+            plain = writer.submit(rows)
         assert plain.result(0).first_offset == 2
-        later = writer.submit(rows, is_settlement=False)  # the writer thread never defers
+        later = writer.submit(rows)  # the writer thread never defers
         assert later.result(10).first_offset == 4 and resolving == []
     finally:
         writer.close()

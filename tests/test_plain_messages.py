@@ -15,7 +15,7 @@ from spark_mq.errors import MessageTooLarge
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.group_commit import committing_here
 from spark_mq.journal.hot_tier import HotTierSettings
-from spark_mq.journal.segments import KIND_PLAIN, KIND_SETTLEMENTS, scan_segment
+from spark_mq.journal.segments import KIND_PLAIN, MESSAGE_KINDS, scan_segment
 from spark_mq.launch import BrokerProcess
 from spark_mq.plain import PlainMessage, PlainRows, plain_batch, plain_table
 from spark_mq.schema import MESSAGE_SCHEMA, normalize_produce_batch, with_offsets
@@ -124,7 +124,7 @@ def test_sync_sends_go_the_plain_way_to_every_kind_of_consumer(tmp_path: Path, c
         hot = Path(running.broker.config.hot_dir_location()) / "q"
         (segment,) = hot.glob("segment-*.log")
         refs, _ = scan_segment(segment.read_bytes(), 0, 1)
-        assert [r.kind for r in refs if r.kind != KIND_SETTLEMENTS] == [KIND_PLAIN] * 3
+        assert [r.kind for r in refs if r.kind in MESSAGE_KINDS] == [KIND_PLAIN] * 3
 
         now_us = int(clock.wall() * 1_000_000)
         expected = [general_row(PlainMessage(f"d-{i}", b"m%d" % i, now_us, i)) for i in range(3)]

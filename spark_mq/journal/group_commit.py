@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from spark_mq.errors import DestinationNotFound, JournalError, SparkMQError
 from spark_mq.journal.base import AppendResult, LogStore
+from spark_mq.journal.settlements import Settlement, SettlementRows
 from spark_mq.plain import PlainMessage, PlainRows
 from spark_mq.schema import with_offsets
 
@@ -128,7 +129,7 @@ class CommitSink(Protocol):
     """Where a flush goes: the store directly (:class:`DirectSink`) or the hot tier."""
 
     def commit(
-        self, messages: Rows | None, end_offset: int, settlements: pa.Table | None
+        self, messages: Rows | None, end_offset: int, settlements: SettlementRows | None
     ) -> tuple[SparkMQError | None, SparkMQError | None]:
         """Make both parts durable; returns the error of each part (None when it is durable)."""
         ...
@@ -138,7 +139,7 @@ class CommitSink(Protocol):
 
 @dataclass
 class _Record:
-    payload: pa.Table | PlainMessage  # a settlement is always a table
+    payload: pa.Table | PlainMessage | Settlement
     future: Future
     is_settlement: bool
     nbytes: int
@@ -201,11 +202,14 @@ class DestinationWriter:
         with self._cond:
             return self._next_offset
 
-    def submit(self, table: pa.Table | PlainMessage, *, is_settlement: bool) -> Future:
+    def submit(self, record: pa.Table | PlainMessage | Settlement) -> Future:
+        """Buffer messages (a table of ``UNOFFSET_SCHEMA`` or a plain message) or a settlement."""
         fut: Future = Future()
-        # a table's .nbytes costs ~16 us even for one row
-        plain = isinstance(table, PlainMessage)
-        nbytes = table.nbytes if plain else table.get_total_buffer_size()
+        is_settlement = isinstance(record, Settlement)
+        if is_settlement or isinstance(record, PlainMessage):
+            nbytes = record.nbytes
+        else:
+            nbytes = record.get_total_buffer_size()  # a table's .nbytes: ~16 us even for one row
         inline = getattr(_here, "writers", None)
         with self._cond:
             # bounded buffer: block the caller while the writer is behind (back-pressure)
@@ -225,7 +229,7 @@ class DestinationWriter:
                 self._first_at = now
             if not is_settlement:
                 self._last_message_at = now
-            self._records.append(_Record(table, fut, is_settlement, nbytes))
+            self._records.append(_Record(record, fut, is_settlement, nbytes))
             self._messages += not is_settlement
             self._pending_bytes += nbytes
             if inline is None:
@@ -360,7 +364,7 @@ class DestinationWriter:
         messages = [r for r in taken if not r.is_settlement]
         settles = [r for r in taken if r.is_settlement]
         rows, offset, results = self._numbered(messages)
-        settle_rows = _one_table([r.payload for r in settles])
+        settle_rows = SettlementRows([r.payload for r in settles]) if settles else None  # type: ignore[misc]
         msg_error, settle_error = self._sink.commit(rows, offset, settle_rows)
         resolving = getattr(_here, "resolving", None)  # None: resolve them now
         if rows is not None and self._resolve(messages, msg_error):
@@ -437,7 +441,7 @@ class DirectSink:
         return self._store.committed_end(self.destination)
 
     def commit(
-        self, messages: Rows | None, end_offset: int, settlements: pa.Table | None
+        self, messages: Rows | None, end_offset: int, settlements: SettlementRows | None
     ) -> tuple[SparkMQError | None, SparkMQError | None]:
         msg_error = settle_error = None
         if isinstance(messages, PlainRows):
@@ -455,7 +459,7 @@ class DirectSink:
                     msg_error = as_journal_error(exc, self.destination)
         if settlements is not None:
             try:
-                self._store.commit_settlements(self.destination, settlements)
+                self._store.commit_settlements(self.destination, settlements.table())
             except Exception as exc:
                 settle_error = as_journal_error(exc, self.destination)
         return msg_error, settle_error
@@ -466,7 +470,7 @@ class DirectSink:
 
 def _one_table(tables: list[pa.Table]) -> pa.Table | None:
     """The records of one commit as one table; a single record is used as it is (a commit of
-    one message or one ack is the common case, and concatenating it made a new table: ~2 us)."""
+    one message is the common case, and concatenating it made a new table: ~2 us)."""
     if not tables:
         return None
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)

@@ -41,13 +41,16 @@ from spark_mq.journal.group_commit import as_journal_error
 from spark_mq.journal.segments import (
     KIND_MESSAGES,
     KIND_PLAIN,
-    KIND_SETTLEMENTS,
+    KIND_PLAIN_SETTLEMENTS,
     MESSAGE_KINDS,
+    SETTLEMENT_KINDS,
     RecordRef,
+    Records,
     SegmentLog,
     SyncMode,
 )
-from spark_mq.plain import PlainRows, plain_table
+from spark_mq.journal.settlements import SettlementRows
+from spark_mq.plain import PlainRows
 from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,9 @@ class HotTierSettings:
 @dataclass
 class _Pending:
     ref: RecordRef
-    table: pa.Table | PlainRows  # PlainRows for a KIND_PLAIN record written since the start
+    # as written since the start: PlainRows (KIND_PLAIN), SettlementRows (KIND_PLAIN_SETTLEMENTS);
+    # a table for the other kinds, and for every record recovered at the start
+    table: pa.Table | PlainRows | SettlementRows
     written_at: float  # time.monotonic() of the append (of the open, for recovered records)
 
 
@@ -147,14 +152,17 @@ class HotTier:
 
     # -- the writer side ---------------------------------------------------------------------
     def commit(
-        self, messages: pa.Table | PlainRows | None, end_offset: int, settlements: pa.Table | None
+        self,
+        messages: pa.Table | PlainRows | None,
+        end_offset: int,
+        settlements: SettlementRows | None,
     ) -> tuple[SparkMQError | None, SparkMQError | None]:
-        records: list[tuple[int, int, pa.Table | PlainRows]] = []
+        records: Records = []
         if messages is not None:
             kind = KIND_PLAIN if isinstance(messages, PlainRows) else KIND_MESSAGES
             records.append((kind, end_offset - messages.num_rows, messages))
         if settlements is not None:
-            records.append((KIND_SETTLEMENTS, -1, settlements))
+            records.append((KIND_PLAIN_SETTLEMENTS, -1, settlements))
         with self._cond:
             # bounded: when Delta falls far behind, producers wait instead of filling the disk
             while self._pending_bytes > self._settings.max_bytes and not self._closing:
@@ -283,7 +291,7 @@ class HotTier:
     def _move(self, batch: list[_Pending]) -> None:
         """Commit ``batch`` (consecutive records, oldest first) to Delta, idempotently."""
         messages = [p for p in batch if p.ref.kind in MESSAGE_KINDS]
-        settles = [p for p in batch if p.ref.kind == KIND_SETTLEMENTS]
+        settles = [p for p in batch if p.ref.kind in SETTLEMENT_KINDS]
         if messages:
             end = messages[-1].ref.end_offset
             rows = _one_batch(_as_tables([p.table for p in messages]), MESSAGE_SCHEMA)
@@ -294,7 +302,7 @@ class HotTier:
             self._delta_end = end
         if settles:
             version = settles[-1].ref.lsn
-            rows = _one_batch([p.table for p in settles], SETTLEMENT_SCHEMA)
+            rows = _one_batch(_as_tables([p.table for p in settles]), SETTLEMENT_SCHEMA)
             self._store.commit_settlements(self.destination, rows, version)
             self._settled_version = version
         failpoints.hit("hot-tier-moved")
@@ -336,7 +344,7 @@ class HotTier:
 
     def read_settlements(self) -> pa.Table:
         with self._cond:
-            hot = [p.table for p in self._pending if p.ref.kind == KIND_SETTLEMENTS]
+            hot = _as_tables([p.table for p in self._pending if p.ref.kind in SETTLEMENT_KINDS])
         delta = self._store.read_settlements(self.destination)
         return pa.concat_tables([delta, *(conform(t, SETTLEMENT_SCHEMA) for t in hot)])
 
@@ -377,20 +385,21 @@ _LET_GO_EACH = 32
 _LET_GO_REST_S = 0.001
 
 
-def _as_tables(records: list[pa.Table | PlainRows]) -> list[pa.Table]:
-    """Message records as tables: consecutive plain ones become one table, built in one go."""
+def _as_tables(records: list[pa.Table | PlainRows | SettlementRows]) -> list[pa.Table]:
+    """Records of one log as tables: consecutive plain messages or settlements become one
+    table, built in one go (a move of 500 acks: one table, not 500 concatenated)."""
     out: list[pa.Table] = []
-    run: list = []
+    run: list = []  # consecutive PlainRows, or consecutive SettlementRows
     for rows in records:
-        if isinstance(rows, PlainRows):
-            run += rows.messages
-            continue
-        if run:
-            out.append(plain_table(run))
+        if run and type(rows) is not type(run[0]):
+            out.append(type(run[0]).joined(run).table())
             run = []
-        out.append(rows)
+        if isinstance(rows, pa.Table):
+            out.append(rows)
+        else:
+            run.append(rows)
     if run:
-        out.append(plain_table(run))
+        out.append(type(run[0]).joined(run).table())
     return out
 
 

@@ -6,10 +6,12 @@ A destination's segment log is a directory of files ``segment-<seq>.log``, each 
     magic u32 | kind u8 | reserved u8,u16 | lsn u64 | first_offset i64 | rows u32 | length u32
     | crc32 u32 (over the 32 header bytes before it and the payload) | payload
 
-The payload is an Arrow IPC stream (messages, settlements), or for plain messages
-(:mod:`spark_mq.plain`) each one's enqueue time, dedup id and body as they came
-(:meth:`~spark_mq.plain.PlainRows.encode`): a one-message record in about a microsecond, where
-the Arrow stream of its row took tens.
+The payload is an Arrow IPC stream of rows (``KIND_MESSAGES``; ``KIND_SETTLEMENTS``, which
+versions before ``KIND_PLAIN_SETTLEMENTS`` wrote), or the values as they came: for plain messages
+(:mod:`spark_mq.plain`) each one's enqueue time, dedup id and body
+(:meth:`~spark_mq.plain.PlainRows.encode`), for settlements each settle call's arguments
+(:meth:`~spark_mq.journal.settlements.SettlementRows.encode`). Such a record of one message or
+one ack is written in about a microsecond, where the Arrow stream of its row took tens.
 
 ``lsn`` numbers the records of one log 1, 2, 3 ... without gaps across segments, so a scan
 recognises the end of the log: the first record whose magic, length, checksum or lsn is not the
@@ -44,8 +46,9 @@ from typing import Literal
 
 import pyarrow as pa
 
+from spark_mq.journal.settlements import SettlementRows
 from spark_mq.plain import PlainRows
-from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA
+from spark_mq.schema import MESSAGE_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +58,15 @@ _CRC = struct.Struct("<I")
 HEADER_BYTES = _HEADER.size + _CRC.size  # 36
 
 KIND_MESSAGES = 1
-KIND_SETTLEMENTS = 2
+KIND_SETTLEMENTS = 2  # rows of SETTLEMENT_SCHEMA: read, no longer written
 KIND_PLAIN = 3  # plain messages (spark_mq.plain), read back as rows of MESSAGE_SCHEMA
+KIND_PLAIN_SETTLEMENTS = 4  # SettlementRows, read back as rows of SETTLEMENT_SCHEMA
 MESSAGE_KINDS = (KIND_MESSAGES, KIND_PLAIN)
-_KINDS = (KIND_MESSAGES, KIND_SETTLEMENTS, KIND_PLAIN)
+SETTLEMENT_KINDS = (KIND_SETTLEMENTS, KIND_PLAIN_SETTLEMENTS)
+_KINDS = (*MESSAGE_KINDS, *SETTLEMENT_KINDS)
+# the record kinds whose rows encode themselves (the others are tables, written as Arrow)
+_ENCODED = (KIND_PLAIN, KIND_PLAIN_SETTLEMENTS)
+Records = list[tuple[int, int, pa.Table | PlainRows | SettlementRows]]
 
 SyncMode = Literal["fsync", "fdatasync", "none"]
 
@@ -98,13 +106,13 @@ _SMALL = 64 * 1024
 # given explicitly: without options, every writer reads two environment variables (os.environ
 # lookups were ~10 % of encoding a one-row record)
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions()
-_SCHEMA_MESSAGES = [(s, s.serialize().to_pybytes()) for s in (MESSAGE_SCHEMA, SETTLEMENT_SCHEMA)]
+_SCHEMA_MESSAGES = [(MESSAGE_SCHEMA, MESSAGE_SCHEMA.serialize().to_pybytes())]
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # continuation marker, length 0
 
 
 def _stream_of(table: pa.Table) -> pa.Buffer:
-    """``table`` as an IPC stream. For the journal's two schemas it is put together from the
-    schema's message, encoded once, and each batch's: the same bytes a stream writer gives, a
+    """``table`` as an IPC stream. For ``MESSAGE_SCHEMA`` it is put together from the schema's
+    message, encoded once, and each batch's: the same bytes a stream writer gives, a
     one-row record in 5.2 us instead of 7.4."""
     for schema, message in _SCHEMA_MESSAGES:
         if table.schema.equals(schema, check_metadata=True):
@@ -385,9 +393,10 @@ class SegmentLog:
             os.close(dfd)
 
     # -- appending (the writer thread) -------------------------------------------------------
-    def append(self, records: list[tuple[int, int, pa.Table | PlainRows]]) -> list[RecordRef]:
+    def append(self, records: Records) -> list[RecordRef]:
         """Write ``(kind, first_offset, rows)`` records and make them durable with one sync (the
-        rows of a ``KIND_PLAIN`` record are :class:`PlainRows`, of the others a table).
+        rows of a ``KIND_PLAIN`` record are :class:`PlainRows`, of a ``KIND_PLAIN_SETTLEMENTS``
+        record :class:`SettlementRows`, of the others a table).
 
         On failure nothing of this call is kept: the partial write is cut off again, so a later
         scan cannot find a record the caller was told had failed.
@@ -395,10 +404,10 @@ class SegmentLog:
         encoded = []
         size = 0
         lsn = self.next_lsn
-        tables = [t for kind, _, t in records if kind != KIND_PLAIN]
+        tables = [t for kind, _, t in records if kind not in _ENCODED]
         streams = iter(self._scratch.encode(tables) if tables else ())  # type: ignore[arg-type]
         payloads = [
-            pa.py_buffer(t.encode()) if kind == KIND_PLAIN else next(streams)  # type: ignore[union-attr]
+            pa.py_buffer(t.encode()) if kind in _ENCODED else next(streams)  # type: ignore[union-attr]
             for kind, _, t in records
         ]
         for (kind, first, table), payload in zip(records, payloads, strict=True):
@@ -440,7 +449,7 @@ class SegmentLog:
 
     # -- reading and retiring ----------------------------------------------------------------
     def read(self, ref: RecordRef) -> pa.Table:
-        """A record's rows (plain messages as rows of ``MESSAGE_SCHEMA``)."""
+        """A record's rows as a table, whatever its kind."""
         with self._lock:
             path = self._segments[ref.segment]
         with open(path, "rb") as fh:
@@ -448,6 +457,8 @@ class SegmentLog:
             payload = fh.read(ref.length)
         if ref.kind == KIND_PLAIN:
             return PlainRows.decode(payload, ref.first_offset, ref.rows).table()
+        if ref.kind == KIND_PLAIN_SETTLEMENTS:
+            return SettlementRows.decode(payload, ref.rows).table()
         return decode_table(payload)
 
     def retire(self, segments: list[int]) -> int:

@@ -1,0 +1,152 @@
+"""Settlement records as Python values: what an ack, a nack or a disposal writes to the journal.
+
+Every settle frame a consumer sends becomes one journal record, most of them an ack of one or two
+offsets. Built as a one-row Arrow table and written as an Arrow IPC stream, such a record cost
+about 18 us of the broker's hot path (11.6 to build the table, 6.3 to encode it), and the mover
+then concatenated hundreds of those tables for each Delta commit. A :class:`Settlement` keeps
+the settle call's arguments instead; the group commit hands a commit's settlements on as
+:class:`SettlementRows`, the hot tier writes them as a record of kind ``KIND_PLAIN_SETTLEMENTS``
+(:meth:`SettlementRows.encode`), and a table of ``SETTLEMENT_SCHEMA`` is built only where one is
+needed: for a Delta commit, many settlements at once (:func:`settlement_table`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from spark_mq.schema import SETTLEMENT_SCHEMA, numpy_column, variable_column
+
+# one settlement in a segment record: settle time, offset count, subscription, outcome and
+# reason lengths (reason -1: none); then those three strings and the offsets (int64, little end)
+_HEAD = struct.Struct("<qIIIi")
+_STRING = pa.string()
+_TIMES = SETTLEMENT_SCHEMA.field("settle_time").type
+
+
+class Settlement:
+    """``subscription`` is done with ``offsets`` (``outcome``: ack, returned, dead, ...)."""
+
+    __slots__ = ("offsets", "outcome", "reason", "settle_time_us", "subscription")
+
+    def __init__(
+        self,
+        offsets: Sequence[int],
+        subscription: str,
+        outcome: str,
+        settle_time_us: int,
+        reason: str | None = None,
+    ) -> None:
+        self.offsets = offsets
+        self.subscription = subscription
+        self.outcome = outcome
+        self.settle_time_us = settle_time_us
+        self.reason = reason
+
+    @property
+    def nbytes(self) -> int:
+        """About what its rows take in memory (what the writer's pending bytes count)."""
+        return 8 * len(self.offsets) + len(self.subscription) + len(self.reason or "") + 40
+
+    def __repr__(self) -> str:
+        return (
+            f"Settlement({self.subscription!r} {self.outcome} {len(self.offsets)} offset(s), "
+            f"reason={self.reason!r})"
+        )
+
+
+class SettlementRows:
+    """The settlements of one commit, in the order they came."""
+
+    __slots__ = ("_table", "settlements")
+
+    def __init__(self, settlements: list[Settlement]) -> None:
+        self.settlements = settlements
+        self._table: pa.Table | None = None
+
+    @classmethod
+    def joined(cls, parts: list[SettlementRows]) -> SettlementRows:
+        return cls([s for part in parts for s in part.settlements])
+
+    @property
+    def num_rows(self) -> int:
+        return sum(len(s.offsets) for s in self.settlements)
+
+    def get_total_buffer_size(self) -> int:
+        return sum(s.nbytes for s in self.settlements)
+
+    def table(self) -> pa.Table:
+        """One row of ``SETTLEMENT_SCHEMA`` per offset (built once)."""
+        if self._table is None:
+            self._table = settlement_table(self.settlements)
+        return self._table
+
+    # -- the segment record (``KIND_PLAIN_SETTLEMENTS``) ------------------------------------
+    def encode(self) -> bytes:
+        parts: list[bytes] = []
+        for s in self.settlements:
+            sub, outcome = s.subscription.encode(), s.outcome.encode()
+            reason = s.reason.encode() if s.reason is not None else b""
+            reason_size = -1 if s.reason is None else len(reason)
+            offsets = np.asarray(s.offsets, dtype="<i8").tobytes()
+            head = _HEAD.pack(s.settle_time_us, len(s.offsets), len(sub), len(outcome), reason_size)
+            parts += (head, sub, outcome, reason, offsets)
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, payload: bytes | memoryview, rows: int) -> SettlementRows:
+        """What :meth:`encode` wrote; ``ValueError`` unless it holds exactly ``rows`` offsets."""
+        view = memoryview(payload)
+        settlements, pos, found = [], 0, 0
+        while pos < len(view):
+            if pos + _HEAD.size > len(view):
+                raise ValueError("a settlement record ends inside a settlement's header")
+            when, n, sub_size, outcome_size, reason_size = _HEAD.unpack_from(view, pos)
+            pos += _HEAD.size
+            strings = pos + sub_size + outcome_size + max(reason_size, 0)
+            end = strings + 8 * n
+            if end > len(view):
+                raise ValueError("a settlement runs past its record's payload")
+            sub = bytes(view[pos : pos + sub_size]).decode()
+            pos += sub_size
+            outcome = bytes(view[pos : pos + outcome_size]).decode()
+            pos += outcome_size
+            reason = None if reason_size < 0 else bytes(view[pos:strings]).decode()
+            offsets = np.frombuffer(view[strings:end], dtype="<i8").tolist()
+            settlements.append(Settlement(offsets, sub, outcome, when, reason))
+            found += n
+            pos = end
+        if found != rows:
+            raise ValueError(f"a settlement record of {rows} row(s) holds {found}")
+        return cls(settlements)
+
+
+def settlement_table(settlements: list[Settlement]) -> pa.Table:
+    """Rows of ``SETTLEMENT_SCHEMA`` for ``settlements``, built from buffers in one go."""
+    counts = np.array([len(s.offsets) for s in settlements], np.int64)
+    n = int(counts.sum())
+    offsets = np.fromiter((o for s in settlements for o in s.offsets), np.int64, n)
+    times = np.repeat(np.array([s.settle_time_us for s in settlements], np.int64), counts)
+    return pa.table(
+        [
+            numpy_column(offsets, pa.int64()),
+            _repeated([s.subscription for s in settlements], counts),
+            _repeated([s.outcome for s in settlements], counts),
+            numpy_column(times, _TIMES),
+            _repeated([s.reason for s in settlements], counts),
+        ],
+        schema=SETTLEMENT_SCHEMA,
+    )
+
+
+def _repeated(values: list[str | None], counts: np.ndarray) -> pa.Array:
+    """A string column of each of ``values`` (None: null) ``counts`` times. The values of a
+    move are a few subscriptions, outcomes and reasons again and again: each distinct one is
+    encoded once, then taken for every row."""
+    index: dict[str | None, int] = {}
+    codes = np.fromiter((index.setdefault(v, len(index)) for v in values), np.int32, len(values))
+    distinct = variable_column(_STRING, [None if v is None else v.encode() for v in index])
+    return distinct.take(numpy_column(np.repeat(codes, counts), pa.int32()))
