@@ -184,6 +184,8 @@ class DestinationAdmin:
             out["delta_lag_ms"] = round(tier.delta_lag_ms, 1)
             out["hot_tier_bytes"] = tier.pending_bytes
             out["hot_tier_segments"] = tier.segments
+            out["hot_tier_segments_zeroed"] = tier.spares_zeroed
+            out["hot_tier_segments_reused"] = tier.spares_reused
             out["hot_tier_moves"] = tier.moves
             out["hot_tier_move_failures"] = tier.move_failures
         else:

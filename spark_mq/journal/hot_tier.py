@@ -84,6 +84,8 @@ class HotTierStats:
     moves: int
     move_failures: int
     segments: int
+    spares_zeroed: int  # segments made ready by zeroing a new file
+    spares_reused: int  # segments made ready by reusing a moved one
 
 
 class HotTier:
@@ -359,6 +361,8 @@ class HotTier:
                 moves=self._moves,
                 move_failures=self._move_failures,
                 segments=self._log.segment_count,
+                spares_zeroed=self._log.spares_zeroed,
+                spares_reused=self._log.spares_reused,
             )
 
     # -- closing -----------------------------------------------------------------------------
