@@ -127,8 +127,8 @@ def test_segments_are_written_over_zeros_from_a_spare_zeroed_ahead(tmp_path: Pat
         if len(segment_files(tmp_path)) - 1 > rolls:  # this append rolled: into the spare
             rolls += 1
             assert not spare.exists(), "the roll did not take the zeroed spare"
-        active = refs[-1].segment == len(segment_files(tmp_path)) - 1
-        if active and (refs[-1].position + refs[-1].size) * 2 >= log._capacity:
+        active = segment_files(tmp_path)[-1]
+        if (refs[-1].position + refs[-1].size) * 2 >= active.stat().st_size:
             wait_for(spare.exists, 20, SPARE)  # half full: the next segment is being zeroed
             assert spare.stat().st_size == size and spare.read_bytes() == bytes(size)
     # each roll took the spare: the active segment is full size (sealed ones give back their

@@ -364,7 +364,7 @@ class DestinationWriter:
         messages = [r for r in taken if not r.is_settlement]
         settles = [r for r in taken if r.is_settlement]
         rows, offset, results = self._numbered(messages)
-        settle_rows = SettlementRows([r.payload for r in settles]) if settles else None  # type: ignore[misc]
+        settle_rows = SettlementRows([r.payload for r in settles]) if settles else None  # type: ignore[arg-type]
         msg_error, settle_error = self._sink.commit(rows, offset, settle_rows)
         resolving = getattr(_here, "resolving", None)  # None: resolve them now
         if rows is not None and self._resolve(messages, msg_error):

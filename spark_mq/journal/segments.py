@@ -40,8 +40,8 @@ the *spare* (``spare.log``) if one is ready, and there are two ways to make one:
 
 A roll finding no spare ready falls back to reserving space. Zeroing the spares cost batched
 produce a lot: 159-230k msg/s against 225-271k without them (three interleaved pairs). A crash
-while a spare is made leaves ``spare.log.tmp``, which the next open deletes; neither file is
-ever read as a segment.
+while a spare is made leaves ``spare.log.tmp`` or ``reused.log.tmp``, which the next open
+deletes; no spare file is ever read as a segment.
 """
 
 from __future__ import annotations
@@ -268,8 +268,8 @@ class SegmentLog:
         self._spare_ready = False
         self._zeroing = self._stop_zeroing = self._reusing = False
         self._reusable: set[int] = set()
-        self.spares_zeroed = 0  # spares made by zeroing a new file, and by reusing a segment
-        self.spares_reused = 0
+        self.spares_zeroed = 0  # spares made by zeroing a new file
+        self.spares_reused = 0  # spares made of a retired segment
         self._closing = False
         self.next_lsn = 1
 
