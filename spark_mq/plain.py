@@ -31,6 +31,7 @@ from spark_mq.schema import (
     numpy_column,
     variable_column,
 )
+from spark_mq.value_rows import ValueRows
 
 # a message's fixed part in a segment record: enqueue time, dedup id length (-1: none), body length
 _ENTRY = struct.Struct("<qiI")
@@ -59,38 +60,22 @@ class PlainMessage:
         return f"PlainMessage(offset={self.offset}, dedup_id={self.dedup_id!r}, {len(self.body)} B)"
 
 
-class PlainRows:
+class PlainRows(ValueRows[PlainMessage]):
     """Plain messages with offsets, in offset order: the messages of one commit."""
 
-    __slots__ = ("_table", "messages")
+    __slots__ = ()
 
-    def __init__(self, messages: list[PlainMessage]) -> None:
-        self.messages = messages
-        self._table: pa.Table | None = None
-
-    @classmethod
-    def joined(cls, parts: list[PlainRows]) -> PlainRows:
-        return cls([m for part in parts for m in part.messages])
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.messages)
-
-    def get_total_buffer_size(self) -> int:
-        return sum(m.nbytes for m in self.messages)
-
-    def table(self) -> pa.Table:
-        """The messages as rows of ``MESSAGE_SCHEMA`` (built once)."""
-        if self._table is None:
-            self._table = plain_table(self.messages)
-        return self._table
+    @staticmethod
+    def build(items: list[PlainMessage]) -> pa.Table:
+        """The messages as rows of ``MESSAGE_SCHEMA``."""
+        return plain_table(items)
 
     # -- the segment record (``KIND_PLAIN``) ------------------------------------------------
     def encode(self) -> bytes:
         """Each message's enqueue time, id and body lengths, id and body: its bytes as they came
         (the offsets are the record's: the first, then one more each)."""
         parts = []
-        for m in self.messages:
+        for m in self.items:
             dedup = m.dedup_id.encode() if m.dedup_id is not None else b""
             id_size = -1 if m.dedup_id is None else len(dedup)
             parts += (_ENTRY.pack(m.enqueue_time_us, id_size, len(m.body)), dedup, m.body)

@@ -57,7 +57,7 @@ def test_settlements_are_the_rows_of_each_offset_and_survive_their_encoding() ->
     assert written.num_rows == 10_006
     back = SettlementRows.decode(written.encode(), written.num_rows)
     assert back.table().equals(expected)
-    assert [(s.subscription, s.outcome, s.settle_time_us, s.reason) for s in back.settlements] == [
+    assert [(s.subscription, s.outcome, s.settle_time_us, s.reason) for s in back.items] == [
         (s.subscription, s.outcome, s.settle_time_us, s.reason) for s in settlements
     ]
     # the records of several commits build one table, in order

@@ -92,7 +92,7 @@ class Chunk:
     def of_plain(cls, rows: PlainRows) -> Chunk:
         """Plain messages: the default priority, no group, expiry or delivery time."""
         n = rows.num_rows
-        offsets = np.fromiter((m.offset for m in rows.messages), np.int64, n)
+        offsets = np.fromiter((m.offset for m in rows.items), np.int64, n)
         priority = _ONE_PRIORITY if n == 1 else np.full(n, DEFAULT_PRIORITY, np.int32)
         return cls(offsets, None, priority, None, None, None, plain=rows)
 
@@ -226,7 +226,7 @@ class MessageStore:
         found = self._locate(offset)
         if found is None or found[0].plain is None or found[0].evicted:
             return None
-        return found[0].plain.messages[found[1]]
+        return found[0].plain.items[found[1]]
 
     def take(self, offsets: Iterable[int]) -> pa.Table:
         """The rows of ``offsets`` (held ones), in increasing offset order."""

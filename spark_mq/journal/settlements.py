@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from spark_mq.schema import SETTLEMENT_SCHEMA, numpy_column, variable_column
+from spark_mq.value_rows import ValueRows
 
 # one settlement in a segment record: settle time, offset count, subscription, outcome and
 # reason lengths (reason -1: none); then those three strings and the offsets (int64, little end)
@@ -27,67 +29,46 @@ _STRING = pa.string()
 _TIMES = SETTLEMENT_SCHEMA.field("settle_time").type
 
 
+@dataclass(slots=True)
 class Settlement:
     """``subscription`` is done with ``offsets`` (``outcome``: ack, returned, dead, ...)."""
 
-    __slots__ = ("offsets", "outcome", "reason", "settle_time_us", "subscription")
-
-    def __init__(
-        self,
-        offsets: Sequence[int],
-        subscription: str,
-        outcome: str,
-        settle_time_us: int,
-        reason: str | None = None,
-    ) -> None:
-        self.offsets = offsets
-        self.subscription = subscription
-        self.outcome = outcome
-        self.settle_time_us = settle_time_us
-        self.reason = reason
+    offsets: Sequence[int]
+    subscription: str
+    outcome: str
+    settle_time_us: int
+    reason: str | None = None
 
     @property
     def nbytes(self) -> int:
         """About what its rows take in memory (what the writer's pending bytes count)."""
         return 8 * len(self.offsets) + len(self.subscription) + len(self.reason or "") + 40
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # not the offsets themselves: there may be thousands
         return (
             f"Settlement({self.subscription!r} {self.outcome} {len(self.offsets)} offset(s), "
             f"reason={self.reason!r})"
         )
 
 
-class SettlementRows:
-    """The settlements of one commit, in the order they came."""
+class SettlementRows(ValueRows[Settlement]):
+    """The settlements of one commit, in the order they came: a row per offset."""
 
-    __slots__ = ("_table", "settlements")
-
-    def __init__(self, settlements: list[Settlement]) -> None:
-        self.settlements = settlements
-        self._table: pa.Table | None = None
-
-    @classmethod
-    def joined(cls, parts: list[SettlementRows]) -> SettlementRows:
-        return cls([s for part in parts for s in part.settlements])
+    __slots__ = ()
 
     @property
     def num_rows(self) -> int:
-        return sum(len(s.offsets) for s in self.settlements)
+        return sum(len(s.offsets) for s in self.items)
 
-    def get_total_buffer_size(self) -> int:
-        return sum(s.nbytes for s in self.settlements)
-
-    def table(self) -> pa.Table:
-        """One row of ``SETTLEMENT_SCHEMA`` per offset (built once)."""
-        if self._table is None:
-            self._table = settlement_table(self.settlements)
-        return self._table
+    @staticmethod
+    def build(items: list[Settlement]) -> pa.Table:
+        """One row of ``SETTLEMENT_SCHEMA`` per offset."""
+        return settlement_table(items)
 
     # -- the segment record (``KIND_PLAIN_SETTLEMENTS``) ------------------------------------
     def encode(self) -> bytes:
         parts: list[bytes] = []
-        for s in self.settlements:
+        for s in self.items:
             sub, outcome = s.subscription.encode(), s.outcome.encode()
             reason = s.reason.encode() if s.reason is not None else b""
             reason_size = -1 if s.reason is None else len(reason)
