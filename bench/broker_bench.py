@@ -1,9 +1,10 @@
 """Broker benchmarks: prints figures, asserts nothing.
 
-    .venv/bin/python bench/broker_bench.py [--messages 200000] [--data-dir DIR] [--modes hot,delta]
+    .venv/bin/python bench/broker_bench.py [--messages 200000] [--rounds 3] [--data-dir DIR]
+                                           [--modes hot,delta]
 
-For each journal mode in the same run (``hot``: the hot tier, the default; ``delta``: every
-flush a Delta commit, ``journal.hot_tier=false``):
+For each journal mode (``hot``: the hot tier, the default; ``delta``: every flush a Delta
+commit, ``journal.hot_tier=false``), each on a fresh broker:
 
 1. synchronous single sends of 1 KiB persistent messages (one at a time, each waits for its ack);
 2. batched produce (1,000 x 1 KiB per batch, pipelined), and how far Delta trailed meanwhile;
@@ -13,8 +14,13 @@ flush a Delta commit, ``journal.hot_tier=false``):
 
 then this disk's fsync'd sequential write bandwidth (the ceiling for any persistent broker) and
 each mode's batched produce as a fraction of it. The disk is measured last, so its 256 MiB of
-writes cannot disturb a mode. On this machine the first mode of a run still gets a lower batched
-figure than the same mode run later (by 40-120k msg/s): compare modes in both orders.
+writes cannot disturb a mode.
+
+This machine's figures move by 20-40 % from one minute to the next (the same build gave
+182-270k msg/s batched and 1,390-1,910 sync sends/s within an hour), and the first mode of a
+run got a lower batched figure than the same mode run later. So every mode runs ``--rounds``
+times, the modes' order reversed each round, and the summary gives each figure's median and
+range over the rounds.
 """
 
 from __future__ import annotations
@@ -80,7 +86,10 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(len(values) * p))]
 
 
-def sync_sends(url: str, body: bytes, n: int) -> str:
+Figures = dict[str, float]
+
+
+def sync_sends(url: str, body: bytes, n: int) -> Figures:
     with Producer(url, destination="sync", linger_ms=0) as p:
         p.send_sync(body)  # warm the stream up
         lat: list[float] = []
@@ -90,8 +99,7 @@ def sync_sends(url: str, body: bytes, n: int) -> str:
             p.send_sync(body)
             lat.append((time.perf_counter() - t) * 1000)
         took = time.perf_counter() - started
-    p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
-    return f"{len(lat) / took:,.0f} msg/s (latency p50 {p50:.2f} ms, p99 {p99:.2f} ms)"
+    return {"rate": len(lat) / took, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99)}
 
 
 class LagSampler(threading.Thread):
@@ -112,7 +120,7 @@ class LagSampler(threading.Thread):
                 self.max_ms = max(self.max_ms, s.get("delta_lag_ms") or 0.0)
 
 
-def batched(url: str, body: bytes, total: int) -> tuple[float, str, str]:
+def batched(url: str, body: bytes, total: int) -> Figures:
     sampler = LagSampler(url, "bulk")
     sampler.start()
     with Producer(url, destination="bulk", max_in_flight_batches=64) as p:
@@ -129,16 +137,16 @@ def batched(url: str, body: bytes, total: int) -> tuple[float, str, str]:
     catch_up_s = time.perf_counter() - caught_up
     sampler.stop.set()
     sampler.join()
-    mib = total * KiB / took / 2**20
-    figure = f"{total / took:,.0f} msg/s ({mib:,.0f} MiB/s)"
-    lag = (
-        f"at most {sampler.max_messages:,} messages / {sampler.max_ms:,.0f} ms behind; "
-        f"caught up {catch_up_s:.2f} s after the last ack"
-    )
-    return mib, figure, lag
+    return {
+        "rate": total / took,
+        "mib": total * KiB / took / 2**20,
+        "lag_messages": sampler.max_messages,
+        "lag_ms": sampler.max_ms,
+        "catch_up_s": catch_up_s,
+    }
 
 
-def consume_with_acks(url: str, total: int) -> str:
+def consume_with_acks(url: str, total: int) -> Figures:
     with Consumer(url, "bulk", prefetch=5000, settle_batch=1000) as c:
         started, got = time.perf_counter(), 0
         last = None
@@ -148,10 +156,10 @@ def consume_with_acks(url: str, total: int) -> str:
                 got += 1
         last.result()
         took = time.perf_counter() - started
-    return f"{total / took:,.0f} msg/s"
+    return {"rate": total / took}
 
 
-def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5, *, listen: bool) -> str:
+def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5, *, listen: bool) -> Figures:
     """Produce-to-consume latency at a steady ``rate``; ``listen``: the consumer takes messages
     in an ``on_message`` callback (on its reader thread), else it calls ``receive_many``. Each
     way has its own queue: with Delta-only journals a commit's cost grows with its log."""
@@ -192,56 +200,119 @@ def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5, *, listen
         consumer.close()
     else:
         t.join(60)
-    return (
-        f"p50 {statistics.median(lat):.2f} ms, p99 {pct(lat, 0.99):.2f} ms, "
-        f"max {max(lat):.1f} ms ({len(lat):,} messages)"
-    )
+    return {"p50": statistics.median(lat), "p99": pct(lat, 0.99), "max": max(lat), "n": len(lat)}
 
 
-def run_mode(name: str, data: str, total: int) -> float:
-    """Run every figure for journal mode ``name``; returns its batched produce in MiB/s."""
+# (the figure, which measurement gives it, how its values read)
+LINES = [
+    (
+        "synchronous single sends",
+        "sync",
+        "{rate:,.0f} msg/s (latency p50 {p50:.2f} ms, p99 {p99:.2f} ms)",
+    ),
+    ("batched produce, 1 KiB", "batched", "{rate:,.0f} msg/s ({mib:,.0f} MiB/s)"),
+    (
+        "Delta behind the broker",
+        "batched",
+        "at most {lag_messages:,.0f} messages / {lag_ms:,.0f} ms behind; "
+        "caught up {catch_up_s:.2f} s after the last ack",
+    ),
+    ("consume, per-message ack", "consume", "{rate:,.0f} msg/s"),
+    (
+        "latency at 1,000 msg/s, receive",
+        "receive",
+        "p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max:.1f} ms ({n:,.0f} messages)",
+    ),
+    (
+        "latency at 1,000 msg/s, on_message",
+        "on_message",
+        "p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max:.1f} ms ({n:,.0f} messages)",
+    ),
+]
+
+
+def run_mode(name: str, data: str, total: int, round_no: int) -> dict[str, Figures]:
+    """Every figure for journal mode ``name``, on a broker of its own."""
     body = os.urandom(KiB)
-    broker = BrokerProcess(
-        os.path.join(data, f"broker-{name}"),
-        extra_args=MODES[name],
-        log_file=os.path.join(data, f"broker-{name}.log"),
-    ).start()
-    print(f"\n== journal mode: {name} ==", flush=True)
+    where = os.path.join(data, f"broker-{name}-{round_no}")
+    broker = BrokerProcess(where, extra_args=MODES[name], log_file=where + ".log").start()
+    print(f"\n== journal mode: {name} (round {round_no}) ==", flush=True)
+    figures: dict[str, Figures] = {}
+
+    def show(key: str, measured: Figures) -> None:
+        figures[key] = measured
+        for label, of, fmt in LINES:
+            if of == key:
+                print(f"{label + ':':36s}{fmt.format(**measured)}", flush=True)
+
     try:
         with Admin(broker.url) as admin:
             for q in ("sync", "bulk", "latency-receive", "latency-listen"):
                 admin.create_queue(q)
-        print(f"synchronous single sends:   {sync_sends(broker.url, body, 5000)}", flush=True)
-        mib, figure, lag = batched(broker.url, body, total)
-        print(f"batched produce, 1 KiB:     {figure}", flush=True)
-        print(f"Delta behind the broker:    {lag}", flush=True)
-        print(f"consume, per-message ack:   {consume_with_acks(broker.url, total)}", flush=True)
-        for listen, how in ((False, "receive"), (True, "on_message")):
-            figure = latency(broker.url, body, listen=listen)
-            print(f"latency at 1,000 msg/s, {how + ':':11s} {figure}", flush=True)
+        show("sync", sync_sends(broker.url, body, 5000))
+        show("batched", batched(broker.url, body, total))
+        show("consume", consume_with_acks(broker.url, total))
+        for listen, key in ((False, "receive"), (True, "on_message")):
+            show(key, latency(broker.url, body, listen=listen))
     finally:
         broker.stop()
-    return mib
+    return figures
+
+
+def summary(name: str, rounds: list[dict[str, Figures]]) -> None:
+    """Each figure's median over the rounds, with its range when there were several."""
+    print(f"\n== {name}: median of {len(rounds)} round(s) ==")
+    for label, key, fmt in LINES:
+        values = [r[key] for r in rounds]
+        mid = {f: statistics.median(v[f] for v in values) for f in values[0]}
+        print(f"{label + ':':36s}{fmt.format(**mid)}")
+        if len(values) > 1:
+            spans = [
+                f"{f} {_num(min(v[f] for v in values))}-{_num(max(v[f] for v in values))}"
+                for f in values[0]
+                if f != "n" and f"{{{f}" in fmt
+            ]
+            print(f"{'':36s}range: {', '.join(spans)}")
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.2f}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of every mode (default 3)")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--modes", default="hot,delta", help=f"comma-separated: {', '.join(MODES)}")
     args = ap.parse_args()
+    modes = args.modes.split(",")
+    if unknown := [m for m in modes if m not in MODES]:
+        ap.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}")
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     data = args.data_dir or tempfile.mkdtemp(prefix="sparkmq-bench-")
     os.makedirs(data, exist_ok=True)
     try:
         print(f"{os.cpu_count()} CPU cores; CPU idle: {idle_policy()}", flush=True)
-        batched_mib = {mode: run_mode(mode, data, args.messages) for mode in args.modes.split(",")}
+        results: dict[str, list[dict[str, Figures]]] = {m: [] for m in modes}
+        for round_no in range(1, args.rounds + 1):
+            order = modes if round_no % 2 else modes[::-1]  # no mode always runs first
+            for mode in order:
+                results[mode].append(run_mode(mode, data, args.messages, round_no))
+        for mode in modes:
+            summary(mode, results[mode])
         mib_s = fsync_bandwidth(data)
         print(
             f"\ndisk: fsync'd sequential write {mib_s:,.0f} MiB/s (1 MiB writes) "
             f"= {mib_s * 1024:,.0f} KiB-messages/s ceiling"
         )
-        for mode, mib in batched_mib.items():
-            print(f"batched produce, {mode}: {mib / mib_s:.0%} of fsync'd bandwidth")
+        for mode in modes:
+            mib = [r["batched"]["mib"] for r in results[mode]]
+            print(
+                f"batched produce, {mode}: {statistics.median(mib) / mib_s:.0%} of fsync'd "
+                f"bandwidth (rounds: {', '.join(f'{m / mib_s:.0%}' for m in mib)})"
+            )
     finally:
         if args.data_dir is None:
             shutil.rmtree(data, ignore_errors=True)
