@@ -20,7 +20,9 @@ This machine's figures move by 20-40 % from one minute to the next (the same bui
 182-270k msg/s batched and 1,390-1,910 sync sends/s within an hour), and the first mode of a
 run got a lower batched figure than the same mode run later. So every mode runs ``--rounds``
 times, the modes' order reversed each round, and the summary gives each figure's median and
-range over the rounds.
+range over the rounds. Each round starts with ``floor_bench.py``'s socket floor (one Python
+thread, sockets and ``fdatasync``, no broker): what the machine allowed in that round, which
+the broker's synchronous sends and latency are set against at the end.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import struct
 import tempfile
 import threading
 import time
+
+from floor_bench import pct, socket_floor
 
 from spark_mq import Admin, Consumer, Message, Producer
 from spark_mq.launch import BrokerProcess
@@ -79,11 +83,6 @@ def idle_policy() -> str:
     except (OSError, ValueError):
         return driver
     return f"{driver}, guest halt polling {'off' if poll_ns == 0 else f'up to {poll_ns} ns'}"
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * p))]
 
 
 Figures = dict[str, float]
@@ -231,6 +230,34 @@ LINES = [
 ]
 
 
+FLOOR_LINES = [
+    ("synchronous single sends", "sync", LINES[0][2]),
+    ("latency at 1,000 msg/s", "latency", LINES[-1][2]),
+]
+
+
+def _shower(figures: dict[str, Figures], lines: list[tuple[str, str, str]]):
+    def show(key: str, measured: Figures) -> None:
+        figures[key] = measured
+        for label, of, fmt in lines:
+            if of == key:
+                print(f"{label + ':':36s}{fmt.format(**measured)}", flush=True)
+
+    return show
+
+
+def run_floor(round_no: int) -> dict[str, Figures]:
+    """What this machine gives a Python hot path right now (``floor_bench.py``'s socket floor):
+    the yardstick for the same round's broker figures."""
+    print(f"\n== floor: one Python thread, sockets + fdatasync (round {round_no}) ==", flush=True)
+    figures: dict[str, Figures] = {}
+    show = _shower(figures, FLOOR_LINES)
+    sync, lat = socket_floor(os.urandom(KiB), 3000, 1000, 5)
+    show("sync", sync)
+    show("latency", lat)
+    return figures
+
+
 def run_mode(name: str, data: str, total: int, round_no: int) -> dict[str, Figures]:
     """Every figure for journal mode ``name``, on a broker of its own."""
     body = os.urandom(KiB)
@@ -238,12 +265,7 @@ def run_mode(name: str, data: str, total: int, round_no: int) -> dict[str, Figur
     broker = BrokerProcess(where, extra_args=MODES[name], log_file=where + ".log").start()
     print(f"\n== journal mode: {name} (round {round_no}) ==", flush=True)
     figures: dict[str, Figures] = {}
-
-    def show(key: str, measured: Figures) -> None:
-        figures[key] = measured
-        for label, of, fmt in LINES:
-            if of == key:
-                print(f"{label + ':':36s}{fmt.format(**measured)}", flush=True)
+    show = _shower(figures, LINES)
 
     try:
         with Admin(broker.url) as admin:
@@ -259,10 +281,12 @@ def run_mode(name: str, data: str, total: int, round_no: int) -> dict[str, Figur
     return figures
 
 
-def summary(name: str, rounds: list[dict[str, Figures]]) -> None:
+def summary(
+    name: str, rounds: list[dict[str, Figures]], lines: list[tuple[str, str, str]] = LINES
+) -> None:
     """Each figure's median over the rounds, with its range when there were several."""
     print(f"\n== {name}: median of {len(rounds)} round(s) ==")
-    for label, key, fmt in LINES:
+    for label, key, fmt in lines:
         values = [r[key] for r in rounds]
         mid = {f: statistics.median(v[f] for v in values) for f in values[0]}
         print(f"{label + ':':36s}{fmt.format(**mid)}")
@@ -295,13 +319,25 @@ def main() -> None:
     os.makedirs(data, exist_ok=True)
     try:
         print(f"{os.cpu_count()} CPU cores; CPU idle: {idle_policy()}", flush=True)
-        results: dict[str, list[dict[str, Figures]]] = {m: [] for m in modes}
+        results: dict[str, list[dict[str, Figures]]] = {m: [] for m in ["floor", *modes]}
         for round_no in range(1, args.rounds + 1):
+            results["floor"].append(run_floor(round_no))
             order = modes if round_no % 2 else modes[::-1]  # no mode always runs first
             for mode in order:
                 results[mode].append(run_mode(mode, data, args.messages, round_no))
+        summary("floor", results["floor"], FLOOR_LINES)
         for mode in modes:
             summary(mode, results[mode])
+        print("\nagainst the floor of the same round (median, then each round):")
+        for mode in modes:
+            pairs = list(zip(results[mode], results["floor"], strict=True))
+            sync = [m["sync"]["rate"] / f["sync"]["rate"] for m, f in pairs]
+            p50 = [m["receive"]["p50"] / f["latency"]["p50"] for m, f in pairs]
+            print(
+                f"  {mode}: synchronous sends {statistics.median(sync):.0%} of the floor's "
+                f"({', '.join(f'{x:.0%}' for x in sync)}); latency p50 (receive) "
+                f"{statistics.median(p50):.1f}x the floor's ({', '.join(f'{x:.1f}' for x in p50)})"
+            )
         mib_s = fsync_bandwidth(data)
         print(
             f"\ndisk: fsync'd sequential write {mib_s:,.0f} MiB/s (1 MiB writes) "

@@ -21,6 +21,7 @@ import argparse
 import multiprocessing as mp
 import os
 import selectors
+import shutil
 import socket
 import struct
 import tempfile
@@ -29,10 +30,14 @@ import time
 
 import pyarrow as pa
 import pyarrow.flight as fl
-from broker_bench import pct
 
 HEADER = struct.Struct("<I")  # frame length
 CONSUME, ACK = b"CONSUME", b"ACK"
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * p))]
 
 
 def _frame(payload: bytes) -> bytes:
@@ -128,7 +133,10 @@ def flight_floor(body: bytes, n: int) -> str:
     )
 
 
-def socket_floor(body: bytes, sends: int, rate: int, seconds: int) -> tuple[str, str]:
+def socket_floor(
+    body: bytes, sends: int, rate: int, seconds: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Synchronous sends (rate, p50, p99), then produce-to-consume latency (p50, p99, max, n)."""
     ports: mp.Queue = mp.get_context("spawn").Queue()
     path = os.path.join(tempfile.mkdtemp(prefix="sparkmq-floor-"), "log")
     server = mp.get_context("spawn").Process(target=socket_server, args=(path, ports), daemon=True)
@@ -144,10 +152,7 @@ def socket_floor(body: bytes, sends: int, rate: int, seconds: int) -> tuple[str,
             _read_frame(producer)
             lat.append((time.perf_counter() - t) * 1000)
         elapsed = time.perf_counter() - start
-        sync = (
-            f"{sends / elapsed:,.0f} msg/s (p50 {pct(lat, 0.5):.3f} ms, "
-            f"p99 {pct(lat, 0.99):.3f} ms)"
-        )
+        sync = {"rate": sends / elapsed, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99)}
 
         consumer = _connect(port)
         consumer.sendall(_frame(CONSUME))
@@ -177,13 +182,12 @@ def socket_floor(body: bytes, sends: int, rate: int, seconds: int) -> tuple[str,
             producer.sendall(_frame(message))
         for t in threads:
             t.join()
-        latency = (
-            f"p50 {pct(e2e, 0.5):.3f} ms, p99 {pct(e2e, 0.99):.3f} ms, "
-            f"max {max(e2e):.1f} ms ({len(e2e):,} messages)"
-        )
+        latency = {"p50": pct(e2e, 0.5), "p99": pct(e2e, 0.99), "max": max(e2e), "n": len(e2e)}
         return sync, latency
     finally:
         server.kill()
+        server.join()
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def main() -> None:
@@ -194,9 +198,15 @@ def main() -> None:
     args = ap.parse_args()
     body = os.urandom(1024)
     print(f"Arrow Flight alone, one message per round trip: {flight_floor(body, args.sends)}")
-    sync, latency = socket_floor(body, args.sends, args.rate, args.seconds)
-    print(f"one Python thread, sockets + fdatasync, sync:   {sync}")
-    print(f"  same, produce -> consume at {args.rate:,} msg/s:   {latency}")
+    sync, lat = socket_floor(body, args.sends, args.rate, args.seconds)
+    print(
+        f"one Python thread, sockets + fdatasync, sync:   {sync['rate']:,.0f} msg/s "
+        f"(p50 {sync['p50']:.3f} ms, p99 {sync['p99']:.3f} ms)"
+    )
+    print(
+        f"  same, produce -> consume at {args.rate:,} msg/s:   p50 {lat['p50']:.3f} ms, "
+        f"p99 {lat['p99']:.3f} ms, max {lat['max']:.1f} ms ({lat['n']:,} messages)"
+    )
 
 
 if __name__ == "__main__":
