@@ -278,6 +278,7 @@ def run_mode(name: str, data: str, total: int, round_no: int) -> dict[str, Figur
             show(key, latency(broker.url, body, listen=listen))
     finally:
         broker.stop()
+        shutil.rmtree(where, ignore_errors=True)  # its log stays; six brokers' data would not
     return figures
 
 
