@@ -202,13 +202,11 @@ def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5, *, listen
     return {"p50": statistics.median(lat), "p99": pct(lat, 0.99), "max": max(lat), "n": len(lat)}
 
 
-# (the figure, which measurement gives it, how its values read)
-LINES = [
-    (
-        "synchronous single sends",
-        "sync",
-        "{rate:,.0f} msg/s (latency p50 {p50:.2f} ms, p99 {p99:.2f} ms)",
-    ),
+SENDS = "{rate:,.0f} msg/s (latency p50 {p50:.2f} ms, p99 {p99:.2f} ms)"
+LATENCY = "p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max:.1f} ms ({n:,.0f} messages)"
+Lines = list[tuple[str, str, str]]  # (the figure, which measurement gives it, how it reads)
+LINES: Lines = [
+    ("synchronous single sends", "sync", SENDS),
     ("batched produce, 1 KiB", "batched", "{rate:,.0f} msg/s ({mib:,.0f} MiB/s)"),
     (
         "Delta behind the broker",
@@ -217,33 +215,21 @@ LINES = [
         "caught up {catch_up_s:.2f} s after the last ack",
     ),
     ("consume, per-message ack", "consume", "{rate:,.0f} msg/s"),
-    (
-        "latency at 1,000 msg/s, receive",
-        "receive",
-        "p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max:.1f} ms ({n:,.0f} messages)",
-    ),
-    (
-        "latency at 1,000 msg/s, on_message",
-        "on_message",
-        "p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max:.1f} ms ({n:,.0f} messages)",
-    ),
+    ("latency at 1,000 msg/s, receive", "receive", LATENCY),
+    ("latency at 1,000 msg/s, on_message", "on_message", LATENCY),
+]
+FLOOR_LINES: Lines = [
+    ("synchronous single sends", "sync", SENDS),
+    ("latency at 1,000 msg/s", "latency", LATENCY),
 ]
 
 
-FLOOR_LINES = [
-    ("synchronous single sends", "sync", LINES[0][2]),
-    ("latency at 1,000 msg/s", "latency", LINES[-1][2]),
-]
-
-
-def _shower(figures: dict[str, Figures], lines: list[tuple[str, str, str]]):
-    def show(key: str, measured: Figures) -> None:
-        figures[key] = measured
-        for label, of, fmt in lines:
-            if of == key:
-                print(f"{label + ':':36s}{fmt.format(**measured)}", flush=True)
-
-    return show
+def show(figures: dict[str, Figures], lines: Lines, key: str, measured: Figures) -> None:
+    """Keep ``measured`` as ``figures[key]`` and print the lines it gives."""
+    figures[key] = measured
+    for label, of, fmt in lines:
+        if of == key:
+            print(f"{label + ':':36s}{fmt.format(**measured)}", flush=True)
 
 
 def run_floor(round_no: int) -> dict[str, Figures]:
@@ -251,10 +237,9 @@ def run_floor(round_no: int) -> dict[str, Figures]:
     the yardstick for the same round's broker figures."""
     print(f"\n== floor: one Python thread, sockets + fdatasync (round {round_no}) ==", flush=True)
     figures: dict[str, Figures] = {}
-    show = _shower(figures, FLOOR_LINES)
     sync, lat = socket_floor(os.urandom(KiB), 3000, 1000, 5)
-    show("sync", sync)
-    show("latency", lat)
+    show(figures, FLOOR_LINES, "sync", sync)
+    show(figures, FLOOR_LINES, "latency", lat)
     return figures
 
 
@@ -265,26 +250,23 @@ def run_mode(name: str, data: str, total: int, round_no: int) -> dict[str, Figur
     broker = BrokerProcess(where, extra_args=MODES[name], log_file=where + ".log").start()
     print(f"\n== journal mode: {name} (round {round_no}) ==", flush=True)
     figures: dict[str, Figures] = {}
-    show = _shower(figures, LINES)
 
     try:
         with Admin(broker.url) as admin:
             for q in ("sync", "bulk", "latency-receive", "latency-listen"):
                 admin.create_queue(q)
-        show("sync", sync_sends(broker.url, body, 5000))
-        show("batched", batched(broker.url, body, total))
-        show("consume", consume_with_acks(broker.url, total))
+        show(figures, LINES, "sync", sync_sends(broker.url, body, 5000))
+        show(figures, LINES, "batched", batched(broker.url, body, total))
+        show(figures, LINES, "consume", consume_with_acks(broker.url, total))
         for listen, key in ((False, "receive"), (True, "on_message")):
-            show(key, latency(broker.url, body, listen=listen))
+            show(figures, LINES, key, latency(broker.url, body, listen=listen))
     finally:
         broker.stop()
         shutil.rmtree(where, ignore_errors=True)  # its log stays; six brokers' data would not
     return figures
 
 
-def summary(
-    name: str, rounds: list[dict[str, Figures]], lines: list[tuple[str, str, str]] = LINES
-) -> None:
+def summary(name: str, rounds: list[dict[str, Figures]], lines: Lines = LINES) -> None:
     """Each figure's median over the rounds, with its range when there were several."""
     print(f"\n== {name}: median of {len(rounds)} round(s) ==")
     for label, key, fmt in lines:
