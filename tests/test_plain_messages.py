@@ -11,6 +11,7 @@ import pytest
 
 from spark_mq import Admin, Consumer, Producer, wire
 from spark_mq.broker.message_store import MessageStore
+from spark_mq.broker.session import delivery_table
 from spark_mq.errors import MessageTooLarge
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.group_commit import committing_here
@@ -93,9 +94,10 @@ def test_a_store_evicting_plain_bodies_reads_them_back() -> None:
     store = MessageStore(lambda start, end: table.slice(start, end - start))
     for m in messages:
         store.add(PlainRows([m]))
-    assert store.plain(1) is messages[1]
+    assert store.plain([2, 1]) == [messages[2], messages[1]]  # in the order asked for
     assert store.evict_bodies(0) > 0  # every chunk but the newest
-    assert store.plain(0) is None and store.plain(2) is messages[2]
+    assert store.plain([0]) is None and store.plain([2, 0]) is None
+    assert store.plain([2]) == [messages[2]] and store.plain([3]) is None
     assert store.take([0])["body"].to_pylist() == [b"x" * 1000]
     assert store.take([0, 1, 2]).equals(table)
     assert store.drop_below(3) == 3 and store.nbytes == 0
@@ -213,3 +215,40 @@ def test_only_a_well_formed_one_message_plain_frame_is_read_as_a_plain_message(
     assert (seq, message.dedup_id, message.body) == (9, "id", b"body")
     _, batch = wire.read_plain(body)  # the general reading of the same frame agrees
     assert batch.to_pylist() == [{"body": b"body", "dedup_id": "id"}]
+
+
+def test_plain_messages_that_waited_are_delivered_together_as_they_came(
+    tmp_path: Path, clock
+) -> None:
+    """A consumer that comes (or falls) behind gets several plain messages in one delivery: as
+    the messages themselves (a ONE frame each on the wire), the same rows on every path."""
+    running = start_inprocess(tmp_path / "data", clock)
+    try:
+        with Producer(running.url, destination="q", linger_ms=0) as p:
+            for i in range(4):
+                p.send_sync(b"m%d" % i, dedup_id=f"d-{i}")
+        session = running.broker.attach("q", prefetch=10)
+        messages, state = session.next_leased()
+        assert [m.offset for m in messages] == [0, 1, 2, 3] and state == [(1, False)] * 4
+        now_us = int(clock.wall() * 1_000_000)
+        general = pa.concat_tables(
+            general_row(PlainMessage(m.dedup_id, m.body, now_us, m.offset)) for m in messages
+        )
+        assert delivery_table(messages, state).select(MESSAGE_SCHEMA.names).equals(general)
+        running.broker.detach(session)  # unsettled: they go back, delivered once
+
+        with Consumer(running.url, "q", transport="wire") as c:
+            got = receive_n(c, 4)
+            keys = ("offset", "dedup_id", "body", "priority", "enqueue_time")
+            want = [tuple(row[k] for k in keys) for row in general.to_pylist()]
+            assert [_fields(m)[:5] for m in got] == want
+            assert want[2][:3] == (2, "d-2", b"m2")
+            assert [m.delivery_count for m in got] == [2] * 4
+            c.nack(got[1:3]).result(10)
+            again = receive_n(c, 2)
+            assert [(m.offset, m.body, m.delivery_count) for m in again] == [
+                (1, b"m1", 3),
+                (2, b"m2", 3),
+            ]
+    finally:
+        running.stop()

@@ -220,13 +220,21 @@ class MessageStore:
         found = self._locate(offset)
         return found[0].props(found[1]) if found else {}
 
-    def plain(self, offset: int) -> PlainMessage | None:
-        """The held message at ``offset`` as it came, when it came as a plain message (and its
-        body is held); else None (:meth:`take` has it)."""
-        found = self._locate(offset)
-        if found is None or found[0].plain is None or found[0].evicted:
-            return None
-        return found[0].plain.items[found[1]]
+    def plain(self, offsets: list[int]) -> list[PlainMessage] | None:
+        """The held messages at ``offsets`` as they came, in that order, when every one came as
+        a plain message (and its body is held); else None (:meth:`take` has them)."""
+        out = []
+        with self._lock:
+            firsts, chunks = self._firsts, self._chunks
+            for offset in offsets:
+                i = bisect.bisect_right(firsts, offset) - 1
+                if i < 0 or (rows := chunks[i].plain) is None:  # evicted chunks have none
+                    return None
+                j = offset - firsts[i]  # a commit's plain messages have consecutive offsets
+                if j >= len(rows.items) or rows.items[j].offset != offset:
+                    return None
+                out.append(rows.items[j])
+        return out
 
     def take(self, offsets: Iterable[int]) -> pa.Table:
         """The rows of ``offsets`` (held ones), in increasing offset order."""

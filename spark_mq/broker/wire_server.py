@@ -479,14 +479,17 @@ class WireServer:
 
     @staticmethod
     def _delivery_parts(
-        conn: _Conn, rows: pa.Table | PlainMessage, state: list[DeliveryState]
+        conn: _Conn, rows: pa.Table | list[PlainMessage], state: list[DeliveryState]
     ) -> list[Any]:
-        """Leased rows as frames: a ONE frame when the consumer takes them and the delivery is
-        one plain message, else batches. Measured warm, for a 1 KiB message: 6.8 us to write
-        the frame against 10.8 for the batch, and the consumer reads it in 1.1 us against
-        11.5."""
-        if conn.compact and isinstance(rows, PlainMessage):
-            return wire.plain_one_parts(rows, state[0][0])
+        """Leased rows as frames: a ONE frame each when the consumer takes them and the delivery
+        is of plain messages (or of one message), else batches. Measured warm, for a 1 KiB
+        message: 6.8 us to write the frame against 10.8 for the batch, and the consumer reads it
+        in 1.1 us against 11.5."""
+        if conn.compact and isinstance(rows, list):
+            parts = []
+            for message, (count, _) in zip(rows, state, strict=True):
+                parts += wire.plain_one_parts(message, count)
+            return parts
         if conn.compact and (parts := wire.one_parts(rows, state)) is not None:
             return parts
         table = delivery_table(rows, state)
