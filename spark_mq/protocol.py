@@ -57,7 +57,7 @@ class Consume:
     selector: str | None = None
     durable: bool = True
     temporary: bool = False  # consume a new temporary queue (destination is ignored)
-    # the direct wire may deliver a plain message as a ONE frame (brokers before wire version 2
+    # the direct wire may deliver plain messages as ONE frames (brokers before wire version 2
     # ignore it and send batches)
     compact: bool = False
 

@@ -87,7 +87,7 @@ class _Conn:
         self.parked = False  # a produce that may wait runs on a helper thread
         # consuming
         self.session: ConsumerSession | None = None
-        self.compact = False  # a plain message alone goes as a ONE frame
+        self.compact = False  # plain messages (and a message alone) go as ONE frames
         self.bye = False
 
     def set(self) -> None:

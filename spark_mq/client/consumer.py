@@ -123,7 +123,7 @@ class Consumer:
         self._turn: ReadTurn | None = None  # receivers read the wire link themselves
         try:
             address = wire_address(self._client, self._options, url, transport)
-            if address is not None:  # plain messages may come alone as ONE frames
+            if address is not None:  # plain messages may come as ONE frames, one each
                 compact = dataclasses.replace(command, compact=True)
                 self._link = WireConsumeLink(address, timeout_s, compact)
                 if on_message is None:
