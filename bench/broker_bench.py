@@ -98,7 +98,8 @@ def sync_sends(url: str, body: bytes, n: int) -> Figures:
             p.send_sync(body)
             lat.append((time.perf_counter() - t) * 1000)
         took = time.perf_counter() - started
-    return {"rate": len(lat) / took, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99)}
+    sent = len(lat) + 1  # with the first
+    return {"rate": len(lat) / took, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "sent": sent}
 
 
 class LagSampler(threading.Thread):
@@ -145,8 +146,10 @@ def batched(url: str, body: bytes, total: int) -> Figures:
     }
 
 
-def consume_with_acks(url: str, total: int) -> Figures:
-    with Consumer(url, "bulk", prefetch=5000, settle_batch=1000) as c:
+def consume_with_acks(url: str, total: int, queue: str = "bulk") -> Figures:
+    """Drain ``total`` waiting messages, acking each: the batched ones ("bulk"), or those
+    sent one at a time ("sync": plain messages, each a commit of its own)."""
+    with Consumer(url, queue, prefetch=5000, settle_batch=1000) as c:
         started, got = time.perf_counter(), 0
         last = None
         while got < total:
@@ -215,6 +218,7 @@ LINES: Lines = [
         "caught up {catch_up_s:.2f} s after the last ack",
     ),
     ("consume, per-message ack", "consume", "{rate:,.0f} msg/s"),
+    ("consume the sync sends, each acked", "consume_sync", "{rate:,.0f} msg/s"),
     ("latency at 1,000 msg/s, receive", "receive", LATENCY),
     ("latency at 1,000 msg/s, on_message", "on_message", LATENCY),
 ]
@@ -258,6 +262,8 @@ def run_mode(name: str, data: str, total: int, round_no: int) -> dict[str, Figur
         show(figures, LINES, "sync", sync_sends(broker.url, body, 5000))
         show(figures, LINES, "batched", batched(broker.url, body, total))
         show(figures, LINES, "consume", consume_with_acks(broker.url, total))
+        sent = int(figures["sync"]["sent"])
+        show(figures, LINES, "consume_sync", consume_with_acks(broker.url, sent, "sync"))
         for listen, key in ((False, "receive"), (True, "on_message")):
             show(figures, LINES, key, latency(broker.url, body, listen=listen))
     finally:
