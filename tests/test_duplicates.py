@@ -224,3 +224,40 @@ def test_ids_cached_one_by_one_are_plain_values_once_stored(clock: ManualClock) 
     lost.set_exception(JournalError("the disk is full"))
     keep, dups, _ = cache.claim(pa.array(["lost"]), clock.wall())
     assert keep == [0] and not dups  # never stored: a retry is new
+
+
+def test_a_single_new_id_is_claimed_in_one_pass_and_any_other_goes_the_general_way(
+    clock: ManualClock,
+) -> None:
+    """``claim_one`` (a synchronous send's id) claims only an id it can tell is new; for the
+    rest it answers None and ``claim`` decides, as before."""
+    from concurrent.futures import Future
+
+    from spark_mq.broker.dedup import DuplicateCache
+    from spark_mq.journal.base import AppendResult
+
+    cache = DuplicateCache(size=3, window_s=60)
+    batch = cache.claim_one("s-1", clock.wall())
+    assert batch is not None and len(cache) == 1
+    stored: Future = Future()
+    cache.bind(batch, stored)
+    stored.set_result(AppendResult("q", 5, 1))
+    assert cache.claim_one("s-1", clock.wall()) is None  # seen: claim() finds the original
+    keep, dups, _ = cache.claim(["s-1"], clock.wall())
+    assert keep == [] and list(dups) == [0]
+
+    refused = cache.claim_one("s-2", clock.wall())
+    assert refused is not None
+    cache.release(refused)  # never stored: a retry is not a duplicate
+    assert cache.claim_one("s-2", clock.wall()) is None
+    keep, dups, _ = cache.claim(["s-2"], clock.wall())
+    assert keep == [0] and not dups
+
+    for k in range(3, 6):  # bounded by count: the oldest ids go
+        assert cache.claim_one(f"s-{k}", clock.wall()) is not None
+    assert len(cache) == 3 and "s-1" not in cache._seen
+    clock.advance(61)  # and by time
+    assert cache.claim_one("s-5", clock.wall()) is not None and len(cache) == 1
+
+    cache.claim(pa.array([f"r-{k}" for k in range(4)]), clock.wall())  # a run of ids is held
+    assert cache.claim_one("r-2", clock.wall()) is None  # which claim() looks into

@@ -64,6 +64,52 @@ def test_frames_reassemble_however_the_stream_is_cut() -> None:
         assert protocol.parse(frames[2][1]) == protocol.Bye()
 
 
+def _received(reader: wire.FrameReader, stream: bytes, chunk: int) -> list:
+    """Read ``stream`` as the broker's loop and the client do, ``chunk`` bytes a receive at most:
+    into the reader's :meth:`~spark_mq.wire.FrameReader.sink` when it offers one, else fed."""
+    out, pos = [], 0
+    while pos < len(stream):
+        sink = reader.sink()
+        if sink is None:
+            out += _fed(reader, [stream[pos : pos + chunk]])
+            pos += chunk
+            continue
+        n = min(len(sink), chunk, len(stream) - pos)
+        sink[:n] = stream[pos : pos + n]
+        out += reader.filled(n)
+        pos += n
+    return out
+
+
+def test_big_frames_are_received_in_place_however_the_stream_is_cut() -> None:
+    big = b"b" * (wire.RECEIVE_IN_PLACE_BYTES + 5)
+    stream = (
+        wire.control(protocol.Produce("q"))
+        + _frame_bytes(7, _one(big))
+        + b"".join(bytes(p) for p in wire.Plain([b"id-1"], [big]).parts(8))
+        + b"".join(bytes(p) for p in wire.Plain([b"id-2"], [b"small"]).parts(9))
+        + wire.control(protocol.Bye())
+    )
+    for chunk in (1000, 4096, 65536, 256 * 1024, 1 << 20):
+        for fed_only in (False, True):
+            reader = wire.FrameReader()
+            if fed_only:  # a caller that never asks for the sink gets the same frames
+                frames = _fed(reader, [stream[i : i + chunk] for i in range(0, len(stream), chunk)])
+            else:
+                frames = _received(reader, stream, chunk)
+            kinds = [k for k, _ in frames]
+            assert kinds == [wire.CONTROL, wire.BATCH, wire.PLAIN, wire.PLAIN, wire.CONTROL], chunk
+            assert protocol.parse(frames[0][1]) == protocol.Produce("q")
+            seq, batch = wire.read_batch(frames[1][1], PRODUCE_SCHEMA)
+            assert (seq, batch["body"].to_pylist()) == (7, [big])
+            seq, message = wire.read_plain_message(frames[2][1])
+            assert (seq, message.dedup_id, message.body) == (8, "id-1", big)
+            seq, message = wire.read_plain_message(frames[3][1])
+            assert (seq, message.dedup_id, message.body) == (9, "id-2", b"small")
+            assert protocol.parse(frames[4][1]) == protocol.Bye()
+            assert reader.sink() is None
+
+
 def test_a_frame_over_the_limit_is_skipped_and_reported_and_the_stream_goes_on() -> None:
     big, small = _frame_bytes(3, _one(b"x" * 5000)), _frame_bytes(4, _one(b"ok"))
     reader = wire.FrameReader(max_body=1000)
@@ -438,3 +484,21 @@ def test_a_synchronous_producer_reaches_a_broker_restarted_on_its_ports_without_
             assert producer.send_sync(b"after") == 1
     finally:
         running.stop()
+
+
+def test_a_synchronous_send_goes_after_what_the_producer_buffered(broker: RunningBroker) -> None:
+    """A plain ``send_sync`` skips the buffer only when nothing waits in it: messages ``send``
+    left lingering go first, in order, and whatever the synchronous message carries arrives."""
+    with Admin(broker.url) as admin:
+        admin.create_queue("after-buffered")
+    with Producer(broker.url, destination="after-buffered", linger_ms=60_000) as p:
+        first, second = p.send(b"first"), p.send(b"second")
+        assert not first.done()  # lingering
+        assert p.send_sync("third") == 2  # a str body, as send() takes
+        assert (first.result(5), second.result(5)) == (0, 1)
+        assert p.send_sync(b"fourth", dedup_id="mine") == 3
+        assert p.send_sync(b"fifth", headers={"h": "v"}) == 4  # not plain: the general way
+    with Consumer(broker.url, "after-buffered", prefetch=10) as c:
+        got = receive_n(c, 5)
+    assert [m.body for m in got] == [b"first", b"second", b"third", b"fourth", b"fifth"]
+    assert got[3].dedup_id == "mine" and got[4].headers == {"h": "v"}

@@ -351,9 +351,11 @@ class Broker(DestinationAdmin):
         if cache is None or message.dedup_id is None:
             return self.journal.append_plain(dest.name, message)
         with dest.produce_lock:
-            keep, dups, claim = cache.claim([message.dedup_id], now)
-            if dups:
-                return combine(1, keep, None, dups)
+            claim = cache.claim_one(message.dedup_id, now)
+            if claim is None:  # seen before, perhaps a duplicate
+                keep, dups, claim = cache.claim([message.dedup_id], now)
+                if dups:
+                    return combine(1, keep, None, dups)
             try:
                 stored = self.journal.append_plain(dest.name, message)
             except BaseException:
