@@ -83,7 +83,7 @@ class _Conn:
         # producing
         self.destination = ""
         self.answers: deque[bytes] = deque()  # filled by commit callbacks (any thread)
-        self.backlog: deque[tuple[int, bytes] | wire.TooLarge] = deque()
+        self.backlog: deque[tuple[int, wire.Body] | wire.TooLarge] = deque()
         self.parked = False  # a produce that may wait runs on a helper thread
         # consuming
         self.session: ConsumerSession | None = None
@@ -266,8 +266,10 @@ class WireServer:
         # what is there, up to _READ_TURN_BYTES: batches that arrived together share one sync
         got = 0
         while got < _READ_TURN_BYTES:
+            # the rest of a big frame goes straight to its own buffer (FrameReader.sink)
+            sink = None if conn.refused else conn.reader.sink()
             try:
-                n = conn.sock.recv_into(self._inbox)
+                n = conn.sock.recv_into(self._inbox if sink is None else sink)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -280,6 +282,11 @@ class WireServer:
             got += n
             if conn.refused:
                 continue  # discarded: the client has its answer
+            if sink is not None:
+                conn.backlog.extend(conn.reader.filled(n))
+                if n < len(sink):
+                    break  # drained
+                continue
             try:
                 conn.backlog.extend(conn.reader.feed(self._inbox_view[:n]))  # feed copies
             except SparkMQError as exc:
@@ -312,7 +319,7 @@ class WireServer:
                     raise ProtocolError("consumers send settle and bye frames only", fault="remote")
                 self._consumer_frame(conn, protocol.parse(body))
 
-    def _first(self, conn: _Conn, kind: int, body: bytes) -> None:
+    def _first(self, conn: _Conn, kind: int, body: wire.Body) -> None:
         frame = protocol.parse(body) if kind == wire.CONTROL else None
         match frame:
             case protocol.Produce(destination=name):
@@ -334,7 +341,7 @@ class WireServer:
         self._write(conn)
 
     # -- producing ---------------------------------------------------------------------------
-    def _produce(self, conn: _Conn, kind: int, body: bytes) -> None:
+    def _produce(self, conn: _Conn, kind: int, body: wire.Body) -> None:
         one = wire.read_plain_message(body) if kind == wire.PLAIN else None
         if one is not None:  # the commonest frame: one plain message (spark_mq.plain)
             seq, batch = one

@@ -101,26 +101,30 @@ class _Frames:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._reader = wire.FrameReader()
-        self._ready: deque[tuple[int, bytes] | wire.TooLarge] = deque()
+        self._ready: deque[tuple[int, wire.Body] | wire.TooLarge] = deque()
         # reads land here: recv(1 MiB) made and freed a buffer that size per call (a small read
         # took 20-23 us that way, 3-5 us with recv_into, in a microbenchmark)
         self._inbox = bytearray(_READ_BYTES)
         self._inbox_view = memoryview(self._inbox)
 
-    def next(self) -> tuple[int, bytes] | None:
+    def next(self) -> tuple[int, wire.Body] | None:
         """The next frame; None once the broker closed the connection (or it was shut down).
         Raises TimeoutError when the socket's receive timeout (``SO_RCVTIMEO``) passed first;
         what had come of a frame is kept for the next call."""
         while not self._ready:
+            sink = self._reader.sink()  # the rest of a big frame: straight to its own buffer
             try:
-                n = self._sock.recv_into(self._inbox)
+                n = self._sock.recv_into(self._inbox if sink is None else sink)
             except BlockingIOError:
                 raise TimeoutError("no frame from the broker in time") from None
             except OSError as exc:
                 raise BrokerUnavailable(f"the connection to the broker broke: {exc}") from exc
             if not n:
                 return None
-            self._ready.extend(self._reader.feed(self._inbox_view[:n]))  # feed copies
+            if sink is not None:
+                self._ready.extend(self._reader.filled(n))
+            else:
+                self._ready.extend(self._reader.feed(self._inbox_view[:n]))  # feed copies
         item = self._ready.popleft()
         assert not isinstance(item, wire.TooLarge)  # this reader has no limit
         return item
@@ -131,7 +135,7 @@ class _Frames:
         return bool(self._ready)
 
 
-def _control(kind: int, body: bytes) -> protocol.Frame:
+def _control(kind: int, body: wire.Body) -> protocol.Frame:
     if kind != wire.CONTROL:
         raise ProtocolError(f"unexpected frame of kind {kind} from the broker", fault="remote")
     frame = wire.parse_control(body)
