@@ -267,14 +267,14 @@ def read_plain_message(body: Body) -> tuple[int, PlainMessage] | None:
     data_at = PLAIN_HEAD.size + _ONE_PLAIN_OFFSETS.size
     if len(body) < data_at:
         return None
-    if not isinstance(body, bytes):  # received in place (a big message): the message's bytes
-        body = body.to_pybytes()
     seq, n = PLAIN_HEAD.unpack_from(body)
     ids_at, id_end, bodies_at, body_end = _ONE_PLAIN_OFFSETS.unpack_from(body, PLAIN_HEAD.size)
     if n != 1 or ids_at or bodies_at or id_end < 0 or body_end < 0:
         return None
     if data_at + id_end + body_end != len(body):
         return None
+    if not isinstance(body, bytes):  # received in place (one big message): its bytes
+        body = body.to_pybytes()
     try:
         dedup_id = body[data_at : data_at + id_end].decode()
     except UnicodeDecodeError:

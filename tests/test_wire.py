@@ -88,6 +88,7 @@ def test_big_frames_are_received_in_place_however_the_stream_is_cut() -> None:
         + _frame_bytes(7, _one(big))
         + b"".join(bytes(p) for p in wire.Plain([b"id-1"], [big]).parts(8))
         + b"".join(bytes(p) for p in wire.Plain([b"id-2"], [b"small"]).parts(9))
+        + b"".join(bytes(p) for p in wire.Plain([b"id-3", b"id-4"], [big, b"x"]).parts(10))
         + wire.control(protocol.Bye())
     )
     for chunk in (1000, 4096, 65536, 256 * 1024, 1 << 20):
@@ -98,7 +99,7 @@ def test_big_frames_are_received_in_place_however_the_stream_is_cut() -> None:
             else:
                 frames = _received(reader, stream, chunk)
             kinds = [k for k, _ in frames]
-            assert kinds == [wire.CONTROL, wire.BATCH, wire.PLAIN, wire.PLAIN, wire.CONTROL], chunk
+            assert kinds == [wire.CONTROL, wire.BATCH, *[wire.PLAIN] * 3, wire.CONTROL], chunk
             assert protocol.parse(frames[0][1]) == protocol.Produce("q")
             seq, batch = wire.read_batch(frames[1][1], PRODUCE_SCHEMA)
             assert (seq, batch["body"].to_pylist()) == (7, [big])
@@ -106,7 +107,11 @@ def test_big_frames_are_received_in_place_however_the_stream_is_cut() -> None:
             assert (seq, message.dedup_id, message.body) == (8, "id-1", big)
             seq, message = wire.read_plain_message(frames[3][1])
             assert (seq, message.dedup_id, message.body) == (9, "id-2", b"small")
-            assert protocol.parse(frames[4][1]) == protocol.Bye()
+            assert wire.read_plain_message(frames[4][1]) is None  # two messages: read_plain
+            seq, batch = wire.read_plain(frames[4][1])
+            assert (seq, batch["dedup_id"].to_pylist()) == (10, ["id-3", "id-4"])
+            assert batch["body"].to_pylist() == [big, b"x"]
+            assert protocol.parse(frames[5][1]) == protocol.Bye()
             assert reader.sink() is None
 
 
