@@ -66,8 +66,19 @@ def segment_files(directory: Path) -> list[Path]:
 
 
 # -- the segment format ------------------------------------------------------------------------
-def test_segment_round_trip_across_segments(tmp_path: Path) -> None:
-    log = SegmentLog(str(tmp_path), segment_bytes=64 * 1024, sync="fdatasync")
+@pytest.mark.parametrize(
+    ("sync", "write_syncs"), [("fdatasync", True), ("fdatasync", False), ("fsync", False)]
+)
+def test_segment_round_trip_across_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: str, write_syncs: bool
+) -> None:
+    """``write_syncs``: the writes sync themselves (RWF_DSYNC), or, as on a system without
+    those flags, a separate fdatasync / fsync follows each."""
+    if not write_syncs:
+        import spark_mq.journal.segments as segments
+
+        monkeypatch.setattr(segments, "_WRITE_FLAGS", {})
+    log = SegmentLog(str(tmp_path), segment_bytes=64 * 1024, sync=sync)
     assert log.open() == []
     written = []
     offset = 0
@@ -91,7 +102,7 @@ def test_segment_round_trip_across_segments(tmp_path: Path) -> None:
     assert len(segment_files(tmp_path)) > 1, "the log should have rolled to new segments"
     assert [r.lsn for r in refs] == list(range(1, len(written) + 1))
 
-    reopened = SegmentLog(str(tmp_path), segment_bytes=64 * 1024, sync="fdatasync")
+    reopened = SegmentLog(str(tmp_path), segment_bytes=64 * 1024, sync=sync)
     found = reopened.open()
     assert found == refs
     for ref, (kind, first, table) in zip(found, written, strict=True):

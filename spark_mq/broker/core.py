@@ -352,7 +352,7 @@ class Broker(DestinationAdmin):
             return self.journal.append_plain(dest.name, message)
         with dest.produce_lock:
             claim = cache.claim_one(message.dedup_id, now)
-            if claim is None:  # seen before, perhaps a duplicate
+            if claim is None:  # seen before, or ids held as runs: claim() tells
                 keep, dups, claim = cache.claim([message.dedup_id], now)
                 if dups:
                     return combine(1, keep, None, dups)

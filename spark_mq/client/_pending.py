@@ -46,6 +46,11 @@ _ONE_VALUE = struct.Struct("<ii")  # the offsets of a one-value binary or string
 _FIELDS = [(f.name, f.type) for f in PRODUCE_SCHEMA]
 
 
+# the options of send() a PLAIN frame carries (besides the body): plain_of's test, for a message
+# not yet made a Pending (Producer.send_sync's direct way)
+PLAIN_OPTIONS = frozenset({"destination", "dedup_id"})
+
+
 def plain_of(items: list[Pending]) -> wire.Plain | None:
     """Buffered messages as a ``PLAIN`` frame, when each is only a body (bytes) and a dedup id:
     what ``send`` makes of a message given no options. None for any other. Written, not built

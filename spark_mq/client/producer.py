@@ -27,7 +27,7 @@ import pyarrow.flight as fl
 
 from spark_mq import protocol, wire
 from spark_mq.client._outcome import Outcome
-from spark_mq.client._pending import Pending, batch_of, column, plain_of
+from spark_mq.client._pending import PLAIN_OPTIONS, Pending, batch_of, column, plain_of
 from spark_mq.client._transport import (
     DEFAULT_URL,
     STREAM_OPTIONS,
@@ -292,7 +292,7 @@ class Producer:
             )
         if (
             self.group_id is None
-            and kwargs.keys() <= _PLAIN_OPTIONS
+            and kwargs.keys() <= PLAIN_OPTIONS
             and (offset := self._send_plain_now(body, **kwargs)) is not None
         ):
             return offset
@@ -516,7 +516,6 @@ class Producer:
 
 
 _SEND_OPTIONS = frozenset(inspect.signature(Producer.send).parameters) - {"self", "body"}
-_PLAIN_OPTIONS = frozenset({"destination", "dedup_id"})  # what a plain message may be given
 
 
 def _joined(parts: list[Future]) -> Future:

@@ -502,10 +502,8 @@ class SegmentLog:
             written = os.pwritev(self._fd, buffers, start, flags)
             if written != size:
                 raise OSError(5, f"short write to {self._segments[self._active]}")
-            if not flags and self.sync_mode == "fdatasync":
-                os.fdatasync(self._fd)
-            elif not flags and self.sync_mode == "fsync":
-                os.fsync(self._fd)
+            if not flags and self.sync_mode != "none":  # a system without RWF_*SYNC
+                (os.fdatasync if self.sync_mode == "fdatasync" else os.fsync)(self._fd)
         except BaseException:
             self._cut(start)
             raise
