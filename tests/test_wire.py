@@ -371,7 +371,13 @@ def test_clients_on_this_machine_use_the_local_socket_unless_it_is_off(
         family = socket.AF_UNIX if local else socket.AF_INET
         with Producer(running.url, destination="q", transport="wire") as producer:
             assert producer.send_sync(b"near") == 0
-            assert producer._streams["q"]._sock.family == family  # type: ignore[union-attr]
+            sock = producer._streams["q"]._sock  # type: ignore[union-attr]
+            assert sock.family == family
+            # a local socket holds a few big frames unread (the kernel doubles what is asked,
+            # up to twice net.core.wmem_max); TCP keeps the kernel's own tuning
+            sndbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            widest = 2 * min(wire.LOCAL_SEND_BUFFER_BYTES, _wmem_max())
+            assert (sndbuf == widest) is local
         with Consumer(running.url, "q", transport="wire") as consumer:
             assert consumer._link._sock.family == family  # type: ignore[union-attr]
             [message] = receive_n(consumer, 1)
@@ -382,6 +388,10 @@ def test_clients_on_this_machine_use_the_local_socket_unless_it_is_off(
     if name is not None:  # gone with the broker: nothing left to connect to
         with socket.socket(socket.AF_UNIX) as probe, pytest.raises(ConnectionRefusedError):
             probe.connect("\0" + name)
+
+
+def _wmem_max() -> int:
+    return int(Path("/proc/sys/net/core/wmem_max").read_text())
 
 
 def test_a_local_socket_this_process_cannot_reach_falls_back_to_tcp(broker: RunningBroker) -> None:

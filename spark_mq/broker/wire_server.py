@@ -238,6 +238,7 @@ class WireServer:
             sock.setblocking(False)
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            wire.widen_local_send_buffer(sock)  # deliveries to a local consumer
             conn = _Conn(self, sock, peer or "a local client")
             self._conns.add(conn)
             self._interest(conn)

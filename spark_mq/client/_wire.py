@@ -79,6 +79,7 @@ def _connect(address: Address, timeout_s: float) -> socket.socket:
             sock.close()
         else:
             sock.settimeout(None)
+            wire.widen_local_send_buffer(sock)
             return sock
     try:
         sock = socket.create_connection((address.host, address.port), timeout=timeout_s)
