@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -294,6 +295,34 @@ def test_the_sdk_sends_only_the_columns_its_messages_use() -> None:
     assert mixed["priority"].to_pylist() == [None, 7]
     every = batch_of([pending(b"a")], every_column=True)  # Flight: one schema per stream
     assert every.schema.equals(PRODUCE_SCHEMA)
+
+
+class _Text(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("values", "typ"),
+    [
+        ([b"a", b"", b"\x00c"], pa.binary()),
+        ([b"a", "\u00e9t\u00e9"], pa.binary()),  # text bodies go as UTF-8
+        (["x", _Text("y")], pa.string()),  # a str subclass: pyarrow's conversion
+        ([b"a", None], pa.binary()),
+        ([None, None], pa.int32()),
+        ([1, 2**40], pa.int64()),
+        ([3, -4], pa.int32()),
+        ([datetime(2026, 1, 2, 3, 4, 5, 6)], pa.timestamp("us")),
+        ([[("k", "v")], []], pa.map_(pa.string(), pa.string())),
+    ],
+)
+def test_the_sdk_builds_each_column_as_pyarrow_would(values: list, typ: pa.DataType) -> None:
+    from spark_mq.client._pending import column
+
+    # built without pyarrow's conversion where it can be (see column): the same array either way
+    expected = pa.array(
+        [v.encode() if isinstance(v, str) and typ == pa.binary() else v for v in values], typ
+    )
+    assert column(values, typ).equals(expected)
 
 
 def test_delivered_fields_are_read_when_asked_and_a_kept_message_does_not_keep_the_batch() -> None:
