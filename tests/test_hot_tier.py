@@ -158,9 +158,9 @@ def test_segments_are_written_over_zeros_from_a_spare_zeroed_ahead(tmp_path: Pat
 
 
 def test_the_encoding_buffer_is_reused_and_each_payload_decodes_to_its_table() -> None:
-    from spark_mq.journal.segments import _Scratch, decode_table
+    from spark_mq.journal.ipc_payloads import Scratch, decode_table
 
-    scratch = _Scratch(keep_bytes=512 * 1024)
+    scratch = Scratch(keep_bytes=512 * 1024)
     held = []
     for sizes in (
         [100_000, 10],
@@ -190,7 +190,7 @@ def _written_by_a_stream_writer(table: pa.Table) -> bytes:
 def test_small_records_are_the_very_ipc_streams_a_stream_writer_gives() -> None:
     """Small records are put together from the schema's message, encoded once, and each batch's;
     the bytes must be what pyarrow's stream writer makes, whatever the rows and chunks."""
-    from spark_mq.journal.segments import _Scratch, decode_table
+    from spark_mq.journal.ipc_payloads import Scratch, decode_table
     from spark_mq.schema import SETTLEMENT_SCHEMA
 
     settle_time = pa.array([1, None], pa.int64()).cast(SETTLEMENT_SCHEMA.field("settle_time").type)
@@ -211,7 +211,7 @@ def test_small_records_are_the_very_ipc_streams_a_stream_writer_gives() -> None:
         acks,
         pa.table({"other": [1, 2]}),  # not a journal schema: written the general way
     ]
-    payloads = _Scratch().encode(tables)
+    payloads = Scratch().encode(tables)
     for payload, table in zip(payloads, tables, strict=True):
         assert payload.to_pybytes() == _written_by_a_stream_writer(table)
         assert decode_table(payload).equals(table)

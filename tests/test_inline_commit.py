@@ -10,7 +10,6 @@ import pyarrow as pa
 
 from spark_mq.journal.group_commit import (
     DestinationWriter,
-    DirectSink,
     OnCommit,
     committing_elsewhere,
     committing_here,
@@ -18,6 +17,7 @@ from spark_mq.journal.group_commit import (
 )
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.settlements import Settlement
+from spark_mq.journal.sinks import DirectSink
 from spark_mq.schema import UNOFFSET_SCHEMA, null_column
 
 

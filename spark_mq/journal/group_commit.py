@@ -22,6 +22,17 @@ when the block ends that thread commits every writer it touched itself, one sync
 futures resolve there. Thread hand-offs, not the work, were most of a synchronous send's cost.
 Either way one commit runs at a time per destination (the commit lock), so offsets stay in order.
 
+Over the hot tier the writer thread pipelines: it writes a flush to the segment log and hands it
+to a second thread (``journal-sync-<destination>``), which syncs it, runs ``on_commit`` and
+answers, while the writer numbers, encodes and writes the next (at most ``MAX_IN_FLIGHT`` flushes
+written and not yet durable). Batched 1 KiB produce went from 174-227k msg/s to 257-280k (three
+interleaved pairs): the writer had spent a third of its time encoding and checksumming with the
+disk idle, and each sync waited for the copy into the page cache. Nothing is answered before
+it is durable, and while flushes are in the pipeline an inline commit leaves its records to it
+(they must not be durable, or seen by ``on_commit``, before the flushes ahead of them). A failed
+sync fails every flush it may have lost, which the segment log cuts off, and numbering resumes
+after the last durable offset: still no gap.
+
 Not guaranteed: a record whose future failed with ``JournalError`` was not stored (when the store
 cannot say whether a commit landed, the writer asks ``committed_end`` and reports what it finds).
 """
@@ -32,28 +43,29 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
-from spark_mq.errors import DestinationNotFound, JournalError, SparkMQError
-from spark_mq.journal.base import AppendResult, LogStore
+from spark_mq.errors import DestinationNotFound, SparkMQError
+from spark_mq.journal.base import AppendResult
 from spark_mq.journal.settlements import Settlement, SettlementRows
+from spark_mq.journal.sinks import CommitSink, Rows, as_journal_error
 from spark_mq.plain import PlainMessage, PlainRows
 from spark_mq.schema import with_offsets
 
 log = logging.getLogger(__name__)
 
 # One flush carries at most this much (a backlog goes out in several): a flush's encoding buffer
-# is then reused instead of mapped afresh (see segments._Scratch), and no single sync is huge.
+# is then reused instead of mapped afresh (see ipc_payloads.Scratch), and no single sync is huge.
 MAX_FLUSH_BYTES = 8 * 1024 * 1024
+# flushes written and not yet durable, at most (the pipeline of a sink that syncs apart)
+MAX_IN_FLIGHT = 2
 
-# what a commit's messages are: rows of MESSAGE_SCHEMA, or plain messages (spark_mq.plain) when
-# every message of the commit came as one
-Rows = pa.Table | PlainRows
 OnCommit = Callable[[str, Rows], None]
 
 # .writers: the writers this thread will commit itself, in order; .resolving: where the
@@ -125,24 +137,27 @@ def committing_elsewhere() -> Iterator[None]:
         _here.writers = writers
 
 
-class CommitSink(Protocol):
-    """Where a flush goes: the store directly (:class:`DirectSink`) or the hot tier."""
-
-    def commit(
-        self, messages: Rows | None, end_offset: int, settlements: SettlementRows | None
-    ) -> tuple[SparkMQError | None, SparkMQError | None]:
-        """Make both parts durable; returns the error of each part (None when it is durable)."""
-        ...
-
-    def close(self, *, drain: bool) -> None: ...
-
-
 @dataclass
 class _Record:
     payload: pa.Table | PlainMessage | Settlement
     future: Future
     is_settlement: bool
     nbytes: int
+
+
+@dataclass
+class _Flight:
+    """One flush: its records and rows, and (pipelined) where they were written."""
+
+    messages: list[_Record]
+    settles: list[_Record]
+    rows: Rows | None
+    end: int  # one past its last offset
+    results: list[AppendResult]
+    settle_rows: SettlementRows | None
+    written: Any = None  # the sink's record of the write (hot_tier.Written)
+    taken: list[_Record] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -172,7 +187,8 @@ class DestinationWriter:
     ) -> None:
         self.destination = destination
         self._sink = sink
-        self._next_offset = next_offset
+        self._next_offset = next_offset  # one past the last durable offset
+        self._assigned = next_offset  # one past the last offset given (written, maybe not synced)
         self._timeout = buffer_timeout_s
         self._settle_timeout = max(settle_timeout_s, buffer_timeout_s)
         self._size = buffer_size_bytes
@@ -191,6 +207,17 @@ class DestinationWriter:
         self._closing = False
         self._flush_requested = False
         self.stats = WriterStats()
+        # a sink that can (the hot tier) gets its flushes written by the writer thread and
+        # synced by this one meanwhile: flushes written, not yet durable, oldest first
+        self._pipelined = getattr(sink, "pipelined", False)
+        self._in_flight: deque[_Flight] = deque()
+        self._syncer: threading.Thread | None = None
+        self._sync_stop = False
+        if self._pipelined:
+            self._syncer = threading.Thread(
+                target=self._sync_loop, name=f"journal-sync-{destination}", daemon=True
+            )
+            self._syncer.start()
         self._thread = threading.Thread(
             target=self._run, name=f"journal-writer-{destination}", daemon=True
         )
@@ -251,6 +278,9 @@ class DestinationWriter:
                 with self._cond:
                     if not self._records:
                         return None
+                    if self._in_flight:  # they go after the flushes being synced: its way
+                        self._cond.notify_all()
+                        return None
                     due = self._due_at()
                     if time.monotonic() < due:
                         wakes = self._thread_wakes_at
@@ -284,6 +314,11 @@ class DestinationWriter:
                 self._pending_bytes = 0
             self._cond.notify_all()
         self._thread.join()
+        if self._syncer is not None:
+            with self._cond:
+                self._sync_stop = True
+                self._cond.notify_all()
+            self._syncer.join()
         self._sink.close(drain=drain)
 
     # -- the writer thread -------------------------------------------------------------------
@@ -341,10 +376,16 @@ class DestinationWriter:
 
     def _run(self) -> None:
         while self._wait_due():
+            if self._pipelined:
+                with self._cond:  # a bounded pipeline: a flush waits for room
+                    while len(self._in_flight) >= MAX_IN_FLIGHT:
+                        self._cond.wait()
             with self._commit_lock:
                 with self._cond:
                     taken = self._take_now() if self._records else None
-                if taken:  # an inline commit may have taken them meanwhile
+                if taken and self._pipelined:
+                    self._write(taken)
+                elif taken:  # (an inline commit may have taken them meanwhile)
                     self._flush(taken)
 
     def _flush(self, taken: list[_Record]) -> None:
@@ -366,29 +407,117 @@ class DestinationWriter:
         rows, offset, results = self._numbered(messages)
         settle_rows = SettlementRows([r.payload for r in settles]) if settles else None  # type: ignore[arg-type]
         msg_error, settle_error = self._sink.commit(rows, offset, settle_rows)
+        flight = _Flight(messages, settles, rows, offset, results, settle_rows)
+        self._finish(flight, msg_error, settle_error)
+
+    def _finish(
+        self, f: _Flight, msg_error: SparkMQError | None, settle_error: SparkMQError | None
+    ) -> None:
+        """Tell a flush's submitters how it went (a durable one: ``on_commit`` first)."""
         resolving = getattr(_here, "resolving", None)  # None: resolve them now
-        if rows is not None and self._resolve(messages, msg_error):
-            with self._cond:
-                self._next_offset = offset
-            self.stats.messages += rows.num_rows
+        if f.rows is not None and self._resolve(f.messages, msg_error):
+            with self._cond:  # (the writer may have numbered later flushes meanwhile)
+                self._next_offset, self._assigned = f.end, max(self._assigned, f.end)
+            self.stats.messages += f.rows.num_rows
             if self._on_commit is not None:
-                self._on_commit(self.destination, rows)
-            for r, res in zip(messages, results, strict=True):
+                self._on_commit(self.destination, f.rows)
+            for r, res in zip(f.messages, f.results, strict=True):
                 if resolving is None:
                     r.future.set_result(res)
                 else:
                     resolving.append((r.future, res))
-        if settle_rows is not None and self._resolve(settles, settle_error):
-            self.stats.settlements += settle_rows.num_rows
-            for r in settles:
+        if f.settle_rows is not None and self._resolve(f.settles, settle_error):
+            self.stats.settlements += f.settle_rows.num_rows
+            for r in f.settles:
                 if resolving is None:
                     r.future.set_result(None)
                 else:
                     resolving.append((r.future, None))
 
+    # -- the pipeline: the writer thread writes, the syncer makes durable and answers ------------
+    def _write(self, taken: list[_Record]) -> None:
+        """Write ``taken`` (the writer thread, holding the commit lock) for the syncer to sync."""
+        messages = [r for r in taken if not r.is_settlement]
+        settles = [r for r in taken if r.is_settlement]
+        try:
+            rows, offset, results = self._numbered(messages)
+            settle_rows = SettlementRows([r.payload for r in settles]) if settles else None  # type: ignore[arg-type]
+            written = self._sink.write(rows, offset, settle_rows)  # type: ignore[attr-defined]
+        except BaseException as exc:  # keep the writer alive; every future hears of it
+            log.exception("journal writer for %r failed", self.destination)
+            written = as_journal_error(exc, self.destination)
+        if isinstance(written, SparkMQError):  # nothing of it was kept
+            self._fail(taken, written)
+            return
+        if rows is not None:
+            self._assigned = offset
+        with self._cond:
+            self._in_flight.append(
+                _Flight(messages, settles, rows, offset, results, settle_rows, written, taken)
+            )
+            self._cond.notify_all()
+
+    def _sync_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._in_flight and not self._sync_stop:
+                    self._cond.wait()
+                if not self._in_flight:
+                    return
+            durable, error = self._sink.sync()  # type: ignore[attr-defined]
+            if error is None:
+                with self._cond:
+                    done = [f for f in self._in_flight if f.written.last_lsn <= durable]
+                for f in done:  # still listed meanwhile: an inline commit waits for them
+                    self._publish(f)
+                with self._cond:
+                    for _ in done:
+                        self._in_flight.popleft()
+                    self._cond.notify_all()
+                continue
+            # lost, perhaps, since the last good sync: cut off, and failed (no commit meanwhile)
+            with self._commit_lock:
+                try:
+                    self._sink.drop_unsynced()  # type: ignore[attr-defined]
+                except SparkMQError:
+                    log.exception(
+                        "journal writer for %r: could not cut a failed sync off", self.destination
+                    )
+                with self._cond:
+                    flights = list(self._in_flight)
+                    self._in_flight.clear()
+                for f in flights:
+                    if f.written.last_lsn <= durable:
+                        self._publish(f)
+                    else:
+                        self.stats.failed_commits += 1
+                        self._fail(f.taken, error)
+                with self._cond:
+                    self._assigned = self._next_offset
+                    self._cond.notify_all()
+
+    def _publish(self, f: _Flight) -> None:
+        try:
+            self._sink.published(f.written)  # type: ignore[attr-defined]
+            self._finish(f, None, None)
+        except BaseException as exc:
+            log.exception("journal writer for %r failed", self.destination)
+            for r in f.taken:
+                if not r.future.done():
+                    r.future.set_exception(exc)
+        finally:
+            self.stats.last_commit_ms = (time.perf_counter() - f.started) * 1000
+            self._release(f.taken)
+
+    def _fail(self, taken: list[_Record], error: BaseException) -> None:
+        for r in taken:
+            if not r.future.done():
+                r.future.set_exception(error)
+        self._release(taken)
+
     def _numbered(self, messages: list[_Record]) -> tuple[Rows | None, int, list[AppendResult]]:
         """The messages with their offsets, the end offset, and each record's result."""
-        offset = self._next_offset
+        offset = self._assigned
         plain, tables, results = [], [], []
         for r in messages:
             if isinstance(r.payload, PlainMessage):
@@ -419,53 +548,6 @@ class DestinationWriter:
         for r in records:
             r.future.set_exception(error)
         return False
-
-
-def as_journal_error(exc: Exception, destination: str) -> SparkMQError:
-    if isinstance(exc, SparkMQError):
-        return exc
-    return JournalError(
-        f"could not commit to {destination!r}: {type(exc).__name__}: {exc}",
-        destination=destination,
-    )
-
-
-class DirectSink:
-    """Commit straight to the store: one Delta commit per log per flush (no hot tier)."""
-
-    def __init__(self, store: LogStore, destination: str) -> None:
-        self._store = store
-        self.destination = destination
-
-    def committed_end(self) -> int:
-        return self._store.committed_end(self.destination)
-
-    def commit(
-        self, messages: Rows | None, end_offset: int, settlements: SettlementRows | None
-    ) -> tuple[SparkMQError | None, SparkMQError | None]:
-        msg_error = settle_error = None
-        if isinstance(messages, PlainRows):
-            messages = messages.table()
-        if messages is not None:
-            try:
-                self._store.commit_messages(self.destination, messages, end_offset)
-            except Exception as exc:
-                # the commit may have landed even though the call failed: ask the store
-                try:
-                    landed = self._store.committed_end(self.destination) >= end_offset
-                except Exception:
-                    landed = False
-                if not landed:
-                    msg_error = as_journal_error(exc, self.destination)
-        if settlements is not None:
-            try:
-                self._store.commit_settlements(self.destination, settlements.table())
-            except Exception as exc:
-                settle_error = as_journal_error(exc, self.destination)
-        return msg_error, settle_error
-
-    def close(self, *, drain: bool) -> None:
-        pass
 
 
 def _one_table(tables: list[pa.Table]) -> pa.Table | None:

@@ -37,7 +37,6 @@ from spark_mq.errors import SparkMQError
 from spark_mq.journal import failpoints
 from spark_mq.journal.base import LogStore
 from spark_mq.journal.boundary import translate
-from spark_mq.journal.group_commit import as_journal_error
 from spark_mq.journal.segments import (
     KIND_MESSAGES,
     KIND_PLAIN,
@@ -50,6 +49,7 @@ from spark_mq.journal.segments import (
     SyncMode,
 )
 from spark_mq.journal.settlements import SettlementRows
+from spark_mq.journal.sinks import as_journal_error
 from spark_mq.plain import PlainRows
 from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
 
@@ -73,6 +73,18 @@ class _Pending:
     # a table for the other kinds, and for every record recovered at the start
     table: pa.Table | PlainRows | SettlementRows
     written_at: float  # time.monotonic() of the append (of the open, for recovered records)
+
+
+@dataclass(frozen=True)
+class Written:
+    """A flush's records as written to the segment log (durable once synced)."""
+
+    refs: list[RecordRef]
+    tables: list[pa.Table | PlainRows | SettlementRows]
+
+    @property
+    def last_lsn(self) -> int:
+        return self.refs[-1].lsn
 
 
 @dataclass
@@ -153,12 +165,32 @@ class HotTier:
         return ref.lsn <= self._settled_version
 
     # -- the writer side ---------------------------------------------------------------------
+    # the group-commit writer may pipeline: write a flush, and sync it on another thread while
+    # the next one is written (see spark_mq.journal.group_commit)
+    pipelined = True
+
     def commit(
         self,
         messages: pa.Table | PlainRows | None,
         end_offset: int,
         settlements: SettlementRows | None,
     ) -> tuple[SparkMQError | None, SparkMQError | None]:
+        written = self.write(messages, end_offset, settlements, sync=True)
+        if isinstance(written, SparkMQError):
+            return written, written
+        self.published(written)
+        return None, None
+
+    def write(
+        self,
+        messages: pa.Table | PlainRows | None,
+        end_offset: int,
+        settlements: SettlementRows | None,
+        *,
+        sync: bool = False,
+    ) -> Written | SparkMQError:
+        """Append a flush's records to the segment log; durable once :meth:`sync` has run
+        (or at once with ``sync``). Hand them to :meth:`published` when they are."""
         records: Records = []
         if messages is not None:
             kind = KIND_PLAIN if isinstance(messages, PlainRows) else KIND_MESSAGES
@@ -171,14 +203,31 @@ class HotTier:
                 self._cond.wait()
         try:
             with translate("appending to the hot tier", self.destination):
-                refs = self._log.append(records)
+                refs = self._log.append(records, sync=sync)
         except Exception as exc:
-            err = as_journal_error(exc, self.destination)
-            return err, err
+            return as_journal_error(exc, self.destination)
+        return Written(refs, [table for _, _, table in records])
+
+    def sync(self) -> tuple[int, SparkMQError | None]:
+        """Make every record written so far durable: the lsn durable through, and the error
+        when the sync failed (then :meth:`drop_unsynced` must run before the next write)."""
+        try:
+            with translate("syncing the hot tier", self.destination):
+                return self._log.sync(), None
+        except Exception as exc:
+            return self._log.synced_lsn, as_journal_error(exc, self.destination)
+
+    def drop_unsynced(self) -> None:
+        """Forget what was written since the last durable record (after a failed sync)."""
+        with translate("cutting off the hot tier's unsynced records", self.destination):
+            self._log.drop_unsynced()
+
+    def published(self, written: Written) -> None:
+        """Durable records: now the mover's to take to Delta."""
         now = time.monotonic()
         with self._cond:
             was_empty = not self._pending
-            for ref, (_, _, table) in zip(refs, records, strict=True):
+            for ref, table in zip(written.refs, written.tables, strict=True):
                 self._pending.append(_Pending(ref, table, now))
                 self._pending_bytes += ref.size
                 self._segment_last_lsn[ref.segment] = ref.lsn
@@ -186,7 +235,6 @@ class HotTier:
             # start that clock or when enough waits; a wake per commit cost a context switch
             if was_empty or self._pending_bytes >= self._settings.move_max_bytes:
                 self._cond.notify_all()
-        return None, None
 
     # -- the mover ---------------------------------------------------------------------------
     def request_move(self, *, wait: bool = True, timeout: float | None = None) -> bool:

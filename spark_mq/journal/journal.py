@@ -28,16 +28,11 @@ from spark_mq.errors import (
 )
 from spark_mq.journal import bindings, layout
 from spark_mq.journal.base import DestinationInfo, Kind, LogStore, SubscriptionInfo
-from spark_mq.journal.group_commit import (
-    CommitSink,
-    DestinationWriter,
-    DirectSink,
-    OnCommit,
-    WriterStats,
-)
+from spark_mq.journal.group_commit import DestinationWriter, OnCommit, WriterStats
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.settlements import Settlement
+from spark_mq.journal.sinks import CommitSink, DirectSink
 from spark_mq.names import validate_name
 from spark_mq.plain import PlainMessage
 from spark_mq.schema import UNOFFSET_SCHEMA

@@ -47,6 +47,7 @@ deletes; no spare file is ever read as a segment.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import struct
@@ -59,9 +60,9 @@ from typing import Literal
 
 import pyarrow as pa
 
+from spark_mq.journal.ipc_payloads import Scratch, decode_table
 from spark_mq.journal.settlements import SettlementRows
 from spark_mq.plain import PlainRows
-from spark_mq.schema import MESSAGE_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -121,74 +122,6 @@ class RecordRef:
     @property
     def size(self) -> int:
         return HEADER_BYTES + self.length
-
-
-_SMALL = 64 * 1024
-# given explicitly: without options, every writer reads two environment variables (os.environ
-# lookups were ~10 % of encoding a one-row record)
-_IPC_OPTIONS = pa.ipc.IpcWriteOptions()
-_SCHEMA_MESSAGES = [(MESSAGE_SCHEMA, MESSAGE_SCHEMA.serialize().to_pybytes())]
-_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # continuation marker, length 0
-
-
-def _stream_of(table: pa.Table) -> pa.Buffer:
-    """``table`` as an IPC stream. For ``MESSAGE_SCHEMA`` it is put together from the schema's
-    message, encoded once, and each batch's: the same bytes a stream writer gives, a
-    one-row record in 5.2 us instead of 7.4."""
-    for schema, message in _SCHEMA_MESSAGES:
-        if table.schema.equals(schema, check_metadata=True):
-            batches = [batch.serialize() for batch in table.to_batches()]
-            return pa.py_buffer(b"".join([message, *batches, _END_OF_STREAM]))
-    stream = pa.BufferOutputStream()
-    with pa.ipc.new_stream(stream, table.schema, options=_IPC_OPTIONS) as writer:
-        writer.write_table(table)
-    return stream.getvalue()
-
-
-def encoded_size(table: pa.Table) -> int:
-    """How many bytes ``table`` takes as an IPC stream, found without copying any data."""
-    sink = pa.MockOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_IPC_OPTIONS) as writer:
-        writer.write_table(table)
-    return sink.size()
-
-
-class _Scratch:
-    """The writer thread's encoding buffer, kept between appends.
-
-    Encoding into a growing stream reallocated and copied each payload several times into fresh
-    memory, and the kernel zeroed every new page: measured under batched 1 KiB produce, that
-    page zeroing was ~40 % of the broker's CPU. Payloads are now written once, at their exact
-    size, into memory that stays mapped. A buffer over ``keep_bytes`` is not kept.
-    """
-
-    def __init__(self, keep_bytes: int = 16 * 1024 * 1024) -> None:
-        self._keep = keep_bytes
-        self._buffer: pa.ResizableBuffer | None = None
-
-    def encode(self, tables: list[pa.Table]) -> list[pa.Buffer]:
-        """Each table as an IPC stream; the buffers are valid until the next call."""
-        if all(t.get_total_buffer_size() <= _SMALL for t in tables):
-            # small records (synchronous sends, acks): one encoding pass, not a sizing one too
-            return [_stream_of(t) for t in tables]
-        sizes = [encoded_size(t) for t in tables]
-        need = sum(sizes)
-        buffer = self._buffer
-        if buffer is None or buffer.size < need:
-            buffer = pa.allocate_buffer(max(need, 1), resizable=True)
-        self._buffer = buffer if buffer.size <= self._keep else None
-        sink = pa.FixedSizeBufferWriter(buffer)
-        out = []
-        for table, size in zip(tables, sizes, strict=True):
-            start = sink.tell()
-            with pa.ipc.new_stream(sink, table.schema, options=_IPC_OPTIONS) as writer:
-                writer.write_table(table)
-            out.append(buffer.slice(start, size))
-        return out
-
-
-def decode_table(payload: bytes | memoryview | pa.Buffer) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
 
 
 def encode_record(kind: int, lsn: int, first_offset: int, rows: int, payload: pa.Buffer) -> bytes:
@@ -268,7 +201,7 @@ class SegmentLog:
         self._active = -1
         self._position = 0
         self._capacity = 0  # bytes of the active segment file
-        self._scratch = _Scratch()
+        self._scratch = Scratch()
         self._spare: threading.Thread | None = None  # zeroing the next segment
         # under _lock: spare.log is ready; a spare is being zeroed (told to stop once a segment
         # is reused instead) or reused; the sealed segments big enough to be reused once retired
@@ -279,6 +212,13 @@ class SegmentLog:
         self.spares_reused = 0  # spares made of a retired segment
         self._closing = False
         self.next_lsn = 1
+        # appends may leave their sync to sync() (append(..., sync=False)), which another thread
+        # calls while the next append is written. Under _lock: what is durable (the active
+        # segment's bytes before _synced_position, the records up to synced_lsn)
+        self._sync_lock = threading.Lock()  # one sync at a time, and no roll during one
+        self._synced_position = 0
+        self.synced_lsn = 0
+        self._sync_failed = False  # until drop_unsynced: a failed sync may have lost anything since
 
     # -- opening and recovery ----------------------------------------------------------------
     def open(self, first_lsn: int = 1) -> list[RecordRef]:
@@ -318,6 +258,7 @@ class SegmentLog:
             if seq == seqs[-1]:
                 self._active, self._position = seq, valid
         self.next_lsn = refs[-1].lsn + 1 if refs else first_lsn
+        self._synced_position, self.synced_lsn = self._position, self.next_lsn - 1
         if self._active >= 0:
             self._fd = os.open(self._segments[self._active], os.O_RDWR)
             self._preallocate(self._fd, self._position)
@@ -377,6 +318,7 @@ class SegmentLog:
                 self._reusable.add(sealed)  # big enough to be the spare once retired
             self._segments[seq] = path
         self._fd, self._active, self._position = fd, seq, 0
+        self._synced_position = 0  # everything before was synced first (see append)
         self._capacity = os.fstat(fd).st_size
 
     def _want_spare(self) -> None:
@@ -467,14 +409,20 @@ class SegmentLog:
             os.close(dfd)
 
     # -- appending (the writer thread) -------------------------------------------------------
-    def append(self, records: Records) -> list[RecordRef]:
+    def append(self, records: Records, *, sync: bool = True) -> list[RecordRef]:
         """Write ``(kind, first_offset, rows)`` records and make them durable with one sync (the
         rows of a ``KIND_PLAIN`` record are :class:`PlainRows`, of a ``KIND_PLAIN_SETTLEMENTS``
         record :class:`SettlementRows`, of the others a table).
 
+        With ``sync=False`` they are written only: :meth:`sync` makes them durable, and may run
+        on another thread while the next append is written (the journal writer's pipeline).
+        A synchronous append after such writes syncs them too.
+
         On failure nothing of this call is kept: the partial write is cut off again, so a later
         scan cannot find a record the caller was told had failed.
         """
+        if self._sync_failed:
+            raise OSError(errno.EIO, "a sync of this log failed: its unsynced records go first")
         encoded = []
         size = 0
         lsn = self.next_lsn
@@ -490,27 +438,76 @@ class SegmentLog:
             size += len(header) + payload.size
             lsn += 1
         if self._fd < 0 or (self._position > 0 and self._position + size > self._capacity):
-            self._roll()
+            with self._sync_lock:  # a segment is sealed durable, and never under a sync
+                if self.synced_lsn < self.next_lsn - 1:
+                    self._sync_held()
+                self._roll()
         start = self._position
         refs, buffers, pos = [], [], start
         for kind, first, rows, rec_lsn, header, payload in encoded:
             refs.append(RecordRef(rec_lsn, kind, first, rows, self._active, pos, payload.size))
             buffers += [header, payload]
             pos += len(header) + payload.size
+        # the write syncs itself only when nothing written before waits for a sync
+        alone = self.synced_lsn == self.next_lsn - 1
+        flags = _WRITE_FLAGS.get(self.sync_mode, 0) if sync and alone else 0
         try:
-            flags = _WRITE_FLAGS.get(self.sync_mode, 0)
             written = os.pwritev(self._fd, buffers, start, flags)
             if written != size:
                 raise OSError(5, f"short write to {self._segments[self._active]}")
-            if not flags and self.sync_mode != "none":  # a system without RWF_*SYNC
-                (os.fdatasync if self.sync_mode == "fdatasync" else os.fsync)(self._fd)
+            if sync and not flags:
+                self._sync_file(self._fd)
         except BaseException:
             self._cut(start)
             raise
-        self._position = pos
-        self.next_lsn = lsn
+        with self._lock:
+            self._position = pos
+            self.next_lsn = lsn
+            if sync:
+                self._synced_position, self.synced_lsn = pos, lsn - 1
         self._want_spare()
         return refs
+
+    def sync(self) -> int:
+        """Make every record written so far durable; returns the lsn durable through.
+
+        When the sync fails, what was written since the last good one may be lost: appends
+        are refused until :meth:`drop_unsynced` has cut it off.
+        """
+        with self._sync_lock:
+            return self._sync_held()
+
+    def _sync_held(self) -> int:
+        if self._sync_failed:
+            raise OSError(errno.EIO, "a sync of this log failed: its unsynced records go first")
+        with self._lock:
+            fd, position, last = self._fd, self._position, self.next_lsn - 1
+        if last > self.synced_lsn:
+            try:
+                self._sync_file(fd)
+            except OSError:
+                self._sync_failed = True
+                raise
+            with self._lock:
+                self._synced_position, self.synced_lsn = position, last
+        return self.synced_lsn
+
+    def _sync_file(self, fd: int) -> None:
+        if self.sync_mode != "none":
+            (os.fdatasync if self.sync_mode == "fdatasync" else os.fsync)(fd)
+
+    def drop_unsynced(self) -> None:
+        """After a failed sync: cut off every record written since the last durable one, and
+        number on from there (the caller fails the appends it made meanwhile). No append may
+        run meanwhile."""
+        with self._sync_lock:
+            with self._lock:
+                position, lsn = self._synced_position, self.synced_lsn
+            if self._fd >= 0:
+                self._cut(position)
+            with self._lock:
+                self._position, self.next_lsn = position, lsn + 1
+            self._sync_failed = False
 
     def _cut(self, position: int) -> None:
         """Forget everything from ``position`` on (after a failed append); best effort."""

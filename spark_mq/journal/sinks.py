@@ -1,0 +1,77 @@
+"""Where the group-commit writer's flushes go (:class:`CommitSink`): straight to the store
+(:class:`DirectSink`, one Delta commit per flush) or to the hot tier
+(:class:`spark_mq.journal.hot_tier.HotTier`, which can also be written and synced apart)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import pyarrow as pa
+
+from spark_mq.errors import JournalError, SparkMQError
+from spark_mq.journal.base import LogStore
+from spark_mq.journal.settlements import SettlementRows
+from spark_mq.plain import PlainRows
+
+# what a commit's messages are: rows of MESSAGE_SCHEMA, or plain messages (spark_mq.plain) when
+# every message of the commit came as one
+Rows = pa.Table | PlainRows
+
+
+class CommitSink(Protocol):
+    """Where a flush goes: the store directly (:class:`DirectSink`) or the hot tier."""
+
+    def commit(
+        self, messages: Rows | None, end_offset: int, settlements: SettlementRows | None
+    ) -> tuple[SparkMQError | None, SparkMQError | None]:
+        """Make both parts durable; returns the error of each part (None when it is durable)."""
+        ...
+
+    def close(self, *, drain: bool) -> None: ...
+
+
+def as_journal_error(exc: Exception, destination: str) -> SparkMQError:
+    if isinstance(exc, SparkMQError):
+        return exc
+    return JournalError(
+        f"could not commit to {destination!r}: {type(exc).__name__}: {exc}",
+        destination=destination,
+    )
+
+
+class DirectSink:
+    """Commit straight to the store: one Delta commit per log per flush (no hot tier)."""
+
+    def __init__(self, store: LogStore, destination: str) -> None:
+        self._store = store
+        self.destination = destination
+
+    def committed_end(self) -> int:
+        return self._store.committed_end(self.destination)
+
+    def commit(
+        self, messages: Rows | None, end_offset: int, settlements: SettlementRows | None
+    ) -> tuple[SparkMQError | None, SparkMQError | None]:
+        msg_error = settle_error = None
+        if isinstance(messages, PlainRows):
+            messages = messages.table()
+        if messages is not None:
+            try:
+                self._store.commit_messages(self.destination, messages, end_offset)
+            except Exception as exc:
+                # the commit may have landed even though the call failed: ask the store
+                try:
+                    landed = self._store.committed_end(self.destination) >= end_offset
+                except Exception:
+                    landed = False
+                if not landed:
+                    msg_error = as_journal_error(exc, self.destination)
+        if settlements is not None:
+            try:
+                self._store.commit_settlements(self.destination, settlements.table())
+            except Exception as exc:
+                settle_error = as_journal_error(exc, self.destination)
+        return msg_error, settle_error
+
+    def close(self, *, drain: bool) -> None:
+        pass

@@ -1,0 +1,170 @@
+"""The journal writer's pipeline over the hot tier: a flush is written, then synced on another
+thread while the next one is written. What it must keep: nothing answered before it is durable,
+offsets and commits in order, and a failed sync failing exactly what it may have lost."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from spark_mq.errors import JournalError
+from spark_mq.journal.group_commit import DestinationWriter, committing_here
+from spark_mq.journal.hot_tier import HotTier, HotTierSettings
+from spark_mq.journal.memory_store import MemoryStore
+from spark_mq.journal.segments import KIND_MESSAGES, SegmentLog
+from spark_mq.plain import PlainRows
+from tests.conftest import wait_for
+from tests.test_hot_tier import rows
+from tests.test_journal_conformance import rows as unoffset
+
+
+class _Disk(SegmentLog):
+    """A segment log whose syncs can be made to fail (as a disk's EIO) or to wait."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fail_syncs = 0
+        self.hold = threading.Event()
+        self.hold.set()
+        self.syncing = threading.Event()
+
+    def _sync_file(self, fd: int) -> None:
+        self.syncing.set()
+        self.hold.wait(10)
+        if self.fail_syncs:
+            self.fail_syncs -= 1
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        super()._sync_file(fd)
+
+
+def _bodies(log: SegmentLog) -> list[list[bytes]]:
+    reopened = SegmentLog(log.directory, segment_bytes=log.segment_bytes, sync="fdatasync")
+    try:
+        return [reopened.read(ref)["body"].to_pylist() for ref in reopened.open()]
+    finally:
+        reopened.close()
+
+
+def test_records_written_apart_from_their_sync_are_durable_once_synced(tmp_path: Path) -> None:
+    log = SegmentLog(str(tmp_path), segment_bytes=64 * 1024, sync="fdatasync")
+    log.open()
+    log.append([(KIND_MESSAGES, 0, rows([b"a"]))], sync=False)
+    assert (log.next_lsn, log.synced_lsn) == (2, 0)  # written, not yet durable
+    assert log.sync() == 1
+    big = b"x" * 40_000
+    log.append([(KIND_MESSAGES, 1, rows([big], 1))], sync=False)
+    # the next one does not fit: the segment is synced before it is sealed
+    log.append([(KIND_MESSAGES, 2, rows([big], 2))], sync=False)
+    assert (log.next_lsn, log.synced_lsn, log.active_segment) == (4, 2, 1)
+    log.append([(KIND_MESSAGES, 3, rows([b"d"], 3))], sync=True)  # syncs what came before too
+    assert log.synced_lsn == 4
+    log.close()
+    assert _bodies(log) == [[b"a"], [big], [big], [b"d"]]
+
+
+def test_a_failed_sync_refuses_appends_until_what_it_may_have_lost_is_cut_off(
+    tmp_path: Path,
+) -> None:
+    log = _Disk(str(tmp_path), segment_bytes=1 << 20, sync="fdatasync")
+    log.open()
+    log.append([(KIND_MESSAGES, 0, rows([b"kept"]))], sync=False)
+    assert log.sync() == 1
+    log.append([(KIND_MESSAGES, 1, rows([b"lost-1"], 1))], sync=False)
+    log.append([(KIND_MESSAGES, 2, rows([b"lost-2"], 2))], sync=False)
+    log.fail_syncs = 1
+    with pytest.raises(OSError, match="injected"):
+        log.sync()
+    assert log.synced_lsn == 1
+    with pytest.raises(OSError, match="unsynced records go first"):
+        log.append([(KIND_MESSAGES, 1, rows([b"refused"], 1))], sync=False)
+    with pytest.raises(OSError, match="unsynced records go first"):
+        log.sync()  # a second sync may report success for data the first one lost
+    log.drop_unsynced()
+    assert log.next_lsn == 2
+    log.append([(KIND_MESSAGES, 1, rows([b"after"], 1))], sync=True)
+    log.close()
+    assert _bodies(log) == [[b"kept"], [b"after"]]
+
+
+def _table(r: pa.Table | PlainRows) -> pa.Table:
+    return r if isinstance(r, pa.Table) else r.table()
+
+
+class _Tier(HotTier):
+    """The hot tier over a :class:`_Disk`."""
+
+    def __init__(self, store: MemoryStore, directory: str) -> None:
+        super().__init__(store, "q", directory, HotTierSettings(directory, move_interval_s=3600))
+        self._log = self.disk = _Disk(directory, segment_bytes=1 << 20, sync="fdatasync")
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path):
+    store = MemoryStore()
+    store.create_logs("q")
+    tier = _Tier(store, str(tmp_path / "hot"))
+    committed: list[list[int]] = []
+    writer = DestinationWriter(
+        tier,
+        "q",
+        tier.open(),
+        buffer_timeout_s=0.0,
+        buffer_size_bytes=1 << 20,
+        max_pending_bytes=1 << 30,
+        on_commit=lambda dest, r: committed.append(_table(r)["offset"].to_pylist()),
+    )
+    yield writer, tier, committed
+    writer.close()
+
+
+def test_flushes_are_written_while_the_last_one_syncs_and_answered_in_order(pipeline) -> None:
+    writer, tier, committed = pipeline
+    tier.disk.hold.clear()  # the first sync waits
+    first = writer.submit(unoffset([b"a", b"b"]))
+    assert tier.disk.syncing.wait(10)
+    later = [writer.submit(unoffset([b"c%d" % k])) for k in range(20)]
+    wait_for(lambda: tier.disk.next_lsn > 2, what="the next flush written during the sync")
+    assert not first.done() and not any(f.done() for f in later)  # none durable: none answered
+    tier.disk.hold.set()
+    assert first.result(10).first_offset == 0
+    assert [f.result(10).first_offset for f in later] == list(range(2, 22))
+    flat = [o for offsets in committed for o in offsets]
+    assert flat == list(range(22))  # on_commit saw every offset once, in order
+    assert tier.read_messages(0, None)["offset"].to_pylist() == list(range(22))
+
+
+def test_an_inline_commit_waits_behind_the_flushes_being_synced(pipeline) -> None:
+    writer, tier, committed = pipeline
+    tier.disk.hold.clear()
+    first = writer.submit(unoffset([b"a"]))  # the writer thread's, syncing
+    assert tier.disk.syncing.wait(10)
+    with committing_here():
+        inline = writer.submit(unoffset([b"b"]))
+    assert not inline.done()  # not committed ahead of the flush before it
+    tier.disk.hold.set()
+    assert (first.result(10).first_offset, inline.result(10).first_offset) == (0, 1)
+    assert [o for offsets in committed for o in offsets] == [0, 1]
+
+
+def test_a_failed_sync_fails_what_it_may_have_lost_and_leaves_no_gap(pipeline) -> None:
+    writer, tier, committed = pipeline
+    assert writer.submit(unoffset([b"kept"])).result(10).first_offset == 0
+    tier.disk.fail_syncs = 1
+    tier.disk.hold.clear()
+    lost = writer.submit(unoffset([b"lost-1", b"lost-2"]))
+    assert tier.disk.syncing.wait(10)
+    also_lost = writer.submit(unoffset([b"lost-3"]))  # written behind it meanwhile
+    wait_for(lambda: tier.disk.next_lsn == 4, what="the flush after the failing one written")
+    tier.disk.hold.set()
+    for f in (lost, also_lost):
+        with pytest.raises(JournalError, match="injected"):
+            f.result(10)
+    assert writer.submit(unoffset([b"after"])).result(10).first_offset == 1  # no gap
+    assert [o for offsets in committed for o in offsets] == [0, 1]
+    bodies = tier.read_messages(0, None)["body"].to_pylist()
+    assert bodies == [b"kept", b"after"]
+    assert writer.stats.failed_commits >= 1
