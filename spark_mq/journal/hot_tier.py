@@ -344,7 +344,7 @@ class HotTier:
         settles = [p for p in batch if p.ref.kind in SETTLEMENT_KINDS]
         if messages:
             end = messages[-1].ref.end_offset
-            rows = _one_batch(_as_tables([p.table for p in messages]), MESSAGE_SCHEMA)
+            rows = _few_batches(_as_tables([p.table for p in messages]), MESSAGE_SCHEMA)
             if rows["offset"][0].as_py() < self._delta_end:  # a partial earlier move
                 rows = rows.filter(pc.greater_equal(rows["offset"], self._delta_end))
             self._store.commit_messages(self.destination, rows, end)
@@ -352,7 +352,7 @@ class HotTier:
             self._delta_end = end
         if settles:
             version = settles[-1].ref.lsn
-            rows = _one_batch(_as_tables([p.table for p in settles]), SETTLEMENT_SCHEMA)
+            rows = _few_batches(_as_tables([p.table for p in settles]), SETTLEMENT_SCHEMA)
             self._store.commit_settlements(self.destination, rows, version)
             self._settled_version = version
         failpoints.hit("hot-tier-moved")
@@ -455,15 +455,18 @@ def _as_tables(records: list[pa.Table | PlainRows | SettlementRows]) -> list[pa.
     return out
 
 
-def _one_batch(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
-    """The records of one move as a single record batch of ``schema``.
+def _few_batches(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """The records of one move as a table of ``schema`` in few record batches.
 
     A record is often one row (a synchronous send, an ack). delta-rs pays per batch it is
     handed: measured with 500 one-row records of 1 KiB, the append took 23-37 ms as 500 batches
-    and 7-11 ms as one. Records of one schema (all but some recovered from an older version's
-    segments) are concatenated as they are and conformed once: promoting and casting 500
-    one-row tables took 5.1 ms, 2.3-2.8 ms without (in the running broker, 9-16 ms of the
-    mover's CPU a move against 3.4-6.5).
+    and 7-11 ms as one. Runs of small batches are therefore combined, each into one; a big batch
+    (a produced batch of ``_BIG_BATCH_ROWS`` rows or more) is passed as it is: combining a move of
+    130 batches of 1,000 rows copied 130 MB, 150 ms of the mover's CPU against 92 for the append
+    itself. Records of one schema (all but some recovered from an older version's segments) are
+    concatenated as they are and conformed once: promoting and casting 500 one-row tables took
+    5.1 ms, 2.3-2.8 ms without (in the running broker, 9-16 ms of the mover's CPU a move against
+    3.4-6.5).
     """
     try:
         table = pa.concat_tables(tables)
@@ -471,7 +474,25 @@ def _one_batch(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
         table = pa.concat_tables(tables, promote_options="permissive")
     if not table.schema.equals(schema):
         table = conform(table, schema)
-    return table.combine_chunks()
+    batches, run = [], []
+    for batch in table.to_batches():
+        if batch.num_rows < _BIG_BATCH_ROWS:
+            run.append(batch)
+            continue
+        batches += _combined(run, table.schema)
+        run = []
+        batches.append(batch)
+    batches += _combined(run, table.schema)
+    return pa.Table.from_batches(batches, schema=table.schema)
+
+
+_BIG_BATCH_ROWS = 256
+
+
+def _combined(batches: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
+    if len(batches) < 2:
+        return batches
+    return pa.Table.from_batches(batches, schema=schema).combine_chunks().to_batches()
 
 
 def has_segments(hot_root: str) -> list[str]:
