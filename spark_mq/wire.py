@@ -410,8 +410,14 @@ class FrameReader:
 
     def feed(self, data: bytes | memoryview) -> list[tuple[int, Body] | TooLarge]:
         """The frames ``data`` completes. ``data`` is copied: the caller may reuse its buffer
-        (the readers receive into one buffer, over and over)."""
+        (the readers receive into one buffer, over and over).
+
+        Frames are cut from ``data`` itself when nothing is left over from before: each byte is
+        copied once, into the frame's body (the start of a big frame came through here, 256 KiB
+        of a 1 MiB one, and was copied three times: 0.3-0.6 ms of the loop's time a frame).
+        """
         out: list[tuple[int, Body] | TooLarge] = []
+        data = memoryview(data).cast("B")
         if self._view is not None:  # the rest of a big frame's body, then what follows it
             n = min(len(data), len(self._view) - self._have)
             self._view[self._have : self._have + n] = data[:n]
@@ -421,38 +427,46 @@ class FrameReader:
             n = min(self._skip, len(data))
             self._skip -= n
             data = data[n:]
-        buf = self._buf
-        buf += data
+        if self._buf:
+            self._buf += data
+            with memoryview(self._buf) as src:
+                pos = self._cut(src, out)
+            del self._buf[:pos]
+        else:
+            pos = self._cut(data, out)
+            self._buf += data[pos:]  # a frame's start, to be completed by what comes next
+        return out
+
+    def _cut(self, src: memoryview, out: list[tuple[int, Body] | TooLarge]) -> int:
+        """Append the frames ``src`` holds to ``out``; returns how much of it they took (a big
+        frame's start is taken too: its body is being received in place)."""
         pos = 0
-        while len(buf) - pos >= HEADER.size:
-            size, kind = HEADER.unpack_from(buf, pos)
+        while len(src) - pos >= HEADER.size:
+            size, kind = HEADER.unpack_from(src, pos)
             body_at = pos + HEADER.size
             if self._max is not None and size > self._max:
-                if len(buf) - body_at < SEQ.size:
+                if len(src) - body_at < SEQ.size:
                     break  # wait for the sequence number, to say which batch it was
-                (seq,) = SEQ.unpack_from(buf, body_at)
+                (seq,) = SEQ.unpack_from(src, body_at)
                 out.append(TooLarge(kind, seq, size))
-                have = len(buf) - body_at
+                have = len(src) - body_at
                 if have >= size:
                     pos = body_at + size
                     continue
                 self._skip = size - have
-                pos = len(buf)
-                break
-            have = len(buf) - body_at
+                return len(src)
+            have = len(src) - body_at
             if have < size:
                 if size >= RECEIVE_IN_PLACE_BYTES and kind != CONTROL:
                     self._kind, self._body = kind, pa.allocate_buffer(size)
                     self._view = memoryview(self._body).cast("B")
-                    self._view[:have] = buf[body_at:]
+                    self._view[:have] = src[body_at:]
                     self._have = have
-                    pos = len(buf)
+                    return len(src)
                 break
-            out.append((kind, bytes(buf[body_at : body_at + size])))
+            out.append((kind, bytes(src[body_at : body_at + size])))
             pos = body_at + size
-        if pos:
-            del buf[:pos]
-        return out
+        return pos
 
 
 # what a local (Unix) socket may hold unread. A Unix stream socket's queue is bounded by its
