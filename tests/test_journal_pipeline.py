@@ -4,6 +4,7 @@ offsets and commits in order, and a failed sync failing exactly what it may have
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import threading
 from pathlib import Path
@@ -11,11 +12,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from spark_mq.errors import JournalError
+from spark_mq import Admin, Producer
+from spark_mq.errors import JournalError, SparkMQError
+from spark_mq.journal import DeltaStore
 from spark_mq.journal.group_commit import DestinationWriter, committing_here
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.segments import KIND_MESSAGES, SegmentLog
+from spark_mq.launch import BrokerProcess
 from spark_mq.plain import PlainRows
 from tests.conftest import wait_for
 from tests.test_hot_tier import rows
@@ -155,8 +159,10 @@ def test_a_failed_sync_fails_what_it_may_have_lost_and_leaves_no_gap(pipeline) -
     assert writer.submit(unoffset([b"kept"])).result(10).first_offset == 0
     tier.disk.fail_syncs = 1
     tier.disk.hold.clear()
+    tier.disk.syncing.clear()
     lost = writer.submit(unoffset([b"lost-1", b"lost-2"]))
-    assert tier.disk.syncing.wait(10)
+    assert tier.disk.syncing.wait(10)  # its sync is under way (and will fail)
+    assert tier.disk.next_lsn == 3
     also_lost = writer.submit(unoffset([b"lost-3"]))  # written behind it meanwhile
     wait_for(lambda: tier.disk.next_lsn == 4, what="the flush after the failing one written")
     tier.disk.hold.set()
@@ -168,3 +174,55 @@ def test_a_failed_sync_fails_what_it_may_have_lost_and_leaves_no_gap(pipeline) -
     bodies = tier.read_messages(0, None)["body"].to_pylist()
     assert bodies == [b"kept", b"after"]
     assert writer.stats.failed_commits >= 1
+
+
+@pytest.mark.process
+def test_a_broker_killed_while_big_batches_are_pipelined_keeps_each_acknowledged_one(
+    tmp_path: Path,
+) -> None:
+    """Batches of 300 KiB go through the pipeline (the wire loop hands them to the writer
+    thread): SIGKILL with flushes written, synced and answered at every stage."""
+    data = str(tmp_path / "data")
+    proc = BrokerProcess(data, log_file=str(tmp_path / "b1.log")).start()
+    with Admin(proc.url) as admin:
+        admin.create_queue("q")
+    acked: dict[int, list[int]] = {}
+    lock = threading.Condition()
+
+    def body(k: int, i: int) -> bytes:
+        return b"%06d-%04d-" % (k, i) + b"x" * 1012
+
+    def produce() -> None:
+        with (
+            contextlib.suppress(SparkMQError),
+            Producer(proc.url, destination="q", max_in_flight_batches=8) as p,
+        ):
+            for k in range(10_000):
+                fut = p.send_batch([body(k, i) for i in range(300)], wait=False)
+                fut.add_done_callback(lambda f, k=k: _record(f, k))
+
+    def _record(f, k: int) -> None:
+        if f.exception() is None:
+            with lock:
+                acked[k] = f.result()
+                lock.notify_all()
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    with lock:
+        assert lock.wait_for(lambda: len(acked) >= 20, 60), "batches were not acknowledged"
+    assert proc.proc is not None
+    proc.proc.kill()
+    assert proc.proc.wait(60) == -9
+    t.join(60)
+    assert not t.is_alive()
+
+    again = BrokerProcess(data, log_file=str(tmp_path / "b2.log")).start()
+    assert again.stop() == 0  # a clean stop moves everything to Delta
+    stored = DeltaStore(data).read_messages("q", 0, None).sort_by("offset")
+    offsets, bodies = stored["offset"].to_pylist(), stored["body"].to_pylist()
+    assert offsets == list(range(len(offsets)))  # no gap, nothing twice
+    assert len(set(bodies)) == len(bodies)
+    at = dict(zip(offsets, bodies, strict=True))
+    for k, got in acked.items():  # every acknowledged batch, where it was said to be
+        assert [at.get(o) for o in got] == [body(k, i) for i in range(300)]
