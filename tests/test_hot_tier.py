@@ -157,6 +157,30 @@ def test_segments_are_written_over_zeros_from_a_spare_zeroed_ahead(tmp_path: Pat
     reopened.close()
 
 
+def test_a_segment_of_big_appends_rolls_into_reserved_space_not_a_zeroed_spare(
+    tmp_path: Path,
+) -> None:
+    """Batches (appends of 256 KiB and more on average) would pay for the zeros twice: written,
+    then written over; their segments roll into reserved space."""
+    from spark_mq.journal.segments import _BIG_APPEND_BYTES
+
+    size = 4 * FIRST_SEGMENT_BYTES
+    log = SegmentLog(str(tmp_path), segment_bytes=size, sync="fdatasync")
+    log.open()
+    refs, offset = [], 0
+    while len(segment_files(tmp_path)) < 4:
+        table = rows([os.urandom(_BIG_APPEND_BYTES)], offset)
+        refs += log.append([(KIND_MESSAGES, offset, table)])
+        offset += 1
+        assert log._spare is None, "a spare is being zeroed"
+    assert log.spares_zeroed == 0 and not (tmp_path / SPARE).exists()
+    assert segment_files(tmp_path)[-1].stat().st_size == size  # reserved at the roll
+    log.close()
+    reopened = SegmentLog(str(tmp_path), segment_bytes=size, sync="fdatasync")
+    assert reopened.open() == refs
+    reopened.close()
+
+
 def test_the_encoding_buffer_is_reused_and_each_payload_decodes_to_its_table() -> None:
     from spark_mq.journal.ipc_payloads import Scratch, decode_table
 

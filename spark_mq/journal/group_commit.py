@@ -47,14 +47,13 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 
 from spark_mq.errors import DestinationNotFound, SparkMQError
 from spark_mq.journal.base import AppendResult
 from spark_mq.journal.settlements import Settlement, SettlementRows
-from spark_mq.journal.sinks import CommitSink, Rows, as_journal_error
+from spark_mq.journal.sinks import CommitSink, PipelinedSink, Rows, Written, as_journal_error
 from spark_mq.plain import PlainMessage, PlainRows
 from spark_mq.schema import with_offsets
 
@@ -155,9 +154,9 @@ class _Flight:
     end: int  # one past its last offset
     results: list[AppendResult]
     settle_rows: SettlementRows | None
-    written: Any = None  # the sink's record of the write (hot_tier.Written)
+    written: Written | None = None  # pipelined: where the sink wrote it
     taken: list[_Record] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
+    started: float = 0.0  # time.perf_counter() when its commit began
 
 
 @dataclass
@@ -209,11 +208,11 @@ class DestinationWriter:
         self.stats = WriterStats()
         # a sink that can (the hot tier) gets its flushes written by the writer thread and
         # synced by this one meanwhile: flushes written, not yet durable, oldest first
-        self._pipelined = getattr(sink, "pipelined", False)
+        self._pipe: PipelinedSink | None = sink if getattr(sink, "pipelined", False) else None  # type: ignore[assignment]
         self._in_flight: deque[_Flight] = deque()
         self._syncer: threading.Thread | None = None
         self._sync_stop = False
-        if self._pipelined:
+        if self._pipe is not None:
             self._syncer = threading.Thread(
                 target=self._sync_loop, name=f"journal-sync-{destination}", daemon=True
             )
@@ -376,14 +375,14 @@ class DestinationWriter:
 
     def _run(self) -> None:
         while self._wait_due():
-            if self._pipelined:
+            if self._pipe is not None:
                 with self._cond:  # a bounded pipeline: a flush waits for room
                     while len(self._in_flight) >= MAX_IN_FLIGHT:
                         self._cond.wait()
             with self._commit_lock:
                 with self._cond:
                     taken = self._take_now() if self._records else None
-                if taken and self._pipelined:
+                if taken and self._pipe is not None:
                     self._write(taken)
                 elif taken:  # (an inline commit may have taken them meanwhile)
                     self._flush(taken)
@@ -437,12 +436,14 @@ class DestinationWriter:
     # -- the pipeline: the writer thread writes, the syncer makes durable and answers ------------
     def _write(self, taken: list[_Record]) -> None:
         """Write ``taken`` (the writer thread, holding the commit lock) for the syncer to sync."""
+        assert self._pipe is not None
+        started = time.perf_counter()
         messages = [r for r in taken if not r.is_settlement]
         settles = [r for r in taken if r.is_settlement]
         try:
             rows, offset, results = self._numbered(messages)
             settle_rows = SettlementRows([r.payload for r in settles]) if settles else None  # type: ignore[arg-type]
-            written = self._sink.write(rows, offset, settle_rows)  # type: ignore[attr-defined]
+            written = self._pipe.write(rows, offset, settle_rows)
         except BaseException as exc:  # keep the writer alive; every future hears of it
             log.exception("journal writer for %r failed", self.destination)
             written = as_journal_error(exc, self.destination)
@@ -453,18 +454,21 @@ class DestinationWriter:
             self._assigned = offset
         with self._cond:
             self._in_flight.append(
-                _Flight(messages, settles, rows, offset, results, settle_rows, written, taken)
+                _Flight(
+                    messages, settles, rows, offset, results, settle_rows, written, taken, started
+                )
             )
             self._cond.notify_all()
 
     def _sync_loop(self) -> None:
+        assert self._pipe is not None
         while True:
             with self._cond:
                 while not self._in_flight and not self._sync_stop:
                     self._cond.wait()
                 if not self._in_flight:
                     return
-            durable, error = self._sink.sync()  # type: ignore[attr-defined]
+            durable, error = self._pipe.sync()
             if error is None:
                 with self._cond:
                     done = [f for f in self._in_flight if f.written.last_lsn <= durable]
@@ -478,7 +482,7 @@ class DestinationWriter:
             # lost, perhaps, since the last good sync: cut off, and failed (no commit meanwhile)
             with self._commit_lock:
                 try:
-                    self._sink.drop_unsynced()  # type: ignore[attr-defined]
+                    self._pipe.drop_unsynced()
                 except SparkMQError:
                     log.exception(
                         "journal writer for %r: could not cut a failed sync off", self.destination
@@ -497,8 +501,9 @@ class DestinationWriter:
                     self._cond.notify_all()
 
     def _publish(self, f: _Flight) -> None:
+        assert self._pipe is not None and f.written is not None
         try:
-            self._sink.published(f.written)  # type: ignore[attr-defined]
+            self._pipe.published(f.written)
             self._finish(f, None, None)
         except BaseException as exc:
             log.exception("journal writer for %r failed", self.destination)

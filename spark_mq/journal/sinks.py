@@ -30,6 +30,39 @@ class CommitSink(Protocol):
     def close(self, *, drain: bool) -> None: ...
 
 
+class Written(Protocol):
+    """A pipelined sink's record of a flush it wrote."""
+
+    @property
+    def last_lsn(self) -> int: ...
+
+
+class PipelinedSink(CommitSink, Protocol):
+    """A sink that can write a flush and make it durable apart (the hot tier): the writer
+    thread writes the next flush while another thread syncs the last."""
+
+    pipelined: bool  # True
+
+    def write(
+        self, messages: Rows | None, end_offset: int, settlements: SettlementRows | None
+    ) -> Written | SparkMQError:
+        """Write both parts, not yet durable; the error when nothing of them was kept."""
+        ...
+
+    def sync(self) -> tuple[int, SparkMQError | None]:
+        """Make what was written durable: the last durable record's number (``last_lsn``),
+        and the error of a failed sync (then :meth:`drop_unsynced` before the next write)."""
+        ...
+
+    def drop_unsynced(self) -> None:
+        """Forget whatever was written since the last durable record."""
+        ...
+
+    def published(self, written: Written) -> None:
+        """``written`` is durable and its commit done."""
+        ...
+
+
 def as_journal_error(exc: Exception, destination: str) -> SparkMQError:
     if isinstance(exc, SparkMQError):
         return exc
