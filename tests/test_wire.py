@@ -546,3 +546,20 @@ def test_a_synchronous_send_goes_after_what_the_producer_buffered(broker: Runnin
         got = receive_n(c, 5)
     assert [m.body for m in got] == [b"first", b"second", b"third", b"fourth", b"fifth"]
     assert got[3].dedup_id == "mine" and got[4].headers == {"h": "v"}
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("asked", [None, "system"])
+def test_the_broker_process_gives_arrow_jemalloc_unless_told_otherwise(
+    tmp_path: Path, asked: str | None
+) -> None:
+    from spark_mq.launch import BrokerProcess
+
+    expected = asked or ("jemalloc" if "jemalloc" in pa.supported_memory_backends() else None)
+    env = {"ARROW_DEFAULT_MEMORY_POOL": asked} if asked else {}
+    log_file = tmp_path / "broker.log"
+    proc = BrokerProcess(str(tmp_path / "data"), env=env, log_file=str(log_file)).start()
+    assert proc.stop() == 0
+    said = [line for line in log_file.read_text().splitlines() if "listening on" in line]
+    assert len(said) == 1
+    assert said[0].endswith(f"Arrow memory: {expected or pa.default_memory_pool().backend_name})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -9,6 +10,8 @@ import os
 import signal
 import threading
 from pathlib import Path
+
+import pyarrow as pa
 
 from spark_mq.broker.core import Broker
 from spark_mq.broker.server import FlightService
@@ -71,6 +74,25 @@ def settle_garbage_collector() -> None:
     gc.set_threshold(10_000, 20, 20)
 
 
+def choose_memory_pool() -> str:
+    """Give Arrow's buffers jemalloc in the broker's process, unless told otherwise
+    (``ARROW_DEFAULT_MEMORY_POOL``) or this pyarrow lacks it; returns the allocator in use.
+
+    Under batched produce every 1 MiB frame is received into a new buffer that the queue then
+    holds. pyarrow's default, mimalloc, maps and touches such memory inside the allocation,
+    with the wire loop holding the GIL (now and then for milliseconds): the loop spent 2 ms a
+    frame allocating, against 0.3 with jemalloc, whose pages are first touched by ``recv_into``
+    with the GIL released. Measured in interleaved pairs: batched produce 216-302k msg/s against
+    221-279k (three pairs; 251-268k against 225-227k with the loop profiled), and latency at
+    1,000 msg/s after a batched run p99 2.2-3.5 ms against 4.9-31 (three pairs).
+    """
+    if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        with contextlib.suppress(NotImplementedError):  # a build without jemalloc
+            if "jemalloc" in pa.supported_memory_backends():
+                pa.set_memory_pool(pa.jemalloc_memory_pool())
+    return pa.default_memory_pool().backend_name
+
+
 def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
     """Run until SIGTERM or SIGINT; pending commits are flushed before exit."""
     setup_logging(
@@ -89,6 +111,7 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    allocator = choose_memory_pool()
     running = RunningBroker(Broker(config), config.broker.host, config.broker.port)
     settle_garbage_collector()
     wire_at = "no port (broker.wire = false)"
@@ -97,11 +120,13 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
         if running.wire.local_name:
             wire_at += f" and local socket @{running.wire.local_name}"
     log.info(
-        "sparkmq broker listening on %s, direct wire on %s (data: %s, persistence: %s)",
+        "sparkmq broker listening on %s, direct wire on %s (data: %s, persistence: %s, "
+        "Arrow memory: %s)",
         running.url,
         wire_at,
         config.broker.data_dir,
         config.broker.persistence,
+        allocator,
     )
     if ready_file:
         tmp = f"{ready_file}.tmp"
