@@ -176,3 +176,23 @@ def test_delta_commit_is_idempotent_and_checkpointed(tmp_path: Path) -> None:
     assert store2.committed_end("q") == 12
     log_dir = Path(layout.messages_uri(str(tmp_path), "q")) / "_delta_log"
     assert any(name.endswith(".checkpoint.parquet") for name in os.listdir(log_dir))
+
+
+def test_message_files_keep_statistics_for_reads_by_offset_but_none_of_bodies(
+    tmp_path: Path,
+) -> None:
+    import pyarrow.parquet as pq
+
+    from spark_mq.schema import with_offsets
+
+    store = DeltaStore(str(tmp_path))
+    store.create_logs("q")
+    store.commit_messages("q", with_offsets(rows([b"b", b"a"]), 0), 2)
+    [path] = Path(layout.messages_uri(str(tmp_path), "q")).glob("*.parquet")
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    stats = {
+        group.column(i).path_in_schema: group.column(i).statistics for i in range(group.num_columns)
+    }
+    assert stats["offset"].has_min_max and (stats["offset"].min, stats["offset"].max) == (0, 1)
+    assert stats["body"] is None or not stats["body"].has_min_max
+    assert store.read_messages("q", 0, None)["body"].to_pylist() == [b"b", b"a"]

@@ -17,7 +17,14 @@ import threading
 import fsspec
 import pyarrow as pa
 import pyarrow.dataset as pds
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import (
+    ColumnProperties,
+    CommitProperties,
+    DeltaTable,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from spark_mq.journal import layout
@@ -31,9 +38,21 @@ from spark_mq.schema import (
 )
 
 COMMIT_ATTEMPTS = 5  # per append, each after reloading the table's latest version
+# A message's body is opaque: min/max statistics of it skip nothing (readers select by offset)
+# and took a fifth of a move's time (130,000 random 1 KiB bodies: 194-231 ms against 224-311,
+# four runs each; 72-87 against 82-93 for one body repeated). Snappy, as without properties.
+MESSAGE_WRITER = WriterProperties(
+    compression="SNAPPY", column_properties={"body": ColumnProperties(statistics_enabled="NONE")}
+)
 
 
-def _append(dt: DeltaTable, rows: pa.Table, app_id: str | None, version: int | None) -> None:
+def _append(
+    dt: DeltaTable,
+    rows: pa.Table,
+    app_id: str | None,
+    version: int | None,
+    writer: WriterProperties | None = None,
+) -> None:
     """Append idempotently, reloading the table when another writer's commit got in first.
 
     Our appends are blind, but delta-rs checks them against the snapshot the table object holds:
@@ -48,7 +67,14 @@ def _append(dt: DeltaTable, rows: pa.Table, app_id: str | None, version: int | N
             return  # a retry of a commit that already landed
         try:
             # merge: a table written by an older version gains the columns added since
-            write_deltalake(dt, rows, mode="append", commit_properties=props, schema_mode="merge")
+            write_deltalake(
+                dt,
+                rows,
+                mode="append",
+                commit_properties=props,
+                schema_mode="merge",
+                writer_properties=writer,
+            )
             return
         except CommitFailedError:
             if attempt == COMMIT_ATTEMPTS - 1:
@@ -149,7 +175,8 @@ class DeltaStore:
 
     def commit_messages(self, destination: str, rows: pa.Table, end_offset: int) -> None:
         with translate("committing messages", destination):
-            _append(self._messages(destination), rows, layout.MESSAGES_APP_ID, end_offset)
+            table = self._messages(destination)
+            _append(table, rows, layout.MESSAGES_APP_ID, end_offset, MESSAGE_WRITER)
 
     def read_messages(self, destination: str, start: int, end: int | None) -> pa.Table:
         with translate("reading messages", destination):
