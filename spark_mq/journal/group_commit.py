@@ -187,7 +187,9 @@ class DestinationWriter:
         self.destination = destination
         self._sink = sink
         self._next_offset = next_offset  # one past the last durable offset
-        self._assigned = next_offset  # one past the last offset given (written, maybe not synced)
+        # one past the last offset given (written, maybe not yet synced); only the holder of the
+        # commit lock reads or changes it
+        self._assigned = next_offset
         self._timeout = buffer_timeout_s
         self._settle_timeout = max(settle_timeout_s, buffer_timeout_s)
         self._size = buffer_size_bytes
@@ -393,21 +395,26 @@ class DestinationWriter:
             self._commit(taken)
         except BaseException as exc:  # keep the writer alive; every future hears of it
             log.exception("journal writer for %r failed", self.destination)
-            for r in taken:
-                if not r.future.done():
-                    r.future.set_exception(exc)
+            _fail(taken, exc)
         finally:
             self.stats.last_commit_ms = (time.perf_counter() - started) * 1000
             self._release(taken)
 
     def _commit(self, taken: list[_Record]) -> None:
+        f = self._flight(taken)
+        msg_error, settle_error = self._sink.commit(f.rows, f.end, f.settle_rows)
+        if f.rows is not None and msg_error is None:
+            self._assigned = f.end  # (the commit lock is held: numbering is this thread's)
+        self._finish(f, msg_error, settle_error)
+
+    def _flight(self, taken: list[_Record]) -> _Flight:
+        """``taken`` numbered (from ``_assigned``), as one flush's rows; caller holds the commit
+        lock."""
         messages = [r for r in taken if not r.is_settlement]
         settles = [r for r in taken if r.is_settlement]
-        rows, offset, results = self._numbered(messages)
+        rows, end, results = self._numbered(messages)
         settle_rows = SettlementRows([r.payload for r in settles]) if settles else None  # type: ignore[arg-type]
-        msg_error, settle_error = self._sink.commit(rows, offset, settle_rows)
-        flight = _Flight(messages, settles, rows, offset, results, settle_rows)
-        self._finish(flight, msg_error, settle_error)
+        return _Flight(messages, settles, rows, end, results, settle_rows, taken=taken)
 
     def _finish(
         self, f: _Flight, msg_error: SparkMQError | None, settle_error: SparkMQError | None
@@ -415,8 +422,8 @@ class DestinationWriter:
         """Tell a flush's submitters how it went (a durable one: ``on_commit`` first)."""
         resolving = getattr(_here, "resolving", None)  # None: resolve them now
         if f.rows is not None and self._resolve(f.messages, msg_error):
-            with self._cond:  # (the writer may have numbered later flushes meanwhile)
-                self._next_offset, self._assigned = f.end, max(self._assigned, f.end)
+            with self._cond:
+                self._next_offset = f.end
             self.stats.messages += f.rows.num_rows
             if self._on_commit is not None:
                 self._on_commit(self.destination, f.rows)
@@ -438,26 +445,21 @@ class DestinationWriter:
         """Write ``taken`` (the writer thread, holding the commit lock) for the syncer to sync."""
         assert self._pipe is not None
         started = time.perf_counter()
-        messages = [r for r in taken if not r.is_settlement]
-        settles = [r for r in taken if r.is_settlement]
         try:
-            rows, offset, results = self._numbered(messages)
-            settle_rows = SettlementRows([r.payload for r in settles]) if settles else None  # type: ignore[arg-type]
-            written = self._pipe.write(rows, offset, settle_rows)
+            f = self._flight(taken)
+            written = self._pipe.write(f.rows, f.end, f.settle_rows)
         except BaseException as exc:  # keep the writer alive; every future hears of it
             log.exception("journal writer for %r failed", self.destination)
             written = as_journal_error(exc, self.destination)
         if isinstance(written, SparkMQError):  # nothing of it was kept
-            self._fail(taken, written)
+            _fail(taken, written)
+            self._release(taken)
             return
-        if rows is not None:
-            self._assigned = offset
+        f.written, f.started = written, started
+        if f.rows is not None:
+            self._assigned = f.end  # only ever changed under the commit lock
         with self._cond:
-            self._in_flight.append(
-                _Flight(
-                    messages, settles, rows, offset, results, settle_rows, written, taken, started
-                )
-            )
+            self._in_flight.append(f)
             self._cond.notify_all()
 
     def _sync_loop(self) -> None:
@@ -495,9 +497,10 @@ class DestinationWriter:
                         self._publish(f)
                     else:
                         self.stats.failed_commits += 1
-                        self._fail(f.taken, error)
+                        _fail(f.taken, error)
+                        self._release(f.taken)
+                self._assigned = self._next_offset  # numbering resumes after the durable
                 with self._cond:
-                    self._assigned = self._next_offset
                     self._cond.notify_all()
 
     def _publish(self, f: _Flight) -> None:
@@ -507,18 +510,10 @@ class DestinationWriter:
             self._finish(f, None, None)
         except BaseException as exc:
             log.exception("journal writer for %r failed", self.destination)
-            for r in f.taken:
-                if not r.future.done():
-                    r.future.set_exception(exc)
+            _fail(f.taken, exc)
         finally:
             self.stats.last_commit_ms = (time.perf_counter() - f.started) * 1000
             self._release(f.taken)
-
-    def _fail(self, taken: list[_Record], error: BaseException) -> None:
-        for r in taken:
-            if not r.future.done():
-                r.future.set_exception(error)
-        self._release(taken)
 
     def _numbered(self, messages: list[_Record]) -> tuple[Rows | None, int, list[AppendResult]]:
         """The messages with their offsets, the end offset, and each record's result."""
@@ -553,6 +548,13 @@ class DestinationWriter:
         for r in records:
             r.future.set_exception(error)
         return False
+
+
+def _fail(records: list[_Record], error: BaseException) -> None:
+    """Every record not answered yet hears of ``error``."""
+    for r in records:
+        if not r.future.done():
+            r.future.set_exception(error)
 
 
 def _one_table(tables: list[pa.Table]) -> pa.Table | None:

@@ -455,6 +455,9 @@ def _as_tables(records: list[pa.Table | PlainRows | SettlementRows]) -> list[pa.
     return out
 
 
+_BIG_BATCH_ROWS = 256  # a batch this big goes to delta-rs as it is (see _few_batches)
+
+
 def _few_batches(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
     """The records of one move as a table of ``schema`` in few record batches.
 
@@ -484,9 +487,6 @@ def _few_batches(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
         batches.append(batch)
     batches += _combined(run, table.schema)
     return pa.Table.from_batches(batches, schema=table.schema)
-
-
-_BIG_BATCH_ROWS = 256
 
 
 def _combined(batches: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
