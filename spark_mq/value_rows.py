@@ -43,7 +43,10 @@ class ValueRows(Generic[T]):
 
     def get_total_buffer_size(self) -> int:
         """About what the records take in memory (the name is ``pa.Table``'s)."""
-        return sum(item.nbytes for item in self.items)
+        items = self.items
+        if len(items) == 1:  # the usual commit of a plain message or an ack
+            return items[0].nbytes
+        return sum(item.nbytes for item in items)
 
     def table(self) -> pa.Table:
         """The records as rows (built once)."""

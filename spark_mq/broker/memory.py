@@ -37,6 +37,8 @@ def default_budget() -> int:
 
 def state_of(used: int, budget: int) -> str:
     share = used / budget if budget else 0.0
+    if share < THRESHOLDS[1]:  # the usual answer, asked at every produce
+        return STATES[0]
     state = STATES[0]
     for name, threshold in zip(STATES, THRESHOLDS, strict=True):
         if share >= threshold:

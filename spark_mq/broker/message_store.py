@@ -92,7 +92,10 @@ class Chunk:
     def of_plain(cls, rows: PlainRows) -> Chunk:
         """Plain messages: the default priority, no group, expiry or delivery time."""
         n = rows.num_rows
-        offsets = np.fromiter((m.offset for m in rows.items), np.int64, n)
+        if n == 1:
+            offsets = np.array([rows.items[0].offset], np.int64)
+        else:
+            offsets = np.fromiter((m.offset for m in rows.items), np.int64, n)
         priority = _ONE_PRIORITY if n == 1 else np.full(n, DEFAULT_PRIORITY, np.int32)
         return cls(offsets, None, priority, None, None, None, plain=rows)
 
@@ -130,7 +133,7 @@ class Chunk:
         return self._props[i]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Entries:
     """A slice of one chunk: offsets and their dispatch columns (``None``: all absent)."""
 
@@ -198,9 +201,11 @@ class MessageStore:
         """The held offsets >= ``start`` with their dispatch columns, chunk by chunk."""
         with self._lock:
             i = max(bisect.bisect_right(self._firsts, start) - 1, 0)
-            chunks = self._chunks[i:]
-        for chunk in chunks:
-            j = int(np.searchsorted(chunk.offsets, start))
+            chunks, firsts = self._chunks[i:], self._firsts[i:]
+        for chunk, first in zip(chunks, firsts, strict=True):
+            # from its start (the usual case: a subscription taking in a new commit) without
+            # numpy's search: a call on a one-row chunk cost more than the rest of this
+            j = 0 if start <= first else int(chunk.offsets.searchsorted(start))
             if j < len(chunk.offsets):
                 yield Entries(chunk, j)
 

@@ -43,7 +43,7 @@ Delivery = tuple[int, int, bool]  # offset, delivery count, first of its group f
 _DUE_SLACK_S = 1e-6  # see _promote_due
 
 
-@dataclass
+@dataclass(slots=True)
 class Lease:
     consumer_id: int
     delivery_count: int
@@ -144,7 +144,7 @@ class Subscription(Housekeeping):
         """Take in what the store holds from ``next_offset`` on (caller holds the lock)."""
         if self.next_offset >= self._store.end:
             return
-        now_us = int(self._wall() * 1_000_000)
+        now_us = 0  # (read from the clock once a message has a delivery time)
         attempts = self.settings.max_delivery_attempts
         end = self.next_offset
         for part in self._store.entries(self.next_offset):  # a snapshot of the chunks
@@ -190,7 +190,9 @@ class Subscription(Housekeeping):
                     self._expiry[o] = int(expiry[i])
                 if attempts and self._counts.get(o, 0) >= attempts:
                     self._doom(o, p, "dead")
-                elif deliver is not None and deliver[i] > now_us:
+                elif deliver is not None and deliver[i] > (
+                    now_us := now_us or int(self._wall() * 1_000_000)
+                ):
                     self._schedule(o, p, deliver[i] / 1_000_000)
                 else:
                     ready.setdefault(p, []).append(o)
@@ -255,14 +257,16 @@ class Subscription(Housekeeping):
             if self.settings.delivery_policy == "failover" and self._consumers[:1] != [consumer_id]:
                 return []
             self._ingest()
-            promoted = self._promote_due(self._wall())
+            promoted = self._promote_due(self._wall()) if self._scheduled else 0
             if not self._ready_n:
                 return []
             out = self._pick(consumer_id, limit, selector, below)
             deadline = self._now() + (self.lease_s if lease_s is None else lease_s)
+            grouped = bool(self._groups)
             for offset, count, _first, p in out:
                 self._leases[offset] = Lease(consumer_id, count, deadline, p)
-                self._groups.leased(offset)
+                if grouped:
+                    self._groups.leased(offset)
             left = promoted and self._ready_n
         if left:  # the timer will not promote what this consumer left: the others must hear
             self.wake()
@@ -273,19 +277,24 @@ class Subscription(Housekeeping):
     ) -> list[tuple[int, int, bool, int]]:
         out: list[tuple[int, int, bool, int]] = []
         simple = selector is None and not self._groups and not self._expiry
-        now_us = int(self._wall() * 1_000_000)
+        now_us = 0 if simple else int(self._wall() * 1_000_000)
         budget = self.max_scan
-        for p in sorted(self._ready, reverse=True):
-            sl = self._ready[p]
+        ready = self._ready
+        for p in sorted(ready, reverse=True) if len(ready) > 1 else ready:
+            sl = ready[p]
             if not sl:
                 continue
             want = limit - len(out)
             if simple:
-                if below is None:
-                    chosen = list(sl.islice(0, want))
+                if below is None and len(sl) <= want:  # all of them (a consumer keeping up)
+                    chosen = list(sl)
+                    sl.clear()
                 else:
-                    chosen = list(itertools.islice(sl.irange(maximum=below - 1), want))
-                del sl[: len(chosen)]
+                    if below is None:
+                        chosen = list(sl.islice(0, want))
+                    else:
+                        chosen = list(itertools.islice(sl.irange(maximum=below - 1), want))
+                    del sl[: len(chosen)]
                 self._ready_n -= len(chosen)
                 out.extend((o, self._counts.pop(o, 0) + 1, False, p) for o in chosen)
             else:

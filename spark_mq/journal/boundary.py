@@ -20,9 +20,20 @@ def translate(what: str, destination: str | None = None) -> Iterator[None]:
     try:
         yield
     except UPSTREAM_ERRORS as exc:
-        hint = ""
-        if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left" in str(exc):
-            hint = " (the disk is full: free space, then retry; nothing unacknowledged was kept)"
-        raise JournalError(
-            f"{what} failed: {type(exc).__name__}: {exc}{hint}", destination=destination or ""
-        ) from exc
+        raise translated(exc, what, destination) from exc
+
+
+def translated(exc: Exception, what: str, destination: str | None = None) -> Exception:
+    """An upstream error met while doing ``what`` as :class:`JournalError` (others as they
+    are): what :func:`translate` raises, for a hot path that catches errors itself (entering
+    a generator's context manager costs a few microseconds)."""
+    if not isinstance(exc, UPSTREAM_ERRORS):
+        return exc
+    hint = ""
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left" in str(exc):
+        hint = " (the disk is full: free space, then retry; nothing unacknowledged was kept)"
+    err = JournalError(
+        f"{what} failed: {type(exc).__name__}: {exc}{hint}", destination=destination or ""
+    )
+    err.__cause__ = exc
+    return err

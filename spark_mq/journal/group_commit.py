@@ -136,7 +136,7 @@ def committing_elsewhere() -> Iterator[None]:
         _here.writers = writers
 
 
-@dataclass
+@dataclass(slots=True)
 class _Record:
     payload: pa.Table | PlainMessage | Settlement
     future: Future
@@ -144,7 +144,7 @@ class _Record:
     nbytes: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Flight:
     """One flush: its records and rows, and (pipelined) where they were written."""
 
@@ -195,7 +195,10 @@ class DestinationWriter:
         self._size = buffer_size_bytes
         self._max_pending = max_pending_bytes
         self._on_commit = on_commit
-        self._cond = threading.Condition()
+        # one lock (a condition's, entered directly on the hot paths: Condition.__enter__ is a
+        # Python call around it)
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         self._commit_lock = threading.Lock()  # one commit at a time: the thread's, or inline
         self._records: list[_Record] = []
         self._messages = 0  # how many of the records are messages (not settlements)
@@ -227,7 +230,7 @@ class DestinationWriter:
     @property
     def next_offset(self) -> int:
         """One past the last durable offset."""
-        with self._cond:
+        with self._mutex:
             return self._next_offset
 
     def submit(self, record: pa.Table | PlainMessage | Settlement) -> Future:
@@ -239,7 +242,7 @@ class DestinationWriter:
         else:
             nbytes = record.get_total_buffer_size()  # a table's .nbytes: ~16 us even for one row
         inline = getattr(_here, "writers", None)
-        with self._cond:
+        with self._mutex:
             # bounded buffer: block the caller while the writer is behind (back-pressure)
             while self._pending_bytes > self._max_pending and not self._closing:
                 self._cond.notify_all()  # records held for an inline commit go now
@@ -276,7 +279,7 @@ class DestinationWriter:
         """
         while True:
             with self._commit_lock:
-                with self._cond:
+                with self._mutex:
                     if not self._records:
                         return None
                     if self._in_flight:  # they go after the flushes being synced: its way
@@ -293,7 +296,7 @@ class DestinationWriter:
 
     def flush(self) -> None:
         """Ask for an immediate commit of what is buffered and wait for it."""
-        with self._cond:
+        with self._mutex:
             futures = [r.future for r in self._records]
             self._flush_requested = True
             self._cond.notify_all()
@@ -302,7 +305,7 @@ class DestinationWriter:
 
     def close(self, *, drain: bool = True) -> None:
         """Stop the writer; with ``drain`` everything buffered is committed first."""
-        with self._cond:
+        with self._mutex:
             self._closing = True
             if not drain:
                 err = DestinationNotFound(
@@ -316,7 +319,7 @@ class DestinationWriter:
             self._cond.notify_all()
         self._thread.join()
         if self._syncer is not None:
-            with self._cond:
+            with self._mutex:
                 self._sync_stop = True
                 self._cond.notify_all()
             self._syncer.join()
@@ -334,7 +337,7 @@ class DestinationWriter:
 
     def _wait_due(self) -> bool:
         """Wait until a flush is due; False once closing with nothing left."""
-        with self._cond:
+        with self._mutex:
             try:
                 while True:
                     if self._records:
@@ -369,7 +372,7 @@ class DestinationWriter:
         return taken
 
     def _release(self, taken: list[_Record]) -> None:
-        with self._cond:
+        with self._mutex:
             self._pending_bytes -= sum(r.nbytes for r in taken)
             self.stats.pending_bytes = self._pending_bytes
             if self._blocked:  # not otherwise: it would wake the writer thread for nothing
@@ -378,11 +381,11 @@ class DestinationWriter:
     def _run(self) -> None:
         while self._wait_due():
             if self._pipe is not None:
-                with self._cond:  # a bounded pipeline: a flush waits for room
+                with self._mutex:  # a bounded pipeline: a flush waits for room
                     while len(self._in_flight) >= MAX_IN_FLIGHT:
                         self._cond.wait()
             with self._commit_lock:
-                with self._cond:
+                with self._mutex:
                     taken = self._take_now() if self._records else None
                 if taken and self._pipe is not None:
                     self._write(taken)
@@ -422,7 +425,7 @@ class DestinationWriter:
         """Tell a flush's submitters how it went (a durable one: ``on_commit`` first)."""
         resolving = getattr(_here, "resolving", None)  # None: resolve them now
         if f.rows is not None and self._resolve(f.messages, msg_error):
-            with self._cond:
+            with self._mutex:
                 self._next_offset = f.end
             self.stats.messages += f.rows.num_rows
             if self._on_commit is not None:
@@ -458,25 +461,25 @@ class DestinationWriter:
         f.written, f.started = written, started
         if f.rows is not None:
             self._assigned = f.end  # only ever changed under the commit lock
-        with self._cond:
+        with self._mutex:
             self._in_flight.append(f)
             self._cond.notify_all()
 
     def _sync_loop(self) -> None:
         assert self._pipe is not None
         while True:
-            with self._cond:
+            with self._mutex:
                 while not self._in_flight and not self._sync_stop:
                     self._cond.wait()
                 if not self._in_flight:
                     return
             durable, error = self._pipe.sync()
             if error is None:
-                with self._cond:
+                with self._mutex:
                     done = [f for f in self._in_flight if f.written.last_lsn <= durable]
                 for f in done:  # still listed meanwhile: an inline commit waits for them
                     self._publish(f)
-                with self._cond:
+                with self._mutex:
                     for _ in done:
                         self._in_flight.popleft()
                     self._cond.notify_all()
@@ -489,7 +492,7 @@ class DestinationWriter:
                     log.exception(
                         "journal writer for %r: could not cut a failed sync off", self.destination
                     )
-                with self._cond:
+                with self._mutex:
                     flights = list(self._in_flight)
                     self._in_flight.clear()
                 for f in flights:
@@ -500,7 +503,7 @@ class DestinationWriter:
                         _fail(f.taken, error)
                         self._release(f.taken)
                 self._assigned = self._next_offset  # numbering resumes after the durable
-                with self._cond:
+                with self._mutex:
                     self._cond.notify_all()
 
     def _publish(self, f: _Flight) -> None:

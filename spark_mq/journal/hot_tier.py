@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from spark_mq.errors import SparkMQError
 from spark_mq.journal import failpoints
 from spark_mq.journal.base import LogStore
-from spark_mq.journal.boundary import translate
+from spark_mq.journal.boundary import translate, translated
 from spark_mq.journal.segments import (
     KIND_MESSAGES,
     KIND_PLAIN,
@@ -66,7 +66,7 @@ class HotTierSettings:
     max_bytes: int = 1024 * 1024 * 1024
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     ref: RecordRef
     # as written since the start: PlainRows (KIND_PLAIN), SettlementRows (KIND_PLAIN_SETTLEMENTS);
@@ -75,7 +75,7 @@ class _Pending:
     written_at: float  # time.monotonic() of the append (of the open, for recovered records)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Written:
     """A flush's records as written to the segment log (durable once synced)."""
 
@@ -111,7 +111,8 @@ class HotTier:
         self._store = store
         self._settings = settings
         self._log = SegmentLog(directory, segment_bytes=settings.segment_bytes, sync=settings.sync)
-        self._cond = threading.Condition()
+        self._mutex = threading.RLock()  # the condition's lock, entered directly
+        self._cond = threading.Condition(self._mutex)
         self._pending: list[_Pending] = []
         self._pending_bytes = 0
         self._segment_last_lsn: dict[int, int] = {}
@@ -197,25 +198,26 @@ class HotTier:
             records.append((kind, end_offset - messages.num_rows, messages))
         if settlements is not None:
             records.append((KIND_PLAIN_SETTLEMENTS, -1, settlements))
-        with self._cond:
-            # bounded: when Delta falls far behind, producers wait instead of filling the disk
-            while self._pending_bytes > self._settings.max_bytes and not self._closing:
-                self._cond.wait()
+        if self._pending_bytes > self._settings.max_bytes:  # (checked again under the lock)
+            with self._mutex:
+                # bounded: when Delta falls far behind, producers wait instead of filling the disk
+                while self._pending_bytes > self._settings.max_bytes and not self._closing:
+                    self._cond.wait()
         try:
-            with translate("appending to the hot tier", self.destination):
-                refs = self._log.append(records, sync=sync)
+            refs = self._log.append(records, sync=sync)
         except Exception as exc:
-            return as_journal_error(exc, self.destination)
+            err = translated(exc, "appending to the hot tier", self.destination)
+            return as_journal_error(err, self.destination)
         return Written(refs, [table for _, _, table in records])
 
     def sync(self) -> tuple[int, SparkMQError | None]:
         """Make every record written so far durable: the lsn durable through, and the error
         when the sync failed (then :meth:`drop_unsynced` must run before the next write)."""
         try:
-            with translate("syncing the hot tier", self.destination):
-                return self._log.sync(), None
+            return self._log.sync(), None
         except Exception as exc:
-            return self._log.synced_lsn, as_journal_error(exc, self.destination)
+            err = translated(exc, "syncing the hot tier", self.destination)
+            return self._log.synced_lsn, as_journal_error(err, self.destination)
 
     def drop_unsynced(self) -> None:
         """Forget what was written since the last durable record (after a failed sync)."""
@@ -225,7 +227,7 @@ class HotTier:
     def published(self, written: Written) -> None:
         """Durable records: now the mover's to take to Delta."""
         now = time.monotonic()
-        with self._cond:
+        with self._mutex:
             was_empty = not self._pending
             for ref, table in zip(written.refs, written.tables, strict=True):
                 self._pending.append(_Pending(ref, table, now))
@@ -242,7 +244,7 @@ class HotTier:
 
         Returns False when ``timeout`` passed first (Delta unreachable, say).
         """
-        with self._cond:
+        with self._mutex:
             target = self._pending[-1].ref.lsn if self._pending else self._moved_lsn
             self._move_target = max(self._move_target, target)
             self._cond.notify_all()
@@ -265,7 +267,7 @@ class HotTier:
     def _move_loop(self) -> None:
         backoff = 0.0
         while True:
-            with self._cond:
+            with self._mutex:
                 while not self._due():
                     if self._closing:
                         return
@@ -290,13 +292,13 @@ class HotTier:
                     backoff,
                     exc,
                 )
-                with self._cond:
+                with self._mutex:
                     if self._closing:
                         return  # they stay in the segments; the next start moves them
                     self._cond.wait(backoff)
                 continue
             backoff = 0.0
-            with self._cond:
+            with self._mutex:
                 del self._pending[: len(batch)]
                 self._pending_bytes -= sum(p.ref.size for p in batch)
                 self._moves += 1
@@ -321,7 +323,7 @@ class HotTier:
         """
         while batch:
             del batch[-_LET_GO_EACH:]
-            with self._cond:
+            with self._mutex:
                 rest = (
                     not self._closing
                     and self._move_target <= self._moved_lsn
@@ -359,7 +361,7 @@ class HotTier:
 
     def _retire_moved(self) -> None:
         """Delete sealed segments none of whose records still waits for the mover."""
-        with self._cond:
+        with self._mutex:
             first_pending = self._pending[0].ref.lsn if self._pending else self._log.next_lsn
             active = self._log.active_segment
             done = [
@@ -368,14 +370,14 @@ class HotTier:
                 if seq != active and last < first_pending
             ]
         if done and self._log.retire(done):
-            with self._cond:
+            with self._mutex:
                 for seq in done:
                     self._segment_last_lsn.pop(seq, None)
 
     # -- reading -----------------------------------------------------------------------------
     def read_messages(self, start: int, end: int | None) -> pa.Table:
         """Rows with ``start <= offset < end``: from Delta, then from the records not yet moved."""
-        with self._cond:
+        with self._mutex:
             delta_end = self._delta_end
             hot = _as_tables([p.table for p in self._pending if p.ref.kind in MESSAGE_KINDS])
         parts = [MESSAGE_SCHEMA.empty_table()]
@@ -393,13 +395,13 @@ class HotTier:
         return pa.concat_tables(parts).sort_by("offset")
 
     def read_settlements(self) -> pa.Table:
-        with self._cond:
+        with self._mutex:
             hot = _as_tables([p.table for p in self._pending if p.ref.kind in SETTLEMENT_KINDS])
         delta = self._store.read_settlements(self.destination)
         return pa.concat_tables([delta, *(conform(t, SETTLEMENT_SCHEMA) for t in hot)])
 
     def stats(self) -> HotTierStats:
-        with self._cond:
+        with self._mutex:
             lag = (time.monotonic() - self._pending[0].written_at) * 1000 if self._pending else 0
             return HotTierStats(
                 delta_end_offset=self._delta_end,
@@ -421,7 +423,7 @@ class HotTier:
         """
         if drain and self._mover is not None:
             self.request_move(wait=True, timeout=10)
-        with self._cond:
+        with self._mutex:
             self._closing = True
             self._cond.notify_all()
         if self._mover is not None:

@@ -108,9 +108,10 @@ _PACE_BYTES = 128 * 1024
 _BIG_APPEND_BYTES = 256 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RecordRef:
-    """Where a durable record sits, without its payload."""
+    """Where a durable record sits, without its payload. (Slotted, not frozen: one is made
+    for every record written, and a frozen class's ``__init__`` costs four times as much.)"""
 
     lsn: int
     kind: int
@@ -129,8 +130,10 @@ class RecordRef:
         return HEADER_BYTES + self.length
 
 
-def encode_record(kind: int, lsn: int, first_offset: int, rows: int, payload: pa.Buffer) -> bytes:
-    header = _HEADER.pack(MAGIC, kind, 0, 0, lsn, first_offset, rows, payload.size)
+def encode_record(
+    kind: int, lsn: int, first_offset: int, rows: int, payload: pa.Buffer | bytes
+) -> bytes:
+    header = _HEADER.pack(MAGIC, kind, 0, 0, lsn, first_offset, rows, len(payload))
     crc = zlib.crc32(payload, zlib.crc32(header))
     return header + _CRC.pack(crc)
 
@@ -432,31 +435,29 @@ class SegmentLog:
         """
         if self._sync_failed:
             raise OSError(errno.EIO, "a sync of this log failed: its unsynced records go first")
-        encoded = []
-        size = 0
-        lsn = self.next_lsn
+        first_lsn = lsn = self.next_lsn
         tables = [t for kind, _, t in records if kind not in _ENCODED]
-        streams = iter(self._scratch.encode(tables) if tables else ())  # type: ignore[arg-type]
-        payloads = [
-            pa.py_buffer(t.encode()) if kind in _ENCODED else next(streams)  # type: ignore[union-attr]
-            for kind, _, t in records
-        ]
-        for (kind, first, table), payload in zip(records, payloads, strict=True):
-            header = encode_record(kind, lsn, first, table.num_rows, payload)
-            encoded.append((kind, first, table.num_rows, lsn, header, payload))
-            size += len(header) + payload.size
+        streams = iter(self._scratch.encode(tables)) if tables else None  # type: ignore[arg-type]
+        buffers: list[bytes | pa.Buffer] = []  # header, payload, header, payload ...
+        counts = []  # each record's rows
+        for kind, first, rows in records:
+            payload = rows.encode() if kind in _ENCODED else next(streams)  # type: ignore[union-attr, call-overload]
+            n = rows.num_rows
+            buffers += (encode_record(kind, lsn, first, n, payload), payload)
+            counts.append(n)
             lsn += 1
+        size = sum(map(len, buffers))
         if self._fd < 0 or (self._position > 0 and self._position + size > self._capacity):
             with self._sync_lock:  # a segment is sealed durable, and never under a sync
                 if self.synced_lsn < self.next_lsn - 1:
                     self._sync_held()
                 self._roll()
-        start = self._position
-        refs, buffers, pos = [], [], start
-        for kind, first, rows, rec_lsn, header, payload in encoded:
-            refs.append(RecordRef(rec_lsn, kind, first, rows, self._active, pos, payload.size))
-            buffers += [header, payload]
-            pos += len(header) + payload.size
+        start = pos = self._position
+        refs = []
+        for i, (kind, first, _) in enumerate(records):
+            length = len(buffers[2 * i + 1])
+            refs.append(RecordRef(first_lsn + i, kind, first, counts[i], self._active, pos, length))
+            pos += HEADER_BYTES + length
         # the write syncs itself only when nothing written before waits for a sync
         alone = self.synced_lsn == self.next_lsn - 1
         flags = _WRITE_FLAGS.get(self.sync_mode, 0) if sync and alone else 0

@@ -58,7 +58,10 @@ class SettlementRows(ValueRows[Settlement]):
 
     @property
     def num_rows(self) -> int:
-        return sum(len(s.offsets) for s in self.items)
+        items = self.items
+        if len(items) == 1:
+            return len(items[0].offsets)
+        return sum(len(s.offsets) for s in items)
 
     @staticmethod
     def build(items: list[Settlement]) -> pa.Table:
