@@ -149,13 +149,25 @@ _NAMES = {cls: name for name, cls in _TYPES.items()}
 
 
 def encode(frame: Frame) -> bytes:
-    if type(frame) is PutAck and frame.offsets is None and not frame.duplicates:
+    kind = type(frame)
+    if kind is PutAck and frame.offsets is None and not frame.duplicates:  # type: ignore[union-attr]
         # the answer to every produce: formatted directly, at a tenth of json.dumps' cost
         return b'{"seq":%d,"first_offset":%d,"count":%d,"type":"put_ack"}' % (
-            frame.seq,
-            frame.first_offset,
-            frame.count,
+            frame.seq,  # type: ignore[union-attr]
+            frame.first_offset,  # type: ignore[union-attr]
+            frame.count,  # type: ignore[union-attr]
         )
+    # an ack and its reply, formatted likewise: the bytes json.dumps writes for them
+    if kind is Settle:
+        pairs = b",".join([b"[%d,%d]" % pair for pair in frame.entries])  # type: ignore[union-attr]
+        return b'{"verb":"%s","request_id":%d,"entries":[%s],"type":"settle"}' % (
+            frame.verb.encode(),  # type: ignore[union-attr]
+            frame.request_id,  # type: ignore[union-attr]
+            pairs,
+        )
+    if kind is Reply and not frame.errors:  # type: ignore[union-attr]
+        ok = b",".join([b"%d" % o for o in frame.ok])  # type: ignore[union-attr]
+        return b'{"request_id":%d,"ok":[%s],"errors":[],"type":"reply"}' % (frame.request_id, ok)  # type: ignore[union-attr]
     # shallow: frames hold only JSON values, and asdict's deep copy of a settle frame's
     # thousand entries cost a consumer more than the rest of its acking
     doc = dict(vars(frame))
@@ -186,6 +198,37 @@ def _str(doc: dict[str, Any], key: str, *, optional: bool = False) -> str | None
 _PUT_ACK = re.compile(
     rb'\{"seq":(\d{1,18}),"first_offset":(\d{1,18}),"count":(\d{1,18}),"type":"put_ack"\}'
 )
+# likewise an ack (settle frame) and its reply, as encode() writes them; anything else (an error
+# in a reply, another field order, spaces) takes json.loads
+_N = rb"(?:0|[1-9]\d{0,17})"
+_PAIR = re.compile(rb"\[(" + _N + rb"),(" + _N + rb")\]")
+_SETTLE = re.compile(
+    rb'\{"verb":"(ack|nack|extend)","request_id":('
+    + _N
+    + rb'),"entries":\[(?:\[('
+    + _N
+    + rb"),("
+    + _N
+    + rb")\]|((?:\["
+    + _N
+    + rb","
+    + _N
+    + rb"\](?:,\["
+    + _N
+    + rb","
+    + _N
+    + rb'\])*)?))\],"type":"settle"\}'
+)
+_VERBS = {b"ack": "ack", b"nack": "nack", b"extend": "extend"}
+_REPLY = re.compile(
+    rb'\{"request_id":('
+    + _N
+    + rb'),"ok":\[((?:'
+    + _N
+    + rb")(?:,"
+    + _N
+    + rb')*)?\],"errors":\[\],"type":"reply"\}'
+)
 
 
 def parse(data: bytes | memoryview | None) -> Frame:
@@ -195,6 +238,16 @@ def parse(data: bytes | memoryview | None) -> Frame:
     if (ack := _PUT_ACK.fullmatch(data)) is not None:
         seq, first, count = ack.groups()
         return PutAck(int(seq), int(first), int(count))
+    if (settle := _SETTLE.fullmatch(data)) is not None:
+        verb, request_id, offset, count, pairs = settle.groups()
+        if pairs is None:  # one entry: the usual ack
+            entries: tuple[tuple[int, int], ...] = ((int(offset), int(count)),)
+        else:
+            entries = tuple((int(o), int(c)) for o, c in _PAIR.findall(pairs))
+        return Settle(_VERBS[verb], int(request_id), entries)
+    if (reply := _REPLY.fullmatch(data)) is not None:
+        request_id, ok = reply.groups()
+        return Reply(int(request_id), tuple(map(int, ok.split(b","))) if ok else ())
     try:
         doc = json.loads(bytes(data))
     except (ValueError, UnicodeDecodeError) as exc:

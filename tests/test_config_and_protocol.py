@@ -109,6 +109,50 @@ def test_frames_round_trip(frame: protocol.Frame) -> None:
     assert protocol.parse(protocol.encode(frame)) == frame
 
 
+_OFFSETS = st.integers(min_value=0, max_value=2**62)
+
+
+@given(
+    st.sampled_from(["ack", "nack", "extend"]),
+    _OFFSETS,
+    st.lists(st.tuples(_OFFSETS, st.integers(min_value=1, max_value=1000)), max_size=20),
+    st.lists(_OFFSETS, max_size=20),
+)
+def test_acks_and_replies_are_written_and_read_as_json_would(
+    verb: str, request_id: int, entries: list[tuple[int, int]], ok: list[int]
+) -> None:
+    """Settle frames and replies are formatted and read without json (every ack makes both):
+    the bytes must be those json.dumps writes, and read back the same either way."""
+    import json
+
+    for frame in (
+        protocol.Settle(verb, request_id, tuple(entries)),  # type: ignore[arg-type]
+        protocol.Reply(request_id, tuple(ok)),
+    ):
+        doc = {**vars(frame), "type": "settle" if isinstance(frame, protocol.Settle) else "reply"}
+        as_json = json.dumps(doc, separators=(",", ":")).encode()
+        assert protocol.encode(frame) == as_json
+        assert protocol.parse(as_json) == frame == protocol.parse(memoryview(as_json))
+        # spaced out, the frame takes json's way, to the same result
+        assert protocol.parse(json.dumps(doc).encode()) == frame
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"verb":"ack","request_id":01,"entries":[[1,1]],"type":"settle"}',  # not JSON
+        b'{"verb":"ack","request_id":1,"entries":[[1,true]],"type":"settle"}',
+        b'{"verb":"ack","request_id":1,"entries":[[1,1],],"type":"settle"}',
+        b'{"verb":"take","request_id":1,"entries":[[1,1]],"type":"settle"}',
+        b'{"request_id":1,"ok":[1,],"errors":[],"type":"reply"}',
+        b'{"request_id":1,"ok":["1"],"errors":[],"type":"reply"}',
+    ],
+)
+def test_a_malformed_ack_or_reply_is_refused(data: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        protocol.parse(data)
+
+
 def test_a_consume_frame_says_which_flag_is_not_true_or_false() -> None:
     for flag in ("durable", "temporary", "compact"):
         doc = b'{"type":"consume","destination":"q","%s":"yes"}' % flag.encode()

@@ -162,6 +162,34 @@ def test_receive_timeouts_hold_while_the_receiver_reads_the_link(broker: Running
         assert consumer.receive(timeout=10).body == b"late"
 
 
+def test_the_socket_timeout_is_set_again_only_when_it_no_longer_serves(
+    broker: RunningBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Receives asking for about the same timeout share one SO_RCVTIMEO; a shorter one still
+    ends on time (a socket left at 10 s must not hold a 0.3 s receive)."""
+    set_to: list[float | None] = []
+    original = WireConsumeLink._set_recv_timeout
+
+    def spying(self: WireConsumeLink, timeout: float | None) -> None:
+        set_to.append(timeout)
+        original(self, timeout)
+
+    monkeypatch.setattr(WireConsumeLink, "_set_recv_timeout", spying)
+    with Consumer(broker.url, "q", transport="wire") as consumer:
+        with Producer(broker.url, destination="q", transport="wire") as producer:
+            got = []
+            for i in range(20):  # one at a time: each receive reads the socket
+                producer.send_sync(b"m%d" % i)
+                got.append(consumer.receive(timeout=10))
+        assert [m.body for m in got] == [b"m%d" % i for i in range(20)]
+        # twenty receives, each asking for what is left of 10 s: one setting (not twenty)
+        assert len([t for t in set_to if t is not None]) == 1
+        started = time.monotonic()
+        assert consumer.receive(timeout=0.3) is None
+        assert 0.3 <= time.monotonic() - started < 3
+        assert 0 < set_to[-1] <= 0.3
+
+
 def test_a_frame_cut_by_a_timeout_is_finished_by_the_next_receive(
     broker: RunningBroker, fake_wire: FakeWire
 ) -> None:

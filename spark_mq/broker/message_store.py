@@ -177,25 +177,27 @@ class MessageStore:
         self._loader = loader
         self._rows = 0  # kept as chunks come and go: the timers read them every tick
         self._nbytes = 0
+        self._end = 0  # one past the last chunk's last offset (0: none), asked at every delivery
 
     def add(self, rows: pa.Table | PlainRows) -> None:
         """Add rows whose offsets are sorted and above every offset already held."""
         if rows.num_rows == 0:
             return
         chunk = Chunk.of(rows)
+        first, end = int(chunk.offsets[0]), int(chunk.offsets[-1]) + 1
         with self._lock:
-            if self._chunks and chunk.offsets[0] <= self._chunks[-1].offsets[-1]:
+            if self._chunks and first < self._end:
                 raise ValueError("rows must be added in increasing offset order")
-            self._firsts.append(int(chunk.offsets[0]))
+            self._firsts.append(first)
             self._chunks.append(chunk)
             self._rows += len(chunk.offsets)
             self._nbytes += chunk.nbytes
+            self._end = end
 
     @property
     def end(self) -> int:
         """One past the highest offset held (0 when empty)."""
-        with self._lock:
-            return int(self._chunks[-1].offsets[-1]) + 1 if self._chunks else 0
+        return self._end
 
     def entries(self, start: int) -> Iterator[Entries]:
         """The held offsets >= ``start`` with their dispatch columns, chunk by chunk."""
@@ -320,6 +322,8 @@ class MessageStore:
                 self._nbytes -= self._chunks[0].nbytes
                 del self._firsts[0], self._chunks[0]
             self._rows -= dropped
+            if not self._chunks:
+                self._end = 0
         return dropped
 
     @property

@@ -212,7 +212,9 @@ class Consumer:
                 try:
                     messages = self._messages_in(self._link.read(left))
                 except TimeoutError:
-                    return False
+                    if deadline is None or time.monotonic() >= deadline:
+                        return False
+                    continue  # the socket's timeout was a little short of what was left
                 except (OSError, SparkMQError) as exc:
                     self._turn.fail(exc)  # the reader thread ends the stream with it
                     return None
