@@ -13,7 +13,7 @@ from spark_mq.broker import RunningBroker
 from spark_mq.client._transport import connect
 from spark_mq.client._wire import WireProduceStream, wire_address
 from spark_mq.clock import ManualClock
-from spark_mq.errors import ProtocolError
+from spark_mq.errors import BrokerUnavailable, ProtocolError
 from tests.conftest import frames_until_closed, raw_wire, receive_n, start_inprocess
 
 
@@ -154,6 +154,38 @@ def test_the_sdk_sends_plain_messages_as_plain_frames_and_others_as_columns(
             [b"plain", b"with a header", b"with a priority", b"not bytes", b"a str body"]
         )
         assert all(m.dedup_id for m in got)  # every SDK message has one, plain or not
+
+
+def test_send_without_linger_writes_a_plain_message_at_once_and_fails_through_its_future(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``send`` of a body alone, with no linger, skips the buffer (a PLAIN frame written by the
+    caller); one with options takes the buffer's way; order holds across both; and a broker
+    that is gone fails the future, as the buffered way does, instead of raising."""
+    running = start_inprocess(tmp_path / "data", ManualClock())
+    seen = _kinds_read(monkeypatch)
+    buffered: list[object] = []
+    original = Producer._buffer
+
+    def spying(self: Producer, body: object, *args: object, **kwargs: object) -> object:
+        buffered.append(body)
+        return original(self, body, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Producer, "_buffer", spying)
+    try:
+        with Producer(running.url, destination="q", transport="wire", linger_ms=0) as producer:
+            futures = [
+                producer.send(b"a"),
+                producer.send(b"b", headers={"k": "v"}),
+                producer.send("c"),
+            ]
+            assert [f.result(timeout=10) for f in futures] == [0, 1, 2]
+            assert buffered == [b"b"] and seen == ["plain", "columns", "plain"]
+            running.stop()
+            late = producer.send(b"after the broker went")
+            assert isinstance(late.exception(timeout=30), BrokerUnavailable)
+    finally:
+        running.stop()
 
 
 def test_a_broker_of_wire_version_1_gets_columns_frames_only(
