@@ -1,14 +1,23 @@
 """The broker's own CPU per message: one produce, delivery and ack at a time, in this process.
 
-No sockets and no client: a wire-shaped one-message batch is read, produced and committed the way
+No sockets and no client: a wire-shaped one-message frame is read, produced and committed the way
 the direct wire's loop does it (``committing_here``), delivered through a consumer session and
 serialized as a delivery frame, then acked. With ``--sync none`` (the default) the disk is out of
 the picture too, so the figure is the Python and Arrow work a message costs the broker: the part
 of a synchronous send's round trip, and of the produce-to-consume latency, that the broker's code
 decides. Compare runs of this script between changes; end-to-end figures (``broker_bench.py``)
-vary by ±10 % from run to run on this machine, this one by about ±5 %.
+vary by ±10 % from run to run on this machine, this one by about ±5 % (on a bad day more: for a
+figure that does not move at all, count instructions, ``valgrind --tool=callgrind``, over two
+runs of different ``--messages`` and take the difference per message).
 
-    python bench/broker_cycle.py [--messages 5000] [--sync none|fdatasync] [--every-column]
+``--frame``: what the producer sent. ``plain`` (the default): the SDK's frame for a message of a
+body alone (a ``PLAIN`` frame, kept as a plain message through the broker and delivered as a
+``ONE`` frame); ``columns``: a message with options (a ``COLUMNS`` frame of the columns used,
+here a body and a dedup id); ``batch``: a ``BATCH`` frame of every column (Flight's shape, and
+the SDK's before ``COLUMNS`` frames).
+
+    python bench/broker_cycle.py [--messages 5000] [--sync none|fdatasync]
+                                 [--frame plain|columns|batch]
 """
 
 from __future__ import annotations
@@ -35,14 +44,17 @@ class _NoWakeup:
         pass
 
 
-def _frame_bodies(n: int, every_column: bool) -> list[bytes]:
-    """What a producer's one-message batch frames carry: the SDK's shape (a ``COLUMNS`` frame of
-    a body and a dedup id), or with ``every_column`` a ``BATCH`` frame of every column."""
+def _frame_bodies(n: int, frame: str) -> list[bytes]:
+    """What a producer's one-message frames carry (see ``--frame``)."""
     out = []
     for i in range(n):
+        if frame == "plain":
+            parts = wire.Plain([f"cycle-{i}".encode()], [os.urandom(1024)]).parts(i)
+            out.append(b"".join(bytes(p) for p in parts)[wire.HEADER.size :])
+            continue
         body = pa.array([os.urandom(1024)], pa.binary())
         dedup_id = pa.array([f"cycle-{i}"], pa.string())
-        if every_column:
+        if frame == "batch":
             columns = {f.name: pa.nulls(1, f.type) for f in PRODUCE_SCHEMA}
             columns["body"], columns["dedup_id"] = body, dedup_id
             batch = pa.record_batch(list(columns.values()), schema=PRODUCE_SCHEMA)
@@ -59,9 +71,11 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--sync", choices=["none", "fdatasync", "fsync"], default="none")
     parser.add_argument(
-        "--every-column",
-        action="store_true",
-        help="produce BATCH frames of every column (the SDK before COLUMNS frames; Flight's shape)",
+        "--frame",
+        choices=["plain", "columns", "batch"],
+        default="plain",
+        help="what the producer sent: a body alone (PLAIN, the default), a message with options "
+        "(COLUMNS), or every column (BATCH: Flight's shape)",
     )
     args = parser.parse_args()
     data = tempfile.mkdtemp(prefix="sparkmq-cycle-")
@@ -71,26 +85,38 @@ def main() -> None:
     try:
         broker.create_destination("q", "queue", None)
         session = broker.attach("q", None, 1000, wakeup=_NoWakeup())
-        bodies = _frame_bodies(args.messages, args.every_column)
+        bodies = _frame_bodies(args.messages, args.frame)
         phases: dict[str, list[float]] = {"produce": [], "deliver": [], "ack": []}
 
         def cycle(i: int) -> None:
             t0 = time.perf_counter()
-            if args.every_column:
-                _, batch = wire.read_batch(bodies[i], PRODUCE_SCHEMA)
-            else:
-                _, batch = wire.PRODUCE_SUBSETS.read(bodies[i])
             with committing_here():
-                answer = broker.produce("q", batch)
-            answer.result()
+                if args.frame == "plain":
+                    one = wire.read_plain_message(bodies[i])
+                    assert one is not None
+                    answer = broker.produce_plain("q", one[1])
+                else:
+                    if args.frame == "batch":
+                        _, batch = wire.read_batch(bodies[i], PRODUCE_SCHEMA)
+                    else:
+                        _, batch = wire.PRODUCE_SUBSETS.read(bodies[i])
+                    answer = broker.produce("q", batch)
+            offset = answer.result().first_offset
             t1 = time.perf_counter()
-            table = session.next_delivery()
-            assert table is not None and table.num_rows == 1
-            for part in table.to_batches():
-                wire.batch_parts(0, part)
+            if args.frame == "plain":  # to a consumer taking ONE frames, as the SDK's does
+                leased = session.next_leased()
+                assert leased is not None
+                messages, state = leased
+                assert isinstance(messages, list) and len(messages) == 1
+                wire.plain_one_parts(messages[0], state[0][0])
+            else:
+                table = session.next_delivery()
+                assert table is not None and table.num_rows == 1
+                for part in table.to_batches():
+                    wire.batch_parts(0, part)
             t2 = time.perf_counter()
             with committing_here():
-                session.settle(Settle("ack", i, ((table["offset"][0].as_py(), 1),)))
+                session.settle(Settle("ack", i, ((offset, 1),)))
             session.replies()
             t3 = time.perf_counter()
             for name, took in zip(phases, (t1 - t0, t2 - t1, t3 - t2), strict=True):
