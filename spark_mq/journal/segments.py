@@ -439,12 +439,12 @@ class SegmentLog:
         tables = [t for kind, _, t in records if kind not in _ENCODED]
         streams = iter(self._scratch.encode(tables)) if tables else None  # type: ignore[arg-type]
         buffers: list[bytes | pa.Buffer] = []  # header, payload, header, payload ...
-        counts = []  # each record's rows
+        shapes = []  # each record's kind, first offset, rows and payload length
         for kind, first, rows in records:
             payload = rows.encode() if kind in _ENCODED else next(streams)  # type: ignore[union-attr, call-overload]
             n = rows.num_rows
             buffers += (encode_record(kind, lsn, first, n, payload), payload)
-            counts.append(n)
+            shapes.append((kind, first, n, len(payload)))
             lsn += 1
         size = sum(map(len, buffers))
         if self._fd < 0 or (self._position > 0 and self._position + size > self._capacity):
@@ -454,9 +454,8 @@ class SegmentLog:
                 self._roll()
         start = pos = self._position
         refs = []
-        for i, (kind, first, _) in enumerate(records):
-            length = len(buffers[2 * i + 1])
-            refs.append(RecordRef(first_lsn + i, kind, first, counts[i], self._active, pos, length))
+        for rec_lsn, (kind, first, n, length) in enumerate(shapes, first_lsn):
+            refs.append(RecordRef(rec_lsn, kind, first, n, self._active, pos, length))
             pos += HEADER_BYTES + length
         # the write syncs itself only when nothing written before waits for a sync
         alone = self.synced_lsn == self.next_lsn - 1
