@@ -1,0 +1,325 @@
+"""sparkmq against Redis and RabbitMQ on this machine, in the same run: prints figures, asserts
+nothing.
+
+Issue 3's targets are figures these brokers reached here once (Redis with ``appendfsync always``
+~1,800 synchronous sends/s; RabbitMQ, classic queue with publisher confirms, ~1,300/s and
+produce-to-consume latency p50 0.56 ms / p99 5.1 ms at 1,000 msg/s). This machine's speed
+moves by 20-50 % within an hour, so a figure measured at another hour says little; this
+script measures all of them now, each on a fresh server in a temporary directory, rounds
+interleaved, with Python clients and 1 KiB persistent messages:
+
+1. synchronous sends: one message at a time, each waiting for its durable acknowledgement
+   (sparkmq ``send_sync``; Redis ``RPUSH`` with ``appendfsync always``, whose reply follows the
+   fsync; RabbitMQ ``basic_publish`` of a persistent message to a durable classic queue on a
+   channel in confirm mode, returning at the confirm, which follows the fsync);
+2. produce-to-consume latency at 1,000 msg/s for 5 s, the consumer in a thread of the same
+   process (sparkmq ``receive_many`` with an ack per message; Redis ``BLPOP``, which has no ack;
+   RabbitMQ ``basic_consume`` with prefetch 1,000 and an ack per message, the producer waiting
+   for each confirm).
+
+Delivery is not the same promise everywhere: sparkmq hands a message to a consumer once it is
+durable, RabbitMQ as soon as it is enqueued (its fsync comes later, batched), Redis once its
+AOF is written, which with ``appendfsync always`` follows each command's fsync.
+
+Needs the servers (Debian: ``apt-get install redis-server rabbitmq-server``) and their Python
+clients (``pip install -e '.[bench]'``: redis, pika). A broker whose server or client is
+missing is left out with a note.
+
+    python bench/compare_brokers.py [--rounds 3] [--sends 3000] [--brokers sparkmq,redis,rabbitmq]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from broker_bench import latency as sparkmq_latency
+from broker_bench import sync_sends as sparkmq_sync_sends
+from floor_bench import pct
+
+from spark_mq import Admin
+from spark_mq.launch import BrokerProcess
+
+Figures = dict[str, float]
+RATE, SECONDS = 1000, 5
+RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # Debian's; runs as the caller
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_until(ready: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def _paced(send: Callable[[bytes], object], body: bytes) -> None:
+    """Send RATE messages a second for SECONDS, each carrying its send time."""
+    start = time.perf_counter()
+    for i in range(RATE * SECONDS):
+        due = start + i / RATE
+        while (now := time.perf_counter()) < due:
+            time.sleep(min(due - now, 0.0005))
+        send(struct.pack("d", time.time()) + body[8:])
+
+
+def _latencies(lat: list[float]) -> Figures:
+    return {"p50": statistics.median(lat), "p99": pct(lat, 0.99), "n": len(lat)}
+
+
+def _timed_sends(send: Callable[[], object], n: int) -> Figures:
+    send()  # the first opens what it needs: not a figure
+    lat = []
+    started = time.perf_counter()
+    while len(lat) < n and time.perf_counter() - started < 10:  # at most 10 s
+        t = time.perf_counter()
+        send()
+        lat.append((time.perf_counter() - t) * 1000)
+    took = time.perf_counter() - started
+    return {"rate": len(lat) / took, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99)}
+
+
+# -- sparkmq -----------------------------------------------------------------------------------
+def sparkmq(work: str, body: bytes, sends: int) -> dict[str, Figures]:
+    b = BrokerProcess(os.path.join(work, "data"), log_file=os.path.join(work, "broker.log"))
+    b.start()
+    try:
+        with Admin(b.url) as a:
+            for q in ("sync", "latency-receive"):
+                a.create_queue(q)
+        return {
+            "sync": sparkmq_sync_sends(b.url, body, sends),
+            "latency": sparkmq_latency(b.url, body, listen=False),
+        }
+    finally:
+        b.stop()
+
+
+# -- Redis -------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def redis_server(work: str) -> Iterator[str]:
+    """A redis-server with an fsync'd append-only file, on a Unix socket (as sparkmq's local
+    clients use one); yields the socket's path."""
+    sock = os.path.join(work, "redis.sock")
+    proc = subprocess.Popen(
+        ["redis-server", "--port", "0", "--unixsocket", sock, "--dir", work, "--save", "",
+         "--appendonly", "yes", "--appendfsync", "always"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        _wait_until(lambda: os.path.exists(sock) or proc.poll() is not None, "redis-server")
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server ended at once (exit code {proc.returncode})")
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def redis(work: str, body: bytes, sends: int) -> dict[str, Figures]:
+    import redis as redis_py
+
+    with redis_server(work) as sock:
+        r = redis_py.Redis(unix_socket_path=sock)
+        _wait_until(lambda: _pings(r), "redis-server's socket")
+        sync = _timed_sends(lambda: r.rpush("sync", body), sends)
+        lat: list[float] = []
+        done = threading.Event()
+
+        def consume() -> None:
+            c = redis_py.Redis(unix_socket_path=sock)
+            while len(lat) < RATE * SECONDS:
+                got = c.blpop(["latency"], timeout=10)
+                if got is None:
+                    break
+                lat.append((time.time() - struct.unpack("d", got[1][:8])[0]) * 1000)
+            done.set()
+
+        t = threading.Thread(target=consume)
+        t.start()
+        _paced(lambda m: r.rpush("latency", m), body)
+        done.wait(60)
+        t.join(60)
+        return {"sync": sync, "latency": _latencies(lat)}
+
+
+def _pings(r: object) -> bool:
+    try:
+        return bool(r.ping())  # type: ignore[attr-defined]
+    except Exception:
+        return False
+
+
+# -- RabbitMQ ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def rabbitmq_server(work: str) -> Iterator[int]:
+    """A RabbitMQ node of its own (its own name, ports and directories); yields its AMQP port."""
+    port = _free_port()
+    with open(os.path.join(work, "plugins"), "w") as fh:
+        fh.write("[].\n")
+    env = {
+        **os.environ,
+        "HOME": work,
+        "RABBITMQ_NODENAME": f"bench{os.getpid()}@localhost",
+        "RABBITMQ_NODE_PORT": str(port),
+        "RABBITMQ_DIST_PORT": str(_free_port()),
+        "RABBITMQ_MNESIA_BASE": os.path.join(work, "mnesia"),
+        "RABBITMQ_LOG_BASE": os.path.join(work, "log"),
+        "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(work, "plugins"),
+        "RABBITMQ_CONFIG_FILE": os.path.join(work, "rabbitmq"),  # none: the defaults
+    }
+    log = open(os.path.join(work, "server.log"), "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [RABBITMQ_SERVER], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        _wait_until(lambda: _listens(port) or proc.poll() is not None, "rabbitmq-server", 120)
+        if proc.poll() is not None:
+            raise RuntimeError(f"rabbitmq-server ended at once; see {log.name}")
+        yield port
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)  # the node and its helpers (epmd stays, as it is shared)
+        proc.wait(60)
+        log.close()
+
+
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 1).close()
+        return True
+    except OSError:
+        return False
+
+
+def rabbitmq(work: str, body: bytes, sends: int) -> dict[str, Figures]:
+    import pika
+
+    with rabbitmq_server(work) as port:
+        params = pika.ConnectionParameters("127.0.0.1", port)
+        persistent = pika.BasicProperties(delivery_mode=2)
+        conn = pika.BlockingConnection(params)
+        ch = conn.channel()
+        for q in ("sync", "latency"):
+            ch.queue_declare(q, durable=True)
+        ch.confirm_delivery()  # each basic_publish returns at its confirm
+        sync = _timed_sends(lambda: ch.basic_publish("", "sync", body, persistent), sends)
+
+        lat: list[float] = []
+        ready, done = threading.Event(), threading.Event()
+
+        def consume() -> None:
+            c = pika.BlockingConnection(params)
+            cch = c.channel()
+            cch.basic_qos(prefetch_count=1000)
+
+            def on_message(chan, method, _props, data: bytes) -> None:
+                lat.append((time.time() - struct.unpack("d", data[:8])[0]) * 1000)
+                chan.basic_ack(method.delivery_tag)
+                if len(lat) >= RATE * SECONDS:
+                    chan.stop_consuming()
+
+            cch.basic_consume("latency", on_message)
+            ready.set()
+            cch.start_consuming()
+            c.close()
+            done.set()
+
+        t = threading.Thread(target=consume)
+        t.start()
+        ready.wait(30)
+        _paced(lambda m: ch.basic_publish("", "latency", m, persistent), body)
+        done.wait(60)
+        t.join(60)
+        conn.close()
+        return {"sync": sync, "latency": _latencies(lat)}
+
+
+BROKERS: dict[str, Callable[[str, bytes, int], dict[str, Figures]]] = {
+    "sparkmq": sparkmq,
+    "redis": redis,
+    "rabbitmq": rabbitmq,
+}
+
+
+def missing(name: str) -> str | None:
+    """Why ``name`` cannot run here, or None."""
+    need = {"redis": ("redis-server", "redis"), "rabbitmq": (RABBITMQ_SERVER, "pika")}
+    if name not in need:
+        return None
+    server, client = need[name]
+    if shutil.which(server) is None:
+        return f"no {server} (Debian: apt-get install {name}-server)"
+    try:
+        __import__(client)
+    except ImportError:
+        return f"no Python client {client} (pip install -e '.[bench]')"
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sends", type=int, default=3000)
+    ap.add_argument("--brokers", default=",".join(BROKERS))
+    ap.add_argument("--data-dir", default=None, help="where the servers keep their files")
+    args = ap.parse_args()
+    names = [n for n in args.brokers.split(",") if n]
+    for n in names:
+        if n not in BROKERS:
+            raise SystemExit(f"unknown broker {n!r}: choose from {', '.join(BROKERS)}")
+    runnable = []
+    for n in names:
+        if (why := missing(n)) is not None:
+            print(f"{n}: left out: {why}")
+        else:
+            runnable.append(n)
+    body = os.urandom(1024)
+    results: dict[str, list[dict[str, Figures]]] = {n: [] for n in runnable}
+    for r in range(args.rounds):
+        order = runnable if r % 2 == 0 else runnable[::-1]  # no broker always first
+        for n in order:
+            work = tempfile.mkdtemp(prefix=f"compare-{n}-", dir=args.data_dir)
+            try:
+                got = BROKERS[n](work, body, args.sends)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            results[n].append(got)
+            s, la = got["sync"], got["latency"]
+            print(
+                f"round {r + 1} {n:9s} sync {s['rate']:6,.0f}/s (p50 {s['p50']:.2f} ms) | "
+                f"latency p50 {la['p50']:.2f} ms, p99 {la['p99']:.2f} ms ({la['n']:,.0f} msgs)",
+                flush=True,
+            )
+    print(f"\nmedian of {args.rounds} round(s), 1 KiB persistent messages, Python clients:")
+    print(f"{'':9s} {'sync sends/s':>14s} {'latency p50':>12s} {'latency p99':>12s}")
+    for n, rounds in results.items():
+
+        def med(kind: str, key: str, rounds: list[dict[str, Figures]] = rounds) -> float:
+            return statistics.median(x[kind][key] for x in rounds)
+
+        print(
+            f"{n:9s} {med('sync', 'rate'):14,.0f} {med('latency', 'p50'):9.2f} ms "
+            f"{med('latency', 'p99'):9.2f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
