@@ -15,7 +15,11 @@ interleaved, with Python clients and 1 KiB persistent messages:
 2. produce-to-consume latency at 1,000 msg/s for 5 s, the consumer in a thread of the same
    process (sparkmq ``receive_many`` with an ack per message; Redis ``BLPOP``, which has no ack;
    RabbitMQ ``basic_consume`` with prefetch 1,000 and an ack per message, the producer waiting
-   for each confirm).
+   for each confirm);
+3. pipelined sends: ``--pipelined`` messages, as fast as each broker's acknowledgements allow
+   (sparkmq ``send_batch`` of 1,000, up to 64 batches unanswered; Redis ``RPUSH`` of 1,000 values
+   per command, 8 commands per round trip; RabbitMQ single publishes to a quorum queue, as issue
+   3's figure was measured, up to 1,000 unconfirmed, on pika's asynchronous connection).
 
 Delivery is not the same promise everywhere: sparkmq hands a message to a consumer once it is
 durable, RabbitMQ as soon as it is enqueued (its fsync comes later, batched), Redis once its
@@ -25,7 +29,8 @@ Needs the servers (Debian: ``apt-get install redis-server rabbitmq-server``) and
 clients (``pip install -e '.[bench]'``: redis, pika). A broker whose server or client is
 missing is left out with a note.
 
-    python bench/compare_brokers.py [--rounds 3] [--sends 3000] [--brokers sparkmq,redis,rabbitmq]
+    python bench/compare_brokers.py [--rounds 3] [--sends 3000] [--pipelined 100000]
+                                    [--brokers sparkmq,redis,rabbitmq]
 """
 
 from __future__ import annotations
@@ -41,8 +46,10 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 
+from broker_bench import batched as sparkmq_batched
 from broker_bench import latency as sparkmq_latency
 from broker_bench import sync_sends as sparkmq_sync_sends
 from floor_bench import pct
@@ -96,16 +103,17 @@ def _timed_sends(send: Callable[[], object], n: int) -> Figures:
 
 
 # -- sparkmq -----------------------------------------------------------------------------------
-def sparkmq(work: str, body: bytes, sends: int) -> dict[str, Figures]:
+def sparkmq(work: str, body: bytes, sends: int, pipelined: int) -> dict[str, Figures]:
     b = BrokerProcess(os.path.join(work, "data"), log_file=os.path.join(work, "broker.log"))
     b.start()
     try:
         with Admin(b.url) as a:
-            for q in ("sync", "latency-receive"):
+            for q in ("sync", "latency-receive", "bulk"):
                 a.create_queue(q)
         return {
             "sync": sparkmq_sync_sends(b.url, body, sends),
             "latency": sparkmq_latency(b.url, body, listen=False),
+            "pipelined": sparkmq_batched(b.url, body, pipelined),
         }
     finally:
         b.stop()
@@ -133,7 +141,7 @@ def redis_server(work: str) -> Iterator[str]:
         proc.wait(30)
 
 
-def redis(work: str, body: bytes, sends: int) -> dict[str, Figures]:
+def redis(work: str, body: bytes, sends: int, pipelined: int) -> dict[str, Figures]:
     import redis as redis_py
 
     with redis_server(work) as sock:
@@ -157,7 +165,15 @@ def redis(work: str, body: bytes, sends: int) -> dict[str, Figures]:
         _paced(lambda m: r.rpush("latency", m), body)
         done.wait(60)
         t.join(60)
-        return {"sync": sync, "latency": _latencies(lat)}
+        bodies = [body] * 1000
+        started = time.perf_counter()
+        for _ in range(pipelined // 8000):
+            pipe = r.pipeline(transaction=False)
+            for _ in range(8):
+                pipe.rpush("bulk", *bodies)
+            pipe.execute()
+        rate = pipelined // 8000 * 8000 / (time.perf_counter() - started)
+        return {"sync": sync, "latency": _latencies(lat), "pipelined": {"rate": rate}}
 
 
 def _pings(r: object) -> bool:
@@ -209,7 +225,7 @@ def _listens(port: int) -> bool:
         return False
 
 
-def rabbitmq(work: str, body: bytes, sends: int) -> dict[str, Figures]:
+def rabbitmq(work: str, body: bytes, sends: int, pipelined: int) -> dict[str, Figures]:
     import pika
 
     with rabbitmq_server(work) as port:
@@ -249,10 +265,70 @@ def rabbitmq(work: str, body: bytes, sends: int) -> dict[str, Figures]:
         done.wait(60)
         t.join(60)
         conn.close()
-        return {"sync": sync, "latency": _latencies(lat)}
+        return {
+            "sync": sync,
+            "latency": _latencies(lat),
+            "pipelined": rabbitmq_pipelined(params, body, pipelined),
+        }
 
 
-BROKERS: dict[str, Callable[[str, bytes, int], dict[str, Figures]]] = {
+def rabbitmq_pipelined(params: object, body: bytes, total: int, window: int = 1000) -> Figures:
+    """Publish ``total`` persistent messages to a quorum queue, at most ``window`` unconfirmed."""
+    import pika
+
+    persistent = pika.BasicProperties(delivery_mode=2)
+    unconfirmed: deque[int] = deque()  # delivery tags, in publishing order
+    state = {"sent": 0, "confirmed": 0, "started": 0.0, "took": 0.0}
+
+    def publish(ch: object) -> None:
+        while state["sent"] < total and len(unconfirmed) < window:
+            ch.basic_publish("", "bulk", body, persistent)  # type: ignore[attr-defined]
+            state["sent"] += 1
+            unconfirmed.append(state["sent"])  # tags count from 1 on a channel
+
+    def on_confirm(frame: object) -> None:
+        method = frame.method  # type: ignore[attr-defined]
+        if method.multiple:
+            while unconfirmed and unconfirmed[0] <= method.delivery_tag:
+                unconfirmed.popleft()
+                state["confirmed"] += 1
+        else:
+            unconfirmed.remove(method.delivery_tag)
+            state["confirmed"] += 1
+        if state["confirmed"] == total:
+            state["took"] = time.perf_counter() - state["started"]
+            conn.close()
+        else:
+            publish(channel[0])
+
+    channel: list[object] = []
+
+    def on_channel(ch: object) -> None:
+        channel.append(ch)
+
+        def go(_frame: object) -> None:
+            state["started"] = time.perf_counter()
+            publish(ch)
+
+        def declared(_frame: object) -> None:
+            ch.confirm_delivery(on_confirm, callback=go)  # type: ignore[attr-defined]
+
+        ch.queue_declare(  # type: ignore[attr-defined]
+            "bulk", durable=True, arguments={"x-queue-type": "quorum"}, callback=declared
+        )
+
+    conn = pika.SelectConnection(
+        params,  # type: ignore[arg-type]
+        on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+        on_close_callback=lambda c, reason: c.ioloop.stop(),
+    )
+    conn.ioloop.start()
+    if state["confirmed"] < total:
+        raise RuntimeError(f"RabbitMQ confirmed {state['confirmed']} of {total} messages")
+    return {"rate": total / state["took"]}
+
+
+BROKERS: dict[str, Callable[[str, bytes, int, int], dict[str, Figures]]] = {
     "sparkmq": sparkmq,
     "redis": redis,
     "rabbitmq": rabbitmq,
@@ -278,6 +354,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sends", type=int, default=3000)
+    ap.add_argument("--pipelined", type=int, default=100_000)
     ap.add_argument("--brokers", default=",".join(BROKERS))
     ap.add_argument("--data-dir", default=None, help="where the servers keep their files")
     args = ap.parse_args()
@@ -298,18 +375,20 @@ def main() -> None:
         for n in order:
             work = tempfile.mkdtemp(prefix=f"compare-{n}-", dir=args.data_dir)
             try:
-                got = BROKERS[n](work, body, args.sends)
+                got = BROKERS[n](work, body, args.sends, args.pipelined)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             results[n].append(got)
-            s, la = got["sync"], got["latency"]
+            s, la, pl = got["sync"], got["latency"], got["pipelined"]
             print(
                 f"round {r + 1} {n:9s} sync {s['rate']:6,.0f}/s (p50 {s['p50']:.2f} ms) | "
-                f"latency p50 {la['p50']:.2f} ms, p99 {la['p99']:.2f} ms ({la['n']:,.0f} msgs)",
+                f"latency p50 {la['p50']:.2f} ms, p99 {la['p99']:.2f} ms ({la['n']:,.0f} msgs) | "
+                f"pipelined {pl['rate']:9,.0f}/s",
                 flush=True,
             )
     print(f"\nmedian of {args.rounds} round(s), 1 KiB persistent messages, Python clients:")
-    print(f"{'':9s} {'sync sends/s':>14s} {'latency p50':>12s} {'latency p99':>12s}")
+    head = ("sync sends/s", "latency p50", "latency p99", "pipelined/s")
+    print(f"{'':9s} {head[0]:>14s} {head[1]:>12s} {head[2]:>12s} {head[3]:>12s}")
     for n, rounds in results.items():
 
         def med(kind: str, key: str, rounds: list[dict[str, Figures]] = rounds) -> float:
@@ -317,7 +396,7 @@ def main() -> None:
 
         print(
             f"{n:9s} {med('sync', 'rate'):14,.0f} {med('latency', 'p50'):9.2f} ms "
-            f"{med('latency', 'p99'):9.2f} ms"
+            f"{med('latency', 'p99'):9.2f} ms {med('pipelined', 'rate'):12,.0f}"
         )
 
 
