@@ -278,7 +278,7 @@ def rabbitmq_pipelined(params: object, body: bytes, total: int, window: int = 10
 
     persistent = pika.BasicProperties(delivery_mode=2)
     unconfirmed: deque[int] = deque()  # delivery tags, in publishing order
-    state = {"sent": 0, "confirmed": 0, "started": 0.0, "took": 0.0}
+    state = {"sent": 0, "confirmed": 0, "refused": 0, "started": 0.0, "took": 0.0}
 
     def publish(ch: object) -> None:
         while state["sent"] < total and len(unconfirmed) < window:
@@ -288,14 +288,15 @@ def rabbitmq_pipelined(params: object, body: bytes, total: int, window: int = 10
 
     def on_confirm(frame: object) -> None:
         method = frame.method  # type: ignore[attr-defined]
+        answered = "confirmed" if isinstance(method, pika.spec.Basic.Ack) else "refused"
         if method.multiple:
             while unconfirmed and unconfirmed[0] <= method.delivery_tag:
                 unconfirmed.popleft()
-                state["confirmed"] += 1
+                state[answered] += 1
         else:
             unconfirmed.remove(method.delivery_tag)
-            state["confirmed"] += 1
-        if state["confirmed"] == total:
+            state[answered] += 1
+        if state["confirmed"] + state["refused"] == total:
             state["took"] = time.perf_counter() - state["started"]
             conn.close()
         else:
@@ -320,11 +321,15 @@ def rabbitmq_pipelined(params: object, body: bytes, total: int, window: int = 10
     conn = pika.SelectConnection(
         params,  # type: ignore[arg-type]
         on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+        on_open_error_callback=lambda c, err: c.ioloop.stop(),
         on_close_callback=lambda c, reason: c.ioloop.stop(),
     )
     conn.ioloop.start()
     if state["confirmed"] < total:
-        raise RuntimeError(f"RabbitMQ confirmed {state['confirmed']} of {total} messages")
+        raise RuntimeError(
+            f"RabbitMQ confirmed {state['confirmed']} of {total} messages "
+            f"(refused {state['refused']})"
+        )
     return {"rate": total / state["took"]}
 
 
