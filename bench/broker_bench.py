@@ -35,6 +35,7 @@ import struct
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 from floor_bench import pct, socket_floor
 
@@ -88,18 +89,39 @@ def idle_policy() -> str:
 Figures = dict[str, float]
 
 
-def sync_sends(url: str, body: bytes, n: int) -> Figures:
-    with Producer(url, destination="sync", linger_ms=0) as p:
-        p.send_sync(body)  # warm the stream up
-        lat: list[float] = []
-        started = time.perf_counter()
-        while len(lat) < n and time.perf_counter() - started < 10:  # at most 10 s
-            t = time.perf_counter()
-            p.send_sync(body)
-            lat.append((time.perf_counter() - t) * 1000)
-        took = time.perf_counter() - started
+def timed_sends(send: Callable[[], object], n: int) -> Figures:
+    """``n`` synchronous sends (at most 10 s of them) after one that opens the way: their rate
+    and latency percentiles (ms). What compare_brokers.py times other brokers' clients with."""
+    send()  # warm the stream up: not a figure
+    lat: list[float] = []
+    started = time.perf_counter()
+    while len(lat) < n and time.perf_counter() - started < 10:  # at most 10 s
+        t = time.perf_counter()
+        send()
+        lat.append((time.perf_counter() - t) * 1000)
+    took = time.perf_counter() - started
     sent = len(lat) + 1  # with the first
     return {"rate": len(lat) / took, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "sent": sent}
+
+
+def sync_sends(url: str, body: bytes, n: int) -> Figures:
+    with Producer(url, destination="sync", linger_ms=0) as p:
+        return timed_sends(lambda: p.send_sync(body), n)
+
+
+def paced_sends(send: Callable[[bytes], object], body: bytes, rate: int, seconds: int) -> None:
+    """``rate`` messages a second for ``seconds``, each ``body`` with its send time (``time.time``,
+    a little-endian double) in its first 8 bytes."""
+    start = time.perf_counter()
+    for i in range(rate * seconds):
+        due = start + i / rate
+        while (now := time.perf_counter()) < due:
+            time.sleep(min(due - now, 0.0005))
+        send(struct.pack("d", time.time()) + body[8:])
+
+
+def latency_figures(lat: list[float]) -> Figures:
+    return {"p50": statistics.median(lat), "p99": pct(lat, 0.99), "max": max(lat), "n": len(lat)}
 
 
 class LagSampler(threading.Thread):
@@ -190,19 +212,14 @@ def latency(url: str, body: bytes, rate: int = 1000, seconds: int = 5, *, listen
         t.start()
     with Producer(url, destination=queue, linger_ms=0) as p:
         p.send_sync(struct.pack("d", 0.0) + body[8:])  # opens the stream: not a figure
-        start = time.perf_counter()
-        for i in range(rate * seconds):
-            due = start + i / rate
-            while (now := time.perf_counter()) < due:
-                time.sleep(min(due - now, 0.0005))
-            p.send(struct.pack("d", time.time()) + body[8:])
+        paced_sends(p.send, body, rate, seconds)
         p.flush()
     done.wait(60)
     if listen:
         consumer.close()
     else:
         t.join(60)
-    return {"p50": statistics.median(lat), "p99": pct(lat, 0.99), "max": max(lat), "n": len(lat)}
+    return latency_figures(lat)
 
 
 SENDS = "{rate:,.0f} msg/s (latency p50 {p50:.2f} ms, p99 {p99:.2f} ms)"

@@ -51,8 +51,8 @@ from collections.abc import Callable, Iterator
 
 from broker_bench import batched as sparkmq_batched
 from broker_bench import latency as sparkmq_latency
+from broker_bench import latency_figures, paced_sends, timed_sends
 from broker_bench import sync_sends as sparkmq_sync_sends
-from floor_bench import pct
 
 from spark_mq import Admin
 from spark_mq.launch import BrokerProcess
@@ -74,32 +74,6 @@ def _wait_until(ready: Callable[[], bool], what: str, timeout: float = 60.0) -> 
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not start within {timeout:.0f} s")
         time.sleep(0.1)
-
-
-def _paced(send: Callable[[bytes], object], body: bytes) -> None:
-    """Send RATE messages a second for SECONDS, each carrying its send time."""
-    start = time.perf_counter()
-    for i in range(RATE * SECONDS):
-        due = start + i / RATE
-        while (now := time.perf_counter()) < due:
-            time.sleep(min(due - now, 0.0005))
-        send(struct.pack("d", time.time()) + body[8:])
-
-
-def _latencies(lat: list[float]) -> Figures:
-    return {"p50": statistics.median(lat), "p99": pct(lat, 0.99), "n": len(lat)}
-
-
-def _timed_sends(send: Callable[[], object], n: int) -> Figures:
-    send()  # the first opens what it needs: not a figure
-    lat = []
-    started = time.perf_counter()
-    while len(lat) < n and time.perf_counter() - started < 10:  # at most 10 s
-        t = time.perf_counter()
-        send()
-        lat.append((time.perf_counter() - t) * 1000)
-    took = time.perf_counter() - started
-    return {"rate": len(lat) / took, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99)}
 
 
 # -- sparkmq -----------------------------------------------------------------------------------
@@ -147,7 +121,7 @@ def redis(work: str, body: bytes, sends: int, pipelined: int) -> dict[str, Figur
     with redis_server(work) as sock:
         r = redis_py.Redis(unix_socket_path=sock)
         _wait_until(lambda: _pings(r), "redis-server's socket")
-        sync = _timed_sends(lambda: r.rpush("sync", body), sends)
+        sync = timed_sends(lambda: r.rpush("sync", body), sends)
         lat: list[float] = []
         done = threading.Event()
 
@@ -162,7 +136,7 @@ def redis(work: str, body: bytes, sends: int, pipelined: int) -> dict[str, Figur
 
         t = threading.Thread(target=consume)
         t.start()
-        _paced(lambda m: r.rpush("latency", m), body)
+        paced_sends(lambda m: r.rpush("latency", m), body, RATE, SECONDS)
         done.wait(60)
         t.join(60)
         bodies = [body] * 1000
@@ -173,7 +147,7 @@ def redis(work: str, body: bytes, sends: int, pipelined: int) -> dict[str, Figur
                 pipe.rpush("bulk", *bodies)
             pipe.execute()
         rate = pipelined // 8000 * 8000 / (time.perf_counter() - started)
-        return {"sync": sync, "latency": _latencies(lat), "pipelined": {"rate": rate}}
+        return {"sync": sync, "latency": latency_figures(lat), "pipelined": {"rate": rate}}
 
 
 def _pings(r: object) -> bool:
@@ -236,7 +210,7 @@ def rabbitmq(work: str, body: bytes, sends: int, pipelined: int) -> dict[str, Fi
         for q in ("sync", "latency"):
             ch.queue_declare(q, durable=True)
         ch.confirm_delivery()  # each basic_publish returns at its confirm
-        sync = _timed_sends(lambda: ch.basic_publish("", "sync", body, persistent), sends)
+        sync = timed_sends(lambda: ch.basic_publish("", "sync", body, persistent), sends)
 
         lat: list[float] = []
         ready, done = threading.Event(), threading.Event()
@@ -261,13 +235,13 @@ def rabbitmq(work: str, body: bytes, sends: int, pipelined: int) -> dict[str, Fi
         t = threading.Thread(target=consume)
         t.start()
         ready.wait(30)
-        _paced(lambda m: ch.basic_publish("", "latency", m, persistent), body)
+        paced_sends(lambda m: ch.basic_publish("", "latency", m, persistent), body, RATE, SECONDS)
         done.wait(60)
         t.join(60)
         conn.close()
         return {
             "sync": sync,
-            "latency": _latencies(lat),
+            "latency": latency_figures(lat),
             "pipelined": rabbitmq_pipelined(params, body, pipelined),
         }
 
