@@ -22,7 +22,7 @@ from spark_mq.jobs.compaction import MIN_RETENTION_HOURS, CompactionPolicy
 _FIELD = re.compile(
     r"^(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?(,(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?)*$"
 )
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class _Model(BaseModel):
@@ -48,7 +48,7 @@ class Schedule(_Model):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not _NAME.fullmatch(v):
             raise ValueError("letters, digits, '_', '.' and '-' only (at most 64)")
         return v
 

@@ -11,7 +11,8 @@ import re
 from spark_mq.errors import InvalidNameError
 
 MAX_NAME_LENGTH = 200
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# fullmatch, not match with "$": "$" also matches before a final newline ("x\n" passed)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def validate_name(name: object, what: str = "destination") -> str:
@@ -24,7 +25,7 @@ def validate_name(name: object, what: str = "destination") -> str:
         raise InvalidNameError(
             f"{what} name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}", name=name
         )
-    if not _NAME.match(name) or ".." in name:
+    if not _NAME.fullmatch(name) or ".." in name:
         raise InvalidNameError(
             f"invalid {what} name {name!r}: use letters, digits, '.', '_' and '-', starting with a "
             "letter or digit, and no '..'",

@@ -69,6 +69,30 @@ def test_invalid_settings_are_named(source: dict, setting: str) -> None:
     assert setting in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (
+            {"delivery.mark_intervl_s": 5},
+            "did you mean 'mark_interval_s'? (valid settings here: default_prefetch,",
+        ),
+        ({"brokr.port": 1}, "did you mean 'broker'? (the sections are broker, delivery,"),
+        ({"destinations.max_delivery_attempt": 3}, "did you mean 'max_delivery_attempts'?"),
+    ],
+)
+def test_an_unknown_setting_lists_the_valid_ones(overrides: dict, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides, environ={})
+    assert says in info.value.message
+
+
+def test_an_unknown_destination_setting_lists_the_valid_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={}).destinations.with_overrides({"ttl": 5})
+    assert "unknown setting 'ttl'" in info.value.message
+    assert "default_ttl_ms" in info.value.message
+
+
 def test_bad_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.toml", environ={})
@@ -84,7 +108,11 @@ def test_valid_names(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["", "..", "../x", "a/b", "a\\b", ".hidden", "-x", "a..b", "é", "a b", None, "x" * 201]
+    "name",
+    [
+        *["", "..", "../x", "a/b", "a\\b", ".hidden", "-x", "a..b", "é", "a b", None, "x" * 201],
+        *["x\n", "orders\n", "a\nb", "x\r", "\nx"],  # "$" matched before a final newline
+    ],
 )
 def test_invalid_names(name: object) -> None:
     with pytest.raises(InvalidNameError):
