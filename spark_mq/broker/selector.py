@@ -15,6 +15,12 @@ Identifiers name headers (properties), except these JMS fields::
 
 Headers are strings on the wire; compared with a number, a header that reads as a number is
 that number (``amount > 100`` works on ``{"amount": "250"}``); one that does not is unknown.
+
+Selectors run on the broker's delivery path, so none may cost more than its size says: a
+selector is at most :data:`MAX_SELECTOR_CHARS` long and nests at most :data:`MAX_DEPTH` deep
+(chains of ``AND`` / ``OR`` count once), and ``LIKE`` matches in time linear in the value
+(:class:`LikePattern`), never by a backtracking regular expression: ``'%a%a%a...%b'`` against a
+long run of ``a`` took seconds that way, and froze every client of the broker.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ JMS_FIELDS = (
     "JMSDedupID",
 )
 MAX_SELECTOR_CHARS = 4096
+MAX_DEPTH = 32  # operators nested in operators (a chain of AND or OR counts once)
 
 
 @dataclass(frozen=True)
@@ -58,17 +65,33 @@ class Selector:
 
 def compile_selector(text: str | None) -> Selector | None:
     """Parse ``text``; None or blank selects everything. Raises ``SelectorError`` if malformed."""
+    if text is not None and not isinstance(text, str):
+        raise SelectorError(f"a selector must be a string, got {type(text).__name__}")
     if text is None or not text.strip():
         return None
     if len(text) > MAX_SELECTOR_CHARS:
-        raise SelectorError(f"a selector is limited to {MAX_SELECTOR_CHARS} characters")
+        raise SelectorError(
+            f"a selector is limited to {MAX_SELECTOR_CHARS} characters; this one has {len(text)}",
+            selector=text[:100] + "...",
+        )
+    depth = _paren_depth(text)
+    if depth > MAX_DEPTH:
+        raise SelectorError(
+            f"malformed selector: parentheses nest {depth} deep; the limit is {MAX_DEPTH}",
+            selector=text,
+        )
     try:
         tree = sqlglot.condition(text)
     except SqlglotError as exc:
-        first = str(exc).splitlines()[0]
-        raise SelectorError(f"malformed selector {text!r}: {first}", selector=text) from None
+        raise SelectorError(
+            f"malformed selector {text!r}: {_parse_problem(text, exc)}", selector=text
+        ) from None
+    except RecursionError:  # (bounded above; this is the backstop)
+        raise SelectorError(
+            f"malformed selector: nested too deeply (the limit is {MAX_DEPTH})", selector=text
+        ) from None
     try:
-        return Selector(text, _compile(tree))
+        return Selector(text, _compile(tree, 0))
     except SelectorError as exc:
         raise SelectorError(
             f"unsupported selector {text!r}: {exc.message}", selector=text
@@ -117,10 +140,16 @@ _ARITHMETIC: dict[type, Callable[[Any, Any], Any]] = {
 }
 
 
-def _compile(node: exp.Expression) -> Fn:
+def _compile(node: exp.Expression, depth: int) -> Fn:
+    if depth > MAX_DEPTH:
+        raise SelectorError(f"it nests operators more than {MAX_DEPTH} deep")
+
+    def sub(child: exp.Expression) -> Fn:
+        return _compile(child, depth + 1)
+
     match node:
         case exp.Paren():
-            return _compile(node.this)
+            return _compile(node.this, depth)
         case exp.Literal():
             value: Value = node.this if node.is_string else _number(node.this)
             return lambda p: value
@@ -133,7 +162,7 @@ def _compile(node: exp.Expression) -> Fn:
             name = node.this.this
             return lambda p: p.get(name)
         case exp.Neg():
-            inner = _compile(node.this)
+            inner = sub(node.this)
 
             def neg(p: Props) -> Value:
                 n = _number(inner(p))
@@ -141,23 +170,23 @@ def _compile(node: exp.Expression) -> Fn:
 
             return neg
         case exp.And() | exp.Or():
-            left, right = _compile(node.this), _compile(node.expression)
-            if isinstance(node, exp.And):
-                return lambda p: _and(left(p), right(p))
-            return lambda p: _or(left(p), right(p))
+            # a chain of one operator is one n-ary node: sqlglot nests "a AND b AND c ..." one
+            # level per operand, which evaluated recursively could exceed Python's stack
+            terms = [sub(t) for t in _chain(node, type(node))]
+            return _all(terms) if isinstance(node, exp.And) else _any(terms)
         case exp.Not():
-            inner = _compile(node.this)
+            inner = sub(node.this)
             return lambda p: _not(inner(p))
         case exp.Is():
             if not isinstance(node.expression, exp.Null):
                 raise SelectorError("IS only takes NULL or NOT NULL")
-            inner = _compile(node.this)
+            inner = sub(node.this)
             return lambda p: inner(p) is None
         case exp.Between():
             value_fn, low, high = (
-                _compile(node.this),
-                _compile(node.args["low"]),
-                _compile(node.args["high"]),
+                sub(node.this),
+                sub(node.args["low"]),
+                sub(node.args["high"]),
             )
             ge, le = _COMPARISONS[exp.GTE], _COMPARISONS[exp.LTE]
 
@@ -170,8 +199,8 @@ def _compile(node: exp.Expression) -> Fn:
         case exp.In():
             if node.args.get("query") is not None:
                 raise SelectorError("IN takes a list of literals, not a query")
-            value_fn = _compile(node.this)
-            items = [_compile(e) for e in node.expressions]
+            value_fn = sub(node.this)
+            items = [sub(e) for e in node.expressions]
 
             def within(p: Props) -> Value:
                 v = value_fn(p)
@@ -185,16 +214,16 @@ def _compile(node: exp.Expression) -> Fn:
 
             return within
         case exp.Like():
-            return _like(node, None)
+            return _like(node, None, sub)
         case exp.Escape() if isinstance(node.this, exp.Like):
             escape = node.expression
             if not (isinstance(escape, exp.Literal) and escape.is_string and len(escape.this) == 1):
                 raise SelectorError("ESCAPE takes one character")
-            return _like(node.this, escape.this)
+            return _like(node.this, escape.this, sub)
         case _ if type(node) in _COMPARISONS:
             left, right, op = (
-                _compile(node.this),
-                _compile(node.expression),
+                sub(node.this),
+                sub(node.expression),
                 _COMPARISONS[type(node)],
             )
 
@@ -205,8 +234,8 @@ def _compile(node: exp.Expression) -> Fn:
             return compare
         case _ if type(node) in _ARITHMETIC:
             left, right, op = (
-                _compile(node.this),
-                _compile(node.expression),
+                sub(node.this),
+                sub(node.expression),
                 _ARITHMETIC[type(node)],
             )
 
@@ -221,50 +250,200 @@ def _compile(node: exp.Expression) -> Fn:
     raise SelectorError(f"{node.sql()!r} is not part of the selector language")
 
 
-def _like(node: exp.Like, escape: str | None) -> Fn:
+def _like(node: exp.Like, escape: str | None, sub: Callable[[exp.Expression], Fn]) -> Fn:
     pattern = node.expression
     if not (isinstance(pattern, exp.Literal) and pattern.is_string):
         raise SelectorError("LIKE takes a string literal pattern")
-    regex = re.compile(_like_regex(pattern.this, escape), re.DOTALL)
-    value_fn = _compile(node.this)
+    matcher = LikePattern(pattern.this, escape)
+    value_fn = sub(node.this)
     negate = bool(node.args.get("negate"))
 
     def like(p: Props) -> Value:
         v = value_fn(p)
         if not isinstance(v, str):
             return None
-        hit = regex.fullmatch(v) is not None
+        hit = matcher.matches(v)
         return not hit if negate else hit
 
     return like
 
 
-def _like_regex(pattern: str, escape: str | None) -> str:
-    out, i = [], 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if escape is not None and ch == escape and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-            continue
-        out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
-        i += 1
-    return "".join(out)
+_ANY_ONE = object()  # "_": any one character
 
 
-def _and(a: Value, b: Value) -> Value:
+class LikePattern:
+    """A LIKE pattern (``%``: any run of characters, ``_``: any one), matched in linear time.
+
+    A pattern is a sequence of *pieces* split at ``%``: the first must match at the value's
+    start, the last at its end, and the others in order, each as early as it can (taking a piece
+    at its leftmost place never loses a match that a later place would give). A piece of literal
+    characters is found with ``str.find``; a piece with ``_`` in it by a bit-parallel scan
+    (one state bit per position in the piece, one pass over the value). Either way the value is
+    read a bounded number of times, whatever the pattern: there is no backtracking.
+    """
+
+    def __init__(self, pattern: str, escape: str | None = None) -> None:
+        pieces: list[list[object]] = [[]]
+        i = 0
+        while i < len(pattern):
+            ch = pattern[i]
+            if escape is not None and ch == escape and i + 1 < len(pattern):
+                pieces[-1].append(pattern[i + 1])
+                i += 2
+                continue
+            if ch == "%":
+                pieces.append([])
+            else:
+                pieces[-1].append(_ANY_ONE if ch == "_" else ch)
+            i += 1
+        self._anchored_end = len(pieces) == 1  # no "%": the whole value is one piece
+        self._first = pieces[0]
+        self._middle = [p for p in pieces[1:-1] if p]
+        self._last = pieces[-1] if len(pieces) > 1 else []
+
+    def matches(self, value: str) -> bool:
+        first, last = self._first, self._last
+        if self._anchored_end:
+            return len(value) == len(first) and _piece_at(first, value, 0)
+        if len(value) < len(first) + len(last) or not _piece_at(first, value, 0):
+            return False
+        end = len(value) - len(last)
+        if not _piece_at(last, value, end):
+            return False
+        pos = len(first)
+        for piece in self._middle:
+            found = _find_piece(piece, value, pos, end)
+            if found < 0:
+                return False
+            pos = found + len(piece)
+        return True
+
+
+def _piece_at(piece: list[object], value: str, at: int) -> bool:
+    """Whether ``piece`` matches ``value`` at ``at`` (the caller made sure it fits)."""
+    if all(type(c) is str for c in piece):
+        return value.startswith("".join(piece), at)  # type: ignore[arg-type]
+    return all(c is _ANY_ONE or value[at + k] == c for k, c in enumerate(piece))
+
+
+def _find_piece(piece: list[object], value: str, start: int, end: int) -> int:
+    """The first position ``>= start`` where ``piece`` matches within ``value[:end]``, or -1."""
+    if all(type(c) is str for c in piece):
+        return value.find("".join(piece), start, end)  # type: ignore[arg-type]
+    # shift-and: bit k of the state is set when the piece's first k+1 items match ending here
+    masks: dict[str, int] = {}
+    anyone = 0
+    for k, c in enumerate(piece):
+        if c is _ANY_ONE:
+            anyone |= 1 << k
+        else:
+            masks[c] = masks.get(c, 0) | 1 << k  # type: ignore[index]
+    done = 1 << (len(piece) - 1)
+    state = 0
+    for i in range(start, end):
+        state = ((state << 1) | 1) & (masks.get(value[i], 0) | anyone)
+        if state & done:
+            return i - len(piece) + 1
+    return -1
+
+
+def _chain(node: exp.Expression, kind: type) -> list[exp.Expression]:
+    """The operands of a chain of ``kind`` (AND or OR), in order, without recursion."""
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, kind):
+            stack += (n.expression, n.this)  # this first: popped before expression
+        elif isinstance(n, exp.Paren) and isinstance(n.this, kind):
+            stack.append(n.this)
+        else:
+            out.append(n)
+    return out
+
+
+def _all(terms: list[Fn]) -> Fn:
+    def conjunction(p: Props) -> Value:
+        out: Value = True
+        for t in terms:
+            v = t(p)
+            if v is False:
+                return False
+            if v is not True:
+                out = None
+        return out
+
+    return conjunction
+
+
+def _any(terms: list[Fn]) -> Fn:
+    def disjunction(p: Props) -> Value:
+        out: Value = False
+        for t in terms:
+            v = t(p)
+            if v is True:
+                return True
+            if v is not False:
+                out = None
+        return out
+
+    return disjunction
+
+
+def _paren_depth(text: str) -> int:
+    """How deep parentheses nest in ``text``, outside string literals."""
+    depth = deepest = 0
+    quoted = False
+    for ch in text:
+        if ch == "'":
+            quoted = not quoted  # '' inside a literal toggles twice
+        elif not quoted:
+            if ch == "(":
+                depth += 1
+                deepest = max(deepest, depth)
+            elif ch == ")":
+                depth -= 1
+    return deepest
+
+
+_OPERATORS = {
+    "EQ": "=", "NEQ": "<>", "GT": ">", "GTE": ">=", "LT": "<", "LTE": "<=", "And": "AND",
+    "Or": "OR", "Not": "NOT", "Like": "LIKE", "In": "IN", "Between": "BETWEEN", "Is": "IS",
+    "Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Escape": "ESCAPE", "Neg": "-",
+}  # fmt: skip
+_MISSING_FOR = re.compile(r"Required keyword: '(\w+)' missing for <class '[\w.]*?(\w+)'>")
+
+
+def _parse_problem(text: str, exc: SqlglotError) -> str:
+    """What is wrong with a selector, and where, in the selector language's own terms (not the
+    parser's class names)."""
+    errors = getattr(exc, "errors", None) or []
+    if not errors:  # the tokenizer's errors carry no position
+        if text.count("'") % 2:
+            return "a string literal is not closed (quote it as 'text', and '' for a quote)"
+        return "it cannot be read as a condition"
+    err = errors[0]
+    description, col = str(err.get("description", "")), err.get("col")
+    highlight = err.get("highlight") or ""
+    if (m := _MISSING_FOR.search(description)) is not None:
+        op = _OPERATORS.get(m.group(2), m.group(2))
+        what = f"{op!r} is missing an operand"
+    elif description.startswith("Expecting )"):
+        what = "a ')' is missing"
+    elif "Invalid expression / Unexpected token" in description:
+        what = f"unexpected {highlight!r}" if highlight else "unexpected end"
+    else:
+        what = description.split(". Line")[0]
+    if isinstance(col, int) and col > 0 and "\n" not in text:
+        at = max(col - len(highlight), 0)  # sqlglot's column is the token's last character
+        return f"{what}, at character {at + 1}:\n  {text}\n  {' ' * at}^"
+    return what
+
+
+def _and(a: Value, b: Value) -> Value:  # (BETWEEN's two comparisons)
     if a is False or b is False:
         return False
     if a is True and b is True:
         return True
-    return None
-
-
-def _or(a: Value, b: Value) -> Value:
-    if a is True or b is True:
-        return True
-    if a is False and b is False:
-        return False
     return None
 
 
