@@ -8,6 +8,7 @@ An invalid or unknown setting raises :class:`~spark_mq.errors.ConfigError` namin
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -121,7 +122,8 @@ class DestinationSettings(_Section):
         except ValidationError as exc:
             first = exc.errors()[0]
             raise ConfigError(
-                _format_validation(exc), setting=".".join(str(p) for p in first["loc"])
+                _format_validation(exc, DestinationSettings),
+                setting=".".join(str(p) for p in first["loc"]),
             ) from None
 
 
@@ -208,12 +210,30 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _format_validation(exc: ValidationError) -> str:
+def _valid_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The settings a section named by ``loc`` (its path, then the unknown key) has."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        inner = field.annotation if field is not None else None
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            return []
+        model = inner
+    return sorted(model.model_fields)
+
+
+def _format_validation(exc: ValidationError, model: type[BaseModel]) -> str:
     lines = []
     for err in exc.errors():
         setting = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            lines.append(f"unknown setting {setting!r}")
+            names = _valid_names(model, err["loc"])
+            close = difflib.get_close_matches(str(err["loc"][-1]), names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            if len(err["loc"]) == 1 and model is BrokerConfig:
+                valid = f"the sections are {', '.join(names)}"
+            else:
+                valid = f"valid settings here: {', '.join(names)}"
+            lines.append(f"unknown setting {setting!r}{hint} ({valid})")
         else:
             lines.append(f"invalid setting {setting} = {err.get('input')!r}: {err['msg']}")
     return "; ".join(lines)
@@ -250,7 +270,7 @@ def load_config(
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ConfigError(
-            _format_validation(exc), setting=".".join(str(p) for p in first["loc"])
+            _format_validation(exc, BrokerConfig), setting=".".join(str(p) for p in first["loc"])
         ) from None
     config.hot_dir()  # settings that only make sense together
     return config

@@ -175,6 +175,14 @@ def normalize_produce_batch(
         low, high = pc.min_max(priority).values()
         if low.as_py() < 0 or high.as_py() > 9:
             raise MessageRejected("priority must be between 0 and 9", destination=destination)
+    for relative, what in (("ttl_ms", "a time to live"), ("delay_ms", "a delivery delay")):
+        column = cols.get(relative)
+        if column is not None and n and (low := pc.min(column).as_py()) is not None and low < 0:
+            raise MessageRejected(
+                f"{what} must not be negative ({relative} = {low}): the message would never "
+                "be delivered",
+                destination=destination,
+            )
     enqueue = numpy_column(np.full(n, enqueue_time_us, np.int64), TS)
     expiry = _time_column(cols, "expiry_time", "ttl_ms", enqueue_time_us, n)
     deliver = _time_column(cols, "deliver_time", "delay_ms", enqueue_time_us, n)

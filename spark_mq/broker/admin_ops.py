@@ -34,16 +34,19 @@ class DestinationAdmin:
     clock: Clock
     memory: MemoryMonitor
 
-    def _dest(self, name: str) -> Destination:
+    def _dest(self, name: str, *, kind: Kind | None = None) -> Destination:
+        """The destination ``name``; ``kind``: what the caller needs it to be, which the error
+        for a missing one suggests creating."""
         with self._lock:
-            try:
-                return self._dests[name]
-            except KeyError:
-                raise DestinationNotFound(
-                    f"destination {name!r} does not exist (create it first, e.g. "
-                    f"Admin.create_queue({name!r}))",
-                    destination=name,
-                ) from None
+            dest = self._dests.get(name)
+        if dest is None:
+            maker = "create_topic" if kind == "topic" else "create_queue"
+            raise DestinationNotFound(
+                f"{kind or 'destination'} {name!r} does not exist (create it first, e.g. "
+                f"Admin.{maker}({name!r}))",
+                destination=name,
+            )
+        return dest
 
     def destination_for_use(self, name: str) -> Destination:
         """The destination a producer or consumer names: created as an auto-deleting queue
@@ -122,7 +125,7 @@ class DestinationAdmin:
     def create_subscription(self, destination: str, name: str, selector: str | None = None) -> bool:
         """A durable subscription; with a selector it keeps only the messages that match."""
         compiled = compile_selector(selector)
-        dest = self._dest(destination)
+        dest = self._dest(destination, kind="topic")
         with dest.lock:
             info, created = self.journal.create_subscription(
                 destination, name, compiled.text if compiled else None
@@ -139,7 +142,7 @@ class DestinationAdmin:
         return created
 
     def delete_subscription(self, destination: str, name: str) -> None:
-        dest = self._dest(destination)
+        dest = self._dest(destination, kind="topic")
         with dest.lock:
             self.journal.delete_subscription(destination, name)
             dest.subscriptions.pop(name, None)

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from spark_mq import protocol, wire
+from spark_mq.client._options import check_options
 from spark_mq.client._outcome import Outcome
 from spark_mq.client._pending import PLAIN_OPTIONS, Pending, batch_of, column, plain_of
 from spark_mq.client._transport import (
@@ -388,6 +389,7 @@ class Producer:
         whether the buffer is full. ``waiting``: the caller flushes it at once (the linger
         thread need not be woken)."""
         dest = self._dest(destination)
+        check_options(priority, ttl_s, delay_s, dest)
         if isinstance(body, str):
             body = body.encode()
         fut: Future = Future()
@@ -578,3 +580,4 @@ def _joined(parts: list[Future]) -> Future:
     for f in parts:
         f.add_done_callback(done)
     return joined
+

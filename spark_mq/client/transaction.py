@@ -13,6 +13,8 @@ settled, and a broker crash cannot undo that (the broker finishes a committed tr
 when it restarts). ``rollback`` (or an exception) drops the sends and gives the acked messages
 back for redelivery. An ack is fenced like any other: if a message's lease lapsed and it went
 elsewhere, the commit fails with ``LeaseError`` and nothing of the transaction happens.
+Outside a ``with`` block, call :meth:`close` when done: it rolls back what was not committed
+and releases the transaction's connection.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from spark_mq.client._options import check_options
 from spark_mq.client._transport import DEFAULT_URL, connect, translated
 from spark_mq.client.message import Message
 from spark_mq.errors import SparkMQError
@@ -39,7 +42,8 @@ class Transaction:
         self._client, self._options = connect(url, timeout_s)
         self._rows: list[dict[str, Any]] = []
         self._acked: list[Message] = []
-        self.closed = False
+        self.closed = False  # committed or rolled back
+        self._released = False  # the connection closed
 
     def __enter__(self) -> Transaction:
         return self
@@ -53,7 +57,17 @@ class Transaction:
             else:
                 self.rollback()
         finally:
-            self._client.close()
+            self.close()
+
+    def close(self) -> None:
+        """Release the connection; what was not committed is rolled back first (as leaving a
+        ``with`` block by an exception does). Safe to call more than once."""
+        try:
+            self.rollback()
+        finally:
+            if not self._released:
+                self._released = True
+                self._client.close()
 
     def send(
         self,
@@ -70,9 +84,10 @@ class Transaction:
     ) -> None:
         """Add a message to send at commit."""
         self._open()
+        check_options(priority, ttl_s, delay_s, validate_name(destination))
         self._rows.append(
             {
-                "destination": validate_name(destination),
+                "destination": destination,
                 "body": body.encode() if isinstance(body, str) else body,
                 "message_id": message_id,
                 "dedup_id": dedup_id,
