@@ -36,7 +36,13 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
-from spark_mq.broker.recovery import COMPACTED, low_water, settled_by_subscription
+from spark_mq.broker.recovery import (
+    COMPACTED,
+    log_gaps,
+    low_water,
+    settled_by_subscription,
+    with_gaps,
+)
 from spark_mq.journal import bindings, layout
 from spark_mq.journal.base import DestinationInfo
 from spark_mq.journal.boundary import translate
@@ -135,16 +141,22 @@ def _plan(
 ) -> _Plan:
     settled = settled_by_subscription(settles)
     end = messages.transaction_version(layout.MESSAGES_APP_ID) or 0
+    cols = pa.table(
+        messages.to_pyarrow_dataset().to_table(columns=["offset", "expiry_time", "enqueue_time"])
+    )
     marks: dict[str, int] = {}
     above: dict[str, set[int]] = {}
     for sub in info.subscriptions.values():
         marks[sub.name], above[sub.name] = low_water(sub.start_offset, settled.get(sub.name))
+    # offsets with no row (a quarantined record's) are settled for everyone
+    gaps = log_gaps(cols["offset"].to_numpy(), min(marks.values(), default=end), end)
+    if len(gaps):
+        with_gaps(settled, list(marks), gaps)
+        for sub in info.subscriptions.values():
+            marks[sub.name], above[sub.name] = low_water(sub.start_offset, settled.get(sub.name))
     # with no subscription (a topic nobody follows) nothing committed is owed to anyone; a
     # subscription created later starts at the broker's end, which is never below Delta's
     below = min(marks.values(), default=end)
-    cols = pa.table(
-        messages.to_pyarrow_dataset().to_table(columns=["offset", "expiry_time", "enqueue_time"])
-    )
     # recent rows stay, settled or not: the broker rebuilds its duplicate cache from them
     cutoff = pa.scalar(now - timedelta(seconds=policy.keep_recent_s), TS)
     young = cols.filter(pc.greater_equal(cols["enqueue_time"], cutoff))["offset"]

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from spark_mq.arrow_checks import checked
 from spark_mq.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
@@ -404,10 +405,11 @@ def decode_commit(body: bytes) -> tuple[list[Ack], pa.Table | None]:
         return acks, None
     try:
         table = pa.ipc.open_stream(pa.py_buffer(rest)).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowInvalid, OSError, ValueError) as exc:
         raise ProtocolError(
             f"transaction messages are not an Arrow stream: {exc}", fault="remote"
         ) from None
+    checked(table, "the transaction's messages")
     if "destination" not in table.column_names:
         raise ProtocolError("transaction messages need a 'destination' column", fault="remote")
     return acks, table

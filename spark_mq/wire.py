@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 
 from spark_mq import protocol
+from spark_mq.arrow_checks import checked
 from spark_mq.errors import ProtocolError, SparkMQError, to_wire
 from spark_mq.plain import PlainMessage
 from spark_mq.schema import DEFAULT_PRIORITY, MESSAGE_SCHEMA, PRODUCE_SCHEMA
@@ -126,13 +127,12 @@ def read_batch(body: Body, schema: pa.Schema) -> tuple[int, pa.RecordBatch]:
 def _batch(seq: int, message: pa.Buffer, schema: pa.Schema) -> pa.RecordBatch:
     try:
         batch = pa.ipc.read_record_batch(message, schema)
-        batch.validate()
     except (pa.ArrowInvalid, OSError, ValueError) as exc:
         raise ProtocolError(
             f"batch {seq} is not an Arrow record batch of the expected schema: {exc}",
             fault="remote",
         ) from None
-    return batch
+    return checked(batch, f"batch {seq}")
 
 
 class ColumnSubsets:

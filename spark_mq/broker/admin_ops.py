@@ -191,6 +191,7 @@ class DestinationAdmin:
             out["hot_tier_segments_reused"] = tier.spares_reused
             out["hot_tier_moves"] = tier.moves
             out["hot_tier_move_failures"] = tier.move_failures
+            out["hot_tier_quarantined"] = tier.quarantined
         else:
             out["delta_end_offset"] = end if self.journal.store.durable else None
             out["delta_lag_messages"] = 0

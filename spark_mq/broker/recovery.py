@@ -7,6 +7,10 @@ of the log are read back into memory (for a queue, only the unsettled ones).
 Compaction replaces a subscription's settlement rows below its low-water mark by one row with
 outcome ``compacted`` whose offset is that mark (:data:`COMPACTED`): every offset below it is
 settled.
+
+An offset below the log's end that the message log holds no row for (the offsets of a record
+the hot tier quarantined: see :mod:`spark_mq.journal.hot_tier`) is settled for everyone
+(:func:`log_gaps`): nobody can ever receive it, and a low-water mark must pass it.
 """
 
 from __future__ import annotations
@@ -80,6 +84,29 @@ def low_water(start: int, settled: Settled | None) -> tuple[int, set[int]]:
     gaps = np.nonzero(settled != expected)[0]
     n = int(gaps[0]) if len(gaps) else len(settled)
     return start + n, {int(o) for o in settled[n:]}
+
+
+def log_gaps(present: np.ndarray, start: int, end: int) -> np.ndarray:
+    """The offsets in ``[start, end)`` that the message log holds no row for, sorted (rows
+    compaction removed are settled already; others are the offsets of a quarantined record)."""
+    if start >= end:
+        return np.empty(0, np.int64)
+    present = present[(present >= start) & (present < end)]
+    if len(present) == end - start:
+        return np.empty(0, np.int64)
+    return np.setdiff1d(np.arange(start, end, dtype=np.int64), present, assume_unique=True)
+
+
+def with_gaps(settled: dict[str, Settled], names: list[str], gaps: np.ndarray) -> None:
+    """Count ``gaps`` (:func:`log_gaps`) as settled by every subscription in ``names``."""
+    if not len(gaps):
+        return
+    for name in names:
+        mine = settled.get(name)
+        if mine is None:
+            settled[name] = Settled(0, gaps)
+        else:
+            settled[name] = Settled(mine.below, np.union1d(mine.offsets, gaps))
 
 
 def returned_counts(settlements: pa.Table) -> dict[str, dict[int, int]]:
@@ -164,6 +191,14 @@ def recover_destination(
     returned = returned_counts(settlements) if settlements is not None else {}
     released = released_claimants(settlements) if settlements is not None else {}
     claimed = claims_of(settlements, released) if settlements is not None else {}
+    first = min(
+        (low_water(s.start_offset, settled.get(s.name))[0] for s in info.subscriptions.values()),
+        default=end,
+    )
+    rows = journal.read_messages(info.name, first, end) if first < end else None
+    if rows is not None:
+        gaps = log_gaps(rows["offset"].to_numpy(), first, end)
+        with_gaps(settled, list(info.subscriptions), gaps)
     subs = []
     for sub in info.subscriptions.values():
         low, above = low_water(sub.start_offset, settled.get(sub.name))
@@ -189,8 +224,6 @@ def recover_destination(
                 released.get(sub.name, set()),
             )
         )
-    first = min((s.low_water for s in subs), default=end)
-    rows = journal.read_messages(info.name, first, end) if first < end else None
     if rows is None:
         return subs, journal.read_messages(info.name, end, end)
     if info.kind == "queue" and subs and subs[0].settled_above:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq import protocol, wire
+from spark_mq.arrow_checks import checked
 from spark_mq.broker.core import Broker
 from spark_mq.broker.dedup import ProduceResult
 from spark_mq.errors import ProtocolError, SparkMQError, to_wire
@@ -181,7 +182,8 @@ class FlightService(fl.FlightServerBase):
                 if chunk.data is None:
                     continue
                 try:
-                    result: Future | SparkMQError = self.broker.produce(cmd.destination, chunk.data)
+                    batch = checked(chunk.data, f"batch {acks.next_seq}")
+                    result: Future | SparkMQError = self.broker.produce(cmd.destination, batch)
                 except SparkMQError as exc:
                     result = exc
                 acks.add(result)
@@ -305,6 +307,11 @@ class _InOrderAcks:
         self._stopping = False
         self._sender = threading.Thread(target=self._send_loop, name="produce-acks", daemon=True)
         self._sender.start()
+
+    @property
+    def next_seq(self) -> int:
+        """The number the next batch of the stream gets (its place in the stream, from 0)."""
+        return self._next_seq
 
     def add(self, result: Future | SparkMQError) -> None:
         with self._cond:

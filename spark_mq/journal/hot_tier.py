@@ -9,6 +9,13 @@ Moves are idempotent, so a crash anywhere is harmless: message commits carry
 ``(sparkmq.messages, end_offset)`` and settlement commits ``(sparkmq.settlements, lsn)``; on
 open, records at or below those versions count as moved and are not committed again.
 
+A record that cannot be read (it does not decode, or its Arrow data is invalid: an older
+version stored a client's batch with offsets past its data, and reading it crashed the broker
+at every start) is *quarantined*: its payload and a description of where it was and what is
+wrong go to ``<hot>/.quarantine/<destination>/``, it is logged and counted
+(:attr:`HotTierStats.quarantined`), and it moves to Delta as no rows, so the log's end offset
+passes it and it is not met again. Its offsets stay unused: readers see a gap there.
+
 Delta is the system of record for Spark and the jobs; it trails the hot tier by at most
 ``move_interval_s`` plus one commit under normal load (:meth:`HotTier.stats` says by how much).
 
@@ -23,6 +30,7 @@ competes with here, and a second process added work rather than taking any away.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -30,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -98,6 +107,7 @@ class HotTierStats:
     segments: int
     spares_zeroed: int  # segments made ready by zeroing a new file
     spares_reused: int  # segments made ready by reusing a moved one
+    quarantined: int  # records that could not be read, set aside (see the module's doc)
 
 
 class HotTier:
@@ -124,6 +134,8 @@ class HotTier:
         self._moved_lsn = 0  # every record up to this lsn is in Delta
         self._closing = False
         self._mover: threading.Thread | None = None
+        self._quarantined = 0
+        self.quarantine_dir = quarantine_dir(os.path.dirname(directory), destination)
 
     # -- opening: what is durable, what is still to move -------------------------------------
     def open(self) -> int:
@@ -140,7 +152,10 @@ class HotTier:
                     end = max(end, ref.end_offset)
                 if self._is_moved(ref):
                     continue
-                table = self._log.read(ref)
+                try:
+                    table = _readable(self._log.read(ref), ref)
+                except Exception as exc:  # whatever reading it raised: it cannot be moved
+                    table = self._quarantine(ref, exc)
                 self._pending.append(_Pending(ref, table, now))
                 self._pending_bytes += ref.size
             first_pending = self._pending[0].ref.lsn if self._pending else self._log.next_lsn
@@ -283,6 +298,8 @@ class HotTier:
             try:
                 self._move(batch)
             except Exception as exc:
+                if self._set_aside_unreadable(batch):
+                    continue  # the rest moves at once
                 self._move_failures += 1
                 backoff = min(max(backoff * 2, 0.1), 5.0)
                 log.warning(
@@ -331,6 +348,66 @@ class HotTier:
                 )
             time.sleep(_LET_GO_REST_S if rest else 0)  # 0 still yields the GIL
 
+    def _set_aside_unreadable(self, batch: list[_Pending]) -> bool:
+        """After a failed move: quarantine the records of ``batch`` that cannot be read, as at
+        open; True if there were any (a move that failed for another reason, Delta out of
+        reach say, is retried as it was)."""
+        found = False
+        for p in batch:
+            try:
+                _readable(_as_tables([p.table])[0], p.ref)
+            except Exception as exc:
+                empty = self._quarantine(p.ref, exc)
+                with self._mutex:
+                    p.table = empty
+                found = True
+        return found
+
+    def _quarantine(self, ref: RecordRef, problem: Exception) -> pa.Table:
+        """Set record ``ref`` aside (its payload and what is known of it, on disk) and count it;
+        returns what moves in its place: no rows."""
+        self._quarantined += 1
+        name = f"record-{ref.lsn:012d}"
+        where = os.path.join(self.quarantine_dir, name)
+        about = {
+            "destination": self.destination,
+            "segment": os.path.join(self.directory, f"segment-{ref.segment:012d}.log"),
+            "position": ref.position,
+            "lsn": ref.lsn,
+            "kind": ref.kind,
+            "first_offset": ref.first_offset if ref.kind in MESSAGE_KINDS else None,
+            "rows": ref.rows,
+            "payload_bytes": ref.length,
+            "problem": f"{type(problem).__name__}: {problem}",
+            "quarantined_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        try:
+            os.makedirs(self.quarantine_dir, exist_ok=True)
+            with open(where + ".payload", "wb") as fh:
+                fh.write(self._log.read_payload(ref))
+                os.fsync(fh.fileno())
+            with open(where + ".json", "w") as fh:
+                json.dump(about, fh, indent=2)
+                fh.write("\n")
+                os.fsync(fh.fileno())
+            kept = f"kept in {where}.payload / .json"
+        except OSError as exc:
+            kept = f"and could not be kept ({exc}); its segment keeps it until it is retired"
+        what = (
+            f"{ref.rows} message(s) at offsets {ref.first_offset}-{ref.end_offset - 1}"
+            if ref.kind in MESSAGE_KINDS
+            else f"{ref.rows} settlement(s)"
+        )
+        log.error(
+            "hot tier %s: record %d (%s) cannot be read and is quarantined, %s: %s",
+            self.destination,
+            ref.lsn,
+            what,
+            kept,
+            about["problem"],
+        )
+        return (MESSAGE_SCHEMA if ref.kind in MESSAGE_KINDS else SETTLEMENT_SCHEMA).empty_table()
+
     def _take_batch(self) -> list[_Pending]:
         batch, size = [], 0
         for p in self._pending:
@@ -347,7 +424,11 @@ class HotTier:
         if messages:
             end = messages[-1].ref.end_offset
             rows = _few_batches(_as_tables([p.table for p in messages]), MESSAGE_SCHEMA)
-            if rows["offset"][0].as_py() < self._delta_end:  # a partial earlier move
+            # nothing invalid reaches delta-rs, which would read past a bad offset and crash the
+            # process (clients' batches are checked on arrival; this is the last line: a few
+            # microseconds a thousand rows)
+            rows.validate(full=True)
+            if rows.num_rows and rows["offset"][0].as_py() < self._delta_end:  # a partial move
                 rows = rows.filter(pc.greater_equal(rows["offset"], self._delta_end))
             self._store.commit_messages(self.destination, rows, end)
             failpoints.hit("hot-tier-messages-moved")
@@ -355,6 +436,7 @@ class HotTier:
         if settles:
             version = settles[-1].ref.lsn
             rows = _few_batches(_as_tables([p.table for p in settles]), SETTLEMENT_SCHEMA)
+            rows.validate(full=True)
             self._store.commit_settlements(self.destination, rows, version)
             self._settled_version = version
         failpoints.hit("hot-tier-moved")
@@ -413,6 +495,7 @@ class HotTier:
                 segments=self._log.segment_count,
                 spares_zeroed=self._log.spares_zeroed,
                 spares_reused=self._log.spares_reused,
+                quarantined=self._quarantined,
             )
 
     # -- closing -----------------------------------------------------------------------------
@@ -433,6 +516,30 @@ class HotTier:
         if drain and not self._pending:
             # everything is in Delta: no segment is left to say otherwise (see has_segments)
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def quarantine_dir(hot_root: str, destination: str) -> str:
+    """Where a destination's unreadable records are set aside (a name no destination has)."""
+    return os.path.join(hot_root, ".quarantine", destination)
+
+
+def _readable(table: pa.Table, ref: RecordRef) -> pa.Table:
+    """``table``, the rows of record ``ref``, once they are known to be safe to read: valid
+    Arrow data of the log's schema, and for messages exactly the record's offsets."""
+    table.validate(full=True)
+    if ref.kind in MESSAGE_KINDS:
+        conform(table, MESSAGE_SCHEMA)
+        offsets = table["offset"].to_numpy()
+        if table.num_rows != ref.rows or not np.array_equal(
+            offsets, np.arange(ref.first_offset, ref.end_offset, dtype=np.int64)
+        ):
+            raise ValueError(
+                f"the record says offsets {ref.first_offset}-{ref.end_offset - 1}, its rows "
+                f"hold {table.num_rows} other(s)"
+            )
+    else:
+        conform(table, SETTLEMENT_SCHEMA)
+    return table
 
 
 _LET_GO_EACH = 32

@@ -528,13 +528,17 @@ class SegmentLog:
             log.exception("could not cut a failed append off %s", self._segments[self._active])
 
     # -- reading and retiring ----------------------------------------------------------------
-    def read(self, ref: RecordRef) -> pa.Table:
-        """A record's rows as a table, whatever its kind."""
+    def read_payload(self, ref: RecordRef) -> bytes:
+        """A record's payload, as written."""
         with self._lock:
             path = self._segments[ref.segment]
         with open(path, "rb") as fh:
             fh.seek(ref.position + HEADER_BYTES)
-            payload = fh.read(ref.length)
+            return fh.read(ref.length)
+
+    def read(self, ref: RecordRef) -> pa.Table:
+        """A record's rows as a table, whatever its kind."""
+        payload = self.read_payload(ref)
         if ref.kind == KIND_PLAIN:
             return PlainRows.decode(payload, ref.first_offset, ref.rows).table()
         if ref.kind == KIND_PLAIN_SETTLEMENTS:
