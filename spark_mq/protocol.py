@@ -28,6 +28,7 @@ from spark_mq.arrow_checks import checked
 from spark_mq.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
+MAX_PREFETCH = 1_000_000  # messages a consumer may hold unsettled at once
 SettleVerb = Literal["ack", "nack", "extend"]
 ADMIN_ACTIONS = (
     "create_destination",
@@ -245,24 +246,27 @@ def parse(data: bytes | memoryview | None) -> Frame:
             entries: tuple[tuple[int, int], ...] = ((int(offset), int(count)),)
         else:
             entries = tuple((int(o), int(c)) for o, c in _PAIR.findall(pairs))
+        if any(c >= 2**31 for _, c in entries):  # (18 digits: offsets are below 2**63)
+            return _parse_json(data)  # which says what is wrong
         return Settle(_VERBS[verb], int(request_id), entries)
     if (reply := _REPLY.fullmatch(data)) is not None:
         request_id, ok = reply.groups()
         return Reply(int(request_id), tuple(map(int, ok.split(b","))) if ok else ())
-    try:
-        doc = json.loads(bytes(data))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"frame is not JSON: {exc}", fault="remote") from None
-    if not isinstance(doc, dict):
-        raise ProtocolError("frame must be a JSON object", fault="remote")
+    return _parse_json(data)
+
+
+def _parse_json(data: bytes | memoryview) -> Frame:
+    doc = _json_object(data, "frame")
     kind = doc.get("type")
     match kind:
         case "produce":
             return Produce(_str(doc, "destination"))  # type: ignore[arg-type]
         case "consume":
             prefetch = _int(doc, "prefetch", optional=True)
-            if prefetch is not None and prefetch < 1:
-                raise ProtocolError("prefetch must be at least 1", fault="remote")
+            if prefetch is not None and not 1 <= prefetch <= MAX_PREFETCH:
+                raise ProtocolError(
+                    f"prefetch must be 1 to {MAX_PREFETCH:,}, got {prefetch}", fault="remote"
+                )
             durable, temporary = doc.get("durable", True), doc.get("temporary", False)
             compact = doc.get("compact", False)
             if not all(isinstance(flag, bool) for flag in (durable, temporary, compact)):
@@ -355,6 +359,12 @@ def _entries(value: object) -> tuple[tuple[int, int], ...]:
             raise ProtocolError(
                 f"each settle entry must be [offset, delivery_count], got {item!r}", fault="remote"
             )
+        if not (0 <= item[0] < 2**63 and 0 <= item[1] < 2**31):
+            raise ProtocolError(
+                f"a settle entry's offset must be 0 to 2**63-1 and its delivery count 0 to "
+                f"2**31-1, got {item!r}",
+                fault="remote",
+            )
         out.append((item[0], item[1]))
     return tuple(out)
 
@@ -363,16 +373,79 @@ def encode_action_body(**fields: Any) -> bytes:
     return json.dumps(fields, separators=(",", ":")).encode()
 
 
+MAX_JSON_BYTES = 1024 * 1024  # a control frame or action body (settles of 10,000 entries fit)
+
+
+def _json_object(data: bytes | memoryview, what: str) -> dict[str, Any]:
+    """``data`` as a JSON object; else a ``ProtocolError`` saying what is wrong with it (too
+    big, nested too deeply, not UTF-8, not JSON, not an object), never another exception."""
+    if len(data) > MAX_JSON_BYTES:
+        raise ProtocolError(
+            f"{what} of {len(data)} bytes is over the limit of {MAX_JSON_BYTES}", fault="remote"
+        )
+    try:
+        doc = json.loads(bytes(data))
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"{what} is not UTF-8: {exc}", fault="remote") from None
+    except ValueError as exc:
+        raise ProtocolError(f"{what} is not JSON: {exc}", fault="remote") from None
+    except RecursionError:  # the decoder recurses once a level: 100,000 '[' overflowed
+        raise ProtocolError(
+            f"{what} nests JSON arrays or objects too deeply (no frame needs more than 3 levels)",
+            fault="remote",
+        ) from None
+    if not isinstance(doc, dict):
+        raise ProtocolError(f"{what} must be a JSON object", fault="remote")
+    return doc
+
+
 def parse_action_body(data: bytes | None) -> dict[str, Any]:
     if not data:
         return {}
-    try:
-        doc = json.loads(bytes(data))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"action body is not JSON: {exc}", fault="remote") from None
-    if not isinstance(doc, dict):
-        raise ProtocolError("action body must be a JSON object", fault="remote")
-    return doc
+    return _json_object(data, "action body")
+
+
+class ActionArgs:
+    """An admin action's arguments, read by type: a missing or mistyped one is a
+    ``ProtocolError`` naming the action and the argument."""
+
+    def __init__(self, action: str, doc: dict[str, Any]) -> None:
+        self.action, self.doc = action, doc
+
+    def _bad(self, key: str, wanted: str) -> ProtocolError:
+        value = self.doc.get(key)
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        return ProtocolError(
+            f"action {self.action!r}: argument {key!r} must be {wanted}, got {shown}",
+            fault="remote",
+        )
+
+    def text(self, key: str) -> str:
+        value = self.doc.get(key)
+        if not isinstance(value, str):
+            raise self._bad(key, "a string")
+        return value
+
+    def optional_text(self, key: str) -> str | None:
+        return None if self.doc.get(key) is None else self.text(key)
+
+    def integer(self, key: str) -> int:
+        value = self.doc.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not -(2**63) <= value < 2**63:
+            raise self._bad(key, "an integer")
+        return value
+
+    def optional_integer(self, key: str) -> int | None:
+        return None if self.doc.get(key) is None else self.integer(key)
+
+    def mapping(self, key: str) -> dict[str, Any]:
+        value = self.doc.get(key)
+        if not isinstance(value, dict):
+            raise self._bad(key, "an object")
+        return value
+
+    def optional_mapping(self, key: str) -> dict[str, Any] | None:
+        return None if self.doc.get(key) is None else self.mapping(key)
 
 
 # -- local transactions: DoAction "commit_transaction" ---------------------------------------
@@ -394,8 +467,8 @@ def encode_commit(acks: list[Ack], messages: pa.Table | None) -> bytes:
 
 def decode_commit(body: bytes) -> tuple[list[Ack], pa.Table | None]:
     head, _, rest = body.partition(b"\n")
+    doc = _json_object(head, "a transaction's acks")
     try:
-        doc: dict[str, Any] = json.loads(head)
         acks = [
             (str(d), str(s or ""), int(c), int(o), int(n)) for d, s, c, o, n in doc.get("acks", [])
         ]

@@ -11,6 +11,7 @@ Errors leave as ``FlightServerError`` whose ``extra_info`` is :func:`spark_mq.er
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -66,21 +67,17 @@ class FlightService(fl.FlightServerBase):
         return [(name, f"sparkmq admin: {name}") for name in protocol.ADMIN_ACTIONS]
 
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
-        try:
-            if action.type == "commit_transaction":  # binary body: acks, then Arrow IPC
+        with _answering("action"):
+            name = action.type
+            if name == "commit_transaction":  # binary body: acks, then Arrow IPC
                 acks, messages = protocol.decode_commit(action.body.to_pybytes())
                 result = {"offsets": self.broker.commit_transaction(acks, messages)}
             else:
                 body = protocol.parse_action_body(action.body.to_pybytes())
-                result = self._action(action.type, body)
-        except SparkMQError as exc:
-            raise _flight_error(exc) from None
-        except (KeyError, TypeError) as exc:
-            err = ProtocolError(f"bad arguments for action {action.type!r}: {exc}", fault="remote")
-            raise _flight_error(err) from None
+                result = self._action(name, protocol.ActionArgs(name, body))
         yield json.dumps(result).encode()
 
-    def _action(self, name: str, body: dict[str, Any]) -> Any:
+    def _action(self, name: str, args: protocol.ActionArgs) -> Any:
         b = self.broker
         match name:
             case "ping":  # also how clients find the direct wire (and its local socket)
@@ -91,61 +88,72 @@ class FlightService(fl.FlightServerBase):
                     "wire_version": wire.VERSION,
                 }
             case "create_destination":
-                return {
-                    "created": b.create_destination(
-                        body["name"], body["kind"], body.get("settings")
+                kind = args.text("kind")
+                if kind not in ("queue", "topic"):
+                    raise ProtocolError(
+                        f"action 'create_destination': kind must be 'queue' or 'topic', got "
+                        f"{kind!r}",
+                        fault="remote",
                     )
-                }
+                created = b.create_destination(
+                    args.text("name"),
+                    kind,  # type: ignore[arg-type]
+                    args.optional_mapping("settings"),
+                )
+                return {"created": created}
             case "configure_destination":
-                return b.configure_destination(body["name"], body["settings"])
+                return b.configure_destination(args.text("name"), args.mapping("settings"))
             case "claim":
-                below = body.get("below")
                 offsets = b.claims.claim(
-                    body["destination"],
-                    body.get("subscription"),
-                    body["consumer"],
-                    int(body["number"]),
-                    int(body["limit"]),
-                    None if below is None else int(below),
+                    args.text("destination"),
+                    args.optional_text("subscription"),
+                    args.text("consumer"),
+                    args.integer("number"),
+                    args.integer("limit"),
+                    args.optional_integer("below"),
                 )
                 return {"count": len(offsets)}
             case "ack_claims":
                 acked = b.claims.ack(
-                    body["destination"],
-                    body.get("subscription"),
-                    body["consumer"],
-                    int(body["upto"]),
+                    args.text("destination"),
+                    args.optional_text("subscription"),
+                    args.text("consumer"),
+                    args.integer("upto"),
                 )
                 return {"acked": acked}
             case "release_claims":
                 released = b.claims.release(
-                    body["destination"], body.get("subscription"), body["consumer"]
+                    args.text("destination"),
+                    args.optional_text("subscription"),
+                    args.text("consumer"),
                 )
                 return {"released": released}
             case "purge":
-                return {"purged": b.purge(body["name"], body.get("subscription"))}
+                return {"purged": b.purge(args.text("name"), args.optional_text("subscription"))}
             case "delete_destination":
-                b.delete_destination(body["name"])
+                b.delete_destination(args.text("name"))
                 return {"deleted": True}
             case "list_destinations":
                 return b.list_destinations()
             case "create_subscription":
-                return {
-                    "created": b.create_subscription(
-                        body["destination"], body["name"], body.get("selector")
-                    )
-                }
+                created = b.create_subscription(
+                    args.text("destination"), args.text("name"), args.optional_text("selector")
+                )
+                return {"created": created}
             case "delete_subscription":
-                b.delete_subscription(body["destination"], body["name"])
+                b.delete_subscription(args.text("destination"), args.text("name"))
                 return {"deleted": True}
             case "stats":
-                return b.stats(body["name"])
+                return b.stats(args.text("name"))
             case _:
-                raise ProtocolError(f"unknown action {name!r}", fault="remote")
+                raise ProtocolError(
+                    f"unknown action {name!r}; the actions are {', '.join(protocol.ADMIN_ACTIONS)}",
+                    fault="remote",
+                )
 
     # -- browse ------------------------------------------------------------------------------
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.RecordBatchStream:
-        try:
+        with _answering("browse"):
             cmd = protocol.parse(ticket.ticket)
             if isinstance(cmd, protocol.Browse):
                 table = self.broker.browse(
@@ -157,8 +165,6 @@ class FlightService(fl.FlightServerBase):
                 )
             else:
                 raise ProtocolError("do_get expects a browse or claimed command", fault="remote")
-        except SparkMQError as exc:
-            raise _flight_error(exc) from None
         return fl.RecordBatchStream(table)
 
     # -- produce -----------------------------------------------------------------------------
@@ -169,16 +175,15 @@ class FlightService(fl.FlightServerBase):
         reader: fl.MetadataRecordBatchReader,
         writer: fl.FlightMetadataWriter,
     ) -> None:
-        try:
+        with _answering("produce"):
             cmd = _command(descriptor)
             if not isinstance(cmd, Produce):
                 raise ProtocolError("do_put expects a produce command", fault="remote")
             self.broker.destination_for_use(cmd.destination)
-        except SparkMQError as exc:
-            raise _flight_error(exc) from None
         acks = _InOrderAcks(writer)
-        try:
-            for chunk in reader:
+        with _answering("produce"), contextlib.ExitStack() as answered:
+            answered.callback(acks.drain)  # what came before an error is answered first
+            for chunk in _chunks(reader, "produce stream"):
                 if chunk.data is None:
                     continue
                 try:
@@ -187,8 +192,6 @@ class FlightService(fl.FlightServerBase):
                 except SparkMQError as exc:
                     result = exc
                 acks.add(result)
-        finally:
-            acks.drain()
 
     # -- consume -----------------------------------------------------------------------------
     def do_exchange(
@@ -198,7 +201,7 @@ class FlightService(fl.FlightServerBase):
         reader: fl.MetadataRecordBatchReader,
         writer: fl.MetadataRecordBatchWriter,
     ) -> None:
-        try:
+        with _answering("consume"):
             cmd = _command(descriptor)
             if not isinstance(cmd, Consume):
                 raise ProtocolError("do_exchange expects a consume command", fault="remote")
@@ -212,8 +215,6 @@ class FlightService(fl.FlightServerBase):
                     selector=cmd.selector,
                     durable=cmd.durable,
                 )
-        except SparkMQError as exc:
-            raise _flight_error(exc) from None
         log.info(
             "consumer %d attached to %s%s",
             session.consumer_id,
@@ -226,7 +227,7 @@ class FlightService(fl.FlightServerBase):
 
         def read_settles() -> None:
             try:
-                for chunk in reader:
+                for chunk in _chunks(reader, "consumer stream"):
                     frame = protocol.parse(
                         chunk.app_metadata.to_pybytes() if chunk.app_metadata else b""
                     )
@@ -242,6 +243,9 @@ class FlightService(fl.FlightServerBase):
                 problem.append(exc)
             except fl.FlightError:
                 pass  # the client went away; the loop below notices
+            except Exception as exc:  # a bug of ours: said, and the stream ends
+                log.exception("serving consumer %d failed", session.consumer_id)
+                problem.append(SparkMQError(f"internal error: {type(exc).__name__}: {exc}"))
             finally:
                 done.set()
                 session.wakeup.set()
@@ -283,6 +287,42 @@ class FlightService(fl.FlightServerBase):
             log.info("consumer %d detached", session.consumer_id)
         if problem:
             raise _flight_error(problem[0])
+
+
+@contextlib.contextmanager
+def _answering(what: str) -> Iterator[None]:
+    """Errors leave a Flight call as ``FlightServerError`` carrying sparkmq's code and message
+    (:func:`spark_mq.errors.to_wire`), never as gRPC's UNKNOWN with no detail: the client's
+    own errors as they are, anything else as an internal error, logged with its traceback."""
+    try:
+        yield
+    except SparkMQError as exc:
+        raise _flight_error(exc) from None
+    except fl.FlightError:
+        raise
+    except Exception as exc:
+        log.exception("%s failed", what)
+        err = SparkMQError(f"internal error in {what}: {type(exc).__name__}: {exc}")
+        raise _flight_error(err) from None
+
+
+def _chunks(
+    reader: fl.MetadataRecordBatchReader, what: str
+) -> Iterator[fl.FlightStreamChunk]:
+    """The chunks a client sends; one Arrow cannot read (a malformed IPC message) is a
+    ``ProtocolError``, and the stream ends with it."""
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            return
+        except fl.FlightError:
+            raise
+        except (pa.ArrowException, ValueError, OSError) as exc:
+            raise ProtocolError(
+                f"the {what} sent what is not Arrow data: {exc}", fault="remote"
+            ) from None
+        yield chunk
 
 
 class _InOrderAcks:
