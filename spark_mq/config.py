@@ -41,6 +41,19 @@ class BrokerSection(_Section):
     auto_create_queues: bool = True
     # an auto-created queue with no consumer and no message left goes after this long idle
     auto_delete_delay_s: float = Field(5.0, ge=0)
+    # direct-wire connections: the first frame must arrive within handshake_timeout_s; a frame
+    # once begun within frame_timeout_s plus a second per MiB of it; a producer connection
+    # with nothing in flight is closed after idle_timeout_s (0: never); at most
+    # max_connections at once; a connection is not read while more than
+    # max_unsent_bytes wait to be written to it
+    handshake_timeout_s: float = Field(10.0, gt=0)
+    frame_timeout_s: float = Field(30.0, gt=0)
+    idle_timeout_s: float = Field(600.0, ge=0)
+    max_connections: int = Field(1000, ge=1)
+    max_unsent_bytes: int = Field(16 * MiB, ge=64 * 1024)
+    # SIGTERM: connections get this long to finish (settles answered, produces acknowledged)
+    # before they are closed and the broker stops
+    shutdown_grace_s: float = Field(10.0, ge=0)
 
 
 class JournalSection(_Section):

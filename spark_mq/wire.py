@@ -393,6 +393,20 @@ class FrameReader:
         self._view: memoryview | None = None  # its bytes, writable
         self._have = 0  # how much of it has come
 
+    @property
+    def partial(self) -> int | None:
+        """The size of the frame being received (0 while its header is incomplete), or None
+        between frames."""
+        if self._view is not None:
+            return len(self._view)
+        if self._skip:
+            return self._skip
+        if not self._buf:
+            return None
+        if len(self._buf) < HEADER.size:
+            return 0
+        return HEADER.unpack_from(self._buf)[0]
+
     def sink(self) -> memoryview | None:
         """Where the next bytes of the stream go without a copy (the rest of a big frame's
         body: ``recv_into`` it, then call :meth:`filled`), or None: :meth:`feed` them."""

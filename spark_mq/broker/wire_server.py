@@ -15,6 +15,13 @@ A produce that may have to wait (a ``block`` overflow policy with limits set, or
 state orange or red) runs on a helper thread instead, and its connection is not read until it is
 answered: the loop never sleeps on behalf of one client, and a producer's batches keep order.
 
+Connections are bounded (``[broker]`` in ``conf/broker.toml``): a connection must name what it
+does within ``handshake_timeout_s``; a frame, once begun, must arrive within
+``frame_timeout_s`` plus a second per MiB (a client trickling a byte a second is cut off); a
+producer connection with nothing in flight is closed after ``idle_timeout_s``; at most
+``max_connections`` are open; and a connection is not read while more than
+``max_unsent_bytes`` wait to go out to it. Each limit is said in a failure frame first.
+
 Besides its TCP port, the loop listens on a local socket (Linux: in the abstract namespace, so
 no file is left behind and only processes sharing this network namespace, as the loopback
 interface, can connect). Clients on this machine use it: a round trip through it took 42 us
@@ -43,7 +50,14 @@ from spark_mq import protocol, wire
 from spark_mq.broker.core import Broker
 from spark_mq.broker.server import put_answer
 from spark_mq.broker.session import ConsumerSession, DeliveryState, delivery_table
-from spark_mq.errors import ConfigError, MessageTooLarge, ProtocolError, SparkMQError, to_wire
+from spark_mq.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    MessageTooLarge,
+    ProtocolError,
+    SparkMQError,
+    to_wire,
+)
 from spark_mq.journal.group_commit import (
     DestinationWriter,
     Resolutions,
@@ -61,17 +75,23 @@ _READ_TURN_BYTES = 8 * 1024 * 1024  # the most one connection gives one turn (on
 # a batch this big is synced by the journal writer thread, so the loop reads the next meanwhile
 _INLINE_MAX_BYTES = 256 * 1024
 _IDLE_S = 0.5  # the loop looks at its stop flag this often when nothing happens
+_SWEEP_S = 0.25  # connections' deadlines are checked this often
+_REFUSED_LINGER_S = 2.0  # a refused connection is closed this long after its failure frame
 
 
 class _Conn:
     """One client connection: what came in, what waits to go out."""
 
-    def __init__(self, server: WireServer, sock: socket.socket, peer: Any) -> None:
+    def __init__(self, server: WireServer, sock: socket.socket, peer: Any, now: float) -> None:
         self.server = server
         self.sock = sock
         self.peer = peer
         self.reader = wire.FrameReader(server.max_frame)
         self.out: deque[memoryview] = deque()
+        self.unsent = 0  # bytes in ``out``
+        self.opened = self.last_read = now  # time.monotonic()
+        self.frame_started: float | None = None  # when the frame being received began
+        self.refused_at = 0.0
         self.closing = False  # close once everything queued is written
         # refused: once the failure is written, half-close and discard what still comes until
         # the client hangs up (closing at once would reset the connection, and the client could
@@ -83,6 +103,7 @@ class _Conn:
         # producing
         self.destination = ""
         self.answers: deque[bytes] = deque()  # filled by commit callbacks (any thread)
+        self.submitted = self.answered = 0  # produce frames taken, answers written
         self.backlog: deque[tuple[int, wire.Body] | wire.TooLarge] = deque()
         self.parked = False  # a produce that may wait runs on a helper thread
         # consuming
@@ -95,7 +116,20 @@ class _Conn:
         self.server.mark(self)
 
     def queue(self, data: bytes | Any) -> None:
-        self.out.append(memoryview(data).cast("B"))
+        view = memoryview(data).cast("B")
+        self.out.append(view)
+        self.unsent += len(view)
+
+    def idle_producer(self) -> bool:
+        """A producer with nothing in flight: nothing unanswered, unsent or half received."""
+        return (
+            self.role == "produce"
+            and self.submitted == self.answered
+            and not self.out
+            and not self.backlog
+            and self.frame_started is None
+            and not self.parked
+        )
 
 
 def _local_listener() -> tuple[socket.socket, str] | None:
@@ -121,6 +155,10 @@ class WireServer:
         self.broker = broker
         limits = broker.config.limits
         self.max_frame = limits.max_batch_bytes + wire.FRAME_SLACK
+        self.settings = broker.config.broker
+        self._next_sweep = 0.0
+        self._refused_total = 0  # connections refused for the cap (logged now and then)
+        self._refused_logged = 0.0
         try:
             self._listener = socket.create_server((host, port), backlog=128)
         except OSError as exc:  # the port taken (a second broker on this machine), say
@@ -189,6 +227,10 @@ class WireServer:
             if self._later:  # acks waiting to share a sync: this loop commits them when due
                 timeout = min(timeout, max(min(self._later.values()) - time.monotonic(), 0.0))
             events = self._sel.select(timeout)
+            now = time.monotonic()
+            if now >= self._next_sweep:
+                self._next_sweep = now + _SWEEP_S
+                self._sweep(now)
             with self._committing():
                 for key, mask in events:
                     try:
@@ -235,19 +277,99 @@ class WireServer:
             except OSError as exc:  # out of file descriptors, say: keep serving the rest
                 log.warning("wire: cannot accept a connection: %s", exc)
                 return
+            if len(self._conns) >= self.settings.max_connections:
+                self._turn_away(sock, peer)
+                continue
             sock.setblocking(False)
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             wire.widen_local_send_buffer(sock)  # deliveries to a local consumer
-            conn = _Conn(self, sock, peer or "a local client")
+            conn = _Conn(self, sock, peer or "a local client", time.monotonic())
             self._conns.add(conn)
             self._interest(conn)
+
+    def _turn_away(self, sock: socket.socket, peer: Any) -> None:
+        """Refuse a connection over ``max_connections``: say so (if the socket takes it at
+        once) and hang up."""
+        limit = self.settings.max_connections
+        err = BrokerUnavailable(
+            f"the broker has {limit} direct-wire connections open, its limit "
+            "(broker.max_connections): try again later, or raise the limit"
+        )
+        with contextlib.suppress(OSError):
+            sock.setblocking(False)
+            sock.send(wire.failure(err))
+        sock.close()
+        self._refused_total += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= 10:
+            self._refused_logged = now
+            log.warning(
+                "wire: connection from %s refused: %d open, the limit (broker.max_connections); "
+                "%d refused so far",
+                peer or "a local client",
+                limit,
+                self._refused_total,
+            )
+
+    def _sweep(self, now: float) -> None:
+        """Close connections past their deadlines (see the module's doc)."""
+        s = self.settings
+        for conn in list(self._conns):
+            if conn.closed:
+                continue
+            if conn.refused:
+                if now - conn.refused_at >= _REFUSED_LINGER_S:
+                    self._close(conn)  # it was told why; it need not hang up itself
+                continue
+            started = conn.frame_started
+            if conn.role is None and now - conn.opened >= s.handshake_timeout_s:
+                self._refuse(
+                    conn,
+                    ProtocolError(
+                        f"no produce or consume frame within {s.handshake_timeout_s:g} s of "
+                        "connecting (broker.handshake_timeout_s)",
+                        fault="remote",
+                    ),
+                )
+            elif started is not None and now >= started + self._frame_time(conn):
+                size = conn.reader.partial or 0
+                self._refuse(
+                    conn,
+                    ProtocolError(
+                        f"a frame of {size} bytes did not arrive within "
+                        f"{self._frame_time(conn):g} s (broker.frame_timeout_s plus a second "
+                        "per MiB)",
+                        fault="remote",
+                    ),
+                )
+            elif (
+                s.idle_timeout_s
+                and now - conn.last_read >= s.idle_timeout_s
+                and conn.idle_producer()
+            ):
+                log.info(
+                    "wire: closing %s's producer connection to %s: idle for %.0f s "
+                    "(broker.idle_timeout_s)",
+                    conn.peer,
+                    conn.destination,
+                    now - conn.last_read,
+                )
+                self._close(conn)
+
+    def _frame_time(self, conn: _Conn) -> float:
+        """How long the frame ``conn`` is receiving may take in all."""
+        size = min(conn.reader.partial or 0, self.max_frame)  # (what a header claims is no
+        # reason to wait longer: a frame over the limit is skipped, and waits as one at it)
+        return self.settings.frame_timeout_s + size / (1024 * 1024)
 
     def _interest(self, conn: _Conn) -> None:
         """Watch for what ``conn`` needs now: input unless parked or closing, output if queued."""
         if conn.closed:
             return
         want = 0 if conn.parked or conn.closing else selectors.EVENT_READ
+        if conn.unsent > self.settings.max_unsent_bytes:
+            want = 0  # read on once what waits for it has gone out
         if conn.refused:
             want = selectors.EVENT_READ
         if conn.out:
@@ -283,6 +405,7 @@ class WireServer:
             got += n
             if conn.refused:
                 continue  # discarded: the client has its answer
+            conn.last_read = time.monotonic()
             if sink is not None:
                 conn.backlog.extend(conn.reader.filled(n))
                 if n < len(sink):
@@ -295,6 +418,10 @@ class WireServer:
                 return
             if n < _READ_BYTES:
                 break  # drained
+        if conn.reader.partial is None:
+            conn.frame_started = None
+        elif conn.frame_started is None:
+            conn.frame_started = conn.last_read
         try:
             self._handle_backlog(conn)
         except SparkMQError as exc:
@@ -339,6 +466,7 @@ class WireServer:
         conn.backlog.clear()
         conn.queue(wire.failure(err))
         conn.refused = True
+        conn.refused_at = time.monotonic()
         self._write(conn)
 
     # -- producing ---------------------------------------------------------------------------
@@ -353,6 +481,7 @@ class WireServer:
         else:
             seq, batch = wire.read_batch(body, PRODUCE_SCHEMA)
         dest = conn.destination
+        conn.submitted += 1
         try:
             parked = self.broker.limits.may_wait(dest)
             if parked:
@@ -397,6 +526,7 @@ class WireServer:
         )
         if conn.role != "produce" or item.kind not in wire.PRODUCE_KINDS:
             raise err
+        conn.submitted += 1
         self._answer(conn, protocol.PutFailed(item.seq, json.loads(to_wire(err))))
 
     # -- consuming ---------------------------------------------------------------------------
@@ -458,6 +588,7 @@ class WireServer:
     def _serve(self, conn: _Conn) -> None:
         while conn.answers:
             conn.queue(conn.answers.popleft())
+            conn.answered += 1
         session = conn.session
         if session is not None:
             if not conn.bye:
@@ -516,6 +647,7 @@ class WireServer:
                     log.info("wire: writing to %s failed: %s", conn.peer, exc)
                 self._close(conn)
                 return
+            conn.unsent -= sent
             while conn.out and sent >= len(conn.out[0]):
                 sent -= len(conn.out.popleft())
             if sent:

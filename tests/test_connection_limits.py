@@ -1,0 +1,185 @@
+"""Direct-wire connections are bounded: a deadline for the first frame and for each frame, an
+idle timeout for producers with nothing in flight, a cap on connections, and a bound on what
+waits to be written to one; each limit is said before the connection closes."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spark_mq import Producer, protocol, wire
+from spark_mq.broker import RunningBroker
+from spark_mq.clock import ManualClock
+from tests.conftest import frames_until_closed, start_inprocess
+
+
+@pytest.fixture
+def strict(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
+    running = start_inprocess(
+        tmp_path / "data",
+        clock,
+        **{
+            "broker.handshake_timeout_s": 0.5,
+            "broker.frame_timeout_s": 0.5,
+            "broker.idle_timeout_s": 1.0,
+            "broker.max_connections": 20,
+        },
+    )
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def connect(broker: RunningBroker) -> socket.socket:
+    assert broker.wire_port
+    return socket.create_connection(("127.0.0.1", broker.wire_port), timeout=10)
+
+
+def failure_then_close(sock: socket.socket) -> dict:
+    (frame,) = [wire.parse_control(body) for _, body in frames_until_closed(sock)]
+    assert isinstance(frame, wire.Failure)
+    return frame.error
+
+
+def test_a_connection_that_says_nothing_is_closed_after_the_handshake_timeout(
+    strict: RunningBroker,
+) -> None:
+    started = time.monotonic()
+    with connect(strict) as sock:
+        error = failure_then_close(sock)
+    assert 0.4 <= time.monotonic() - started < 5
+    assert "no produce or consume frame within 0.5 s" in error["message"]
+    assert "broker.handshake_timeout_s" in error["message"]
+
+
+def test_a_frame_trickled_a_byte_at_a_time_is_cut_off(strict: RunningBroker) -> None:
+    """Slow-loris: the broker does not wait for the rest of a frame for ever, and everyone
+    else is served meanwhile."""
+    stop = threading.Event()
+    errors: list[dict] = []
+
+    def trickle() -> None:
+        with connect(strict) as sock:
+            sock.sendall(wire.control(protocol.Produce("q")))
+            frame = wire.HEADER.pack(100_000, wire.BATCH) + bytes(100)
+            try:
+                for i in range(len(frame)):
+                    if stop.is_set():
+                        return
+                    sock.send(frame[i : i + 1])
+                    time.sleep(0.05)
+            except OSError:
+                pass
+            errors.append(failure_then_close(sock))
+
+    tricklers = [threading.Thread(target=trickle) for _ in range(10)]
+    for t in tricklers:
+        t.start()
+    try:
+        with Producer(strict.url, destination="q") as producer:
+            started = time.monotonic()
+            for _ in range(50):
+                producer.send_sync("meanwhile")
+            assert time.monotonic() - started < 5
+    finally:
+        for t in tricklers:
+            t.join(timeout=10)
+        stop.set()
+    assert len(errors) == 10
+    assert all("a frame of 100000 bytes did not arrive within" in e["message"] for e in errors)
+
+
+def test_an_idle_producer_connection_is_closed_and_the_sdk_reconnects_unnoticed(
+    strict: RunningBroker,
+) -> None:
+    with Producer(strict.url, destination="q") as producer:
+        assert producer.send_sync("before") == 0
+        conns = strict.wire._conns  # type: ignore[union-attr]
+        deadline = time.monotonic() + 10
+        while any(c.role == "produce" for c in conns):  # closed once idle for a second
+            assert time.monotonic() < deadline, "the idle producer connection stayed"
+            time.sleep(0.05)
+        assert producer.send_sync("after") == 1  # on a new connection
+        assert producer.send("async").result(timeout=10) == 2
+
+
+def test_a_producer_waiting_for_answers_is_not_idle(strict: RunningBroker) -> None:
+    conn_is_idle = []
+    with Producer(strict.url, destination="q") as producer:
+        producer.send_sync("x")
+        (conn,) = [c for c in strict.wire._conns if c.role == "produce"]  # type: ignore[union-attr]
+        conn.submitted += 1  # as if a batch were still unanswered
+        time.sleep(1.6)
+        conn_is_idle.append(conn.closed)
+        conn.submitted -= 1
+    assert conn_is_idle == [False]
+
+
+def test_connections_over_the_cap_are_refused_saying_why(strict: RunningBroker) -> None:
+    held = []
+    try:
+        for _ in range(20):
+            sock = connect(strict)
+            sock.sendall(wire.control(protocol.Consume("q", prefetch=1)))
+            held.append(sock)
+        deadline = time.monotonic() + 5
+        while len(strict.wire._conns) < 20:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with connect(strict) as extra:
+            error = failure_then_close(extra)
+        assert error["code"] == "unavailable"
+        assert "20 direct-wire connections open, its limit (broker.max_connections)" in (
+            error["message"]
+        )
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 5
+    while True:  # room again once they are gone
+        try:
+            with Producer(strict.url, destination="q") as producer:
+                producer.send_sync("room again")
+            break
+        except Exception:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def test_a_producer_that_never_reads_its_answers_is_not_read_either(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    running = start_inprocess(tmp_path / "data", clock, **{"broker.max_unsent_bytes": 65536})
+    try:
+        with connect(running) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(wire.control(protocol.Produce("q")))
+            frame = b"".join(
+                bytes(p) for p in wire.Plain([b"id"], [b"m"]).parts(0)  # one plain message
+            )
+            sock.setblocking(False)
+            sent = 0
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # until the broker stops taking them
+                try:
+                    sock.send(frame)
+                    sent += 1
+                except BlockingIOError:
+                    time.sleep(0.2)
+                    try:
+                        sock.send(frame)
+                        sent += 1
+                    except BlockingIOError:
+                        break
+            (conn,) = list(running.wire._conns)  # type: ignore[union-attr]
+            # what waits for the client is bounded near the limit, not by what it sent
+            assert conn.unsent < 65536 + 64 * 1024
+            assert sent > 1000
+    finally:
+        running.stop()
