@@ -1,0 +1,74 @@
+"""Fuzzing both transports of a real broker process (bounded; ``bench/fuzz_broker.py`` runs
+longer): each malformed or corrupted input gets a clear error or a closed connection, the broker
+never crashes or logs a traceback, never acknowledges what it cannot read, and keeps serving."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spark_mq import Admin, Consumer
+from spark_mq.launch import BrokerProcess
+from tests.fuzzing import DESTINATION, check_still_serving, fuzz
+
+pytestmark = pytest.mark.process
+
+CASES = int(os.environ.get("SPARKMQ_FUZZ_CASES", "500"))
+BUDGET_S = float(os.environ.get("SPARKMQ_FUZZ_BUDGET_S", "40"))
+
+
+def test_fuzzed_input_never_crashes_the_broker_nor_is_acknowledged_unread(tmp_path: Path) -> None:
+    data, log = tmp_path / "data", tmp_path / "broker.log"
+    # short deadlines: a case that leaves a frame half sent is cut off quickly
+    deadlines = ["--set", "broker.handshake_timeout_s=0.5", "--set", "broker.frame_timeout_s=0.5"]
+    broker = BrokerProcess(str(data), log_file=str(log), extra_args=deadlines).start()
+    try:
+        findings = fuzz(broker.url, _wire_port(broker.url), seed=35, count=CASES, budget_s=BUDGET_S)
+        assert broker.proc is not None and broker.proc.poll() is None, "the broker died"
+        assert not findings.violations, findings.violations[:5]
+        assert findings.cases >= min(CASES, 200), findings
+        # every kind of ending was met: refusals, closed connections and acknowledged batches
+        assert findings.answers.get("failure:protocol", 0) > 0, findings.answers
+        assert check_still_serving(broker.url) < 5
+        stored = 0
+        if findings.acked_batches:  # every acknowledged message reads back whole
+            with Admin(broker.url) as admin:
+                stats = admin.stats(DESTINATION)
+            # (some were dead-lettered: the fuzz's consumers came and went without acking)
+            stored = stats["depth"]
+            assert stored and stats["end_offset"] >= findings.acked_batches
+            with Consumer(broker.url, DESTINATION, prefetch=1000) as consumer:
+                got: set[int] = set()
+                while len(got) < stored and (batch := consumer.receive_many(1000, timeout=10)):
+                    assert all(isinstance(m.body, bytes) for m in batch)
+                    got.update(m.offset for m in batch)
+                    consumer.ack(batch).result(timeout=10)
+                assert len(got) == stored
+    finally:
+        assert broker.stop() == 0, "the broker did not stop cleanly"
+    text = log.read_text()
+    assert "Traceback" not in text, text[text.index("Traceback") - 500 :][:3000]
+    again = BrokerProcess(str(data), log_file=str(log)).start()
+    try:
+        with Admin(again.url) as admin:
+            if stored:
+                stats = admin.stats(DESTINATION)
+                assert stats["hot_tier_quarantined"] == 0 and stats["depth"] == 0
+        assert check_still_serving(again.url) < 5
+    finally:
+        assert again.stop() == 0
+
+
+def _wire_port(url: str) -> int:
+    import json
+
+    import pyarrow.flight as fl
+
+    client = fl.connect(url)
+    try:
+        (answer,) = client.do_action(fl.Action("ping", b"{}"))
+        return json.loads(answer.body.to_pybytes())["wire_port"]
+    finally:
+        client.close()
