@@ -113,3 +113,42 @@ def test_bindings_are_bounded_by_buckets_and_rebuilt_after_restart(
         again = receive_n(consumer, 50)
         assert sorted(m.text for m in again) == sorted(f"{g}:1" for g in range(50))
         assert broker.broker.stats("q")["groups_owned"] <= 4
+
+
+def test_a_consumer_that_acked_one_group_takes_the_next(broker: RunningBroker) -> None:
+    """Its emptied group no longer counts against its share: a new group is not refused (it
+    waited for ever, with the consumer attached and idle)."""
+    with Producer(broker.url, destination="q") as producer, Consumer(broker.url, "q") as consumer:
+        for group in ("A", "B", "C"):
+            producer.send_sync(f"{group}1", group_id=group)
+            (got,) = receive_n(consumer, 1)
+            assert got.text == f"{group}1" and got.group_first
+            got.ack().result(timeout=5)
+        # a group it owned comes back to it, with no new-owner flag
+        producer.send_sync("A2", group_id="A")
+        (again,) = receive_n(consumer, 1)
+        assert again.text == "A2" and not again.group_first
+
+
+def test_groups_keep_flowing_to_two_consumers_as_each_empties(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    with (
+        Producer(broker.url, destination="q") as producer,
+        Consumer(broker.url, "q", prefetch=5) as one,
+        Consumer(broker.url, "q", prefetch=5) as two,
+    ):
+        for round_ in range(6):
+            for g in range(4):
+                producer.send(f"{round_}:{g}", group_id=f"r{round_}g{g}")
+            producer.flush()
+            got = []
+            deadline = time.monotonic() + 10
+            while len(got) < 4:
+                assert time.monotonic() < deadline, f"round {round_}: only {got}"
+                for c in (one, two):
+                    batch = c.receive_many(4, timeout=0.05)
+                    got += [m.text for m in batch]
+                    if batch:
+                        c.ack(batch).result(timeout=5)
+            assert sorted(got) == sorted(f"{round_}:{g}" for g in range(4))

@@ -6,6 +6,12 @@ counts its unsettled messages (*live*: the consumer's fair share is live buckets
 its leased ones (*busy*: a bucket whose owner left moves only once nothing of it is leased,
 so a group is never processed by two consumers at once) and its scheduled ones (*held*: a
 later message of the bucket waits for an earlier one's time, so order holds).
+
+A consumer keeps the buckets it owns while it stays (a group's next message goes to the same
+consumer, as Artemis does), but its share counts only those that are live (``owned``): a
+bucket all of whose messages were acked no longer takes up its owner's share. Counted as all
+it had ever owned, a consumer that had acked one group's messages was refused every new group
+(its share of one live bucket was used up), and the group's messages waited for ever.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ class Groups:
         self.buckets = buckets
         self.of: dict[int, int] = {}
         self.owners: dict[int, int] = {}  # bucket -> consumer
-        self.owned: dict[int, int] = {}  # consumer -> buckets it owns
+        self.owned: dict[int, int] = {}  # consumer -> live buckets it owns (its share used)
         self.live: dict[int, int] = {}
         self.busy: dict[int, int] = {}
         self.held: dict[int, int] = {}
@@ -51,6 +57,8 @@ class Groups:
         if b is None:
             b = known[group] = bucket_of(group, self.buckets)
         self.of[offset] = b
+        if b not in self.live and (owner := self.owners.get(b)) is not None:
+            _inc(self.owned, owner)  # its bucket is live again: in its owner's share
         _inc(self.live, b)
 
     def hold(self, offset: int) -> None:
@@ -67,7 +75,12 @@ class Groups:
             return
         _inc(self.busy, b)
         if consumer_id is not None and b not in self.owners:
-            self.owners[b] = consumer_id
+            self.own(b, consumer_id)
+
+    def own(self, bucket: int, consumer_id: int) -> None:
+        """``consumer_id`` becomes the owner of ``bucket`` (which has no owner)."""
+        self.owners[bucket] = consumer_id
+        if bucket in self.live:
             _inc(self.owned, consumer_id)
 
     def returned(self, offset: int) -> None:
@@ -82,6 +95,9 @@ class Groups:
         if was_leased:
             _dec(self.busy, b)
         _dec(self.live, b)
+        if b not in self.live and (owner := self.owners.get(b)) is not None:
+            _dec(self.owned, owner)  # empty: no longer in its owner's share
+            return True  # its owner may take a new group in its place
         return b not in self.busy and b not in self.owners
 
     def share(self, consumers: int) -> int:

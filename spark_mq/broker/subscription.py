@@ -350,10 +350,9 @@ class Subscription(Housekeeping):
                 continue
             first = b is not None and owner is None
             if first:
-                owners[b] = consumer_id  # type: ignore[index]
+                g.own(b, consumer_id)  # type: ignore[arg-type]
                 mine += 1
             picked.append((o, first))
-        g.owned[consumer_id] = mine
         return picked, gone
 
     def _return(self, offset: int, lease: Lease, *, log: bool = True) -> None:
