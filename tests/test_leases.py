@@ -73,3 +73,62 @@ def test_late_ack_before_anyone_else_took_it_is_accepted(
     with Admin(broker.url) as admin:
         stats = admin.stats("q")
     assert stats["acked"] == 1 and stats["depth"] == 0
+
+
+def lapse(broker: RunningBroker, clock: ManualClock) -> None:
+    clock.advance(5.1)
+    assert broker.broker.run_timers() == 1
+
+
+def test_a_lapsed_message_goes_to_another_consumer_not_back_to_the_stalled_one(
+    broker: RunningBroker, clock: ManualClock
+) -> None:
+    """The one that let it lapse has stopped answering: it got the message back after every
+    mark interval until it was dead-lettered, while the idle one got nothing."""
+    setup_queue(broker.url, 1)
+    with Consumer(broker.url, "q") as one, Consumer(broker.url, "q") as two:
+        first = one.receive(timeout=5) or two.receive(timeout=5)
+        assert first is not None
+        holder, idle = (one, two) if first._owner() is one else (two, one)
+        for count in (2, 3, 4, 5):
+            lapse(broker, clock)
+            again = idle.receive(timeout=5)
+            assert again is not None and again.delivery_count == count
+            assert holder.receive(timeout=0.2) is None
+            holder, idle = idle, holder  # and now that one stops answering
+        again.ack().result(timeout=5)
+
+
+@pytest.mark.parametrize("case", ["alone", "selector", "full", "failover"])
+def test_a_lapsed_message_comes_back_when_no_other_consumer_may_take_it(
+    broker: RunningBroker, clock: ManualClock, case: str
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q", delivery_policy="failover" if case == "failover" else "round_robin")
+    with Producer(broker.url, destination="q") as producer:
+        producer.send_sync("m0", headers={"kind": "a"})
+        if case == "full":
+            producer.send_sync("m1", headers={"kind": "a"})
+    with Consumer(broker.url, "q", prefetch=1) as stalled:
+        msg = stalled.receive(timeout=5)
+        assert msg is not None and msg.text == "m0"
+        other = None
+        if case == "full":
+            clock.advance(3)  # the other one's lease of m1 lapses later than m0's
+        if case == "selector":
+            other = Consumer(broker.url, "q", selector="kind = 'b'")
+        elif case in ("full", "failover"):
+            other = Consumer(broker.url, "q", prefetch=1)
+        try:
+            if case == "full":  # the other one holds m1: no room for m0
+                held = other.receive(timeout=5)  # type: ignore[union-attr]
+                assert held is not None and held.text == "m1"
+                clock.advance(2.1)
+                assert broker.broker.run_timers() == 1
+            else:
+                lapse(broker, clock)
+            again = stalled.receive(timeout=5)
+            assert again is not None and (again.text, again.delivery_count) == ("m0", 2)
+        finally:
+            if other is not None:
+                other.close()

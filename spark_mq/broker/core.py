@@ -448,7 +448,6 @@ class Broker(DestinationAdmin):
                     "consumer; it takes another once that one leaves",
                     destination=destination,
                 )
-            sub.register(consumer_id)
             sub_name = sub.name
             if sub.durable:
                 settle = lambda offsets, outcome: self.journal.settle(  # noqa: E731
@@ -468,6 +467,7 @@ class Broker(DestinationAdmin):
                 persist_delivery_count=sub.durable and self.config.delivery.persist_delivery_count,
                 wakeup=wakeup,
             )
+            sub.register(consumer_id, session.could_take)
             dest.sessions[consumer_id] = session
         return session
 

@@ -108,6 +108,17 @@ class ConsumerSession:
         by_offset = {o: (c, f) for o, c, f in leased}
         return rows, [by_offset[o] for o in rows["offset"].to_pylist()]
 
+    def could_take(self, offset: int) -> bool:
+        """Whether this consumer could take ``offset`` now: it has room in its prefetch and its
+        selector (if any) takes the message (the subscription asks, for a message another
+        consumer let lapse)."""
+        if self.closed:
+            return False
+        with self._lock:
+            if len(self._held) >= self.prefetch:
+                return False
+        return self.selector is None or self.selector.matches(self._store.props(offset))
+
     def forget(self, offsets: list[int]) -> None:
         """Offsets settled elsewhere (a transaction): they no longer use the prefetch window."""
         self._forget(offsets)

@@ -10,6 +10,13 @@ Every offset the subscription has *ingested* from the message store (those below
 * **settled**: acked, dead-lettered, expired, purged, or not selected by the subscription's
   selector.
 
+A message whose lease lapsed goes to another consumer when one could take it now (it has
+room in its prefetch, its selector takes the message, and groups and the delivery policy let
+it): the consumer that let it lapse has stopped answering, and the seeds' browse-with-mark
+exists so that *another* endpoint takes over (it got the message back again and again until
+it was dead-lettered, while an idle consumer got nothing). With no other taker it may have it
+back.
+
 A lease is fenced by the consumer and the delivery count: an ack or nack must name the
 delivery it answers, so a consumer whose lease lapsed and whose message went elsewhere cannot
 settle it. A message that comes back (nack, lapsed lease, consumer gone) is *returned*: the
@@ -105,6 +112,10 @@ class Subscription(Housekeeping):
         self._doomed: dict[int, str] = {}  # offset -> "dead" | "expired" | "purged" | "dropped"
         self._disposing: set[int] = set()  # doomed offsets the broker is moving / settling
         self._consumers: list[int] = []  # in registration order (failover picks the first)
+        # per consumer, whether it could take a given offset now (its session says: room in its
+        # prefetch, its selector); a Spark query's claims register none
+        self._takers: dict[int, Callable[[int], bool]] = {}
+        self._lapsed_from: dict[int, int] = {}  # offset -> the consumer whose lease lapsed
         self._waiters: set[threading.Event] = set()
         # for the broker to make durable: returned offsets, and selector misses
         self._returned_log: list[int] = []
@@ -130,9 +141,13 @@ class Subscription(Housekeeping):
         for w in waiters:
             w.set()
 
-    def register(self, consumer_id: int) -> None:
+    def register(self, consumer_id: int, could_take: Callable[[int], bool] | None = None) -> None:
+        """A consumer attached; ``could_take(offset)``: whether it could take that message now
+        (asked only for a message another consumer let lapse)."""
         with self._lock:
             self._consumers.append(consumer_id)
+            if could_take is not None:
+                self._takers[consumer_id] = could_take
 
     @property
     def consumers(self) -> list[int]:
@@ -276,7 +291,9 @@ class Subscription(Housekeeping):
         self, consumer_id: int, limit: int, selector: Selector | None, below: int | None = None
     ) -> list[tuple[int, int, bool, int]]:
         out: list[tuple[int, int, bool, int]] = []
-        simple = selector is None and not self._groups and not self._expiry
+        simple = (
+            selector is None and not self._groups and not self._expiry and not self._lapsed_from
+        )
         now_us = 0 if simple else int(self._wall() * 1_000_000)
         budget = self.max_scan
         ready = self._ready
@@ -328,6 +345,7 @@ class Subscription(Housekeeping):
         share = g.share(len(self._consumers))
         mine = g.owned.get(consumer_id, 0)
         expiries, buckets, held, owners, busy = self._expiry, g.of, g.held, g.owners, g.busy
+        lapsed = self._lapsed_from
         for scanned, o in enumerate(sl):
             if scanned >= budget or len(picked) >= want or (below is not None and o >= below):
                 break
@@ -348,12 +366,28 @@ class Subscription(Housekeeping):
                     continue
             if selector is not None and not selector.matches(self._store.props(o)):
                 continue
+            if lapsed and o in lapsed:
+                if lapsed[o] == consumer_id and self._another_takes(o, consumer_id, owner):
+                    continue  # it let this one lapse: another consumer takes it
+                del lapsed[o]
             first = b is not None and owner is None
             if first:
                 g.own(b, consumer_id)  # type: ignore[arg-type]
                 mine += 1
             picked.append((o, first))
         return picked, gone
+
+    def _another_takes(self, offset: int, consumer_id: int, owner: int | None) -> bool:
+        """Whether a consumer other than ``consumer_id`` could take ``offset`` now (caller holds
+        the lock): the delivery policy and the group's owner permitting, with room and a
+        selector that takes it."""
+        if self.settings.delivery_policy != "round_robin" or owner is not None:
+            return False  # failover and single deliver to one; an owned group stays
+        return any(
+            could_take(offset)
+            for other, could_take in self._takers.items()
+            if other != consumer_id
+        )
 
     def _return(self, offset: int, lease: Lease, *, log: bool = True) -> None:
         """A delivery came back unsettled: ready again, scheduled after a delay, or doomed.
@@ -494,7 +528,10 @@ class Subscription(Housekeeping):
                 if lease.deadline <= now and not lease.settling
             ]
             for offset in lapsed:
-                self._return(offset, self._leases.pop(offset))
+                lease = self._leases.pop(offset)
+                self._return(offset, lease)
+                if len(self._takers) > 1:
+                    self._lapsed_from[offset] = lease.consumer_id
         if lapsed:
             self.wake()
         return len(lapsed)
@@ -506,6 +543,10 @@ class Subscription(Housekeeping):
         with self._lock:
             if consumer_id in self._consumers:
                 self._consumers.remove(consumer_id)
+            self._takers.pop(consumer_id, None)
+            if self._lapsed_from:  # what it let lapse is anyone's now
+                for o in [o for o, c in self._lapsed_from.items() if c == consumer_id]:
+                    del self._lapsed_from[o]
             mine = [
                 o
                 for o, lease in self._leases.items()
