@@ -110,6 +110,15 @@ class Bye:
 
 
 @dataclass(frozen=True)
+class Closing:
+    """The broker is shutting down: on a produce stream after every batch sent was answered, on
+    a consumer stream once its session stopped delivering. The client ends its side (a producer
+    half-closes, a consumer says :class:`Bye`), so the broker need not wait for it."""
+
+    reason: str = "the broker is shutting down"
+
+
+@dataclass(frozen=True)
 class Reply:
     request_id: int
     ok: tuple[int, ...] = ()
@@ -134,7 +143,19 @@ class PutFailed:
     error: dict[str, Any]
 
 
-Frame = Produce | Consume | Browse | Claimed | Welcome | Settle | Bye | Reply | PutAck | PutFailed
+Frame = (
+    Produce
+    | Consume
+    | Browse
+    | Claimed
+    | Welcome
+    | Settle
+    | Bye
+    | Closing
+    | Reply
+    | PutAck
+    | PutFailed
+)
 _TYPES: dict[str, type] = {
     "produce": Produce,
     "consume": Consume,
@@ -143,6 +164,7 @@ _TYPES: dict[str, type] = {
     "welcome": Welcome,
     "settle": Settle,
     "bye": Bye,
+    "closing": Closing,
     "reply": Reply,
     "put_ack": PutAck,
     "put_failed": PutFailed,
@@ -315,6 +337,8 @@ def _parse_json(data: bytes | memoryview) -> Frame:
             return Settle(verb, _int(doc, "request_id"), _entries(doc.get("entries")))  # type: ignore[arg-type]
         case "bye":
             return Bye()
+        case "closing":
+            return Closing(_str(doc, "reason", optional=True) or Closing.reason)
         case "reply":
             ok = doc.get("ok", [])
             errors = doc.get("errors", [])

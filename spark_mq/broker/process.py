@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -53,11 +54,59 @@ class RunningBroker:
     def url(self) -> str:
         return f"grpc://{self.host}:{self.port}"
 
-    def stop(self) -> None:
-        self.service.shutdown()
+    def stop(self, grace_s: float | None = None) -> bool:
+        """Stop serving, then close the broker (every acknowledged message stays durable, and
+        the hot tier moves what it holds to Delta).
+
+        Clients get ``grace_s`` (default ``broker.shutdown_grace_s``) to finish: nothing new is
+        taken, what was taken is answered, Flight streams are told to end (``Closing``) and end
+        once their clients have; the log says every second what is still waited for. Past it,
+        connections are closed regardless and the broker closes. Returns False when Flight calls
+        were still open then: their threads are left to the process's end (``serve`` exits)."""
+        grace = self.broker.config.broker.shutdown_grace_s if grace_s is None else grace_s
+        deadline = time.monotonic() + grace
+        self.service.begin_stop(deadline)
+        flight = threading.Thread(target=self.service.shutdown, name="flight-shutdown", daemon=True)
+        flight.start()  # stops taking calls; returns once the last one has ended
         if self.wire is not None:
-            self.wire.shutdown()
+            drainer = threading.Thread(
+                target=self.wire.shutdown, args=(deadline,), name="wire-shutdown", daemon=True
+            )
+            drainer.start()
+        else:
+            drainer = None
+        said = 0.0
+        while (flight.is_alive() or (drainer and drainer.is_alive())) and (
+            now := time.monotonic()
+        ) < deadline:
+            if now - said >= 1.0 and now > deadline - grace + 0.5:
+                said = now
+                left = deadline - now
+                log.info("shutting down: waiting %.0f s more for %s", left, self._waiting())
+            flight.join(min(0.1, max(deadline - now, 0)))
+        if drainer is not None:
+            drainer.join()  # it gives up at the deadline
+        flight.join(0.5)  # a call that just ended
+        left = self.service.calls() if flight.is_alive() else []
+        if left:
+            log.warning(
+                "shutting down: %d Flight call(s) still open after %.0f s "
+                "(broker.shutdown_grace_s), closed regardless: %s",
+                len(left),
+                grace,
+                "; ".join(left),
+            )
         self.broker.close()
+        return not left
+
+    def _waiting(self) -> str:
+        parts = []
+        calls = self.service.calls()
+        if calls:
+            parts.append(f"{len(calls)} Flight call(s): " + "; ".join(calls))
+        if self.wire is not None and (wire := self.wire.waiting_for()):
+            parts.append(wire)
+        return ", ".join(parts) or "nothing"
 
 
 def settle_garbage_collector() -> None:
@@ -145,5 +194,8 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
         while not stop.wait(1.0):
             pass
     finally:
-        running.stop()
+        clean = running.stop()
         log.info("broker stopped; every acknowledged message is durable")
+        if not clean:  # Flight calls of clients that never ended them: not waited for
+            logging.shutdown()
+            os._exit(0)

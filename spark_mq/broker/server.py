@@ -12,6 +12,7 @@ Errors leave as ``FlightServerError`` whose ``extra_info`` is :func:`spark_mq.er
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import threading
@@ -61,13 +62,47 @@ class FlightService(fl.FlightServerBase):
         self.broker = broker
         self.wire_port = wire_port
         self.wire_local = wire_local
+        # the calls under way (what a shutdown says it waits for) and the streams to tell
+        self._calls_lock = threading.Lock()
+        self._calls: dict[int, str] = {}
+        self._call_ids = itertools.count()
+        self._produce_streams: set[_InOrderAcks] = set()
+        self._stopping = threading.Event()
+        self._stop_deadline = float("inf")  # time.monotonic() when streams stop waiting
+
+    @contextlib.contextmanager
+    def _call(self, what: str) -> Iterator[None]:
+        call = next(self._call_ids)
+        with self._calls_lock:
+            self._calls[call] = what
+        try:
+            yield
+        finally:
+            with self._calls_lock:
+                del self._calls[call]
+
+    def calls(self) -> list[str]:
+        """The calls under way, described (a shutdown logs what it waits for)."""
+        with self._calls_lock:
+            return list(self._calls.values())
+
+    def begin_stop(self, deadline: float) -> None:
+        """Shutting down: consumer streams stop delivering and tell their clients (Closing),
+        produce streams tell theirs once every batch is answered; each ends once its client has
+        ended its side, or at ``deadline`` (``time.monotonic()``)."""
+        self._stop_deadline = deadline
+        self._stopping.set()
+        with self._calls_lock:
+            streams = list(self._produce_streams)
+        for acks in streams:
+            acks.closing()
 
     # -- admin -------------------------------------------------------------------------------
     def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
         return [(name, f"sparkmq admin: {name}") for name in protocol.ADMIN_ACTIONS]
 
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
-        with _answering("action"):
+        with self._call(f"action {action.type}"), _answering("action"):
             name = action.type
             if name == "commit_transaction":  # binary body: acks, then Arrow IPC
                 acks, messages = protocol.decode_commit(action.body.to_pybytes())
@@ -153,7 +188,7 @@ class FlightService(fl.FlightServerBase):
 
     # -- browse ------------------------------------------------------------------------------
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.RecordBatchStream:
-        with _answering("browse"):
+        with self._call("a browse"), _answering("browse"):
             cmd = protocol.parse(ticket.ticket)
             if isinstance(cmd, protocol.Browse):
                 table = self.broker.browse(
@@ -181,7 +216,16 @@ class FlightService(fl.FlightServerBase):
                 raise ProtocolError("do_put expects a produce command", fault="remote")
             self.broker.destination_for_use(cmd.destination)
         acks = _InOrderAcks(writer)
-        with _answering("produce"), contextlib.ExitStack() as answered:
+        with (
+            self._call(f"a producer to {cmd.destination} ({context.peer()})"),
+            _answering("produce"),
+            contextlib.ExitStack() as answered,
+        ):
+            with self._calls_lock:
+                self._produce_streams.add(acks)
+            if self._stopping.is_set():
+                acks.closing()
+            answered.callback(self._produce_streams.discard, acks)
             answered.callback(acks.drain)  # what came before an error is answered first
             for chunk in _chunks(reader, "produce stream"):
                 if chunk.data is None:
@@ -195,6 +239,16 @@ class FlightService(fl.FlightServerBase):
 
     # -- consume -----------------------------------------------------------------------------
     def do_exchange(
+        self,
+        context: fl.ServerCallContext,
+        descriptor: fl.FlightDescriptor,
+        reader: fl.MetadataRecordBatchReader,
+        writer: fl.MetadataRecordBatchWriter,
+    ) -> None:
+        with self._call(f"a consumer ({context.peer()})"):
+            self._exchange(context, descriptor, reader, writer)
+
+    def _exchange(
         self,
         context: fl.ServerCallContext,
         descriptor: fl.FlightDescriptor,
@@ -264,15 +318,29 @@ class FlightService(fl.FlightServerBase):
                     )
                 )
             )
-            while not done.is_set() and not session.closed and not context.is_cancelled():
+            stopping = self._stopping
+            while (
+                not done.is_set()
+                and not session.closed
+                and not context.is_cancelled()
+                and not stopping.is_set()
+            ):
                 session.wakeup.wait(_IDLE_WAKE_S)
                 session.wakeup.clear()
                 for reply in session.replies():
                     writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
                 while (batch := session.next_delivery()) is not None:
                     writer.write_table(batch)
-            # a leaving consumer still listens: its last acks are answered once durable
             deadline = time.monotonic() + _BYE_WAIT_S
+            if stopping.is_set() and not done.is_set():
+                # the client says bye once told (answered below, as any bye); a client that
+                # does not is not waited for past the shutdown's deadline
+                writer.write_metadata(pa.py_buffer(protocol.encode(protocol.Closing())))
+                deadline = self._stop_deadline
+                while not done.wait(_IDLE_WAKE_S) and time.monotonic() < deadline:
+                    for reply in session.replies():
+                        writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
+            # a leaving consumer still listens: its last acks are answered once durable
             while said_bye.is_set() and session.unanswered and time.monotonic() < deadline:
                 for reply in session.replies():
                     writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
@@ -345,6 +413,8 @@ class _InOrderAcks:
         self._outgoing: list[protocol.Frame] = []
         self._broken = False
         self._stopping = False
+        self._closing = False  # say Closing once every batch so far is answered
+        self._said_closing = False
         self._sender = threading.Thread(target=self._send_loop, name="produce-acks", daemon=True)
         self._sender.start()
 
@@ -372,11 +442,30 @@ class _InOrderAcks:
                 self._next_ack += 1
             self._cond.notify_all()
 
+    def closing(self) -> None:
+        """The broker is shutting down: once every batch taken so far is answered, tell the
+        client (:class:`~spark_mq.protocol.Closing`), which then ends its side of the stream."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    def _due_closing(self) -> bool:
+        """Whether to say Closing now (caller holds the lock)."""
+        return (
+            self._closing
+            and not self._said_closing
+            and self._next_ack == self._next_seq
+            and not self._outgoing
+        )
+
     def _send_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._outgoing and not self._stopping:
+                while not self._outgoing and not self._stopping and not self._due_closing():
                     self._cond.wait()
+                if self._due_closing():
+                    self._said_closing = True
+                    self._outgoing.append(protocol.Closing())
                 if not self._outgoing:
                     return
                 frames, self._outgoing = self._outgoing, []
@@ -390,7 +479,7 @@ class _InOrderAcks:
                     broken = True  # the producer went away; it resends what it lacks
             with self._cond:
                 self._broken = self._broken or broken
-                self._sent += len(frames)
+                self._sent += sum(not isinstance(f, protocol.Closing) for f in frames)
                 self._cond.notify_all()
 
     def drain(self) -> None:

@@ -185,6 +185,8 @@ class WireServer:
         self._dirty: deque[_Conn] = deque()
         self._poked = False
         self._stopping = False
+        self._draining = False  # shutting down: nothing new taken, what was taken answered
+        self._drain_deadline = 0.0
         self._later: dict[DestinationWriter, float] = {}  # see committing_here
         # every read lands here first: recv(256 KiB) made and freed a buffer that size per call
         # (a small read took 16-23 us that way, 3-5 us with recv_into, in a microbenchmark)
@@ -206,9 +208,17 @@ class WireServer:
             with contextlib.suppress(BlockingIOError, OSError):
                 self._wake_w.send(b"w")
 
-    def shutdown(self) -> None:
-        """Stop accepting, close every connection (consumers' messages go back), stop."""
-        self._stopping = True
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Stop accepting, close every connection (consumers' messages go back), stop.
+
+        With a ``deadline`` (``time.monotonic()``), first answer what was taken: no frame is
+        read any more and no message delivered, but produced batches and settles already read
+        are answered once durable, until every one is or the deadline passes."""
+        if deadline is not None:
+            self._drain_deadline = deadline
+            self._draining = True
+        else:
+            self._stopping = True
         self._poked = False
         with contextlib.suppress(OSError):
             self._wake_w.send(b"s")
@@ -220,10 +230,46 @@ class WireServer:
         self._sel.close()
 
     # -- the loop ----------------------------------------------------------------------------
+    def waiting_for(self) -> str:
+        """What a shutdown waits for (for the log); empty when nothing."""
+        conns = list(self._conns)
+        batches = sum(c.submitted - c.answered for c in conns if c.role == "produce")
+        settles = sum(c.session.unanswered for c in conns if c.session is not None)
+        parts = []
+        if batches:
+            parts.append(f"{batches} produced batch(es) to answer")
+        if settles:
+            parts.append(f"{settles} settle(s) to answer")
+        if parts:
+            parts.append(f"on {len(conns)} direct-wire connection(s)")
+        return ", ".join(parts)
+
+    def _drained(self) -> bool:
+        """Whether everything taken has been answered and written (shutting down)."""
+        return all(
+            conn.closed
+            or (
+                not conn.out
+                and not conn.answers
+                and (conn.role != "produce" or conn.submitted == conn.answered)
+                and (conn.session is None or not conn.session.unanswered)
+            )
+            for conn in list(self._conns)
+        )
+
     def _run(self) -> None:
         self._ident = threading.get_ident()
+        drain_begun = False
         while not self._stopping:
-            timeout = _IDLE_S
+            if self._draining and not drain_begun:
+                drain_begun = True
+                for listener in self._listeners:  # new clients are refused by the kernel now
+                    self._sel.unregister(listener)
+                for conn in list(self._conns):
+                    self._interest(conn)  # no more reading
+            if self._draining and (self._drained() or time.monotonic() >= self._drain_deadline):
+                break
+            timeout = _IDLE_S if not self._draining else 0.05
             if self._later:  # acks waiting to share a sync: this loop commits them when due
                 timeout = min(timeout, max(min(self._later.values()) - time.monotonic(), 0.0))
             events = self._sel.select(timeout)
@@ -252,7 +298,8 @@ class WireServer:
 
     def _event(self, key: selectors.SelectorKey, mask: int) -> None:
         if key.data == "accept":
-            self._accept(key.fileobj)  # type: ignore[arg-type]
+            if not self._draining:
+                self._accept(key.fileobj)  # type: ignore[arg-type]
         elif key.data == "wake":
             # drain first, then clear: cleared first, a poke sent in between would be drained
             # with the flag left set, and no thread would poke again (each mark then waited for
@@ -265,7 +312,7 @@ class WireServer:
             conn: _Conn = key.data
             if mask & selectors.EVENT_WRITE:
                 self._write(conn)
-            if mask & selectors.EVENT_READ and not conn.closed:
+            if mask & selectors.EVENT_READ and not conn.closed and not self._draining:
                 self._read(conn)
 
     def _accept(self, listener: socket.socket) -> None:
@@ -367,7 +414,7 @@ class WireServer:
         """Watch for what ``conn`` needs now: input unless parked or closing, output if queued."""
         if conn.closed:
             return
-        want = 0 if conn.parked or conn.closing else selectors.EVENT_READ
+        want = 0 if conn.parked or conn.closing or self._draining else selectors.EVENT_READ
         if conn.unsent > self.settings.max_unsent_bytes:
             want = 0  # read on once what waits for it has gone out
         if conn.refused:
@@ -591,7 +638,7 @@ class WireServer:
             conn.answered += 1
         session = conn.session
         if session is not None:
-            if not conn.bye:
+            if not conn.bye and not self._draining:
                 # deliveries before the replies to settles: the client reads them first, and an
                 # ack's answer can wait better than a message (at 1,000 msg/s a reply was ahead
                 # of half the deliveries, ~0.04 ms each in the broker and the client, measured)

@@ -325,6 +325,12 @@ class Consumer:
                         )
                     else:
                         fut.set_result(None)
+            case protocol.Closing(reason=reason):
+                # the broker is shutting down: leave as close() does (it answers the settles
+                # sent before the bye, then ends the stream), and say why once it has
+                self.error = BrokerUnavailable(reason)
+                with contextlib.suppress(SparkMQError), self._write_lock:
+                    self._link.send(protocol.Bye())  # type: ignore[union-attr]
             case _:
                 raise ProtocolError(f"unexpected frame from the broker: {frame}", fault="remote")
 
@@ -362,7 +368,7 @@ class Consumer:
         try:
             while self._read_next():
                 pass
-            if not self._closed:
+            if not self._closed and self.error is None:
                 self.error = BrokerUnavailable("the broker closed the consumer stream")
         except (fl.FlightError, OSError, SparkMQError) as exc:
             if not self._closed:

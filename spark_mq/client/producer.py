@@ -11,6 +11,7 @@ to a message the broker did store; resend it with the same dedup id.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import time
@@ -128,6 +129,12 @@ class _PutStream:
         try:
             while (buf := self._acks.read()) is not None:
                 frame = protocol.parse(buf.to_pybytes())
+                if isinstance(frame, protocol.Closing):  # every batch sent was answered
+                    with self._lock:
+                        self._fail(BrokerUnavailable(frame.reason))
+                        with contextlib.suppress(fl.FlightError, OSError):
+                            self._writer.done_writing()  # the broker's read of it ends
+                    continue  # to the end of the stream
                 with self._lock:
                     outcome = self._in_flight.popleft()
                 self._window.release()
