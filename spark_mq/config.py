@@ -96,6 +96,8 @@ class LimitsSection(_Section):
     block_timeout_s: float = Field(30.0, gt=0)
     # memory held for unsettled messages; 0 = a quarter of the machine's memory
     memory_budget_bytes: int = Field(0, ge=0)
+    # producers are refused while the journal's disk has less free than this (0: never)
+    min_free_disk_bytes: int = Field(50 * MiB, ge=0)
 
 
 Overflow = Literal["reject", "block", "drop_oldest"]

@@ -15,6 +15,7 @@
     ├── NotAllowed                    the operation is not allowed on this destination
     ├── ConsumerRefused               the destination's delivery policy admits no more consumers
     ├── DestinationFull               a destination or the broker is at its limit (policy reject)
+    │   └── DiskFull                  the broker's disk is nearly full (limits.min_free_disk_bytes)
     ├── LeaseError                    an ack/nack/extend names a delivery that is not (or no
     │                                 longer) held by this consumer
     ├── ProtocolError                 a malformed frame or command (``fault`` says whose)
@@ -97,6 +98,12 @@ class DestinationFull(SparkMQError):
 
     code = "destination_full"
     retriable = True
+
+
+class DiskFull(DestinationFull):
+    """The broker's disk is (nearly) full; retriable once there is space again."""
+
+    code = "disk_full"
 
 
 class LeaseError(SparkMQError):

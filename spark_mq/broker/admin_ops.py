@@ -15,6 +15,7 @@ from spark_mq.schema import QUEUE_SUBSCRIPTION
 
 if TYPE_CHECKING:
     from spark_mq.broker.destination import Destination
+    from spark_mq.broker.disk import DiskMonitor
     from spark_mq.broker.memory import MemoryMonitor
     from spark_mq.clock import Clock
     from spark_mq.config import BrokerConfig
@@ -33,6 +34,7 @@ class DestinationAdmin:
     config: BrokerConfig
     clock: Clock
     memory: MemoryMonitor
+    disk: DiskMonitor
 
     def _dest(self, name: str, *, kind: Kind | None = None) -> Destination:
         """The destination ``name``; ``kind``: what the caller needs it to be, which the error
@@ -174,6 +176,7 @@ class DestinationAdmin:
             "bytes_in_memory": dest.store.nbytes,
             "bodies_evicted": dest.store.evicted_rows,
             **self.memory.stats(),
+            **self.disk.stats(),
             "settings": dest.settings.model_dump(),
             "temporary": dest.temporary,
             "duplicates": dest.dedup.duplicates_total if dest.dedup else 0,
@@ -192,6 +195,7 @@ class DestinationAdmin:
             out["hot_tier_moves"] = tier.moves
             out["hot_tier_move_failures"] = tier.move_failures
             out["hot_tier_quarantined"] = tier.quarantined
+            out["disk_full"] = tier.disk_full
         else:
             out["delta_end_offset"] = end if self.journal.store.durable else None
             out["delta_lag_messages"] = 0

@@ -29,6 +29,7 @@ from spark_mq.broker.destination import (
     make_store,
     settled_in_memory,
 )
+from spark_mq.broker.disk import DiskMonitor
 from spark_mq.broker.disposal import Disposer
 from spark_mq.broker.limits import Limits
 from spark_mq.broker.memory import MemoryMonitor
@@ -62,6 +63,18 @@ log = logging.getLogger(__name__)
 _CLOSE_MOVES_S = 30.0  # how long a clean shutdown waits for dead-letter and expiry moves
 
 
+def _journal_disk(config: BrokerConfig) -> str | None:
+    """The local directory whose disk the journal writes: the hot tier's, else a local data
+    directory's; None when there is none (persistence in memory, Delta on a remote root)."""
+    if config.broker.persistence != "delta":
+        return None
+    hot = config.hot_dir()
+    if hot is not None:
+        return hot
+    data = config.broker.data_dir
+    return None if "://" in data and not data.startswith("file://") else data.removeprefix("file://")
+
+
 class Broker(DestinationAdmin):
     def __init__(
         self,
@@ -90,6 +103,7 @@ class Broker(DestinationAdmin):
         self._timer: threading.Thread | None = None
         self._next_reap = 0.0
         self.memory = MemoryMonitor(self.config.limits.memory_budget_bytes)
+        self.disk = DiskMonitor(_journal_disk(self.config), self.config.limits.min_free_disk_bytes)
         self.claims = Claims(self, self._consumer_ids)
         self.disposer = Disposer(self)
         self.limits = Limits(self)
@@ -100,6 +114,7 @@ class Broker(DestinationAdmin):
         started = time.perf_counter()
         self._refuse_unmoved_segments()
         infos = self.journal.open()
+        self.disk.measure()
         now_us = int(self.clock.wall() * 1_000_000)
         for record in transactions.unfinished(self.journal.read_transactions()):
             transactions.replay(self.journal, record, now_us)
@@ -251,6 +266,7 @@ class Broker(DestinationAdmin):
         interval = self.config.delivery.lease_check_interval_ms / 1000
         while not self._stop.wait(interval):
             try:
+                self.disk.measure()
                 self.run_timers()
             except Exception:
                 log.exception("broker timer failed")
@@ -328,6 +344,7 @@ class Broker(DestinationAdmin):
         within the window), to a ``ProduceResult`` giving each row the offset its original has.
         """
         dest = self.destination_for_use(destination)
+        self.disk.admit(destination)
         now = self.clock.wall()
         rows = self._checked_rows(dest, batch, now)
         self.limits.make_room(dest, rows.num_rows, rows["body"].nbytes)
@@ -338,6 +355,7 @@ class Broker(DestinationAdmin):
         """:meth:`produce` for one plain message (:mod:`spark_mq.plain`), with the same checks
         and the same stored row, built without Arrow."""
         dest = self.destination_for_use(destination)
+        self.disk.admit(destination)
         if dest.settings.default_ttl_ms:  # the row gets an expiry time: not plain
             return self.produce(destination, plain_batch(message))
         now = self.clock.wall()

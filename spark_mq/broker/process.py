@@ -150,6 +150,8 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
         max_bytes=config.logging.max_file_bytes,
         backups=config.logging.backups,
     )
+    # a log line that cannot be written (a full disk) is dropped, not a traceback on stderr
+    logging.raiseExceptions = False
     if config.broker.persistence == "delta" and "://" not in config.broker.data_dir:
         Path(config.broker.data_dir).mkdir(parents=True, exist_ok=True)
     stop = threading.Event()

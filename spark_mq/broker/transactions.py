@@ -151,6 +151,7 @@ def commit(broker: Broker, acks: list[Ack], messages: pa.Table | None) -> dict[s
     dests: dict[str, Destination] = {}
     for name, batch in (split_by_destination(messages) if messages else {}).items():
         dest = dests[name] = broker.destination_for_use(name)
+        broker.disk.admit(name)
         rows = broker._checked_rows(dest, batch, now)
         n = rows.num_rows
         ids = pc.coalesce(rows["dedup_id"], numbered_ids(f"tx:{txid}", 0, n, ":"))

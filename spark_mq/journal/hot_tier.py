@@ -30,6 +30,7 @@ competes with here, and a second process added work rather than taking any away.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -108,6 +109,7 @@ class HotTierStats:
     spares_zeroed: int  # segments made ready by zeroing a new file
     spares_reused: int  # segments made ready by reusing a moved one
     quarantined: int  # records that could not be read, set aside (see the module's doc)
+    disk_full: bool  # the last append failed for want of space (writes are refused until not)
 
 
 class HotTier:
@@ -135,6 +137,7 @@ class HotTier:
         self._closing = False
         self._mover: threading.Thread | None = None
         self._quarantined = 0
+        self.disk_full = False  # the last append failed for want of space
         self.quarantine_dir = quarantine_dir(os.path.dirname(directory), destination)
 
     # -- opening: what is durable, what is still to move -------------------------------------
@@ -221,8 +224,20 @@ class HotTier:
         try:
             refs = self._log.append(records, sync=sync)
         except Exception as exc:
+            if _no_space(exc) and not self.disk_full:
+                self.disk_full = True
+                log.warning(
+                    "hot tier %s: the disk is full (%s): producers and acks are refused with a "
+                    "retriable error until space comes back; reads go on, nothing acknowledged "
+                    "is lost",
+                    self.destination,
+                    self.directory,
+                )
             err = translated(exc, "appending to the hot tier", self.destination)
             return as_journal_error(err, self.destination)
+        if self.disk_full:
+            self.disk_full = False
+            log.warning("hot tier %s: there is space again: writes resume", self.destination)
         return Written(refs, [table for _, _, table in records])
 
     def sync(self) -> tuple[int, SparkMQError | None]:
@@ -496,6 +511,7 @@ class HotTier:
                 spares_zeroed=self._log.spares_zeroed,
                 spares_reused=self._log.spares_reused,
                 quarantined=self._quarantined,
+                disk_full=self.disk_full,
             )
 
     # -- closing -----------------------------------------------------------------------------
@@ -516,6 +532,10 @@ class HotTier:
         if drain and not self._pending:
             # everything is in Delta: no segment is left to say otherwise (see has_segments)
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _no_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def quarantine_dir(hot_root: str, destination: str) -> str:

@@ -208,7 +208,8 @@ class SegmentLog:
         self._fd = -1
         self._active = -1
         self._position = 0
-        self._capacity = 0  # bytes of the active segment file
+        # bytes the active segment may take: its file grows as written past what was reserved
+        self._capacity = 0
         self._scratch = Scratch()
         self._spare: threading.Thread | None = None  # zeroing the next segment
         # under _lock: spare.log is ready; a spare is being zeroed (told to stop once a segment
@@ -270,9 +271,11 @@ class SegmentLog:
         self._synced_position, self.synced_lsn = self._position, self.next_lsn - 1
         self._appends = sum(1 for r in refs if r.segment == self._active)  # (records, near enough)
         if self._active >= 0:
+            # nothing is reserved here: a log opened on a nearly full disk (to serve reads and
+            # acks) took a whole segment_bytes per destination, and on a small disk it could
+            # never open again; the file grows as written, the next roll reserves space
             self._fd = os.open(self._segments[self._active], os.O_RDWR)
-            self._preallocate(self._fd, self._position)
-            self._capacity = os.fstat(self._fd).st_size
+            self._capacity = max(os.fstat(self._fd).st_size, self.segment_bytes)
         # else the first append makes the first segment: a destination never written to after a
         # start costs no file and no zeroing
         return refs
@@ -285,15 +288,25 @@ class SegmentLog:
                 os.unlink(os.path.join(self.directory, name))
 
     def _preallocate(self, fd: int, used: int) -> None:
-        if used < self.segment_bytes:
+        """Reserve the whole segment, if the file system will: reserving is for speed only (a
+        full disk, or a file system without fallocate: the file grows as written)."""
+        if used < self.segment_bytes and self._room_for_reserve():
             try:
                 os.posix_fallocate(fd, 0, self.segment_bytes)
             except OSError as exc:
-                if exc.errno not in (95,):  # EOPNOTSUPP: the file simply grows as written
+                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSPC, errno.EDQUOT):
                     raise
+                if exc.errno != errno.EOPNOTSUPP:
+                    log.warning(
+                        "no room to reserve a %d-byte segment in %s (%s): it grows as written",
+                        self.segment_bytes,
+                        self.directory,
+                        exc.strerror,
+                    )
 
     def _roll(self) -> None:
         """Seal the active segment (if any) and start a new one, over written space if it can."""
+        first = self._active < 0 and not self._spare_ready  # a log's first: short
         seq = self._active + 1 if self._active >= 0 else 0
         path = os.path.join(self.directory, _segment_name(seq))
         with self._lock:
@@ -305,8 +318,8 @@ class SegmentLog:
         else:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                if self._active < 0:  # a log's first segment: short, zeroed now
-                    _zero(fd, min(self.segment_bytes, FIRST_SEGMENT_BYTES), self.sync_mode)
+                if first:  # zeroed now
+                    self._zero_first(fd)
                 else:  # no spare ready (the last roll was too recent): space reserved only
                     self._preallocate(fd, 0)
             except BaseException:
@@ -329,7 +342,38 @@ class SegmentLog:
             self._segments[seq] = path
         self._fd, self._active, self._position, self._appends = fd, seq, 0, 0
         self._synced_position = 0  # everything before was synced first (see append)
-        self._capacity = os.fstat(fd).st_size
+        self._capacity = self.segment_bytes
+        if first:
+            self._capacity = min(self.segment_bytes, FIRST_SEGMENT_BYTES)
+
+    def _zero_first(self, fd: int) -> None:
+        """Zero a log's first, short segment; on a disk too full for it, leave it empty (it
+        grows as written)."""
+        size = min(self.segment_bytes, FIRST_SEGMENT_BYTES)
+        try:
+            st = os.statvfs(self.directory)
+            if st.f_bavail * st.f_frsize < 4 * size:
+                raise OSError(errno.ENOSPC, "too little space left to zero it ahead")
+            _zero(fd, size, self.sync_mode)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            os.ftruncate(fd, 0)
+            log.warning(
+                "no room to prepare the first segment in %s (%s): it grows as written",
+                self.directory,
+                exc.strerror,
+            )
+
+    def _room_for_reserve(self) -> bool:
+        """Whether the disk has room to reserve or zero a whole segment ahead and still hold
+        as much again: ahead-of-time space is for speed, and must not take the last of it
+        (zeroing a spare on a nearly full disk failed the appends beside it)."""
+        try:
+            st = os.statvfs(self.directory)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize >= 2 * self.segment_bytes
 
     def _want_spare(self) -> None:
         """Zero the next segment in the background once the active one is half full, unless a
@@ -338,6 +382,8 @@ class SegmentLog:
             return
         if self._position >= _BIG_APPEND_BYTES * self._appends:
             return  # big appends: the zeros would cost them more than they save (see above)
+        if not self._room_for_reserve():
+            return
         with self._lock:
             if self._spare_ready or self._zeroing or self._reusing or self._reusable:
                 return
@@ -462,8 +508,12 @@ class SegmentLog:
         flags = _WRITE_FLAGS.get(self.sync_mode, 0) if sync and alone else 0
         try:
             written = os.pwritev(self._fd, buffers, start, flags)
-            if written != size:
-                raise OSError(5, f"short write to {self._segments[self._active]}")
+            if written != size:  # (a full disk): writing the rest says why
+                rest = b"".join(bytes(b) for b in buffers)[written:]
+                if os.pwrite(self._fd, rest, start + written) != len(rest):
+                    raise OSError(errno.EIO, f"short write to {self._segments[self._active]}")
+                if flags:
+                    self._sync_file(self._fd)
             if sync and not flags:
                 self._sync_file(self._fd)
         except BaseException:
