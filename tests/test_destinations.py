@@ -73,3 +73,51 @@ def test_temporary_queue_lives_with_its_consumer_and_never_touches_disk(
     assert name not in names(broker.url)
     with Admin(broker.url) as admin, pytest.raises(DestinationNotFound):
         admin.stats(name)
+
+
+def test_auto_deletion_never_takes_an_acknowledged_message(tmp_path: Path) -> None:
+    """Producers racing the auto-deleting timer (no delay, checked every millisecond): a send
+    that got in between the emptiness check and the deletion was acknowledged, then deleted
+    with the queue (181 acknowledged, 177 gone); every acknowledged message must be there."""
+    import threading
+
+    from spark_mq import SparkMQError
+    from spark_mq.broker import Broker
+    from spark_mq.config import load_config
+
+    settings = {
+        "broker.data_dir": str(tmp_path / "data"),
+        "broker.port": 0,
+        "broker.wire_port": 0,
+        "broker.auto_delete_delay_s": 0,
+        "delivery.lease_check_interval_ms": 1,
+    }
+    running = RunningBroker(Broker(load_config(overrides=settings, environ={})), "127.0.0.1", 0)
+    acked: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def produce(k: int) -> None:
+        with Producer(running.url) as producer:
+            for i in range(40):
+                name = f"t{k}-q{i % 4}"
+                try:
+                    producer.send_sync(f"{k}-{i}", destination=name)
+                except SparkMQError:
+                    continue  # refused (never acknowledged): allowed
+                with lock:
+                    acked.setdefault(name, []).append(f"{k}-{i}")
+
+    try:
+        threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert sum(map(len, acked.values())) >= 100
+        running.broker._stop.set()  # no more auto-deletion while the test reads
+        for name, bodies in acked.items():
+            with Consumer(running.url, name, prefetch=1000) as consumer:
+                got = receive_n(consumer, len(bodies))
+                assert sorted(m.text for m in got) == sorted(bodies), name
+    finally:
+        running.stop()

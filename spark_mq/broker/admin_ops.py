@@ -115,14 +115,20 @@ class DestinationAdmin:
             sub.wake()
         return effective.model_dump()
 
-    def delete_destination(self, name: str, *, internal: bool = False) -> None:
+    def delete_destination(
+        self, name: str, *, internal: bool = False, only_if_end: int | None = None
+    ) -> bool:
+        """Delete a destination; ``only_if_end``: only if its log still ends there with no
+        append under way (auto-deletion); returns whether it was deleted."""
         with self._lock:
             dest = self._dest(name) if internal else self._administrable(name)
-            self.journal.delete_destination(name)
+            if not self.journal.delete_destination(name, only_if_end=only_if_end):
+                return False
             del self._dests[name]
         for s in list(dest.sessions.values()):
             s.close()
         log.info("deleted %s %s", dest.kind, name)
+        return True
 
     def create_subscription(self, destination: str, name: str, selector: str | None = None) -> bool:
         """A durable subscription; with a selector it keeps only the messages that match."""

@@ -315,16 +315,23 @@ class Broker(DestinationAdmin):
         end = self.journal.end_offset(dest.name)
         if any(sub.depth_estimate(end) for sub in subs):
             return
-        with self._lock:
-            if dest.sessions or self._dests.get(dest.name) is not dest:
+        with self._lock:  # a producer or consumer arriving now waits for the decision
+            if (
+                dest.sessions
+                or self._dests.get(dest.name) is not dest
+                or self.clock.monotonic() - dest.last_used < self.config.broker.auto_delete_delay_s
+            ):
                 return
-            self.delete_destination(dest.name, internal=True)
+            # deleted only if nothing was appended since ``end`` was read: an append that got
+            # in between was acknowledged, then deleted with the queue
+            if not self.delete_destination(dest.name, internal=True, only_if_end=end):
+                return
         log.info("auto-deleted %s %s: unused and empty", dest.kind, dest.name)
 
     # -- the journal tells us what became durable ---------------------------------------------
     def _on_commit(self, destination: str, rows: pa.Table) -> None:
-        with self._lock:
-            dest = self._dests.get(destination)
+        # (no broker lock: a deletion holds it while it waits for the writer of this commit)
+        dest = self._dests.get(destination)
         if dest is None:
             return
         with dest.lock:

@@ -294,6 +294,19 @@ class DestinationWriter:
                     taken = self._take_now()
                 self._flush(taken)
 
+    def close_if_untouched(self, end: int) -> bool:
+        """Stop taking records, but only if none came since the log ended at ``end``: nothing
+        buffered, being committed or synced, no offset given past it. True: from now on every
+        submit is refused (the caller deletes the logs, then :meth:`close`); False: nothing
+        changed. An auto-deleted queue's emptiness is decided here, where no append can slip in
+        between the check and the deletion (one did, and was acknowledged, then deleted)."""
+        with self._commit_lock, self._mutex:  # (no commit under way, inline or the thread's)
+            if self._records or self._in_flight or not self._assigned == self._next_offset == end:
+                return False
+            self._closing = True
+            self._cond.notify_all()
+            return True
+
     def flush(self) -> None:
         """Ask for an immediate commit of what is buffered and wait for it."""
         with self._mutex:

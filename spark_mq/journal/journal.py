@@ -208,15 +208,20 @@ class Journal:
     def _store_of(self, name: str) -> LogStore:
         return self._temporary.get(name, self.store)
 
-    def delete_destination(self, name: str) -> None:
-        """Delete a destination and its logs; pending appends fail with DestinationNotFound."""
+    def delete_destination(self, name: str, *, only_if_end: int | None = None) -> bool:
+        """Delete a destination and its logs; pending appends fail with DestinationNotFound.
+
+        ``only_if_end``: only if its log still ends there and no append is under way (see
+        :meth:`DestinationWriter.close_if_untouched`); returns whether it was deleted."""
         with self._lock:
             if name in self._temporary:
                 del self._dests[name], self._temporary[name]
                 writer = self._writers.pop(name)
                 writer.close(drain=False)
-                return
+                return True
             self.destination(name)
+            if only_if_end is not None and not self._writers[name].close_if_untouched(only_if_end):
+                return False
             self._record(bindings.DELETE_DESTINATION, name)
             del self._dests[name]
             writer = self._writers.pop(name)
@@ -225,6 +230,7 @@ class Journal:
         if tier is not None:
             shutil.rmtree(tier.directory, ignore_errors=True)
         self.store.drop_logs(name)
+        return True
 
     def create_subscription(
         self, destination: str, name: str, selector: str | None = None
