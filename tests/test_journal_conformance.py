@@ -196,3 +196,32 @@ def test_message_files_keep_statistics_for_reads_by_offset_but_none_of_bodies(
     assert stats["offset"].has_min_max and (stats["offset"].min, stats["offset"].max) == (0, 1)
     assert stats["body"] is None or not stats["body"].has_min_max
     assert store.read_messages("q", 0, None)["body"].to_pylist() == [b"b", b"a"]
+
+
+def test_a_cached_delta_table_is_opened_anew_every_so_many_commits(tmp_path: Path) -> None:
+    """delta-rs holds more memory with every commit through one DeltaTable object (2,000
+    appends: 226 -> 445 MiB, against 297 reopened every 50), so the store reopens it."""
+    from spark_mq.journal.delta_store import REOPEN_AFTER_COMMITS
+    from spark_mq.schema import MESSAGE_SCHEMA
+
+    store = DeltaStore(str(tmp_path))
+    store.create_logs("q")
+    uri = layout.messages_uri(store.root, "q")
+
+    def row(offset: int) -> pa.Table:
+        columns = {f.name: pa.nulls(1, f.type) for f in MESSAGE_SCHEMA}
+        columns["offset"] = pa.array([offset], pa.int64())
+        columns["body"] = pa.array([b"m%d" % offset])
+        return pa.table(columns, schema=MESSAGE_SCHEMA)
+
+    seen = []
+    for offset in range(REOPEN_AFTER_COMMITS * 2 + 1):
+        store.commit_messages("q", row(offset), offset + 1)
+        seen.append(id(store._tables.get(uri)))
+    # the same object for REOPEN_AFTER_COMMITS commits, then another
+    assert len(set(seen[: REOPEN_AFTER_COMMITS - 1])) == 1
+    assert seen[REOPEN_AFTER_COMMITS - 1] == id(None)  # dropped after the last of them
+    assert store.committed_end("q") == REOPEN_AFTER_COMMITS * 2 + 1
+    assert store.read_messages("q", 0, None)["offset"].to_pylist() == list(
+        range(REOPEN_AFTER_COMMITS * 2 + 1)
+    )
