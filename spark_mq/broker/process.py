@@ -64,34 +64,30 @@ class RunningBroker:
         connections are closed regardless and the broker closes. Returns False when Flight calls
         were still open then: their threads are left to the process's end (``serve`` exits)."""
         grace = self.broker.config.broker.shutdown_grace_s if grace_s is None else grace_s
-        deadline = time.monotonic() + grace
+        started = time.monotonic()
+        deadline = started + grace
         self.service.begin_stop(deadline)
-        flight = threading.Thread(target=self.service.shutdown, name="flight-shutdown", daemon=True)
-        flight.start()  # stops taking calls; returns once the last one has ended
-        if self.wire is not None:
-            drainer = threading.Thread(
-                target=self.wire.shutdown, args=(deadline,), name="wire-shutdown", daemon=True
-            )
-            drainer.start()
-        else:
-            drainer = None
-        said = 0.0
-        while (flight.is_alive() or (drainer and drainer.is_alive())) and (
-            now := time.monotonic()
-        ) < deadline:
-            if now - said >= 1.0 and now > deadline - grace + 0.5:
+        stopping = [threading.Thread(target=self.service.shutdown, daemon=True)]
+        if self.wire is not None:  # (it gives up at the deadline by itself)
+            stopping.append(threading.Thread(target=self.wire.shutdown, args=(deadline,)))
+        for t in stopping:
+            t.start()  # Flight stops taking calls, returns once the last one ended
+        said = started
+        while any(t.is_alive() for t in stopping) and (now := time.monotonic()) < deadline:
+            if now - said >= 1.0:
                 said = now
-                left = deadline - now
-                log.info("shutting down: waiting %.0f s more for %s", left, self._waiting())
-            flight.join(min(0.1, max(deadline - now, 0)))
-        if drainer is not None:
-            drainer.join()  # it gives up at the deadline
-        flight.join(0.5)  # a call that just ended
-        left = self.service.calls() if flight.is_alive() else []
+                log.info(
+                    "shutting down: waiting %.0f s more for %s", deadline - now, self._waiting()
+                )
+            stopping[0].join(0.1)
+        for t in stopping[1:]:
+            t.join()
+        stopping[0].join(0.5)  # a call that ended just now
+        left = self.service.calls() if stopping[0].is_alive() else []
         if left:
             log.warning(
                 "shutting down: %d Flight call(s) still open after %.0f s "
-                "(broker.shutdown_grace_s), closed regardless: %s",
+                "(broker.shutdown_grace_s), not waited for: %s",
                 len(left),
                 grace,
                 "; ".join(left),
