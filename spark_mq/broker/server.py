@@ -102,6 +102,7 @@ class FlightService(fl.FlightServerBase):
         return [(name, f"sparkmq admin: {name}") for name in protocol.ADMIN_ACTIONS]
 
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
+        # (an action's type is a protobuf string: gRPC refuses one that is not UTF-8 itself)
         with self._call(f"action {action.type}"), _answering("action"):
             name = action.type
             if name == "commit_transaction":  # binary body: acks, then Arrow IPC
