@@ -173,7 +173,7 @@ def _compile(node: exp.Expression, depth: int) -> Fn:
             # a chain of one operator is one n-ary node: sqlglot nests "a AND b AND c ..." one
             # level per operand, which evaluated recursively could exceed Python's stack
             terms = [sub(t) for t in _chain(node, type(node))]
-            return _all(terms) if isinstance(node, exp.And) else _any(terms)
+            return _junction(terms, decisive=isinstance(node, exp.Or))
         case exp.Not():
             inner = sub(node.this)
             return lambda p: _not(inner(p))
@@ -361,32 +361,22 @@ def _chain(node: exp.Expression, kind: type) -> list[exp.Expression]:
     return out
 
 
-def _all(terms: list[Fn]) -> Fn:
-    def conjunction(p: Props) -> Value:
-        out: Value = True
+def _junction(terms: list[Fn], decisive: bool) -> Fn:
+    """AND (``decisive`` False: one false term makes it false) or OR (True: one true term makes
+    it true) of ``terms``, in SQL's three-valued logic: else unknown if any term is."""
+    neutral = not decisive
+
+    def junction(p: Props) -> Value:
+        out: Value = neutral
         for t in terms:
             v = t(p)
-            if v is False:
-                return False
-            if v is not True:
+            if v is decisive:
+                return decisive
+            if v is not neutral:
                 out = None
         return out
 
-    return conjunction
-
-
-def _any(terms: list[Fn]) -> Fn:
-    def disjunction(p: Props) -> Value:
-        out: Value = False
-        for t in terms:
-            v = t(p)
-            if v is True:
-                return True
-            if v is not False:
-                out = None
-        return out
-
-    return disjunction
+    return junction
 
 
 def _paren_depth(text: str) -> int:
