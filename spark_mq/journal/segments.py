@@ -218,6 +218,7 @@ class SegmentLog:
         self._zeroing = self._stop_zeroing = self._reusing = False
         self._reusable: set[int] = set()
         self._appends = 0  # to the active segment: its mean append size says whether to zero
+        self._no_room_at = float("-inf")  # when _want_spare last found no room for a spare
         self.spares_zeroed = 0  # spares made by zeroing a new file
         self.spares_reused = 0  # spares made of a retired segment
         self._closing = False
@@ -382,7 +383,15 @@ class SegmentLog:
             return
         if self._position >= _BIG_APPEND_BYTES * self._appends:
             return  # big appends: the zeros would cost them more than they save (see above)
+        with self._lock:
+            if self._spare_ready or self._zeroing or self._reusing or self._reusable:
+                return
+        # a system call: asked only when a spare is wanted, and after a "no" not for a second
+        now = time.monotonic()
+        if now - self._no_room_at < 1.0:
+            return
         if not self._room_for_reserve():
+            self._no_room_at = now
             return
         with self._lock:
             if self._spare_ready or self._zeroing or self._reusing or self._reusable:
