@@ -67,7 +67,7 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"claim": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.opts.max_messages_per_trigger)  # type: ignore[arg-type]
+        return ReadMaxRows(self.opts.max_messages_per_trigger)
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         number = int(start["claim"]) + 1
@@ -78,7 +78,7 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rows = max(rows, 1)
         got = self.admin.claim(
             self.destination,
-            self.opts.consumer,  # type: ignore[arg-type]
+            self.opts.consumer,
             number,
             rows,
             subscription=self.opts.subscription,
@@ -95,7 +95,7 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.opts.url,
                 self.destination,
                 self.opts.subscription,
-                self.opts.consumer,  # type: ignore[arg-type]
+                self.opts.consumer,
                 n,
                 self.opts.include_headers,
             )
@@ -108,7 +108,7 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: Offset) -> None:
         self.admin.ack_claims(
             self.destination,
-            self.opts.consumer,  # type: ignore[arg-type]
+            self.opts.consumer,
             int(end["claim"]),
             subscription=self.opts.subscription,
         )

@@ -123,6 +123,7 @@ def jvm_present(spark: SparkSession) -> bool:
     whose client has no JVM to call back from)."""
     try:
         jvm = spark.sparkContext._jvm
+        assert jvm is not None
         jvm.java.lang.Class.forName(
             _BRIDGE, False, jvm.Thread.currentThread().getContextClassLoader()
         )
@@ -137,7 +138,9 @@ def install(spark: SparkSession) -> None:
 
     gateway = spark.sparkContext._gateway
     ensure_callback_server_started(gateway)
-    spark.sparkContext._jvm.sparkmq.spark.Bridge.set(PlannerFactory())
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # (the classic driver's; jvm_present said so)
+    jvm.sparkmq.spark.Bridge.set(PlannerFactory())
 
 
 class PlannerFactory:

@@ -13,7 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from spark_mq.errors import ConfigError

@@ -137,12 +137,11 @@ def read_export(path: str | Path) -> tuple[dict[str, Any], pa.Table, pa.Table]:
             raise SchemaMismatch(
                 f"{path} is not a sparkmq export (no {META_KEY.decode()} metadata)"
             )
-        header = json.loads(raw)
         kinds = table["record"]
         msgs = table.filter(pc.equal(kinds, "message")).select(MESSAGE_SCHEMA.names)
         sets = table.filter(pc.equal(kinds, "settlement")).select(list(_SETTLE_COLS))
         sets = sets.rename_columns([f.name for f in _SETTLE_COLS.values()])
-        return header, conform(msgs, MESSAGE_SCHEMA), conform(sets, SETTLEMENT_SCHEMA)
+        return json.loads(raw), conform(msgs, MESSAGE_SCHEMA), conform(sets, SETTLEMENT_SCHEMA)
     header: dict[str, Any] | None = None
     messages: list[dict[str, Any]] = []
     settles: list[dict[str, Any]] = []

@@ -64,15 +64,16 @@ def broker(
                 f"expected SECTION.KEY=VALUE, got {item!r}", param_hint="--set"
             )
         overrides[key.strip()] = value.strip()
-    for key, value in {
+    flags: dict[str, object] = {
         "broker.host": host,
         "broker.port": port,
         "broker.wire_port": wire_port,
         "broker.data_dir": data_dir,
         "broker.persistence": persistence,
-    }.items():
-        if value is not None:
-            overrides[key] = value
+    }
+    for key, flag in flags.items():
+        if flag is not None:
+            overrides[key] = flag
     try:
         config = load_config(config_file, overrides=overrides)
     except ConfigError as exc:

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spark_mq.errors import ConfigError

@@ -74,7 +74,7 @@ class PlainRows(ValueRows[PlainMessage]):
     def encode(self) -> bytes:
         """Each message's enqueue time, id and body lengths, id and body: its bytes as they came
         (the offsets are the record's: the first, then one more each)."""
-        parts = []
+        parts: list[bytes] = []
         for m in self.items:
             dedup = m.dedup_id.encode() if m.dedup_id is not None else b""
             id_size = -1 if m.dedup_id is None else len(dedup)

@@ -243,7 +243,7 @@ _SETTLE = re.compile(
     + _N
     + rb'\])*)?))\],"type":"settle"\}'
 )
-_VERBS = {b"ack": "ack", b"nack": "nack", b"extend": "extend"}
+_VERBS: dict[bytes, SettleVerb] = {b"ack": "ack", b"nack": "nack", b"extend": "extend"}
 _REPLY = re.compile(
     rb'\{"request_id":('
     + _N

@@ -40,7 +40,7 @@ import json
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import pyarrow as pa
 
@@ -54,7 +54,7 @@ HEADER = struct.Struct("<IB")
 SEQ = struct.Struct("<I")
 CONTROL, BATCH, COLUMNS, PLAIN, ONE = 1, 2, 3, 4, 5
 # a frame's body: bytes, or an Arrow buffer (a big frame's, received in place: FrameReader)
-Body = bytes | pa.Buffer
+Body: TypeAlias = "bytes | pa.Buffer"
 PRODUCE_KINDS = (BATCH, COLUMNS, PLAIN)  # the frames that carry a producer's messages
 VERSION = 2  # 1: CONTROL, BATCH, COLUMNS; 2: and PLAIN, ONE
 MASK = struct.Struct("<H")
@@ -87,8 +87,8 @@ class TooLarge:
 
 def control(frame: protocol.Frame | Failure) -> bytes:
     if isinstance(frame, Failure):
-        body = json.dumps({"type": "failure", "error": frame.error}, separators=(",", ":"))
-        body = body.encode()
+        doc = {"type": "failure", "error": frame.error}
+        body = json.dumps(doc, separators=(",", ":")).encode()
     else:
         body = protocol.encode(frame)
     return HEADER.pack(len(body), CONTROL) + body

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from spark_mq.broker.destination import Destination
     from spark_mq.broker.disk import DiskMonitor
     from spark_mq.broker.memory import MemoryMonitor
+    from spark_mq.broker.selector import Selector
+    from spark_mq.broker.subscription import Subscription
     from spark_mq.clock import Clock
     from spark_mq.config import BrokerConfig
     from spark_mq.journal import Journal
@@ -35,6 +37,24 @@ class DestinationAdmin:
     clock: Clock
     memory: MemoryMonitor
     disk: DiskMonitor
+
+    if TYPE_CHECKING:  # the broker's own builders this part calls
+
+        def _new_destination(
+            self, name: str, kind: Kind, overrides: dict[str, Any] | None = None
+        ) -> Destination: ...
+        def _subscription(
+            self,
+            dest: Destination,
+            name: str,
+            start: int,
+            *,
+            next_offset: int,
+            settled: set[int],
+            returned: dict[int, int] | None = None,
+            selector: Selector | None = None,
+            durable: bool = True,
+        ) -> Subscription: ...
 
     def _dest(self, name: str, *, kind: Kind | None = None) -> Destination:
         """The destination ``name``; ``kind``: what the caller needs it to be, which the error

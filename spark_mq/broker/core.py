@@ -441,6 +441,7 @@ class Broker(DestinationAdmin):
                     raise
                 cache.bind(claim, stored)
             if not dups:
+                assert stored is not None  # (no duplicate: every row was kept)
                 return stored
         return combine(rows.num_rows, keep, stored, dups)
 

@@ -309,7 +309,7 @@ class DuplicateCache:
                     with self._lock:
                         for dedup_id, position in ids:
                             entry = self._seen.get(dedup_id)
-                            if entry is not None and entry[1] is batch:  # not evicted, not reused
+                            if isinstance(entry, tuple) and entry[1] is batch:  # still its own
                                 self._seen[dedup_id] = (entry[0], None, first + position)
             else:  # not stored: a retry must not be taken for a duplicate
                 batch.failed = True

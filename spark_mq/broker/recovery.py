@@ -79,11 +79,11 @@ def low_water(start: int, settled: Settled | None) -> tuple[int, set[int]]:
     if settled is None:
         return start, set()
     start = max(start, settled.below)
-    settled = settled.offsets[settled.offsets >= start]
-    expected = np.arange(start, start + len(settled))
-    gaps = np.nonzero(settled != expected)[0]
-    n = int(gaps[0]) if len(gaps) else len(settled)
-    return start + n, {int(o) for o in settled[n:]}
+    above = settled.offsets[settled.offsets >= start]
+    expected = np.arange(start, start + len(above))
+    gaps = np.nonzero(above != expected)[0]
+    n = int(gaps[0]) if len(gaps) else len(above)
+    return start + n, {int(o) for o in above[n:]}
 
 
 def log_gaps(present: np.ndarray, start: int, end: int) -> np.ndarray:

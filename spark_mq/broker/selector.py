@@ -29,7 +29,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import sqlglot
 from sqlglot import exp
@@ -91,7 +91,7 @@ def compile_selector(text: str | None) -> Selector | None:
             f"malformed selector: nested too deeply (the limit is {MAX_DEPTH})", selector=text
         ) from None
     try:
-        return Selector(text, _compile(tree, 0))
+        return Selector(text, _compile(cast(exp.Expression, tree), 0))
     except SelectorError as exc:
         raise SelectorError(
             f"unsupported selector {text!r}: {exc.message}", selector=text
@@ -337,7 +337,7 @@ def _find_piece(piece: list[object], value: str, start: int, end: int) -> int:
         if c is _ANY_ONE:
             anyone |= 1 << k
         else:
-            masks[c] = masks.get(c, 0) | 1 << k  # type: ignore[index]
+            masks[cast(str, c)] = masks.get(cast(str, c), 0) | 1 << k
     done = 1 << (len(piece) - 1)
     state = 0
     for i in range(start, end):
@@ -349,13 +349,14 @@ def _find_piece(piece: list[object], value: str, start: int, end: int) -> int:
 
 def _chain(node: exp.Expression, kind: type) -> list[exp.Expression]:
     """The operands of a chain of ``kind`` (AND or OR), in order, without recursion."""
-    out, stack = [], [node]
+    out: list[exp.Expression] = []
+    stack: list[exp.Expression] = [node]
     while stack:
         n = stack.pop()
         if isinstance(n, kind):
             stack += (n.expression, n.this)  # this first: popped before expression
         elif isinstance(n, exp.Paren) and isinstance(n.this, kind):
-            stack.append(n.this)
+            stack.append(cast(exp.Expression, n.this))
         else:
             out.append(n)
     return out

@@ -260,8 +260,9 @@ class FlightService(fl.FlightServerBase):
             cmd = _command(descriptor)
             if not isinstance(cmd, Consume):
                 raise ProtocolError("do_exchange expects a consume command", fault="remote")
+            wakeup = threading.Event()  # set when the session has something to send
             if cmd.temporary:
-                session = self.broker.attach_temporary(cmd.prefetch)
+                session = self.broker.attach_temporary(cmd.prefetch, wakeup=wakeup)
             else:
                 session = self.broker.attach(
                     cmd.destination,
@@ -269,6 +270,7 @@ class FlightService(fl.FlightServerBase):
                     cmd.prefetch,
                     selector=cmd.selector,
                     durable=cmd.durable,
+                    wakeup=wakeup,
                 )
         log.info(
             "consumer %d attached to %s%s",
@@ -303,7 +305,7 @@ class FlightService(fl.FlightServerBase):
                 problem.append(SparkMQError(f"internal error: {type(exc).__name__}: {exc}"))
             finally:
                 done.set()
-                session.wakeup.set()
+                wakeup.set()
 
         threading.Thread(target=read_settles, name="consumer-reader", daemon=True).start()
         try:
@@ -326,8 +328,8 @@ class FlightService(fl.FlightServerBase):
                 and not context.is_cancelled()
                 and not stopping.is_set()
             ):
-                session.wakeup.wait(_IDLE_WAKE_S)
-                session.wakeup.clear()
+                wakeup.wait(_IDLE_WAKE_S)
+                wakeup.clear()
                 for reply in session.replies():
                     writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
                 while (batch := session.next_delivery()) is not None:
@@ -345,8 +347,8 @@ class FlightService(fl.FlightServerBase):
             while said_bye.is_set() and session.unanswered and time.monotonic() < deadline:
                 for reply in session.replies():
                     writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
-                session.wakeup.wait(_IDLE_WAKE_S)
-                session.wakeup.clear()
+                wakeup.wait(_IDLE_WAKE_S)
+                wakeup.clear()
             for reply in session.replies():
                 writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
         except fl.FlightError:

@@ -13,7 +13,6 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -22,17 +21,13 @@ import pyarrow.compute as pc
 from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.recovery import DELIVERED, RETURNED
 from spark_mq.broker.selector import Selector
-from spark_mq.broker.subscription import Refusal, Subscription
+from spark_mq.broker.subscription import Refusal, Subscription, Wakeup
 from spark_mq.plain import PlainMessage, PlainRows
 from spark_mq.protocol import Reply, Settle
 from spark_mq.schema import DELIVERY_SCHEMA, MESSAGE_SCHEMA, numpy_column
 
 SettleDurably = Callable[[list[int], str], Future]  # offsets, outcome
 DeliveryState = tuple[int, bool]  # a leased message's delivery count, and whether group-first
-
-
-class Wakeup(Protocol):
-    def set(self) -> None: ...
 
 
 class ConsumerSession:

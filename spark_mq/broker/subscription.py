@@ -36,6 +36,7 @@ import itertools
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from sortedcontainers import SortedList
@@ -45,6 +46,14 @@ from spark_mq.broker.housekeeping import Housekeeping
 from spark_mq.broker.message_store import NEVER, MessageStore
 from spark_mq.broker.selector import Selector
 from spark_mq.config import DestinationSettings
+
+
+class Wakeup(Protocol):
+    """What is told when a subscription has something new (a consumer's event, or the direct
+    wire's connection, which marks itself for its loop)."""
+
+    def set(self) -> None: ...
+
 
 Delivery = tuple[int, int, bool]  # offset, delivery count, first of its group for this consumer
 _DUE_SLACK_S = 1e-6  # see _promote_due
@@ -116,7 +125,7 @@ class Subscription(Housekeeping):
         # prefetch, its selector); a Spark query's claims register none
         self._takers: dict[int, Callable[[int], bool]] = {}
         self._lapsed_from: dict[int, int] = {}  # offset -> the consumer whose lease lapsed
-        self._waiters: set[threading.Event] = set()
+        self._waiters: set[Wakeup] = set()
         # for the broker to make durable: returned offsets, and selector misses
         self._returned_log: list[int] = []
         self._filtered_log: list[int] = []
@@ -127,11 +136,11 @@ class Subscription(Housekeeping):
         self.removed_total = 0  # purged, or dropped to make room
 
     # -- consumers ---------------------------------------------------------------------------
-    def add_waiter(self, event: threading.Event) -> None:
+    def add_waiter(self, event: Wakeup) -> None:
         with self._lock:
             self._waiters.add(event)
 
-    def remove_waiter(self, event: threading.Event) -> None:
+    def remove_waiter(self, event: Wakeup) -> None:
         with self._lock:
             self._waiters.discard(event)
 

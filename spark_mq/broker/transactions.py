@@ -184,12 +184,12 @@ def commit(broker: Broker, acks: list[Ack], messages: pa.Table | None) -> dict[s
         out[name] = list(res.offsets)
     for (d, s, consumer_id), fut in settled.items():
         ok = fut.exception() is None
-        dest = broker._dests.get(d)
-        if dest is None:
+        owner = broker._dests.get(d)
+        if owner is None:
             continue
         offsets = begun[(d, s, consumer_id)]
-        dest.subscriptions[s].end_ack(offsets, durable=ok)
-        session = dest.sessions.get(consumer_id)
+        owner.subscriptions[s].end_ack(offsets, durable=ok)
+        session = owner.sessions.get(consumer_id)
         if session is not None and ok:
             session.forget(offsets)
     broker.journal.record_transactions(record.row(DONE, int(now * 1e6)))

@@ -676,8 +676,8 @@ class WireServer:
             for message, (count, _) in zip(rows, state, strict=True):
                 parts += wire.plain_one_parts(message, count)
             return parts
-        if conn.compact and (parts := wire.one_parts(rows, state)) is not None:
-            return parts
+        if conn.compact and (one := wire.one_parts(rows, state)) is not None:
+            return one
         table = delivery_table(rows, state)
         return [part for batch in table.to_batches() for part in wire.batch_parts(0, batch)]
 

@@ -290,9 +290,8 @@ class Consumer:
             by_verb.setdefault(verb, []).append((entries, fut))
         for verb, items in by_verb.items():
             request_id = next(self._request_ids)
-            entries = tuple(e for es, _ in items for e in es)
             self._requests[request_id] = [([o for o, _ in es], f) for es, f in items]
-            frame = protocol.Settle(verb, request_id, entries)
+            frame = protocol.Settle(verb, request_id, tuple(e for es, _ in items for e in es))
             try:
                 with self._write_lock:
                     self._link.send(frame)  # type: ignore[union-attr]

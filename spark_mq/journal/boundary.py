@@ -20,7 +20,7 @@ def translate(what: str, destination: str | None = None) -> Iterator[None]:
     try:
         yield
     except UPSTREAM_ERRORS as exc:
-        raise translated(exc, what, destination) from exc
+        raise translated(exc, what, destination) from exc  # type: ignore[arg-type]
 
 
 def translated(exc: Exception, what: str, destination: str | None = None) -> Exception:

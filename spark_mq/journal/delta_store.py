@@ -47,6 +47,7 @@ REOPEN_AFTER_COMMITS = 50
 # A message's body is opaque: min/max statistics of it skip nothing (readers select by offset)
 # and took a fifth of a move's time (130,000 random 1 KiB bodies: 194-231 ms against 224-311,
 # four runs each; 72-87 against 82-93 for one body repeated). Snappy, as without properties.
+DEFAULT_WRITER = WriterProperties()  # (what delta-rs uses when given none)
 MESSAGE_WRITER = WriterProperties(
     compression="SNAPPY", column_properties={"body": ColumnProperties(statistics_enabled="NONE")}
 )
@@ -69,7 +70,11 @@ def _append(
     if app_id is not None and version is not None:
         props = CommitProperties(app_transactions=[Transaction(app_id, version)])
     for attempt in range(COMMIT_ATTEMPTS):
-        if props is not None and (dt.transaction_version(app_id) or 0) >= version:
+        if (
+            app_id is not None
+            and version is not None
+            and (dt.transaction_version(app_id) or 0) >= version
+        ):
             return  # a retry of a commit that already landed
         try:
             # merge: a table written by an older version gains the columns added since
@@ -79,7 +84,7 @@ def _append(
                 mode="append",
                 commit_properties=props,
                 schema_mode="merge",
-                writer_properties=writer,
+                writer_properties=writer or DEFAULT_WRITER,
             )
             return
         except CommitFailedError:

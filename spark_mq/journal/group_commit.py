@@ -47,6 +47,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import cast
 
 import pyarrow as pa
 
@@ -159,6 +160,12 @@ class _Flight:
     started: float = 0.0  # time.perf_counter() when its commit began
 
 
+def _written(f: _Flight) -> Written:
+    """Where a flush of the pipeline was written (set before it is listed in flight)."""
+    assert f.written is not None
+    return f.written
+
+
 @dataclass
 class WriterStats:
     commits: int = 0
@@ -237,7 +244,7 @@ class DestinationWriter:
         """Buffer messages (a table of ``UNOFFSET_SCHEMA`` or a plain message) or a settlement."""
         fut: Future = Future()
         is_settlement = isinstance(record, Settlement)
-        if is_settlement or isinstance(record, PlainMessage):
+        if isinstance(record, Settlement | PlainMessage):
             nbytes = record.nbytes
         else:
             nbytes = record.get_total_buffer_size()  # a table's .nbytes: ~16 us even for one row
@@ -370,7 +377,8 @@ class DestinationWriter:
 
     def _take_now(self) -> list[_Record]:
         """The oldest records, at most MAX_FLUSH_BYTES (at least one); caller holds the lock."""
-        taken, size = [], 0
+        taken: list[_Record] = []
+        size = 0
         for r in self._records:
             if taken and size + r.nbytes > MAX_FLUSH_BYTES:
                 break
@@ -429,7 +437,9 @@ class DestinationWriter:
         messages = [r for r in taken if not r.is_settlement]
         settles = [r for r in taken if r.is_settlement]
         rows, end, results = self._numbered(messages)
-        settle_rows = SettlementRows([r.payload for r in settles]) if settles else None  # type: ignore[arg-type]
+        settle_rows = (
+            SettlementRows([cast(Settlement, r.payload) for r in settles]) if settles else None
+        )
         return _Flight(messages, settles, rows, end, results, settle_rows, taken=taken)
 
     def _finish(
@@ -464,7 +474,7 @@ class DestinationWriter:
         try:
             f = self._flight(taken)
             written = self._pipe.write(f.rows, f.end, f.settle_rows)
-        except BaseException as exc:  # keep the writer alive; every future hears of it
+        except Exception as exc:  # keep the writer alive; every future hears of it
             log.exception("journal writer for %r failed", self.destination)
             written = as_journal_error(exc, self.destination)
         if isinstance(written, SparkMQError):  # nothing of it was kept
@@ -489,7 +499,7 @@ class DestinationWriter:
             durable, error = self._pipe.sync()
             if error is None:
                 with self._mutex:
-                    done = [f for f in self._in_flight if f.written.last_lsn <= durable]
+                    done = [f for f in self._in_flight if _written(f).last_lsn <= durable]
                 for f in done:  # still listed meanwhile: an inline commit waits for them
                     self._publish(f)
                 with self._mutex:
@@ -509,7 +519,7 @@ class DestinationWriter:
                     flights = list(self._in_flight)
                     self._in_flight.clear()
                 for f in flights:
-                    if f.written.last_lsn <= durable:
+                    if _written(f).last_lsn <= durable:
                         self._publish(f)
                     else:
                         self.stats.failed_commits += 1
@@ -534,7 +544,9 @@ class DestinationWriter:
     def _numbered(self, messages: list[_Record]) -> tuple[Rows | None, int, list[AppendResult]]:
         """The messages with their offsets, the end offset, and each record's result."""
         offset = self._assigned
-        plain, tables, results = [], [], []
+        plain: list[PlainMessage] = []
+        tables: list[pa.Table | None] = []
+        results: list[AppendResult] = []
         for r in messages:
             if isinstance(r.payload, PlainMessage):
                 r.payload.offset = offset  # offsets are given at commit time, as for tables
@@ -542,18 +554,18 @@ class DestinationWriter:
                 tables.append(None)
                 n = 1
             else:
-                tables.append(with_offsets(r.payload, offset))
-                n = r.payload.num_rows
+                table = cast(pa.Table, r.payload)
+                tables.append(with_offsets(table, offset))
+                n = table.num_rows
             results.append(AppendResult(self.destination, offset, n))
             offset += n
         if plain and len(plain) == len(messages):
             return PlainRows(plain), offset, results
-        if plain:  # plain messages among batches: all as tables, in offset order
-            tables = [
-                PlainRows([r.payload]).table() if t is None else t  # type: ignore[list-item]
-                for r, t in zip(messages, tables, strict=True)
-            ]
-        return _one_table(tables), offset, results
+        whole = [  # plain messages among batches: all as tables, in offset order
+            PlainRows([cast(PlainMessage, r.payload)]).table() if t is None else t
+            for r, t in zip(messages, tables, strict=True)
+        ]
+        return _one_table(whole), offset, results
 
     def _resolve(self, records: list[_Record], error: SparkMQError | None) -> bool:
         """Count the commit; on ``error`` fail every record's future. True when it is durable."""

@@ -424,7 +424,8 @@ class HotTier:
         return (MESSAGE_SCHEMA if ref.kind in MESSAGE_KINDS else SETTLEMENT_SCHEMA).empty_table()
 
     def _take_batch(self) -> list[_Pending]:
-        batch, size = [], 0
+        batch: list[_Pending] = []
+        size = 0
         for p in self._pending:
             if batch and size + p.ref.size > self._settings.move_max_bytes:
                 break

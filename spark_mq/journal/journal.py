@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 
@@ -46,6 +46,15 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
+class _WriterOptions(TypedDict):
+    """What every destination's writer is made with (``DestinationWriter``'s settings)."""
+
+    buffer_timeout_s: float
+    buffer_size_bytes: int
+    max_pending_bytes: int
+    settle_timeout_s: float
+
+
 class Journal:
     """Durable (or, with ``MemoryStore``, in-memory) logs for every destination."""
 
@@ -64,12 +73,12 @@ class Journal:
         self.store = store
         self._hot = hot_tier
         self._tiers: dict[str, HotTier] = {}
-        self._writer_opts = {
-            "buffer_timeout_s": buffer_timeout_s,
-            "buffer_size_bytes": buffer_size_bytes,
-            "max_pending_bytes": max_pending_bytes,
-            "settle_timeout_s": settle_timeout_s,
-        }
+        self._writer_opts = _WriterOptions(
+            buffer_timeout_s=buffer_timeout_s,
+            buffer_size_bytes=buffer_size_bytes,
+            max_pending_bytes=max_pending_bytes,
+            settle_timeout_s=settle_timeout_s,
+        )
         self._on_commit = on_commit
         self._now_us = now_us
         self._lock = threading.RLock()

@@ -492,11 +492,11 @@ class SegmentLog:
             raise OSError(errno.EIO, "a sync of this log failed: its unsynced records go first")
         first_lsn = lsn = self.next_lsn
         tables = [t for kind, _, t in records if kind not in _ENCODED]
-        streams = iter(self._scratch.encode(tables)) if tables else None  # type: ignore[arg-type]
+        streams = iter(self._scratch.encode(tables) if tables else ())
         buffers: list[bytes | pa.Buffer] = []  # header, payload, header, payload ...
         shapes = []  # each record's kind, first offset, rows and payload length
         for kind, first, rows in records:
-            payload = rows.encode() if kind in _ENCODED else next(streams)  # type: ignore[union-attr, call-overload]
+            payload = rows.encode() if kind in _ENCODED else next(streams)
             n = rows.num_rows
             buffers += (encode_record(kind, lsn, first, n, payload), payload)
             shapes.append((kind, first, n, len(payload)))

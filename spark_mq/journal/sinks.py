@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import pyarrow as pa
 
@@ -15,7 +15,7 @@ from spark_mq.plain import PlainRows
 
 # what a commit's messages are: rows of MESSAGE_SCHEMA, or plain messages (spark_mq.plain) when
 # every message of the commit came as one
-Rows = pa.Table | PlainRows
+Rows: TypeAlias = "pa.Table | PlainRows"
 
 
 class CommitSink(Protocol):
