@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 import uuid
@@ -29,6 +30,7 @@ from spark_mq.broker.destination import (
     make_store,
     settled_in_memory,
 )
+from spark_mq.broker.dir_lock import DataDirLock
 from spark_mq.broker.disk import DiskMonitor
 from spark_mq.broker.disposal import Disposer
 from spark_mq.broker.limits import Limits
@@ -75,6 +77,20 @@ def _journal_disk(config: BrokerConfig) -> str | None:
     return None if "://" in data and not data.startswith("file://") else data.removeprefix("file://")
 
 
+def _lock_dir(config: BrokerConfig) -> str | None:
+    """The directory whose lock makes this broker its data's only one: a local data directory,
+    else the hot tier's (a remote root's local state); None when there is neither."""
+    if config.broker.persistence != "delta":
+        return None
+    data = config.broker.data_dir
+    if "://" not in data or data.startswith("file://"):
+        return os.path.abspath(data.removeprefix("file://"))
+    try:
+        return config.hot_dir_location()
+    except ConfigError:
+        return None
+
+
 class Broker(DestinationAdmin):
     def __init__(
         self,
@@ -101,6 +117,7 @@ class Broker(DestinationAdmin):
         self._consumer_ids = itertools.count(1)
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
+        self._dir_lock: DataDirLock | None = None
         self._next_reap = 0.0
         self.memory = MemoryMonitor(self.config.limits.memory_budget_bytes)
         self.disk = DiskMonitor(_journal_disk(self.config), self.config.limits.min_free_disk_bytes)
@@ -110,7 +127,29 @@ class Broker(DestinationAdmin):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, *, run_timers: bool = True) -> None:
-        """Open the journal, rebuild every destination, start the lease timer."""
+        """Take the data directory, open the journal, rebuild every destination, start the lease
+        timer."""
+        started = time.perf_counter()
+        where = _lock_dir(self.config)
+        self._dir_lock = DataDirLock(where).acquire() if where is not None else None
+        try:
+            self._open()
+        except BaseException:
+            self._release_dir()
+            raise
+        if run_timers:
+            self._timer = threading.Thread(
+                target=self._timer_loop, name="broker-timers", daemon=True
+            )
+            self._timer.start()
+        log.info("started in %.2fs", time.perf_counter() - started)
+
+    def _release_dir(self) -> None:
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+            self._dir_lock = None
+
+    def _open(self) -> None:
         started = time.perf_counter()
         self._refuse_unmoved_segments()
         infos = self.journal.open()
@@ -121,11 +160,6 @@ class Broker(DestinationAdmin):
         for info in infos.values():
             self._recover(info)
         log.info("recovered %d destination(s) in %.2fs", len(infos), time.perf_counter() - started)
-        if run_timers:
-            self._timer = threading.Thread(
-                target=self._timer_loop, name="broker-timers", daemon=True
-            )
-            self._timer.start()
 
     def _refuse_unmoved_segments(self) -> None:
         """Delta-only over a hot tier a crash left behind would ignore acknowledged messages."""
@@ -169,6 +203,7 @@ class Broker(DestinationAdmin):
                 _CLOSE_MOVES_S,
             )
         self.journal.close()
+        self._release_dir()
 
     def _recover(self, info: DestinationInfo) -> None:
         subs, rows = recover_destination(self.journal, info)

@@ -1,0 +1,70 @@
+"""One broker per data directory: an exclusive lock held for the broker's life.
+
+A second broker started on the same ``--data-dir`` recovered the same destinations and served
+them beside the first, each appending to the same logs. The lock is ``flock`` on
+``<dir>/.lock`` (the data directory when it is local, else the hot tier's directory, the local
+state a remote root still has), which the kernel lets go when the process ends however it ends,
+so a crashed broker never leaves a stale lock. The file says who holds it (pid, host, since
+when) for the error the next one gets.
+
+This is the single-broker case of fencing; a primary and a backup sharing a store need an
+ownership epoch as well (the high-availability issue).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+
+from spark_mq.errors import ConfigError
+
+LOCK_FILE = ".lock"
+
+
+class DataDirLock:
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, LOCK_FILE)
+        self._fd = -1
+
+    def acquire(self) -> DataDirLock:
+        """Take the lock, or raise ``ConfigError`` naming the broker that holds it."""
+        os.makedirs(self.directory, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise ConfigError(
+                f"{self.directory} is in use by another broker ({self._holder()}): stop it "
+                "first, or give this one its own --data-dir",
+                setting="broker.data_dir",
+            ) from None
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        self._fd = fd
+        return self
+
+    def _holder(self) -> str:
+        try:
+            with open(self.path) as fh:
+                doc = json.load(fh)
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(doc["since"])))
+            return f"pid {doc['pid']} on host {doc['host']}, since {since}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "a process that has not said which"
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # (closing lets go of the lock)
+            self._fd = -1
