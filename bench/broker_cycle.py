@@ -1,7 +1,7 @@
 """The broker's own CPU per message: one produce, delivery and ack at a time, in this process.
 
 No sockets and no client: a wire-shaped one-message frame is read, produced and committed the way
-the direct wire's loop does it (``committing_here``), delivered through a consumer session and
+the direct wire's loop does it (an ``InlineCommit``), delivered through a consumer session and
 serialized as a delivery frame, then acked. With ``--sync none`` (the default) the disk is out of
 the picture too, so the figure is the Python and Arrow work a message costs the broker: the part
 of a synchronous send's round trip, and of the produce-to-consume latency, that the broker's code
@@ -34,7 +34,7 @@ import pyarrow as pa
 from spark_mq import wire
 from spark_mq.broker.core import Broker
 from spark_mq.config import load_config
-from spark_mq.journal.group_commit import committing_here
+from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.protocol import Settle
 from spark_mq.schema import PRODUCE_SCHEMA
 
@@ -90,17 +90,18 @@ def main() -> None:
 
         def cycle(i: int) -> None:
             t0 = time.perf_counter()
-            with committing_here():
-                if args.frame == "plain":
-                    one = wire.read_plain_message(bodies[i])
-                    assert one is not None
-                    answer = broker.produce_plain("q", one[1])
+            inline = InlineCommit()
+            if args.frame == "plain":
+                one = wire.read_plain_message(bodies[i])
+                assert one is not None
+                answer = broker.produce_plain("q", one[1], inline)
+            else:
+                if args.frame == "batch":
+                    _, batch = wire.read_batch(bodies[i], PRODUCE_SCHEMA)
                 else:
-                    if args.frame == "batch":
-                        _, batch = wire.read_batch(bodies[i], PRODUCE_SCHEMA)
-                    else:
-                        _, batch = wire.PRODUCE_SUBSETS.read(bodies[i])
-                    answer = broker.produce("q", batch)
+                    _, batch = wire.PRODUCE_SUBSETS.read(bodies[i])
+                answer = broker.produce("q", batch, inline)
+            inline.commit()
             offset = answer.result().first_offset
             t1 = time.perf_counter()
             if args.frame == "plain":  # to a consumer taking ONE frames, as the SDK's does
@@ -115,8 +116,9 @@ def main() -> None:
                 for part in table.to_batches():
                     wire.batch_parts(0, part)
             t2 = time.perf_counter()
-            with committing_here():
-                session.settle(Settle("ack", i, ((offset, 1),)))
+            inline = InlineCommit()
+            session.settle(Settle("ack", i, ((offset, 1),)), inline)
+            inline.commit()
             session.replies()
             t3 = time.perf_counter()
             for name, took in zip(phases, (t1 - t0, t2 - t1, t3 - t2), strict=True):

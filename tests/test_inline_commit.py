@@ -1,4 +1,4 @@
-"""Inline group commit (``committing_here``): the wire loop's way of committing, tested on a
+"""Inline group commit (``InlineCommit``): the wire loop's way of committing, tested on a
 journal writer over an in-memory store (the wire server's own tests are in ``test_wire.py``)."""
 
 from __future__ import annotations
@@ -8,13 +8,7 @@ import time
 
 import pyarrow as pa
 
-from spark_mq.journal.group_commit import (
-    DestinationWriter,
-    OnCommit,
-    committing_elsewhere,
-    committing_here,
-    resolve,
-)
+from spark_mq.journal.group_commit import DestinationWriter, InlineCommit, OnCommit, resolve
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.settlements import Settlement
 from spark_mq.journal.sinks import DirectSink
@@ -39,28 +33,29 @@ def _ack_of_offset_0() -> Settlement:
     return Settlement([0], "q", "ack", 0)
 
 
-def test_submits_inside_committing_here_are_committed_by_the_submitting_thread() -> None:
+def test_submits_with_an_inline_commit_are_committed_by_the_thread_that_commits_it() -> None:
     committed_by: list[int] = []
     writer = _direct_writer(
         MemoryStore(), lambda dest, rows: committed_by.append(threading.get_ident())
     )
     rows = pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA})
     try:
-        with committing_here():
-            first = writer.submit(rows)
-            second = writer.submit(rows)
-            time.sleep(0.05)  # the writer thread, had it been woken, commits in microseconds
-            assert not first.done() and not second.done()
+        inline = InlineCommit()
+        first = writer.submit(rows, inline)
+        second = writer.submit(rows, inline)
+        time.sleep(0.05)  # the writer thread, had it been woken, commits in microseconds
+        assert not first.done() and not second.done()
+        inline.commit()
         assert first.result(0).first_offset == 0 and second.result(0).first_offset == 2
         assert committed_by == [threading.get_ident()]  # one commit, in this thread
         later = writer.submit(rows)  # outside: the writer thread's job
         assert later.result(10).first_offset == 4
         assert committed_by[-1] != threading.get_ident()
-        with committing_here():
-            with committing_elsewhere():  # a big batch: the writer thread syncs it meanwhile
-                big = writer.submit(rows)
-            assert big.result(10).first_offset == 6  # before the block ends
-            small = writer.submit(rows)
+        inline = InlineCommit()
+        big = writer.submit(rows)  # a big batch: the writer thread syncs it meanwhile
+        assert big.result(10).first_offset == 6  # before the inline commit
+        small = writer.submit(rows, inline)
+        inline.commit()
         assert small.result(0).first_offset == 8
         assert committed_by[-2] != threading.get_ident() == committed_by[-1]
     finally:
@@ -100,19 +95,23 @@ def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -
     me = threading.get_ident()
     w = writer(0, 5.0)  # long: the second message below surely comes first
     try:
-        with committing_here():
-            ack = w.submit(acks)
+        inline = InlineCommit()
+        ack = w.submit(acks, inline)
+        inline.commit()
         # no message about (a queue being drained): the ack is not held
         assert ack.result(0) is None and sink.commits == [(False, True, me)]
         sink.commits.clear()
-        with committing_here():
-            first = w.submit(rows)
+        inline = InlineCommit()
+        first = w.submit(rows, inline)
+        inline.commit()
         assert first.result(0).first_offset == 0
-        with committing_here():
-            ack = w.submit(acks)
+        inline = InlineCommit()
+        ack = w.submit(acks, inline)
+        inline.commit()
         assert not ack.done()  # a message came just now: the ack waits to share the next sync
-        with committing_here():
-            msg = w.submit(rows)
+        inline = InlineCommit()
+        msg = w.submit(rows, inline)
+        inline.commit()
         assert msg.result(0).first_offset == 1 and ack.result(0) is None
         assert sink.commits == [(True, False, me), (True, True, me)]  # one sync for both
     finally:
@@ -121,11 +120,13 @@ def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -
     quick = writer(2, 0.05)
     try:
         sink.commits.clear()
-        with committing_here():
-            quick.submit(rows)
-            ack = quick.submit(acks)  # shares the message's commit
-        with committing_here():
-            late = quick.submit(acks)
+        inline = InlineCommit()
+        quick.submit(rows, inline)
+        ack = quick.submit(acks, inline)  # shares the message's commit
+        inline.commit()
+        inline = InlineCommit()
+        late = quick.submit(acks, inline)
+        inline.commit()
         assert ack.result(0) is None and not late.done()
         assert late.result(10) is None  # nothing else came: the writer thread committed it
         assert [c[:2] for c in sink.commits] == [(True, True), (False, True)]
@@ -138,24 +139,25 @@ def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -
     later: dict[DestinationWriter, float] = {}
     try:
         sink.commits.clear()
-        with committing_here(later):
-            own.submit(rows)
-        with committing_here(later):
-            late = own.submit(acks)
+        inline = InlineCommit(later)
+        own.submit(rows, inline)
+        inline.commit()
+        inline = InlineCommit(later)
+        late = own.submit(acks, inline)
+        inline.commit()
         assert list(later) == [own] and later[own] > time.monotonic()
         time.sleep(later[own] - time.monotonic() + 0.1)
         assert not late.done()  # due a while ago, but the writer thread was not woken for it
-        with committing_here(later):  # back: nothing submitted, the due acks go now
-            pass
+        InlineCommit(later).commit()  # back: nothing submitted, the due acks go now
         assert late.result(0) is None and later == {}
         assert sink.commits == [(True, False, me), (False, True, me)]
     finally:
         own.close()
 
 
-def test_committing_here_can_leave_the_futures_for_the_caller_to_resolve_after() -> None:
+def test_an_inline_commit_can_leave_the_futures_for_the_caller_to_resolve_after() -> None:
     """The wire loop writes the deliveries a commit made possible before it answers producers
-    and acks: the commit is durable and visible at the end of the block, its futures pending
+    and acks: the commit is durable and visible once made, its futures pending
     until the caller resolves them, in commit order."""
     store = MemoryStore()
     visible: list[int] = []
@@ -165,18 +167,20 @@ def test_committing_here_can_leave_the_futures_for_the_caller_to_resolve_after()
     order: list[str] = []
     resolving: list = []
     try:
-        with committing_here(resolving=resolving):
-            msg = writer.submit(rows)
-            ack = writer.submit(acks)
-            msg.add_done_callback(lambda f: order.append("message"))
-            ack.add_done_callback(lambda f: order.append("ack"))
+        inline = InlineCommit(resolving=resolving)
+        msg = writer.submit(rows, inline)
+        ack = writer.submit(acks, inline)
+        msg.add_done_callback(lambda f: order.append("message"))
+        ack.add_done_callback(lambda f: order.append("ack"))
+        inline.commit()
         assert visible == [2] and store.committed_end("q") == 2  # durable and handed on
         assert not msg.done() and not ack.done() and len(resolving) == 2
         resolve(resolving)
         assert msg.result(0).first_offset == 0 and ack.result(0) is None
         assert order == ["message", "ack"] and resolving == []
-        with committing_here():  # without a list, as before: resolved when the block ends
-            plain = writer.submit(rows)
+        inline = InlineCommit()  # without a list: resolved when it commits
+        plain = writer.submit(rows, inline)
+        inline.commit()
         assert plain.result(0).first_offset == 2
         later = writer.submit(rows)  # the writer thread never defers
         assert later.result(10).first_offset == 4 and resolving == []

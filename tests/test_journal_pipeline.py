@@ -15,7 +15,7 @@ import pytest
 from spark_mq import Admin, Producer
 from spark_mq.errors import JournalError, SparkMQError
 from spark_mq.journal import DeltaStore
-from spark_mq.journal.group_commit import DestinationWriter, committing_here
+from spark_mq.journal.group_commit import DestinationWriter, InlineCommit
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.segments import KIND_MESSAGES, SegmentLog
@@ -146,11 +146,12 @@ def test_an_inline_commit_waits_behind_the_flushes_being_synced(pipeline) -> Non
     tier.disk.hold.clear()
     first = writer.submit(unoffset([b"a"]))  # the writer thread's, syncing
     assert tier.disk.syncing.wait(10)
-    with committing_here():
-        inline = writer.submit(unoffset([b"b"]))
-    assert not inline.done()  # not committed ahead of the flush before it
+    inline = InlineCommit()
+    second = writer.submit(unoffset([b"b"]), inline)
+    inline.commit()
+    assert not second.done()  # not committed ahead of the flush before it
     tier.disk.hold.set()
-    assert (first.result(10).first_offset, inline.result(10).first_offset) == (0, 1)
+    assert (first.result(10).first_offset, second.result(10).first_offset) == (0, 1)
     assert [o for offsets in committed for o in offsets] == [0, 1]
 
 

@@ -14,7 +14,7 @@ from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.session import delivery_table
 from spark_mq.errors import MessageTooLarge
 from spark_mq.journal import DeltaStore, Journal
-from spark_mq.journal.group_commit import committing_here
+from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.journal.hot_tier import HotTierSettings
 from spark_mq.journal.segments import KIND_PLAIN, MESSAGE_KINDS, scan_segment
 from spark_mq.launch import BrokerProcess
@@ -72,10 +72,11 @@ def test_plain_messages_and_batches_in_one_commit_keep_their_order(tmp_path: Pat
             max_message_bytes=1 << 20,
             destination="q",
         )
-        with committing_here():  # one flush holds all three
-            first = j.append_plain("q", PlainMessage("a", b"p0", T0))
-            middle = j.append("q", batch)
-            last = j.append_plain("q", PlainMessage("c", b"p3", T0))
+        inline = InlineCommit()  # one flush holds all three
+        first = j.append_plain("q", PlainMessage("a", b"p0", T0), inline)
+        middle = j.append("q", batch, inline)
+        last = j.append_plain("q", PlainMessage("c", b"p3", T0), inline)
+        inline.commit()
         assert [f.result().first_offset for f in (first, middle, last)] == [0, 1, 3]
         assert j.read_messages("q")["body"].to_pylist() == [b"p0", b"b1", b"b2", b"p3"]
         j.append_plain("q", PlainMessage("d", b"p4", T0)).result()  # alone: a plain record

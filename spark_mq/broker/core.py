@@ -52,6 +52,7 @@ from spark_mq.errors import (
 )
 from spark_mq.journal import DestinationInfo, Journal, LogStore
 from spark_mq.journal.base import Kind
+from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.journal.hot_tier import has_segments
 from spark_mq.plain import PlainMessage, plain_batch
 from spark_mq.schema import (
@@ -379,8 +380,14 @@ class Broker(DestinationAdmin):
             sub.wake()
 
     # -- produce / consume -------------------------------------------------------------------
-    def produce(self, destination: str, batch: pa.RecordBatch | pa.Table) -> Future:
-        """Check and append a batch; the future resolves once it is durable.
+    def produce(
+        self,
+        destination: str,
+        batch: pa.RecordBatch | pa.Table,
+        inline: InlineCommit | None = None,
+    ) -> Future:
+        """Check and append a batch; the future resolves once it is durable (``inline``: its
+        holder commits it, see :class:`~spark_mq.journal.group_commit.InlineCommit`).
 
         To an ``AppendResult``; or, when some rows were duplicates (their dedup id was stored
         within the window), to a ``ProduceResult`` giving each row the offset its original has.
@@ -391,15 +398,17 @@ class Broker(DestinationAdmin):
         rows = self._checked_rows(dest, batch, now)
         self.limits.make_room(dest, rows.num_rows, rows["body"].nbytes)
         self.limits.admit_memory(dest, rows.get_total_buffer_size())
-        return self._store(dest, rows, now)
+        return self._store(dest, rows, now, inline)
 
-    def produce_plain(self, destination: str, message: PlainMessage) -> Future:
+    def produce_plain(
+        self, destination: str, message: PlainMessage, inline: InlineCommit | None = None
+    ) -> Future:
         """:meth:`produce` for one plain message (:mod:`spark_mq.plain`), with the same checks
         and the same stored row, built without Arrow."""
         dest = self.destination_for_use(destination)
         self.disk.admit(destination)
         if dest.settings.default_ttl_ms:  # the row gets an expiry time: not plain
-            return self.produce(destination, plain_batch(message))
+            return self.produce(destination, plain_batch(message), inline)
         now = self.clock.wall()
         limit = self.config.limits.max_message_bytes
         if len(message.body) > limit:
@@ -409,7 +418,7 @@ class Broker(DestinationAdmin):
         self.limits.admit_memory(dest, message.nbytes)
         cache = dest.dedup
         if cache is None or message.dedup_id is None:
-            return self.journal.append_plain(dest.name, message)
+            return self.journal.append_plain(dest.name, message, inline)
         with dest.produce_lock:
             claim = cache.claim_one(message.dedup_id, now)
             if claim is None:  # seen before, or ids held as runs: claim() tells
@@ -417,7 +426,7 @@ class Broker(DestinationAdmin):
                 if dups:
                     return combine(1, keep, None, dups)
             try:
-                stored = self.journal.append_plain(dest.name, message)
+                stored = self.journal.append_plain(dest.name, message, inline)
             except BaseException:
                 cache.release(claim)
                 raise
@@ -460,17 +469,20 @@ class Broker(DestinationAdmin):
             rows = default_expiry(rows, int(now * 1_000_000), dest.settings.default_ttl_ms)
         return rows
 
-    def _store(self, dest: Destination, rows: pa.Table, now: float) -> Future:
+    def _store(
+        self, dest: Destination, rows: pa.Table, now: float, inline: InlineCommit | None = None
+    ) -> Future:
         """Append checked rows through duplicate detection."""
         cache = dest.dedup
         if cache is None or rows["dedup_id"].null_count == rows.num_rows:
-            return self.journal.append(dest.name, rows)
+            return self.journal.append(dest.name, rows, inline)
         with dest.produce_lock:
             keep, dups, claim = cache.claim(rows["dedup_id"], now)
             stored = None
             if keep:
                 try:
-                    stored = self.journal.append(dest.name, rows if not dups else rows.take(keep))
+                    kept = rows if not dups else rows.take(keep)
+                    stored = self.journal.append(dest.name, kept, inline)
                 except BaseException:
                     cache.release(claim)
                     raise
@@ -511,8 +523,8 @@ class Broker(DestinationAdmin):
                 )
             sub_name = sub.name
             if sub.durable:
-                settle = lambda offsets, outcome: self.journal.settle(  # noqa: E731
-                    destination, offsets, subscription=sub_name, outcome=outcome
+                settle = lambda offsets, outcome, inline=None: self.journal.settle(  # noqa: E731
+                    destination, offsets, subscription=sub_name, outcome=outcome, inline=inline
                 )
             else:
                 settle = settled_in_memory

@@ -41,7 +41,7 @@ class Destination:
     produce_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def settled_in_memory(offsets: list[int], outcome: str) -> Future:
+def settled_in_memory(offsets: list[int], outcome: str, inline: object = None) -> Future:
     """A non-durable subscription's acks need no journal record."""
     done: Future = Future()
     done.set_result(None)

@@ -22,11 +22,13 @@ from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.recovery import DELIVERED, RETURNED
 from spark_mq.broker.selector import Selector
 from spark_mq.broker.subscription import Refusal, Subscription, Wakeup
+from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.plain import PlainMessage, PlainRows
 from spark_mq.protocol import Reply, Settle
 from spark_mq.schema import DELIVERY_SCHEMA, MESSAGE_SCHEMA, numpy_column
 
-SettleDurably = Callable[[list[int], str], Future]  # offsets, outcome
+# offsets, outcome, and the inline commit to make it in (None: the writer thread's)
+SettleDurably = Callable[[list[int], str, InlineCommit | None], Future]
 DeliveryState = tuple[int, bool]  # a leased message's delivery count, and whether group-first
 
 
@@ -89,7 +91,7 @@ class ConsumerSession:
             self._held.update(o for o, _, _ in leased)
         if self.persist_delivery_count:
             # the count is on disk before the message leaves: exact even across a crash
-            self._settle_durably([o for o, _, _ in leased], DELIVERED).result()
+            self._settle_durably([o for o, _, _ in leased], DELIVERED, None).result()
         order = [o for o, _, _ in leased]
         state = [(c, f) for _, c, f in leased]
         # a plain message has no group, so it is never its group's first
@@ -141,8 +143,9 @@ class ConsumerSession:
             self._outbox.clear()
         return out
 
-    def settle(self, frame: Settle) -> None:
-        """Apply one frame; exactly one reply reaches the outbox for it, now or once durable."""
+    def settle(self, frame: Settle, inline: InlineCommit | None = None) -> None:
+        """Apply one frame; exactly one reply reaches the outbox for it, now or once durable
+        (``inline``: the commit that makes it durable, see ``InlineCommit``)."""
         sub = self.subscription
         with self._lock:
             self._unanswered += 1
@@ -152,7 +155,7 @@ class ConsumerSession:
                 if not ok:
                     self._reply(_reply(frame.request_id, [], refused))
                     return
-                fut = self._settle_durably(ok, "ack")
+                fut = self._settle_durably(ok, "ack", inline)
 
                 def done(f: Future) -> None:
                     err = f.exception()
@@ -172,7 +175,7 @@ class ConsumerSession:
                     self._reply(_reply(frame.request_id, ok, refused))
                     return
                 # answered once the return is recorded: delivery counts survive a crash
-                self._settle_durably(ok, RETURNED).add_done_callback(
+                self._settle_durably(ok, RETURNED, inline).add_done_callback(
                     lambda f: self._reply(
                         _reply(
                             frame.request_id,

@@ -1,8 +1,8 @@
 """The direct wire's server (:mod:`spark_mq.wire`): one thread serves every connection.
 
 Each turn of the loop reads every ready socket and hands produce batches and settle frames to
-the broker inside :func:`~spark_mq.journal.group_commit.committing_here`, so all of them are
-made durable by this thread at the end of the turn, one sync per destination, with no hand-off
+the broker with the turn's :class:`~spark_mq.journal.group_commit.InlineCommit`, so all of them
+are made durable by this thread at the end of the turn, one sync per destination, with no hand-off
 to the journal writer (with the hot tier or in memory; a Delta-only journal's commits stay on
 the writer threads). The same turn then writes the deliveries the commit made possible, and
 only then answers the producers and acks (their futures resolve after the deliveries are out).
@@ -60,9 +60,8 @@ from spark_mq.errors import (
 )
 from spark_mq.journal.group_commit import (
     DestinationWriter,
+    InlineCommit,
     Resolutions,
-    committing_elsewhere,
-    committing_here,
     resolve,
 )
 from spark_mq.plain import PlainMessage
@@ -187,7 +186,8 @@ class WireServer:
         self._stopping = False
         self._draining = False  # shutting down: nothing new taken, what was taken answered
         self._drain_deadline = 0.0
-        self._later: dict[DestinationWriter, float] = {}  # see committing_here
+        self._later: dict[DestinationWriter, float] = {}  # see InlineCommit
+        self._inline: InlineCommit | None = None  # the turn's, while it reads
         # every read lands here first: recv(256 KiB) made and freed a buffer that size per call
         # (a small read took 16-23 us that way, 3-5 us with recv_into, in a microbenchmark)
         self._inbox = bytearray(_READ_BYTES)
@@ -277,7 +277,8 @@ class WireServer:
             if now >= self._next_sweep:
                 self._next_sweep = now + _SWEEP_S
                 self._sweep(now)
-            with self._committing():
+            self._inline = self._turn_commit()
+            try:
                 for key, mask in events:
                     try:
                         self._event(key, mask)
@@ -285,16 +286,24 @@ class WireServer:
                         log.exception("wire: error serving %s", key.data)
                         if isinstance(key.data, _Conn):
                             self._close(key.data)
+            finally:
+                self._commit_turn()
             self._serve_dirty()
         for conn in list(self._conns):
             self._close(conn)
 
-    def _committing(self) -> contextlib.AbstractContextManager[None]:
-        """Inline commits when a commit costs about a sync; with Delta-only journals (a Delta
-        commit per flush, 15-50 ms) the writer threads commit, and the loop serves on."""
+    def _turn_commit(self) -> InlineCommit | None:
+        """What this turn's produces and settles are committed with: inline, by the loop, when a
+        commit costs about a sync; with Delta-only journals (a Delta commit per flush, 15-50 ms)
+        the writer threads commit, and the loop serves on (None)."""
         if self.broker.journal.commits_are_quick:
-            return committing_here(self._later, self._resolving)
-        return contextlib.nullcontext()
+            return InlineCommit(self._later, self._resolving)
+        return None
+
+    def _commit_turn(self) -> None:
+        inline, self._inline = self._inline, None
+        if inline is not None:
+            inline.commit()
 
     def _event(self, key: selectors.SelectorKey, mask: int) -> None:
         if key.data == "accept":
@@ -534,12 +543,11 @@ class WireServer:
             if parked:
                 fut = self._helpers.submit(self._produce_waiting, dest, batch)
             elif isinstance(batch, PlainMessage):
-                fut = self.broker.produce_plain(dest, batch)
+                fut = self.broker.produce_plain(dest, batch, self._inline)
             elif len(body) >= _INLINE_MAX_BYTES:  # the writer thread syncs; the loop reads on
-                with committing_elsewhere():
-                    fut = self.broker.produce(dest, batch)
-            else:
                 fut = self.broker.produce(dest, batch)
+            else:
+                fut = self.broker.produce(dest, batch, self._inline)
         except SparkMQError as exc:
             self._answer(conn, protocol.PutFailed(seq, json.loads(to_wire(exc))))
             return
@@ -602,7 +610,7 @@ class WireServer:
         assert conn.session is not None
         match frame:
             case protocol.Settle():
-                conn.session.settle(frame)
+                conn.session.settle(frame, self._inline)
             case protocol.Bye():
                 conn.bye = True  # answer what came before, then hang up
                 self.mark(conn)
@@ -656,11 +664,13 @@ class WireServer:
             if conn.bye and not session.unanswered:
                 conn.closing = True
         if conn.backlog and not conn.parked and not conn.closing and not conn.refused:
-            with self._committing():  # frames that waited behind a parked produce
-                try:
-                    self._handle_backlog(conn)
-                except SparkMQError as exc:
-                    self._refuse(conn, exc)
+            self._inline = self._turn_commit()  # frames that waited behind a parked produce
+            try:
+                self._handle_backlog(conn)
+            except SparkMQError as exc:
+                self._refuse(conn, exc)
+            finally:
+                self._commit_turn()
         self._write(conn)
 
     @staticmethod

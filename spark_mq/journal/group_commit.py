@@ -17,9 +17,10 @@ Offsets are assigned at flush time, not at append time, so a failed commit leave
 next flush reuses the offsets the failed one would have taken.
 
 A transport that serves many clients from one thread (``spark_mq.broker.wire_server``) commits
-inline instead: inside :func:`committing_here`, a submit does not wake the writer thread, and
-when the block ends that thread commits every writer it touched itself, one sync each, and the
-futures resolve there. Thread hand-offs, not the work, were most of a synchronous send's cost.
+inline instead: a submit given an :class:`InlineCommit` does not wake the writer thread, and
+when the caller commits that object it commits every writer it touched itself, one sync each,
+and the futures resolve there. Thread hand-offs, not the work, were most of a synchronous
+send's cost.
 Either way one commit runs at a time per destination (the commit lock), so offsets stay in order.
 
 Over the hot tier the writer thread pipelines: it writes a flush to the segment log and hands it
@@ -39,12 +40,11 @@ cannot say whether a commit landed, the writer asks ``committed_end`` and report
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import cast
@@ -68,73 +68,61 @@ MAX_IN_FLIGHT = 2
 
 OnCommit = Callable[[str, Rows], None]
 
-# .writers: the writers this thread will commit itself, in order; .resolving: where the
-# commits it makes put their futures' results (see committing_here)
-_here = threading.local()
-
 Resolutions = list[tuple[Future, object]]
 
 
-@contextlib.contextmanager
-def committing_here(
-    later: dict[DestinationWriter, float] | None = None, resolving: Resolutions | None = None
-) -> Iterator[None]:
-    """Submits in this block are committed by this thread when it ends (nested: the outermost).
+class InlineCommit:
+    """Records submitted with it are committed by the thread that calls :meth:`commit` (the
+    wire loop, at the end of each turn), not by their writer threads: one sync per writer it
+    touched, no thread hand-off. It is an object the caller holds and passes along, so what a
+    submit does never depends on which thread calls it from where.
 
     Settlements alone may be left to wait for a commit to share (``settle_timeout_s``). With
-    ``later``, this thread takes care of them itself: ``later`` maps each writer holding such
-    records to when they are due, and the caller comes back by then (another block, with the
-    same ``later``, commits every writer in it whose records are due). Without, the writer
+    ``later``, the caller takes care of them itself: ``later`` maps each writer holding such
+    records to when they are due, and the caller comes back by then (a later commit with the
+    same ``later`` commits every writer in it whose records are due). Without, the writer
     thread is woken to commit them when due. Measured at 1,000 msg/s, where nearly every ack
-    waits for the next message: the writer thread then woke about once a message (5,000
-    times in 5 s), each time taking the GIL for a moment from the loop.
+    waits for the next message: the writer thread then woke about once a message (5,000 times
+    in 5 s), each time taking the GIL for a moment from the loop.
 
-    With ``resolving``, the commits made here leave their futures pending and append each with
-    its result to ``resolving``, for the caller to :func:`resolve` once it has done what should
-    come first. The wire loop writes the deliveries a commit made possible, then answers the
-    producers and acks: their callbacks no longer stand between a sync and the consumer.
-    Everything is durable and visible (``on_commit`` has run) before the block ends either way.
+    With ``resolving``, the commits leave their futures pending and append each with its result
+    to ``resolving``, for the caller to :func:`resolve` once it has done what should come first.
+    The wire loop writes the deliveries a commit made possible, then answers the producers and
+    acks: their callbacks no longer stand between a sync and the consumer. Everything is
+    durable and visible (``on_commit`` has run) when :meth:`commit` returns either way.
     """
-    if getattr(_here, "writers", None) is not None:
-        yield
-        return
-    _here.writers = writers = {}
-    try:
-        yield
-    finally:
-        _here.writers = None
+
+    __slots__ = ("later", "resolving", "writers")
+
+    def __init__(
+        self,
+        later: dict[DestinationWriter, float] | None = None,
+        resolving: Resolutions | None = None,
+    ) -> None:
+        self.later = later
+        self.resolving = resolving
+        self.writers: dict[DestinationWriter, None] = {}  # touched, in order
+
+    def commit(self) -> None:
+        """Commit what was submitted with this object (and what ``later`` says is due)."""
+        writers, self.writers = self.writers, {}
+        later = self.later
         if later:
             writers.update(dict.fromkeys(later))
             later.clear()
-        _here.resolving = resolving
-        try:
-            for w in writers:
-                due = w.commit_here(coming_back=later is not None)
-                if due is not None and later is not None:
-                    later[w] = due
-        finally:
-            _here.resolving = None
+        for w in writers:
+            due = w.commit_here(coming_back=later is not None, resolving=self.resolving)
+            if due is not None and later is not None:
+                later[w] = due
 
 
 def resolve(resolving: Resolutions) -> None:
-    """Resolve the futures :func:`committing_here` left pending, in commit order."""
+    """Resolve the futures an :class:`InlineCommit` left pending, in commit order."""
     pending = resolving[:]
     resolving.clear()
     for future, result in pending:
         if not future.done():  # failed meanwhile (a commit that raised after it): that stands
             future.set_result(result)
-
-
-@contextlib.contextmanager
-def committing_elsewhere() -> Iterator[None]:
-    """Inside :func:`committing_here`: submits in this block go to the writer threads after all
-    (a big batch, whose sync the writer thread makes while this thread reads on)."""
-    writers = getattr(_here, "writers", None)
-    _here.writers = None
-    try:
-        yield
-    finally:
-        _here.writers = writers
 
 
 @dataclass(slots=True)
@@ -240,15 +228,17 @@ class DestinationWriter:
         with self._mutex:
             return self._next_offset
 
-    def submit(self, record: pa.Table | PlainMessage | Settlement) -> Future:
-        """Buffer messages (a table of ``UNOFFSET_SCHEMA`` or a plain message) or a settlement."""
+    def submit(
+        self, record: pa.Table | PlainMessage | Settlement, inline: InlineCommit | None = None
+    ) -> Future:
+        """Buffer messages (a table of ``UNOFFSET_SCHEMA`` or a plain message) or a settlement;
+        with ``inline``, for its holder to commit (else the writer thread commits it)."""
         fut: Future = Future()
         is_settlement = isinstance(record, Settlement)
         if isinstance(record, Settlement | PlainMessage):
             nbytes = record.nbytes
         else:
             nbytes = record.get_total_buffer_size()  # a table's .nbytes: ~16 us even for one row
-        inline = getattr(_here, "writers", None)
         with self._mutex:
             # bounded buffer: block the caller while the writer is behind (back-pressure)
             while self._pending_bytes > self._max_pending and not self._closing:
@@ -273,11 +263,14 @@ class DestinationWriter:
             if inline is None:
                 self._cond.notify_all()
         if inline is not None:
-            inline[self] = None
+            inline.writers[self] = None
         return fut
 
-    def commit_here(self, *, coming_back: bool = False) -> float | None:
-        """Commit what is buffered in the calling thread (see :func:`committing_here`).
+    def commit_here(
+        self, *, coming_back: bool = False, resolving: Resolutions | None = None
+    ) -> float | None:
+        """Commit what is buffered in the calling thread (see :class:`InlineCommit`; its
+        ``resolving``, where the results go).
 
         Settlements alone are left for a later commit to share while they may wait; returns
         when they are due (``time.monotonic()``), or None when nothing is left. The writer
@@ -299,7 +292,7 @@ class DestinationWriter:
                             self._cond.notify_all()
                         return due
                     taken = self._take_now()
-                self._flush(taken)
+                self._flush(taken, resolving)
 
     def close_if_untouched(self, end: int) -> bool:
         """Stop taking records, but only if none came since the log ended at ``end``: nothing
@@ -413,10 +406,10 @@ class DestinationWriter:
                 elif taken:  # (an inline commit may have taken them meanwhile)
                     self._flush(taken)
 
-    def _flush(self, taken: list[_Record]) -> None:
+    def _flush(self, taken: list[_Record], resolving: Resolutions | None = None) -> None:
         started = time.perf_counter()
         try:
-            self._commit(taken)
+            self._commit(taken, resolving)
         except BaseException as exc:  # keep the writer alive; every future hears of it
             log.exception("journal writer for %r failed", self.destination)
             _fail(taken, exc)
@@ -424,12 +417,12 @@ class DestinationWriter:
             self.stats.last_commit_ms = (time.perf_counter() - started) * 1000
             self._release(taken)
 
-    def _commit(self, taken: list[_Record]) -> None:
+    def _commit(self, taken: list[_Record], resolving: Resolutions | None) -> None:
         f = self._flight(taken)
         msg_error, settle_error = self._sink.commit(f.rows, f.end, f.settle_rows)
         if f.rows is not None and msg_error is None:
             self._assigned = f.end  # (the commit lock is held: numbering is this thread's)
-        self._finish(f, msg_error, settle_error)
+        self._finish(f, msg_error, settle_error, resolving)
 
     def _flight(self, taken: list[_Record]) -> _Flight:
         """``taken`` numbered (from ``_assigned``), as one flush's rows; caller holds the commit
@@ -443,10 +436,14 @@ class DestinationWriter:
         return _Flight(messages, settles, rows, end, results, settle_rows, taken=taken)
 
     def _finish(
-        self, f: _Flight, msg_error: SparkMQError | None, settle_error: SparkMQError | None
+        self,
+        f: _Flight,
+        msg_error: SparkMQError | None,
+        settle_error: SparkMQError | None,
+        resolving: Resolutions | None = None,
     ) -> None:
-        """Tell a flush's submitters how it went (a durable one: ``on_commit`` first)."""
-        resolving = getattr(_here, "resolving", None)  # None: resolve them now
+        """Tell a flush's submitters how it went (a durable one: ``on_commit`` first); with
+        ``resolving`` (an inline commit's), leave the futures for its holder to resolve."""
         if f.rows is not None and self._resolve(f.messages, msg_error):
             with self._mutex:
                 self._next_offset = f.end

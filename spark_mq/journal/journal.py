@@ -28,7 +28,7 @@ from spark_mq.errors import (
 )
 from spark_mq.journal import bindings, layout
 from spark_mq.journal.base import DestinationInfo, Kind, LogStore, SubscriptionInfo
-from spark_mq.journal.group_commit import DestinationWriter, OnCommit, WriterStats
+from spark_mq.journal.group_commit import DestinationWriter, InlineCommit, OnCommit, WriterStats
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.settlements import Settlement
@@ -281,8 +281,11 @@ class Journal:
             del info.subscriptions[name]
 
     # -- logs --------------------------------------------------------------------------------
-    def append(self, destination: str, rows: pa.Table) -> Future:
-        """Buffer ``rows`` (``UNOFFSET_SCHEMA``) for the next group commit.
+    def append(
+        self, destination: str, rows: pa.Table, inline: InlineCommit | None = None
+    ) -> Future:
+        """Buffer ``rows`` (``UNOFFSET_SCHEMA``) for the next group commit (``inline``'s holder
+        commits it, else the destination's writer thread).
 
         The future resolves to an :class:`AppendResult` once the rows are durable.
         """
@@ -292,11 +295,13 @@ class Journal:
                 f"got {rows.schema}",
                 destination=destination,
             )
-        return self._writer(destination).submit(rows)
+        return self._writer(destination).submit(rows, inline)
 
-    def append_plain(self, destination: str, message: PlainMessage) -> Future:
+    def append_plain(
+        self, destination: str, message: PlainMessage, inline: InlineCommit | None = None
+    ) -> Future:
         """:meth:`append` for one plain message (:mod:`spark_mq.plain`), its enqueue time set."""
-        return self._writer(destination).submit(message)
+        return self._writer(destination).submit(message, inline)
 
     def settle(
         self,
@@ -306,11 +311,12 @@ class Journal:
         subscription: str,
         outcome: str = "ack",
         reason: str | None = None,
+        inline: InlineCommit | None = None,
     ) -> Future:
         """Record that ``subscription`` is done with ``offsets``; resolves once durable."""
         # a copy: the record is the journal's until it is in Delta, whatever the caller does
         record = Settlement(tuple(offsets), subscription, outcome, self._now_us(), reason)
-        return self._writer(destination).submit(record)
+        return self._writer(destination).submit(record, inline)
 
     # -- transactions ------------------------------------------------------------------------
     def record_transactions(self, rows: pa.Table) -> None:
