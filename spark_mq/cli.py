@@ -53,8 +53,8 @@ def broker(
     ready_file: str | None,
 ) -> None:
     """Run a broker until SIGTERM/SIGINT (pending commits are flushed before exit)."""
-    from spark_mq.broker.process import serve
     from spark_mq.config import load_config
+    from spark_mq.service import serve
 
     overrides: dict[str, object] = {}
     for item in sets:

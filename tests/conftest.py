@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from spark_mq import wire
-from spark_mq.broker import Broker, RunningBroker
+from spark_mq.broker import Broker
 from spark_mq.clock import ManualClock
 from spark_mq.config import load_config
+from spark_mq.service import RunningBroker
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,8 @@ from spark_mq import (
     protocol,
     wire,
 )
-from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
+from spark_mq.service import RunningBroker
 from tests.conftest import receive_n, start_inprocess
 
 

@@ -12,13 +12,13 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from spark_mq import Admin, Consumer, Producer
-from spark_mq.broker import RunningBroker
 from spark_mq.broker.recovery import COMPACTED
 from spark_mq.cli import main as cli
 from spark_mq.clock import ManualClock
 from spark_mq.jobs.compaction import EXPIRED, CompactionPolicy, compact_all
 from spark_mq.journal import layout
 from spark_mq.launch import BrokerProcess
+from spark_mq.service import RunningBroker
 from tests.conftest import receive_n, start_inprocess
 
 

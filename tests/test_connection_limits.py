@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from spark_mq import Producer, protocol, wire
-from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
+from spark_mq.service import RunningBroker
 from tests.conftest import frames_until_closed, start_inprocess
 
 

@@ -22,8 +22,8 @@ from spark_mq import (
     Producer,
     SelectorError,
 )
-from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
+from spark_mq.service import RunningBroker
 from tests.conftest import receive_n, start_inprocess
 
 

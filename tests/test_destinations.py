@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from spark_mq import Admin, Consumer, DestinationNotFound, NotAllowed, Producer
-from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
+from spark_mq.service import RunningBroker
 from tests.conftest import Restartable, receive_n
 
 

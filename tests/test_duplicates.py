@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 
 from spark_mq import Admin, Consumer, Producer
-from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
 from spark_mq.launch import BrokerProcess
+from spark_mq.service import RunningBroker
 from tests.conftest import receive_n, start_inprocess
 
 

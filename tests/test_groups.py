@@ -9,7 +9,7 @@ from collections import defaultdict
 import pyarrow as pa
 
 from spark_mq import Admin, Consumer, Producer
-from spark_mq.broker import RunningBroker
+from spark_mq.service import RunningBroker
 from tests.conftest import Restartable, receive_n
 
 

@@ -18,7 +18,7 @@ from spark_mq import (
     Producer,
     Transaction,
 )
-from spark_mq.broker import RunningBroker
+from spark_mq.service import RunningBroker
 from tests.conftest import receive_n
 
 

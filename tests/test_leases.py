@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from spark_mq import Admin, Consumer, LeaseError, Producer
-from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
+from spark_mq.service import RunningBroker
 
 
 def setup_queue(url: str, n: int) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from spark_mq import Admin, BrokerUnavailable, Consumer, Message, Producer
-from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
+from spark_mq.service import RunningBroker
 from tests.conftest import receive_n, start_inprocess, wait_for
 
 

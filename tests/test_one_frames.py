@@ -9,11 +9,11 @@ import pyarrow as pa
 import pytest
 
 from spark_mq import Consumer, Producer, wire
-from spark_mq.broker import RunningBroker
 from spark_mq.broker.session import delivery_table
 from spark_mq.client.message import Message, message_of_one, messages_of
 from spark_mq.errors import ProtocolError
 from spark_mq.schema import normalize_produce_batch, with_offsets
+from spark_mq.service import RunningBroker
 from tests.conftest import receive_n
 
 _FIELDS = [

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from spark_mq import Admin, Consumer, Producer, protocol, wire
-from spark_mq.broker import RunningBroker
 from spark_mq.client._transport import connect
 from spark_mq.client._wire import WireProduceStream, wire_address
 from spark_mq.clock import ManualClock
 from spark_mq.errors import BrokerUnavailable, ProtocolError
+from spark_mq.service import RunningBroker
 from tests.conftest import frames_until_closed, raw_wire, receive_n, start_inprocess
 
 

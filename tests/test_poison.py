@@ -16,10 +16,10 @@ import pyarrow.flight as fl
 import pytest
 
 from spark_mq import Admin, Consumer, Producer, ProtocolError, protocol, wire
-from spark_mq.broker import RunningBroker
 from spark_mq.jobs.compaction import CompactionPolicy, compact_all
 from spark_mq.launch import BrokerProcess
 from spark_mq.schema import PRODUCE_SCHEMA
+from spark_mq.service import RunningBroker
 from tests.conftest import receive_n
 
 # a binary column whose third offset points far past its 30 bytes of data

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from spark_mq import Consumer, Producer, protocol, wire
-from spark_mq.broker import RunningBroker
 from spark_mq.client import consumer as consumer_module
 from spark_mq.client._wire import Address, WireConsumeLink
 from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError
 from spark_mq.launch import BrokerProcess
+from spark_mq.service import RunningBroker
 
 
 def one_frame(offset: int, body: bytes) -> bytes:

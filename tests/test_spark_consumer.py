@@ -9,8 +9,8 @@ import tempfile
 import pytest
 
 from spark_mq import Admin, ConfigError, Producer
-from spark_mq.broker import RunningBroker
 from spark_mq.connectors.options import SourceOptions
+from spark_mq.service import RunningBroker
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.spark

@@ -12,8 +12,8 @@ import pytest
 from chispa import assert_df_equality
 
 from spark_mq import Admin, Producer
-from spark_mq.broker import RunningBroker
 from spark_mq.connectors import jvm
+from spark_mq.service import RunningBroker
 
 pytestmark = pytest.mark.spark
 

@@ -12,12 +12,12 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
 from spark_mq import Admin, Consumer, Producer
-from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
 from spark_mq.connectors.options import SourceOptions
 from spark_mq.errors import ConfigError
 from spark_mq.jobs.compaction import CompactionPolicy, compact_all
 from spark_mq.schema import HEADERS
+from spark_mq.service import RunningBroker
 from tests.conftest import receive_n
 
 pytestmark = pytest.mark.spark

@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_mq import Admin, Consumer, Producer
-from spark_mq.broker import RunningBroker
+from spark_mq.service import RunningBroker
 from tests.conftest import receive_n
 
 pytestmark = pytest.mark.spark

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.utils import AnalysisException
 
 from spark_mq import Admin, Producer
-from spark_mq.broker import RunningBroker
+from spark_mq.service import RunningBroker
 
 pytestmark = pytest.mark.spark
 

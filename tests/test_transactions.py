@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from spark_mq import Admin, BrokerUnavailable, Consumer, LeaseError, Producer, Transaction
-from spark_mq.broker import RunningBroker
 from spark_mq.clock import ManualClock
 from spark_mq.launch import BrokerProcess
+from spark_mq.service import RunningBroker
 from tests.conftest import receive_n
 
 

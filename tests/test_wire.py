@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from spark_mq import Admin, Consumer, Producer, protocol, wire
-from spark_mq.broker import Broker, RunningBroker
+from spark_mq.broker import Broker
 from spark_mq.clock import ManualClock
 from spark_mq.config import load_config
 from spark_mq.errors import BrokerUnavailable, ConfigError, MessageTooLarge, ProtocolError
@@ -22,6 +22,7 @@ from spark_mq.schema import (
     PRODUCE_SCHEMA,
     null_column,
 )
+from spark_mq.service import RunningBroker
 from tests.conftest import frames_until_closed, raw_wire, receive_n, start_inprocess
 
 
@@ -175,9 +176,9 @@ def test_the_loop_itself_commits_an_ack_left_waiting_to_share_a_sync(
 ) -> None:
     """An ack that comes while messages flow waits up to ``journal.settle_timeout_ms`` for a
     sync to share; the loop wakes for it when due, however long it would sleep otherwise."""
-    from spark_mq.broker import wire_server
+    from spark_mq.transports import direct_wire
 
-    monkeypatch.setattr(wire_server, "_IDLE_S", 60.0)  # nothing else would wake the loop
+    monkeypatch.setattr(direct_wire, "_IDLE_S", 60.0)  # nothing else would wake the loop
     running = start_inprocess(tmp_path / "data", clock, **{"journal.settle_timeout_ms": 300})
     try:
         with Admin(running.url) as admin:

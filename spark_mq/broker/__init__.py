@@ -1,6 +1,6 @@
-"""The broker process: delivery semantics above the journal, served over Arrow Flight."""
+"""The broker: delivery semantics above the journal (the service that serves it over its
+transports is :mod:`spark_mq.service`)."""
 
 from spark_mq.broker.core import Broker
-from spark_mq.broker.process import RunningBroker, serve
 
-__all__ = ["Broker", "RunningBroker", "serve"]
+__all__ = ["Broker"]

@@ -16,7 +16,7 @@ room it gives back, still wait until it is durable.
 Offsets are assigned at flush time, not at append time, so a failed commit leaves no gap: the
 next flush reuses the offsets the failed one would have taken.
 
-A transport that serves many clients from one thread (``spark_mq.broker.wire_server``) commits
+A transport that serves many clients from one thread (``spark_mq.transports.direct_wire``) commits
 inline instead: a submit given an :class:`InlineCommit` does not wake the writer thread, and
 when the caller commits that object it commits every writer it touched itself, one sync each,
 and the futures resolve there. Thread hand-offs, not the work, were most of a synchronous

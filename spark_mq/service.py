@@ -15,10 +15,10 @@ from pathlib import Path
 import pyarrow as pa
 
 from spark_mq.broker.core import Broker
-from spark_mq.broker.server import FlightService
-from spark_mq.broker.wire_server import WireServer
 from spark_mq.config import BrokerConfig
 from spark_mq.logs import setup_logging
+from spark_mq.transports.direct_wire import WireServer
+from spark_mq.transports.flight import FlightService
 
 log = logging.getLogger("spark_mq.broker")
 

@@ -48,7 +48,6 @@ import pyarrow as pa
 
 from spark_mq import protocol, wire
 from spark_mq.broker.core import Broker
-from spark_mq.broker.server import put_answer
 from spark_mq.broker.session import ConsumerSession, DeliveryState, delivery_table
 from spark_mq.errors import (
     BrokerUnavailable,
@@ -66,6 +65,7 @@ from spark_mq.journal.group_commit import (
 )
 from spark_mq.plain import PlainMessage
 from spark_mq.schema import PRODUCE_SCHEMA
+from spark_mq.transports.flight import put_answer
 
 log = logging.getLogger(__name__)
 
