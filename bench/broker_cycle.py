@@ -1,14 +1,15 @@
 """The broker's own CPU per message: one produce, delivery and ack at a time, in this process.
 
-No sockets and no client: a wire-shaped one-message frame is read, produced and committed the way
-the direct wire's loop does it (an ``InlineCommit``), delivered through a consumer session and
-serialized as a delivery frame, then acked. With ``--sync none`` (the default) the disk is out of
-the picture too, so the figure is the Python and Arrow work a message costs the broker: the part
-of a synchronous send's round trip, and of the produce-to-consume latency, that the broker's code
-decides. Compare runs of this script between changes; end-to-end figures (``broker_bench.py``)
-vary by ±10 % from run to run on this machine, this one by about ±5 % (on a bad day more: for a
-figure that does not move at all, count instructions, ``valgrind --tool=callgrind``, over two
-runs of different ``--messages`` and take the difference per message).
+No sockets and no client: a wire-shaped one-message frame is read, produced and committed the
+way the direct wire's loop does it (through a ``ClientSession``, with an ``InlineCommit``),
+delivered through a consumer session and serialized as a delivery frame, then acked. With
+``--sync none`` (the default) the disk is out of the picture too, so the figure is the Python
+and Arrow work a message costs the broker: the part of a synchronous send's round trip, and of
+the produce-to-consume latency, that the broker's code decides. Compare runs of this script
+between changes; end-to-end figures (``broker_bench.py``) vary by ±10 % from run to run on this
+machine, this one by about ±5 % (on a bad day more: for a figure that does not move at all,
+count instructions, ``valgrind --tool=callgrind``, over two runs of different ``--messages`` and
+take the difference per message).
 
 ``--frame``: what the producer sent. ``plain`` (the default): the SDK's frame for a message of a
 body alone (a ``PLAIN`` frame, kept as a plain message through the broker and delivered as a
@@ -32,11 +33,12 @@ import time
 import pyarrow as pa
 
 from spark_mq import wire
+from spark_mq.broker.commands import Attach, Settle
 from spark_mq.broker.core import Broker
 from spark_mq.config import load_config
 from spark_mq.journal.group_commit import InlineCommit
-from spark_mq.protocol import Settle
 from spark_mq.schema import PRODUCE_SCHEMA
+from spark_mq.session import ClientSession
 
 
 class _NoWakeup:
@@ -84,7 +86,8 @@ def main() -> None:
     broker.start()
     try:
         broker.create_destination("q", "queue", None)
-        session = broker.attach("q", None, 1000, wakeup=_NoWakeup())
+        client = ClientSession(broker, transport="cycle")  # as a transport would, per connection
+        session = client.attach(Attach("q", prefetch=1000), wakeup=_NoWakeup())
         bodies = _frame_bodies(args.messages, args.frame)
         phases: dict[str, list[float]] = {"produce": [], "deliver": [], "ack": []}
 
@@ -94,13 +97,13 @@ def main() -> None:
             if args.frame == "plain":
                 one = wire.read_plain_message(bodies[i])
                 assert one is not None
-                answer = broker.produce_plain("q", one[1], inline)
+                answer = client.produce_plain("q", one[1], inline)
             else:
                 if args.frame == "batch":
                     _, batch = wire.read_batch(bodies[i], PRODUCE_SCHEMA)
                 else:
                     _, batch = wire.PRODUCE_SUBSETS.read(bodies[i])
-                answer = broker.produce("q", batch, inline)
+                answer = client.produce("q", batch, inline)
             inline.commit()
             offset = answer.result().first_offset
             t1 = time.perf_counter()
@@ -117,7 +120,7 @@ def main() -> None:
                     wire.batch_parts(0, part)
             t2 = time.perf_counter()
             inline = InlineCommit()
-            session.settle(Settle("ack", i, ((offset, 1),)), inline)
+            client.settle(session, Settle("ack", i, ((offset, 1),)), inline)
             inline.commit()
             session.replies()
             t3 = time.perf_counter()

@@ -12,6 +12,8 @@
     │   ├── MessageTooLarge           a body or batch is over the limit (size, limit)
     │   └── SchemaMismatch            a produced batch has columns of the wrong name or type
     ├── SelectorError                 a message selector is malformed or unsupported
+    ├── NotAuthenticated              missing or wrong credentials
+    ├── NotAuthorized                 the access rules do not let this principal do this
     ├── NotAllowed                    the operation is not allowed on this destination
     ├── ConsumerRefused               the destination's delivery policy admits no more consumers
     ├── DestinationFull               a destination or the broker is at its limit (policy reject)
@@ -83,6 +85,18 @@ class SchemaMismatch(MessageRejected):
 
 class SelectorError(SparkMQError):
     code = "selector"
+
+
+class NotAuthorized(SparkMQError):
+    """The principal may not do this (authentication worked; the access rules say no)."""
+
+    code = "not_authorized"
+
+
+class NotAuthenticated(SparkMQError):
+    """No credentials, or wrong ones (the message never says which part was wrong)."""
+
+    code = "not_authenticated"
 
 
 class NotAllowed(SparkMQError):

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from spark_mq import Consumer, Producer, wire
-from spark_mq.broker.session import delivery_table
+from spark_mq.broker.consumers import delivery_table
 from spark_mq.client.message import Message, message_of_one, messages_of
 from spark_mq.errors import ProtocolError
 from spark_mq.schema import normalize_produce_batch, with_offsets

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from spark_mq import Admin, Consumer, Producer, wire
+from spark_mq.broker.consumers import delivery_table
 from spark_mq.broker.message_store import MessageStore
-from spark_mq.broker.session import delivery_table
 from spark_mq.errors import MessageTooLarge
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.group_commit import InlineCommit

@@ -18,10 +18,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq import protocol
 from spark_mq.broker import disposal, transactions
 from spark_mq.broker.admin_ops import DestinationAdmin
 from spark_mq.broker.claims import Claims
+from spark_mq.broker.commands import TransactionAck
+from spark_mq.broker.consumers import ConsumerSession, Wakeup
 from spark_mq.broker.dedup import DuplicateCache, combine
 from spark_mq.broker.destination import (
     Destination,
@@ -38,7 +39,6 @@ from spark_mq.broker.memory import MemoryMonitor
 from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.recovery import recover_destination
 from spark_mq.broker.selector import Selector, compile_selector
-from spark_mq.broker.session import ConsumerSession, Wakeup
 from spark_mq.broker.subscription import Subscription
 from spark_mq.clock import Clock, SystemClock
 from spark_mq.config import BrokerConfig, DestinationSettings
@@ -441,7 +441,7 @@ class Broker(DestinationAdmin):
         return self._store(dest, self._checked_rows(dest, batch, now), now)
 
     def commit_transaction(
-        self, acks: list[protocol.Ack], messages: pa.Table | None
+        self, acks: list[TransactionAck], messages: pa.Table | None
     ) -> dict[str, list[int]]:
         """Send and ack atomically (``spark_mq.broker.transactions.commit``)."""
         return transactions.commit(self, acks, messages)

@@ -19,7 +19,7 @@ from spark_mq.journal.hot_tier import HotTierSettings
 from spark_mq.schema import TS
 
 if TYPE_CHECKING:
-    from spark_mq.broker.session import ConsumerSession
+    from spark_mq.broker.consumers import ConsumerSession
     from spark_mq.broker.subscription import Subscription
 
 

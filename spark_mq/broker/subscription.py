@@ -41,6 +41,7 @@ from typing import Protocol
 import numpy as np
 from sortedcontainers import SortedList
 
+from spark_mq.broker.commands import Refused
 from spark_mq.broker.groups import Groups
 from spark_mq.broker.housekeeping import Housekeeping
 from spark_mq.broker.message_store import NEVER, MessageStore
@@ -66,12 +67,6 @@ class Lease:
     deadline: float
     priority: int
     settling: bool = False
-
-
-@dataclass(frozen=True)
-class Refusal:
-    offset: int
-    reason: str
 
 
 class Subscription(Housekeeping):
@@ -420,14 +415,14 @@ class Subscription(Housekeeping):
             self._ready_list(lease.priority).add(offset)
             self._ready_n += 1
 
-    def _check(self, consumer_id: int, offset: int, count: int) -> Lease | Refusal:
+    def _check(self, consumer_id: int, offset: int, count: int) -> Lease | Refused:
         lease = self._leases.get(offset)
         if lease is not None and lease.consumer_id == consumer_id and lease.delivery_count == count:
             return lease
         if offset in self._settled:
-            return Refusal(offset, "already settled")
+            return Refused(offset, "already settled")
         if lease is not None:
-            return Refusal(
+            return Refused(
                 offset, "the lease lapsed and the message was delivered again (stale delivery)"
             )
         if self._counts.get(offset) == count and self._unready(offset):
@@ -438,7 +433,7 @@ class Subscription(Housekeeping):
             del self._counts[offset]
             self._leases[offset] = lease
             return lease
-        return Refusal(offset, "not delivered to this consumer, or the lease lapsed")
+        return Refused(offset, "not delivered to this consumer, or the lease lapsed")
 
     def _unready(self, offset: int) -> bool:
         """Take a waiting (ready or scheduled) offset out of waiting; False if it is not."""
@@ -456,16 +451,16 @@ class Subscription(Housekeeping):
 
     def begin_ack(
         self, consumer_id: int, entries: Iterable[tuple[int, int]]
-    ) -> tuple[list[int], list[Refusal]]:
+    ) -> tuple[list[int], list[Refused]]:
         """Mark leases as being settled; the caller makes that durable, then ``end_ack``."""
         ok, refused = [], []
         with self._lock:
             for offset, count in entries:
                 got = self._check(consumer_id, offset, count)
-                if isinstance(got, Refusal):
+                if isinstance(got, Refused):
                     refused.append(got)
                 elif got.settling:
-                    refused.append(Refusal(offset, "an ack for this delivery is already under way"))
+                    refused.append(Refused(offset, "an ack for this delivery is already under way"))
                 else:
                     got.settling = True
                     ok.append(offset)
@@ -492,7 +487,7 @@ class Subscription(Housekeeping):
 
     def nack(
         self, consumer_id: int, entries: Iterable[tuple[int, int]]
-    ) -> tuple[list[int], list[Refusal]]:
+    ) -> tuple[list[int], list[Refused]]:
         """Give messages back for redelivery (with a higher delivery count).
 
         The caller records the returned offsets durably (so the count survives a crash).
@@ -501,8 +496,8 @@ class Subscription(Housekeeping):
         with self._lock:
             for offset, count in entries:
                 got = self._check(consumer_id, offset, count)
-                if isinstance(got, Refusal) or got.settling:
-                    refused.append(got if isinstance(got, Refusal) else Refusal(offset, "settling"))
+                if isinstance(got, Refused) or got.settling:
+                    refused.append(got if isinstance(got, Refused) else Refused(offset, "settling"))
                     continue
                 del self._leases[offset]
                 self._return(offset, got, log=False)
@@ -513,14 +508,14 @@ class Subscription(Housekeeping):
 
     def extend(
         self, consumer_id: int, entries: Iterable[tuple[int, int]]
-    ) -> tuple[list[int], list[Refusal]]:
+    ) -> tuple[list[int], list[Refused]]:
         """Push lease deadlines one mark interval from now."""
         ok, refused = [], []
         deadline = self._now() + self.lease_s
         with self._lock:
             for offset, count in entries:
                 got = self._check(consumer_id, offset, count)
-                if isinstance(got, Refusal):
+                if isinstance(got, Refused):
                     refused.append(got)
                     continue
                 got.deadline = deadline

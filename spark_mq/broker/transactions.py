@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_mq.broker.commands import TransactionAck as Ack
 from spark_mq.errors import LeaseError
 from spark_mq.journal import Journal, failpoints
-from spark_mq.protocol import Ack, ipc_bytes
+from spark_mq.journal.ipc_payloads import encode_table
 from spark_mq.schema import TRANSACTION_SCHEMA, UNOFFSET_SCHEMA, numbered_ids
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class Record:
                 t.append_column("destination", pa.array([d] * t.num_rows, pa.string()))
                 for d, t in self.messages.items()
             ]
-            payload = ipc_bytes(pa.concat_tables(tables))
+            payload = encode_table(pa.concat_tables(tables))
         return pa.Table.from_pylist(
             [
                 {

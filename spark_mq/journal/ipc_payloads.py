@@ -71,5 +71,10 @@ class Scratch:
         return out
 
 
+def encode_table(table: pa.Table) -> bytes:
+    """``table`` as the bytes of an IPC stream (a transaction log row's messages)."""
+    return _stream_of(table).to_pybytes()
+
+
 def decode_table(payload: bytes | memoryview | pa.Buffer) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(payload)).read_all()

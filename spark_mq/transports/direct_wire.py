@@ -47,8 +47,8 @@ from typing import Any
 import pyarrow as pa
 
 from spark_mq import protocol, wire
+from spark_mq.broker.consumers import ConsumerSession, DeliveryState, delivery_table
 from spark_mq.broker.core import Broker
-from spark_mq.broker.session import ConsumerSession, DeliveryState, delivery_table
 from spark_mq.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -65,6 +65,8 @@ from spark_mq.journal.group_commit import (
 )
 from spark_mq.plain import PlainMessage
 from spark_mq.schema import PRODUCE_SCHEMA
+from spark_mq.session import ClientSession
+from spark_mq.transports import translate
 from spark_mq.transports.flight import put_answer
 
 log = logging.getLogger(__name__)
@@ -105,13 +107,14 @@ class _Conn:
         self.submitted = self.answered = 0  # produce frames taken, answers written
         self.backlog: deque[tuple[int, wire.Body] | wire.TooLarge] = deque()
         self.parked = False  # a produce that may wait runs on a helper thread
+        self.client: ClientSession | None = None  # the session, from the first frame on
         # consuming
-        self.session: ConsumerSession | None = None
+        self.consumer: ConsumerSession | None = None
         self.compact = False  # plain messages (and a message alone) go as ONE frames
         self.bye = False
 
     def set(self) -> None:
-        """The session's wake-up (``ConsumerSession.wakeup``): something to send."""
+        """The consumer's wake-up (``ConsumerSession.wakeup``): something to send."""
         self.server.mark(self)
 
     def queue(self, data: bytes | Any) -> None:
@@ -234,7 +237,7 @@ class WireServer:
         """What a shutdown waits for (for the log); empty when nothing."""
         conns = list(self._conns)
         batches = sum(c.submitted - c.answered for c in conns if c.role == "produce")
-        settles = sum(c.session.unanswered for c in conns if c.session is not None)
+        settles = sum(c.consumer.unanswered for c in conns if c.consumer is not None)
         parts = []
         if batches:
             parts.append(f"{batches} produced batch(es) to answer")
@@ -252,7 +255,7 @@ class WireServer:
                 not conn.out
                 and not conn.answers
                 and (conn.role != "produce" or conn.submitted == conn.answered)
-                and (conn.session is None or not conn.session.unanswered)
+                and (conn.consumer is None or not conn.consumer.unanswered)
             )
             for conn in list(self._conns)
         )
@@ -507,7 +510,7 @@ class WireServer:
         frame = protocol.parse(body) if kind == wire.CONTROL else None
         match frame:
             case protocol.Produce(destination=name):
-                self.broker.destination_for_use(name)
+                self._client(conn).open_producer(name)
                 conn.role, conn.destination = "produce", name
             case protocol.Consume() as cmd:
                 self._attach(conn, cmd)
@@ -536,28 +539,38 @@ class WireServer:
             seq, batch = wire.PRODUCE_SUBSETS.read(body)
         else:
             seq, batch = wire.read_batch(body, PRODUCE_SCHEMA)
-        dest = conn.destination
+        dest, client = conn.destination, conn.client
+        assert client is not None
         conn.submitted += 1
         try:
-            parked = self.broker.limits.may_wait(dest)
+            parked = client.produce_may_wait(dest)
             if parked:
-                fut = self._helpers.submit(self._produce_waiting, dest, batch)
+                fut = self._helpers.submit(self._produce_waiting, client, dest, batch)
             elif isinstance(batch, PlainMessage):
-                fut = self.broker.produce_plain(dest, batch, self._inline)
+                fut = client.produce_plain(dest, batch, self._inline)
             elif len(body) >= _INLINE_MAX_BYTES:  # the writer thread syncs; the loop reads on
-                fut = self.broker.produce(dest, batch)
+                fut = client.produce(dest, batch)
             else:
-                fut = self.broker.produce(dest, batch, self._inline)
+                fut = client.produce(dest, batch, self._inline)
         except SparkMQError as exc:
             self._answer(conn, protocol.PutFailed(seq, json.loads(to_wire(exc))))
             return
         conn.parked = parked
         fut.add_done_callback(lambda f: self._produced(conn, seq, f, unpark=parked))
 
-    def _produce_waiting(self, dest: str, batch: pa.RecordBatch | PlainMessage) -> Any:
+    @staticmethod
+    def _produce_waiting(
+        client: ClientSession, dest: str, batch: pa.RecordBatch | PlainMessage
+    ) -> Any:
         if isinstance(batch, PlainMessage):
-            return self.broker.produce_plain(dest, batch).result()
-        return self.broker.produce(dest, batch).result()
+            return client.produce_plain(dest, batch).result()
+        return client.produce(dest, batch).result()
+
+    def _client(self, conn: _Conn) -> ClientSession:
+        """The connection's session, opened at its first frame."""
+        if conn.client is None:
+            conn.client = ClientSession(self.broker, peer=str(conn.peer), transport="wire")
+        return conn.client
 
     def _produced(self, conn: _Conn, seq: int, fut: Future, *, unpark: bool = False) -> None:
         """A batch is durable or failed (any thread): queue its answer."""
@@ -586,31 +599,21 @@ class WireServer:
 
     # -- consuming ---------------------------------------------------------------------------
     def _attach(self, conn: _Conn, cmd: protocol.Consume) -> None:
-        b = self.broker
-        if cmd.temporary:
-            session = b.attach_temporary(cmd.prefetch, wakeup=conn)
-        else:
-            session = b.attach(
-                cmd.destination,
-                cmd.subscription,
-                cmd.prefetch,
-                selector=cmd.selector,
-                durable=cmd.durable,
-                wakeup=conn,
-            )
-        conn.role, conn.session, conn.compact = "consume", session, cmd.compact
-        sub = session.subscription
+        client = self._client(conn)
+        consumer = client.attach(translate.attach_of(cmd), wakeup=conn)
+        conn.role, conn.consumer, conn.compact = "consume", consumer, cmd.compact
+        sub = consumer.subscription
         conn.queue(
-            wire.control(protocol.Welcome(session.consumer_id, sub.lease_s, sub.destination))
+            wire.control(protocol.Welcome(consumer.consumer_id, sub.lease_s, sub.destination))
         )
-        log.info("consumer %d attached to %s over the wire", session.consumer_id, sub.destination)
+        log.info("consumer %d attached to %s over the wire", consumer.consumer_id, sub.destination)
         self.mark(conn)
 
     def _consumer_frame(self, conn: _Conn, frame: protocol.Frame) -> None:
-        assert conn.session is not None
+        assert conn.consumer is not None and conn.client is not None
         match frame:
             case protocol.Settle():
-                conn.session.settle(frame, self._inline)
+                conn.client.settle(conn.consumer, translate.settle_of(frame), self._inline)
             case protocol.Bye():
                 conn.bye = True  # answer what came before, then hang up
                 self.mark(conn)
@@ -644,14 +647,14 @@ class WireServer:
         while conn.answers:
             conn.queue(conn.answers.popleft())
             conn.answered += 1
-        session = conn.session
-        if session is not None:
+        consumer = conn.consumer
+        if consumer is not None:
             if not conn.bye and not self._draining:
                 # deliveries before the replies to settles: the client reads them first, and an
                 # ack's answer can wait better than a message (at 1,000 msg/s a reply was ahead
                 # of half the deliveries, ~0.04 ms each in the broker and the client, measured)
                 delivered = False
-                while (leased := session.next_leased()) is not None:
+                while (leased := consumer.next_leased()) is not None:
                     for part in self._delivery_parts(conn, *leased):
                         conn.queue(part)
                     delivered = True
@@ -659,9 +662,9 @@ class WireServer:
                     self._write(conn)  # on their way before the replies are even encoded
                     if conn.closed:  # the client went away
                         return
-            for reply in session.replies():
-                conn.queue(wire.control(reply))
-            if conn.bye and not session.unanswered:
+            for reply in consumer.replies():
+                conn.queue(wire.control(translate.reply_frame(reply)))
+            if conn.bye and not consumer.unanswered:
                 conn.closing = True
         if conn.backlog and not conn.parked and not conn.closing and not conn.refused:
             self._inline = self._turn_commit()  # frames that waited behind a parked produce
@@ -725,8 +728,9 @@ class WireServer:
         if conn.events:
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self._sel.unregister(conn.sock)
-        if conn.session is not None:  # before hanging up: a client seeing the end may rely on it
-            self.broker.detach(conn.session)
-            log.info("consumer %d detached", conn.session.consumer_id)
+        if conn.client is not None:  # before hanging up: a client seeing the end may rely on it
+            conn.client.close()  # its consumer is detached: what it held goes back
+            if conn.consumer is not None:
+                log.info("consumer %d detached", conn.consumer.consumer_id)
         with contextlib.suppress(OSError):
             conn.sock.close()

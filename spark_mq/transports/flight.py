@@ -26,11 +26,14 @@ import pyarrow.flight as fl
 
 from spark_mq import protocol, wire
 from spark_mq.arrow_checks import checked
+from spark_mq.broker import commands
 from spark_mq.broker.core import Broker
 from spark_mq.broker.dedup import ProduceResult
 from spark_mq.errors import ProtocolError, SparkMQError, to_wire
 from spark_mq.protocol import Bye, Consume, Produce, PutAck, PutFailed, Settle
 from spark_mq.schema import DELIVERY_SCHEMA
+from spark_mq.session import ClientSession
+from spark_mq.transports import translate
 
 log = logging.getLogger(__name__)
 
@@ -101,106 +104,32 @@ class FlightService(fl.FlightServerBase):
     def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
         return [(name, f"sparkmq admin: {name}") for name in protocol.ADMIN_ACTIONS]
 
+    def _session(self, context: fl.ServerCallContext) -> ClientSession:
+        """The session a call runs in, for the principal the call authenticated as."""
+        return ClientSession(self.broker, peer=context.peer(), transport="flight")
+
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
         # (an action's type is a protobuf string: gRPC refuses one that is not UTF-8 itself)
         with self._call(f"action {action.type}"), _answering("action"):
-            name = action.type
-            if name == "commit_transaction":  # binary body: acks, then Arrow IPC
-                acks, messages = protocol.decode_commit(action.body.to_pybytes())
-                result = {"offsets": self.broker.commit_transaction(acks, messages)}
-            else:
-                body = protocol.parse_action_body(action.body.to_pybytes())
-                result = self._action(name, protocol.ActionArgs(name, body))
-        yield json.dumps(result).encode()
-
-    def _action(self, name: str, args: protocol.ActionArgs) -> Any:
-        b = self.broker
-        match name:
-            case "ping":  # also how clients find the direct wire (and its local socket)
-                return {
+            cmd = translate.action_command(action.type, action.body.to_pybytes())
+            session = self._session(context)
+            result = session.execute(cmd)
+            if isinstance(cmd, commands.Ping):  # also how clients find the direct wire
+                answer: Any = {
                     "ok": True,
                     "wire_port": self.wire_port,
                     "wire_local": self.wire_local,
                     "wire_version": wire.VERSION,
                 }
-            case "create_destination":
-                kind = args.text("kind")
-                if kind not in ("queue", "topic"):
-                    raise ProtocolError(
-                        f"action 'create_destination': kind must be 'queue' or 'topic', got "
-                        f"{kind!r}",
-                        fault="remote",
-                    )
-                created = b.create_destination(
-                    args.text("name"),
-                    kind,  # type: ignore[arg-type]
-                    args.optional_mapping("settings"),
-                )
-                return {"created": created}
-            case "configure_destination":
-                return b.configure_destination(args.text("name"), args.mapping("settings"))
-            case "claim":
-                offsets = b.claims.claim(
-                    args.text("destination"),
-                    args.optional_text("subscription"),
-                    args.text("consumer"),
-                    args.integer("number"),
-                    args.integer("limit"),
-                    args.optional_integer("below"),
-                )
-                return {"count": len(offsets)}
-            case "ack_claims":
-                acked = b.claims.ack(
-                    args.text("destination"),
-                    args.optional_text("subscription"),
-                    args.text("consumer"),
-                    args.integer("upto"),
-                )
-                return {"acked": acked}
-            case "release_claims":
-                released = b.claims.release(
-                    args.text("destination"),
-                    args.optional_text("subscription"),
-                    args.text("consumer"),
-                )
-                return {"released": released}
-            case "purge":
-                return {"purged": b.purge(args.text("name"), args.optional_text("subscription"))}
-            case "delete_destination":
-                b.delete_destination(args.text("name"))
-                return {"deleted": True}
-            case "list_destinations":
-                return b.list_destinations()
-            case "create_subscription":
-                created = b.create_subscription(
-                    args.text("destination"), args.text("name"), args.optional_text("selector")
-                )
-                return {"created": created}
-            case "delete_subscription":
-                b.delete_subscription(args.text("destination"), args.text("name"))
-                return {"deleted": True}
-            case "stats":
-                return b.stats(args.text("name"))
-            case _:
-                raise ProtocolError(
-                    f"unknown action {name!r}; the actions are {', '.join(protocol.ADMIN_ACTIONS)}",
-                    fault="remote",
-                )
+            else:
+                answer = translate.action_answer(cmd, result)
+        yield json.dumps(answer).encode()
 
     # -- browse ------------------------------------------------------------------------------
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.RecordBatchStream:
         with self._call("a browse"), _answering("browse"):
-            cmd = protocol.parse(ticket.ticket)
-            if isinstance(cmd, protocol.Browse):
-                table = self.broker.browse(
-                    cmd.destination, cmd.subscription, limit=cmd.limit, selector=cmd.selector
-                )
-            elif isinstance(cmd, protocol.Claimed):
-                table = self.broker.claims.rows(
-                    cmd.destination, cmd.subscription, cmd.consumer, cmd.number
-                )
-            else:
-                raise ProtocolError("do_get expects a browse or claimed command", fault="remote")
+            cmd = translate.ticket_command(protocol.parse(ticket.ticket))
+            table = self._session(context).execute(cmd)
         return fl.RecordBatchStream(table)
 
     # -- produce -----------------------------------------------------------------------------
@@ -215,8 +144,10 @@ class FlightService(fl.FlightServerBase):
             cmd = _command(descriptor)
             if not isinstance(cmd, Produce):
                 raise ProtocolError("do_put expects a produce command", fault="remote")
-            self.broker.destination_for_use(cmd.destination)
+            session = self._session(context)
+            session.open_producer(cmd.destination)
         acks = _InOrderAcks(writer)
+        # (answered below in order, then the session closes: the producer's lifecycle)
         with (
             self._call(f"a producer to {cmd.destination} ({context.peer()})"),
             _answering("produce"),
@@ -226,6 +157,7 @@ class FlightService(fl.FlightServerBase):
                 self._produce_streams.add(acks)
             if self._stopping.is_set():
                 acks.closing()
+            answered.callback(session.close)
             answered.callback(self._produce_streams.discard, acks)
             answered.callback(acks.drain)  # what came before an error is answered first
             for chunk in _chunks(reader, "produce stream"):
@@ -233,7 +165,7 @@ class FlightService(fl.FlightServerBase):
                     continue
                 try:
                     batch = checked(chunk.data, f"batch {acks.next_seq}")
-                    result: Future | SparkMQError = self.broker.produce(cmd.destination, batch)
+                    result: Future | SparkMQError = session.produce(cmd.destination, batch)
                 except SparkMQError as exc:
                     result = exc
                 acks.add(result)
@@ -260,22 +192,13 @@ class FlightService(fl.FlightServerBase):
             cmd = _command(descriptor)
             if not isinstance(cmd, Consume):
                 raise ProtocolError("do_exchange expects a consume command", fault="remote")
-            wakeup = threading.Event()  # set when the session has something to send
-            if cmd.temporary:
-                session = self.broker.attach_temporary(cmd.prefetch, wakeup=wakeup)
-            else:
-                session = self.broker.attach(
-                    cmd.destination,
-                    cmd.subscription,
-                    cmd.prefetch,
-                    selector=cmd.selector,
-                    durable=cmd.durable,
-                    wakeup=wakeup,
-                )
+            wakeup = threading.Event()  # set when the consumer has something to send
+            session = self._session(context)
+            consumer = session.attach(translate.attach_of(cmd), wakeup)
         log.info(
             "consumer %d attached to %s%s",
-            session.consumer_id,
-            session.subscription.destination,
+            consumer.consumer_id,
+            consumer.subscription.destination,
             f" subscription {cmd.subscription}" if cmd.subscription else "",
         )
         done = threading.Event()
@@ -295,13 +218,13 @@ class FlightService(fl.FlightServerBase):
                         raise ProtocolError(
                             "consumers may only send settle and bye frames", fault="remote"
                         )
-                    session.settle(frame)
+                    session.settle(consumer, translate.settle_of(frame))
             except SparkMQError as exc:
                 problem.append(exc)
             except fl.FlightError:
                 pass  # the client went away; the loop below notices
             except Exception as exc:  # a bug of ours: said, and the stream ends
-                log.exception("serving consumer %d failed", session.consumer_id)
+                log.exception("serving consumer %d failed", consumer.consumer_id)
                 problem.append(SparkMQError(f"internal error: {type(exc).__name__}: {exc}"))
             finally:
                 done.set()
@@ -314,9 +237,9 @@ class FlightService(fl.FlightServerBase):
                 pa.py_buffer(
                     protocol.encode(
                         protocol.Welcome(
-                            session.consumer_id,
-                            session.subscription.lease_s,
-                            session.subscription.destination,
+                            consumer.consumer_id,
+                            consumer.subscription.lease_s,
+                            consumer.subscription.destination,
                         )
                     )
                 )
@@ -324,15 +247,15 @@ class FlightService(fl.FlightServerBase):
             stopping = self._stopping
             while (
                 not done.is_set()
-                and not session.closed
+                and not consumer.closed
                 and not context.is_cancelled()
                 and not stopping.is_set()
             ):
                 wakeup.wait(_IDLE_WAKE_S)
                 wakeup.clear()
-                for reply in session.replies():
-                    writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
-                while (batch := session.next_delivery()) is not None:
+                for reply in consumer.replies():
+                    writer.write_metadata(_reply(reply))
+                while (batch := consumer.next_delivery()) is not None:
                     writer.write_table(batch)
             deadline = time.monotonic() + _BYE_WAIT_S
             if stopping.is_set() and not done.is_set():
@@ -341,23 +264,27 @@ class FlightService(fl.FlightServerBase):
                 writer.write_metadata(pa.py_buffer(protocol.encode(protocol.Closing())))
                 deadline = self._stop_deadline
                 while not done.wait(_IDLE_WAKE_S) and time.monotonic() < deadline:
-                    for reply in session.replies():
-                        writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
+                    for reply in consumer.replies():
+                        writer.write_metadata(_reply(reply))
             # a leaving consumer still listens: its last acks are answered once durable
-            while said_bye.is_set() and session.unanswered and time.monotonic() < deadline:
-                for reply in session.replies():
-                    writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
+            while said_bye.is_set() and consumer.unanswered and time.monotonic() < deadline:
+                for reply in consumer.replies():
+                    writer.write_metadata(_reply(reply))
                 wakeup.wait(_IDLE_WAKE_S)
                 wakeup.clear()
-            for reply in session.replies():
-                writer.write_metadata(pa.py_buffer(protocol.encode(reply)))
+            for reply in consumer.replies():
+                writer.write_metadata(_reply(reply))
         except fl.FlightError:
             pass  # the client went away
         finally:
-            self.broker.detach(session)
-            log.info("consumer %d detached", session.consumer_id)
+            session.close()  # the consumer is detached: what it held goes back
+            log.info("consumer %d detached", consumer.consumer_id)
         if problem:
             raise _flight_error(problem[0])
+
+
+def _reply(reply: commands.SettleReply) -> pa.Buffer:
+    return pa.py_buffer(protocol.encode(translate.reply_frame(reply)))
 
 
 @contextlib.contextmanager

@@ -1,8 +1,8 @@
 """One attached consumer: its prefetch window, its wake-up event and its outbox of replies.
 
-The transport (``server.py``) runs one loop per session that waits on :attr:`wakeup`, sends
-what :meth:`next_delivery` returns and drains :meth:`replies`; settle frames coming back are
-handed to :meth:`settle`, whose replies land in the outbox once durable.
+A transport waits on :attr:`wakeup`, sends what :meth:`next_delivery` (or
+:meth:`next_leased`) returns and drains :meth:`replies`; settles coming back are handed to
+:meth:`settle`, whose replies land in the outbox once durable.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_mq.broker.commands import Refused, Settle, SettleReply
 from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.recovery import DELIVERED, RETURNED
 from spark_mq.broker.selector import Selector
-from spark_mq.broker.subscription import Refusal, Subscription, Wakeup
+from spark_mq.broker.subscription import Subscription, Wakeup
 from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.plain import PlainMessage, PlainRows
-from spark_mq.protocol import Reply, Settle
 from spark_mq.schema import DELIVERY_SCHEMA, MESSAGE_SCHEMA, numpy_column
 
 # offsets, outcome, and the inline commit to make it in (None: the writer thread's)
@@ -58,7 +58,7 @@ class ConsumerSession:
         self._settle_durably = settle_durably
         self._lock = threading.Lock()
         self._held: set[int] = set()  # offsets leased to this session and not yet answered
-        self._outbox: deque[Reply] = deque()
+        self._outbox: deque[SettleReply] = deque()
         self._unanswered = 0  # settle frames whose reply is not in the outbox yet
         # set when there is something to send; a transport may bring its own (a loop's marker)
         self.wakeup: Wakeup = wakeup if wakeup is not None else threading.Event()
@@ -125,7 +125,7 @@ class ConsumerSession:
             self._held.difference_update(offsets)
         self.wakeup.set()
 
-    def _reply(self, reply: Reply) -> None:
+    def _reply(self, reply: SettleReply) -> None:
         with self._lock:
             self._outbox.append(reply)
             self._unanswered -= 1
@@ -137,7 +137,7 @@ class ConsumerSession:
         with self._lock:
             return self._unanswered
 
-    def replies(self) -> list[Reply]:
+    def replies(self) -> list[SettleReply]:
         with self._lock:
             out = list(self._outbox)
             self._outbox.clear()
@@ -164,7 +164,7 @@ class ConsumerSession:
                         self._forget(ok)
                         self._reply(_reply(frame.request_id, ok, refused))
                     else:
-                        failed = [Refusal(o, f"not settled: {err}") for o in ok]
+                        failed = [Refused(o, f"not settled: {err}") for o in ok]
                         self._reply(_reply(frame.request_id, [], [*refused, *failed]))
 
                 fut.add_done_callback(done)
@@ -184,7 +184,7 @@ class ConsumerSession:
                             if f.exception() is None
                             else [
                                 *refused,
-                                *(Refusal(o, f"not recorded: {f.exception()}") for o in ok),
+                                *(Refused(o, f"not recorded: {f.exception()}") for o in ok),
                             ],
                         )
                     )
@@ -214,12 +214,8 @@ class ConsumerSession:
         return n
 
 
-def _reply(request_id: int, ok: list[int], refused: list[Refusal]) -> Reply:
-    return Reply(
-        request_id,
-        tuple(ok),
-        tuple({"offset": r.offset, "reason": r.reason} for r in refused),
-    )
+def _reply(request_id: int, ok: list[int], refused: list[Refused]) -> SettleReply:
+    return SettleReply(request_id, tuple(ok), tuple(refused))
 
 
 def delivery_table(rows: pa.Table | list[PlainMessage], state: list[DeliveryState]) -> pa.Table:

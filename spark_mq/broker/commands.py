@@ -1,0 +1,185 @@
+"""What can be asked of the broker, as plain values: the commands every transport turns its
+frames into, and the results it turns back into frames (the session layer,
+:mod:`spark_mq.session`, authorizes each one before the broker sees it).
+
+These are the broker's own types; no wire format reaches below the transports. A closed union:
+:data:`Command` lists every command but the hot path's (produce a batch, settle, attach),
+which have methods of their own on the session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pyarrow as pa
+
+SettleVerb = Literal["ack", "nack", "extend"]
+Kind = Literal["queue", "topic"]
+# an ack inside a transaction: destination, subscription, consumer, offset, delivery count
+TransactionAck = tuple[str, str, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Settle deliveries of one consumer: ``entries`` are ``(offset, delivery_count)`` pairs
+    (the count fences the lease: a stale delivery's answer is refused)."""
+
+    verb: SettleVerb
+    request_id: int
+    entries: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SettleReply:
+    """The answer to one :class:`Settle`, once its effect is durable."""
+
+    request_id: int
+    ok: tuple[int, ...] = ()
+    refused: tuple[Refused, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """Attach a consumer to a queue, a topic's subscription, or a new temporary queue."""
+
+    destination: str
+    subscription: str | None = None
+    prefetch: int | None = None
+    selector: str | None = None
+    durable: bool = True
+    temporary: bool = False  # a new temporary queue (``destination`` is ignored)
+
+
+# -- the other commands ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Ping:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CreateDestination:
+    name: str
+    kind: Kind
+    settings: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigureDestination:
+    name: str
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteDestination:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListDestinations:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSubscription:
+    destination: str
+    name: str
+    selector: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSubscription:
+    destination: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    name: str
+    subscription: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Browse:
+    """Waiting messages in delivery order, not leased."""
+
+    destination: str
+    subscription: str | None = None
+    limit: int = 100
+    selector: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Make (or find again) claim ``number`` of a Spark query's ``consumer`` name."""
+
+    destination: str
+    subscription: str | None
+    consumer: str
+    number: int
+    limit: int
+    below: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRows:
+    """The messages of one claim."""
+
+    destination: str
+    subscription: str | None
+    consumer: str
+    number: int
+
+
+@dataclass(frozen=True, slots=True)
+class AckClaims:
+    destination: str
+    subscription: str | None
+    consumer: str
+    upto: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseClaims:
+    destination: str
+    subscription: str | None
+    consumer: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommitTransaction:
+    """Send ``messages`` (a ``destination`` column plus produce columns) and settle ``acks``,
+    all or nothing."""
+
+    acks: tuple[TransactionAck, ...]
+    messages: pa.Table | None
+
+
+Command = (
+    Ping
+    | CreateDestination
+    | ConfigureDestination
+    | DeleteDestination
+    | ListDestinations
+    | CreateSubscription
+    | DeleteSubscription
+    | Purge
+    | Stats
+    | Browse
+    | Claim
+    | ClaimedRows
+    | AckClaims
+    | ReleaseClaims
+    | CommitTransaction
+)

@@ -1,0 +1,236 @@
+"""A client's session: the one place where what it asks is authorized, counted and handed to the
+broker (Artemis's ``ServerSession``, under its STOMP, AMQP and Core protocol managers).
+
+A transport opens one per connection (the direct wire) or per call (Flight), for the
+principal it authenticated, and closes it when the connection ends: the consumers attached
+through it are detached then and their unsettled messages go back. Every command goes through
+here: the hot path's (a produced batch, an attach, a settle) by methods of their own, the rest
+through :meth:`ClientSession.execute`. Which verb each needs:
+
+========================  ===========================================================
+produce a batch           ``produce`` on the destination (and ``create`` if it does not
+                          exist yet: producing creates it, when auto-creation is on)
+attach a consumer         ``consume`` (and ``create`` likewise); a temporary queue:
+                          ``create`` on ``tmp.*``
+settle                    nothing more: the consumer was authorized when it attached
+browse                    ``browse``
+claim, ack claims,        ``consume`` (a Spark query consuming through the broker)
+read a claim
+create a destination      ``create``
+list destinations         ``connect``; only those it may do anything with are listed
+everything else           ``admin`` on the destination named (configure, delete,
+(admin)                   purge, stats, subscriptions, releasing a query's claims)
+a transaction             ``produce`` on every destination it sends to and ``consume``
+                          on every one it acks
+========================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from concurrent.futures import Future
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_mq.broker import commands as c
+from spark_mq.broker.consumers import ConsumerSession
+from spark_mq.broker.core import Broker
+from spark_mq.broker.subscription import Wakeup
+from spark_mq.journal.group_commit import InlineCommit
+from spark_mq.plain import PlainMessage
+from spark_mq.session.guard import OPEN, Guard, Verb
+from spark_mq.session.principal import ANONYMOUS, Principal
+
+log = logging.getLogger(__name__)
+
+TEMPORARY = "tmp.*"  # what a temporary queue's name is checked as (they are tmp.<hex>)
+
+
+class ClientSession:
+    def __init__(
+        self,
+        broker: Broker,
+        principal: Principal = ANONYMOUS,
+        *,
+        guard: Guard = OPEN,
+        peer: str = "",
+        transport: str = "",
+    ) -> None:
+        self.broker = broker
+        self.principal = principal
+        self.guard = guard
+        self.peer = peer
+        self.transport = transport
+        self.counts: Counter[str] = Counter()  # commands taken, by kind
+        self._consumers: dict[int, ConsumerSession] = {}
+        self._producing: set[str] = set()  # destinations ``produce`` was allowed on
+        self.closed = False
+        guard.check(principal, "connect")
+
+    def __repr__(self) -> str:
+        return f"ClientSession({self.principal} from {self.peer or '?'} over {self.transport})"
+
+    # -- the hot path ------------------------------------------------------------------------
+    def produce(
+        self,
+        destination: str,
+        batch: pa.RecordBatch | pa.Table,
+        inline: InlineCommit | None = None,
+    ) -> Future:
+        """Store a produced batch; the future resolves once it is durable."""
+        self._may_produce(destination)
+        self.counts["produce"] += 1
+        return self.broker.produce(destination, batch, inline)
+
+    def produce_plain(
+        self, destination: str, message: PlainMessage, inline: InlineCommit | None = None
+    ) -> Future:
+        """:meth:`produce` for one plain message (:mod:`spark_mq.plain`)."""
+        self._may_produce(destination)
+        self.counts["produce"] += 1
+        return self.broker.produce_plain(destination, message, inline)
+
+    def open_producer(self, destination: str) -> None:
+        """A producer announces its destination (the direct wire's first frame): refused now
+        rather than at its first batch, and created if it may be."""
+        self._may_produce(destination)
+        self.broker.destination_for_use(destination)
+
+    def produce_may_wait(self, destination: str) -> bool:
+        """Whether a produce to ``destination`` may have to wait for room (a ``block``
+        overflow policy with limits, or the memory past green): the caller should not make it
+        on a thread that serves others."""
+        return self.broker.limits.may_wait(destination)
+
+    def attach(self, cmd: c.Attach, wakeup: Wakeup | None = None) -> ConsumerSession:
+        """Attach a consumer; it lives until :meth:`detach` or :meth:`close`."""
+        if cmd.temporary:
+            self._check("create", TEMPORARY)
+            consumer = self.broker.attach_temporary(cmd.prefetch, wakeup=wakeup)
+        else:
+            self._check("consume", cmd.destination)
+            self._check_creating(cmd.destination)
+            consumer = self.broker.attach(
+                cmd.destination,
+                cmd.subscription,
+                cmd.prefetch,
+                selector=cmd.selector,
+                durable=cmd.durable,
+                wakeup=wakeup,
+            )
+        self.counts["attach"] += 1
+        self._consumers[consumer.consumer_id] = consumer
+        return consumer
+
+    def settle(
+        self, consumer: ConsumerSession, cmd: c.Settle, inline: InlineCommit | None = None
+    ) -> None:
+        """Settle deliveries of a consumer of this session; the reply reaches its outbox."""
+        self.counts["settle"] += 1
+        consumer.settle(cmd, inline)
+
+    def detach(self, consumer: ConsumerSession) -> None:
+        """The consumer leaves: what it held unsettled goes back."""
+        if self._consumers.pop(consumer.consumer_id, None) is not None:
+            self.broker.detach(consumer)
+
+    def close(self) -> None:
+        """The connection ended: every consumer it attached is detached."""
+        if self.closed:
+            return
+        self.closed = True
+        for consumer in list(self._consumers.values()):
+            self.detach(consumer)
+
+    # -- everything else ---------------------------------------------------------------------
+    def execute(self, cmd: c.Command) -> Any:
+        """Authorize ``cmd`` and carry it out; returns what the broker answers."""
+        self.counts[type(cmd).__name__] += 1
+        b = self.broker
+        match cmd:
+            case c.Ping():
+                return None
+            case c.CreateDestination(name=name, kind=kind, settings=settings):
+                self._check("create", name)
+                return b.create_destination(name, kind, settings)
+            case c.ConfigureDestination(name=name, settings=settings):
+                self._check("admin", name)
+                return b.configure_destination(name, settings)
+            case c.DeleteDestination(name=name):
+                self._check("admin", name)
+                b.delete_destination(name)
+                return None
+            case c.ListDestinations():
+                return [
+                    d
+                    for d in b.list_destinations()
+                    if any(self.guard.allows(self.principal, v, d["name"]) for v in _USES)
+                ]
+            case c.CreateSubscription(destination=dest, name=name, selector=selector):
+                self._check("admin", dest)
+                return b.create_subscription(dest, name, selector)
+            case c.DeleteSubscription(destination=dest, name=name):
+                self._check("admin", dest)
+                b.delete_subscription(dest, name)
+                return None
+            case c.Purge(name=name, subscription=sub):
+                self._check("admin", name)
+                return b.purge(name, sub)
+            case c.Stats(name=name):
+                self._check("admin", name)
+                return b.stats(name)
+            case c.Browse():
+                self._check("browse", cmd.destination)
+                return b.browse(
+                    cmd.destination, cmd.subscription, limit=cmd.limit, selector=cmd.selector
+                )
+            case c.Claim():
+                self._check("consume", cmd.destination)
+                return b.claims.claim(
+                    cmd.destination, cmd.subscription, cmd.consumer, cmd.number, cmd.limit,
+                    cmd.below,
+                )  # fmt: skip
+            case c.ClaimedRows():
+                self._check("consume", cmd.destination)
+                return b.claims.rows(cmd.destination, cmd.subscription, cmd.consumer, cmd.number)
+            case c.AckClaims():
+                self._check("consume", cmd.destination)
+                return b.claims.ack(cmd.destination, cmd.subscription, cmd.consumer, cmd.upto)
+            case c.ReleaseClaims():
+                self._check("admin", cmd.destination)
+                return b.claims.release(cmd.destination, cmd.subscription, cmd.consumer)
+            case c.CommitTransaction(acks=acks, messages=messages):
+                for dest in _destinations_of(messages):
+                    self._may_produce(dest)
+                for dest in sorted({a[0] for a in acks}):
+                    self._check("consume", dest)
+                return b.commit_transaction(list(acks), messages)
+        raise TypeError(f"not a command: {cmd!r}")
+
+    # -- authorization -----------------------------------------------------------------------
+    def _check(self, verb: Verb, destination: str | None = None) -> None:
+        self.guard.check(self.principal, verb, destination)
+
+    def _may_produce(self, destination: str) -> None:
+        if destination not in self._producing:  # (the guard is asked once a destination)
+            self._check("produce", destination)
+            self._producing.add(destination)
+        self._check_creating(destination)
+
+    def _check_creating(self, destination: str) -> None:
+        """Using a destination that does not exist creates it (auto-creation): ``create``."""
+        if self.guard is not OPEN and not self.broker.has_destination(destination):
+            self._check("create", destination)
+
+
+# the verbs that make a destination visible in a listing
+_USES: tuple[Verb, ...] = ("produce", "consume", "browse", "create", "admin")
+
+
+def _destinations_of(messages: pa.Table | None) -> list[str]:
+    if messages is None or messages.num_rows == 0:
+        return []
+    return sorted(pc.unique(messages["destination"]).to_pylist())
