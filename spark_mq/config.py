@@ -59,6 +59,8 @@ class BrokerSection(_Section):
     # SIGTERM: connections get this long to finish (settles answered, produces acknowledged)
     # before they are closed and the broker stops
     shutdown_grace_s: float = Field(10.0, ge=0)
+    # listen on an interface other than loopback with security off (refused otherwise)
+    insecure: bool = False
 
 
 class JournalSection(_Section):
@@ -159,6 +161,39 @@ class LoggingSection(_Section):
     backups: int = Field(9, ge=0, le=99)
 
 
+class SecuritySection(_Section):
+    """Who may connect and do what, and TLS (see conf/broker.toml's [security])."""
+
+    # off: every client is anonymous and may do everything, and the broker listens on loopback
+    # only (unless broker.insecure); on: every connection authenticates, access is denied
+    # unless the access-control file allows it
+    enabled: bool = False
+    users_file: str = "conf/users.toml"
+    acl_file: str = "conf/acl.toml"
+    # bearer tokens (JWT): verified with a PEM public key or a JWKS file; "" = none accepted
+    jwt_public_key_file: str = ""
+    jwks_file: str = ""
+    jwt_algorithms: list[str] = Field(default_factory=lambda: ["RS256", "ES256"])
+    jwt_audience: str = ""  # "" = not checked
+    jwt_issuer: str = ""  # "" = not checked
+    jwt_user_claim: str = "sub"
+    jwt_groups_claim: str = "groups"
+    # TLS on the Flight service and the direct wire's TCP port (not its local socket)
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # a CA that client certificates must chain to (mutual TLS); a verified certificate's
+    # common name is the client's identity on the direct wire
+    tls_client_ca_file: str = ""
+    # after a failed login the next attempt from that host waits this long, doubling up to
+    # failed_login_max_delay_s (reset by a success)
+    failed_login_delay_s: float = Field(0.2, ge=0)
+    failed_login_max_delay_s: float = Field(5.0, ge=0)
+    # authentication failures, denied verbs and admin actions, one JSON object a line
+    audit_file: str = "logs/audit.log"
+    audit_max_file_bytes: int = Field(10 * MiB, ge=1024)
+    audit_backups: int = Field(9, ge=0, le=99)
+
+
 class BrokerConfig(_Section):
     broker: BrokerSection = BrokerSection()
     journal: JournalSection = JournalSection()
@@ -167,12 +202,22 @@ class BrokerConfig(_Section):
     duplicates: DuplicatesSection = DuplicatesSection()
     destinations: DestinationSettings = DestinationSettings()
     logging: LoggingSection = LoggingSection()
+    security: SecuritySection = SecuritySection()
 
     def log_path(self) -> Path | None:
         """Where the rotating log goes; relative paths sit under a local data_dir."""
         if not self.logging.file:
             return None
         path = Path(self.logging.file)
+        if path.is_absolute():
+            return path
+        data = self.broker.data_dir
+        base = Path(data) if "://" not in data else Path.cwd()
+        return base / path
+
+    def audit_path(self) -> Path:
+        """Where the audit log goes; relative paths sit under a local data_dir, as the log's."""
+        path = Path(self.security.audit_file)
         if path.is_absolute():
             return path
         data = self.broker.data_dir

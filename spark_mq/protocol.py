@@ -44,7 +44,18 @@ ADMIN_ACTIONS = (
     "release_claims",
     "stats",
     "ping",
+    "reload_security",
 )
+
+
+@dataclass(frozen=True)
+class Login:
+    """A direct-wire connection's credentials, before its produce or consume frame: a user and
+    password, or a bearer token. ``repr`` never shows the secret."""
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -144,7 +155,8 @@ class PutFailed:
 
 
 Frame = (
-    Produce
+    Login
+    | Produce
     | Consume
     | Browse
     | Claimed
@@ -157,6 +169,7 @@ Frame = (
     | PutFailed
 )
 _TYPES: dict[str, type] = {
+    "login": Login,
     "produce": Produce,
     "consume": Consume,
     "browse": Browse,
@@ -208,12 +221,15 @@ def _int(doc: dict[str, Any], key: str, *, optional: bool = False) -> int | None
     return value
 
 
-def _str(doc: dict[str, Any], key: str, *, optional: bool = False) -> str | None:
+def _str(
+    doc: dict[str, Any], key: str, *, optional: bool = False, secret: bool = False
+) -> str | None:
     value = doc.get(key)
     if value is None and optional:
         return None
     if not isinstance(value, str):
-        raise ProtocolError(f"field {key!r} must be a string, got {value!r}", fault="remote")
+        shown = type(value).__name__ if secret else repr(value)  # (never echo a secret)
+        raise ProtocolError(f"field {key!r} must be a string, got {shown}", fault="remote")
     return value
 
 
@@ -281,6 +297,12 @@ def _parse_json(data: bytes | memoryview) -> Frame:
     doc = _json_object(data, "frame")
     kind = doc.get("type")
     match kind:
+        case "login":
+            return Login(
+                _str(doc, "username", optional=True),
+                _str(doc, "password", optional=True, secret=True),
+                _str(doc, "token", optional=True, secret=True),
+            )
         case "produce":
             return Produce(_str(doc, "destination"))  # type: ignore[arg-type]
         case "consume":

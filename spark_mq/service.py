@@ -17,6 +17,7 @@ import pyarrow as pa
 from spark_mq.broker.core import Broker
 from spark_mq.config import BrokerConfig
 from spark_mq.logs import setup_logging
+from spark_mq.security.context import Security, check_protected
 from spark_mq.transports.direct_wire import WireServer
 from spark_mq.transports.flight import FlightService
 
@@ -29,22 +30,33 @@ class RunningBroker:
 
     def __init__(self, broker: Broker, host: str, port: int) -> None:
         self.broker = broker
+        check_protected(broker.config, listening_on=host)
+        self.security = Security(broker.config)  # (before anything starts: a bad file stops it)
+        self.scheme = "grpc+tls" if self.security.tls is not None else "grpc"
         broker.start()
         self.wire: WireServer | None = None
         try:
             if broker.config.broker.wire:
                 settings = broker.config.broker
-                self.wire = WireServer(broker, host, settings.wire_port, local=settings.wire_local)
+                self.wire = WireServer(
+                    broker,
+                    host,
+                    settings.wire_port,
+                    local=settings.wire_local,
+                    security=self.security,
+                )
             self.service = FlightService(
                 broker,
-                f"grpc://{host}:{port}",
+                f"{self.scheme}://{host}:{port}",
                 wire_port=self.wire.port if self.wire else None,
                 wire_local=self.wire.local_name if self.wire else None,
+                security=self.security,
             )
         except Exception:
             if self.wire is not None:
                 self.wire.shutdown()
             broker.close()
+            self.security.close()
             raise
         self.host = host
         self.port = self.service.port
@@ -52,7 +64,7 @@ class RunningBroker:
 
     @property
     def url(self) -> str:
-        return f"grpc://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def stop(self, grace_s: float | None = None) -> bool:
         """Stop serving, then close the broker (every acknowledged message stays durable, and
@@ -93,6 +105,7 @@ class RunningBroker:
                 "; ".join(left),
             )
         self.broker.close()
+        self.security.close()
         return not left
 
     def _waiting(self) -> str:
@@ -158,6 +171,8 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    reload_requested = threading.Event()
+    signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
     allocator = choose_memory_pool()
     running = RunningBroker(Broker(config), config.broker.host, config.broker.port)
     settle_garbage_collector()
@@ -166,14 +181,22 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
         wire_at = f"port {running.wire_port}"
         if running.wire.local_name:
             wire_at += f" and local socket @{running.wire.local_name}"
+    sec = config.security
+    security = (
+        f"on (users {sec.users_file}, rules {sec.acl_file}, audit {config.audit_path()})"
+        if sec.enabled
+        else "off"
+    )
     log.info(
         "sparkmq broker listening on %s, direct wire on %s (data: %s, persistence: %s, "
-        "Arrow memory: %s)",
+        "Arrow memory: %s, security: %s, TLS: %s)",
         running.url,
         wire_at,
         config.broker.data_dir,
         config.broker.persistence,
         allocator,
+        security,
+        "on" if running.security.tls is not None else "off",
     )
     if ready_file:
         tmp = f"{ready_file}.tmp"
@@ -189,8 +212,11 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
             )
         os.replace(tmp, ready_file)
     try:
-        while not stop.wait(1.0):
-            pass
+        while not stop.wait(0.2):
+            if reload_requested.is_set():  # SIGHUP: the access rules again (not in a handler)
+                reload_requested.clear()
+                log.info("received SIGHUP: reloading the access rules")
+                running.security.reload()
     finally:
         clean = running.stop()
         log.info("broker stopped; every acknowledged message is durable")

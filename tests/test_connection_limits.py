@@ -4,6 +4,7 @@ waits to be written to one; each limit is said before the connection closes."""
 
 from __future__ import annotations
 
+import selectors
 import socket
 import threading
 import time
@@ -178,8 +179,17 @@ def test_a_producer_that_never_reads_its_answers_is_not_read_either(
                     except BlockingIOError:
                         break
             (conn,) = list(running.wire._conns)  # type: ignore[union-attr]
-            # what waits for the client is bounded near the limit, not by what it sent
-            assert conn.unsent < 65536 + 64 * 1024
+            # past the limit the connection is not read (its client's sends block, as here);
+            # what waits for it is the limit plus the answers to one turn's reading at most
             assert sent > 1000
+            deadline = time.monotonic() + 10
+            while conn.unsent <= 65536 or conn.events & selectors.EVENT_READ:
+                assert time.monotonic() < deadline, (conn.unsent, conn.events)
+                time.sleep(0.05)
+            frame_answers = len(wire.control(protocol.PutAck(0, 0, 1))) + 8
+            assert conn.unsent < 65536 + (8 * 1024 * 1024 // len(frame)) * frame_answers
+            held = conn.unsent
+            time.sleep(0.5)
+            assert conn.unsent == held  # nothing more read, nothing more queued
     finally:
         running.stop()

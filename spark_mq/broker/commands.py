@@ -64,6 +64,11 @@ class Ping:
 
 
 @dataclass(frozen=True, slots=True)
+class ReloadSecurity:
+    """Read the access rules again (as SIGHUP does)."""
+
+
+@dataclass(frozen=True, slots=True)
 class CreateDestination:
     name: str
     kind: Kind
@@ -168,6 +173,7 @@ class CommitTransaction:
 
 Command = (
     Ping
+    | ReloadSecurity
     | CreateDestination
     | ConfigureDestination
     | DeleteDestination

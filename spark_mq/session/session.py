@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,6 +40,7 @@ from spark_mq.broker import commands as c
 from spark_mq.broker.consumers import ConsumerSession
 from spark_mq.broker.core import Broker
 from spark_mq.broker.subscription import Wakeup
+from spark_mq.errors import NotAuthorized, SparkMQError
 from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.plain import PlainMessage
 from spark_mq.session.guard import OPEN, Guard, Verb
@@ -56,19 +58,23 @@ class ClientSession:
         principal: Principal = ANONYMOUS,
         *,
         guard: Guard = OPEN,
+        audit: Audit | None = None,
+        reload_rules: Callable[[], tuple[bool, str]] | None = None,
         peer: str = "",
         transport: str = "",
     ) -> None:
         self.broker = broker
         self.principal = principal
         self.guard = guard
+        self.audit = audit
+        self._reload_rules = reload_rules
         self.peer = peer
         self.transport = transport
         self.counts: Counter[str] = Counter()  # commands taken, by kind
         self._consumers: dict[int, ConsumerSession] = {}
         self._producing: set[str] = set()  # destinations ``produce`` was allowed on
         self.closed = False
-        guard.check(principal, "connect")
+        self._check("connect")
 
     def __repr__(self) -> str:
         return f"ClientSession({self.principal} from {self.peer or '?'} over {self.transport})"
@@ -147,12 +153,32 @@ class ClientSession:
 
     # -- everything else ---------------------------------------------------------------------
     def execute(self, cmd: c.Command) -> Any:
-        """Authorize ``cmd`` and carry it out; returns what the broker answers."""
+        """Authorize ``cmd`` and carry it out; returns what the broker answers. Admin commands
+        are audited, done or failed."""
         self.counts[type(cmd).__name__] += 1
+        if self.audit is None or not isinstance(cmd, _AUDITED):
+            return self._execute(cmd)
+        what = type(cmd).__name__
+        target = getattr(cmd, "destination", None) or getattr(cmd, "name", None)
+        try:
+            result = self._execute(cmd)
+        except SparkMQError as exc:
+            if not isinstance(exc, NotAuthorized):  # (a refusal is audited as one already)
+                self._audit("admin", what, target, outcome="failed", detail=exc.message)
+            raise
+        self._audit("admin", what, target, outcome="done")
+        return result
+
+    def _execute(self, cmd: c.Command) -> Any:
         b = self.broker
         match cmd:
             case c.Ping():
                 return None
+            case c.ReloadSecurity():
+                self._check("admin")
+                if self._reload_rules is None:
+                    return False, "security is off: there are no access rules to reload"
+                return self._reload_rules()
             case c.CreateDestination(name=name, kind=kind, settings=settings):
                 self._check("create", name)
                 return b.create_destination(name, kind, settings)
@@ -212,7 +238,26 @@ class ClientSession:
 
     # -- authorization -----------------------------------------------------------------------
     def _check(self, verb: Verb, destination: str | None = None) -> None:
-        self.guard.check(self.principal, verb, destination)
+        try:
+            self.guard.check(self.principal, verb, destination)
+        except NotAuthorized as exc:
+            self._audit("denied", verb, destination, detail=exc.message)
+            raise
+
+    def _audit(
+        self, event: str, verb: str, destination: str | None, *, outcome: str = "", detail: str = ""
+    ) -> None:
+        if self.audit is not None:
+            self.audit.event(
+                event,
+                principal=self.principal.name,
+                verb=verb,
+                destination=destination,
+                peer=self.peer,
+                transport=self.transport,
+                outcome=outcome,
+                detail=detail,
+            )
 
     def _may_produce(self, destination: str) -> None:
         if destination not in self._producing:  # (the guard is asked once a destination)
@@ -224,6 +269,34 @@ class ClientSession:
         """Using a destination that does not exist creates it (auto-creation): ``create``."""
         if self.guard is not OPEN and not self.broker.has_destination(destination):
             self._check("create", destination)
+
+
+# the commands the audit log records (every admin action)
+_AUDITED = (
+    c.ReloadSecurity,
+    c.CreateDestination,
+    c.ConfigureDestination,
+    c.DeleteDestination,
+    c.CreateSubscription,
+    c.DeleteSubscription,
+    c.Purge,
+    c.ReleaseClaims,
+)
+
+
+class Audit(Protocol):
+    def event(
+        self,
+        event: str,
+        *,
+        principal: str | None = ...,
+        verb: str | None = ...,
+        destination: str | None = ...,
+        peer: str = ...,
+        transport: str = ...,
+        detail: str = ...,
+        outcome: str = ...,
+    ) -> None: ...
 
 
 # the verbs that make a destination visible in a listing

@@ -36,13 +36,14 @@ import json
 import logging
 import selectors
 import socket
+import ssl
 import sys
 import threading
 import time
 import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -65,7 +66,10 @@ from spark_mq.journal.group_commit import (
 )
 from spark_mq.plain import PlainMessage
 from spark_mq.schema import PRODUCE_SCHEMA
-from spark_mq.session import ClientSession
+from spark_mq.security.authenticate import Credentials
+from spark_mq.security.context import Security
+from spark_mq.security.tls import common_name
+from spark_mq.session import ClientSession, Principal
 from spark_mq.transports import translate
 from spark_mq.transports.flight import put_answer
 
@@ -108,6 +112,12 @@ class _Conn:
         self.backlog: deque[tuple[int, wire.Body] | wire.TooLarge] = deque()
         self.parked = False  # a produce that may wait runs on a helper thread
         self.client: ClientSession | None = None  # the session, from the first frame on
+        # security: a login being checked (on a helper thread: argon2 takes tens of ms), its
+        # outcome, and a verified client certificate's common name (mutual TLS)
+        self.login: Future | None = None
+        self.certificate_name: str | None = None
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        self.handshaking = self.tls
         # consuming
         self.consumer: ConsumerSession | None = None
         self.compact = False  # plain messages (and a message alone) go as ONE frames
@@ -153,8 +163,17 @@ def _local_listener() -> tuple[socket.socket, str] | None:
 
 
 class WireServer:
-    def __init__(self, broker: Broker, host: str, port: int, *, local: bool = True) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        host: str,
+        port: int,
+        *,
+        local: bool = True,
+        security: Security | None = None,
+    ) -> None:
         self.broker = broker
+        self.security = security or Security(broker.config)
         limits = broker.config.limits
         self.max_frame = limits.max_batch_bytes + wire.FRAME_SLACK
         self.settings = broker.config.broker
@@ -322,6 +341,9 @@ class WireServer:
             self._poked = False
         else:
             conn: _Conn = key.data
+            if conn.handshaking:
+                self._handshake(conn)
+                return
             if mask & selectors.EVENT_WRITE:
                 self._write(conn)
             if mask & selectors.EVENT_READ and not conn.closed and not self._draining:
@@ -342,6 +364,10 @@ class WireServer:
             sock.setblocking(False)
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self.security.tls is not None:  # (the local socket is this machine's own)
+                    sock = self.security.tls.context().wrap_socket(
+                        sock, server_side=True, do_handshake_on_connect=False
+                    )
             wire.widen_local_send_buffer(sock)  # deliveries to a local consumer
             conn = _Conn(self, sock, peer or "a local client", time.monotonic())
             self._conns.add(conn)
@@ -422,9 +448,45 @@ class WireServer:
         # reason to wait longer: a frame over the limit is skipped, and waits as one at it)
         return self.settings.frame_timeout_s + size / (1024 * 1024)
 
+    def _handshake(self, conn: _Conn) -> None:
+        """Go on with a TLS handshake (non-blocking); a client that fails it is dropped."""
+        sock = cast(ssl.SSLSocket, conn.sock)
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._watch(conn, selectors.EVENT_READ)
+            return
+        except ssl.SSLWantWriteError:
+            self._watch(conn, selectors.EVENT_WRITE)
+            return
+        except (ssl.SSLError, OSError) as exc:
+            log.info("wire: TLS handshake with %s failed: %s", conn.peer, exc)
+            self.security.audit.event(
+                "authentication_failed", peer=str(conn.peer), transport="wire", detail=str(exc)
+            )
+            self._close(conn)
+            return
+        conn.handshaking = False
+        conn.certificate_name = common_name(sock.getpeercert())
+        self._interest(conn)
+        self._read(conn)  # what came with the last handshake record is already buffered
+
+    def _watch(self, conn: _Conn, events: int) -> None:
+        if conn.events == events:
+            return
+        if not conn.events:
+            self._sel.register(conn.sock, events, conn)
+        else:
+            self._sel.modify(conn.sock, events, conn)
+        conn.events = events
+
     def _interest(self, conn: _Conn) -> None:
         """Watch for what ``conn`` needs now: input unless parked or closing, output if queued."""
         if conn.closed:
+            return
+        if conn.handshaking:
+            if not conn.events:
+                self._watch(conn, selectors.EVENT_READ)
             return
         want = 0 if conn.parked or conn.closing or self._draining else selectors.EVENT_READ
         if conn.unsent > self.settings.max_unsent_bytes:
@@ -452,7 +514,7 @@ class WireServer:
             sink = None if conn.refused else conn.reader.sink()
             try:
                 n = conn.sock.recv_into(self._inbox if sink is None else sink)
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 break
             except OSError:
                 n = 0
@@ -467,7 +529,7 @@ class WireServer:
             conn.last_read = time.monotonic()
             if sink is not None:
                 conn.backlog.extend(conn.reader.filled(n))
-                if n < len(sink):
+                if n < len(sink) and not conn.tls:  # (TLS: a record at a time, read on)
                     break  # drained
                 continue
             try:
@@ -475,7 +537,7 @@ class WireServer:
             except SparkMQError as exc:
                 self._refuse(conn, exc)
                 return
-            if n < _READ_BYTES:
+            if n < _READ_BYTES and not conn.tls:
                 break  # drained
         if conn.reader.partial is None:
             conn.frame_started = None
@@ -509,6 +571,12 @@ class WireServer:
     def _first(self, conn: _Conn, kind: int, body: wire.Body) -> None:
         frame = protocol.parse(body) if kind == wire.CONTROL else None
         match frame:
+            case protocol.Login():
+                if conn.login is not None or conn.client is not None:
+                    raise ProtocolError("a connection logs in once, first", fault="remote")
+                creds = Credentials(frame.username, frame.password, frame.token)
+                conn.login = self._helpers.submit(self._log_in, conn, creds)
+                conn.parked = True  # its next frames wait for the outcome
             case protocol.Produce(destination=name):
                 self._client(conn).open_producer(name)
                 conn.role, conn.destination = "produce", name
@@ -566,10 +634,28 @@ class WireServer:
             return client.produce_plain(dest, batch).result()
         return client.produce(dest, batch).result()
 
+    def _log_in(self, conn: _Conn, creds: Credentials) -> Principal:
+        """(A helper thread.) Check a login; the loop takes the outcome up when woken."""
+        try:
+            return self.security.login(creds, peer=str(conn.peer), transport="wire")
+        finally:
+            conn.parked = False
+            self.mark(conn)
+
     def _client(self, conn: _Conn) -> ClientSession:
-        """The connection's session, opened at its first frame."""
-        if conn.client is None:
-            conn.client = ClientSession(self.broker, peer=str(conn.peer), transport="wire")
+        """The connection's session, opened at its produce or consume frame: for the user it
+        logged in as, else its client certificate's, else (security off) anonymous."""
+        if conn.client is not None:
+            return conn.client
+        if conn.login is not None:
+            principal = conn.login.result()  # (done: the frame waited for it) or raises
+        elif conn.certificate_name is not None:
+            principal = self.security.authenticator.certificate(conn.certificate_name)
+        else:
+            principal = self.security.login(Credentials(), peer=str(conn.peer), transport="wire")
+        conn.client = self.security.session(
+            self.broker, principal, peer=str(conn.peer), transport="wire"
+        )
         return conn.client
 
     def _produced(self, conn: _Conn, seq: int, fut: Future, *, unpark: bool = False) -> None:
@@ -644,6 +730,13 @@ class WireServer:
             resolve(self._resolving)  # answers queue up, their connections are marked
 
     def _serve(self, conn: _Conn) -> None:
+        login = conn.login
+        if login is not None and conn.client is None and login.done() and not conn.refused:
+            failed = login.exception()
+            if failed is not None:  # said at once, not at the next frame
+                err = failed if isinstance(failed, SparkMQError) else SparkMQError(str(failed))
+                self._refuse(conn, err)
+                return
         while conn.answers:
             conn.queue(conn.answers.popleft())
             conn.answered += 1
@@ -699,8 +792,11 @@ class WireServer:
             return
         while conn.out:
             try:
-                sent = conn.sock.sendmsg(list(conn.out)[:512])
-            except (BlockingIOError, InterruptedError):
+                if conn.tls:  # (an SSL socket has no sendmsg: a buffer at a time)
+                    sent = conn.sock.send(conn.out[0])
+                else:
+                    sent = conn.sock.sendmsg(list(conn.out)[:512])
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 break
             except OSError as exc:
                 if exc.errno not in (errno.EPIPE, errno.ECONNRESET):

@@ -32,8 +32,9 @@ from spark_mq.broker.dedup import ProduceResult
 from spark_mq.errors import ProtocolError, SparkMQError, to_wire
 from spark_mq.protocol import Bye, Consume, Produce, PutAck, PutFailed, Settle
 from spark_mq.schema import DELIVERY_SCHEMA
+from spark_mq.security.context import Security
 from spark_mq.session import ClientSession
-from spark_mq.transports import translate
+from spark_mq.transports import flight_auth, translate
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +60,14 @@ class FlightService(fl.FlightServerBase):
         *,
         wire_port: int | None = None,
         wire_local: str | None = None,
+        security: Security | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(location, **kwargs)
+        self.security = security or Security(broker.config)
+        if self.security.tls is not None:
+            kwargs.update(self.security.tls.flight_options())
+        middleware = {flight_auth.KEY: flight_auth.CredentialsFactory()}
+        super().__init__(location, middleware=middleware, **kwargs)
         self.broker = broker
         self.wire_port = wire_port
         self.wire_local = wire_local
@@ -106,7 +112,11 @@ class FlightService(fl.FlightServerBase):
 
     def _session(self, context: fl.ServerCallContext) -> ClientSession:
         """The session a call runs in, for the principal the call authenticated as."""
-        return ClientSession(self.broker, peer=context.peer(), transport="flight")
+        peer = context.peer()
+        principal = self.security.login(
+            flight_auth.presented(context), peer=peer, transport="flight"
+        )
+        return self.security.session(self.broker, principal, peer=peer, transport="flight")
 
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
         # (an action's type is a protobuf string: gRPC refuses one that is not UTF-8 itself)

@@ -53,6 +53,8 @@ def action_command(name: str, body: bytes) -> c.Command:
     match name:
         case "ping":
             return c.Ping()
+        case "reload_security":
+            return c.ReloadSecurity()
         case "create_destination":
             kind = args.text("kind")
             if kind not in ("queue", "topic"):
@@ -124,4 +126,7 @@ def action_answer(cmd: c.Command, result: Any) -> Any:
             return {"released": result}
         case c.CommitTransaction():
             return {"offsets": result}
+        case c.ReloadSecurity():
+            reloaded, what = result
+            return {"reloaded": reloaded, "detail": what}
     return result  # configure (the settings), list, stats

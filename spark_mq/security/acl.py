@@ -1,0 +1,156 @@
+"""The access rules (``security.acl_file``): who may do which verbs on which destinations.
+Nothing is allowed that no rule allows (deny by default)::
+
+    [[allow]]
+    principals = ["group:admins"]        # users by name, groups as group:<name>, "*": anyone
+    verbs = ["*"]                        # connect produce consume browse create admin, or *
+    destinations = ["*"]                 # name patterns (*, ?, [..]); omitted: every one
+
+    [[allow]]
+    principals = ["alice", "group:billing"]
+    verbs = ["connect", "produce", "consume"]
+    destinations = ["orders", "billing.*"]
+
+``connect`` takes no destination: a rule naming it lets its principals open sessions at all.
+The rules are read again on SIGHUP or the ``reload_security`` admin action; a file that does
+not parse leaves the rules in force, and the error says why.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import sys
+import threading
+from dataclasses import dataclass
+
+from spark_mq.errors import ConfigError, NotAuthorized
+from spark_mq.session.guard import VERBS, Verb
+from spark_mq.session.principal import Principal
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Rule:
+    principals: tuple[str, ...]
+    verbs: frozenset[str]
+    destinations: tuple[str, ...]
+
+    def matches(self, principal: Principal, verb: Verb, destination: str | None) -> bool:
+        if "*" not in self.verbs and verb not in self.verbs:
+            return False
+        if not any(_is(principal, p) for p in self.principals):
+            return False
+        if destination is None:
+            return True
+        return any(fnmatch.fnmatchcase(destination, d) for d in self.destinations)
+
+
+def _is(principal: Principal, who: str) -> bool:
+    if who == "*":
+        return True
+    if who.startswith("group:"):
+        return who[len("group:") :] in principal.groups
+    return who == principal.name
+
+
+def parse_rules(text: str, origin: str) -> tuple[Rule, ...]:
+    """The rules of an access-control file's text; ``ConfigError`` naming what is wrong."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        err = f"{origin} is not valid TOML: {exc}"
+        raise ConfigError(err, setting="security.acl_file") from None
+    unknown = set(doc) - {"allow"}
+    if unknown:
+        raise ConfigError(
+            f"{origin}: unknown section(s) {sorted(unknown)}; rules are [[allow]] tables",
+            setting="security.acl_file",
+        )
+    rules = []
+    for n, entry in enumerate(doc.get("allow", []), 1):
+        where = f"{origin}: rule {n}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} must be a table", setting="security.acl_file")
+        extra = set(entry) - {"principals", "verbs", "destinations"}
+        if extra:
+            raise ConfigError(
+                f"{where}: unknown key(s) {sorted(extra)}; a rule has principals, verbs and "
+                "destinations",
+                setting="security.acl_file",
+            )
+        principals = _strings(entry, "principals", where, required=True)
+        verbs = _strings(entry, "verbs", where, required=True)
+        bad = [v for v in verbs if v != "*" and v not in VERBS]
+        if bad:
+            raise ConfigError(
+                f"{where}: unknown verb(s) {bad}; the verbs are {', '.join(VERBS)} (or *)",
+                setting="security.acl_file",
+            )
+        destinations = _strings(entry, "destinations", where, required=False) or ["*"]
+        rules.append(Rule(tuple(principals), frozenset(verbs), tuple(destinations)))
+    return tuple(rules)
+
+
+def _strings(entry: dict, key: str, where: str, *, required: bool) -> list[str]:
+    value = entry.get(key)
+    if value is None and not required:
+        return []
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: {key} must be a list of strings", setting="security.acl_file")
+    return value
+
+
+class AccessRules:
+    """The session layer's guard with security on: the rules of the access-control file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._rules: tuple[Rule, ...] = self._load()
+
+    def _load(self) -> tuple[Rule, ...]:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read the access-control file {self.path}: {exc.strerror or exc}",
+                setting="security.acl_file",
+            ) from None
+        return parse_rules(text, self.path)
+
+    def reload(self) -> tuple[bool, str]:
+        """Read the file again: ``(True, what)`` when its rules are in force now; ``(False,
+        why)`` when it could not be used (the rules in force stay)."""
+        try:
+            rules = self._load()
+        except ConfigError as exc:
+            log.error("access rules not reloaded, the old ones stay: %s", exc.message)
+            return False, exc.message
+        with self._lock:
+            self._rules = rules
+        log.info("access rules reloaded from %s: %d rule(s)", self.path, len(rules))
+        return True, f"{len(rules)} rule(s) from {self.path}"
+
+    def allows(self, principal: Principal, verb: Verb, destination: str | None = None) -> bool:
+        with self._lock:
+            rules = self._rules
+        return any(r.matches(principal, verb, destination) for r in rules)
+
+    def check(self, principal: Principal, verb: Verb, destination: str | None = None) -> None:
+        if self.allows(principal, verb, destination):
+            return
+        where = f" on {destination!r}" if destination is not None else ""
+        raise NotAuthorized(
+            f"{principal.name!r} may not {verb}{where}: no rule in {self.path} allows it",
+            verb=verb,
+            destination=destination or "",
+            principal=principal.name,
+        )
