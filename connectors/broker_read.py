@@ -24,7 +24,7 @@ from pyspark.sql.streaming.datasource import (
 
 from spark_mq.client.admin import Admin
 from spark_mq.connectors import delta_read as dr
-from spark_mq.connectors.options import SourceOptions
+from spark_mq.connectors.options import BrokerAuth, SourceOptions
 
 Offset = dict[str, int]
 
@@ -37,10 +37,11 @@ class ClaimSlice(InputPartition):
     consumer: str
     number: int
     include_headers: bool
+    auth: BrokerAuth
 
 
 def read_claim(part: ClaimSlice) -> Iterator[pa.RecordBatch]:
-    with Admin(part.url) as admin:
+    with Admin(part.url, **part.auth.kwargs()) as admin:
         rows = admin.claimed(
             part.destination, part.consumer, part.number, subscription=part.subscription
         )
@@ -60,7 +61,7 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def admin(self) -> Admin:
         if self._admin is None:
-            self._admin = Admin(self.opts.url)
+            self._admin = Admin(self.opts.url, **self.opts.auth.kwargs())
         return self._admin
 
     def initialOffset(self) -> Offset:
@@ -98,6 +99,7 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.opts.consumer,
                 n,
                 self.opts.include_headers,
+                self.opts.auth,
             )
             for n in range(int(start["claim"]) + 1, int(end["claim"]) + 1)
         ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spark_mq.errors import ConfigError
 from spark_mq.journal.layout import normalize_root
@@ -19,6 +19,15 @@ DEFAULT_MAX_MESSAGES_PER_PARTITION = 100_000
 EARLIEST, LATEST = -2, -1  # in JSON offsets, as Kafka's source spells them
 GROUPING_KEYS = ("group_id", "dedup_id", "message_id")
 
+# a broker client's options -> Producer / Consumer / Admin keyword arguments
+_AUTH_OPTIONS = (
+    ("username", "username"),
+    ("password", "password"),
+    ("token", "token"),
+    ("tlsCaFile", "tls_ca_file"),
+    ("tlsCertFile", "tls_cert_file"),
+    ("tlsKeyFile", "tls_key_file"),
+)
 # lower-cased key Spark hands us -> the option's documented name
 _KNOWN = {
     n.lower(): n
@@ -40,12 +49,41 @@ _KNOWN = {
         "consumer",
         "url",
         "subscription",
+        *(option for option, _ in _AUTH_OPTIONS),
     )
 }
 # options that place a read in the log; a broker consumer's place is its claims
 _LOG_ONLY = ("startingoffsets", "startingtimestamp", "endingoffsets", "groupingpartitions")
 DEFAULT_URL = "grpc://127.0.0.1:7676"
 DEFAULT_MAX_CLAIM = 10_000
+
+
+@dataclass(frozen=True)
+class BrokerAuth:
+    """The credentials and TLS files a query presents to the broker (options ``username``,
+    ``password`` or ``token``, ``tlsCaFile``, ``tlsCertFile``, ``tlsKeyFile``; absent ones come
+    from the executors' ``SPARKMQ_*`` environment as for the SDK). Spark redacts options named
+    like ``password`` and ``token`` in plans and the UI (``spark.redaction.regex``); this
+    object's ``repr`` leaves the secrets out too, wherever a partition or an error shows it."""
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    @classmethod
+    def parse(cls, opts: Mapping[str, str]) -> BrokerAuth:
+        """From lower-cased options."""
+        return cls(**{field: opts.get(option.lower()) for option, field in _AUTH_OPTIONS})
+
+    def kwargs(self) -> dict[str, str | None]:
+        """Keyword arguments of ``Producer``, ``Consumer`` and ``Admin``."""
+        return {f: getattr(self, f) for _, f in _AUTH_OPTIONS}
+
+
+AUTH_OPTION_NAMES = tuple(o.lower() for o, _ in _AUTH_OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -68,6 +106,7 @@ class SourceOptions:
     consumer: str | None = None
     url: str = DEFAULT_URL
     subscription: str | None = None
+    auth: BrokerAuth = field(default_factory=BrokerAuth)
 
     @property
     def through_broker(self) -> bool:
@@ -84,7 +123,7 @@ class SourceOptions:
             )
         if "consumer" in opts:
             return cls._broker_mode(opts)
-        for key in ("url", "subscription"):
+        for key in ("url", "subscription", *AUTH_OPTION_NAMES):
             if key in opts:
                 raise ConfigError(
                     f"option {_KNOWN[key]!r} needs 'consumer' (a name for this query's claims): "
@@ -173,6 +212,7 @@ class SourceOptions:
             consumer=consumer,
             url=url,
             subscription=subscription,
+            auth=BrokerAuth.parse(opts),
         )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +37,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from spark_mq.connectors.options import AUTH_OPTION_NAMES, BrokerAuth
 from spark_mq.errors import ConfigError, SchemaMismatch
 from spark_mq.names import validate_name
 from spark_mq.schema import numbered_ids
@@ -53,7 +54,14 @@ _ALLOWED: dict[str, tuple[type[DataType], ...]] = {
     "destination": (StringType,),
 }
 _SPARKS_OWN = {"path", "checkpointlocation"}  # Spark passes these along; they are not ours
-_KNOWN_OPTIONS = {"url", "destination", "timeout_s", "testing.killafterrows", "testing.markerdir"}
+_KNOWN_OPTIONS = {
+    "url",
+    "destination",
+    "timeout_s",
+    "testing.killafterrows",
+    "testing.markerdir",
+    *AUTH_OPTION_NAMES,
+}
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class SinkOptions:
     timeout_s: float
     kill_after_rows: int | None  # tests only: the Python worker dies once, mid-partition
     marker_dir: str | None
+    auth: BrokerAuth = field(default_factory=BrokerAuth)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> SinkOptions:
@@ -92,6 +101,7 @@ class SinkOptions:
             timeout_s=float(opts.get("timeout_s", "60")),
             kill_after_rows=int(kill) if kill else None,
             marker_dir=opts.get("testing.markerdir"),
+            auth=BrokerAuth.parse(opts),
         )
 
 
@@ -104,24 +114,24 @@ def check_schema(schema: StructType) -> None:
             "a column and its alias are both present (value/body or key/group_id)",
             column="body",
         )
-    for field in schema.fields:
-        name = _ALIASES.get(field.name, field.name)
+    for column in schema.fields:
+        name = _ALIASES.get(column.name, column.name)
         allowed = _ALLOWED.get(name)
         if allowed is None:
             raise SchemaMismatch(
-                f"the sparkmq sink has no column {field.name!r}; it takes "
+                f"the sparkmq sink has no column {column.name!r}; it takes "
                 f"{sorted([*_ALLOWED, *_ALIASES])} (select or drop the others)",
-                column=field.name,
+                column=column.name,
             )
-        if not isinstance(field.dataType, allowed):
+        if not isinstance(column.dataType, allowed):
             raise SchemaMismatch(
-                f"column {field.name!r} is {field.dataType.simpleString()}; the sparkmq sink "
+                f"column {column.name!r} is {column.dataType.simpleString()}; the sparkmq sink "
                 f"takes {' or '.join(t.typeName() for t in allowed)} there",
-                column=field.name,
+                column=column.name,
             )
-        if isinstance(field.dataType, MapType) and not (
-            isinstance(field.dataType.keyType, StringType)
-            and isinstance(field.dataType.valueType, StringType)
+        if isinstance(column.dataType, MapType) and not (
+            isinstance(column.dataType.keyType, StringType)
+            and isinstance(column.dataType.valueType, StringType)
         ):
             raise SchemaMismatch("column 'headers' must be map<string,string>", column="headers")
 
@@ -152,7 +162,7 @@ def _send(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Sent:
     prefix = _id_prefix()
     row = 0
     chunk = opts.kill_after_rows or 1 << 62
-    with Producer(opts.url, timeout_s=opts.timeout_s) as producer:
+    with Producer(opts.url, timeout_s=opts.timeout_s, **opts.auth.kwargs()) as producer:
         for batch in batches:
             for part in pa.table(batch).to_batches(max_chunksize=chunk):
                 table = pa.table(part).rename_columns(

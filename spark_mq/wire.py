@@ -38,6 +38,7 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import ssl
 import struct
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeAlias
@@ -498,7 +499,11 @@ def widen_local_send_buffer(sock: socket.socket) -> None:
 
 
 def send_parts(sock: socket.socket, parts: list[Any]) -> None:
-    """Write every buffer of ``parts`` on a blocking socket (``sendmsg`` may write a part)."""
+    """Write every buffer of ``parts`` on a blocking socket (``sendmsg`` may write a part; a
+    TLS socket has none: the parts go as one buffer)."""
+    if isinstance(sock, ssl.SSLSocket):
+        sock.sendall(b"".join(memoryview(p).cast("B") for p in parts))
+        return
     views = [memoryview(p).cast("B") for p in parts]
     while views:
         sent = sock.sendmsg(views)

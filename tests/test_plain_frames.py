@@ -193,11 +193,11 @@ def test_a_broker_of_wire_version_1_gets_columns_frames_only(
 ) -> None:
     with Admin(broker.url) as admin:
         admin.create_queue("q")
-    client, options = connect(broker.url, 10)
+    conn = connect(broker.url, 10)
     try:
-        address = wire_address(client, options, broker.url, "wire")
+        address = wire_address(conn.client, conn.options, broker.url, "wire")
     finally:
-        client.close()
+        conn.client.close()
     assert address is not None and address.version == wire.VERSION >= 2
     seen = _kinds_read(monkeypatch)
     with Producer(broker.url, destination="q", transport="wire") as producer:

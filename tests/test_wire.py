@@ -394,9 +394,9 @@ def test_clients_on_this_machine_use_the_local_socket_unless_it_is_off(
 
     running = start_inprocess(tmp_path / "data", ManualClock(), **{"broker.wire_local": local})
     try:
-        client, options = connect(running.url, 10)
-        name = call_action(client, options, "ping")["wire_local"]
-        client.close()
+        conn = connect(running.url, 10)
+        name = call_action(conn.client, conn.options, "ping")["wire_local"]
+        conn.client.close()
         assert (name is not None) is local
         family = socket.AF_UNIX if local else socket.AF_INET
         with Producer(running.url, destination="q", transport="wire") as producer:
@@ -426,10 +426,13 @@ def _wmem_max() -> int:
 
 def test_a_local_socket_this_process_cannot_reach_falls_back_to_tcp(broker: RunningBroker) -> None:
     # another machine's broker names a local socket that does not exist here
+    from spark_mq.client._transport import connect
     from spark_mq.client._wire import Address, WireConsumeLink
 
     address = Address("127.0.0.1", broker.wire_port, "sparkmq-wire-of-another-machine")  # type: ignore[arg-type]
-    link = WireConsumeLink(address, 10, protocol.Consume("q", None, 10, None, True, False))
+    conn = connect(broker.url, 10)
+    consume = protocol.Consume("q", None, 10, None, True, False)
+    link = WireConsumeLink(address, 10, consume, conn)
     try:
         assert link._sock.family == socket.AF_INET
         welcome = protocol.parse(link.read())  # type: ignore[arg-type]

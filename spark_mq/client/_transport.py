@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import os
+import ssl
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlparse
 
 import pyarrow.flight as fl
 
 from spark_mq import protocol
 from spark_mq.errors import (
     BrokerUnavailable,
+    ConfigError,
     MessageTooLarge,
+    NotAuthenticated,
     OperationTimeout,
     ProtocolError,
     SparkMQError,
@@ -41,7 +48,7 @@ def translate_flight_error(exc: BaseException) -> SparkMQError:
     if isinstance(exc, fl.FlightUnavailableError | fl.FlightCancelledError | ConnectionError):
         return BrokerUnavailable(f"cannot reach the broker: {exc}")
     if isinstance(exc, fl.FlightUnauthenticatedError | fl.FlightUnauthorizedError):
-        return SparkMQError(f"the broker refused the credentials: {exc}")
+        return NotAuthenticated(f"the broker refused the credentials: {exc}")
     if isinstance(exc, fl.FlightError | OSError):
         # gRPC reports a dead peer in several ways; the message is the only tell
         text = str(exc)
@@ -71,18 +78,118 @@ def translated() -> Iterator[None]:
         raise translate_flight_error(exc) from exc
 
 
-def connect(url: str, timeout_s: float) -> tuple[fl.FlightClient, fl.FlightCallOptions]:
-    """A client, and call options for unary calls (admin actions) with ``timeout_s``.
+@dataclass(frozen=True)
+class Auth:
+    """A client's credentials and TLS settings (every argument may also come from the
+    environment: ``SPARKMQ_USERNAME``, ``SPARKMQ_PASSWORD``, ``SPARKMQ_TOKEN``,
+    ``SPARKMQ_TLS_CA_FILE``, ``SPARKMQ_TLS_CERT_FILE``, ``SPARKMQ_TLS_KEY_FILE``).
+    ``repr`` never shows a secret."""
 
-    Streams (produce, consume) must not use those options: a gRPC deadline bounds the whole
-    call, so a long-lived stream would be cut off after ``timeout_s``.
-    """
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    tls_ca_file: str | None = None  # the CA the broker's certificate chains to
+    tls_cert_file: str | None = None  # this client's certificate (mutual TLS)
+    tls_key_file: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+    ) -> Auth:
+        env = os.environ.get
+        return cls(
+            username or env("SPARKMQ_USERNAME"),
+            password or env("SPARKMQ_PASSWORD"),
+            token or env("SPARKMQ_TOKEN"),
+            tls_ca_file or env("SPARKMQ_TLS_CA_FILE"),
+            tls_cert_file or env("SPARKMQ_TLS_CERT_FILE"),
+            tls_key_file or env("SPARKMQ_TLS_KEY_FILE"),
+        )
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """A Flight call's ``authorization`` header (none without credentials)."""
+        if self.token:
+            return [(b"authorization", b"Bearer " + self.token.encode())]
+        if self.username is not None and self.password is not None:
+            pair = f"{self.username}:{self.password}".encode()
+            return [(b"authorization", b"Basic " + base64.b64encode(pair))]
+        return []
+
+    def login_frame(self) -> protocol.Login | None:
+        """What a direct-wire connection sends first (None without credentials)."""
+        if self.token:
+            return protocol.Login(token=self.token)
+        if self.username is not None and self.password is not None:
+            return protocol.Login(self.username, self.password)
+        return None
+
+    def _read(self, path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+    def flight_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if self.tls_ca_file:
+            kwargs["tls_root_certs"] = self._read(self.tls_ca_file)
+        if self.tls_cert_file:
+            kwargs["cert_chain"] = self._read(self.tls_cert_file)
+            kwargs["private_key"] = self._read(self.tls_key_file)
+        return kwargs
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """For the direct wire's TCP port of a broker reached over ``grpc+tls``."""
+        context = ssl.create_default_context(cafile=self.tls_ca_file)
+        if self.tls_cert_file:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return context
+
+
+@dataclass
+class Connection:
+    """A Flight client with the options of its calls, and what the direct wire needs to reach
+    the same broker as the same principal.
+
+    Unary calls (admin actions) use ``options`` (with the timeout); streams (produce, consume)
+    must not: a gRPC deadline bounds the whole call, and would cut a long-lived stream off."""
+
+    client: fl.FlightClient
+    options: fl.FlightCallOptions
+    stream_options: fl.FlightCallOptions
+    auth: Auth
+    tls: bool  # grpc+tls: the wire's TCP connections use TLS too
+    host: str
+
+    def wire_tls(self) -> ssl.SSLContext | None:
+        return self.auth.ssl_context() if self.tls else None
+
+
+def connect(url: str, timeout_s: float, auth: Auth | None = None) -> Connection:
+    """A connection to the broker at ``url`` (``grpc://`` or ``grpc+tls://``)."""
+    auth = auth or Auth.of()
+    parsed = urlparse(url)
+    tls = parsed.scheme == "grpc+tls"
+    headers = auth.headers()
     with translated():
-        client = fl.FlightClient(url)
-    return client, fl.FlightCallOptions(timeout=timeout_s)
-
-
-STREAM_OPTIONS = fl.FlightCallOptions()
+        client = fl.FlightClient(url, **(auth.flight_kwargs() if tls else {}))
+    return Connection(
+        client,
+        fl.FlightCallOptions(timeout=timeout_s, headers=headers),
+        fl.FlightCallOptions(headers=headers),
+        auth,
+        tls,
+        parsed.hostname or "127.0.0.1",
+    )
 
 
 def call_action(

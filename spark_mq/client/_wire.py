@@ -10,6 +10,7 @@ import contextlib
 import json
 import select
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -23,7 +24,7 @@ import pyarrow.flight as fl
 
 from spark_mq import protocol, wire
 from spark_mq.client._outcome import Outcome
-from spark_mq.client._transport import call_action
+from spark_mq.client._transport import Connection, call_action
 from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError, from_wire
 from spark_mq.schema import DELIVERY_SCHEMA
 
@@ -69,8 +70,26 @@ def wire_address(
     return Address(urlparse(url).hostname or "127.0.0.1", int(port), local, version)
 
 
-def _connect(address: Address, timeout_s: float) -> socket.socket:
-    if address.local is not None:
+def _connect(address: Address, timeout_s: float, conn: Connection) -> socket.socket:
+    """A connection to the direct wire, logged in when the client has credentials: the local
+    socket if this process can reach it (and presents no client certificate), else TCP (with
+    TLS when the broker's URL says ``grpc+tls``). The login frame goes first; the broker
+    answers a bad one by refusing the frame that follows it."""
+    sock = _open(address, timeout_s, conn)
+    login = conn.auth.login_frame()
+    if login is not None:
+        try:
+            sock.sendall(wire.control(login))
+        except OSError as exc:
+            sock.close()
+            raise BrokerUnavailable(f"cannot reach the broker's direct wire: {exc}") from exc
+    return sock
+
+
+def _open(address: Address, timeout_s: float, conn: Connection) -> socket.socket:
+    # the local socket is this machine's own (a login still goes first when security is on);
+    # a client certificate is an identity only TLS can carry, so its holder goes over TCP
+    if address.local is not None and not (conn.tls and conn.auth.tls_cert_file):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout_s)  # a full accept queue would block a local connect
         try:
@@ -87,9 +106,36 @@ def _connect(address: Address, timeout_s: float) -> socket.socket:
         raise BrokerUnavailable(
             f"cannot reach the broker's direct wire at {address.host}:{address.port}: {exc}"
         ) from exc
-    sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    tls = conn.wire_tls()
+    if tls is not None:
+        try:
+            sock = tls.wrap_socket(sock, server_hostname=conn.host)
+        except (ssl.SSLError, OSError) as exc:
+            sock.close()
+            raise BrokerUnavailable(
+                f"TLS with the broker's direct wire at {address.host}:{address.port} failed: {exc}"
+            ) from exc
+    sock.settimeout(None)
     return sock
+
+
+def _peek(sock: socket.socket) -> bytes:
+    """One byte if the broker sent something (else BlockingIOError / SSLWantReadError), b""
+    if it hung up. A TLS socket cannot peek: it reads (a producer with nothing in flight has
+    nothing coming but the end, or a failure that ends the connection anyway)."""
+    if not isinstance(sock, ssl.SSLSocket):
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    sock.setblocking(False)
+    try:
+        return sock.recv(1)
+    finally:
+        sock.setblocking(True)
+
+
+def _pending(sock: socket.socket) -> bool:
+    """Whether TLS holds decrypted bytes a poll of the socket would not see."""
+    return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
 
 
 def _failure(frame: wire.Failure) -> SparkMQError:
@@ -116,7 +162,7 @@ class _Frames:
             sink = self._reader.sink()  # the rest of a big frame: straight to its own buffer
             try:
                 n = self._sock.recv_into(self._inbox if sink is None else sink)
-            except BlockingIOError:
+            except (BlockingIOError, ssl.SSLWantReadError):
                 raise TimeoutError("no frame from the broker in time") from None
             except OSError as exc:
                 raise BrokerUnavailable(f"the connection to the broker broke: {exc}") from exc
@@ -156,10 +202,12 @@ class WireProduceStream:
     then on reads every answer.
     """
 
-    def __init__(self, address: Address, timeout_s: float, destination: str, window: int) -> None:
+    def __init__(
+        self, address: Address, timeout_s: float, destination: str, window: int, conn: Connection
+    ) -> None:
         self.destination = destination
         self.takes_plain = address.version >= 2  # PLAIN frames
-        self._sock = _connect(address, timeout_s)
+        self._sock = _connect(address, timeout_s, conn)
         self._frames = _Frames(self._sock)
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)
@@ -236,8 +284,8 @@ class WireProduceStream:
         with self._lock:
             if self.broken is None and self._reader is None and not self._reading:
                 try:
-                    peeked = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-                except (BlockingIOError, InterruptedError):
+                    peeked = _peek(self._sock)
+                except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
                     peeked = None
                 except OSError as exc:
                     self._fail(BrokerUnavailable(f"the connection to the broker broke: {exc}"))
@@ -326,8 +374,10 @@ class WireConsumeLink:
     reader may wait for a frame in :meth:`wait`, which another thread can cut short
     (:meth:`wake`), or in :meth:`read` itself, with a timeout."""
 
-    def __init__(self, address: Address, timeout_s: float, command: protocol.Consume) -> None:
-        self._sock = _connect(address, timeout_s)
+    def __init__(
+        self, address: Address, timeout_s: float, command: protocol.Consume, conn: Connection
+    ) -> None:
+        self._sock = _connect(address, timeout_s, conn)
         self._frames = _Frames(self._sock)
         self._send_lock = threading.Lock()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -345,7 +395,7 @@ class WireConsumeLink:
     def wait(self) -> bool:
         """Wait until :meth:`read` has something (a frame, or the end of the stream): True; or
         until another thread calls :meth:`wake`: False."""
-        if self._frames.buffered:
+        if self._frames.buffered or _pending(self._sock):
             return True
         try:
             events = self._poll_either.poll()

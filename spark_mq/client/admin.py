@@ -8,12 +8,28 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq import protocol
-from spark_mq.client._transport import DEFAULT_URL, call_action, connect, translated
+from spark_mq.client._transport import DEFAULT_URL, Auth, call_action, connect, translated
 
 
 class Admin:
-    def __init__(self, url: str = DEFAULT_URL, *, timeout_s: float = 30.0) -> None:
-        self._client, self._options = connect(url, timeout_s)
+    """Administration of a broker (``username``/``password`` or ``token``, and the TLS files,
+    as for :class:`~spark_mq.Producer`)."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        timeout_s: float = 30.0,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+    ) -> None:
+        auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
+        conn = connect(url, timeout_s, auth)
+        self._client, self._options = conn.client, conn.options
 
     def __enter__(self) -> Admin:
         return self
@@ -149,3 +165,9 @@ class Admin:
 
     def stats(self, name: str) -> dict[str, Any]:
         return dict(self._call("stats", name=name))
+
+    def reload_security(self) -> dict[str, Any]:
+        """Read the broker's access rules again (as SIGHUP does): ``{"reloaded": bool,
+        "detail": str}``; a file that does not parse keeps the rules in force, and ``detail``
+        says why."""
+        return dict(self._call("reload_security"))

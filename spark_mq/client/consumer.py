@@ -54,7 +54,8 @@ import pyarrow.flight as fl
 from spark_mq import protocol, wire
 from spark_mq.client._transport import (
     DEFAULT_URL,
-    STREAM_OPTIONS,
+    Auth,
+    Connection,
     connect,
     translate_flight_error,
     translated,
@@ -87,6 +88,12 @@ class Consumer:
         timeout_s: float = 30.0,
         transport: Transport = "auto",
         on_message: Callable[[Message], object] | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
     ) -> None:
         # temporary: a new queue only this consumer reads, gone when it closes (for replies);
         # its name is self.destination once connected
@@ -95,7 +102,9 @@ class Consumer:
             validate_name(subscription, "subscription")
         self.subscription = subscription
         self.durable = durable
-        self._client, self._options = connect(url, timeout_s)
+        auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
+        self._conn = connect(url, timeout_s, auth)
+        self._client, self._options = self._conn.client, self._conn.options
         command = protocol.Consume(
             destination, subscription, prefetch, selector, durable, temporary
         )
@@ -125,11 +134,11 @@ class Consumer:
             address = wire_address(self._client, self._options, url, transport)
             if address is not None:  # plain messages may come as ONE frames, one each
                 compact = dataclasses.replace(command, compact=True)
-                self._link = WireConsumeLink(address, timeout_s, compact)
+                self._link = WireConsumeLink(address, timeout_s, compact, self._conn)
                 if on_message is None:
                     self._turn = ReadTurn(self._link, lambda: bool(self._requests))
             else:
-                self._link = _FlightLink(self._client, command)
+                self._link = _FlightLink(self._conn, command)
             first = self._link.read()  # the Welcome, or the broker's refusal
             if not isinstance(first, bytes):
                 raise ProtocolError("the broker did not start with a welcome", fault="remote")
@@ -444,10 +453,10 @@ class Consumer:
 class _FlightLink:
     """A consumer's Flight ``DoExchange`` stream (the transport when there is no direct wire)."""
 
-    def __init__(self, client: fl.FlightClient, command: protocol.Consume) -> None:
+    def __init__(self, conn: Connection, command: protocol.Consume) -> None:
         descriptor = fl.FlightDescriptor.for_command(protocol.encode(command))
         with translated():
-            self._writer, self._reader = client.do_exchange(descriptor, STREAM_OPTIONS)
+            self._writer, self._reader = conn.client.do_exchange(descriptor, conn.stream_options)
 
     def read(self) -> pa.RecordBatch | bytes | None:
         """A delivery batch, a control frame's JSON, or None at the end of the stream."""

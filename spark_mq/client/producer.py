@@ -32,7 +32,8 @@ from spark_mq.client._outcome import Outcome
 from spark_mq.client._pending import PLAIN_OPTIONS, Pending, batch_of, column, plain_of
 from spark_mq.client._transport import (
     DEFAULT_URL,
-    STREAM_OPTIONS,
+    Auth,
+    Connection,
     connect,
     translate_flight_error,
     translated,
@@ -75,13 +76,13 @@ def _conform_produce(table: pa.Table) -> pa.Table:
 class _PutStream:
     """One DoPut stream to one destination; acks come back in order."""
 
-    def __init__(
-        self, client: fl.FlightClient, options: fl.FlightCallOptions, destination: str, window: int
-    ) -> None:
+    def __init__(self, conn: Connection, destination: str, window: int) -> None:
         self.destination = destination
         descriptor = fl.FlightDescriptor.for_command(protocol.encode(protocol.Produce(destination)))
         with translated():
-            self._writer, self._acks = client.do_put(descriptor, PRODUCE_SCHEMA, STREAM_OPTIONS)
+            self._writer, self._acks = conn.client.do_put(
+                descriptor, PRODUCE_SCHEMA, conn.stream_options
+            )
         self._lock = threading.Lock()
         self._window = threading.Semaphore(window)
         self._in_flight: deque[Outcome] = deque()
@@ -181,6 +182,11 @@ class Producer:
 
     ``transport``: ``"auto"`` uses the broker's direct wire when it offers one (the lowest
     latency), else Arrow Flight; ``"wire"`` or ``"flight"`` insist on one.
+
+    Against a broker with security on: ``username`` and ``password``, or a bearer ``token``;
+    over ``grpc+tls://``, ``tls_ca_file`` (the CA the broker's certificate chains to) and for
+    mutual TLS ``tls_cert_file`` / ``tls_key_file``. Each may also come from the environment
+    (``SPARKMQ_USERNAME``, ``SPARKMQ_PASSWORD``, ``SPARKMQ_TOKEN``, ``SPARKMQ_TLS_CA_FILE``...).
     """
 
     def __init__(
@@ -196,13 +202,21 @@ class Producer:
         timeout_s: float = 30.0,
         group_id: str | None = None,
         autogroup: bool = False,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
     ) -> None:
         if destination is not None:
             validate_name(destination)
         self.destination = destination
         # messages sent without a group id get this one (autogroup: a random one, as Artemis)
         self.group_id = group_id or (f"auto-{uuid.uuid4().hex}" if autogroup else None)
-        self._client, self._options = connect(url, timeout_s)
+        auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
+        self._conn = connect(url, timeout_s, auth)
+        self._client, self._options = self._conn.client, self._conn.options
         self._url, self._transport, self._timeout_s = url, transport, timeout_s
         self._address: Address | None = None
         self._discovered = False
@@ -541,9 +555,11 @@ class Producer:
                     )
                     self._discovered = True
                 if self._address is not None:
-                    stream = WireProduceStream(self._address, self._timeout_s, dest, self._window)
+                    stream = WireProduceStream(
+                        self._address, self._timeout_s, dest, self._window, self._conn
+                    )
                 else:
-                    stream = _PutStream(self._client, self._options, dest, self._window)
+                    stream = _PutStream(self._conn, dest, self._window)
                 self._streams[dest] = stream
             return stream
 
@@ -587,4 +603,3 @@ def _joined(parts: list[Future]) -> Future:
     for f in parts:
         f.add_done_callback(done)
     return joined
-

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq.client._options import check_options
-from spark_mq.client._transport import DEFAULT_URL, connect, translated
+from spark_mq.client._transport import DEFAULT_URL, Auth, connect, translated
 from spark_mq.client.message import Message
 from spark_mq.errors import SparkMQError
 from spark_mq.names import validate_name
@@ -38,8 +38,21 @@ TX_SCHEMA = pa.schema([pa.field("destination", pa.string()), *PRODUCE_SCHEMA])
 
 
 class Transaction:
-    def __init__(self, url: str = DEFAULT_URL, *, timeout_s: float = 30.0) -> None:
-        self._client, self._options = connect(url, timeout_s)
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        timeout_s: float = 30.0,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+    ) -> None:
+        auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
+        conn = connect(url, timeout_s, auth)
+        self._client, self._options = conn.client, conn.options
         self._rows: list[dict[str, Any]] = []
         self._acked: list[Message] = []
         self.closed = False  # committed or rolled back

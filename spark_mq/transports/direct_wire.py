@@ -575,8 +575,10 @@ class WireServer:
                 if conn.login is not None or conn.client is not None:
                     raise ProtocolError("a connection logs in once, first", fault="remote")
                 creds = Credentials(frame.username, frame.password, frame.token)
+                conn.parked = True  # its next frames wait for the outcome (set first: a
+                # cached login is done before submit returns)
                 conn.login = self._helpers.submit(self._log_in, conn, creds)
-                conn.parked = True  # its next frames wait for the outcome
+                conn.login.add_done_callback(lambda _: self._logged_in(conn))
             case protocol.Produce(destination=name):
                 self._client(conn).open_producer(name)
                 conn.role, conn.destination = "produce", name
@@ -636,11 +638,13 @@ class WireServer:
 
     def _log_in(self, conn: _Conn, creds: Credentials) -> Principal:
         """(A helper thread.) Check a login; the loop takes the outcome up when woken."""
-        try:
-            return self.security.login(creds, peer=str(conn.peer), transport="wire")
-        finally:
-            conn.parked = False
-            self.mark(conn)
+        return self.security.login(creds, peer=str(conn.peer), transport="wire")
+
+    def _logged_in(self, conn: _Conn) -> None:
+        """(Any thread, once the login's future is done.) The loop takes up its outcome and the
+        frames that waited for it."""
+        conn.parked = False
+        self.mark(conn)
 
     def _client(self, conn: _Conn) -> ClientSession:
         """The connection's session, opened at its produce or consume frame: for the user it

@@ -29,7 +29,7 @@ from spark_mq.arrow_checks import checked
 from spark_mq.broker import commands
 from spark_mq.broker.core import Broker
 from spark_mq.broker.dedup import ProduceResult
-from spark_mq.errors import ProtocolError, SparkMQError, to_wire
+from spark_mq.errors import NotAuthenticated, ProtocolError, SparkMQError, to_wire
 from spark_mq.protocol import Bye, Consume, Produce, PutAck, PutFailed, Settle
 from spark_mq.schema import DELIVERY_SCHEMA
 from spark_mq.security.context import Security
@@ -113,17 +113,35 @@ class FlightService(fl.FlightServerBase):
     def _session(self, context: fl.ServerCallContext) -> ClientSession:
         """The session a call runs in, for the principal the call authenticated as."""
         peer = context.peer()
-        principal = self.security.login(
-            flight_auth.presented(context), peer=peer, transport="flight"
-        )
+        creds = flight_auth.presented(context)
+        if self._certified_port_map(context):
+            raise NotAuthenticated(
+                "over Flight a client certificate does not say who you are (gRPC verified it, "
+                "but cannot tell the broker whose it is): log in with a user name and password "
+                "or a token, or use the direct wire (transport='wire'), where it identifies you"
+            )
+        principal = self.security.login(creds, peer=peer, transport="flight")
         return self.security.session(self.broker, principal, peer=peer, transport="flight")
+
+    def _certified_port_map(self, context: fl.ServerCallContext) -> bool:
+        """A ping without credentials under mutual TLS: answered with where the direct wire is
+        (the seeds' port mapper) and nothing else. Every caller has a certificate gRPC verified,
+        but Flight cannot say whose, so a client that has only its certificate finds the wire
+        this way and is identified there."""
+        tls = self.security.tls
+        return (
+            self.security.enabled
+            and tls is not None
+            and tls.mutual
+            and flight_auth.presented(context).empty
+        )
 
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
         # (an action's type is a protobuf string: gRPC refuses one that is not UTF-8 itself)
         with self._call(f"action {action.type}"), _answering("action"):
             cmd = translate.action_command(action.type, action.body.to_pybytes())
-            session = self._session(context)
-            result = session.execute(cmd)
+            if not (isinstance(cmd, commands.Ping) and self._certified_port_map(context)):
+                result = self._session(context).execute(cmd)
             if isinstance(cmd, commands.Ping):  # also how clients find the direct wire
                 answer: Any = {
                     "ok": True,
