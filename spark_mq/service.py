@@ -17,7 +17,7 @@ import pyarrow as pa
 from spark_mq.broker.core import Broker
 from spark_mq.config import BrokerConfig
 from spark_mq.logs import setup_logging
-from spark_mq.security.context import Security, check_protected
+from spark_mq.security.context import Security, check_protected, is_loopback
 from spark_mq.transports.direct_wire import WireServer
 from spark_mq.transports.flight import FlightService
 
@@ -182,6 +182,12 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
         if running.wire.local_name:
             wire_at += f" and local socket @{running.wire.local_name}"
     sec = config.security
+    if not sec.enabled and config.broker.insecure and not is_loopback(config.broker.host):
+        log.warning(
+            "listening on %s with security off (--insecure): anyone who reaches these ports "
+            "may produce, consume, purge and delete everything",
+            config.broker.host,
+        )
     security = (
         f"on (users {sec.users_file}, rules {sec.acl_file}, audit {config.audit_path()})"
         if sec.enabled

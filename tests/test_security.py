@@ -225,6 +225,7 @@ def test_what_a_user_may_do_where_the_rules_allow_it(secure: Setup) -> None:
             consumer.ack(m).result(10)
     with Admin(secure.url, **BOB) as admin:
         assert [d["name"] for d in admin.list_destinations()] == ["bob.inbox"]
+        assert admin.stats("bob.inbox")["end_offset"] == 2  # a consumer sees its depth
         with pytest.raises(NotAuthorized, match=r"'bob' may not admin on 'bob\.inbox'"):
             admin.purge("bob.inbox")
 

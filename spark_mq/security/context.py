@@ -74,7 +74,7 @@ class Security:
 def check_protected(config: BrokerConfig, *, listening_on: str) -> None:
     """With security off, refuse to listen anywhere but loopback unless told to (Redis's
     protected mode): a broker on 0.0.0.0 let anyone purge and delete every queue."""
-    if config.security.enabled or config.broker.insecure or _loopback(listening_on):
+    if config.security.enabled or config.broker.insecure or is_loopback(listening_on):
         return
     raise ConfigError(
         f"refusing to listen on {listening_on} with security off: anyone who reaches it could "
@@ -85,7 +85,7 @@ def check_protected(config: BrokerConfig, *, listening_on: str) -> None:
     )
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host in ("localhost", ""):
         return True
     try:
