@@ -118,6 +118,7 @@ class _Conn:
         self.certificate_name: str | None = None
         self.tls = isinstance(sock, ssl.SSLSocket)
         self.handshaking = self.tls
+        self.retrying_write = False  # TLS: the last write must be retried with the same buffer
         # consuming
         self.consumer: ConsumerSession | None = None
         self.compact = False  # plain messages (and a message alone) go as ONE frames
@@ -797,7 +798,11 @@ class WireServer:
         while conn.out:
             try:
                 if conn.tls:  # (an SSL socket has no sendmsg: a buffer at a time)
+                    if not conn.retrying_write:
+                        _coalesce(conn.out)
+                    conn.retrying_write = True
                     sent = conn.sock.send(conn.out[0])
+                    conn.retrying_write = False
                 else:
                     sent = conn.sock.sendmsg(list(conn.out)[:512])
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
@@ -834,3 +839,21 @@ class WireServer:
                 log.info("consumer %d detached", conn.consumer.consumer_id)
         with contextlib.suppress(OSError):
             conn.sock.close()
+
+
+_TLS_JOIN_BYTES = 256 * 1024
+
+
+def _coalesce(out: deque[memoryview]) -> None:
+    """Join the small buffers at the head of ``out`` into one, for a TLS socket: a frame's parts
+    sent one by one were a TLS record and a TCP segment each, and the client read each alone
+    (produce-to-consume latency at 1,000 msg/s p50 2.4 ms against 0.67 over plain TCP, p99
+    23 ms). Not after a write that must be retried: TLS retries with the same buffer."""
+    if len(out) < 2 or len(out[0]) >= _TLS_JOIN_BYTES:
+        return
+    parts: list[memoryview] = []
+    size = 0
+    while out and size < _TLS_JOIN_BYTES and len(parts) < 512:
+        size += len(out[0])
+        parts.append(out.popleft())
+    out.appendleft(memoryview(b"".join(parts)))
