@@ -194,6 +194,19 @@ class SecuritySection(_Section):
     audit_backups: int = Field(9, ge=0, le=99)
 
 
+class HASection(_Section):
+    """High availability (see conf/broker.toml's [ha])."""
+
+    # "none": one broker; "shared-store": a primary and a backup on the same data directory (a
+    # shared volume): whoever holds its lock serves, the other waits to take over
+    mode: Literal["none", "shared-store"] = "none"
+    # how this broker names itself in the ownership record and the log ("" = host:port)
+    broker_id: str = ""
+    # a waiting backup tries the data directory's lock this often (s): the failover time after
+    # the primary's process ends is at most this plus recovery
+    lock_poll_s: float = Field(0.2, gt=0, le=60)
+
+
 class BrokerConfig(_Section):
     broker: BrokerSection = BrokerSection()
     journal: JournalSection = JournalSection()
@@ -203,6 +216,7 @@ class BrokerConfig(_Section):
     destinations: DestinationSettings = DestinationSettings()
     logging: LoggingSection = LoggingSection()
     security: SecuritySection = SecuritySection()
+    ha: HASection = HASection()
 
     def log_path(self) -> Path | None:
         """Where the rotating log goes; relative paths sit under a local data_dir."""

@@ -146,6 +146,13 @@ class BrokerUnavailable(SparkMQError):
     retriable = True
 
 
+class Deposed(BrokerUnavailable):
+    """This broker no longer owns its destinations: another took over with a greater epoch (a
+    failover). It acknowledges and commits nothing more; clients go to the new owner."""
+
+    code = "deposed"
+
+
 class OperationTimeout(SparkMQError):
     code = "timeout"
     retriable = True

@@ -33,7 +33,12 @@ class BrokerProcess:
         self.url = ""
 
     def start(self, timeout_s: float = 60.0) -> BrokerProcess:
-        ready = Path(tempfile.mkdtemp(prefix="sparkmq-ready-")) / "ready.json"
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> BrokerProcess:
+        """Start the process without waiting for it to serve (a shared store's backup serves
+        only once it takes over): :meth:`wait_ready` waits."""
+        self._ready = ready = Path(tempfile.mkdtemp(prefix="sparkmq-ready-")) / "ready.json"
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
@@ -55,6 +60,16 @@ class BrokerProcess:
             stderr=subprocess.STDOUT if self.log_file else subprocess.DEVNULL,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
+        return self
+
+    @property
+    def serving(self) -> bool:
+        """Whether it listens (its ready file is written: it owns the data)."""
+        return self._ready.exists()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> BrokerProcess:
+        ready = self._ready
+        assert self.proc is not None, "launch() first"
         deadline = time.monotonic() + timeout_s
         while not ready.exists():
             if self.proc.poll() is not None:

@@ -45,6 +45,7 @@ ADMIN_ACTIONS = (
     "stats",
     "ping",
     "reload_security",
+    "promote",
 )
 
 

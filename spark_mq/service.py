@@ -15,7 +15,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from spark_mq.broker.core import Broker
+from spark_mq.broker.dir_lock import StoppedWaiting
 from spark_mq.config import BrokerConfig
+from spark_mq.ha.ownership import Ownership
 from spark_mq.logs import setup_logging
 from spark_mq.security.context import Security, check_protected, is_loopback
 from spark_mq.transports.direct_wire import WireServer
@@ -28,12 +30,18 @@ class RunningBroker:
     """A broker with its Flight service (and the direct wire, when configured) listening.
     Usable in-process (tests, demo)."""
 
-    def __init__(self, broker: Broker, host: str, port: int) -> None:
+    def __init__(
+        self, broker: Broker, host: str, port: int, *, until: threading.Event | None = None
+    ) -> None:
         self.broker = broker
         check_protected(broker.config, listening_on=host)
         self.security = Security(broker.config)  # (before anything starts: a bad file stops it)
         self.scheme = "grpc+tls" if self.security.tls is not None else "grpc"
-        broker.start()
+        try:
+            broker.start(until=until)  # (a shared store's backup waits here)
+        except BaseException:
+            self.security.close()
+            raise
         self.wire: WireServer | None = None
         try:
             if broker.config.broker.wire:
@@ -174,7 +182,32 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
     reload_requested = threading.Event()
     signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
     allocator = choose_memory_pool()
-    running = RunningBroker(Broker(config), config.broker.host, config.broker.port)
+    while True:
+        outcome = _serve_term(config, stop, reload_requested, allocator, ready_file)
+        if outcome == "stop" or config.ha.mode == "none":
+            return
+        log.info("stepped down: this broker is the backup now")
+
+
+def _serve_term(
+    config: BrokerConfig,
+    stop: threading.Event,
+    reload_requested: threading.Event,
+    allocator: str,
+    ready_file: str | None,
+) -> str:
+    """Serve as the owner of the data until told to stop ("stop"), or until deposed or asked
+    to hand over to the backup ("step down"). A shared store's backup waits first."""
+    broker = Broker(config)
+    step_down = threading.Event()
+    broker.on_deposed = lambda _err: step_down.set()
+    broker.on_handover = step_down.set
+    try:
+        running = RunningBroker(broker, config.broker.host, config.broker.port, until=stop)
+    except StoppedWaiting:
+        log.info("stopped while waiting as the backup")
+        broker.close()
+        return "stop"
     settle_garbage_collector()
     wire_at = "no port (broker.wire = false)"
     if running.wire is not None:
@@ -195,7 +228,7 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
     )
     log.info(
         "sparkmq broker listening on %s, direct wire on %s (data: %s, persistence: %s, "
-        "Arrow memory: %s, security: %s, TLS: %s)",
+        "Arrow memory: %s, security: %s, TLS: %s%s)",
         running.url,
         wire_at,
         config.broker.data_dir,
@@ -203,6 +236,9 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
         allocator,
         security,
         "on" if running.security.tls is not None else "off",
+        f", high availability: {config.ha.mode}, epoch {broker.epoch}"
+        if config.ha.mode != "none"
+        else "",
     )
     if ready_file:
         tmp = f"{ready_file}.tmp"
@@ -213,12 +249,14 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
                     "port": running.port,
                     "wire_port": running.wire_port,
                     "pid": os.getpid(),
+                    "epoch": broker.epoch,
                 },
                 fh,
             )
         os.replace(tmp, ready_file)
+    epoch = broker.epoch
     try:
-        while not stop.wait(0.2):
+        while not stop.wait(0.2) and not step_down.is_set():
             if reload_requested.is_set():  # SIGHUP: the access rules again (not in a handler)
                 reload_requested.clear()
                 log.info("received SIGHUP: reloading the access rules")
@@ -229,3 +267,28 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
         if not clean:  # Flight calls of clients that never ended them: not waited for
             logging.shutdown()
             os._exit(0)
+    if stop.is_set():
+        return "stop"
+    if ready_file:  # not serving any more: ready again once it takes over
+        with contextlib.suppress(OSError):
+            os.remove(ready_file)
+    _let_the_backup_take_over(config, epoch, stop)
+    return "step down"
+
+
+def _let_the_backup_take_over(
+    config: BrokerConfig, epoch: int | None, stop: threading.Event
+) -> None:
+    """After stepping down, wait (up to 30 s) until another broker has taken a newer epoch
+    before contending for the data directory again: else this one could take it straight
+    back."""
+    if epoch is None:
+        return
+    owner = Ownership(config.broker.data_dir)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not stop.wait(config.ha.lock_poll_s):
+        try:
+            if owner.epoch() > epoch:
+                return
+        except Exception:  # the store out of reach: contend once the wait is over
+            log.debug("reading the ownership record failed", exc_info=True)

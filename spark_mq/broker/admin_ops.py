@@ -40,6 +40,7 @@ class DestinationAdmin:
 
     if TYPE_CHECKING:  # the broker's own builders this part calls
 
+        def ha_state(self) -> dict[str, Any]: ...
         def _new_destination(
             self, name: str, kind: Kind, overrides: dict[str, Any] | None = None
         ) -> Destination: ...
@@ -206,6 +207,7 @@ class DestinationAdmin:
             "settings": dest.settings.model_dump(),
             "temporary": dest.temporary,
             "duplicates": dest.dedup.duplicates_total if dest.dedup else 0,
+            **self.ha_state(),
             "dedup_cache_ids": len(dest.dedup) if dest.dedup else 0,
         }
         tier = self.journal.tier_stats(name)

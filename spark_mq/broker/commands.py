@@ -69,6 +69,11 @@ class ReloadSecurity:
 
 
 @dataclass(frozen=True, slots=True)
+class HandOver:
+    """A planned switchover (the ``promote`` action): the primary hands over to its backup."""
+
+
+@dataclass(frozen=True, slots=True)
 class CreateDestination:
     name: str
     kind: Kind
@@ -174,6 +179,7 @@ class CommitTransaction:
 Command = (
     Ping
     | ReloadSecurity
+    | HandOver
     | CreateDestination
     | ConfigureDestination
     | DeleteDestination

@@ -9,9 +9,11 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -45,13 +47,17 @@ from spark_mq.config import BrokerConfig, DestinationSettings
 from spark_mq.errors import (
     ConfigError,
     ConsumerRefused,
+    Deposed,
     DestinationExists,
     DestinationNotFound,
     MessageTooLarge,
+    NotAllowed,
     SubscriptionNotFound,
 )
+from spark_mq.ha.ownership import Ownership
 from spark_mq.journal import DestinationInfo, Journal, LogStore
 from spark_mq.journal.base import Kind
+from spark_mq.journal.delta_store import DeltaStore
 from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.journal.hot_tier import has_segments
 from spark_mq.plain import PlainMessage, plain_batch
@@ -119,6 +125,13 @@ class Broker(DestinationAdmin):
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         self._dir_lock: DataDirLock | None = None
+        # high availability: this broker's name, its ownership epoch (None: not fenced), and
+        # the error that deposed it (and whom to tell: the service steps down)
+        self.broker_id = self.config.ha.broker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.epoch: int | None = None
+        self.deposed: Deposed | None = None
+        self.on_deposed: Callable[[Deposed], None] | None = None
+        self.on_handover: Callable[[], None] | None = None  # the service, for hand_over()
         self._next_reap = 0.0
         self.memory = MemoryMonitor(self.config.limits.memory_budget_bytes)
         self.disk = DiskMonitor(_journal_disk(self.config), self.config.limits.min_free_disk_bytes)
@@ -127,13 +140,21 @@ class Broker(DestinationAdmin):
         self.limits = Limits(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self, *, run_timers: bool = True) -> None:
+    def start(self, *, run_timers: bool = True, until: threading.Event | None = None) -> None:
         """Take the data directory, open the journal, rebuild every destination, start the lease
-        timer."""
-        started = time.perf_counter()
+        timer. A shared store's backup (``ha.mode``) waits here for the primary's lock until it
+        can take over (``StoppedWaiting`` if ``until`` is set first)."""
         where = _lock_dir(self.config)
-        self._dir_lock = DataDirLock(where).acquire() if where is not None else None
+        ha = self.config.ha
+        if where is None:
+            self._dir_lock = None
+        elif ha.mode == "shared-store":
+            self._dir_lock = DataDirLock(where).wait(until, ha.lock_poll_s)
+        else:
+            self._dir_lock = DataDirLock(where).acquire()
+        started = time.perf_counter()
         try:
+            self._take_ownership()
             self._open()
         except BaseException:
             self._release_dir()
@@ -144,6 +165,50 @@ class Broker(DestinationAdmin):
             )
             self._timer.start()
         log.info("started in %.2fs", time.perf_counter() - started)
+
+    def _take_ownership(self) -> None:
+        """With high availability on, the next ownership epoch, stamped on every Delta commit
+        from now on (spark_mq.ha.ownership): a broker that owned the data before commits nothing
+        more."""
+        store = self.journal.store
+        if self.config.ha.mode == "none" or not isinstance(store, DeltaStore):
+            return
+        owner = Ownership(store.root).take(self.broker_id)
+        store.on_deposed = self._deposed
+        store.fence(owner.epoch)
+        self.epoch = owner.epoch
+        log.info(
+            "primary: %s owns %s from now on (epoch %d)", self.broker_id, store.root, owner.epoch
+        )
+
+    def _deposed(self, err: Deposed) -> None:
+        """(Any committing thread.) Another broker took over: acknowledge nothing more."""
+        if self.deposed is None:
+            self.deposed = err
+            log.error("deposed: %s", err.message)
+            if self.on_deposed is not None:
+                self.on_deposed(err)
+
+    def hand_over(self) -> dict[str, Any]:
+        """A planned switchover (the ``promote`` admin action): this primary stops serving as a
+        shutdown does (clients are told, everything taken is answered), lets go of the data,
+        and waits as the backup; the backup takes over."""
+        if self.config.ha.mode == "none" or self.on_handover is None:
+            raise NotAllowed(
+                "this broker has no backup to hand over to (ha.mode = \"none\")",
+            )
+        log.info("handing over to the backup (promote), epoch %s", self.epoch)
+        self.on_handover()
+        return {"handing_over": True, "broker_id": self.broker_id, "epoch": self.epoch}
+
+    def ha_state(self) -> dict[str, Any]:
+        """Role and epoch, for ping and stats."""
+        return {
+            "ha_mode": self.config.ha.mode,
+            "role": "primary",  # (a backup does not serve: nobody asks it)
+            "broker_id": self.broker_id,
+            "epoch": self.epoch,
+        }
 
     def _release_dir(self) -> None:
         if self._dir_lock is not None:

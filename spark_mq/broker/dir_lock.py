@@ -7,8 +7,10 @@ state a remote root still has), which the kernel lets go when the process ends h
 so a crashed broker never leaves a stale lock. The file says who holds it (pid, host, since
 when) for the error the next one gets.
 
-This is the single-broker case of fencing; a primary and a backup sharing a store need an
-ownership epoch as well (the high-availability issue).
+This is the single-broker case of fencing. A primary and a backup sharing a store (``ha.mode =
+"shared-store"``) both start on the directory: the backup waits for the lock
+(:meth:`DataDirLock.wait`), and whoever takes it takes the next ownership epoch as well
+(:mod:`spark_mq.ha.ownership`), which fences the Delta tables.
 """
 
 from __future__ import annotations
@@ -17,13 +19,20 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import socket
+import threading
 import time
 
 from spark_mq.errors import ConfigError
 
 LOCK_FILE = ".lock"
+log = logging.getLogger(__name__)
+
+
+class StoppedWaiting(Exception):
+    """A backup was told to stop while it waited for the data directory."""
 
 
 class DataDirLock:
@@ -52,6 +61,26 @@ class DataDirLock:
         os.pwrite(fd, json.dumps(me).encode(), 0)
         self._fd = fd
         return self
+
+    def wait(self, until: threading.Event | None, poll_s: float) -> DataDirLock:
+        """Take the lock as soon as its holder lets go (a backup of a shared store): tried every
+        ``poll_s``; ``StoppedWaiting`` if ``until`` is set first."""
+        said = False
+        while True:
+            try:
+                return self.acquire()
+            except ConfigError:
+                if not said:
+                    log.info(
+                        "backup: %s is held by the primary (%s); waiting to take over",
+                        self.directory,
+                        self._holder(),
+                    )
+                    said = True
+            if until is not None and until.wait(poll_s):
+                raise StoppedWaiting(f"stopped while waiting for {self.directory}")
+            if until is None:
+                time.sleep(poll_s)
 
     def _holder(self) -> str:
         try:

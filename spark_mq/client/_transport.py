@@ -7,7 +7,8 @@ import contextlib
 import json
 import os
 import ssl
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -169,14 +170,61 @@ class Connection:
     auth: Auth
     tls: bool  # grpc+tls: the wire's TCP connections use TLS too
     host: str
+    url: str  # the one it reached (of several: the broker that serves)
 
     def wire_tls(self) -> ssl.SSLContext | None:
         return self.auth.ssl_context() if self.tls else None
 
 
-def connect(url: str, timeout_s: float, auth: Auth | None = None) -> Connection:
-    """A connection to the broker at ``url`` (``grpc://`` or ``grpc+tls://``)."""
+def broker_urls(url: str | Sequence[str]) -> list[str]:
+    """``url`` as a list: one URL, a comma-separated list (as Kafka's bootstrap servers), or a
+    sequence (a primary and its backup)."""
+    urls = [u.strip() for u in url.split(",")] if isinstance(url, str) else [*url]
+    urls = [u for u in urls if u]
+    if not urls:
+        raise ConfigError("no broker URL given", setting="url")
+    return urls
+
+
+def connect(url: str | Sequence[str], timeout_s: float, auth: Auth | None = None) -> Connection:
+    """A connection to the broker at ``url`` (``grpc://`` or ``grpc+tls://``). Given several
+    (a primary and its backup: only the one that owns the data serves), the first that
+    answers, tried in turn with backoff for up to ``timeout_s``; the error names every URL
+    tried and what each said."""
     auth = auth or Auth.of()
+    urls = broker_urls(url)
+    if len(urls) == 1:
+        return _connection(urls[0], timeout_s, auth)  # (lazy: no round trip until used)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    said: dict[str, str] = {}
+    while True:
+        for u in urls:
+            conn = _connection(u, timeout_s, auth)
+            left = deadline - time.monotonic()
+            probe = fl.FlightCallOptions(
+                timeout=max(min(left, 5.0), 0.1), headers=conn.options.headers
+            )
+            try:
+                call_action(conn.client, probe, "ping")
+            except BrokerUnavailable as exc:  # down, or a backup (it does not listen)
+                said[u] = exc.message
+                conn.client.close()
+                continue
+            except SparkMQError:
+                conn.client.close()
+                raise  # it answered: wrong credentials, say, are not a reason to go elsewhere
+            return conn
+        if time.monotonic() + delay > deadline:
+            tried = "; ".join(f"{u}: {m}" for u, m in said.items())
+            raise BrokerUnavailable(
+                f"no broker answered within {timeout_s:g} s at any of {', '.join(urls)} ({tried})"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def _connection(url: str, timeout_s: float, auth: Auth) -> Connection:
     parsed = urlparse(url)
     tls = parsed.scheme == "grpc+tls"
     headers = auth.headers()
@@ -189,6 +237,7 @@ def connect(url: str, timeout_s: float, auth: Auth | None = None) -> Connection:
         auth,
         tls,
         parsed.hostname or "127.0.0.1",
+        url,
     )
 
 

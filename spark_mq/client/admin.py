@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -17,7 +18,7 @@ class Admin:
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
         *,
         timeout_s: float = 30.0,
         username: str | None = None,
@@ -171,3 +172,13 @@ class Admin:
         "detail": str}``; a file that does not parse keeps the rules in force, and ``detail``
         says why."""
         return dict(self._call("reload_security"))
+
+    def broker_state(self) -> dict[str, Any]:
+        """The broker this admin reached: its high-availability mode, role, id and ownership
+        epoch, and where its direct wire listens."""
+        return dict(self._call("ping"))
+
+    def promote(self) -> dict[str, Any]:
+        """A planned switchover: the primary this admin reached hands over to its backup (it
+        stops serving as a shutdown does, lets go of the data and waits as the backup)."""
+        return dict(self._call("promote"))

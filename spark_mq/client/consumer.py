@@ -44,7 +44,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Literal
 
@@ -56,6 +56,7 @@ from spark_mq.client._transport import (
     DEFAULT_URL,
     Auth,
     Connection,
+    broker_urls,
     connect,
     translate_flight_error,
     translated,
@@ -75,7 +76,7 @@ _CLOSED = object()
 class Consumer:
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
         destination: str = "",
         *,
         subscription: str | None = None,
@@ -130,12 +131,24 @@ class Consumer:
         self.consumer_id: int | None = None
         self._link: _FlightLink | WireConsumeLink | None = None
         self._turn: ReadTurn | None = None  # receivers read the wire link themselves
+        self._urls, self._command, self._transport = broker_urls(url), command, transport
+        self._attach()
+        self._reader_thread.start()
+        self._settler = threading.Thread(
+            target=self._settle_loop, name="consumer-settle", daemon=True
+        )
+        self._settler.start()
+
+    def _attach(self) -> None:
+        """Open the stream on the connection (the wire if the broker offers it) and read the
+        welcome; the reader thread is made, not started."""
+        command, timeout_s = self._command, self._timeout_s
         try:
-            address = wire_address(self._client, self._options, url, transport)
+            address = wire_address(self._client, self._options, self._conn.url, self._transport)
             if address is not None:  # plain messages may come as ONE frames, one each
                 compact = dataclasses.replace(command, compact=True)
                 self._link = WireConsumeLink(address, timeout_s, compact, self._conn)
-                if on_message is None:
+                if self._on_message is None:
                     self._turn = ReadTurn(self._link, lambda: bool(self._requests))
             else:
                 self._link = _FlightLink(self._conn, command)
@@ -147,11 +160,38 @@ class Consumer:
             self._abandon()
             raise
         self._reader_thread = threading.Thread(target=self._read, name="consumer-read", daemon=True)
-        self._reader_thread.start()
-        self._settler = threading.Thread(
-            target=self._settle_loop, name="consumer-settle", daemon=True
+
+    def _may_fail_over(self) -> bool:
+        return (
+            len(self._urls) > 1
+            and not self._closed
+            and not self._command.temporary  # a temporary queue goes with its broker
+            and isinstance(self.error, BrokerUnavailable)
         )
-        self._settler.start()
+
+    def _reattach(self, deadline: float) -> None:
+        """The broker went away (a failover): attach again to whichever of the URLs serves now.
+        What was delivered and not acked comes again from there as redeliveries; settles of the
+        old deliveries are refused (their leases were the old broker's)."""
+        log.info("consumer: %s; attaching again where the data is served now", self.error)
+        self._reader_thread.join(1.0)
+        self._release_link()
+        while True:
+            try:
+                left = max(deadline - time.monotonic(), 0.1)
+                self._conn = connect(self._urls, left, self._conn.auth)
+                self._client, self._options = self._conn.client, self._conn.options
+                self._messages = queue.Queue()
+                self._ready.clear()
+                self._turn = None
+                self.error = None
+                self._attach()
+                self._reader_thread.start()
+                return
+            except BrokerUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
 
     def __enter__(self) -> Consumer:
         return self
@@ -174,6 +214,9 @@ class Consumer:
             )
         with self._receive_lock:
             if not self._ready and not self._fill(timeout):
+                if self._may_fail_over():
+                    self._reattach(time.monotonic() + self._timeout_s)
+                    return []  # (the caller asks again: deliveries come from the new broker)
                 if self.error is not None and not self._closed:
                     raise self.error
                 return []

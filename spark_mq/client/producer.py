@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,6 +35,7 @@ from spark_mq.client._transport import (
     DEFAULT_URL,
     Auth,
     Connection,
+    broker_urls,
     connect,
     translate_flight_error,
     translated,
@@ -46,6 +48,9 @@ from spark_mq.errors import (
 )
 from spark_mq.names import validate_name
 from spark_mq.schema import PRODUCE_SCHEMA, numbered_ids
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 def _conform_produce(table: pa.Table) -> pa.Table:
@@ -191,7 +196,7 @@ class Producer:
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
         *,
         transport: Transport = "auto",
         destination: str | None = None,
@@ -215,9 +220,10 @@ class Producer:
         # messages sent without a group id get this one (autogroup: a random one, as Artemis)
         self.group_id = group_id or (f"auto-{uuid.uuid4().hex}" if autogroup else None)
         auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
-        self._conn = connect(url, timeout_s, auth)
+        self._urls = broker_urls(url)
+        self._conn = connect(self._urls, timeout_s, auth)
         self._client, self._options = self._conn.client, self._conn.options
-        self._url, self._transport, self._timeout_s = url, transport, timeout_s
+        self._transport, self._timeout_s = transport, timeout_s
         self._address: Address | None = None
         self._discovered = False
         self._linger = linger_ms / 1000
@@ -332,6 +338,13 @@ class Producer:
                 f"send_sync() got unexpected keyword argument(s) {sorted(unknown)}; it takes "
                 f"those of send(): {sorted(_SEND_OPTIONS)}"
             )
+        if len(self._urls) < 2:
+            return self._send_sync_once(body, kwargs)
+        if kwargs.get("dedup_id") is None:  # the same id for every try: stored once
+            kwargs["dedup_id"] = numbered_ids(self._prefix, self._reserve(1), 1)[0].as_py()
+        return self._failing_over(lambda: self._send_sync_once(body, kwargs))
+
+    def _send_sync_once(self, body: bytes | str, kwargs: dict[str, Any]) -> int:
         if (
             self.group_id is None
             and kwargs.keys() <= PLAIN_OPTIONS
@@ -341,6 +354,37 @@ class Producer:
         dest, fut, _ = self._buffer(body, **kwargs, waiting=True)
         self.flush(dest)  # this thread writes it and reads its answer
         return fut.result()
+
+    def _failing_over(self, attempt: Callable[[], _T]) -> _T:
+        """``attempt`` (a synchronous send whose messages carry their dedup ids), again on the
+        broker that serves now when the one it reached is gone (a failover: the backup took
+        over), for up to ``timeout_s``; the broker's duplicate detection stores each message
+        once however often it was sent."""
+        deadline: float | None = None
+        while True:
+            try:
+                return attempt()
+            except BrokerUnavailable as exc:
+                now = time.monotonic()
+                deadline = deadline or now + self._timeout_s
+                if now >= deadline:
+                    raise
+                log.info("producer: %s; finding the broker that serves now", exc.message)
+                self._reconnect(deadline - now)
+
+    def _reconnect(self, timeout_s: float) -> None:
+        """Drop every stream and reach whichever of the URLs serves now."""
+        with self._stream_lock:
+            streams, self._streams = list(self._streams.values()), {}
+            old = self._conn
+            self._conn = connect(self._urls, timeout_s, self._conn.auth)
+            self._client, self._options = self._conn.client, self._conn.options
+            self._address, self._discovered = None, False
+        for stream in streams:
+            with contextlib.suppress(Exception):
+                stream.close()
+        with contextlib.suppress(Exception):
+            old.client.close()
 
     def _send_plain_now(
         self, body: bytes | str, destination: str | None = None, dedup_id: str | None = None
@@ -462,12 +506,17 @@ class Producer:
             i = table.schema.get_field_index("group_id")
             groups = pc.fill_null(table["group_id"], self.group_id)
             table = table.set_column(i, "group_id", groups)
-        if pc.all(pc.is_null(table["dedup_id"])).as_py():
+        if table["dedup_id"].null_count:  # each message an id of its own: resent, stored once
             n = table.num_rows
             first = self._reserve(n)
-            ids = numbered_ids(self._prefix, first, n)
+            ids = pc.coalesce(table["dedup_id"], numbered_ids(self._prefix, first, n))
             table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
         self.flush(dest)  # keep order with what send() buffered for this destination
+        if wait and len(self._urls) > 1:  # the ids are set: a resend is stored once
+            return self._failing_over(lambda: self._send_table(dest, table, True))
+        return self._send_table(dest, table, wait)
+
+    def _send_table(self, dest: str, table: pa.Table, wait: bool) -> list[int] | Future:
         parts: list[Future] = []
         with self._send_lock:
             stream = self._stream(dest)
@@ -551,7 +600,7 @@ class Producer:
             if stream is None or not stream.usable():
                 if not self._discovered:  # asked once, when the first stream opens
                     self._address = wire_address(
-                        self._client, self._options, self._url, self._transport
+                        self._client, self._options, self._conn.url, self._transport
                     )
                     self._discovered = True
                 if self._address is not None:

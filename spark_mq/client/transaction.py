@@ -20,7 +20,7 @@ and releases the transaction's connection.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -40,7 +40,7 @@ TX_SCHEMA = pa.schema([pa.field("destination", pa.string()), *PRODUCE_SCHEMA])
 class Transaction:
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
         *,
         timeout_s: float = 30.0,
         username: str | None = None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from collections.abc import Callable
 
 import fsspec
 import pyarrow as pa
@@ -27,8 +28,10 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from spark_mq.errors import Deposed
 from spark_mq.journal import layout
 from spark_mq.journal.boundary import translate
+from spark_mq.journal.layout import OWNER_APP_ID
 from spark_mq.schema import (
     BINDING_SCHEMA,
     MESSAGE_SCHEMA,
@@ -59,6 +62,7 @@ def _append(
     app_id: str | None,
     version: int | None,
     writer: WriterProperties | None = None,
+    epoch: int | None = None,
 ) -> None:
     """Append idempotently, reloading the table when another writer's commit got in first.
 
@@ -66,10 +70,15 @@ def _append(
     once compaction (another process) has deleted rows, every append from the stale snapshot
     fails with "a concurrent transaction deleted data this operation read" until it reloads.
     """
-    props = None
+    txns = []
     if app_id is not None and version is not None:
-        props = CommitProperties(app_transactions=[Transaction(app_id, version)])
+        txns.append(Transaction(app_id, version))
+    if epoch is not None:  # fenced: see spark_mq.ha.ownership
+        txns.append(Transaction(OWNER_APP_ID, epoch))
+    props = CommitProperties(app_transactions=txns) if txns else None
     for attempt in range(COMMIT_ATTEMPTS):
+        if epoch is not None:
+            _check_owner(dt, epoch)
         if (
             app_id is not None
             and version is not None
@@ -93,6 +102,18 @@ def _append(
             dt.update_incremental()
 
 
+def _check_owner(dt: DeltaTable, epoch: int) -> None:
+    """``Deposed`` if a broker with a greater epoch has committed to ``dt``."""
+    newer = dt.transaction_version(OWNER_APP_ID) or 0
+    if newer > epoch:
+        raise Deposed(
+            f"another broker owns this data root now (epoch {newer}; this broker's is {epoch}): "
+            "this broker commits nothing more",
+            epoch=epoch,
+            owner_epoch=newer,
+        )
+
+
 class DeltaStore:
     durable = True
 
@@ -110,11 +131,62 @@ class DeltaStore:
         self._commits: dict[str, int] = {}  # per cached table: commits made through it
         self._lock = threading.Lock()
         self._bindings_lock = threading.Lock()
+        self.epoch: int | None = None  # the ownership epoch every commit carries (None: unfenced)
+        # told (once per refusal, from the committing thread) when a commit finds a newer owner
+        self.on_deposed: Callable[[Deposed], None] | None = None
+        self._fenced: set[str] = set()  # tables this epoch has been stamped on
+
+    # -- fencing (spark_mq.ha.ownership) -----------------------------------------------------
+    def fence(self, epoch: int) -> None:
+        """From now on every commit carries ``epoch`` and is refused (``Deposed``) once a table
+        holds a greater one. Each table is stamped with it (an empty commit) before this store
+        first reads or writes it, so nothing a deposed owner might still commit lands after."""
+        with self._lock:
+            self.epoch = epoch
+            self._fenced.clear()
+            self._tables.clear()
+            self._commits.clear()
+        self._stamp(layout.bindings_uri(self.root), BINDING_SCHEMA)
+        self._stamp(layout.transactions_uri(self.root), TRANSACTION_SCHEMA)
+
+    def _append(
+        self,
+        dt: DeltaTable,
+        rows: pa.Table,
+        app_id: str | None,
+        version: int | None,
+        writer: WriterProperties | None = None,
+    ) -> None:
+        try:
+            _append(dt, rows, app_id, version, writer, self.epoch)
+        except Deposed as exc:
+            if self.on_deposed is not None:
+                self.on_deposed(exc)
+            raise
+
+    def _stamp(self, uri: str, schema: pa.Schema) -> None:
+        epoch = self.epoch
+        if epoch is None or uri in self._fenced:
+            return
+        with translate("stamping the ownership epoch"):
+            dt = self._open_or_create(uri, schema, stamp=False)
+            dt.update_incremental()
+            if (dt.transaction_version(OWNER_APP_ID) or 0) < epoch:
+                self._append(dt, schema.empty_table(), None, None)
+            else:
+                _check_owner(dt, epoch)
+        with self._lock:
+            self._fenced.add(uri)
 
     # -- tables ------------------------------------------------------------------------------
-    def _open_or_create(self, uri: str, schema: pa.Schema) -> DeltaTable:
+    def _open_or_create(self, uri: str, schema: pa.Schema, *, stamp: bool = True) -> DeltaTable:
         with self._lock:
             dt = self._tables.get(uri)
+            stamped = self.epoch is None or uri in self._fenced
+        if stamp and not stamped:
+            self._stamp(uri, schema)
+            with self._lock:
+                dt = self._tables.get(uri)
         if dt is not None:
             return dt
         try:
@@ -149,7 +221,7 @@ class DeltaStore:
         uri = layout.bindings_uri(self.root)
         with self._bindings_lock, translate("writing the bindings log"):
             dt = self._open_or_create(uri, BINDING_SCHEMA)
-            write_deltalake(dt, rows, mode="append", schema_mode="merge")
+            self._append(dt, rows, None, None)
             self._committed(uri)
 
     def read_transactions(self) -> pa.Table:
@@ -165,7 +237,7 @@ class DeltaStore:
         uri = layout.transactions_uri(self.root)
         with self._bindings_lock, translate("writing the transaction log"):
             dt = self._open_or_create(uri, TRANSACTION_SCHEMA)
-            _append(dt, rows, None, None)
+            self._append(dt, rows, None, None)
             self._committed(uri)
 
     def create_logs(self, destination: str) -> None:
@@ -201,7 +273,7 @@ class DeltaStore:
     def commit_messages(self, destination: str, rows: pa.Table, end_offset: int) -> None:
         with translate("committing messages", destination):
             table = self._messages(destination)
-            _append(table, rows, layout.MESSAGES_APP_ID, end_offset, MESSAGE_WRITER)
+            self._append(table, rows, layout.MESSAGES_APP_ID, end_offset, MESSAGE_WRITER)
             self._committed(layout.messages_uri(self.root, destination))
 
     def read_messages(self, destination: str, start: int, end: int | None) -> pa.Table:
@@ -229,7 +301,7 @@ class DeltaStore:
         self, destination: str, rows: pa.Table, version: int | None = None
     ) -> None:
         with translate("committing settlements", destination):
-            _append(self._settlements(destination), rows, layout.SETTLEMENTS_APP_ID, version)
+            self._append(self._settlements(destination), rows, layout.SETTLEMENTS_APP_ID, version)
             self._committed(layout.settlements_uri(self.root, destination))
 
     def read_settlements(self, destination: str) -> pa.Table:

@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.errors import SparkMQError
+from spark_mq.errors import Deposed, SparkMQError
 from spark_mq.journal import failpoints
 from spark_mq.journal.base import LogStore
 from spark_mq.journal.boundary import translate, translated
@@ -312,6 +312,12 @@ class HotTier:
                 batch = self._take_batch()
             try:
                 self._move(batch)
+            except Deposed as exc:  # another broker owns the data now: nothing more to move
+                log.error(
+                    "hot tier %s: %s; %d record(s) stay in the segments", self.destination,
+                    exc.message, len(self._pending),
+                )  # fmt: skip
+                return
             except Exception as exc:
                 if self._set_aside_unreadable(batch):
                     continue  # the rest moves at once

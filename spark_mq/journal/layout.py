@@ -19,6 +19,7 @@ from spark_mq.names import validate_name
 
 MESSAGES_APP_ID = "sparkmq.messages"  # app-transaction id; its version is the log's end offset
 SETTLEMENTS_APP_ID = "sparkmq.settlements"  # its version: the last hot-tier record moved
+OWNER_APP_ID = "sparkmq.owner"  # its version: the epoch of the last owner to commit (ha)
 HOT_DIR = "_hot"
 
 

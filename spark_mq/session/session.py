@@ -174,6 +174,9 @@ class ClientSession:
         match cmd:
             case c.Ping():
                 return None
+            case c.HandOver():
+                self._check("admin")
+                return b.hand_over()
             case c.ReloadSecurity():
                 self._check("admin")
                 if self._reload_rules is None:
@@ -278,6 +281,7 @@ class ClientSession:
 # the commands the audit log records (every admin action)
 _AUDITED = (
     c.ReloadSecurity,
+    c.HandOver,
     c.CreateDestination,
     c.ConfigureDestination,
     c.DeleteDestination,

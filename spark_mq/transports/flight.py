@@ -148,6 +148,7 @@ class FlightService(fl.FlightServerBase):
                     "wire_port": self.wire_port,
                     "wire_local": self.wire_local,
                     "wire_version": wire.VERSION,
+                    **self.broker.ha_state(),
                 }
             else:
                 answer = translate.action_answer(cmd, result)

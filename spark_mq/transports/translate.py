@@ -55,6 +55,8 @@ def action_command(name: str, body: bytes) -> c.Command:
             return c.Ping()
         case "reload_security":
             return c.ReloadSecurity()
+        case "promote":
+            return c.HandOver()
         case "create_destination":
             kind = args.text("kind")
             if kind not in ("queue", "topic"):

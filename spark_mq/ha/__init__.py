@@ -1,0 +1,1 @@
+"""High availability: who owns a data root (epochs that fence), replication, failover."""
