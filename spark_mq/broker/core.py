@@ -55,7 +55,7 @@ from spark_mq.errors import (
     SubscriptionNotFound,
 )
 from spark_mq.ha.ownership import Ownership
-from spark_mq.journal import DestinationInfo, Journal, LogStore
+from spark_mq.journal import DestinationInfo, Journal, LogStore, bindings
 from spark_mq.journal.base import Kind
 from spark_mq.journal.delta_store import DeltaStore
 from spark_mq.journal.group_commit import InlineCommit
@@ -176,6 +176,8 @@ class Broker(DestinationAdmin):
         owner = Ownership(store.root).take(self.broker_id)
         store.on_deposed = self._deposed
         store.fence(owner.epoch)
+        infos, _ = bindings.replay(store.read_bindings())
+        store.stamp_destinations(sorted(infos))
         self.epoch = owner.epoch
         log.info(
             "primary: %s owns %s from now on (epoch %d)", self.broker_id, store.root, owner.epoch

@@ -221,7 +221,7 @@ def connect(url: str | Sequence[str], timeout_s: float, auth: Auth | None = None
                 f"no broker answered within {timeout_s:g} s at any of {', '.join(urls)} ({tried})"
             )
         time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+        delay = min(delay * 2, 0.25)  # a failover takes about a second: look often
 
 
 def _connection(url: str, timeout_s: float, auth: Auth) -> Connection:

@@ -14,6 +14,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import fsspec
 import pyarrow as pa
@@ -163,6 +164,25 @@ class DeltaStore:
             if self.on_deposed is not None:
                 self.on_deposed(exc)
             raise
+
+    def stamp_destinations(self, names: list[str], workers: int = 8) -> None:
+        """Stamp the epoch on these destinations' tables now, several at a time (delta-rs
+        commits off the GIL): a takeover stamps every table before it reads it, two commits a
+        destination, which one after the other made a failover with 100 destinations take
+        3.4 s instead of 1.9 (bench/failover_bench.py)."""
+        if self.epoch is None or not names:
+            return
+        tables = [
+            (uri, schema)
+            for n in names
+            for uri, schema in (
+                (layout.messages_uri(self.root, n), MESSAGE_SCHEMA),
+                (layout.settlements_uri(self.root, n), SETTLEMENT_SCHEMA),
+            )
+        ]
+        with ThreadPoolExecutor(min(workers, len(tables)), "stamp-epoch") as pool:
+            for done in [pool.submit(self._stamp, uri, schema) for uri, schema in tables]:
+                done.result()
 
     def _stamp(self, uri: str, schema: pa.Schema) -> None:
         epoch = self.epoch
