@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_mq import Admin, Consumer, Producer
+from spark_mq import Admin, Consumer, Message, Producer
 from spark_mq.errors import SparkMQError
 from spark_mq.ha.ownership import Ownership
 from spark_mq.journal.delta_store import DeltaStore
@@ -144,7 +144,14 @@ def test_promote_hands_over_to_the_backup_without_losing_anything(tmp_path: Path
     urls = [a.url, b.url]
     a.launch().wait_ready(60)
     b.launch()
+    heard: list[str] = []
+
+    def on_message(m: Message) -> None:  # a listener: its reader thread attaches again
+        heard.append(m.text)
+        m.ack()
+
     try:
+        listener = Consumer(urls, "q", on_message=on_message, timeout_s=60)
         with Producer(urls, destination="q") as p:
             for i in range(20):
                 p.send_sync(f"before {i}")
@@ -159,6 +166,9 @@ def test_promote_hands_over_to_the_backup_without_losing_anything(tmp_path: Path
             state = admin.broker_state()
             assert (state["broker_id"], state["epoch"]) == ("b", 2)
             assert admin.stats("q")["end_offset"] == 40
+        expected = {f"before {i}" for i in range(20)} | {f"after {i}" for i in range(20)}
+        wait_for(lambda: set(heard) >= expected, timeout=60, what="the listener to hear all")
+        listener.close()
         # a stepped down and waits as the backup: it takes over again when b goes
         assert a.process is not None and a.process.proc is not None
         assert a.process.proc.poll() is None

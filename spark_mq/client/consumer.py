@@ -133,6 +133,7 @@ class Consumer:
         self._turn: ReadTurn | None = None  # receivers read the wire link themselves
         self._urls, self._command, self._transport = broker_urls(url), command, transport
         self._attach()
+        self._reader_thread = self._new_reader()
         self._reader_thread.start()
         self._settler = threading.Thread(
             target=self._settle_loop, name="consumer-settle", daemon=True
@@ -159,7 +160,9 @@ class Consumer:
         except BaseException:
             self._abandon()
             raise
-        self._reader_thread = threading.Thread(target=self._read, name="consumer-read", daemon=True)
+
+    def _new_reader(self) -> threading.Thread:
+        return threading.Thread(target=self._read, name="consumer-read", daemon=True)
 
     def _may_fail_over(self) -> bool:
         return (
@@ -173,22 +176,36 @@ class Consumer:
         """The broker went away (a failover): attach again to whichever of the URLs serves now.
         What was delivered and not acked comes again from there as redeliveries; settles of the
         old deliveries are refused (their leases were the old broker's)."""
-        log.info("consumer: %s; attaching again where the data is served now", self.error)
         self._reader_thread.join(1.0)
+        self._relink(deadline)
+        self._messages = queue.Queue()
+        self._ready.clear()
+        self._reader_thread = self._new_reader()
+        self._reader_thread.start()
+
+    def _relink(self, deadline: float) -> None:
+        """Let go of the broken stream and attach to whichever of the URLs serves now."""
+        log.info("consumer: %s; attaching again where the data is served now", self.error)
+        err = self.error or BrokerUnavailable("the broker went away")
+        for items in self._requests.values():  # settles the old broker took with it
+            for _, f in items:
+                if not f.done():
+                    f.set_exception(err)
+        self._requests.clear()
         self._release_link()
         while True:
+            if self._closed:
+                raise BrokerUnavailable("the consumer was closed while attaching again")
             try:
                 left = max(deadline - time.monotonic(), 0.1)
                 self._conn = connect(self._urls, left, self._conn.auth)
                 self._client, self._options = self._conn.client, self._conn.options
-                self._messages = queue.Queue()
-                self._ready.clear()
                 self._turn = None
                 self.error = None
                 self._attach()
-                self._reader_thread.start()
                 return
-            except BrokerUnavailable:
+            except BrokerUnavailable as exc:
+                self.error = exc
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.2)
@@ -417,13 +434,24 @@ class Consumer:
 
     def _read(self) -> None:
         try:
-            while self._read_next():
-                pass
-            if not self._closed and self.error is None:
-                self.error = BrokerUnavailable("the broker closed the consumer stream")
-        except (fl.FlightError, OSError, SparkMQError) as exc:
-            if not self._closed:
-                self.error = translate_flight_error(exc)
+            while True:
+                try:
+                    while self._read_next():
+                        pass
+                    if not self._closed and self.error is None:
+                        self.error = BrokerUnavailable("the broker closed the consumer stream")
+                except (fl.FlightError, OSError, SparkMQError) as exc:
+                    if not self._closed:
+                        self.error = translate_flight_error(exc)
+                # an on_message consumer's reader attaches again itself (a receiving one is
+                # attached again by its receiver, which reads the link too)
+                if self._on_message is None or not self._may_fail_over():
+                    break
+                try:
+                    self._relink(time.monotonic() + self._timeout_s)
+                except SparkMQError as exc:
+                    self.error = exc
+                    break
         finally:
             err = self.error or BrokerUnavailable("the consumer is closed")
             for items in self._requests.values():
