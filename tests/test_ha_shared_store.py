@@ -92,7 +92,26 @@ def test_the_backup_takes_over_each_time_the_primary_is_killed(tmp_path: Path) -
         except BaseException as exc:
             failures.append(exc)
 
+    def produce_async(k: int) -> None:  # futures, batched: what meets a failover is resent
+        try:
+            with Producer(urls, destination="orders", timeout_s=60) as p:
+                i = 0
+                while not stop.is_set():
+                    sent = []
+                    for _ in range(50):
+                        dedup, body = f"p{k}-{i}", f"message {k}/{i}"
+                        sent.append(
+                            (dedup, body, p.send(body, dedup_id=dedup, group_id=f"g{i % 3}"))
+                        )
+                        i += 1
+                    for dedup, body, fut in sent:
+                        fut.result(90)
+                        acked[dedup] = body
+        except BaseException as exc:
+            failures.append(exc)
+
     producers = [threading.Thread(target=produce, args=(k,)) for k in range(2)]
+    producers.append(threading.Thread(target=produce_async, args=(2,)))
     for t in producers:
         t.start()
     consumer_thread = threading.Thread(target=consume)

@@ -20,6 +20,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ from spark_mq import protocol, wire
 from spark_mq.client._options import check_options
 from spark_mq.client._outcome import Outcome
 from spark_mq.client._pending import PLAIN_OPTIONS, Pending, batch_of, column, plain_of
+from spark_mq.client._resend import Resender
 from spark_mq.client._transport import (
     DEFAULT_URL,
     Auth,
@@ -221,6 +223,7 @@ class Producer:
         self.group_id = group_id or (f"auto-{uuid.uuid4().hex}" if autogroup else None)
         auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
         self._urls = broker_urls(url)
+        self._generation = 0  # reconnections so far (a failover)
         self._conn = connect(self._urls, timeout_s, auth)
         self._client, self._options = self._conn.client, self._conn.options
         self._transport, self._timeout_s = transport, timeout_s
@@ -247,6 +250,13 @@ class Producer:
             target=self._linger_loop, name="producer-linger", daemon=True
         )
         self._lingerer.start()
+        # several URLs (a primary and its backup): batches meeting a failover are sent again,
+        # in order, to the broker that serves then (spark_mq.client._resend)
+        self._resender = (
+            Resender(self._stream, self._reconnect, lambda: self._generation, timeout_s)
+            if len(self._urls) > 1
+            else None
+        )
 
     def __enter__(self) -> Producer:
         return self
@@ -293,6 +303,7 @@ class Producer:
         """
         if (
             self._linger <= 0  # no batching: a plain message goes out as it is
+            and self._resender is None  # (with a resender every batch is kept until answered)
             and self.group_id is None
             and headers is None
             and group_id is None
@@ -338,11 +349,11 @@ class Producer:
                 f"send_sync() got unexpected keyword argument(s) {sorted(unknown)}; it takes "
                 f"those of send(): {sorted(_SEND_OPTIONS)}"
             )
-        if len(self._urls) < 2:
+        if self._resender is None:
             return self._send_sync_once(body, kwargs)
-        if kwargs.get("dedup_id") is None:  # the same id for every try: stored once
-            kwargs["dedup_id"] = numbered_ids(self._prefix, self._reserve(1), 1)[0].as_py()
-        return self._failing_over(lambda: self._send_sync_once(body, kwargs))
+        dest, fut, _ = self._buffer(body, **kwargs, waiting=True)  # (kept until answered)
+        self.flush(dest)
+        return fut.result()
 
     def _send_sync_once(self, body: bytes | str, kwargs: dict[str, Any]) -> int:
         if (
@@ -362,6 +373,7 @@ class Producer:
         once however often it was sent."""
         deadline: float | None = None
         while True:
+            generation = self._generation
             try:
                 return attempt()
             except BrokerUnavailable as exc:
@@ -370,16 +382,21 @@ class Producer:
                 if now >= deadline:
                     raise
                 log.info("producer: %s; finding the broker that serves now", exc.message)
-                self._reconnect(deadline - now)
+                self._reconnect(deadline - now, generation)
 
-    def _reconnect(self, timeout_s: float) -> None:
-        """Drop every stream and reach whichever of the URLs serves now."""
+    def _reconnect(self, timeout_s: float, since: int) -> None:
+        """Drop every stream and reach whichever of the URLs serves now; nothing if another
+        thread did so since the caller's ``since`` (the count of reconnections it saw), so the
+        streams opened since are kept."""
         with self._stream_lock:
+            if self._generation != since:
+                return
             streams, self._streams = list(self._streams.values()), {}
             old = self._conn
             self._conn = connect(self._urls, timeout_s, self._conn.auth)
             self._client, self._options = self._conn.client, self._conn.options
             self._address, self._discovered = None, False
+            self._generation += 1
         for stream in streams:
             with contextlib.suppress(Exception):
                 stream.close()
@@ -535,6 +552,9 @@ class Producer:
         for d in dests:
             written = self._flush_dest(d, waited=True)
             futures = [i.future for i in written]
+            if self._resender is not None:  # answered through the resender, maybe elsewhere
+                futures_wait(futures)
+                continue
             stream = self._streams.get(d)
             if stream is not None:
                 stream.wait(futures)
@@ -547,6 +567,9 @@ class Producer:
         if self._closed:
             return
         self.flush()
+        if self._resender is not None:
+            self._resender.wait_all(self._timeout_s)
+            self._resender.close()
         with self._lock:
             self._closed = True
             self._wake.notify_all()
@@ -613,6 +636,9 @@ class Producer:
             return stream
 
     def _send_now(self, dest: str, items: list[Pending], waited: bool) -> None:
+        if self._resender is not None:
+            self._resender.send(dest, items)
+            return
         futures = [i.future for i in items]
         try:
             stream = self._stream(dest)

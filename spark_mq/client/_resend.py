@@ -1,0 +1,195 @@
+"""A producer's batches that met a failover, sent again in their order to the broker that
+serves now (a producer given several URLs: a primary and its backup).
+
+Every batch gets a sequence number when it is first written and stays *unresolved* until the
+broker answers it. One whose broker went away (``BrokerUnavailable``: the connection broke,
+the broker was deposed or shut down for a switchover) is kept, not failed; a resender thread
+then reconnects and writes the kept batches again in sequence order, each message with its
+dedup id, so the new primary's duplicate detection stores once what the old one had already
+made durable. While any batch waits to go again, new batches queue behind it: messages keep the
+order they were sent in (per-group order survives a failover). A batch still unanswered
+``timeout_s`` after it first failed fails with the broker's error.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from spark_mq.client._outcome import Outcome
+from spark_mq.client._pending import Pending, batch_of
+from spark_mq.errors import BrokerUnavailable, SparkMQError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(order=True)
+class _Batch:
+    seq: int
+    dest: str = field(compare=False)
+    items: list[Pending] = field(compare=False)
+    failed_at: float | None = field(default=None, compare=False)
+    error: SparkMQError | None = field(default=None, compare=False)
+
+
+class Resender:
+    def __init__(
+        self,
+        stream_for: Callable[[str], object],
+        reconnect: Callable[[float, int], None],
+        generation: Callable[[], int],
+        timeout_s: float,
+    ) -> None:
+        self._stream_for = stream_for  # the producer's _stream(dest)
+        self._reconnect = reconnect  # the producer's _reconnect(timeout_s, since generation)
+        self._generation = generation  # how many times the producer has reconnected
+        self._timeout_s = timeout_s
+        self._seqs = itertools.count(1)
+        self._cond = threading.Condition()
+        self._unresolved: dict[int, _Batch] = {}
+        self._waiting: list[_Batch] = []  # a heap, by sequence
+        self._closed = False
+        self._busy = False  # the resender holds a batch it took from the heap, not yet written
+        self._thread: threading.Thread | None = None
+
+    def send(self, dest: str, items: list[Pending]) -> None:
+        """Write a new batch, or queue it behind batches waiting to go again."""
+        batch = _Batch(next(self._seqs), dest, items)
+        with self._cond:
+            self._unresolved[batch.seq] = batch
+            if self._waiting or self._busy:  # older ones go first
+                heapq.heappush(self._waiting, batch)
+                self._cond.notify_all()
+                return
+        self._write(batch)
+
+    def _write(self, batch: _Batch, *, resending: bool = False) -> BrokerUnavailable | None:
+        """Write ``batch``; its answer comes through its futures. Resending, a broker that is
+        not there to write to is returned (the resender reconnects), not queued again."""
+        inner: list[Future] = [Future() for _ in batch.items]
+        try:
+            stream = self._stream_for(batch.dest)
+            rows = batch_of(batch.items, every_column=stream.every_column)  # type: ignore[attr-defined]
+            stream.write(rows, Outcome(len(inner), per_message=inner), waited=False)  # type: ignore[attr-defined]
+        except SparkMQError as exc:
+            if resending and isinstance(exc, BrokerUnavailable):
+                return exc
+            self._answered(batch, None, exc)
+            return None
+        left = [len(inner)]
+        lock = threading.Lock()
+
+        def one_done(_: Future) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            errors = [f.exception() for f in inner if f.exception() is not None]
+            if errors:
+                self._answered(batch, None, errors[0])
+            else:
+                self._answered(batch, [f.result() for f in inner], None)
+
+        for f in inner:
+            f.add_done_callback(one_done)
+        return None
+
+    def _answered(
+        self, batch: _Batch, offsets: list[int] | None, error: BaseException | None
+    ) -> None:
+        if error is None and offsets is not None:
+            with self._cond:
+                self._unresolved.pop(batch.seq, None)
+                self._cond.notify_all()
+            for item, offset in zip(batch.items, offsets, strict=True):
+                if not item.future.done():
+                    item.future.set_result(offset)
+            return
+        now = time.monotonic()
+        if isinstance(error, BrokerUnavailable) and not self._closed:
+            batch.failed_at = batch.failed_at or now
+            batch.error = error
+            if now - batch.failed_at < self._timeout_s:
+                with self._cond:
+                    heapq.heappush(self._waiting, batch)
+                    self._start()
+                    self._cond.notify_all()
+                return
+        with self._cond:
+            self._unresolved.pop(batch.seq, None)
+            self._cond.notify_all()
+        for item in batch.items:
+            if not item.future.done():
+                item.future.set_exception(error or BrokerUnavailable("the broker went away"))
+
+    def _start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="producer-resend", daemon=True)
+            self._thread.start()
+
+    def _next(self) -> _Batch | None:
+        """The next batch to write again, once every older one in flight has been answered
+        (each broken stream fails all it held, but one callback at a time)."""
+        with self._cond:
+            while True:
+                if not self._waiting:
+                    if self._closed:
+                        return None
+                    self._cond.wait(1.0)
+                    continue
+                head = self._waiting[0]
+                waiting = {b.seq for b in self._waiting}
+                if any(s < head.seq and s not in waiting for s in self._unresolved):
+                    self._cond.wait(0.02)
+                    continue
+                self._busy = True
+                return heapq.heappop(self._waiting)
+
+    def _run(self) -> None:
+        while (batch := self._next()) is not None:
+            while True:
+                generation = self._generation()
+                gone = self._write(batch, resending=True)
+                if gone is None:
+                    break
+                started = batch.failed_at or time.monotonic()
+                left = self._timeout_s - (time.monotonic() - started)
+                if left <= 0:
+                    self._answered(batch, None, gone)
+                    break
+                log.info(
+                    "producer: %s; sending %d waiting batch(es) again where the data is "
+                    "served now",
+                    gone.message,
+                    len(self._waiting) + 1,
+                )
+                try:
+                    self._reconnect(left, generation)
+                except SparkMQError as exc:
+                    self._answered(batch, None, exc)
+                    break
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def wait_all(self, timeout: float | None = None) -> bool:
+        """Until every batch is answered (or failed for good)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._unresolved:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left if left is not None else 0.5)
+        return True
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
