@@ -199,12 +199,25 @@ class HASection(_Section):
 
     # "none": one broker; "shared-store": a primary and a backup on the same data directory (a
     # shared volume): whoever holds its lock serves, the other waits to take over
-    mode: Literal["none", "shared-store"] = "none"
+    # "replication": each broker has its own hot directory (journal.hot_dir), the primary
+    # ships every record to the backup's
+    mode: Literal["none", "shared-store", "replication"] = "none"
     # how this broker names itself in the ownership record and the log ("" = host:port)
     broker_id: str = ""
     # a waiting backup tries the data directory's lock this often (s): the failover time after
     # the primary's process ends is at most this plus recovery
     lock_poll_s: float = Field(0.2, gt=0, le=60)
+    # replication: the other broker's replication address (host:port), and this one's port
+    peer: str = ""
+    replication_port: int = Field(7678, ge=0, le=65535)
+    # "replicated": a produce or an ack is acknowledged once the backup has it durable too;
+    # "local": once this broker has (the backup may lag behind, and may not take over then)
+    ack: Literal["replicated", "local"] = "replicated"
+    # the backup takes over when it has heard nothing from the primary this long (s); the
+    # primary goes on alone when its backup has not answered this long
+    failover_timeout_s: float = Field(3.0, gt=0, le=600)
+    # the primary's heartbeat to its backup when there is nothing to ship (s)
+    heartbeat_s: float = Field(0.5, gt=0, le=60)
 
 
 class BrokerConfig(_Section):

@@ -33,7 +33,7 @@ from spark_mq.broker.destination import (
     make_store,
     settled_in_memory,
 )
-from spark_mq.broker.dir_lock import DataDirLock
+from spark_mq.broker.dir_lock import DataDirLock, StoppedWaiting
 from spark_mq.broker.disk import DiskMonitor
 from spark_mq.broker.disposal import Disposer
 from spark_mq.broker.limits import Limits
@@ -54,7 +54,8 @@ from spark_mq.errors import (
     NotAllowed,
     SubscriptionNotFound,
 )
-from spark_mq.ha.ownership import Ownership
+from spark_mq.ha.ownership import NotEligible, Owner, Ownership
+from spark_mq.ha.replication import Follower, Replicator
 from spark_mq.journal import DestinationInfo, Journal, LogStore, bindings
 from spark_mq.journal.base import Kind
 from spark_mq.journal.delta_store import DeltaStore
@@ -89,6 +90,14 @@ def _lock_dir(config: BrokerConfig) -> str | None:
     else the hot tier's (a remote root's local state); None when there is neither."""
     if config.broker.persistence != "delta":
         return None
+    if config.ha.mode == "replication":  # the data root is shared; the hot directory is its own
+        if not config.journal.hot_dir:
+            raise ConfigError(
+                'ha.mode = "replication" needs journal.hot_dir: each broker\'s own local '
+                "directory (data_dir is the Delta root both share)",
+                setting="journal.hot_dir",
+            )
+        return config.hot_dir_location()
     data = config.broker.data_dir
     if "://" not in data or data.startswith("file://"):
         return os.path.abspath(data.removeprefix("file://"))
@@ -132,6 +141,7 @@ class Broker(DestinationAdmin):
         self.deposed: Deposed | None = None
         self.on_deposed: Callable[[Deposed], None] | None = None
         self.on_handover: Callable[[], None] | None = None  # the service, for hand_over()
+        self.replicator: Replicator | None = None  # a replicating primary's (ha.mode)
         self._next_reap = 0.0
         self.memory = MemoryMonitor(self.config.limits.memory_budget_bytes)
         self.disk = DiskMonitor(_journal_disk(self.config), self.config.limits.min_free_disk_bytes)
@@ -154,9 +164,27 @@ class Broker(DestinationAdmin):
             self._dir_lock = DataDirLock(where).acquire()
         started = time.perf_counter()
         try:
-            self._take_ownership()
+            owner = self._take_ownership(until)
+            if ha.mode == "replication" and owner is not None:
+                self.replicator = Replicator(
+                    self.journal,
+                    Ownership(self.journal.store.root),  # type: ignore[attr-defined]
+                    owner,
+                    host=self.config.broker.host,
+                    port=ha.replication_port,
+                    replicated_acks=ha.ack == "replicated",
+                    timeout_s=ha.failover_timeout_s,
+                    heartbeat_s=ha.heartbeat_s,
+                    on_deposed=self._deposed,
+                )
+                self.journal.replica = self.replicator
+            started = time.perf_counter()
             self._open()
+            if self.replicator is not None:
+                self.replicator.start()
         except BaseException:
+            if self.replicator is not None:
+                self.replicator.close()
             self._release_dir()
             raise
         if run_timers:
@@ -166,14 +194,17 @@ class Broker(DestinationAdmin):
             self._timer.start()
         log.info("started in %.2fs", time.perf_counter() - started)
 
-    def _take_ownership(self) -> None:
+    def _take_ownership(self, until: threading.Event | None = None) -> Owner | None:
         """With high availability on, the next ownership epoch, stamped on every Delta commit
         from now on (spark_mq.ha.ownership): a broker that owned the data before commits nothing
-        more."""
+        more. A replicating backup follows its primary here first, until it may take over."""
         store = self.journal.store
         if self.config.ha.mode == "none" or not isinstance(store, DeltaStore):
-            return
-        owner = Ownership(store.root).take(self.broker_id)
+            return None
+        if self.config.ha.mode == "replication":
+            owner = self._follow_until_owner(store, until)
+        else:
+            owner = Ownership(store.root).take(self.broker_id)
         store.on_deposed = self._deposed
         store.fence(owner.epoch)
         infos, _ = bindings.replay(store.read_bindings())
@@ -181,6 +212,55 @@ class Broker(DestinationAdmin):
         self.epoch = owner.epoch
         log.info(
             "primary: %s owns %s from now on (epoch %d)", self.broker_id, store.root, owner.epoch
+        )
+        return owner
+
+    def _follow_until_owner(self, store: DeltaStore, until: threading.Event | None) -> Owner:
+        """Replication: follow the peer while it is the primary (a copy of every record it has
+        not moved, in this broker's own hot directory); once it is gone, take over if the
+        ownership record names this broker in sync (or it owned the data last, or nobody
+        ever did); else wait for the primary to come back, saying why."""
+        ha = self.config.ha
+        hot = self.config.hot_dir()
+        assert hot is not None
+        follower = Follower(
+            hot,
+            self.broker_id,
+            segment_bytes=self.config.journal.segment_bytes,
+            timeout_s=ha.failover_timeout_s,
+        )
+        own = Ownership(store.root)
+        host, _, port = ha.peer.rpartition(":")
+        said = ""
+        while True:
+            if until is not None and until.is_set():
+                raise StoppedWaiting("stopped while following the primary")
+            if ha.peer:
+                follower.follow((host or "127.0.0.1", int(port)), until)
+                if until is not None and until.is_set():
+                    raise StoppedWaiting("stopped while following the primary")
+            try:
+                return own.take(self.broker_id, self._may_take)
+            except NotEligible as exc:
+                if str(exc) != said:
+                    said = str(exc)
+                    log.warning("backup: %s", said)
+            except Deposed:
+                continue  # another broker took it this moment: follow it
+            if until is not None:
+                until.wait(ha.lock_poll_s)
+            else:
+                time.sleep(ha.lock_poll_s)
+
+    def _may_take(self, latest: Owner | None) -> str | None:
+        if latest is None or latest.broker_id == self.broker_id:
+            return None
+        if latest.in_sync_backup == self.broker_id:
+            return None
+        return (
+            f"not in sync with {latest.broker_id} (epoch {latest.epoch}), which owned the data "
+            "last: this broker may lack records it acknowledged, so it does not take over; "
+            "waiting for it to come back"
         )
 
     def _deposed(self, err: Deposed) -> None:
@@ -205,12 +285,15 @@ class Broker(DestinationAdmin):
 
     def ha_state(self) -> dict[str, Any]:
         """Role and epoch, for ping and stats."""
-        return {
+        state = {
             "ha_mode": self.config.ha.mode,
             "role": "primary",  # (a backup does not serve: nobody asks it)
             "broker_id": self.broker_id,
             "epoch": self.epoch,
         }
+        if self.replicator is not None:
+            state.update(self.replicator.stats())
+        return state
 
     def _release_dir(self) -> None:
         if self._dir_lock is not None:
@@ -271,6 +354,8 @@ class Broker(DestinationAdmin):
                 _CLOSE_MOVES_S,
             )
         self.journal.close()
+        if self.replicator is not None:
+            self.replicator.close()
         self._release_dir()
 
     def _recover(self, info: DestinationInfo) -> None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -38,6 +39,10 @@ OWNERSHIP_SCHEMA = pa.schema(
         ("host", pa.string()),
         ("pid", pa.int64()),
         ("since_ms", pa.int64()),
+        # replication: the backup that has every record the owner acknowledged ("" = none);
+        # only it may take over from this owner (spark_mq.ha.replication)
+        ("in_sync_backup", pa.string()),
+        ("n", pa.int64()),  # the row's place in the record (the latest has the greatest)
     ]
 )
 
@@ -49,6 +54,8 @@ class Owner:
     host: str
     pid: int
     since_ms: int
+    in_sync_backup: str = ""
+    n: int = 0
 
     def describe(self) -> str:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since_ms / 1000))
@@ -83,34 +90,38 @@ class Ownership:
         epoch = dt.transaction_version(OWNER_APP_ID) or 0
         if not epoch:
             return None
-        rows = dt.to_pyarrow_table().to_pylist()
-        row = max(rows, key=lambda r: r["epoch"])
-        return Owner(**row)
+        return _latest(dt)
 
     def epoch(self) -> int:
         dt = self._table()
         return (dt.transaction_version(OWNER_APP_ID) or 0) if dt is not None else 0
 
-    def take(self, broker_id: str) -> Owner:
-        """Become the owner with the next epoch. ``Deposed`` if another broker took it at the
-        same moment (its commit won)."""
+    def take(
+        self, broker_id: str, may: Callable[[Owner | None], str | None] | None = None
+    ) -> Owner:
+        """Become the owner with the next epoch. ``may``, given the latest owner of the very
+        snapshot the commit is made from, returns why this broker may not (``NotEligible``);
+        ``Deposed`` if another broker took it, or changed the record, at the same moment."""
         dt = self._table()
         if dt is None:
             dt = DeltaTable.create(
                 self.uri, OWNERSHIP_SCHEMA, mode="ignore", storage_options=self._opts
             )
+        latest = _latest(dt)
+        if may is not None and (why := may(latest)) is not None:
+            raise NotEligible(why)
         epoch = (dt.transaction_version(OWNER_APP_ID) or 0) + 1
-        me = Owner(epoch, broker_id, socket.gethostname(), os.getpid(), int(time.time() * 1000))
-        row = pa.Table.from_pylist([me.__dict__], schema=OWNERSHIP_SCHEMA)
+        me = Owner(
+            epoch,
+            broker_id,
+            socket.gethostname(),
+            os.getpid(),
+            int(time.time() * 1000),
+            "",
+            (latest.n + 1) if latest else 1,
+        )
         try:
-            write_deltalake(
-                dt,
-                row,
-                mode="append",
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(OWNER_APP_ID, epoch)]
-                ),
-            )
+            self._append(dt, me)
         except CommitFailedError:
             winner = self.current()
             raise Deposed(
@@ -119,3 +130,64 @@ class Ownership:
                 epoch=epoch - 1,
             ) from None
         return me
+
+    def mark_in_sync(self, owner: Owner, backup: str) -> Owner:
+        """The owner records which backup has everything it acknowledged ("" = none, before it
+        acknowledges anything alone). ``Deposed`` if a broker with a greater epoch took over."""
+        for _ in range(5):
+            dt = self._table()
+            assert dt is not None
+            newer = dt.transaction_version(OWNER_APP_ID) or 0
+            if newer > owner.epoch:
+                raise Deposed(
+                    f"another broker owns the data root now (epoch {newer}; this broker's is "
+                    f"{owner.epoch})",
+                    epoch=owner.epoch,
+                    owner_epoch=newer,
+                )
+            latest = _latest(dt)
+            row = replace(
+                owner,
+                in_sync_backup=backup,
+                since_ms=int(time.time() * 1000),
+                n=(latest.n + 1) if latest else 1,
+            )
+            try:
+                self._append(dt, row)
+                return row
+            except CommitFailedError:
+                continue  # re-read: a takeover, or our own concurrent mark
+        raise Deposed("the ownership record kept changing under this broker", epoch=owner.epoch)
+
+    def _append(self, dt: DeltaTable, row: Owner) -> None:
+        write_deltalake(
+            dt,
+            pa.Table.from_pylist([asdict(row)], schema=OWNERSHIP_SCHEMA),
+            mode="append",
+            schema_mode="merge",
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(OWNER_APP_ID, row.epoch)]
+            ),
+        )
+
+
+class NotEligible(Exception):
+    """This broker may not take over (a backup not in sync with the last owner); says why."""
+
+
+def _latest(dt: DeltaTable) -> Owner | None:
+    if not (dt.transaction_version(OWNER_APP_ID) or 0):
+        return None
+    rows = dt.to_pyarrow_table().to_pylist()
+    if not rows:
+        return None
+    row = max(rows, key=lambda r: (r["epoch"], r.get("n") or 0))
+    return Owner(
+        int(row["epoch"]),
+        str(row["broker_id"]),
+        str(row["host"]),
+        int(row["pid"]),
+        int(row["since_ms"]),
+        row.get("in_sync_backup") or "",
+        int(row.get("n") or 0),
+    )

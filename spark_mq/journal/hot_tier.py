@@ -38,6 +38,7 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -64,6 +65,14 @@ from spark_mq.plain import PlainRows
 from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
 
 log = logging.getLogger(__name__)
+
+
+class Replica(Protocol):
+    """Where a primary's hot tier ships its writes (spark_mq.ha.replication.Replicator)."""
+
+    def ship(self, tier: HotTier, first_lsn: int, count: int, buffers: list) -> int: ...
+    def wait(self, seq: int) -> None: ...
+    def moved(self, destination: str, lsn: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,12 @@ class HotTier:
         self._quarantined = 0
         self.disk_full = False  # the last append failed for want of space
         self.quarantine_dir = quarantine_dir(os.path.dirname(directory), destination)
+        # replication (spark_mq.ha.replication): whom each write is shipped to, under this
+        # lock (so the backup's copy of this destination never misses a write), and the
+        # sequence number of the last one shipped (what a sync waits for the backup to have)
+        self.replica: Replica | None = None
+        self.ship_lock = threading.Lock()
+        self._shipped = 0
 
     # -- opening: what is durable, what is still to move -------------------------------------
     def open(self) -> int:
@@ -177,6 +192,18 @@ class HotTier:
         )
         self._mover.start()
         return end
+
+    def first_unmoved_lsn(self) -> int:
+        with self._mutex:
+            return self._moved_lsn + 1
+
+    def raw_records_from(self, lsn: int) -> list[tuple[int, int, bytes]]:
+        """Records from ``lsn`` on, as written (a new backup's copy; call under ship_lock)."""
+        return self._log.raw_from(lsn)
+
+    def attach_replica(self, replica: Replica) -> None:
+        self._log.keep_written = True
+        self.replica = replica
 
     def _is_moved(self, ref: RecordRef) -> bool:
         if ref.kind in MESSAGE_KINDS:
@@ -221,8 +248,18 @@ class HotTier:
                 # bounded: when Delta falls far behind, producers wait instead of filling the disk
                 while self._pending_bytes > self._settings.max_bytes and not self._closing:
                     self._cond.wait()
+        replica = self.replica
         try:
-            refs = self._log.append(records, sync=sync)
+            if replica is None:
+                refs = self._log.append(records, sync=sync)
+            else:
+                with self.ship_lock:
+                    refs = self._log.append(records, sync=sync)
+                    self._shipped = replica.ship(
+                        self, refs[0].lsn, len(refs), self._log.last_written
+                    )
+                if sync:
+                    replica.wait(self._shipped)
         except Exception as exc:
             if _no_space(exc) and not self.disk_full:
                 self.disk_full = True
@@ -243,11 +280,20 @@ class HotTier:
     def sync(self) -> tuple[int, SparkMQError | None]:
         """Make every record written so far durable: the lsn durable through, and the error
         when the sync failed (then :meth:`drop_unsynced` must run before the next write)."""
+        shipped, replica = self._shipped, self.replica
+        before = self._log.synced_lsn
         try:
-            return self._log.sync(), None
+            lsn = self._log.sync()
         except Exception as exc:
             err = translated(exc, "syncing the hot tier", self.destination)
             return self._log.synced_lsn, as_journal_error(err, self.destination)
+        if replica is not None:
+            try:
+                replica.wait(shipped)  # the backup has them too (replicated acknowledgements)
+            except Exception as exc:  # (deposed): durable here, but acknowledged to no one
+                err = translated(exc, "replicating the hot tier", self.destination)
+                return before, as_journal_error(err, self.destination)
+        return lsn, None
 
     def drop_unsynced(self) -> None:
         """Forget what was written since the last durable record (after a failed sync)."""
@@ -342,6 +388,8 @@ class HotTier:
                 self._moves += 1
                 self._moved_lsn = batch[-1].ref.lsn
                 self._cond.notify_all()
+            if self.replica is not None:  # the backup may let go of its copies too
+                self.replica.moved(self.destination, batch[-1].ref.lsn)
             try:
                 self._retire_moved()
             except OSError:

@@ -73,6 +73,7 @@ class Journal:
         self.store = store
         self._hot = hot_tier
         self._tiers: dict[str, HotTier] = {}
+        self.replica: Any = None  # a primary's Replicator (spark_mq.ha.replication), if any
         self._writer_opts = _WriterOptions(
             buffer_timeout_s=buffer_timeout_s,
             buffer_size_bytes=buffer_size_bytes,
@@ -115,6 +116,8 @@ class Journal:
         sink: CommitSink
         if self._hot is not None:
             tier = HotTier(self.store, name, self._hot_dir(name), self._hot)
+            if self.replica is not None:
+                tier.attach_replica(self.replica)
             next_offset = tier.open()
             self._tiers[name] = sink = tier
         else:
@@ -238,8 +241,14 @@ class Journal:
         writer.close(drain=False)
         if tier is not None:
             shutil.rmtree(tier.directory, ignore_errors=True)
+            if self.replica is not None:
+                self.replica.dropped(name)
         self.store.drop_logs(name)
         return True
+
+    def hot_tiers(self) -> list[HotTier]:
+        with self._lock:
+            return list(self._tiers.values())
 
     def create_subscription(
         self, destination: str, name: str, selector: str | None = None

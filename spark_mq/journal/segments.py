@@ -534,8 +534,60 @@ class SegmentLog:
             self.next_lsn = lsn
             if sync:
                 self._synced_position, self.synced_lsn = pos, lsn - 1
+            if self.keep_written:
+                self.last_written = buffers
         self._want_spare()
         return refs
+
+    # -- replication (spark_mq.ha.replication) -------------------------------------------------
+    keep_written = False  # a primary's log keeps each append's bytes for its backup
+    last_written: list[bytes | pa.Buffer] = []
+
+    def append_raw(self, first_lsn: int, data: bytes, count: int) -> int:
+        """A backup's append: ``count`` records exactly as its primary wrote them (their lsns
+        from ``first_lsn``, which must be this log's next), made durable. Returns the segment
+        they went to."""
+        if first_lsn != self.next_lsn:
+            raise ValueError(f"records from lsn {first_lsn} do not follow {self.next_lsn - 1}")
+        size = len(data)
+        if self._fd < 0 or (self._position > 0 and self._position + size > self._capacity):
+            with self._sync_lock:
+                self._roll()
+        start = self._position
+        try:
+            if os.pwrite(self._fd, data, start) != size:
+                raise OSError(errno.EIO, f"short write to {self._segments[self._active]}")
+            self._sync_file(self._fd)
+        except BaseException:
+            self._cut(start)
+            raise
+        with self._lock:
+            self._position = start + size
+            self.next_lsn = first_lsn + count
+            self._synced_position, self.synced_lsn = self._position, self.next_lsn - 1
+        return self._active
+
+    def raw_from(self, lsn: int) -> list[tuple[int, int, bytes]]:
+        """The records from ``lsn`` on as written, read back from the segment files (a backup's
+        initial copy): ``(first lsn, count, bytes)`` per segment. Callers keep appends out."""
+        out = []
+        with self._lock:
+            segments = sorted(self._segments.items())
+            end = self._position
+        for seq, path in segments:
+            with open(path, "rb") as fh:
+                data = fh.read() if seq != self._active else fh.read(end)
+            head = _HEADER.unpack_from(data, 0) if len(data) >= _HEADER.size else None
+            if head is None or head[0] != MAGIC:
+                continue
+            refs, _ = scan_segment(data, seq, head[4])
+            wanted = [r for r in refs if r.lsn >= lsn]
+            if wanted:
+                first, last = wanted[0], wanted[-1]
+                out.append(
+                    (first.lsn, len(wanted), data[first.position : last.position + last.size])
+                )
+        return out
 
     def sync(self) -> int:
         """Make every record written so far durable; returns the lsn durable through.

@@ -1,0 +1,252 @@
+"""Replication of the hot tier to a backup with a disk of its own, with real broker processes:
+the primary's machine is lost (SIGKILL, and its hot directory deleted) again and again under
+load; the backup takes over with everything acknowledged; a backup that is not in sync refuses
+to take over and says so; a paused primary that is resumed after the failover acknowledges
+nothing more and steps down."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_mq import Admin, Consumer, Producer
+from spark_mq.errors import SparkMQError
+from spark_mq.ha.ownership import Ownership
+from spark_mq.journal.delta_store import DeltaStore
+from spark_mq.launch import BrokerProcess
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.process
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Member:
+    """One broker of a replicating pair: its own ports, hot directory and log."""
+
+    def __init__(self, name: str, root: Path, base: Path) -> None:
+        self.name, self.root = name, root
+        self.hot = base / f"hot-{name}"
+        self.logs = base / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.port, self.wire_port, self.repl_port = _free_port(), _free_port(), _free_port()
+        self.url = f"grpc://127.0.0.1:{self.port}"
+        self.peer: Member | None = None
+        self.process: BrokerProcess | None = None
+
+    def launch(self, **more: str) -> BrokerProcess:
+        assert self.peer is not None
+        args = [
+            "--port", str(self.port), "--wire-port", str(self.wire_port),
+            "--set", "ha.mode=replication",
+            "--set", f"ha.broker_id={self.name}",
+            "--set", f"ha.peer=127.0.0.1:{self.peer.repl_port}",
+            "--set", f"ha.replication_port={self.repl_port}",
+            "--set", "ha.failover_timeout_s=1.5",
+            "--set", "ha.heartbeat_s=0.2",
+            "--set", f"journal.hot_dir={self.hot}",
+            "--set", f"logging.file={self.logs / f'{self.name}.log'}",
+        ]  # fmt: skip
+        for k, v in more.items():
+            args += ["--set", f"{k}={v}"]
+        self.process = BrokerProcess(
+            str(self.root), extra_args=args, log_file=str(self.logs / f"{self.name}.out")
+        ).launch()
+        return self.process
+
+    def log_text(self) -> str:
+        path = self.logs / f"{self.name}.log"
+        return path.read_text() if path.exists() else ""
+
+
+def _pair(tmp_path: Path) -> tuple[Member, Member]:
+    root = tmp_path / "root"
+    a, b = Member("a", root, tmp_path), Member("b", root, tmp_path)
+    a.peer, b.peer = b, a
+    return a, b
+
+
+def _in_sync(url: str) -> bool:
+    try:
+        with Admin(url, timeout_s=2) as admin:
+            return admin.broker_state().get("replication_state") == "in_sync"
+    except SparkMQError:
+        return False
+
+
+def test_losing_the_primarys_machine_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    urls = [a.url, b.url]
+    a.launch().wait_ready(60)
+    b.launch()
+    wait_for(lambda: _in_sync(a.url), timeout=60, what="the backup to be in sync")
+    with Admin(urls) as admin:
+        admin.create_queue("orders", max_delivery_attempts=2)
+    acked: dict[str, str] = {}
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def produce(k: int) -> None:
+        try:
+            with Producer(urls, destination="orders", timeout_s=60) as p:
+                i = 0
+                while not stop.is_set():
+                    poison = "poison " if i % 50 == 7 else ""
+                    dedup, body = f"p{k}-{i}", f"{poison}message {k}/{i}"
+                    p.send_sync(body, dedup_id=dedup, group_id=f"g{i % 3}")
+                    acked[dedup] = body
+                    i += 1
+        except BaseException as exc:
+            failures.append(exc)
+
+    first_seen: dict[int, str] = {}  # offset -> body, at its first delivery
+    order: list[tuple[str, str, int]] = []  # (producer, group, i) in first-delivery order
+    draining = threading.Event()
+
+    def consume() -> None:  # through every failover: it attaches again by itself
+        try:
+            with Consumer(urls, "orders", prefetch=200, timeout_s=60) as consumer:
+                while not (draining.is_set() and len(first_seen) >= len(acked) and _empty()):
+                    for m in consumer.receive_many(200, timeout=0.5):
+                        if m.offset not in first_seen:
+                            first_seen[m.offset] = m.text
+                            k, i = m.text.split(" ")[-1].split("/")
+                            order.append((k, m.group_id or "", int(i)))
+                        if m.text.startswith("poison"):
+                            consumer.nack(m)  # its second delivery dead-letters it
+                        else:
+                            consumer.ack(m)
+        except BaseException as exc:
+            failures.append(exc)
+
+    def _empty() -> bool:  # every message settled: acked, or dead-lettered (the poison)
+        with Admin(urls) as admin:
+            return admin.stats("orders")["depth"] == 0
+
+    threads = [threading.Thread(target=produce, args=(k,)) for k in range(2)]
+    threads.append(threading.Thread(target=consume))
+    for t in threads:
+        t.start()
+    primary, backup = a, b
+    epochs = []
+    rounds = int(os.environ.get("SPARKMQ_FAILOVER_ROUNDS", "20"))
+    try:
+        for _ in range(rounds):
+            wait_for(lambda p=primary: _in_sync(p.url), timeout=60, what="the backup in sync")
+            time.sleep(0.5)  # load on the primary
+            before = len(acked)
+            assert primary.process is not None and backup.process is not None
+            primary.process.kill()  # the machine is gone: its process and its disk
+            shutil.rmtree(primary.hot, ignore_errors=True)
+            backup.process.wait_ready(60)
+            epochs.append(Ownership(str(a.root)).epoch())
+            primary.launch()  # a new machine in its place: the backup now
+            primary, backup = backup, primary
+            wait_for(lambda b=before: len(acked) > b + 10, timeout=60, what="sends to go on")
+            assert not failures, failures
+    finally:
+        stop.set()
+        for t in threads[:2]:
+            t.join(90)
+        draining.set()
+        threads[2].join(180)
+    assert not failures, failures
+    assert not threads[2].is_alive()
+    assert epochs == sorted(set(epochs)) and len(epochs) == rounds
+    with Admin(urls) as admin:
+        assert admin.stats("orders")["end_offset"] == len(acked)
+    assert sorted(first_seen.values()) == sorted(acked.values())
+    by_group: dict[tuple[str, str], list[int]] = {}
+    for k, g, i in order:
+        by_group.setdefault((k, g), []).append(i)
+    for seq in by_group.values():  # per producer and group, in the order they were sent
+        assert seq == sorted(seq)
+    poison = sorted(v for v in acked.values() if v.startswith("poison"))
+    assert poison
+    dead: dict[str, int] = {}
+    with Consumer(urls, "DLQ.orders", prefetch=500) as dlq:
+        deadline = time.monotonic() + 60
+        while sum(dead.values()) < len(poison) and time.monotonic() < deadline:
+            for m in dlq.receive_many(500, timeout=2):
+                dead[m.text] = dead.get(m.text, 0) + 1
+                dlq.ack(m)
+        time.sleep(1)  # (a duplicate would come now)
+        for m in dlq.receive_many(500, timeout=1):
+            dead[m.text] = dead.get(m.text, 0) + 1
+    assert sorted(dead) == poison and set(dead.values()) == {1}  # each exactly once
+    for m in (a, b):
+        if m.process is not None:
+            m.process.stop()
+    dedups = DeltaStore(str(a.root)).read_messages("orders", 0, None)["dedup_id"].to_pylist()
+    assert len(dedups) == len(set(dedups)) == len(acked)
+
+
+def test_a_backup_that_is_not_in_sync_refuses_to_take_over(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    a.launch().wait_ready(60)
+    with Producer(a.url, destination="q") as p:  # acknowledged by a alone: no backup yet
+        for i in range(20):
+            p.send_sync(f"alone {i}")
+    assert a.process is not None
+    a.process.kill()
+    b.launch()
+    wait_for(lambda: "not in sync with a (epoch 1)" in b.log_text(), timeout=30, what="b to say")
+    assert b.process is not None and not b.process.serving  # it did not take over
+    a.launch().wait_ready(60)  # a comes back with its disk: it owned the data last
+    wait_for(lambda: _in_sync(a.url), timeout=60, what="b to catch up")
+    with Admin(a.url) as admin:
+        assert admin.stats("q")["end_offset"] == 20
+    for m in (a, b):
+        if m.process is not None:
+            m.process.stop()
+
+
+def test_a_paused_primary_resumed_after_the_failover_acknowledges_nothing(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    urls = [a.url, b.url]
+    a.launch().wait_ready(60)
+    b.launch()
+    wait_for(lambda: _in_sync(a.url), timeout=60, what="the backup to be in sync")
+    assert a.process is not None and a.process.proc is not None
+    assert b.process is not None
+    with Producer(a.url, destination="q") as p:
+        for i in range(10):
+            p.send_sync(f"before {i}")
+    late = Producer(a.url, destination="q", transport="flight", timeout_s=5)
+    a.process.proc.send_signal(signal.SIGSTOP)  # paused: the backup hears nothing
+    try:
+        b.process.wait_ready(60)  # it took over
+        with Producer(b.url, destination="q") as p:
+            for i in range(10):
+                p.send_sync(f"after {i}")
+    finally:
+        a.process.proc.send_signal(signal.SIGCONT)
+    late_result: list[object] = []
+    try:
+        late_result.append(late.send_sync("from the old primary"))
+    except SparkMQError as exc:
+        late_result.append(exc)
+    finally:
+        late.close()
+    assert isinstance(late_result[0], SparkMQError), late_result  # never acknowledged
+    wait_for(lambda: "deposed" in a.log_text(), timeout=30, what="a to step down")
+    with Admin(b.url) as admin:
+        assert admin.stats("q")["end_offset"] == 20
+        assert admin.broker_state()["epoch"] == 2
+    bodies = DeltaStore(str(a.root)).read_messages("q", 0, None)["body"].to_pylist()
+    assert b"from the old primary" not in bodies
+    for m in (a, b):
+        if m.process is not None:
+            m.process.stop()
+    del urls
