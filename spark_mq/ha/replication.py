@@ -418,17 +418,22 @@ class Follower:
             self._wipe()
             self.in_sync = False
             acked, written = 0, 0
+            unsynced: set[str] = set()  # logs written since their last sync
             while until is None or not until.is_set():
                 frame = reader.frame()  # (a silent primary: the socket's timeout)
                 if frame is None:
                     break
                 kind, payload = frame
-                seq = self._apply(kind, payload, logs, last_of)
+                seq = self._apply(kind, payload, logs, last_of, unsynced)
                 if kind == RECORDS:
                     written += len(payload)
                 if seq:
                     acked = seq
-                if not reader.buffered:
+                if not reader.buffered:  # what came together is synced together, then acked
+                    for dest in unsynced:
+                        if dest in logs:
+                            logs[dest].sync()
+                    unsynced.clear()
                     _control(sock, ACK, seq=acked, bytes=written)
         except (OSError, ValueError, KeyError) as exc:
             log.warning("backup: the stream from %s ended: %s", self.primary or address, exc)
@@ -445,13 +450,15 @@ class Follower:
         payload: bytes,
         logs: dict[str, SegmentLog],
         last_of: dict[str, dict[int, int]],
+        unsynced: set[str],
     ) -> int:
         if kind == RECORDS:
             (n,) = _LEN.unpack_from(payload, 0)
             doc = json.loads(payload[_LEN.size : _LEN.size + n])
             data = payload[_LEN.size + n :]
             dest = doc["d"]
-            segment = logs[dest].append_raw(int(doc["lsn"]), data, int(doc["n"]))
+            segment = logs[dest].append_raw(int(doc["lsn"]), data, int(doc["n"]), sync=False)
+            unsynced.add(dest)
             last_of[dest][segment] = int(doc["lsn"]) + int(doc["n"]) - 1
             return int(doc["seq"])
         doc = json.loads(payload)

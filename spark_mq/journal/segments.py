@@ -543,28 +543,32 @@ class SegmentLog:
     keep_written = False  # a primary's log keeps each append's bytes for its backup
     last_written: list[bytes | pa.Buffer] = []
 
-    def append_raw(self, first_lsn: int, data: bytes, count: int) -> int:
+    def append_raw(self, first_lsn: int, data: bytes, count: int, *, sync: bool = True) -> int:
         """A backup's append: ``count`` records exactly as its primary wrote them (their lsns
-        from ``first_lsn``, which must be this log's next), made durable. Returns the segment
-        they went to."""
+        from ``first_lsn``, which must be this log's next), made durable (with ``sync``; else
+        by :meth:`sync`). Returns the segment they went to."""
         if first_lsn != self.next_lsn:
             raise ValueError(f"records from lsn {first_lsn} do not follow {self.next_lsn - 1}")
         size = len(data)
         if self._fd < 0 or (self._position > 0 and self._position + size > self._capacity):
-            with self._sync_lock:
+            with self._sync_lock:  # a segment is sealed durable
+                if self.synced_lsn < self.next_lsn - 1:
+                    self._sync_held()
                 self._roll()
         start = self._position
         try:
             if os.pwrite(self._fd, data, start) != size:
                 raise OSError(errno.EIO, f"short write to {self._segments[self._active]}")
-            self._sync_file(self._fd)
+            if sync:
+                self._sync_file(self._fd)
         except BaseException:
             self._cut(start)
             raise
         with self._lock:
             self._position = start + size
             self.next_lsn = first_lsn + count
-            self._synced_position, self.synced_lsn = self._position, self.next_lsn - 1
+            if sync:
+                self._synced_position, self.synced_lsn = self._position, self.next_lsn - 1
         return self._active
 
     def raw_from(self, lsn: int) -> list[tuple[int, int, bytes]]:
