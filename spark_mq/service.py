@@ -37,6 +37,7 @@ class RunningBroker:
         check_protected(broker.config, listening_on=host)
         self.security = Security(broker.config)  # (before anything starts: a bad file stops it)
         self.scheme = "grpc+tls" if self.security.tls is not None else "grpc"
+        broker.security = self.security  # (the replication channel goes through it too)
         try:
             broker.start(until=until)  # (a shared store's backup waits here)
         except BaseException:

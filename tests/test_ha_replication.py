@@ -45,7 +45,7 @@ class Member:
         self.peer: Member | None = None
         self.process: BrokerProcess | None = None
 
-    def launch(self, **more: str) -> BrokerProcess:
+    def launch(self, env: dict[str, str] | None = None, **more: object) -> BrokerProcess:
         assert self.peer is not None
         args = [
             "--port", str(self.port), "--wire-port", str(self.wire_port),
@@ -59,9 +59,13 @@ class Member:
             "--set", f"logging.file={self.logs / f'{self.name}.log'}",
         ]  # fmt: skip
         for k, v in more.items():
-            args += ["--set", f"{k}={v}"]
+            value = str(v).lower() if isinstance(v, bool) else str(v)
+            args += ["--set", f"{k}={value}"]
         self.process = BrokerProcess(
-            str(self.root), extra_args=args, log_file=str(self.logs / f"{self.name}.out")
+            str(self.root),
+            extra_args=args,
+            log_file=str(self.logs / f"{self.name}.out"),
+            env=env,
         ).launch()
         return self.process
 
@@ -77,9 +81,9 @@ def _pair(tmp_path: Path) -> tuple[Member, Member]:
     return a, b
 
 
-def _in_sync(url: str) -> bool:
+def _in_sync(url: str, **creds: str) -> bool:
     try:
-        with Admin(url, timeout_s=2) as admin:
+        with Admin(url, timeout_s=2, **creds) as admin:
             return admin.broker_state().get("replication_state") == "in_sync"
     except SparkMQError:
         return False
@@ -250,3 +254,52 @@ def test_a_paused_primary_resumed_after_the_failover_acknowledges_nothing(tmp_pa
         if m.process is not None:
             m.process.stop()
     del urls
+
+
+def test_the_replication_channel_authenticates_and_encrypts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With security and TLS on, the backup logs in (its environment's credentials, a user the
+    rules allow admin) over TLS; a backup whose user may not is refused, saying why."""
+    from spark_mq.ha.replication import Follower
+    from tests.security_kit import PASSWORDS, Authority, security_settings
+
+    a, b = _pair(tmp_path)
+    ca = Authority(tmp_path)
+    server = ca.issue("localhost", server=True)
+    settings: dict[str, object] = {
+        **security_settings(tmp_path),
+        "security.tls_cert_file": server.cert_file,
+        "security.tls_key_file": server.key_file,
+    }
+    env = {
+        "SPARKMQ_USERNAME": "alice",
+        "SPARKMQ_PASSWORD": PASSWORDS["alice"],
+        "SPARKMQ_TLS_CA_FILE": str(ca.cert_file),
+    }
+    creds = {"username": "alice", "password": PASSWORDS["alice"], "tls_ca_file": str(ca.cert_file)}
+    a.launch(env=env, **settings).wait_ready(60)
+    assert a.process is not None and a.process.url.startswith("grpc+tls://")
+    b.launch(env=env, **settings)
+    tls_a = a.process.url
+    wait_for(lambda: _in_sync(tls_a, **creds), timeout=60, what="the backup in sync over TLS")
+    monkeypatch.setenv("SPARKMQ_USERNAME", "bob")
+    monkeypatch.setenv("SPARKMQ_PASSWORD", PASSWORDS["bob"])
+    monkeypatch.setenv("SPARKMQ_TLS_CA_FILE", str(ca.cert_file))
+    rogue = Follower(
+        str(tmp_path / "hot-rogue"), "rogue", segment_bytes=1 << 20, timeout_s=5, tls=True
+    )
+    assert rogue.follow(("127.0.0.1", a.repl_port), None) is None
+    assert "'bob' may not admin" in rogue.refused
+    plain = Follower(str(tmp_path / "hot-plain"), "plain", segment_bytes=1 << 20, timeout_s=5)
+    assert plain.follow(("127.0.0.1", a.repl_port), None) is None  # no TLS: no handshake
+    assert _in_sync(tls_a, **creds)  # the real backup kept its place
+    with Producer(tls_a, destination="q", **creds) as p:
+        for i in range(10):
+            p.send_sync(f"secret {i}")
+    a.process.kill()
+    assert b.process is not None
+    b.process.wait_ready(60)
+    with Admin(b.process.url, **creds) as admin:
+        assert admin.stats("q")["end_offset"] == 10
+    b.process.stop()

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -68,6 +68,9 @@ from spark_mq.schema import (
     body_too_large,
     normalize_produce_batch,
 )
+
+if TYPE_CHECKING:
+    from spark_mq.security.context import Security
 
 log = logging.getLogger(__name__)
 _CLOSE_MOVES_S = 30.0  # how long a clean shutdown waits for dead-letter and expiry moves
@@ -142,6 +145,8 @@ class Broker(DestinationAdmin):
         self.on_deposed: Callable[[Deposed], None] | None = None
         self.on_handover: Callable[[], None] | None = None  # the service, for hand_over()
         self.replicator: Replicator | None = None  # a replicating primary's (ha.mode)
+        # the service's security (authentication, rules, TLS), for the replication channel
+        self.security: Security | None = None
         self._next_reap = 0.0
         self.memory = MemoryMonitor(self.config.limits.memory_budget_bytes)
         self.disk = DiskMonitor(_journal_disk(self.config), self.config.limits.min_free_disk_bytes)
@@ -176,6 +181,7 @@ class Broker(DestinationAdmin):
                     timeout_s=ha.failover_timeout_s,
                     heartbeat_s=ha.heartbeat_s,
                     on_deposed=self._deposed,
+                    security=self.security,
                 )
                 self.journal.replica = self.replicator
             started = time.perf_counter()
@@ -228,6 +234,7 @@ class Broker(DestinationAdmin):
             self.broker_id,
             segment_bytes=self.config.journal.segment_bytes,
             timeout_s=ha.failover_timeout_s,
+            tls=bool(self.config.security.tls_cert_file),
         )
         own = Ownership(store.root)
         host, _, port = ha.peer.rpartition(":")

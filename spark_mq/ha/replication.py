@@ -13,6 +13,11 @@ none *before* it acknowledges anything alone. A backup takes over (the next epoc
 latest record names it in sync, and the two commits race in Delta, so exactly one wins. A
 backup that is still copying, or was left behind, refuses to take over and says so.
 
+The channel goes through the security layer like every other: with security on, the backup
+logs in with its environment's credentials (``SPARKMQ_USERNAME`` / ``SPARKMQ_PASSWORD`` or
+``SPARKMQ_TOKEN``, as any client) and must be allowed the ``admin`` verb; with TLS configured
+(``security.tls_cert_file``) the connection is TLS, the backup trusting ``SPARKMQ_TLS_CA_FILE``.
+
 Frames (both ways): ``length u32 | kind u8 | payload``; control payloads are JSON, a records
 frame is a JSON header (its length first, u32) and the records' bytes.
 """
@@ -31,19 +36,21 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from spark_mq.errors import Deposed
+from spark_mq.client._transport import Auth
+from spark_mq.errors import Deposed, SparkMQError
 from spark_mq.ha.ownership import Owner, Ownership
 from spark_mq.journal.segments import SegmentLog
 
 if TYPE_CHECKING:
     from spark_mq.journal.hot_tier import HotTier
     from spark_mq.journal.journal import Journal
+    from spark_mq.security.context import Security
 
 log = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("<IB")
 _LEN = struct.Struct("<I")
-HELLO, WELCOME, BEGIN, RECORDS, SYNCED, MOVED, DROP, PING, ACK = range(1, 10)
+HELLO, WELCOME, BEGIN, RECORDS, SYNCED, MOVED, DROP, PING, ACK, REFUSED = range(1, 11)
 
 
 def _send(sock: socket.socket, kind: int, payload: bytes) -> None:
@@ -103,8 +110,10 @@ class Replicator:
         timeout_s: float,
         heartbeat_s: float,
         on_deposed: Any,
+        security: Security | None = None,
     ) -> None:
         self.journal, self.ownership, self.owner = journal, ownership, owner
+        self.security = security
         self.replicated_acks = replicated_acks
         self.timeout_s, self.heartbeat_s = timeout_s, heartbeat_s
         self._on_deposed = on_deposed
@@ -273,14 +282,25 @@ class Replicator:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 sock.settimeout(self.timeout_s)
+                sec = self.security
+                if sec is not None and sec.tls is not None:
+                    sock = sec.tls.context().wrap_socket(sock, server_side=True)
                 reader = _Reader(sock)
                 hello = reader.frame()
                 if hello is None or hello[0] != HELLO:
                     sock.close()
                     continue
-                backup = json.loads(hello[1])["broker_id"]
+                doc = json.loads(hello[1])
+                backup = str(doc["broker_id"])
+                refused = self._refusal(doc, str(peer))
+                if refused is not None:
+                    log.warning("replication: refusing %s from %s: %s", backup, peer, refused)
+                    _control(sock, REFUSED, message=refused)
+                    sock.close()
+                    continue
                 _control(sock, WELCOME, epoch=self.owner.epoch, broker_id=self.owner.broker_id)
-            except (OSError, ValueError, KeyError):
+            except (OSError, ValueError, KeyError) as exc:
+                log.info("replication: a connection from %s failed: %s", peer, exc)
                 sock.close()
                 continue
             with self._cond:
@@ -306,6 +326,22 @@ class Replicator:
             threading.Thread(
                 target=self._ack_loop, args=(sock, reader), name="replication-acks", daemon=True
             ).start()
+
+    def _refusal(self, hello: dict[str, Any], peer: str) -> str | None:
+        """Why a backup may not follow (None: it may): with security on it logs in as a user
+        the access rules allow ``admin``."""
+        sec = self.security
+        if sec is None or not sec.enabled:
+            return None
+        from spark_mq.security.authenticate import Credentials  # (security imports the broker)
+
+        creds = Credentials(hello.get("username"), hello.get("password"), hello.get("token"))
+        try:
+            principal = sec.login(creds, peer=peer, transport="replication")
+            sec.guard.check(principal, "admin")
+        except SparkMQError as exc:
+            return exc.message
+        return None
 
     def _send_loop(self) -> None:
         last = time.monotonic()
@@ -383,12 +419,21 @@ class Follower:
     directory, from the primary's stream, until the stream ends or falls silent."""
 
     def __init__(
-        self, hot_root: str, broker_id: str, *, segment_bytes: int, timeout_s: float
+        self,
+        hot_root: str,
+        broker_id: str,
+        *,
+        segment_bytes: int,
+        timeout_s: float,
+        tls: bool = False,
     ) -> None:
         self.hot_root, self.broker_id = hot_root, broker_id
         self.segment_bytes, self.timeout_s = segment_bytes, timeout_s
+        self.tls = tls  # the pair's channel is TLS (this broker has a certificate too)
+        self.auth = Auth.of()  # the environment's credentials and CA, as any client's
         self.primary = ""
         self.in_sync = False
+        self.refused = ""  # why the primary last refused this backup
 
     def follow(self, address: tuple[str, int], until: threading.Event | None) -> str | None:
         """Follow the primary at ``address`` until its stream ends; returns its broker id (None
@@ -399,12 +444,25 @@ class Follower:
             return None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.timeout_s)
-        reader = _Reader(sock)
         logs: dict[str, SegmentLog] = {}
         last_of: dict[str, dict[int, int]] = {}  # destination -> segment -> its last lsn
+        self.primary = ""
         try:
-            _control(sock, HELLO, broker_id=self.broker_id)
+            if self.tls:
+                sock = self.auth.ssl_context().wrap_socket(sock, server_hostname=address[0])
+            reader = _Reader(sock)
+            a = self.auth
+            creds: dict[str, str | None] = {"token": a.token} if a.token else {}
+            if not a.token and a.username is not None:
+                creds = {"username": a.username, "password": a.password}
+            _control(sock, HELLO, broker_id=self.broker_id, **creds)
             welcome = reader.frame()
+            if welcome is not None and welcome[0] == REFUSED:
+                why = json.loads(welcome[1]).get("message", "")
+                if why != self.refused:
+                    log.error("backup: the primary at %s:%d refused it: %s", *address, why)
+                self.refused = why
+                return None
             if welcome is None or welcome[0] != WELCOME:
                 return None
             doc = json.loads(welcome[1])
@@ -442,7 +500,7 @@ class Follower:
                 seglog.close()
             with contextlib.suppress(OSError):
                 sock.close()
-        return self.primary
+        return self.primary or None  # (None: it never welcomed this backup)
 
     def _apply(
         self,
