@@ -303,3 +303,30 @@ def test_the_replication_channel_authenticates_and_encrypts(
     with Admin(b.process.url, **creds) as admin:
         assert admin.stats("q")["end_offset"] == 10
     b.process.stop()
+
+
+def test_promote_hands_over_to_the_replicating_backup(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    urls = [a.url, b.url]
+    a.launch().wait_ready(60)
+    b.launch()
+    wait_for(lambda: _in_sync(a.url), timeout=60, what="the backup in sync")
+    with Producer(urls, destination="q") as p:
+        for i in range(10):
+            p.send_sync(f"before {i}")
+        with Admin(a.url) as admin:
+            lag = admin.broker_state()
+            assert lag["replication_backup"] == "b" and lag["replication_lag_records"] == 0
+            assert admin.promote()["handing_over"]
+        assert b.process is not None
+        b.process.wait_ready(60)
+        for i in range(10):
+            p.send_sync(f"after {i}")  # follows to b
+    wait_for(lambda: _in_sync(b.url), timeout=60, what="a to follow b")
+    with Admin(b.url) as admin:
+        state = admin.broker_state()
+        assert (state["broker_id"], state["epoch"], state["replication_backup"]) == ("b", 2, "a")
+        assert admin.stats("q")["end_offset"] == 20
+    for m in (a, b):
+        if m.process is not None:
+            m.process.stop()

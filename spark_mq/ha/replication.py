@@ -129,6 +129,9 @@ class Replicator:
         self.deposed: Deposed | None = None
         self.shipped_bytes = 0
         self.acked_bytes = 0
+        self.shipped_records = 0
+        self.acked_records = 0
+        self._base_bytes = self._base_records = 0  # shipped before the backup connected
         self._closing = False
         self._listener = socket.create_server((host, port), reuse_port=False)
         self.port = self._listener.getsockname()[1]
@@ -190,7 +193,7 @@ class Replicator:
             return {
                 "replication_state": self.state,
                 "replication_backup": self.backup_id,
-                "replication_lag_frames": self._seq - self._acked,
+                "replication_lag_records": self.shipped_records - self.acked_records,
                 "replication_lag_bytes": self.shipped_bytes - self.acked_bytes,
             }
 
@@ -204,6 +207,7 @@ class Replicator:
         doc = {"seq": self._seq, "d": dest, "lsn": first_lsn, "n": count}
         self._queue(RECORDS, _records_payload(doc, data))
         self.shipped_bytes += len(data)
+        self.shipped_records += count
         return self._seq
 
     def _begin(self, tier: HotTier) -> int:
@@ -310,8 +314,9 @@ class Replicator:
                 if self._sock is not None:
                     self._lose_backup("another backup connected")
                 self._sock, self.backup_id, self.state = sock, backup, "copying"
+                self._base_bytes, self._base_records = self.shipped_bytes, self.shipped_records
                 self._acked = self._seq
-                self.acked_bytes = self.shipped_bytes
+                self.acked_bytes, self.acked_records = self.shipped_bytes, self.shipped_records
                 log.info("replication: backup %s connected from %s: copying", backup, peer)
                 tiers = list(self.journal.hot_tiers())
             for tier in tiers:  # each under its ship lock, as its writes are
@@ -392,7 +397,9 @@ class Replicator:
                 if self._sock is not sock:
                     return
                 self._acked = max(self._acked, int(doc["seq"]))
-                self.acked_bytes = int(doc.get("bytes", self.acked_bytes))
+                # (counted from the backup's connection: what was shipped before it, too)
+                self.acked_bytes = self._base_bytes + int(doc.get("bytes", 0))
+                self.acked_records = self._base_records + int(doc.get("records", 0))
                 if self.state == "copying" and self._synced_seq and self._acked >= self._synced_seq:
                     mark = self.backup_id
                     self._synced_seq = 0
@@ -475,7 +482,7 @@ class Follower:
             )
             self._wipe()
             self.in_sync = False
-            acked, written = 0, 0
+            acked, written, records = 0, 0, 0
             unsynced: set[str] = set()  # logs written since their last sync
             while until is None or not until.is_set():
                 frame = reader.frame()  # (a silent primary: the socket's timeout)
@@ -484,7 +491,9 @@ class Follower:
                 kind, payload = frame
                 seq = self._apply(kind, payload, logs, last_of, unsynced)
                 if kind == RECORDS:
-                    written += len(payload)
+                    (n,) = _LEN.unpack_from(payload, 0)
+                    written += len(payload) - _LEN.size - n
+                    records += int(json.loads(payload[_LEN.size : _LEN.size + n])["n"])
                 if seq:
                     acked = seq
                 if not reader.buffered:  # what came together is synced together, then acked
@@ -492,7 +501,7 @@ class Follower:
                         if dest in logs:
                             logs[dest].sync()
                     unsynced.clear()
-                    _control(sock, ACK, seq=acked, bytes=written)
+                    _control(sock, ACK, seq=acked, bytes=written, records=records)
         except (OSError, ValueError, KeyError) as exc:
             log.warning("backup: the stream from %s ended: %s", self.primary or address, exc)
         finally:
