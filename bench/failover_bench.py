@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -25,12 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spark_mq import Admin, Producer
 from spark_mq.launch import BrokerProcess
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ha_kit import free_port
 
 
 def launch(name: str, data: Path, port: int, wire_port: int, poll_s: float) -> BrokerProcess:
@@ -51,7 +45,7 @@ def main() -> None:
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sparkmq-failover-"))
     data = root / "shared"
-    ports = {n: (_free_port(), _free_port()) for n in ("a", "b")}
+    ports = {n: (free_port(), free_port()) for n in ("a", "b")}
     urls = [f"grpc://127.0.0.1:{ports[n][0]}" for n in ("a", "b")]
     procs = {n: launch(n, data, *ports[n], a.lock_poll_s) for n in ("a",)}
     procs["a"].wait_ready(60)

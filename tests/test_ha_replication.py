@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -22,14 +21,10 @@ from spark_mq.ha.ownership import Ownership
 from spark_mq.journal.delta_store import DeltaStore
 from spark_mq.launch import BrokerProcess
 from tests.conftest import wait_for
+from tests.ha_kit import free_port
 
 pytestmark = pytest.mark.process
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Member:
@@ -40,7 +35,7 @@ class Member:
         self.hot = base / f"hot-{name}"
         self.logs = base / "logs"
         self.logs.mkdir(exist_ok=True)
-        self.port, self.wire_port, self.repl_port = _free_port(), _free_port(), _free_port()
+        self.port, self.wire_port, self.repl_port = free_port(), free_port(), free_port()
         self.url = f"grpc://127.0.0.1:{self.port}"
         self.peer: Member | None = None
         self.process: BrokerProcess | None = None

@@ -4,7 +4,6 @@ that list both URLs keep sending; nothing acknowledged is lost and nothing is st
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -17,14 +16,10 @@ from spark_mq.ha.ownership import Ownership
 from spark_mq.journal.delta_store import DeltaStore
 from spark_mq.launch import BrokerProcess
 from tests.conftest import wait_for
+from tests.ha_kit import free_port
 
 pytestmark = pytest.mark.process
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Member:
@@ -32,7 +27,7 @@ class Member:
 
     def __init__(self, name: str, data: Path, logs: Path) -> None:
         self.name, self.data, self.logs = name, data, logs
-        self.port, self.wire_port = _free_port(), _free_port()
+        self.port, self.wire_port = free_port(), free_port()
         self.url = f"grpc://127.0.0.1:{self.port}"
         self.process: BrokerProcess | None = None
 

@@ -239,15 +239,19 @@ class Replicator:
             self.state = "alone"
         self._cond.notify_all()
 
+    def _was_deposed(self, exc: Deposed) -> None:
+        """A broker with a greater epoch took over: acknowledge nothing more, step down."""
+        with self._cond:
+            self.deposed = exc
+            self._cond.notify_all()
+        self._on_deposed(exc)
+
     def _clear(self) -> None:
         """Record that no backup is in sync, before anything is acknowledged alone."""
         try:
             self.owner = self.ownership.mark_in_sync(self.owner, "")
         except Deposed as exc:
-            with self._cond:
-                self.deposed = exc
-                self._cond.notify_all()
-            self._on_deposed(exc)
+            self._was_deposed(exc)
             return
         except Exception as exc:  # the store out of reach: acknowledgements wait, and retry
             log.error("replication: could not record the backup's loss: %s; retrying", exc)
@@ -264,10 +268,7 @@ class Replicator:
         try:
             owner = self.ownership.mark_in_sync(self.owner, backup)
         except Deposed as exc:
-            with self._cond:
-                self.deposed = exc
-                self._cond.notify_all()
-            self._on_deposed(exc)
+            self._was_deposed(exc)
             return
         with self._cond:
             self.owner = owner
