@@ -21,7 +21,6 @@ from tests.ha_kit import free_port
 pytestmark = pytest.mark.process
 
 
-
 class Member:
     """One broker of the pair: its own ports and log, the shared data directory."""
 
@@ -203,3 +202,46 @@ def _answers(url: str) -> bool:
             return admin.ping()
     except SparkMQError:
         return False
+
+
+@pytest.mark.spark
+def test_the_spark_sink_and_broker_source_take_the_pair(spark, tmp_path: Path) -> None:
+    """The connector's url option lists both brokers, as the SDK's: with the first one down
+    (a backup waiting, or a dead primary), the sink writes to and the broker-consuming source
+    claims from whichever serves."""
+    import tempfile
+
+    data, logs = tmp_path / "shared", tmp_path / "logs"
+    logs.mkdir()
+    a, b = Member("a", data, logs), Member("b", data, logs)
+    a.launch().wait_ready(60)
+    b.launch()
+    assert a.process is not None and b.process is not None
+    a.process.kill()  # the first URL listed is gone: b takes over
+    b.process.wait_ready(60)
+    both = f"{a.url},{b.url}"
+    try:
+        df = spark.createDataFrame([(f"row {i}",) for i in range(30)], "body string")
+        df.write.format("sparkmq").option("url", both).option("destination", "q").mode(
+            "append"
+        ).save()
+        with Admin(b.url) as admin:
+            assert admin.stats("q")["end_offset"] == 30
+        seen: list[str] = []
+        query = (
+            spark.readStream.format("sparkmq")
+            .option("url", both)
+            .option("consumer", "etl")
+            .option("destination", "q")
+            .load()
+            .writeStream.foreachBatch(
+                lambda batch, _: seen.extend(r.body.decode() for r in batch.collect())
+            )
+            .option("checkpointLocation", tempfile.mkdtemp())
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert sorted(seen) == sorted(f"row {i}" for i in range(30))
+    finally:
+        b.process.stop()
