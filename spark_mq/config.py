@@ -208,7 +208,7 @@ class HASection(_Section):
     # the primary's process ends is at most this plus recovery
     lock_poll_s: float = Field(0.2, gt=0, le=60)
     # replication: the other broker's replication address (host:port), and this one's port
-    peer: str = ""
+    peer: str = Field("", pattern=r"^$|^[^:\s]*:\d{1,5}$")  # host:port
     replication_port: int = Field(7678, ge=0, le=65535)
     # "replicated": a produce or an ack is acknowledged once the backup has it durable too;
     # "local": once this broker has (the backup may lag behind, and may not take over then)

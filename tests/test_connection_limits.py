@@ -16,7 +16,7 @@ import pytest
 from spark_mq import Producer, protocol, wire
 from spark_mq.clock import ManualClock
 from spark_mq.service import RunningBroker
-from tests.conftest import frames_until_closed, start_inprocess
+from tests.conftest import frames_until_closed, start_inprocess, wait_for
 
 
 @pytest.fixture
@@ -112,11 +112,18 @@ def test_an_idle_producer_connection_is_closed_and_the_sdk_reconnects_unnoticed(
 
 def test_a_producer_waiting_for_answers_is_not_idle(strict: RunningBroker) -> None:
     conn_is_idle = []
-    with Producer(strict.url, destination="q") as producer:
+    wire_conns = strict.wire._conns  # type: ignore[union-attr]
+    with (
+        Producer(strict.url, destination="q") as producer,
+        Producer(strict.url, destination="idle") as idle,
+    ):
         producer.send_sync("x")
-        (conn,) = [c for c in strict.wire._conns if c.role == "produce"]  # type: ignore[union-attr]
+        (conn,) = [c for c in wire_conns if c.role == "produce"]
         conn.submitted += 1  # as if a batch were still unanswered
-        time.sleep(1.6)
+        idle.send_sync("y")
+        (quiet,) = [c for c in wire_conns if c.role == "produce" and c is not conn]
+        # the idle timeout has passed once the other producer's connection is closed for it
+        wait_for(lambda: quiet.closed, timeout=10, what="the idle connection to close")
         conn_is_idle.append(conn.closed)
         conn.submitted -= 1
     assert conn_is_idle == [False]
@@ -136,8 +143,9 @@ def test_connections_over_the_cap_are_refused_saying_why(strict: RunningBroker) 
         with connect(strict) as extra:
             error = failure_then_close(extra)
         assert error["code"] == "unavailable"
-        assert "20 direct-wire connections open, its limit (broker.max_connections)" in (
-            error["message"]
+        assert (
+            "20 direct-wire connections open, its limit (broker.max_connections)"
+            in (error["message"])
         )
     finally:
         for sock in held:
@@ -162,7 +170,8 @@ def test_a_producer_that_never_reads_its_answers_is_not_read_either(
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.sendall(wire.control(protocol.Produce("q")))
             frame = b"".join(
-                bytes(p) for p in wire.Plain([b"id"], [b"m"]).parts(0)  # one plain message
+                bytes(p)
+                for p in wire.Plain([b"id"], [b"m"]).parts(0)  # one plain message
             )
             sock.setblocking(False)
             sent = 0

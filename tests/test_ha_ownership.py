@@ -166,3 +166,15 @@ def test_a_waiting_backup_stops_when_told(tmp_path: Path) -> None:
             backup.start(until=stop)
     finally:
         primary.close()
+
+
+def test_a_replicating_broker_is_configured_or_told_what_is_missing(tmp_path: Path) -> None:
+    from spark_mq.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"ha\.peer"):
+        load_config(overrides={"ha.peer": "mq2"}, environ={})  # no port
+    config = load_config(
+        overrides={"broker.data_dir": str(tmp_path), "ha.mode": "replication"}, environ={}
+    )
+    with pytest.raises(ConfigError, match=r"needs journal\.hot_dir"):
+        Broker(config, clock=ManualClock()).start()

@@ -33,7 +33,7 @@ from spark_mq.broker.destination import (
     make_store,
     settled_in_memory,
 )
-from spark_mq.broker.dir_lock import DataDirLock, StoppedWaiting
+from spark_mq.broker.dir_lock import DataDirLock
 from spark_mq.broker.disk import DiskMonitor
 from spark_mq.broker.disposal import Disposer
 from spark_mq.broker.limits import Limits
@@ -54,9 +54,9 @@ from spark_mq.errors import (
     NotAllowed,
     SubscriptionNotFound,
 )
-from spark_mq.ha.ownership import NotEligible, Owner, Ownership
-from spark_mq.ha.replication import Follower, Replicator
-from spark_mq.journal import DestinationInfo, Journal, LogStore, bindings
+from spark_mq.ha import takeover
+from spark_mq.ha.replication import Replicator
+from spark_mq.journal import DestinationInfo, Journal, LogStore
 from spark_mq.journal.base import Kind
 from spark_mq.journal.delta_store import DeltaStore
 from spark_mq.journal.group_commit import InlineCommit
@@ -167,23 +167,19 @@ class Broker(DestinationAdmin):
             self._dir_lock = DataDirLock(where).wait(until, ha.lock_poll_s)
         else:
             self._dir_lock = DataDirLock(where).acquire()
-        started = time.perf_counter()
+        store = self.journal.store
         try:
-            owner = self._take_ownership(until)
-            if ha.mode == "replication" and owner is not None:
-                self.replicator = Replicator(
-                    self.journal,
-                    Ownership(self.journal.store.root),  # type: ignore[attr-defined]
-                    owner,
-                    host=self.config.broker.host,
-                    port=ha.replication_port,
-                    replicated_acks=ha.ack == "replicated",
-                    timeout_s=ha.failover_timeout_s,
-                    heartbeat_s=ha.heartbeat_s,
-                    on_deposed=self._deposed,
-                    security=self.security,
+            if ha.mode != "none" and isinstance(store, DeltaStore):  # (a replicating backup
+                # follows its primary in here until it may take over)
+                owner = takeover.take_ownership(
+                    self.config, store, self.broker_id, until, self._deposed
                 )
-                self.journal.replica = self.replicator
+                self.epoch = owner.epoch
+                if ha.mode == "replication":
+                    self.replicator = takeover.replicator(
+                        self.config, self.journal, store, owner, self._deposed, self.security
+                    )
+                    self.journal.replica = self.replicator
             started = time.perf_counter()
             self._open()
             if self.replicator is not None:
@@ -199,76 +195,6 @@ class Broker(DestinationAdmin):
             )
             self._timer.start()
         log.info("started in %.2fs", time.perf_counter() - started)
-
-    def _take_ownership(self, until: threading.Event | None = None) -> Owner | None:
-        """With high availability on, the next ownership epoch, stamped on every Delta commit
-        from now on (spark_mq.ha.ownership): a broker that owned the data before commits nothing
-        more. A replicating backup follows its primary here first, until it may take over."""
-        store = self.journal.store
-        if self.config.ha.mode == "none" or not isinstance(store, DeltaStore):
-            return None
-        if self.config.ha.mode == "replication":
-            owner = self._follow_until_owner(store, until)
-        else:
-            owner = Ownership(store.root).take(self.broker_id)
-        store.on_deposed = self._deposed
-        store.fence(owner.epoch)
-        infos, _ = bindings.replay(store.read_bindings())
-        store.stamp_destinations(sorted(infos))
-        self.epoch = owner.epoch
-        log.info(
-            "primary: %s owns %s from now on (epoch %d)", self.broker_id, store.root, owner.epoch
-        )
-        return owner
-
-    def _follow_until_owner(self, store: DeltaStore, until: threading.Event | None) -> Owner:
-        """Replication: follow the peer while it is the primary (a copy of every record it has
-        not moved, in this broker's own hot directory); once it is gone, take over if the
-        ownership record names this broker in sync (or it owned the data last, or nobody
-        ever did); else wait for the primary to come back, saying why."""
-        ha = self.config.ha
-        hot = self.config.hot_dir()
-        assert hot is not None
-        follower = Follower(
-            hot,
-            self.broker_id,
-            segment_bytes=self.config.journal.segment_bytes,
-            timeout_s=ha.failover_timeout_s,
-            tls=bool(self.config.security.tls_cert_file),
-        )
-        own = Ownership(store.root)
-        host, _, port = ha.peer.rpartition(":")
-        said = ""
-        while True:
-            if until is not None and until.is_set():
-                raise StoppedWaiting("stopped while following the primary")
-            if ha.peer:
-                follower.follow((host or "127.0.0.1", int(port)), until)
-                if until is not None and until.is_set():
-                    raise StoppedWaiting("stopped while following the primary")
-            try:
-                return own.take(self.broker_id, self._may_take)
-            except NotEligible as exc:
-                if str(exc) != said:
-                    said = str(exc)
-                    log.warning("backup: %s", said)
-            except Deposed:
-                continue  # another broker took it this moment: follow it
-            if until is not None:
-                until.wait(ha.lock_poll_s)
-            else:
-                time.sleep(ha.lock_poll_s)
-
-    def _may_take(self, latest: Owner | None) -> str | None:
-        if latest is None or latest.broker_id == self.broker_id:
-            return None
-        if latest.in_sync_backup == self.broker_id:
-            return None
-        return (
-            f"not in sync with {latest.broker_id} (epoch {latest.epoch}), which owned the data "
-            "last: this broker may lack records it acknowledged, so it does not take over; "
-            "waiting for it to come back"
-        )
 
     def _deposed(self, err: Deposed) -> None:
         """(Any committing thread.) Another broker took over: acknowledge nothing more."""

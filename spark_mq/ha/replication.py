@@ -442,6 +442,7 @@ class Follower:
         self.primary = ""
         self.in_sync = False
         self.refused = ""  # why the primary last refused this backup
+        self.written_bytes = self.written_records = 0  # appended since this connection began
 
     def follow(self, address: tuple[str, int], until: threading.Event | None) -> str | None:
         """Follow the primary at ``address`` until its stream ends; returns its broker id (None
@@ -483,7 +484,7 @@ class Follower:
             )
             self._wipe()
             self.in_sync = False
-            acked, written, records = 0, 0, 0
+            acked = self.written_bytes = self.written_records = 0
             unsynced: set[str] = set()  # logs written since their last sync
             while until is None or not until.is_set():
                 frame = reader.frame()  # (a silent primary: the socket's timeout)
@@ -491,10 +492,6 @@ class Follower:
                     break
                 kind, payload = frame
                 seq = self._apply(kind, payload, logs, last_of, unsynced)
-                if kind == RECORDS:
-                    (n,) = _LEN.unpack_from(payload, 0)
-                    written += len(payload) - _LEN.size - n
-                    records += int(json.loads(payload[_LEN.size : _LEN.size + n])["n"])
                 if seq:
                     acked = seq
                 if not reader.buffered:  # what came together is synced together, then acked
@@ -502,7 +499,9 @@ class Follower:
                         if dest in logs:
                             logs[dest].sync()
                     unsynced.clear()
-                    _control(sock, ACK, seq=acked, bytes=written, records=records)
+                    _control(
+                        sock, ACK, seq=acked, bytes=self.written_bytes, records=self.written_records
+                    )
         except (OSError, ValueError, KeyError) as exc:
             log.warning("backup: the stream from %s ended: %s", self.primary or address, exc)
         finally:
@@ -526,6 +525,8 @@ class Follower:
             data = payload[_LEN.size + n :]
             dest = doc["d"]
             segment = logs[dest].append_raw(int(doc["lsn"]), data, int(doc["n"]), sync=False)
+            self.written_bytes += len(data)  # (since this connection: the primary adds its base)
+            self.written_records += int(doc["n"])
             unsynced.add(dest)
             last_of[dest][segment] = int(doc["lsn"]) + int(doc["n"]) - 1
             return int(doc["seq"])
