@@ -1,0 +1,187 @@
+"""The tables, offline: ``compact``, ``schedule``, ``export``, ``import``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from spark_mq.errors import ConfigError, SparkMQError
+
+if TYPE_CHECKING:
+    from spark_mq.jobs.schedule import JobsConfig
+
+
+_JOBS_CONFIG = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="Jobs config (see conf/jobs.toml): compaction defaults and schedules.",
+)
+
+
+def _jobs_config(config_file: str | None) -> JobsConfig:
+    from spark_mq.jobs.schedule import load_jobs_config
+
+    try:
+        return load_jobs_config(config_file)
+    except ConfigError as exc:
+        click.echo(f"sparkmq: {exc}", err=True)
+        sys.exit(2)
+
+
+@click.command()
+@click.option("--data-dir", required=True, help="The broker's data root (directory or URI).")
+@_JOBS_CONFIG
+@click.option(
+    "--destination", "only", multiple=True, help="Compact only this destination (repeatable)."
+)
+@click.option("--dry-run", is_flag=True, help="Report what would be removed; change nothing.")
+@click.option("--force", is_flag=True, help="Compact even below the file and live thresholds.")
+@click.option("--min-files", type=click.IntRange(min=1), help="[compaction.min_files] (10)")
+@click.option(
+    "--max-live", type=click.FloatRange(0, 1, min_open=True), help="[compaction.max_live_ratio]"
+)
+@click.option(
+    "--retention-hours", type=click.IntRange(min=1), help="[compaction.retention_hours] (168)"
+)
+@click.option(
+    "--keep-recent-s",
+    type=click.FloatRange(min=0),
+    help="[compaction.keep_recent_s] rows younger than this stay (300)",
+)
+@click.option("--keep-expired", is_flag=True, help="Leave expired messages in place.")
+@click.option(
+    "--spark", "use_spark", is_flag=True, help="Fan out over destinations as Spark tasks."
+)
+def compact(
+    data_dir: str,
+    config_file: str | None,
+    only: tuple[str, ...],
+    dry_run: bool,
+    force: bool,
+    min_files: int | None,
+    max_live: float | None,
+    retention_hours: int | None,
+    keep_recent_s: float | None,
+    keep_expired: bool,
+    use_spark: bool,
+) -> None:
+    """Remove settled and expired messages from the Delta logs, merge files, vacuum."""
+    from spark_mq.jobs.compaction import compact_all
+    from spark_mq.jobs.report import summary_table
+    from spark_mq.logs import setup_logging
+
+    setup_logging("WARNING", None, max_bytes=0, backups=0)
+    logging.getLogger("spark_mq.jobs").setLevel("INFO")  # each step of a long compaction
+    overrides = {
+        k: v
+        for k, v in {
+            "min_files": min_files,
+            "max_live_ratio": max_live,
+            "retention_hours": retention_hours,
+            "drop_expired": False if keep_expired else None,
+            "keep_recent_s": keep_recent_s,
+        }.items()
+        if v is not None
+    }
+    policy = _jobs_config(config_file).compaction.policy(force=force, **overrides)
+    spark = None
+    if use_spark:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.builder.appName("sparkmq-compaction").getOrCreate()
+    done = [0]
+
+    def progress(result: object) -> None:
+        done[0] += 1
+        r = result  # a CompactionResult
+        click.echo(f"[{done[0]}] {r.destination}: {r.action} ({r.seconds:.1f}s)", err=True)  # type: ignore[attr-defined]
+
+    try:
+        results = compact_all(
+            data_dir, policy, only=only or None, dry_run=dry_run, spark=spark, progress=progress
+        )
+    except (KeyError, FileNotFoundError) as exc:
+        click.echo(f"sparkmq compact: {exc.args[0]}", err=True)
+        sys.exit(2)
+    click.echo(summary_table(results))
+    if any(r.action == "failed" for r in results):
+        sys.exit(1)
+
+
+@click.command()
+@click.option("--data-dir", required=True, help="The data root the scheduled jobs work on.")
+@_JOBS_CONFIG
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["crontab", "databricks", "both"]),
+    default="both",
+    show_default=True,
+)
+def schedule(data_dir: str, config_file: str | None, fmt: str) -> None:
+    """Print the schedules of the jobs config as crontab lines and Databricks Jobs JSON."""
+    from spark_mq.jobs.schedule import crontab, databricks_json
+
+    cfg = _jobs_config(config_file)
+    if not cfg.schedule:
+        click.echo("sparkmq schedule: the config declares no [[schedule]]", err=True)
+        sys.exit(2)
+    try:
+        if fmt in ("crontab", "both"):
+            click.echo(crontab(cfg, data_dir, config_file))
+        if fmt in ("databricks", "both"):
+            click.echo(databricks_json(cfg, data_dir, config_file))
+    except ConfigError as exc:
+        click.echo(f"sparkmq schedule: {exc}", err=True)
+        sys.exit(2)
+
+
+@click.command(name="export")
+@click.option("--data-dir", required=True, help="The broker's data root (directory or URI).")
+@click.option("--destination", required=True, help="The destination to export.")
+@click.argument("file", type=click.Path(dir_okay=False))
+def export_cmd(data_dir: str, destination: str, file: str) -> None:
+    """Dump a destination's messages and settlements to FILE (*.jsonl or *.parquet)."""
+    from spark_mq.jobs.transfer import export_destination
+
+    try:
+        header = export_destination(data_dir, destination, file)
+    except (SparkMQError, ValueError) as exc:
+        click.echo(f"sparkmq export: {exc}", err=True)
+        sys.exit(2)
+    if header["hot_tier_in_use"]:
+        click.echo(
+            "warning: a broker is running on this data (or crashed): records it has not moved "
+            "to Delta yet are not in the export; stop it with SIGTERM for a complete copy",
+            err=True,
+        )
+    click.echo(
+        f"exported {destination} ({header['kind']}): {header['messages']:,} message(s), "
+        f"{header['settlements']:,} settlement(s), end offset {header['end_offset']:,} -> {file}"
+    )
+
+
+@click.command(name="import")
+@click.option("--data-dir", required=True, help="The data root to import into (broker stopped).")
+@click.option("--as", "name", help="Create the destination under this name instead.")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+def import_cmd(data_dir: str, name: str | None, file: str) -> None:
+    """Create a destination from an exported FILE, offsets unchanged."""
+    from spark_mq.jobs.transfer import import_destination
+
+    try:
+        header = import_destination(data_dir, file, name)
+    except (SparkMQError, ValueError) as exc:
+        click.echo(f"sparkmq import: {exc}", err=True)
+        sys.exit(2)
+    click.echo(
+        f"imported {header['name']} ({header['kind']}): {header['messages']:,} message(s), "
+        f"{header['settlements']:,} settlement(s), end offset {header['end_offset']:,}"
+    )
+
+
+COMMANDS = [compact, schedule, export_cmd, import_cmd]
