@@ -61,6 +61,15 @@ class BrokerSection(_Section):
     shutdown_grace_s: float = Field(10.0, ge=0)
     # listen on an interface other than loopback with security off (refused otherwise)
     insecure: bool = False
+    # the HTTP listener (spark_mq.ops): /metrics, /healthz, /readyz and the console at /;
+    # 8161 is the port Artemis's console uses; 0 picks a free one
+    http: bool = True
+    http_port: int = Field(8161, ge=0, le=65535)
+    # keep the journal's histograms (commit sizes and latency, produce-to-ack latency);
+    # everything else /metrics shows is read when it is scraped
+    metrics: bool = True
+    # an idle console login lasts this long
+    console_session_s: float = Field(1800.0, gt=0)
 
 
 class JournalSection(_Section):
@@ -159,6 +168,9 @@ class LoggingSection(_Section):
     file: str = "logs/log.txt"
     max_file_bytes: int = Field(10 * MiB, ge=1024)
     backups: int = Field(9, ge=0, le=99)
+    # "text" (a line a record) or "json" (a JSON object a line, with destination, consumer
+    # and principal fields where they apply: for log shippers)
+    format: Literal["text", "json"] = "text"
 
 
 class SecuritySection(_Section):

@@ -31,6 +31,7 @@ class BrokerProcess:
         self.log_file = log_file
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
+        self.http_url = ""  # the HTTP listener's (metrics, health, console), once serving
 
     def start(self, timeout_s: float = 60.0) -> BrokerProcess:
         return self.launch().wait_ready(timeout_s)
@@ -49,6 +50,8 @@ class BrokerProcess:
                 "--port",
                 "0",
                 "--wire-port",
+                "0",
+                "--http-port",
                 "0",
                 "--data-dir",
                 self.data_dir,
@@ -81,7 +84,9 @@ class BrokerProcess:
                 self.kill()
                 raise BrokerUnavailable(f"the broker did not start within {timeout_s}s")
             time.sleep(0.05)
-        self.url = json.loads(ready.read_text())["url"]
+        info = json.loads(ready.read_text())
+        self.url = info["url"]
+        self.http_url = info.get("http_url") or ""
         return self
 
     def kill(self) -> None:

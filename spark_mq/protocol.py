@@ -46,6 +46,9 @@ ADMIN_ACTIONS = (
     "ping",
     "reload_security",
     "promote",
+    "broker_status",
+    "show_config",
+    "move",
 )
 
 

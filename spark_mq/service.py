@@ -19,6 +19,7 @@ from spark_mq.broker.dir_lock import StoppedWaiting
 from spark_mq.config import BrokerConfig
 from spark_mq.ha.ownership import Ownership
 from spark_mq.logs import setup_logging
+from spark_mq.ops.http import HttpListener, ServiceState
 from spark_mq.security.context import Security, check_protected, is_loopback
 from spark_mq.transports.direct_wire import WireServer
 from spark_mq.transports.flight import FlightService
@@ -31,17 +32,25 @@ class RunningBroker:
     Usable in-process (tests, demo)."""
 
     def __init__(
-        self, broker: Broker, host: str, port: int, *, until: threading.Event | None = None
+        self,
+        broker: Broker,
+        host: str,
+        port: int,
+        *,
+        until: threading.Event | None = None,
+        security: Security | None = None,
     ) -> None:
         self.broker = broker
         check_protected(broker.config, listening_on=host)
-        self.security = Security(broker.config)  # (before anything starts: a bad file stops it)
+        # (made before anything starts: a bad file stops it; given: the process's, kept)
+        self._owns_security = security is None
+        self.security = security if security is not None else Security(broker.config)
         self.scheme = "grpc+tls" if self.security.tls is not None else "grpc"
         broker.security = self.security  # (the replication channel goes through it too)
         try:
             broker.start(until=until)  # (a shared store's backup waits here)
         except BaseException:
-            self.security.close()
+            self._close_security()
             raise
         self.wire: WireServer | None = None
         try:
@@ -65,11 +74,23 @@ class RunningBroker:
             if self.wire is not None:
                 self.wire.shutdown()
             broker.close()
-            self.security.close()
+            self._close_security()
             raise
         self.host = host
         self.port = self.service.port
         self.wire_port = self.wire.port if self.wire else None
+        broker.phase = "serving"
+
+    def _close_security(self) -> None:
+        if self._owns_security:
+            self.security.close()
+
+    def connections(self) -> dict[str, int]:
+        """Open connections by transport (Flight: calls under way), for the metrics."""
+        out = {"flight": len(self.service.calls())}
+        if self.wire is not None:
+            out["wire"] = self.wire.connection_count()
+        return out
 
     @property
     def url(self) -> str:
@@ -85,6 +106,7 @@ class RunningBroker:
         connections are closed regardless and the broker closes. Returns False when Flight calls
         were still open then: their threads are left to the process's end (``serve`` exits)."""
         grace = self.broker.config.broker.shutdown_grace_s if grace_s is None else grace_s
+        self.broker.phase = "stopping"
         started = time.monotonic()
         deadline = started + grace
         self.service.begin_stop(deadline)
@@ -114,7 +136,7 @@ class RunningBroker:
                 "; ".join(left),
             )
         self.broker.close()
-        self.security.close()
+        self._close_security()
         return not left
 
     def _waiting(self) -> str:
@@ -167,6 +189,7 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
         config.log_path(),
         max_bytes=config.logging.max_file_bytes,
         backups=config.logging.backups,
+        fmt=config.logging.format,
     )
     # a log line that cannot be written (a full disk) is dropped, not a traceback on stderr
     logging.raiseExceptions = False
@@ -183,11 +206,28 @@ def serve(config: BrokerConfig, *, ready_file: str | None = None) -> None:
     reload_requested = threading.Event()
     signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
     allocator = choose_memory_pool()
-    while True:
-        outcome = _serve_term(config, stop, reload_requested, allocator, ready_file)
-        if outcome == "stop" or config.ha.mode == "none":
-            return
-        log.info("stepped down: this broker is the backup now")
+    check_protected(config, listening_on=config.broker.host)
+    security = Security(config)  # the process's: every term and the HTTP listener use it
+    state = ServiceState(security)
+    try:
+        http = HttpListener(config, state) if config.broker.http else None
+    except BaseException:
+        security.close()
+        raise
+    if http is not None:
+        log.info("HTTP (metrics, health, console) on %s", http.url)
+    try:
+        while True:
+            outcome = _serve_term(
+                config, stop, reload_requested, allocator, ready_file, state, http
+            )
+            if outcome == "stop" or config.ha.mode == "none":
+                return
+            log.info("stepped down: this broker is the backup now")
+    finally:
+        if http is not None:
+            http.close()
+        security.close()
 
 
 def _serve_term(
@@ -196,6 +236,8 @@ def _serve_term(
     reload_requested: threading.Event,
     allocator: str,
     ready_file: str | None,
+    state: ServiceState,
+    http: HttpListener | None,
 ) -> str:
     """Serve as the owner of the data until told to stop ("stop"), or until deposed or asked
     to hand over to the backup ("step down"). A shared store's backup waits first."""
@@ -203,12 +245,16 @@ def _serve_term(
     step_down = threading.Event()
     broker.on_deposed = lambda _err: step_down.set()
     broker.on_handover = step_down.set
+    state.broker = broker  # (its probes say "backup" or "recovering" meanwhile)
     try:
-        running = RunningBroker(broker, config.broker.host, config.broker.port, until=stop)
+        running = RunningBroker(
+            broker, config.broker.host, config.broker.port, until=stop, security=state.security
+        )
     except StoppedWaiting:
         log.info("stopped while waiting as the backup")
         broker.close()
         return "stop"
+    state.connections = running.connections
     settle_garbage_collector()
     wire_at = "no port (broker.wire = false)"
     if running.wire is not None:
@@ -251,6 +297,8 @@ def _serve_term(
                     "wire_port": running.wire_port,
                     "pid": os.getpid(),
                     "epoch": broker.epoch,
+                    "http_port": http.port if http is not None else None,
+                    "http_url": http.url if http is not None else None,
                 },
                 fh,
             )

@@ -45,7 +45,17 @@ def _sparkmq(*args: str, stdin: str | None = None) -> subprocess.CompletedProces
 
 
 def _broker_args(data: Path) -> list[str]:
-    return ["broker", "--port", "0", "--wire-port", "0", "--data-dir", str(data)]
+    return [
+        "broker",
+        "--port",
+        "0",
+        "--wire-port",
+        "0",
+        "--http-port",
+        "0",
+        "--data-dir",
+        str(data),
+    ]
 
 
 def test_with_security_off_the_broker_refuses_other_interfaces_unless_told(

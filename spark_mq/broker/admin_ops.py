@@ -79,7 +79,7 @@ class DestinationAdmin:
         if dest is None and self.config.broker.auto_create_queues:
             validate_name(name)
             if self.create_destination(name, "queue", {"auto_delete": True}):
-                log.info("auto-created queue %s", name)
+                log.info("auto-created queue %s", name, extra={"destination": name})
             dest = self._dest(name)
         elif dest is None:
             dest = self._dest(name)
@@ -110,7 +110,7 @@ class DestinationAdmin:
                         dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set()
                     )
                 self._dests[name] = dest
-                log.info("created %s %s", kind, name)
+                log.info("created %s %s", kind, name, extra={"destination": name})
             return created
 
     def _checked_settings(self, settings: dict[str, Any] | None) -> dict[str, Any]:
@@ -148,7 +148,7 @@ class DestinationAdmin:
             del self._dests[name]
         for s in list(dest.sessions.values()):
             s.close()
-        log.info("deleted %s %s", dest.kind, name)
+        log.info("deleted %s %s", dest.kind, name, extra={"destination": name})
         return True
 
     def create_subscription(self, destination: str, name: str, selector: str | None = None) -> bool:
@@ -191,11 +191,14 @@ class DestinationAdmin:
         with dest.lock:
             subs = {s.name: s.stats(end) for s in dest.subscriptions.values()}
             consumers = len(dest.sessions)
+            consumer_list = [s.describe() for s in dest.sessions.values()]
         out: dict[str, Any] = {
             "name": name,
             "kind": dest.kind,
             "end_offset": end,
             "consumers": consumers,
+            "consumer_list": consumer_list,
+            "produced": end,  # (offsets are dense: every message appended took one)
             "rows_in_memory": dest.store.rows,
             "journal_commits": writer.commits,
             "journal_failed_commits": writer.failed_commits,

@@ -74,6 +74,28 @@ class HandOver:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokerStatus:
+    """The broker's state: version, role, phase, uptime, memory and disk."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShowConfig:
+    """The configuration in effect (secrets redacted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Move up to ``limit`` waiting messages of ``source`` to ``target`` (None: each back to
+    where it was dead-lettered or expired from: a redrive)."""
+
+    source: str
+    target: str | None = None
+    subscription: str | None = None
+    limit: int = 1000
+    selector: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CreateDestination:
     name: str
     kind: Kind
@@ -180,6 +202,9 @@ Command = (
     Ping
     | ReloadSecurity
     | HandOver
+    | BrokerStatus
+    | ShowConfig
+    | Move
     | CreateDestination
     | ConfigureDestination
     | DeleteDestination

@@ -66,6 +66,18 @@ class ConsumerSession:
         subscription.add_waiter(self.wakeup)
         self.wakeup.set()
 
+    def describe(self) -> dict[str, object]:
+        """What an operator sees of it (the console, ``sparkmq queue describe``)."""
+        with self._lock:
+            held = len(self._held)
+        return {
+            "id": self.consumer_id,
+            "subscription": self.subscription.name,
+            "prefetch": self.prefetch,
+            "in_flight": held,
+            "selector": self.selector.text if self.selector is not None else None,
+        }
+
     def next_delivery(self) -> pa.Table | None:
         """Lease what fits in the prefetch window and return it as a delivery batch."""
         leased = self.next_leased()

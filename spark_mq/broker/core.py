@@ -61,6 +61,7 @@ from spark_mq.journal.base import Kind
 from spark_mq.journal.delta_store import DeltaStore
 from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.journal.hot_tier import has_segments
+from spark_mq.journal.timing import CommitTiming
 from spark_mq.plain import PlainMessage, plain_batch
 from spark_mq.schema import (
     MESSAGE_SCHEMA,
@@ -85,7 +86,9 @@ def _journal_disk(config: BrokerConfig) -> str | None:
     if hot is not None:
         return hot
     data = config.broker.data_dir
-    return None if "://" in data and not data.startswith("file://") else data.removeprefix("file://")
+    return (
+        None if "://" in data and not data.startswith("file://") else data.removeprefix("file://")
+    )
 
 
 def _lock_dir(config: BrokerConfig) -> str | None:
@@ -121,6 +124,8 @@ class Broker(DestinationAdmin):
         self.config = config or BrokerConfig()
         self.clock = clock or SystemClock()
         store = store or make_store(self.config)
+        # the journal's histograms for the metrics endpoint (broker.metrics = false: none kept)
+        self.timing = CommitTiming() if self.config.broker.metrics else None
         self.journal = Journal(
             store,
             buffer_timeout_s=self.config.journal.buffer_timeout_ms / 1000,
@@ -130,6 +135,7 @@ class Broker(DestinationAdmin):
             on_commit=self._on_commit,
             now_us=lambda: int(self.clock.wall() * 1_000_000),
             hot_tier=hot_tier_settings(self.config) if store.durable else None,
+            timing=self.timing,
         )
         self._lock = threading.RLock()
         self._dests: dict[str, Destination] = {}
@@ -148,6 +154,11 @@ class Broker(DestinationAdmin):
         # the service's security (authentication, rules, TLS), for the replication channel
         self.security: Security | None = None
         self._next_reap = 0.0
+        # where it is in its life, for readiness probes (spark_mq.ops.health): starting,
+        # backup (waiting to take over), recovering, serving (the service sets it once it
+        # listens), stopping, stopped
+        self.phase = "starting"
+        self.started_at = time.time()
         self.memory = MemoryMonitor(self.config.limits.memory_budget_bytes)
         self.disk = DiskMonitor(_journal_disk(self.config), self.config.limits.min_free_disk_bytes)
         self.claims = Claims(self, self._consumer_ids)
@@ -161,6 +172,8 @@ class Broker(DestinationAdmin):
         can take over (``StoppedWaiting`` if ``until`` is set first)."""
         where = _lock_dir(self.config)
         ha = self.config.ha
+        if ha.mode != "none":
+            self.phase = "backup"  # until it owns the data
         if where is None:
             self._dir_lock = None
         elif ha.mode == "shared-store":
@@ -181,6 +194,7 @@ class Broker(DestinationAdmin):
                     )
                     self.journal.replica = self.replicator
             started = time.perf_counter()
+            self.phase = "recovering"
             self._open()
             if self.replicator is not None:
                 self.replicator.start()
@@ -210,7 +224,7 @@ class Broker(DestinationAdmin):
         and waits as the backup; the backup takes over."""
         if self.config.ha.mode == "none" or self.on_handover is None:
             raise NotAllowed(
-                "this broker has no backup to hand over to (ha.mode = \"none\")",
+                'this broker has no backup to hand over to (ha.mode = "none")',
             )
         log.info("handing over to the backup (promote), epoch %s", self.epoch)
         self.on_handover()
@@ -227,6 +241,24 @@ class Broker(DestinationAdmin):
         if self.replicator is not None:
             state.update(self.replicator.stats())
         return state
+
+    def status(self) -> dict[str, Any]:
+        """What an operator asks first: version, phase, role, uptime, memory and disk."""
+        from spark_mq import __version__
+
+        with self._lock:
+            n = sum(1 for d in self._dests.values() if not d.temporary)
+        return {
+            "version": __version__,
+            "phase": self.phase,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "destinations": n,
+            "data_dir": self.config.broker.data_dir,
+            "persistence": self.config.broker.persistence,
+            **self.ha_state(),
+            **self.memory.stats(),
+            **self.disk.stats(),
+        }
 
     def _release_dir(self) -> None:
         if self._dir_lock is not None:
@@ -264,6 +296,7 @@ class Broker(DestinationAdmin):
 
     def close(self) -> None:
         """Stop timers and flush every pending commit (graceful shutdown)."""
+        self.phase = "stopping"
         self._stop.set()
         if self._timer is not None:
             self._timer.join()
@@ -290,6 +323,7 @@ class Broker(DestinationAdmin):
         if self.replicator is not None:
             self.replicator.close()
         self._release_dir()
+        self.phase = "stopped"
 
     def _recover(self, info: DestinationInfo) -> None:
         subs, rows = recover_destination(self.journal, info)
@@ -447,7 +481,12 @@ class Broker(DestinationAdmin):
             # in between was acknowledged, then deleted with the queue
             if not self.delete_destination(dest.name, internal=True, only_if_end=end):
                 return
-        log.info("auto-deleted %s %s: unused and empty", dest.kind, dest.name)
+        log.info(
+            "auto-deleted %s %s: unused and empty",
+            dest.kind,
+            dest.name,
+            extra={"destination": dest.name},
+        )
 
     # -- the journal tells us what became durable ---------------------------------------------
     def _on_commit(self, destination: str, rows: pa.Table) -> None:
@@ -644,7 +683,12 @@ class Broker(DestinationAdmin):
             )
             self._dests[name] = dest
         session = self.attach(name, prefetch=prefetch, wakeup=wakeup)
-        log.info("temporary queue %s for consumer %d", name, session.consumer_id)
+        log.info(
+            "temporary queue %s for consumer %d",
+            name,
+            session.consumer_id,
+            extra={"destination": name, "consumer": session.consumer_id},
+        )
         return session
 
     def _consumed_subscription(
@@ -741,7 +785,7 @@ class Broker(DestinationAdmin):
         n = len(sub.purge())
         for fut in self.disposer.run(dest, sub):
             fut.result()
-        log.info("purged %d message(s) of %s", n, destination)
+        log.info("purged %d message(s) of %s", n, destination, extra={"destination": destination})
         return n
 
     def detach(self, session: ConsumerSession) -> None:

@@ -223,7 +223,13 @@ class Disposer:
                 done.set_exception(exc)  # nothing under way (the caller unclaims the offsets)
             raise
         if why == "dead":
-            log.info("dead-lettering %d message(s) of %s into %s", len(offsets), dest.name, target)
+            log.info(
+                "dead-lettering %d message(s) of %s into %s",
+                len(offsets),
+                dest.name,
+                target,
+                extra={"destination": dest.name},
+            )
         return done
 
     def _forget(self, done: Future) -> None:

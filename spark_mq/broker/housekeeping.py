@@ -42,6 +42,8 @@ class Housekeeping:
     start_offset: int
     next_offset: int
     acked_total: int
+    delivered_total: int
+    nacked_total: int
     redelivered_total: int
     dead_lettered_total: int
     expired_total: int
@@ -211,7 +213,9 @@ class Housekeeping:
                 "scheduled": len(self._due),
                 "available_again": sum(1 for o in self._counts if o not in self._leases),
                 "depth": unseen + waiting + len(self._leases) + len(self._doomed),
+                "delivered": self.delivered_total,
                 "acked": self.acked_total,
+                "nacked": self.nacked_total,
                 "redelivered": self.redelivered_total,
                 "dead_lettered": self.dead_lettered_total,
                 "expired": self.expired_total,

@@ -125,6 +125,8 @@ class Subscription(Housekeeping):
         self._returned_log: list[int] = []
         self._filtered_log: list[int] = []
         self.acked_total = 0
+        self.delivered_total = 0  # leases handed out (first deliveries and redeliveries)
+        self.nacked_total = 0
         self.redelivered_total = 0
         self.dead_lettered_total = 0
         self.expired_total = 0
@@ -286,6 +288,7 @@ class Subscription(Housekeeping):
                 self._leases[offset] = Lease(consumer_id, count, deadline, p)
                 if grouped:
                     self._groups.leased(offset)
+            self.delivered_total += len(out)
             left = promoted and self._ready_n
         if left:  # the timer will not promote what this consumer left: the others must hear
             self.wake()
@@ -388,9 +391,7 @@ class Subscription(Housekeeping):
         if self.settings.delivery_policy != "round_robin" or owner is not None:
             return False  # failover and single deliver to one; an owned group stays
         return any(
-            could_take(offset)
-            for other, could_take in self._takers.items()
-            if other != consumer_id
+            could_take(offset) for other, could_take in self._takers.items() if other != consumer_id
         )
 
     def _return(self, offset: int, lease: Lease, *, log: bool = True) -> None:
@@ -502,6 +503,7 @@ class Subscription(Housekeeping):
                 del self._leases[offset]
                 self._return(offset, got, log=False)
                 ok.append(offset)
+            self.nacked_total += len(ok)
         if ok:
             self.wake()
         return ok, refused

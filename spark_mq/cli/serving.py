@@ -21,6 +21,12 @@ from spark_mq.errors import ConfigError
 @click.option(
     "--wire-port", type=int, help="Port of the direct wire; 0 picks a free one [broker.wire_port]."
 )
+@click.option(
+    "--http-port",
+    type=int,
+    help="Port of the HTTP listener (metrics, health, console); 0 picks a free one "
+    "[broker.http_port].",
+)
 @click.option("--data-dir", help="Directory or URI of the Delta tables [broker.data_dir].")
 @click.option("--persistence", type=click.Choice(["delta", "memory"]), help="[broker.persistence]")
 @click.option(
@@ -35,13 +41,14 @@ from spark_mq.errors import ConfigError
 @click.option(
     "--ready-file",
     type=click.Path(dir_okay=False),
-    help="Write {url, port, wire_port, pid} here once listening.",
+    help="Write {url, port, wire_port, http_port, http_url, pid} here once listening.",
 )
 def broker(
     config_file: str | None,
     host: str | None,
     port: int | None,
     wire_port: int | None,
+    http_port: int | None,
     data_dir: str | None,
     persistence: str | None,
     sets: tuple[str, ...],
@@ -65,6 +72,7 @@ def broker(
         "broker.host": host,
         "broker.port": port,
         "broker.wire_port": wire_port,
+        "broker.http_port": http_port,
         "broker.data_dir": data_dir,
         "broker.persistence": persistence,
         "broker.insecure": insecure,

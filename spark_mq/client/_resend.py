@@ -164,8 +164,7 @@ class Resender:
                     self._answered(batch, None, gone)
                     break
                 log.info(
-                    "producer: %s; sending %d waiting batch(es) again where the data is "
-                    "served now",
+                    "producer: %s; sending %d waiting batch(es) again where the data is served now",
                     gone.message,
                     len(self._waiting) + 1,
                 )

@@ -167,6 +167,38 @@ class Admin:
     def stats(self, name: str) -> dict[str, Any]:
         return dict(self._call("stats", name=name))
 
+    def move(
+        self,
+        source: str,
+        target: str | None = None,
+        *,
+        subscription: str | None = None,
+        limit: int = 1000,
+        selector: str | None = None,
+    ) -> dict[str, Any]:
+        """Move up to ``limit`` (at most 1,000 a call) waiting messages of ``source`` to
+        ``target``, each in one transaction with its ack (never lost, never in both); with no
+        ``target``, each goes back where it was dead-lettered or expired from (a DLQ redrive).
+        Returns ``{"moved": n, "targets": {destination: n}, "left": waiting}``."""
+        return dict(
+            self._call(
+                "move",
+                source=source,
+                target=target,
+                subscription=subscription,
+                limit=limit,
+                selector=selector,
+            )
+        )
+
+    def status(self) -> dict[str, Any]:
+        """The broker's version, phase, role, uptime, memory and disk state."""
+        return dict(self._call("broker_status"))
+
+    def config(self) -> dict[str, Any]:
+        """The broker's configuration in effect, secrets redacted (``admin``)."""
+        return dict(self._call("show_config"))
+
     def reload_security(self) -> dict[str, Any]:
         """Read the broker's access rules again (as SIGHUP does): ``{"reloaded": bool,
         "detail": str}``; a file that does not parse keeps the rules in force, and ``detail``

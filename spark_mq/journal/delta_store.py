@@ -237,6 +237,16 @@ class DeltaStore:
                 return BINDING_SCHEMA.empty_table()
             return conform(dt.to_pyarrow_table(), BINDING_SCHEMA)
 
+    def reachable(self) -> None:
+        """Raise (``JournalError``) unless the root's bindings log can be read now (readiness
+        probes: the store is there and the credentials work)."""
+        uri = layout.bindings_uri(self.root)
+        with translate("reaching the Delta root"):
+            try:
+                DeltaTable(uri, storage_options=self._opts, without_files=True)
+            except TableNotFoundError:
+                return  # a new root: nothing committed yet, and the store answered
+
     def append_bindings(self, rows: pa.Table) -> None:
         uri = layout.bindings_uri(self.root)
         with self._bindings_lock, translate("writing the bindings log"):

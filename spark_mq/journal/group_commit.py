@@ -55,6 +55,7 @@ from spark_mq.errors import DestinationNotFound, SparkMQError
 from spark_mq.journal.base import AppendResult
 from spark_mq.journal.settlements import Settlement, SettlementRows
 from spark_mq.journal.sinks import CommitSink, PipelinedSink, Rows, Written, as_journal_error
+from spark_mq.journal.timing import CommitTiming
 from spark_mq.plain import PlainMessage, PlainRows
 from spark_mq.schema import with_offsets
 
@@ -131,6 +132,7 @@ class _Record:
     future: Future
     is_settlement: bool
     nbytes: int
+    at: float  # time.monotonic() when it was submitted
 
 
 @dataclass(slots=True)
@@ -178,8 +180,10 @@ class DestinationWriter:
         max_pending_bytes: int,
         settle_timeout_s: float = 0.0,
         on_commit: OnCommit | None = None,
+        timing: CommitTiming | None = None,
     ) -> None:
         self.destination = destination
+        self._timing = timing
         self._sink = sink
         self._next_offset = next_offset  # one past the last durable offset
         # one past the last offset given (written, maybe not yet synced); only the holder of the
@@ -257,7 +261,7 @@ class DestinationWriter:
                 self._first_at = now
             if not is_settlement:
                 self._last_message_at = now
-            self._records.append(_Record(record, fut, is_settlement, nbytes))
+            self._records.append(_Record(record, fut, is_settlement, nbytes, now))
             self._messages += not is_settlement
             self._pending_bytes += nbytes
             if inline is None:
@@ -414,7 +418,7 @@ class DestinationWriter:
             log.exception("journal writer for %r failed", self.destination)
             _fail(taken, exc)
         finally:
-            self.stats.last_commit_ms = (time.perf_counter() - started) * 1000
+            self._timed(taken, started)
             self._release(taken)
 
     def _commit(self, taken: list[_Record], resolving: Resolutions | None) -> None:
@@ -535,8 +539,22 @@ class DestinationWriter:
             log.exception("journal writer for %r failed", self.destination)
             _fail(f.taken, exc)
         finally:
-            self.stats.last_commit_ms = (time.perf_counter() - f.started) * 1000
+            self._timed(f.taken, f.started)
             self._release(f.taken)
+
+    def _timed(self, taken: list[_Record], started: float) -> None:
+        """A commit ended: how long it took, how many records it had, how long each produce
+        waited from its arrival (the metrics' histograms, when kept)."""
+        took = time.perf_counter() - started
+        self.stats.last_commit_ms = took * 1000
+        timing = self._timing
+        if timing is not None:
+            timing.commit_seconds.observe(took)
+            timing.commit_records.observe(len(taken))
+            now = time.monotonic()
+            for r in taken:
+                if not r.is_settlement:
+                    timing.produce_ack_seconds.observe(now - r.at)
 
     def _numbered(self, messages: list[_Record]) -> tuple[Rows | None, int, list[AppendResult]]:
         """The messages with their offsets, the end offset, and each record's result."""

@@ -33,6 +33,7 @@ from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.settlements import Settlement
 from spark_mq.journal.sinks import CommitSink, DirectSink
+from spark_mq.journal.timing import CommitTiming
 from spark_mq.names import validate_name
 from spark_mq.plain import PlainMessage
 from spark_mq.schema import UNOFFSET_SCHEMA
@@ -53,6 +54,7 @@ class _WriterOptions(TypedDict):
     buffer_size_bytes: int
     max_pending_bytes: int
     settle_timeout_s: float
+    timing: CommitTiming | None
 
 
 class Journal:
@@ -69,6 +71,7 @@ class Journal:
         on_commit: OnCommit | None = None,
         now_us: Callable[[], int] = _now_us,
         hot_tier: HotTierSettings | None = None,
+        timing: CommitTiming | None = None,
     ) -> None:
         self.store = store
         self._hot = hot_tier
@@ -79,6 +82,7 @@ class Journal:
             buffer_size_bytes=buffer_size_bytes,
             max_pending_bytes=max_pending_bytes,
             settle_timeout_s=settle_timeout_s,
+            timing=timing,
         )
         self._on_commit = on_commit
         self._now_us = now_us

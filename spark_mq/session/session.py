@@ -18,6 +18,9 @@ claim, ack claims,        ``consume`` (a Spark query consuming through the broke
 read a claim
 create a destination      ``create``
 list destinations         ``connect``; only those it may do anything with are listed
+move (and redrive)        ``admin`` on the source and ``produce`` on every target
+broker status             ``connect``
+the configuration         ``admin`` (broker-wide)
 everything else           ``admin`` on the destination named (configure, delete,
 (admin)                   purge, stats, subscriptions, releasing a query's claims)
 a transaction             ``produce`` on every destination it sends to and ``consume``
@@ -37,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_mq.broker import commands as c
+from spark_mq.broker import moving
 from spark_mq.broker.consumers import ConsumerSession
 from spark_mq.broker.core import Broker
 from spark_mq.broker.subscription import Wakeup
@@ -45,6 +49,7 @@ from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.plain import PlainMessage
 from spark_mq.session.guard import OPEN, Guard, Verb
 from spark_mq.session.principal import ANONYMOUS, Principal
+from spark_mq.session.redact import redacted
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +172,14 @@ class ClientSession:
                 self._audit("admin", what, target, outcome="failed", detail=exc.message)
             raise
         self._audit("admin", what, target, outcome="done")
+        log.info(
+            "%s %s by %s over %s",
+            what,
+            target or "",
+            self.principal,
+            self.transport or "?",
+            extra={"principal": self.principal.name, "destination": target},
+        )
         return result
 
     def _execute(self, cmd: c.Command) -> Any:
@@ -177,6 +190,19 @@ class ClientSession:
             case c.HandOver():
                 self._check("admin")
                 return b.hand_over()
+            case c.BrokerStatus():
+                return b.status()
+            case c.ShowConfig():
+                self._check("admin")
+                return redacted(b.config.model_dump(mode="json"))
+            case c.Move(source=source, target=target):
+                self._check("admin", source)
+                if target is not None:
+                    self._may_produce(target)
+                return moving.move(
+                    b, source, target, subscription=cmd.subscription, limit=cmd.limit,
+                    selector=cmd.selector, may_send=self._may_produce,
+                )  # fmt: skip
             case c.ReloadSecurity():
                 self._check("admin")
                 if self._reload_rules is None:
@@ -193,11 +219,7 @@ class ClientSession:
                 b.delete_destination(name)
                 return None
             case c.ListDestinations():
-                return [
-                    d
-                    for d in b.list_destinations()
-                    if any(self.guard.allows(self.principal, v, d["name"]) for v in _USES)
-                ]
+                return [d for d in b.list_destinations() if self.may_see(d["name"])]
             case c.CreateSubscription(destination=dest, name=name, selector=selector):
                 self._check("admin", dest)
                 return b.create_subscription(dest, name, selector)
@@ -244,6 +266,10 @@ class ClientSession:
         raise TypeError(f"not a command: {cmd!r}")
 
     # -- authorization -----------------------------------------------------------------------
+    def may_see(self, destination: str) -> bool:
+        """Whether it may do anything with ``destination`` (what listings and metrics show)."""
+        return any(self.guard.allows(self.principal, v, destination) for v in _USES)
+
     def _check(self, verb: Verb, destination: str | None = None) -> None:
         try:
             self.guard.check(self.principal, verb, destination)
@@ -288,6 +314,7 @@ _AUDITED = (
     c.CreateSubscription,
     c.DeleteSubscription,
     c.Purge,
+    c.Move,
     c.ReleaseClaims,
 )
 

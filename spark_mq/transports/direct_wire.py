@@ -253,6 +253,9 @@ class WireServer:
         self._sel.close()
 
     # -- the loop ----------------------------------------------------------------------------
+    def connection_count(self) -> int:
+        return len(self._conns)
+
     def waiting_for(self) -> str:
         """What a shutdown waits for (for the log); empty when nothing."""
         conns = list(self._conns)

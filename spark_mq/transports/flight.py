@@ -333,9 +333,7 @@ def _answering(what: str) -> Iterator[None]:
         raise _flight_error(err) from None
 
 
-def _chunks(
-    reader: fl.MetadataRecordBatchReader, what: str
-) -> Iterator[fl.FlightStreamChunk]:
+def _chunks(reader: fl.MetadataRecordBatchReader, what: str) -> Iterator[fl.FlightStreamChunk]:
     """The chunks a client sends; one Arrow cannot read (a malformed IPC message) is a
     ``ProtocolError``, and the stream ends with it."""
     while True:

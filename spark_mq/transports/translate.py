@@ -57,6 +57,19 @@ def action_command(name: str, body: bytes) -> c.Command:
             return c.ReloadSecurity()
         case "promote":
             return c.HandOver()
+        case "broker_status":
+            return c.BrokerStatus()
+        case "show_config":
+            return c.ShowConfig()
+        case "move":
+            limit = args.optional_integer("limit")
+            return c.Move(
+                args.text("source"),
+                args.optional_text("target"),
+                args.optional_text("subscription"),
+                1000 if limit is None else limit,
+                args.optional_text("selector"),
+            )
         case "create_destination":
             kind = args.text("kind")
             if kind not in ("queue", "topic"):

@@ -1,0 +1,257 @@
+// The sparkmq console: a few views over the broker's JSON API (/api/...), no build step.
+"use strict";
+
+const app = () => document.getElementById("app");
+const POLL_MS = 2000;
+let timer = null;
+const history = [];  // overview samples: {t, produced, acked, depth}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (v !== null && v !== undefined) node.setAttribute(k, v);
+  }
+  for (const c of children.flat()) node.append(c instanceof Node ? c : document.createTextNode(String(c ?? "")));
+  return node;
+}
+
+async function call(method, path, body) {
+  const init = { method, headers: { "X-SparkMQ-Console": "1" }, credentials: "same-origin" };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const res = await fetch(path, init);
+  const doc = await res.json().catch(() => ({ error: res.statusText }));
+  if (res.status === 401) { showLogin(); throw new Error(doc.error); }
+  if (!res.ok) throw new Error(doc.error || res.statusText);
+  return doc;
+}
+
+const fmt = (n) => (n === null || n === undefined ? "–" : Number(n).toLocaleString("en-US"));
+const bytes = (n) => (n === null || n === undefined ? "–" : n > 1 << 30 ? (n / (1 << 30)).toFixed(1) + " GiB" : (n / (1 << 20)).toFixed(1) + " MiB");
+
+function card(label, value, id, cls = "") {
+  return el("div", { class: "card" }, el("div", { class: "label" }, label), el("div", { class: "value " + cls, id }, value));
+}
+
+function stop() { if (timer) { clearInterval(timer); timer = null; } }
+
+// -- login -------------------------------------------------------------------------------------
+function showLogin() {
+  stop();
+  const form = document.getElementById("login-form").content.cloneNode(true);
+  app().replaceChildren(form);
+  document.getElementById("login").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const f = e.target;
+    try {
+      await call("POST", "/api/login", { username: f.username.value, password: f.password.value });
+      await whoami();
+      route();
+    } catch (err) {
+      document.getElementById("login-error").textContent = err.message;
+    }
+  });
+}
+
+async function whoami() {
+  const me = await call("GET", "/api/whoami");
+  document.getElementById("who").textContent = me.security ? "signed in as " + me.user : "security off";
+  document.getElementById("logout").hidden = !me.security;
+  return me;
+}
+
+// -- overview ----------------------------------------------------------------------------------
+async function overview() {
+  app().replaceChildren(
+    el("h1", {}, "Overview"),
+    el("div", { class: "cards", id: "status-cards" }),
+    el("h2", {}, "Messages per second and depth"),
+    el("div", { class: "legend" }, el("span", { class: "produced" }, "■ produced/s"), el("span", { class: "acked" }, "■ acked/s"), el("span", { class: "depth" }, "■ depth")),
+    el("canvas", { id: "rates", width: 1100, height: 180 }),
+    el("h2", {}, "Destinations"),
+    el("table", { id: "dest-table" },
+      el("thead", {}, el("tr", {}, ["Name", "Kind", "Depth", "In flight", "Consumers", "Produced", "Produced/s", "Acked", "Dead-lettered", "Delta lag"].map((h, i) => el("th", { class: i > 1 ? "num" : "" }, h)))),
+      el("tbody", { id: "dest-rows" })),
+  );
+  history.length = 0;
+  await refreshOverview();
+  timer = setInterval(() => refreshOverview().catch(() => {}), POLL_MS);
+}
+
+async function refreshOverview() {
+  const doc = await call("GET", "/api/overview");
+  const s = doc.status;
+  document.getElementById("status-cards").replaceChildren(
+    card("Phase", s.phase, "phase"),
+    card("Role", s.role + (s.ha_mode !== "none" ? " (" + s.ha_mode + ")" : ""), "role"),
+    card("Memory", s.memory_state, "memory-state", "state-" + s.memory_state),
+    card("Memory used", bytes(s.memory_used_bytes), "memory-used"),
+    card("Disk free", bytes(s.disk_free_bytes), "disk-free", s.disk_low ? "state-red" : ""),
+    card("Destinations", fmt(s.destinations), "destination-count"),
+    card("Uptime", Math.round(s.uptime_s) + " s", "uptime"),
+    card("Version", s.version, "version"),
+  );
+  const now = Date.now() / 1000;
+  const totals = { t: now, produced: 0, acked: 0, depth: 0, by: {} };
+  for (const d of doc.destinations) {
+    totals.produced += d.produced; totals.acked += d.acked; totals.depth += d.depth;
+    totals.by[d.name] = d.produced;
+  }
+  const prev = history[history.length - 1];
+  history.push(totals);
+  if (history.length > 90) history.shift();
+  const rows = doc.destinations.map((d) => {
+    const rate = prev && prev.by[d.name] !== undefined ? (d.produced - prev.by[d.name]) / (now - prev.t) : null;
+    return el("tr", { "data-name": d.name },
+      el("td", {}, el("a", { href: "#/d/" + encodeURIComponent(d.name), class: "dest-link" }, d.name)),
+      el("td", {}, el("span", { class: "tag" }, d.kind)),
+      el("td", { class: "num depth" }, fmt(d.depth)),
+      el("td", { class: "num in-flight" }, fmt(d.in_flight)),
+      el("td", { class: "num consumers" }, fmt(d.consumers)),
+      el("td", { class: "num produced" }, fmt(d.produced)),
+      el("td", { class: "num rate" }, rate === null ? "–" : rate.toFixed(1)),
+      el("td", { class: "num acked" }, fmt(d.acked)),
+      el("td", { class: "num dead-lettered" }, fmt(d.dead_lettered)),
+      el("td", { class: "num delta-lag" }, fmt(d.delta_lag_messages) + " msgs, " + Math.round(d.delta_lag_ms || 0) + " ms"));
+  });
+  document.getElementById("dest-rows").replaceChildren(...rows);
+  drawChart();
+}
+
+function drawChart() {
+  const canvas = document.getElementById("rates");
+  if (!canvas) return;
+  const ctx = canvas.getContext("2d");
+  const w = canvas.width, h = canvas.height, pad = 30;
+  ctx.clearRect(0, 0, w, h);
+  const series = { produced: [], acked: [], depth: [] };
+  for (let i = 1; i < history.length; i++) {
+    const a = history[i - 1], b = history[i], dt = Math.max(b.t - a.t, 1e-3);
+    series.produced.push((b.produced - a.produced) / dt);
+    series.acked.push((b.acked - a.acked) / dt);
+    series.depth.push(b.depth);
+  }
+  const max = Math.max(1, ...series.produced, ...series.acked, ...series.depth);
+  ctx.strokeStyle = "#dde2ea"; ctx.fillStyle = "#6b7585"; ctx.font = "11px system-ui";
+  for (let g = 0; g <= 4; g++) {
+    const y = pad / 2 + (h - pad) * g / 4;
+    ctx.beginPath(); ctx.moveTo(pad, y); ctx.lineTo(w, y); ctx.stroke();
+    ctx.fillText(Math.round(max * (1 - g / 4)).toLocaleString("en-US"), 2, y + 4);
+  }
+  const colors = { produced: "#1c7ed6", acked: "#2b8a3e", depth: "#d9480f" };
+  for (const [name, values] of Object.entries(series)) {
+    ctx.strokeStyle = colors[name]; ctx.lineWidth = 2; ctx.beginPath();
+    values.forEach((v, i) => {
+      const x = pad + (w - pad) * (i / Math.max(89, values.length - 1));
+      const y = pad / 2 + (h - pad) * (1 - v / max);
+      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+    });
+    ctx.stroke();
+  }
+}
+
+// -- one destination ----------------------------------------------------------------------------
+async function destination(name) {
+  const base = "/api/destinations/" + encodeURIComponent(name);
+  const d = await call("GET", base);
+  const subs = d.subscriptions ? Object.entries(d.subscriptions) : [];
+  const figures = d.kind === "queue" ? d : subs.reduce((acc, [, s]) => {
+    for (const k of ["depth", "in_flight", "acked", "redelivered", "dead_lettered", "expired"]) acc[k] = (acc[k] || 0) + s[k];
+    return acc;
+  }, {});
+  const result = el("p", { id: "action-result" });
+  const isSide = name.startsWith("DLQ.") || name.startsWith("EXP.");
+  const moveTarget = el("input", { id: "move-target", placeholder: isSide ? "(where each came from)" : "target destination" });
+  const subPick = d.kind === "topic" ? el("input", { id: "subscription", placeholder: "subscription", value: subs.length ? subs[0][0] : "" }) : null;
+  const sub = () => (subPick ? subPick.value || null : null);
+  app().replaceChildren(
+    el("h1", {}, el("span", { class: "tag" }, d.kind), " ", el("span", { id: "dest-name" }, name)),
+    el("div", { class: "cards" },
+      card("Depth", fmt(figures.depth), "d-depth"),
+      card("In flight", fmt(figures.in_flight), "d-in-flight"),
+      card("Consumers", fmt(d.consumers), "d-consumers"),
+      card("Produced", fmt(d.produced), "d-produced"),
+      card("Acked", fmt(figures.acked), "d-acked"),
+      card("Redelivered", fmt(figures.redelivered), "d-redelivered"),
+      card("Dead-lettered", fmt(figures.dead_lettered), "d-dead-lettered"),
+      card("Delta lag", fmt(d.delta_lag_messages) + " msgs", "d-delta-lag"),
+      card("Groups owned", fmt(d.groups_owned ?? subs.reduce((a, [, s]) => a + s.groups_owned, 0)), "d-groups"),
+      card("Duplicates", fmt(d.duplicates), "d-duplicates")),
+    el("h2", {}, "Actions"),
+    el("form", { class: "inline", id: "actions", onsubmit: (e) => e.preventDefault() },
+      subPick || "",
+      el("button", { type: "button", id: "browse", onclick: () => browse(base, sub()) }, "Browse messages"),
+      el("button", { type: "button", class: "danger", id: "purge", onclick: async () => {
+        if (!confirm("Purge every waiting message of " + name + "?")) return;
+        try { const r = await call("POST", base + "/purge", { subscription: sub() }); result.className = "ok"; result.textContent = "purged " + r.purged + " message(s)"; }
+        catch (err) { result.className = "error"; result.textContent = err.message; }
+      } }, "Purge"),
+      moveTarget,
+      el("button", { type: "button", id: "move", onclick: async () => {
+        try {
+          const r = await call("POST", base + "/move", { target: moveTarget.value || null, subscription: sub() });
+          result.className = "ok";
+          result.textContent = "moved " + r.moved + " message(s)" + Object.entries(r.targets).map(([k, v]) => " → " + k + ": " + v).join(",");
+        } catch (err) { result.className = "error"; result.textContent = err.message; }
+      } }, isSide ? "Redrive" : "Move")),
+    result,
+    el("div", { id: "messages" }),
+    el("h2", {}, "Consumers"),
+    table("consumers", ["Id", "Subscription", "Prefetch", "In flight", "Selector"], (d.consumer_list || []).map((c) => [c.id, c.subscription, c.prefetch, c.in_flight, c.selector || ""])),
+    d.kind === "topic" ? el("h2", {}, "Subscriptions") : "",
+    d.kind === "topic" ? table("subscriptions", ["Name", "Depth", "In flight", "Consumers", "Groups", "Acked", "Dead-lettered"], subs.map(([n, s]) => [n, s.depth, s.in_flight, s.consumers, s.groups_owned, s.acked, s.dead_lettered])) : "",
+    el("h2", {}, "Settings"),
+    table("settings", ["Setting", "Value"], Object.entries(d.settings).map(([k, v]) => [k, JSON.stringify(v)])),
+  );
+}
+
+function table(id, heads, rows) {
+  return el("table", { id },
+    el("thead", {}, el("tr", {}, heads.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows.length ? rows.map((r) => el("tr", {}, r.map((c) => el("td", {}, c)))) : el("tr", {}, el("td", { colspan: heads.length }, "none"))));
+}
+
+async function browse(base, subscription) {
+  const q = subscription ? "?limit=50&subscription=" + encodeURIComponent(subscription) : "?limit=50";
+  const box = document.getElementById("messages");
+  try {
+    const rows = await call("GET", base + "/messages" + q);
+    box.replaceChildren(el("h2", {}, "Waiting messages (first " + rows.length + ")"),
+      table("message-table", ["Offset", "Priority", "Group", "Headers", "Body"], rows.map((m) => [
+        m.offset, m.priority, m.group_id || "", Object.entries(m.headers).map(([k, v]) => k + "=" + v).join(", "),
+        el("div", { class: "body" }, (m.encoding === "base64" ? "base64: " : "") + m.body + (m.body_truncated ? " …" : ""))])));
+  } catch (err) { box.replaceChildren(el("p", { class: "error" }, err.message)); }
+}
+
+// -- configuration -----------------------------------------------------------------------------
+async function config() {
+  const doc = await call("GET", "/api/config");
+  app().replaceChildren(el("h1", {}, "Configuration"), el("pre", { id: "config" }, JSON.stringify(doc, null, 2)));
+}
+
+// -- routing -----------------------------------------------------------------------------------
+async function route() {
+  stop();
+  const hash = location.hash || "#/";
+  try {
+    if (hash.startsWith("#/d/")) await destination(decodeURIComponent(hash.slice(4)));
+    else if (hash === "#/config") await config();
+    else await overview();
+  } catch (err) {
+    if (!document.getElementById("login")) app().replaceChildren(el("p", { class: "error", id: "page-error" }, err.message));
+  }
+}
+
+window.addEventListener("hashchange", route);
+window.addEventListener("DOMContentLoaded", async () => {
+  document.getElementById("logout").addEventListener("click", async () => {
+    await call("POST", "/api/logout").catch(() => {});
+    showLogin();
+  });
+  try { await whoami(); } catch { return; }
+  route();
+});

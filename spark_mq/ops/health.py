@@ -1,0 +1,68 @@
+"""Health checks for supervisors and Kubernetes probes.
+
+``/healthz`` (liveness): the process answers. ``/readyz`` (readiness): the broker has recovered
+and serves (not starting, not a backup waiting to take over, not stopping), its journal can be
+written (the disk is above its minimum free), and the Delta root answers (read at most every
+:data:`DELTA_PROBE_S` seconds: a probe every second must not cost a Delta log read each time).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from spark_mq.errors import SparkMQError
+
+if TYPE_CHECKING:
+    from spark_mq.broker.core import Broker
+
+DELTA_PROBE_S = 5.0
+
+
+class Readiness:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._probed_at = float("-inf")
+        self._probed: tuple[bool, str] = (False, "not probed yet")
+
+    def check(self, broker: Broker | None) -> tuple[bool, dict[str, Any]]:
+        """Whether ``broker`` is ready, and each check's outcome (what the probe answers)."""
+        if broker is None:
+            return False, {"phase": "starting", "detail": "the broker is not started yet"}
+        phase = broker.phase
+        checks: dict[str, Any] = {"phase": phase, "role": broker.ha_state()["role"]}
+        serving = phase == "serving"
+        checks["serving"] = serving
+        if phase == "backup":
+            checks["role"] = "backup"
+            checks["detail"] = "a backup: it serves once it takes over"
+        disk = broker.disk.stats()
+        writable = not disk["disk_low"]
+        checks["journal_writable"] = writable
+        if not writable:
+            checks["detail"] = (
+                f"the journal's disk has {disk.get('disk_free_bytes')} bytes free, under "
+                "limits.min_free_disk_bytes: producers are refused"
+            )
+        delta_ok, why = self._delta(broker) if serving else (False, "not serving")
+        checks["delta_reachable"] = delta_ok
+        if not delta_ok and serving:
+            checks["detail"] = f"the Delta root does not answer: {why}"
+        return serving and writable and delta_ok, checks
+
+    def _delta(self, broker: Broker) -> tuple[bool, str]:
+        with self._lock:
+            if time.monotonic() - self._probed_at < DELTA_PROBE_S:
+                return self._probed
+            probe = getattr(broker.journal.store, "reachable", None)
+            try:
+                if probe is not None:
+                    probe()
+                result = (True, "")
+            except SparkMQError as exc:
+                result = (False, exc.message)
+            except Exception as exc:  # an unexpected store error: not ready, and why
+                result = (False, f"{type(exc).__name__}: {exc}")
+            self._probed, self._probed_at = result, time.monotonic()
+            return result
