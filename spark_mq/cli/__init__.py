@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from spark_mq.cli import data, serving, users
+from spark_mq.cli import data, live, messages, serving, users
 
 
 @click.group()
@@ -20,6 +20,6 @@ def main() -> None:
     """sparkmq: JMS-grade messaging on Delta tables, streamed by Spark."""
 
 
-for _module in (serving, data, users):
+for _module in (serving, data, users, live, messages):
     for _command in _module.COMMANDS:
         main.add_command(_command)

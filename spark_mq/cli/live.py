@@ -1,0 +1,606 @@
+"""Commands against a running broker, in the shape RabbitMQ's, Artemis's and Kafka's tools have:
+``status``, ``queue ...``, ``topic ...``, ``subscription ...``, ``move``, ``redrive``,
+``claims release``. (``produce`` and ``consume``: :mod:`.messages`.)
+
+Where the broker is and who asks: ``--url`` (or ``SPARKMQ_URL``; several, comma-separated, for a
+pair), ``--username`` with the password from ``SPARKMQ_PASSWORD`` or a hidden prompt (never the
+command line), or a token (``SPARKMQ_TOKEN``, ``--token-file``), and the TLS files. Output: a table,
+or ``--json``; exit codes as :mod:`.output` lists them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import update_wrapper
+from typing import Any, TypeVar
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from spark_mq.cli import output
+from spark_mq.cli.output import answering, emit_json, fail, pairs, show_body, table
+from spark_mq.client._transport import DEFAULT_URL
+
+F = TypeVar("F", bound=Callable[..., Any])
+MOVE_BATCH = 1000
+
+
+@dataclass
+class Target:
+    """Where the broker is and the credentials to reach it with (``--url`` and friends)."""
+
+    urls: list[str]
+    username: str | None
+    password: str | None
+    token: str | None
+    tls_ca_file: str | None
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    timeout_s: float
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            "username": self.username,
+            "password": self.password,
+            "token": self.token,
+            "tls_ca_file": self.tls_ca_file,
+            "tls_cert_file": self.tls_cert_file,
+            "tls_key_file": self.tls_key_file,
+        }
+
+    def admin(self) -> Any:
+        from spark_mq.client.admin import Admin
+
+        with answering():
+            return Admin(self.urls, timeout_s=self.timeout_s, **self.kwargs())
+
+
+def connection(f: F) -> F:
+    """The options every live command takes; the command gets ``target: Target``."""
+    options = [
+        click.option(
+            "--url",
+            envvar="SPARKMQ_URL",
+            default=DEFAULT_URL,
+            show_default=True,
+            help="The broker (or a pair: comma-separated) [env SPARKMQ_URL].",
+        ),
+        click.option(
+            "--username",
+            envvar="SPARKMQ_USERNAME",
+            help="Log in as this user; the password comes from SPARKMQ_PASSWORD or a prompt.",
+        ),
+        click.option(
+            "--token-file",
+            type=click.Path(exists=True, dir_okay=False),
+            help="Read a bearer token from this file [or env SPARKMQ_TOKEN].",
+        ),
+        click.option(
+            "--tls-ca-file", envvar="SPARKMQ_TLS_CA_FILE", help="CA to verify the broker."
+        ),
+        click.option("--tls-cert-file", envvar="SPARKMQ_TLS_CERT_FILE", help="Client certificate."),
+        click.option("--tls-key-file", envvar="SPARKMQ_TLS_KEY_FILE", help="Its private key."),
+        click.option(
+            "--timeout", "timeout_s", default=30.0, show_default=True, help="Seconds per call."
+        ),
+    ]
+
+    def wrapper(**kw: Any) -> Any:
+        username = kw.pop("username")
+        password = os.environ.get("SPARKMQ_PASSWORD")
+        if username and not password:
+            password = click.prompt(f"Password for {username}", hide_input=True, err=True)
+        token_file = kw.pop("token_file")
+        token = None
+        if token_file:
+            with open(token_file) as fh:
+                token = fh.read().strip()
+        kw["target"] = Target(
+            [u.strip() for u in kw.pop("url").split(",") if u.strip()],
+            username,
+            password,
+            token,
+            kw.pop("tls_ca_file"),
+            kw.pop("tls_cert_file"),
+            kw.pop("tls_key_file"),
+            kw.pop("timeout_s"),
+        )
+        return f(**kw)
+
+    update_wrapper(wrapper, f)
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper  # type: ignore[return-value]
+
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="One JSON document, for scripts.")
+_YES = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+_SETTINGS = click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A destination setting (repeatable), e.g. max_delivery_attempts=3.",
+)
+
+
+def _settings(sets: tuple[str, ...]) -> dict[str, Any]:
+    import json
+
+    out: dict[str, Any] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            fail(f"--set expects KEY=VALUE, got {item!r}", output.EXIT_USAGE)
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value  # a bare string: round_robin, reject...
+    return out
+
+
+# -- the broker ------------------------------------------------------------------------------------
+@click.command()
+@connection
+@_JSON
+@click.option("--config", "show_config", is_flag=True, help="The configuration in effect instead.")
+def status(target: Target, as_json: bool, show_config: bool) -> None:
+    """The broker: version, phase, role, uptime, memory and disk (or its configuration)."""
+    with target.admin() as admin, answering():
+        doc = admin.config() if show_config else admin.status()
+    if as_json:
+        return emit_json(doc)
+    if show_config:
+        for section, values in doc.items():
+            pairs(values, title=f"[{section}]")
+    else:
+        pairs(doc, title="broker")
+
+
+# -- queues and topics ---------------------------------------------------------------------------
+def _kind_group(kind: str) -> click.Group:
+    @click.group(name=kind, help=f"{kind.capitalize()}s of a running broker.")
+    def group() -> None:
+        pass
+
+    @group.command(name="list", help=f"List the {kind}s with their depth, consumers and counts.")
+    @connection
+    @_JSON
+    def list_cmd(target: Target, as_json: bool) -> None:
+        from spark_mq.ops.api import summary
+
+        with target.admin() as admin, answering():
+            rows = [
+                summary(d)
+                for d in admin.list_destinations()
+                if d["kind"] == kind and not d["temporary"]
+            ]
+        if as_json:
+            return emit_json(rows)
+        columns = ["NAME", "DEPTH", "IN-FLIGHT", "CONSUMERS", "PRODUCED", "ACKED", "DEAD-LETTERED"]
+        if kind == "topic":
+            columns.insert(1, "SUBSCRIPTIONS")
+        table(
+            [*columns, "DELTA-LAG"],
+            (
+                [r["name"]]
+                + ([r["subscriptions"]] if kind == "topic" else [])
+                + [r["depth"], r["in_flight"], r["consumers"], r["produced"], r["acked"]]
+                + [r["dead_lettered"], r["delta_lag_messages"]]
+                for r in rows
+            ),
+        )
+
+    @group.command(name="create")
+    @click.argument("name")
+    @_SETTINGS
+    @connection
+    @_JSON
+    def create(name: str, sets: tuple[str, ...], target: Target, as_json: bool) -> None:
+        """Create it (settings override the broker's [destinations] defaults)."""
+        settings = _settings(sets)
+        with target.admin() as admin, answering():
+            maker = admin.create_queue if kind == "queue" else admin.create_topic
+            created = maker(name, **settings)
+        if as_json:
+            return emit_json({"name": name, "created": created})
+        click.echo(f"created {kind} {name}" if created else f"{kind} {name} exists already")
+
+    @group.command(name="describe")
+    @click.argument("name")
+    @connection
+    @_JSON
+    def describe(name: str, target: Target, as_json: bool) -> None:
+        """Everything about it: settings, figures, consumers, subscriptions."""
+        with target.admin() as admin, answering():
+            doc = _of_kind(admin.stats(name), kind)
+        if as_json:
+            return emit_json(doc)
+        skip = {"settings", "subscriptions", "consumer_list"}
+        pairs({k: v for k, v in doc.items() if k not in skip}, title=f"{kind} {name}")
+        pairs(doc["settings"], title="settings")
+        consumers = doc.get("consumer_list") or []
+        table(
+            ["ID", "SUBSCRIPTION", "PREFETCH", "IN-FLIGHT", "SELECTOR"],
+            ([c["id"], c["subscription"], c["prefetch"], c["in_flight"], c["selector"]]
+             for c in consumers),
+            title="consumers",
+        )  # fmt: skip
+        if kind == "topic":
+            _subscription_table(doc)
+
+    @group.command(name="stat")
+    @click.argument("names", nargs=-1)
+    @click.option(
+        "--interval",
+        default=1.0,
+        show_default=True,
+        help="Seconds between the two samples rates are measured over (0: no rates).",
+    )
+    @connection
+    @_JSON
+    def stat(names: tuple[str, ...], interval: float, target: Target, as_json: bool) -> None:
+        """Depth, in flight, rates, consumers, redeliveries, DLQ depth and Delta lag (all of
+        this kind when no name is given), as Artemis's `queue stat`."""
+        with target.admin() as admin, answering():
+            rows = _stat_rows(admin, kind, names, interval)
+        if as_json:
+            return emit_json(rows)
+        table(
+            ["NAME", "DEPTH", "IN-FLIGHT", "IN/S", "ACKED/S", "CONSUMERS", "REDELIVERED",
+             "DLQ-DEPTH", "DELTA-LAG", "DELTA-LAG-MS"],
+            ([r["name"], r["depth"], r["in_flight"], r["produced_per_s"], r["acked_per_s"],
+              r["consumers"], r["redelivered"], r["dlq_depth"], r["delta_lag_messages"],
+              r["delta_lag_ms"]] for r in rows),
+        )  # fmt: skip
+
+    @group.command(name="configure")
+    @click.argument("name")
+    @_SETTINGS
+    @connection
+    @_JSON
+    def configure(name: str, sets: tuple[str, ...], target: Target, as_json: bool) -> None:
+        """Change some of its settings; shows all of them now in effect."""
+        settings = _settings(sets)
+        if not settings:
+            fail("nothing to change: give --set KEY=VALUE", output.EXIT_USAGE)
+        with target.admin() as admin, answering():
+            _of_kind(admin.stats(name), kind)
+            doc = admin.configure(name, **settings)
+        if as_json:
+            return emit_json(doc)
+        pairs(doc, title=f"{kind} {name}: settings")
+
+    @group.command(name="browse")
+    @click.argument("name")
+    @click.option("--subscription", help="A topic's subscription (topics).")
+    @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
+    @click.option("--selector", help="Only messages this selector matches.")
+    @click.option(
+        "--body",
+        "body_as",
+        type=click.Choice(["auto", "text", "hex", "base64"]),
+        default="auto",
+        show_default=True,
+        help="How bodies are shown (auto: text if printable UTF-8, else base64).",
+    )
+    @connection
+    @_JSON
+    def browse(
+        name: str,
+        subscription: str | None,
+        limit: int,
+        selector: str | None,
+        body_as: str,
+        target: Target,
+        as_json: bool,
+    ) -> None:
+        """Show waiting messages in delivery order without consuming them."""
+        from spark_mq.ops.api import message_rows
+
+        with target.admin() as admin, answering():
+            _of_kind(admin.stats(name), kind)
+            rows = admin.browse(name, subscription, limit=limit, selector=selector)
+        if as_json:
+            return emit_json(message_rows(rows))
+        table(
+            ["OFFSET", "PRIORITY", "GROUP", "HEADERS", "BODY"],
+            (
+                [r["offset"], r["priority"], r["group_id"], dict(r["headers"] or ()),
+                 show_body(r["body"] or b"", body_as)]
+                for r in rows.to_pylist()
+            ),
+        )  # fmt: skip
+
+    @group.command(name="purge")
+    @click.argument("name")
+    @click.option("--subscription", help="A topic's subscription (topics).")
+    @_YES
+    @connection
+    @_JSON
+    def purge(
+        name: str, subscription: str | None, yes: bool, target: Target, as_json: bool
+    ) -> None:
+        """Remove every waiting message (leased ones stay)."""
+        with target.admin() as admin, answering():
+            _of_kind(admin.stats(name), kind)
+            if not yes and not as_json:
+                click.confirm(f"purge every waiting message of {kind} {name}?", abort=True)
+            with output.err.status(f"purging {name}..."):
+                n = admin.purge(name, subscription)
+        if as_json:
+            return emit_json({"name": name, "purged": n})
+        click.echo(f"purged {n:,} message(s) of {name}")
+
+    @group.command(name="delete")
+    @click.argument("name")
+    @_YES
+    @connection
+    @_JSON
+    def delete(name: str, yes: bool, target: Target, as_json: bool) -> None:
+        """Delete it with every message it holds."""
+        with target.admin() as admin, answering():
+            _of_kind(admin.stats(name), kind)
+            if not yes and not as_json:
+                click.confirm(f"delete {kind} {name} and every message it holds?", abort=True)
+            admin.delete_destination(name)
+        if as_json:
+            return emit_json({"name": name, "deleted": True})
+        click.echo(f"deleted {kind} {name}")
+
+    return group
+
+
+def _of_kind(doc: dict[str, Any], kind: str) -> dict[str, Any]:
+    if doc["kind"] != kind:
+        fail(
+            f"{doc['name']!r} is a {doc['kind']}, not a {kind}: use `sparkmq {doc['kind']} ...`",
+            output.EXIT_USAGE,
+        )
+    return doc
+
+
+def _subscription_table(doc: dict[str, Any]) -> None:
+    subs = doc.get("subscriptions") or {}
+    table(
+        ["SUBSCRIPTION", "DEPTH", "IN-FLIGHT", "CONSUMERS", "GROUPS", "ACKED", "DEAD-LETTERED"],
+        ([n, s["depth"], s["in_flight"], s["consumers"], s["groups_owned"], s["acked"],
+          s["dead_lettered"]] for n, s in subs.items()),
+        title="subscriptions",
+    )  # fmt: skip
+
+
+def _stat_rows(admin: Any, kind: str, names: tuple[str, ...], interval: float) -> list[dict]:
+    from spark_mq.ops.api import summary
+
+    def sample() -> dict[str, dict[str, Any]]:
+        if names:
+            docs = [_of_kind(admin.stats(n), kind) for n in names]
+        else:
+            docs = [
+                d for d in admin.list_destinations() if d["kind"] == kind and not d["temporary"]
+            ]
+        return {d["name"]: summary(d) for d in docs}
+
+    first = sample()
+    started = time.monotonic()
+    if interval > 0:
+        time.sleep(interval)
+        second = sample()
+    else:
+        second = first
+    took = max(time.monotonic() - started, 1e-9)
+    known = {d["name"]: d for d in admin.list_destinations()}
+    rows = []
+    for name, s in second.items():
+        before = first.get(name, s)
+        dlq = known.get(f"DLQ.{name}")
+        rows.append(
+            {
+                **s,
+                "produced_per_s": round((s["produced"] - before["produced"]) / took, 1)
+                if interval > 0
+                else None,
+                "acked_per_s": round((s["acked"] - before["acked"]) / took, 1)
+                if interval > 0
+                else None,
+                "dlq_depth": summary(dlq)["depth"] if dlq else 0,
+            }
+        )
+    return rows
+
+
+queue = _kind_group("queue")
+topic = _kind_group("topic")
+
+
+# -- subscriptions ---------------------------------------------------------------------------
+@click.group()
+def subscription() -> None:
+    """Durable subscriptions of a topic."""
+
+
+@subscription.command(name="list")
+@click.argument("topic_name", metavar="TOPIC")
+@connection
+@_JSON
+def subscription_list(topic_name: str, target: Target, as_json: bool) -> None:
+    """A topic's subscriptions with their depth and consumers."""
+    with target.admin() as admin, answering():
+        doc = _of_kind(admin.stats(topic_name), "topic")
+    if as_json:
+        return emit_json(doc.get("subscriptions") or {})
+    _subscription_table(doc)
+
+
+@subscription.command(name="create")
+@click.argument("topic_name", metavar="TOPIC")
+@click.argument("name")
+@click.option("--selector", help="Keep only the messages this selector matches.")
+@connection
+@_JSON
+def subscription_create(
+    topic_name: str, name: str, selector: str | None, target: Target, as_json: bool
+) -> None:
+    """A durable subscription: it keeps every message published from now on until acked."""
+    with target.admin() as admin, answering():
+        created = admin.create_subscription(topic_name, name, selector=selector)
+    if as_json:
+        return emit_json({"topic": topic_name, "name": name, "created": created})
+    click.echo(
+        f"created subscription {name} of {topic_name}"
+        if created
+        else f"subscription {name} of {topic_name} exists already"
+    )
+
+
+@subscription.command(name="delete")
+@click.argument("topic_name", metavar="TOPIC")
+@click.argument("name")
+@_YES
+@connection
+@_JSON
+def subscription_delete(
+    topic_name: str, name: str, yes: bool, target: Target, as_json: bool
+) -> None:
+    """Delete a subscription and what it kept."""
+    with target.admin() as admin, answering():
+        subs = _of_kind(admin.stats(topic_name), "topic").get("subscriptions") or {}
+        if name not in subs:
+            fail(f"topic {topic_name!r} has no subscription {name!r}", output.EXIT_NOT_FOUND)
+        if not yes and not as_json:
+            click.confirm(f"delete subscription {name} of {topic_name}?", abort=True)
+        admin.delete_subscription(topic_name, name)
+    if as_json:
+        return emit_json({"topic": topic_name, "name": name, "deleted": True})
+    click.echo(f"deleted subscription {name} of {topic_name}")
+
+
+# -- moving messages -----------------------------------------------------------------------------
+def _move(
+    target: Target,
+    source: str,
+    to: str | None,
+    limit: int | None,
+    subscription: str | None,
+    selector: str | None,
+    as_json: bool,
+) -> None:
+    with target.admin() as admin, answering():
+        doc = admin.stats(source)
+        waiting = (
+            doc.get("waiting", 0)
+            if doc["kind"] == "queue"
+            else (doc.get("subscriptions") or {}).get(subscription or "", {}).get("waiting", 0)
+        )
+        total = min(waiting, limit) if limit is not None else waiting
+        moved, targets = 0, dict[str, int]()
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=output.err,
+            disable=as_json,
+            transient=False,
+        ) as progress:
+            task = progress.add_task(f"moving {source}", total=total or None)
+            while limit is None or moved < limit:
+                step = MOVE_BATCH if limit is None else min(MOVE_BATCH, limit - moved)
+                got = admin.move(
+                    source, to, subscription=subscription, limit=step, selector=selector
+                )
+                moved += got["moved"]
+                for k, v in got["targets"].items():
+                    targets[k] = targets.get(k, 0) + v
+                progress.update(task, completed=moved, total=max(total, moved) or None)
+                if got["moved"] < step:
+                    break
+    result = {"source": source, "moved": moved, "targets": targets}
+    if as_json:
+        return emit_json(result)
+    where = ", ".join(f"{n:,} to {k}" for k, n in sorted(targets.items())) or "nothing waiting"
+    click.echo(f"moved {moved:,} message(s) of {source}: {where}")
+
+
+_MOVE_OPTIONS = [
+    click.option("--limit", type=click.IntRange(min=1), help="Move at most this many."),
+    click.option("--subscription", help="A topic's subscription to take them from."),
+    click.option("--selector", help="Only messages this selector matches."),
+]
+
+
+def _move_options(f: F) -> F:
+    for option in reversed(_MOVE_OPTIONS):
+        f = option(f)
+    return f
+
+
+@click.command()
+@click.argument("source")
+@click.argument("destination")
+@_move_options
+@connection
+@_JSON
+def move(
+    source: str,
+    destination: str,
+    limit: int | None,
+    subscription: str | None,
+    selector: str | None,
+    target: Target,
+    as_json: bool,
+) -> None:
+    """Move waiting messages of SOURCE to DESTINATION (each with its ack, in one transaction:
+    never lost, never in both)."""
+    _move(target, source, destination, limit, subscription, selector, as_json)
+
+
+@click.command()
+@click.argument("dlq")
+@click.option("--to", "to", help="Send them here instead of where each came from.")
+@_move_options
+@connection
+@_JSON
+def redrive(
+    dlq: str,
+    to: str | None,
+    limit: int | None,
+    subscription: str | None,
+    selector: str | None,
+    target: Target,
+    as_json: bool,
+) -> None:
+    """Send dead-lettered (or expired) messages back where each came from, or --to another
+    destination (SQS's redrive, Artemis's retry)."""
+    _move(target, dlq, to, limit, subscription, selector, as_json)
+
+
+# -- a gone Spark query's claims --------------------------------------------------------------
+@click.group()
+def claims() -> None:
+    """Claims of Spark queries that consume through the broker."""
+
+
+@claims.command(name="release")
+@click.argument("destination")
+@click.argument("consumer")
+@click.option("--subscription", help="A topic's subscription the query read.")
+@connection
+@_JSON
+def claims_release(
+    destination: str, consumer: str, subscription: str | None, target: Target, as_json: bool
+) -> None:
+    """Give back everything CONSUMER (a gone Spark query's consumer name) holds; the name may
+    not claim again."""
+    with target.admin() as admin, answering():
+        n = admin.release_claims(destination, consumer, subscription=subscription)
+    if as_json:
+        return emit_json({"destination": destination, "consumer": consumer, "released": n})
+    click.echo(f"released {n:,} message(s) claimed by {consumer} on {destination}")
+
+
+COMMANDS = [status, queue, topic, subscription, move, redrive, claims]
