@@ -31,6 +31,21 @@ if [ -n "$JAVA_MAJOR" ] && [ "$JAVA_MAJOR" -lt 17 ]; then
   exit 1
 fi
 
+# the web console's tests drive a real headless browser: Debian's Chromium and its driver
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing Chromium and ChromeDriver (the web console's browser tests)"
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "The console's tests need Chromium and ChromeDriver (/usr/bin/chromium, /usr/bin/chromedriver)." >&2
+    echo "Install them, e.g.:  sudo apt-get install -y chromium chromium-driver   (Debian/Ubuntu)" >&2
+    exit 1
+  fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   "$PY" -m venv .venv

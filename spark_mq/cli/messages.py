@@ -159,6 +159,8 @@ def consume(
             destination,
             subscription=subscription,
             selector=selector,
+            # (no more leased than it will print: the rest stays for other consumers)
+            prefetch=min(100, max_messages or 100),
             timeout_s=target.timeout_s,
             **target.kwargs(),
         )

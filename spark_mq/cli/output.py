@@ -100,8 +100,9 @@ def _cell(value: Any) -> str:
 
 
 def show_body(body: bytes, how: str) -> str:
-    """A body for a terminal: ``text`` (invalid UTF-8 and control characters escaped),
-    ``hex``, ``base64``, or ``auto`` (text when it is printable UTF-8, else base64)."""
+    """A body for a terminal: ``text`` (bytes that are not UTF-8 and control characters shown
+    as ``\\xNN``: one message stays one line), ``hex``, ``base64``, or ``auto`` (text when it
+    is printable UTF-8, else ``base64:...``)."""
     if how == "hex":
         return body.hex()
     if how == "base64":
@@ -112,8 +113,9 @@ def show_body(body: bytes, how: str) -> str:
         if how == "auto":
             return "base64:" + base64.b64encode(body).decode()
         text = body.decode("utf-8", "backslashreplace")
-    if any(ch < " " and ch not in "\t" for ch in text):
-        if how == "auto":
-            return "base64:" + base64.b64encode(body).decode()
-        text = text.encode("unicode_escape").decode("ascii")
-    return text
+    if how == "auto" and text != text.translate(_CONTROL):
+        return "base64:" + base64.b64encode(body).decode()
+    return text.translate(_CONTROL)
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), 127) if chr(c) != "\t"}

@@ -4,6 +4,7 @@
 const app = () => document.getElementById("app");
 const POLL_MS = 2000;
 let timer = null;
+let flash = null;  // an action's outcome, shown on the page it re-renders: {ok, text}
 const history = [];  // overview samples: {t, produced, acked, depth}
 
 function el(tag, attrs = {}, ...children) {
@@ -25,7 +26,8 @@ async function call(method, path, body) {
   }
   const res = await fetch(path, init);
   const doc = await res.json().catch(() => ({ error: res.statusText }));
-  if (res.status === 401) { showLogin(); throw new Error(doc.error); }
+  // (a refused login stays on its form, with what the user typed)
+  if (res.status === 401 && path !== "/api/login") { showLogin(); throw new Error(doc.error); }
   if (!res.ok) throw new Error(doc.error || res.statusText);
   return doc;
 }
@@ -163,7 +165,9 @@ async function destination(name) {
     for (const k of ["depth", "in_flight", "acked", "redelivered", "dead_lettered", "expired"]) acc[k] = (acc[k] || 0) + s[k];
     return acc;
   }, {});
-  const result = el("p", { id: "action-result" });
+  const result = el("p", { id: "action-result", class: flash ? (flash.ok ? "ok" : "error") : "" }, flash ? flash.text : "");
+  flash = null;
+  const done = async (ok, text) => { flash = { ok, text }; await destination(name); };
   const isSide = name.startsWith("DLQ.") || name.startsWith("EXP.");
   const moveTarget = el("input", { id: "move-target", placeholder: isSide ? "(where each came from)" : "target destination" });
   const subPick = d.kind === "topic" ? el("input", { id: "subscription", placeholder: "subscription", value: subs.length ? subs[0][0] : "" }) : null;
@@ -187,16 +191,15 @@ async function destination(name) {
       el("button", { type: "button", id: "browse", onclick: () => browse(base, sub()) }, "Browse messages"),
       el("button", { type: "button", class: "danger", id: "purge", onclick: async () => {
         if (!confirm("Purge every waiting message of " + name + "?")) return;
-        try { const r = await call("POST", base + "/purge", { subscription: sub() }); result.className = "ok"; result.textContent = "purged " + r.purged + " message(s)"; }
-        catch (err) { result.className = "error"; result.textContent = err.message; }
+        try { const r = await call("POST", base + "/purge", { subscription: sub() }); await done(true, "purged " + r.purged + " message(s)"); }
+        catch (err) { await done(false, err.message); }
       } }, "Purge"),
       moveTarget,
       el("button", { type: "button", id: "move", onclick: async () => {
         try {
           const r = await call("POST", base + "/move", { target: moveTarget.value || null, subscription: sub() });
-          result.className = "ok";
-          result.textContent = "moved " + r.moved + " message(s)" + Object.entries(r.targets).map(([k, v]) => " → " + k + ": " + v).join(",");
-        } catch (err) { result.className = "error"; result.textContent = err.message; }
+          await done(true, "moved " + r.moved + " message(s)" + Object.entries(r.targets).map(([k, v]) => " → " + k + ": " + v).join(","));
+        } catch (err) { await done(false, err.message); }
       } }, isSide ? "Redrive" : "Move")),
     result,
     el("div", { id: "messages" }),
