@@ -17,8 +17,12 @@ body alone (a ``PLAIN`` frame, kept as a plain message through the broker and de
 here a body and a dedup id); ``batch``: a ``BATCH`` frame of every column (Flight's shape, and
 the SDK's before ``COLUMNS`` frames).
 
+``--metrics both`` runs the cycle with the journal's metrics histograms kept and not
+(``broker.metrics``), interleaved (off, on, on, off, ...), and prints both: what keeping them
+costs a message.
+
     python bench/broker_cycle.py [--messages 5000] [--sync none|fdatasync]
-                                 [--frame plain|columns|batch]
+                                 [--frame plain|columns|batch] [--metrics on|off|both]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -85,11 +90,58 @@ def main() -> None:
         help="the broker's timers and the hot tier's mover off: what is counted then does not "
         "depend on how long the run takes (for instruction counts under callgrind)",
     )
+    parser.add_argument(
+        "--metrics",
+        choices=["on", "off", "both"],
+        default="on",
+        help="keep the journal's metrics histograms (broker.metrics), or not, or compare both",
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of each, with --metrics both")
     args = parser.parse_args()
+    if args.metrics != "both":
+        report(run(args, metrics=args.metrics == "on"), args, f"metrics {args.metrics}")
+        return
+    runs: dict[str, list[Figures]] = {"off": [], "on": []}
+    for r in range(args.rounds):
+        for name in ("off", "on") if r % 2 == 0 else ("on", "off"):  # ABBA: no drift favours one
+            runs[name].append(run(args, metrics=name == "on"))
+    print(f"median of {args.rounds} interleaved rounds each:")
+    for name, figures in runs.items():
+        report(
+            Figures(
+                statistics.median(f.wall_us for f in figures),
+                statistics.median(f.cpu_us for f in figures),
+                {k: [statistics.median(statistics.median(f.phases[k]) for f in figures)]
+                 for k in figures[0].phases},
+                figures[0].n,
+            ),
+            args,
+            f"metrics {name}",
+        )  # fmt: skip
+
+
+@dataclass
+class Figures:
+    wall_us: float
+    cpu_us: float
+    phases: dict[str, list[float]]
+    n: int
+
+
+def report(f: Figures, args: argparse.Namespace, label: str) -> None:
+    print(f"{f.n:,} messages, journal.sync={args.sync}, {label}")
+    print(f"cycle: {f.wall_us:.0f} us wall, {f.cpu_us:.0f} us CPU (all of the broker's threads)")
+    for name, v in f.phases.items():
+        p50, mean = statistics.median(v), statistics.mean(v)
+        print(f"  {name:8s} p50 {p50:6.0f} us   mean {mean:6.0f}")
+
+
+def run(args: argparse.Namespace, *, metrics: bool) -> Figures:
     data = tempfile.mkdtemp(prefix="sparkmq-cycle-")
     overrides: dict[str, object] = {
         "broker.data_dir": data,
         "broker.port": 0,
+        "broker.metrics": metrics,
         "journal.sync": args.sync,
     }
     if args.quiet:
@@ -149,11 +201,7 @@ def main() -> None:
             cycle(i)
         n = args.messages - warm
         wall, cpu = (time.perf_counter() - wall) / n * 1e6, (time.process_time() - cpu) / n * 1e6
-        print(f"{n:,} messages, journal.sync={args.sync}")
-        print(f"cycle: {wall:.0f} us wall, {cpu:.0f} us CPU (all of the broker's threads)")
-        for name, v in phases.items():
-            p50, mean = statistics.median(v), statistics.mean(v)
-            print(f"  {name:8s} p50 {p50:6.0f} us   mean {mean:6.0f}")
+        return Figures(wall, cpu, phases, n)
     finally:
         broker.close()
         shutil.rmtree(data, ignore_errors=True)

@@ -31,6 +31,7 @@ missing is left out with a note.
 
     python bench/compare_brokers.py [--rounds 3] [--sends 3000] [--pipelined 100000]
                                     [--brokers sparkmq,redis,rabbitmq]
+                                    (add sparkmq-bare: sparkmq with its metrics off)
 """
 
 from __future__ import annotations
@@ -77,8 +78,12 @@ def _wait_until(ready: Callable[[], bool], what: str, timeout: float = 60.0) -> 
 
 
 # -- sparkmq -----------------------------------------------------------------------------------
-def sparkmq(work: str, body: bytes, sends: int, pipelined: int) -> dict[str, Figures]:
-    b = BrokerProcess(os.path.join(work, "data"), log_file=os.path.join(work, "broker.log"))
+def sparkmq(
+    work: str, body: bytes, sends: int, pipelined: int, *, extra: list[str] | None = None
+) -> dict[str, Figures]:
+    b = BrokerProcess(
+        os.path.join(work, "data"), log_file=os.path.join(work, "broker.log"), extra_args=extra
+    )
     b.start()
     try:
         with Admin(b.url) as a:
@@ -91,6 +96,13 @@ def sparkmq(work: str, body: bytes, sends: int, pipelined: int) -> dict[str, Fig
         }
     finally:
         b.stop()
+
+
+def sparkmq_bare(work: str, body: bytes, sends: int, pipelined: int) -> dict[str, Figures]:
+    """sparkmq without its metrics' histograms and HTTP listener (``broker.metrics`` and
+    ``broker.http`` false): what keeping the metrics costs the hot path."""
+    extra = ["--set", "broker.metrics=false", "--set", "broker.http=false"]
+    return sparkmq(work, body, sends, pipelined, extra=extra)
 
 
 # -- Redis -------------------------------------------------------------------------------------
@@ -311,7 +323,9 @@ BROKERS: dict[str, Callable[[str, bytes, int, int], dict[str, Figures]]] = {
     "sparkmq": sparkmq,
     "redis": redis,
     "rabbitmq": rabbitmq,
+    "sparkmq-bare": sparkmq_bare,  # (not run unless named: --brokers sparkmq,sparkmq-bare)
 }
+DEFAULT_BROKERS = ("sparkmq", "redis", "rabbitmq")
 
 
 def missing(name: str) -> str | None:
@@ -334,7 +348,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sends", type=int, default=3000)
     ap.add_argument("--pipelined", type=int, default=100_000)
-    ap.add_argument("--brokers", default=",".join(BROKERS))
+    ap.add_argument(
+        "--brokers",
+        default=",".join(DEFAULT_BROKERS),
+        help=f"of {', '.join(BROKERS)} (sparkmq-bare: without its metrics)",
+    )
     ap.add_argument("--data-dir", default=None, help="where the servers keep their files")
     args = ap.parse_args()
     names = [n for n in args.brokers.split(",") if n]
@@ -360,21 +378,21 @@ def main() -> None:
             results[n].append(got)
             s, la, pl = got["sync"], got["latency"], got["pipelined"]
             print(
-                f"round {r + 1} {n:9s} sync {s['rate']:6,.0f}/s (p50 {s['p50']:.2f} ms) | "
+                f"round {r + 1} {n:12s} sync {s['rate']:6,.0f}/s (p50 {s['p50']:.2f} ms) | "
                 f"latency p50 {la['p50']:.2f} ms, p99 {la['p99']:.2f} ms ({la['n']:,.0f} msgs) | "
                 f"pipelined {pl['rate']:9,.0f}/s",
                 flush=True,
             )
     print(f"\nmedian of {args.rounds} round(s), 1 KiB persistent messages, Python clients:")
     head = ("sync sends/s", "latency p50", "latency p99", "pipelined/s")
-    print(f"{'':9s} {head[0]:>14s} {head[1]:>12s} {head[2]:>12s} {head[3]:>12s}")
+    print(f"{'':12s} {head[0]:>14s} {head[1]:>12s} {head[2]:>12s} {head[3]:>12s}")
     for n, rounds in results.items():
 
         def med(kind: str, key: str, rounds: list[dict[str, Figures]] = rounds) -> float:
             return statistics.median(x[kind][key] for x in rounds)
 
         print(
-            f"{n:9s} {med('sync', 'rate'):14,.0f} {med('latency', 'p50'):9.2f} ms "
+            f"{n:12s} {med('sync', 'rate'):14,.0f} {med('latency', 'p50'):9.2f} ms "
             f"{med('latency', 'p99'):9.2f} ms {med('pipelined', 'rate'):12,.0f}"
         )
 

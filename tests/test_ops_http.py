@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import ssl
 import time
 import urllib.request
@@ -20,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from spark_mq import Admin, Consumer, Producer
 from spark_mq.launch import BrokerProcess
 from spark_mq.ops import metrics
+from spark_mq.ops.http import MAX_CONNECTIONS
 from spark_mq.session.redact import redacted
 from tests.conftest import receive_n, wait_for
 from tests.ha_kit import free_port
@@ -280,6 +282,27 @@ def test_the_console_api_logs_in_and_guards_changes(secured: BrokerProcess) -> N
 
     assert http(url + "/api/logout", method="POST", headers=jar)[0] == 200
     assert http(url + "/api/whoami", headers=jar)[0] == 401  # the cookie is void now
+
+
+def test_connections_are_bounded_and_garbage_gets_an_answer(secured: BrokerProcess) -> None:
+    host, port = secured.http_url.removeprefix("http://").split(":")
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        wait_for(lambda: _get(secured.http_url + "/healthz") is None, what="the bound", timeout=10)
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_for(lambda: _get(secured.http_url + "/healthz") == 200, what="served again")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"\x16\x03\x01 not http at all\r\n\r\n")
+        assert sock.recv(200).startswith(b"HTTP/1.1 400")
+    status, _, body = http(
+        secured.http_url + "/api/login", method="POST", body=None,
+        headers={"Content-Type": "application/json", "Content-Length": "9999999"},
+    )  # fmt: skip
+    assert status == 413 and b"65536" in body  # (the declared length alone is refused)
+    big = http(secured.http_url + "/api/login", method="POST", body={"username": "x" * 70_000})
+    assert big[0] == 413
 
 
 def test_a_redacted_configuration_hides_secrets_however_deep() -> None:

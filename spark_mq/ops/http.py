@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024  # a request body (login, purge, move): small JSON
+MAX_CONNECTIONS = 64  # open at once (a thread each): probes, scrapes and a few consoles
 COOKIE = "sparkmq_session"
 STATIC = {
     "index.html": "text/html; charset=utf-8",
@@ -160,7 +161,26 @@ class _Server(ThreadingHTTPServer):
         tls: Callable[[], ssl.SSLContext] | None,
     ) -> None:
         self._tls = tls
+        self._open = 0  # connections being served
+        self._open_lock = threading.Lock()
         super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, up to :data:`MAX_CONNECTIONS`; past it, closed at once."""
+        with self._open_lock:
+            if self._open >= MAX_CONNECTIONS:
+                log.warning("HTTP: %d connections open; refusing %s", self._open, client_address)
+                self.shutdown_request(request)
+                return
+            self._open += 1
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open -= 1
 
     def get_request(self) -> tuple[socket.socket, Any]:
         sock, addr = super().get_request()
@@ -185,7 +205,20 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "sparkmq"
     sys_version = ""
     protocol_version = "HTTP/1.1"
+    # a request line that does not parse still gets a status line (not HTTP/0.9's bare body)
+    default_request_version = "HTTP/1.0"
     timeout = 30  # a request must arrive within this (slow or idle clients are dropped)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """What http.server itself refuses (a malformed request line or header, an unknown
+        method): the same JSON as every other error, then the connection closes."""
+        self.close_connection = True
+        self._head = False
+        try:
+            status = HTTPStatus(code)
+        except ValueError:
+            status = HTTPStatus.BAD_REQUEST
+        self._json({"error": message or status.phrase, "type": status.phrase}, status)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -379,6 +412,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, data, "application/json", headers=headers)
 
     def _error(self, status: HTTPStatus, message: str, kind: str = "") -> None:
+        self.close_connection = True  # (a body it did not read must not be taken for a request)
         doc = {"error": message, "type": kind or status.phrase}
         headers = {}
         if status == HTTPStatus.UNAUTHORIZED and not self.path.startswith("/api/"):

@@ -71,9 +71,15 @@ async function overview() {
   app().replaceChildren(
     el("h1", {}, "Overview"),
     el("div", { class: "cards", id: "status-cards" }),
-    el("h2", {}, "Messages per second and depth"),
-    el("div", { class: "legend" }, el("span", { class: "produced" }, "■ produced/s"), el("span", { class: "acked" }, "■ acked/s"), el("span", { class: "depth" }, "■ depth")),
-    el("canvas", { id: "rates", width: 1100, height: 180 }),
+    el("div", { class: "charts" },
+      el("div", {},
+        el("h2", {}, "Messages per second"),
+        el("div", { class: "legend" }, el("span", { class: "produced" }, "■ produced"), el("span", { class: "acked" }, "■ acked")),
+        el("canvas", { id: "rates", width: 560, height: 180 })),
+      el("div", {},
+        el("h2", {}, "Depth (all destinations)"),
+        el("div", { class: "legend" }, el("span", { class: "depth" }, "■ depth")),
+        el("canvas", { id: "depth", width: 560, height: 180 }))),
     el("h2", {}, "Destinations"),
     el("table", { id: "dest-table" },
       el("thead", {}, el("tr", {}, ["Name", "Kind", "Depth", "In flight", "Consumers", "Produced", "Produced/s", "Acked", "Dead-lettered", "Delta lag"].map((h, i) => el("th", { class: i > 1 ? "num" : "" }, h)))),
@@ -105,7 +111,7 @@ async function refreshOverview() {
   }
   const prev = history[history.length - 1];
   history.push(totals);
-  if (history.length > 90) history.shift();
+  if (history.length > WINDOW + 1) history.shift();
   const rows = doc.destinations.map((d) => {
     const rate = prev && prev.by[d.name] !== undefined ? (d.produced - prev.by[d.name]) / (now - prev.t) : null;
     return el("tr", { "data-name": d.name },
@@ -124,32 +130,41 @@ async function refreshOverview() {
   drawChart();
 }
 
+const WINDOW = 60;  // samples a chart shows (two minutes at one every two seconds)
+
 function drawChart() {
-  const canvas = document.getElementById("rates");
-  if (!canvas) return;
-  const ctx = canvas.getContext("2d");
-  const w = canvas.width, h = canvas.height, pad = 30;
-  ctx.clearRect(0, 0, w, h);
-  const series = { produced: [], acked: [], depth: [] };
+  const rates = { produced: [], acked: [] }, depth = { depth: [] };
   for (let i = 1; i < history.length; i++) {
     const a = history[i - 1], b = history[i], dt = Math.max(b.t - a.t, 1e-3);
-    series.produced.push((b.produced - a.produced) / dt);
-    series.acked.push((b.acked - a.acked) / dt);
-    series.depth.push(b.depth);
+    rates.produced.push(Math.max(0, (b.produced - a.produced) / dt));
+    rates.acked.push(Math.max(0, (b.acked - a.acked) / dt));
+    depth.depth.push(b.depth);
   }
-  const max = Math.max(1, ...series.produced, ...series.acked, ...series.depth);
-  ctx.strokeStyle = "#dde2ea"; ctx.fillStyle = "#6b7585"; ctx.font = "11px system-ui";
+  plot("rates", rates);
+  plot("depth", depth);
+}
+
+function plot(id, series) {
+  const canvas = document.getElementById(id);
+  if (!canvas) return;
+  const ctx = canvas.getContext("2d");
+  const w = canvas.width, h = canvas.height, left = 48, top = 8, bottom = 8;
+  ctx.clearRect(0, 0, w, h);
+  const all = Object.values(series).flat();
+  const max = Math.max(1, ...all) * 1.1;
+  ctx.strokeStyle = "#dde2ea"; ctx.fillStyle = "#6b7585"; ctx.font = "11px system-ui"; ctx.lineWidth = 1;
   for (let g = 0; g <= 4; g++) {
-    const y = pad / 2 + (h - pad) * g / 4;
-    ctx.beginPath(); ctx.moveTo(pad, y); ctx.lineTo(w, y); ctx.stroke();
+    const y = top + (h - top - bottom) * g / 4;
+    ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(w, y); ctx.stroke();
     ctx.fillText(Math.round(max * (1 - g / 4)).toLocaleString("en-US"), 2, y + 4);
   }
   const colors = { produced: "#1c7ed6", acked: "#2b8a3e", depth: "#d9480f" };
-  for (const [name, values] of Object.entries(series)) {
+  for (const [name, all_values] of Object.entries(series)) {
+    const values = all_values.slice(-WINDOW);
     ctx.strokeStyle = colors[name]; ctx.lineWidth = 2; ctx.beginPath();
     values.forEach((v, i) => {
-      const x = pad + (w - pad) * (i / Math.max(89, values.length - 1));
-      const y = pad / 2 + (h - pad) * (1 - v / max);
+      const x = left + (w - left) * (i + WINDOW - values.length) / (WINDOW - 1);
+      const y = top + (h - top - bottom) * (1 - v / max);
       if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
     });
     ctx.stroke();
