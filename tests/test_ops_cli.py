@@ -155,6 +155,20 @@ def test_redrive_sends_dead_letters_home_and_move_takes_a_limit(broker: BrokerPr
         assert admin.stats("cli.parking")["depth"] == 10  # a refused move loses nothing
 
 
+def test_a_move_larger_than_a_batch_goes_in_batches(broker: BrokerProcess) -> None:
+    with Admin(broker.url, **ALICE) as admin:
+        admin.create_queue("cli.many")
+        admin.create_queue("cli.many.copy")
+    with Producer(broker.url, destination="cli.many", **ALICE) as p:
+        p.send_batch([f"m{i}".encode() for i in range(2_500)])
+    moved = cli_json(broker, "move", "cli.many", "cli.many.copy")
+    assert moved["moved"] == 2_500  # (three calls of at most 1,000)
+    with Admin(broker.url, **ALICE) as admin:
+        assert (depth(admin, "cli.many"), depth(admin, "cli.many.copy")) == (0, 2_500)
+        first = admin.browse("cli.many.copy", limit=3).to_pylist()
+    assert [r["body"] for r in first] == [b"m0", b"m1", b"m2"]  # in order
+
+
 def test_a_gone_querys_claims_are_released(broker: BrokerProcess) -> None:
     with Producer(broker.url, destination="cli.claimed", **ALICE) as p:
         for i in range(4):

@@ -133,3 +133,25 @@ def _copies(table: pa.Table, targets: list[str], *, redrive: bool) -> pa.Table:
             "expiry_time": table["expiry_time"],
         }
     )
+
+
+def in_batches(
+    step: Callable[[int], dict[str, Any]],
+    limit: int | None,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Move up to ``limit`` (None: every waiting) message by calling ``step(n)`` (one
+    :func:`move` of at most ``n``, however the caller reaches the broker) until a batch comes
+    back short; ``progress`` hears the running total. Returns ``{"moved", "targets", "left"}``."""
+    moved, left, targets = 0, 0, Counter[str]()
+    while limit is None or moved < limit:
+        n = MAX_BATCH if limit is None else min(MAX_BATCH, limit - moved)
+        got = step(n)
+        moved += got["moved"]
+        left = got["left"]
+        targets.update(got["targets"])
+        if progress is not None:
+            progress(moved)
+        if got["moved"] < n:
+            break
+    return {"moved": moved, "targets": dict(targets), "left": left}

@@ -20,12 +20,12 @@ from typing import Any, TypeVar
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from spark_mq.broker.moving import in_batches
 from spark_mq.cli import output
-from spark_mq.cli.output import answering, emit_json, fail, pairs, show_body, table
+from spark_mq.cli.output import answering, body_option, emit_json, fail, pairs, show_body, table
 from spark_mq.client._transport import DEFAULT_URL
 
 F = TypeVar("F", bound=Callable[..., Any])
-MOVE_BATCH = 1000
 
 
 @dataclass
@@ -279,14 +279,7 @@ def _kind_group(kind: str) -> click.Group:
     @click.option("--subscription", help="A topic's subscription (topics).")
     @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
     @click.option("--selector", help="Only messages this selector matches.")
-    @click.option(
-        "--body",
-        "body_as",
-        type=click.Choice(["auto", "text", "hex", "base64"]),
-        default="auto",
-        show_default=True,
-        help="How bodies are shown (auto: text if printable UTF-8, else base64).",
-    )
+    @body_option("auto")
     @connection
     @_JSON
     def browse(
@@ -497,7 +490,6 @@ def _move(
             else (doc.get("subscriptions") or {}).get(subscription or "", {}).get("waiting", 0)
         )
         total = min(waiting, limit) if limit is not None else waiting
-        moved, targets = 0, dict[str, int]()
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -508,17 +500,14 @@ def _move(
             transient=False,
         ) as progress:
             task = progress.add_task(f"moving {source}", total=total or None)
-            while limit is None or moved < limit:
-                step = MOVE_BATCH if limit is None else min(MOVE_BATCH, limit - moved)
-                got = admin.move(
-                    source, to, subscription=subscription, limit=step, selector=selector
-                )
-                moved += got["moved"]
-                for k, v in got["targets"].items():
-                    targets[k] = targets.get(k, 0) + v
-                progress.update(task, completed=moved, total=max(total, moved) or None)
-                if got["moved"] < step:
-                    break
+            done = in_batches(
+                lambda n: admin.move(
+                    source, to, subscription=subscription, limit=n, selector=selector
+                ),
+                limit,
+                lambda moved: progress.update(task, completed=moved, total=max(total, moved)),
+            )
+    moved, targets = done["moved"], done["targets"]
     result = {"source": source, "moved": moved, "targets": targets}
     if as_json:
         return emit_json(result)

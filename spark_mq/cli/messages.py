@@ -13,7 +13,7 @@ import click
 
 from spark_mq.cli import output
 from spark_mq.cli.live import Target, connection
-from spark_mq.cli.output import answering, fail, show_body
+from spark_mq.cli.output import answering, body_option, fail, show_body
 
 
 def _headers(items: tuple[str, ...]) -> dict[str, str]:
@@ -105,14 +105,7 @@ def produce(
     help="Show what waits, from the oldest, without consuming it (a browse).",
 )
 @click.option("--print-headers", is_flag=True, help="Headers before each body.")
-@click.option(
-    "--body",
-    "body_as",
-    type=click.Choice(["auto", "text", "hex", "base64"]),
-    default="text",
-    show_default=True,
-    help="How bodies are printed.",
-)
+@body_option("text")
 @click.option("--json", "as_json", is_flag=True, help="A JSON object a message instead.")
 @connection
 def consume(

@@ -11,9 +11,9 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
@@ -21,6 +21,7 @@ from rich.table import Table
 
 from spark_mq import errors
 
+F = TypeVar("F", bound=Callable[..., Any])
 EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_DENIED, EXIT_UNREACHABLE = 1, 2, 3, 4, 5
 _EXIT = (
     ((errors.DestinationNotFound, errors.SubscriptionNotFound), EXIT_NOT_FOUND),
@@ -97,6 +98,19 @@ def _cell(value: Any) -> str:
     if isinstance(value, dict | list):
         return json.dumps(value)
     return str(value)
+
+
+def body_option(default: str) -> Callable[[F], F]:
+    """``--body auto|text|hex|base64``: how a command shows bodies (see :func:`show_body`)."""
+    return click.option(
+        "--body",
+        "body_as",
+        type=click.Choice(["auto", "text", "hex", "base64"]),
+        default=default,
+        show_default=True,
+        help="How bodies are shown (auto: text if printable UTF-8, else base64; text: with "
+        "\\xNN for what is not).",
+    )
 
 
 def show_body(body: bytes, how: str) -> str:

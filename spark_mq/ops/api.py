@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from spark_mq.broker import commands as c
-from spark_mq.broker.moving import MAX_BATCH
+from spark_mq.broker import moving
 from spark_mq.errors import ProtocolError
 from spark_mq.session import ClientSession
 
@@ -73,23 +73,11 @@ def move_all(
     subscription: str | None = None,
     limit: int = MAX_MOVE,
     selector: str | None = None,
-    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Move (or, with no target, redrive) up to ``limit`` messages, a batch at a time."""
-    moved, targets = 0, dict[str, int]()
-    left = 0
-    while moved < limit:
-        step = min(MAX_BATCH, limit - moved)
-        got = session.execute(c.Move(source, target, subscription, step, selector))
-        moved += got["moved"]
-        left = got["left"]
-        for k, v in got["targets"].items():
-            targets[k] = targets.get(k, 0) + v
-        if progress is not None:
-            progress(got)
-        if got["moved"] < step:
-            break
-    return {"moved": moved, "targets": targets, "left": left}
+    return moving.in_batches(
+        lambda n: session.execute(c.Move(source, target, subscription, n, selector)), limit
+    )
 
 
 def _listing(session: ClientSession) -> list[dict[str, Any]]:
