@@ -31,7 +31,7 @@ def run_demo(data_dir: str, messages: int) -> None:
 
     step(f"Starting a broker (data under {data}, log in {log_file})")
     broker = BrokerProcess(str(data), log_file=str(log_file)).start()
-    click.echo(f"    broker listening on {broker.url}")
+    click.echo(f"    broker listening on {broker.url}; metrics and console on {broker.http_url}")
     try:
         _messaging(broker.url, messages)
         step("Stopping the broker with SIGTERM (it first moves what its hot tier holds into Delta)")
