@@ -8,8 +8,33 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from spark_mq.errors import ConfigError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+SPARK_REQUIREMENT = "pyspark>=4.2,<4.3"  # (pyproject's [spark] extra)
+
+
+def require_spark() -> None:
+    """Raise a ``ConfigError`` saying how to get Spark when pyspark is not installed (the SDK
+    and the broker install without it)."""
+    try:
+        import pyspark
+    except ImportError:
+        raise ConfigError(
+            "this needs Spark, which `pip install sparkmq` leaves out: pip install "
+            f"'sparkmq[spark]' ({SPARK_REQUIREMENT}), or run it where a runtime brings Spark "
+            "4.2 (Databricks, EMR)",
+            setting="pyspark",
+        ) from None
+    major, minor = (int(p) for p in pyspark.__version__.split(".")[:2])
+    if (major, minor) < (4, 2):
+        raise ConfigError(
+            f"format('sparkmq') needs Spark 4.2 or newer (admission control of Python "
+            f"streaming sources); this is pyspark {pyspark.__version__}",
+            setting="pyspark",
+        )
 
 
 def register(spark: SparkSession) -> None:
@@ -18,6 +43,7 @@ def register(spark: SparkSession) -> None:
     With the connector's jar on the driver's classpath (:func:`jar_path`; ``local_session``
     puts it there), log streams are read by Spark's own Parquet reader (``connectors/jvm.py``);
     without it, by the Python data source alone."""
+    require_spark()
     from spark_mq.connectors import jvm
     from spark_mq.connectors.source import PythonSideSource, SparkMQDataSource
 
@@ -45,6 +71,7 @@ def local_session(app_name: str = "sparkmq"):
     import os
     import sys
 
+    require_spark()
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -77,4 +104,4 @@ def read_log(spark: SparkSession, root: str, destination: str, **kwargs):
     return read(spark, root, destination, **kwargs)
 
 
-__all__ = ["jar_path", "local_session", "read_log", "register"]
+__all__ = ["jar_path", "local_session", "read_log", "register", "require_spark"]

@@ -54,6 +54,6 @@ STAMP=.venv/.sparkmq-installed
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   echo "==> installing sparkmq and its dependencies into .venv (first time: a few minutes, pyspark is large)"
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[test]'
+  .venv/bin/python -m pip install --quiet -e '.[test,spark]'
   touch "$STAMP"
 fi

@@ -90,6 +90,13 @@ def compact(
     policy = _jobs_config(config_file).compaction.policy(force=force, **overrides)
     spark = None
     if use_spark:
+        from spark_mq.connectors import require_spark
+
+        try:
+            require_spark()
+        except ConfigError as exc:
+            click.echo(f"sparkmq compact --spark: {exc}", err=True)
+            sys.exit(2)
         from pyspark.sql import SparkSession
 
         spark = SparkSession.builder.appName("sparkmq-compaction").getOrCreate()

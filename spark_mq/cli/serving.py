@@ -104,8 +104,14 @@ def broker(
 )
 def demo(data_dir: str, messages: int) -> None:
     """Start a broker, produce, consume with acks, and stream a topic with Spark."""
+    from spark_mq.connectors import require_spark
     from spark_mq.demo import run_demo
 
+    try:
+        require_spark()  # (its last part streams a topic with Spark)
+    except ConfigError as exc:
+        click.echo(f"sparkmq demo: {exc}", err=True)
+        sys.exit(2)
     run_demo(data_dir, messages)
 
 
