@@ -1,15 +1,23 @@
 """Options of ``format("sparkmq")``, parsed once into a typed object.
 
-Named after Spark's Kafka and Delta sources where they mean the same thing. An unknown or
-malformed option is a :class:`~spark_mq.errors.ConfigError` naming it.
+Named after Spark's Kafka and Delta sources where they mean the same thing, and Kafka's own
+names are taken too (:data:`KAFKA_ALIASES`; ``startingOffsets`` and ``endingOffsets`` in
+Kafka's per-partition JSON, ``startingTimestamp`` as an ISO-8601 time,
+``startingOffsetsByTimestamp``, ``minOffsetsPerTrigger`` with ``maxTriggerDelay``), so a query
+written for Spark's Kafka source runs with only its format and connection options changed. An
+unknown or malformed option is a :class:`~spark_mq.errors.ConfigError` naming it as it was
+written (Spark's Python path hands options over lower-cased; the connector's JVM path keeps
+their case), with the closest known option suggested.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from spark_mq.errors import ConfigError
 from spark_mq.journal.layout import normalize_root
@@ -49,11 +57,31 @@ _KNOWN = {
         "consumer",
         "url",
         "subscription",
+        "startingOffsetsByTimestamp",
+        "minMessagesPerTrigger",
+        "maxTriggerDelay",
         *(option for option, _ in _AUTH_OPTIONS),
     )
 }
+# Kafka's names -> sparkmq's (the same meaning; a destination is a topic of one partition)
+KAFKA_ALIASES = {
+    "subscribe": "destination",
+    "subscribePattern": "destinationPattern",
+    "maxOffsetsPerTrigger": "maxMessagesPerTrigger",
+    "minOffsetsPerTrigger": "minMessagesPerTrigger",
+}
+_ALIAS = {k.lower(): v.lower() for k, v in KAFKA_ALIASES.items()}
+DEFAULT_MAX_TRIGGER_DELAY_S = 15 * 60.0  # Kafka's maxTriggerDelay default
 # options that place a read in the log; a broker consumer's place is its claims
-_LOG_ONLY = ("startingoffsets", "startingtimestamp", "endingoffsets", "groupingpartitions")
+_LOG_ONLY = (
+    "startingoffsets",
+    "startingtimestamp",
+    "startingoffsetsbytimestamp",
+    "endingoffsets",
+    "groupingpartitions",
+    "minmessagespertrigger",
+    "maxtriggerdelay",
+)
 DEFAULT_URL = "grpc://127.0.0.1:7676"
 DEFAULT_MAX_CLAIM = 10_000
 
@@ -107,6 +135,11 @@ class SourceOptions:
     url: str = DEFAULT_URL
     subscription: str | None = None
     auth: BrokerAuth = field(default_factory=BrokerAuth)
+    # per destination: start at the first message enqueued at or after this time (ms)
+    starting_timestamps: dict[str, int] | None = None
+    # wait for this many new messages before a micro-batch, at most max_trigger_delay_s
+    min_messages_per_trigger: int | None = None
+    max_trigger_delay_s: float = DEFAULT_MAX_TRIGGER_DELAY_S
 
     @property
     def through_broker(self) -> bool:
@@ -114,13 +147,7 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(k for k in opts if k not in _KNOWN)
-        if unknown:
-            raise ConfigError(
-                f"unknown sparkmq option(s) {unknown}; known: {sorted(_KNOWN.values())}",
-                setting=unknown[0],
-            )
+        opts = canonical(options, _KNOWN)
         if "consumer" in opts:
             return cls._broker_mode(opts)
         for key in ("url", "subscription", *AUTH_OPTION_NAMES):
@@ -149,8 +176,11 @@ class SourceOptions:
             destinations=listed,
             pattern=pattern,
             starting=_offsets(opts, "startingoffsets", "earliest", ("earliest", "latest")),
-            starting_timestamp_ms=_positive_int(opts, "startingtimestamp", zero_ok=True),
+            starting_timestamp_ms=_timestamp(opts, "startingtimestamp"),
+            starting_timestamps=_timestamps(opts, "startingoffsetsbytimestamp"),
             ending=_offsets(opts, "endingoffsets", "latest", ("latest",)),
+            min_messages_per_trigger=_positive_int(opts, "minmessagespertrigger"),
+            max_trigger_delay_s=_duration(opts, "maxtriggerdelay", DEFAULT_MAX_TRIGGER_DELAY_S),
             max_messages_per_trigger=_positive_int(opts, "maxmessagespertrigger"),
             max_bytes_per_trigger=_positive_int(opts, "maxbytespertrigger"),
             max_messages_per_partition=_positive_int(opts, "maxmessagesperpartition")
@@ -257,8 +287,11 @@ def _offsets(
     raw = opts.get(key, default).strip()
     if raw.lower() in words:
         return raw.lower()
+    why = ""
     try:
-        doc = json.loads(raw)
+        doc = _per_destination(json.loads(raw))
+    except PartitionError as exc:
+        doc, why = None, f" ({exc})"
     except ValueError:
         doc = None
     if not isinstance(doc, dict) or not all(
@@ -266,10 +299,129 @@ def _offsets(
     ):
         raise ConfigError(
             f"option {name!r} must be {' or '.join(repr(w) for w in words)} or JSON like "
-            f'{{"orders": 42, "events": -2}} (an offset, -2 earliest, -1 latest), got {raw!r}',
+            f'{{"orders": 42, "events": -2}} (an offset, -2 earliest, -1 latest; Kafka\'s '
+            f'{{"orders": {{"0": 42}}}} too), got {raw!r}{why}',
             setting=name,
         )
     return {str(k): int(v) for k, v in doc.items()}
+
+
+class PartitionError(ValueError):
+    """Kafka's per-partition JSON naming a partition other than 0."""
+
+
+def _per_destination(doc: object) -> object:
+    """Kafka's ``{"topic": {"0": value}}`` as ``{"topic": value}`` (a destination is one
+    partition); sparkmq's flat form as it is. Another partition than 0 is a ``ValueError``."""
+    if not isinstance(doc, dict):
+        return doc
+    out = {}
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            if set(v) != {"0"}:
+                raise PartitionError(f"{k}: a sparkmq destination has one partition, 0")
+            v = v["0"]
+        out[k] = v
+    return out
+
+
+def canonical(options: Mapping[str, str], known: Mapping[str, str]) -> dict[str, str]:
+    """The options lower-cased, Kafka's names turned into sparkmq's; an unknown one is a
+    ``ConfigError`` naming it as given and suggesting the closest known name."""
+    opts: dict[str, str] = {}
+    written: dict[str, str] = {}
+    for key, value in options.items():
+        low = key.lower()
+        name = _ALIAS.get(low, low) if known is _KNOWN else low
+        if name in opts:
+            raise ConfigError(
+                f"options {written[name]!r} and {key!r} say the same thing; give one",
+                setting=key,
+            )
+        opts[name], written[name] = value, key
+    unknown = [k for k in opts if k not in known]
+    if unknown:
+        given = written[unknown[0]]
+        names = sorted({*known.values(), *(KAFKA_ALIASES if known is _KNOWN else ())})
+        close = difflib.get_close_matches(given.lower(), [n.lower() for n in names], n=1)
+        hint = ""
+        if close:
+            hint = f" (did you mean {next(n for n in names if n.lower() == close[0])!r}?)"
+        raise ConfigError(
+            f"unknown sparkmq option {given!r}{hint}; the options are {', '.join(names)}",
+            setting=given,
+        )
+    return opts
+
+
+def _timestamp(opts: Mapping[str, str], key: str) -> int | None:
+    """Epoch milliseconds, or an ISO-8601 time (UTC unless it says otherwise)."""
+    raw = opts.get(key)
+    if raw is None:
+        return None
+    return _millis(raw.strip(), _KNOWN[key])
+
+
+def _millis(raw: str | int, name: str) -> int:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str) and re.fullmatch(r"\d+", raw):
+        value = int(raw)
+    elif isinstance(raw, str):
+        try:
+            when = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            raise ConfigError(
+                f"option {name!r} must be epoch milliseconds or an ISO-8601 time like "
+                f"2026-11-26T09:30:00Z, got {raw!r}",
+                setting=name,
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        value = int(when.timestamp() * 1000)
+    else:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"option {name!r}: a time cannot be {raw!r}", setting=name)
+    return value
+
+
+def _timestamps(opts: Mapping[str, str], key: str) -> dict[str, int] | None:
+    """``startingOffsetsByTimestamp``: ``{"orders": 1764150000000}`` or Kafka's
+    ``{"orders": {"0": 1764150000000}}``; a value may be an ISO-8601 time too."""
+    raw = opts.get(key)
+    if raw is None:
+        return None
+    name = _KNOWN[key]
+    try:
+        doc = _per_destination(json.loads(raw))
+    except ValueError as exc:
+        raise ConfigError(
+            f'option {name!r} must be JSON like {{"orders": 1764150000000}} (epoch ms or '
+            f"ISO-8601 per destination): {exc}",
+            setting=name,
+        ) from None
+    if not isinstance(doc, dict) or not doc:
+        raise ConfigError(f"option {name!r} must name destinations, got {raw!r}", setting=name)
+    return {str(k): _millis(v, name) for k, v in doc.items()}
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(opts: Mapping[str, str], key: str, default: float) -> float:
+    """Seconds from Kafka's duration strings (``15m``, ``30s``, ``500ms``; a bare number is
+    milliseconds, as Kafka reads it)."""
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*", raw.lower())
+    if m is None:
+        raise ConfigError(
+            f"option {_KNOWN[key]!r} must be a duration like 30s, 15m or 500ms, got {raw!r}",
+            setting=_KNOWN[key],
+        )
+    return float(m.group(1)) * _UNITS[m.group(2) or "ms"]
 
 
 def _bool(opts: Mapping[str, str], key: str, default: bool) -> bool:

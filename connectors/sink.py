@@ -2,10 +2,14 @@
 broker (so offsets stay single-writer), with dedup ids that make retries harmless.
 
 Columns, as Spark's Kafka sink maps them: ``body`` (binary or string, required; ``value`` is
-accepted as its Kafka name), ``group_id`` (or ``key``), ``headers`` (map<string,string>),
-``dedup_id``, ``message_id``, ``priority`` (int), ``ttl_ms`` (long) and ``destination`` (per row;
-else the ``destination`` option). Any other column, or a column of the wrong type, is an error
-naming it, before anything is sent.
+accepted as its Kafka name), ``group_id`` (or Kafka's ``key``, string or UTF-8 binary: a key
+orders its messages as a group does), ``headers`` (map<string,string>, or Kafka's
+array<struct<key string, value binary>>), ``dedup_id``, ``message_id``, ``priority`` (int),
+``ttl_ms`` (long) and ``destination`` (or Kafka's ``topic``; per row, else the ``destination``
+option, or Kafka's ``topic`` option). The other columns of a frame read from Kafka
+(``partition``, ``offset``, ``timestamp``, ``timestampType``) are left out: a destination has
+one partition and gives its own offsets and times. Any other column, or a column of the wrong
+type, is an error naming it, before anything is sent.
 
 A row without a ``dedup_id`` gets ``spark:<query id>:<batch id>:<partition>:<row>`` in a stream
 (``spark:<stage>:<partition>:<row>`` in a batch write). A retried task or a micro-batch replayed
@@ -28,6 +32,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     DataType,
     IntegerType,
@@ -37,16 +42,16 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from spark_mq.connectors.options import AUTH_OPTION_NAMES, BrokerAuth
+from spark_mq.connectors.options import AUTH_OPTION_NAMES, BrokerAuth, canonical
 from spark_mq.errors import ConfigError, SchemaMismatch
 from spark_mq.names import validate_name
 from spark_mq.schema import numbered_ids
 
-_ALIASES = {"value": "body", "key": "group_id"}
+_ALIASES = {"value": "body", "key": "group_id", "topic": "destination"}
 _ALLOWED: dict[str, tuple[type[DataType], ...]] = {
     "body": (BinaryType, StringType),
-    "group_id": (StringType,),
-    "headers": (MapType,),
+    "group_id": (StringType, BinaryType),
+    "headers": (MapType, ArrayType),
     "dedup_id": (StringType,),
     "message_id": (StringType,),
     "priority": (IntegerType,),
@@ -54,6 +59,8 @@ _ALLOWED: dict[str, tuple[type[DataType], ...]] = {
     "destination": (StringType,),
 }
 _SPARKS_OWN = {"path", "checkpointlocation"}  # Spark passes these along; they are not ours
+# a Kafka source's columns with no meaning here: dropped before sending
+KAFKA_DROPPED = ("partition", "offset", "timestamp", "timestampType")
 _KNOWN_OPTIONS = {
     "url",
     "destination",
@@ -75,10 +82,11 @@ class SinkOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> SinkOptions:
-        opts = {k.lower(): v for k, v in options.items() if k.lower() not in _SPARKS_OWN}
-        unknown = sorted(k for k in opts if k not in _KNOWN_OPTIONS)
-        if unknown:
-            raise ConfigError(f"unknown sparkmq sink option(s) {unknown}", setting=unknown[0])
+        opts = canonical(
+            {("destination" if k.lower() == "topic" else k): v for k, v in options.items()
+             if k.lower() not in _SPARKS_OWN},
+            {k: k for k in _KNOWN_OPTIONS},
+        )  # fmt: skip
         url = opts.get("url")
         if not url:
             raise ConfigError(
@@ -90,9 +98,11 @@ class SinkOptions:
         dest = opts.get("destination")
         if dest is not None:
             validate_name(dest)
-        elif "destination" not in schema.fieldNames():
+        elif not {"destination", "topic"} & set(schema.fieldNames()):
             raise ConfigError(
-                "give option 'destination' or a 'destination' column", setting="destination"
+                "give option 'destination' (or Kafka's 'topic') or a 'destination' (or 'topic') "
+                "column",
+                setting="destination",
             )
         kill = opts.get("testing.killafterrows")
         return cls(
@@ -106,15 +116,17 @@ class SinkOptions:
 
 
 def check_schema(schema: StructType) -> None:
-    names = [_ALIASES.get(f.name, f.name) for f in schema.fields]
+    fields = [f for f in schema.fields if f.name not in KAFKA_DROPPED]
+    names = [_ALIASES.get(f.name, f.name) for f in fields]
     if "body" not in names:
         raise SchemaMismatch("the sparkmq sink needs a 'body' (or 'value') column", column="body")
     if len(set(names)) != len(names):
         raise SchemaMismatch(
-            "a column and its alias are both present (value/body or key/group_id)",
+            "a column and its alias are both present (value/body, key/group_id or "
+            "topic/destination)",
             column="body",
         )
-    for column in schema.fields:
+    for column in fields:
         name = _ALIASES.get(column.name, column.name)
         allowed = _ALLOWED.get(name)
         if allowed is None:
@@ -133,7 +145,66 @@ def check_schema(schema: StructType) -> None:
             isinstance(column.dataType.keyType, StringType)
             and isinstance(column.dataType.valueType, StringType)
         ):
-            raise SchemaMismatch("column 'headers' must be map<string,string>", column="headers")
+            raise SchemaMismatch(
+                "column 'headers' must be map<string,string> or Kafka's "
+                "array<struct<key:string,value:binary>>",
+                column="headers",
+            )
+        if isinstance(column.dataType, ArrayType) and not _kafka_headers(column.dataType):
+            raise SchemaMismatch(
+                f"column 'headers' is {column.dataType.simpleString()}; the sparkmq sink takes "
+                "map<string,string> or Kafka's array<struct<key:string,value:binary>>",
+                column="headers",
+            )
+
+
+def _kafka_headers(t: ArrayType) -> bool:
+    e = t.elementType
+    return (
+        isinstance(e, StructType)
+        and [f.name for f in e.fields] == ["key", "value"]
+        and isinstance(e.fields[0].dataType, StringType)
+        and isinstance(e.fields[1].dataType, BinaryType | StringType)
+    )
+
+
+def kafka_shaped(table: pa.Table) -> pa.Table:
+    """A batch with Kafka's columns as the producer takes them: the dropped columns gone, a
+    binary key as text (it must be UTF-8: a group id is), headers as a map of text."""
+    table = table.drop_columns([c for c in KAFKA_DROPPED if c in table.column_names])
+    if "group_id" in table.column_names and pa.types.is_binary(table["group_id"].type):
+        try:
+            key = table["group_id"].cast(pa.string())
+        except pa.ArrowInvalid:
+            raise SchemaMismatch(
+                "a 'key' is not UTF-8 text: sparkmq keeps a key as the message's group id, "
+                "which is text",
+                column="key",
+            ) from None
+        table = table.set_column(table.schema.get_field_index("group_id"), "group_id", key)
+    if "headers" in table.column_names and pa.types.is_list(table["headers"].type):
+        i = table.schema.get_field_index("headers")
+        table = table.set_column(i, "headers", _headers_map(table["headers"]))
+    return table
+
+
+def _headers_map(column: pa.ChunkedArray) -> pa.Array:
+    """``array<struct<key, value binary>>`` as ``map<string, string>`` (values decoded as UTF-8;
+    a null value as an empty string)."""
+    lists = column.combine_chunks()
+    entries = lists.flatten()
+    values = entries.field("value")
+    if pa.types.is_binary(values.type):
+        try:
+            values = values.cast(pa.string())
+        except pa.ArrowInvalid:
+            raise SchemaMismatch(
+                "a header value is not UTF-8 text: sparkmq headers are text",
+                column="headers",
+            ) from None
+    values = pc.fill_null(values, "")
+    offsets = pc.subtract(lists.offsets, lists.offsets[0])  # (flatten starts at offsets[0])
+    return pa.MapArray.from_arrays(offsets, entries.field("key"), values, mask=lists.is_null())
 
 
 @dataclass
@@ -165,8 +236,8 @@ def _send(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Sent:
     with Producer(opts.url, timeout_s=opts.timeout_s, **opts.auth.kwargs()) as producer:
         for batch in batches:
             for part in pa.table(batch).to_batches(max_chunksize=chunk):
-                table = pa.table(part).rename_columns(
-                    [_ALIASES.get(n, n) for n in part.schema.names]
+                table = kafka_shaped(
+                    pa.table(part).rename_columns([_ALIASES.get(n, n) for n in part.schema.names])
                 )
                 ids = numbered_ids(prefix, row, table.num_rows, ":")
                 row += table.num_rows

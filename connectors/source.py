@@ -12,6 +12,7 @@ partition, batch after batch and after a restart (sticky delivery for per-group 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -90,6 +91,9 @@ class ReadPlanner:
         root = self.opts.root
         if self.opts.starting_timestamp_ms is not None:
             return dr.offset_at_timestamp(root, dest, self.opts.starting_timestamp_ms)
+        by_time = self.opts.starting_timestamps or {}
+        if dest in by_time:  # (Kafka's startingOffsetsByTimestamp: before startingOffsets)
+            return dr.offset_at_timestamp(root, dest, by_time[dest])
         starting = self.opts.starting
         wanted = (
             starting.get(dest, EARLIEST)
@@ -299,6 +303,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.plan = ReadPlanner(opts)
         self._target: Offsets | None = None  # set by Trigger.AvailableNow
+        self._last_batch_at = time.monotonic()  # (minMessagesPerTrigger's delay counts from it)
 
     def initialOffset(self) -> Offsets:
         return {d: self.plan.start_of(d) for d in self.plan.destinations()}
@@ -324,8 +329,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         ends = self._ends(start)
         available = {d: e - b for d, (b, e) in ends.items()}
+        if self._too_few(sum(available.values())):
+            return {d: b for d, (b, _) in ends.items()}  # (no new data: no micro-batch yet)
+        self._last_batch_at = time.monotonic()
         share = _share(available, self.plan.row_budget(available, limit))
         return {d: b + share[d] for d, (b, _) in ends.items()}
+
+    def _too_few(self, available: int) -> bool:
+        """``minMessagesPerTrigger`` (Kafka's ``minOffsetsPerTrigger``): fewer are waiting, and
+        ``maxTriggerDelay`` has not passed since the last micro-batch (not under
+        ``Trigger.AvailableNow``, which reads what there is)."""
+        least = self.opts.min_messages_per_trigger
+        if least is None or self._target is not None or available == 0:
+            return False
+        waited = time.monotonic() - self._last_batch_at
+        return available < least and waited < self.opts.max_trigger_delay_s
 
     def reportLatestOffset(self) -> Offsets:
         return {d: dr.end_offset(self.opts.root, d) for d in self.plan.destinations()}
