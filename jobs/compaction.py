@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -417,6 +418,26 @@ def _compact_one(args: tuple[str, DestinationInfo, CompactionPolicy, bool, datet
     return compact_destination(root, info, policy, dry_run=dry_run, now=now).as_dict()
 
 
+def _on_spark(spark: Any, work: list[tuple]) -> list[CompactionResult]:
+    """One Spark task per destination, through the DataFrame API only (``mapInArrow``), so it
+    runs on Spark Connect and Databricks serverless, which have no ``sparkContext``."""
+    import json
+
+    by_name = {item[1].name: item for item in work}
+    names = spark.createDataFrame([(n,) for n in by_name], "destination string")
+    names = names.repartition(len(by_name), "destination")
+
+    def compact(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for name in batch.column("destination").to_pylist():
+                doc = json.dumps(_compact_one(by_name[name]))
+                yield pa.RecordBatch.from_pylist([{"result": doc}])
+
+    rows = names.mapInArrow(compact, "result string").collect()
+    results = [CompactionResult(**json.loads(r.result)) for r in rows]
+    return sorted(results, key=lambda r: r.destination)
+
+
 def compact_all(
     root: str,
     policy: CompactionPolicy | None = None,
@@ -444,9 +465,7 @@ def compact_all(
     now = now or datetime.now(timezone.utc)
     work = [(root, info, policy, dry_run, now) for info in infos.values()]
     if spark is not None and work:
-        sc = spark.sparkContext  # type: ignore[attr-defined]
-        rows = sc.parallelize(work, len(work)).map(_compact_one).collect()
-        results = [CompactionResult(**r) for r in rows]
+        results = _on_spark(spark, work)
         for r in results:
             if progress:
                 progress(r)
