@@ -52,7 +52,7 @@ SOURCE_DDL = source_ddl(True)
 def _table(root: str, destination: str) -> DeltaTable:
     uri = layout.messages_uri(root, destination)
     try:
-        return DeltaTable(uri)
+        return DeltaTable(uri, storage_options=layout.storage_options(root))
     except TableNotFoundError:
         raise DestinationNotFound(
             f"no message log for destination {destination!r} under {root} (expected {uri})",
@@ -63,7 +63,10 @@ def _table(root: str, destination: str) -> DeltaTable:
 def matching_destinations(root: str, pattern: str) -> list[str]:
     """Destinations whose whole name matches ``pattern``, sorted."""
     try:
-        rows = DeltaTable(layout.bindings_uri(root)).to_pyarrow_table()
+        bindings_log = DeltaTable(
+            layout.bindings_uri(root), storage_options=layout.storage_options(root)
+        )
+        rows = bindings_log.to_pyarrow_table()
     except TableNotFoundError:
         return []
     infos, _ = bindings.replay(pa.table(rows))

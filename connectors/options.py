@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from spark_mq.errors import ConfigError
-from spark_mq.journal.layout import normalize_root
+from spark_mq.journal.layout import normalize_root, with_options
 from spark_mq.names import validate_name
 
 DEFAULT_MAX_MESSAGES_PER_PARTITION = 100_000
@@ -72,6 +72,9 @@ KAFKA_ALIASES = {
 }
 _ALIAS = {k.lower(): v.lower() for k, v in KAFKA_ALIASES.items()}
 DEFAULT_MAX_TRIGGER_DELAY_S = 15 * 60.0  # Kafka's maxTriggerDelay default
+# "storage.<name>": a delta-rs storage option for an object-store root (as the broker's
+# [storage] section), e.g. .option("storage.aws_endpoint_url", "http://minio:9000")
+STORAGE_PREFIX = "storage."
 # options that place a read in the log; a broker consumer's place is its claims
 _LOG_ONLY = (
     "startingoffsets",
@@ -172,7 +175,7 @@ class SourceOptions:
                 setting="groupingKey",
             )
         return cls(
-            root=normalize_root(root),
+            root=with_options(root, storage_of(options)),
             destinations=listed,
             pattern=pattern,
             starting=_offsets(opts, "startingoffsets", "earliest", ("earliest", "latest")),
@@ -244,6 +247,17 @@ class SourceOptions:
             subscription=subscription,
             auth=BrokerAuth.parse(opts),
         )
+
+
+def storage_of(options: Mapping[str, str]) -> dict[str, str] | None:
+    """The ``storage.<name>`` options, by delta-rs's names (lower-cased: Spark's Python path
+    lower-cases option names, and delta-rs's are lower-case)."""
+    found = {
+        k[len(STORAGE_PREFIX) :].lower(): v
+        for k, v in options.items()
+        if k.lower().startswith(STORAGE_PREFIX)
+    }
+    return found or None
 
 
 def _destinations(opts: Mapping[str, str]) -> tuple[tuple[str, ...], str | None]:
@@ -339,7 +353,7 @@ def canonical(options: Mapping[str, str], known: Mapping[str, str]) -> dict[str,
                 setting=key,
             )
         opts[name], written[name] = value, key
-    unknown = [k for k in opts if k not in known]
+    unknown = [k for k in opts if k not in known and not k.startswith(STORAGE_PREFIX)]
     if unknown:
         given = written[unknown[0]]
         names = sorted({*known.values(), *(KAFKA_ALIASES if known is _KNOWN else ())})

@@ -114,7 +114,7 @@ class _Plan:
 def destinations(root: str) -> dict[str, DestinationInfo]:
     """The destinations the bindings log knows, with their subscriptions."""
     try:
-        dt = DeltaTable(layout.bindings_uri(root))
+        dt = DeltaTable(layout.bindings_uri(root), storage_options=layout.storage_options(root))
     except TableNotFoundError:
         raise FileNotFoundError(
             f"no sparkmq data under {root}: it has no bindings log ({layout.bindings_uri(root)}); "
@@ -273,8 +273,9 @@ def _compact(
     now: datetime,
 ) -> None:
     name = info.name
-    messages = DeltaTable(layout.messages_uri(root, name))
-    settlements = DeltaTable(layout.settlements_uri(root, name))
+    opts = layout.storage_options(root)
+    messages = DeltaTable(layout.messages_uri(root, name), storage_options=opts)
+    settlements = DeltaTable(layout.settlements_uri(root, name), storage_options=opts)
     settles = pa.table(settlements.to_pyarrow_table()).cast(SETTLEMENT_SCHEMA)
     plan = _plan(info, messages, settles, now, policy)
     files = _files(messages)

@@ -242,6 +242,11 @@ class BrokerConfig(_Section):
     logging: LoggingSection = LoggingSection()
     security: SecuritySection = SecuritySection()
     ha: HASection = HASection()
+    # what delta-rs needs to reach an object-store data_dir: credentials, endpoint, region,
+    # aws_allow_http... (delta-rs's storage option names); passed to every Delta call, never
+    # logged. Also SPARKMQ_STORAGE__<NAME> in the environment (and delta-rs reads AWS_*,
+    # AZURE_*, GOOGLE_* variables itself).
+    storage: dict[str, str] = {}
 
     def log_path(self) -> Path | None:
         """Where the rotating log goes; relative paths sit under a local data_dir."""

@@ -333,7 +333,7 @@ def _let_the_backup_take_over(
     back."""
     if epoch is None:
         return
-    owner = Ownership(config.broker.data_dir)
+    owner = Ownership(config.broker.data_dir, config.storage or None)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not stop.wait(config.ha.lock_poll_s):
         try:

@@ -27,6 +27,8 @@ def test_every_setting_is_documented_in_the_config_file() -> None:
     config = load_config(environ={})
     for section, fields in config.model_dump().items():
         assert f"[{section}]" in text, f"section [{section}] is not documented"
+        if section == "storage":  # (free-form: delta-rs's option names)
+            continue
         for key in fields:
             assert f"\n{key} =" in text or f"# {key} =" in text, f"{section}.{key} undocumented"
 

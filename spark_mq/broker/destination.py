@@ -77,5 +77,7 @@ def make_store(config: BrokerConfig) -> LogStore:
     if config.broker.persistence == "memory":
         return MemoryStore()
     return DeltaStore(
-        config.broker.data_dir, checkpoint_interval=config.journal.checkpoint_interval
+        config.broker.data_dir,
+        checkpoint_interval=config.journal.checkpoint_interval,
+        storage_options=config.storage or None,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,36 @@ from spark_mq.errors import ConfigError, SparkMQError
 
 if TYPE_CHECKING:
     from spark_mq.jobs.schedule import JobsConfig
+
+
+_STORAGE = click.option(
+    "--storage-option",
+    "storage",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A delta-rs storage option for an object-store root (repeatable), as the broker's "
+    "[storage]; also SPARKMQ_STORAGE__<NAME> and delta-rs's own AWS_*/AZURE_*/GOOGLE_* "
+    "variables.",
+)
+
+
+def _root(data_dir: str, storage: tuple[str, ...]) -> str:
+    """``data_dir`` carrying its storage options (the environment's, then the command line's)."""
+    from spark_mq.journal.layout import with_options
+
+    options = {
+        k[len("SPARKMQ_STORAGE__") :].lower(): v
+        for k, v in os.environ.items()
+        if k.startswith("SPARKMQ_STORAGE__")
+    }
+    for item in storage:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(
+                f"expected NAME=VALUE, got {item!r}", param_hint="--storage-option"
+            )
+        options[key.strip().lower()] = value
+    return with_options(data_dir, options or None)
 
 
 _JOBS_CONFIG = click.option(
@@ -56,6 +87,7 @@ def _jobs_config(config_file: str | None) -> JobsConfig:
 @click.option(
     "--spark", "use_spark", is_flag=True, help="Fan out over destinations as Spark tasks."
 )
+@_STORAGE
 def compact(
     data_dir: str,
     config_file: str | None,
@@ -68,8 +100,10 @@ def compact(
     keep_recent_s: float | None,
     keep_expired: bool,
     use_spark: bool,
+    storage: tuple[str, ...],
 ) -> None:
     """Remove settled and expired messages from the Delta logs, merge files, vacuum."""
+    data_dir = _root(data_dir, storage)
     from spark_mq.jobs.compaction import compact_all
     from spark_mq.jobs.report import summary_table
     from spark_mq.logs import setup_logging
@@ -151,10 +185,12 @@ def schedule(data_dir: str, config_file: str | None, fmt: str) -> None:
 @click.option("--data-dir", required=True, help="The broker's data root (directory or URI).")
 @click.option("--destination", required=True, help="The destination to export.")
 @click.argument("file", type=click.Path(dir_okay=False))
-def export_cmd(data_dir: str, destination: str, file: str) -> None:
+@_STORAGE
+def export_cmd(data_dir: str, destination: str, file: str, storage: tuple[str, ...]) -> None:
     """Dump a destination's messages and settlements to FILE (*.jsonl or *.parquet)."""
     from spark_mq.jobs.transfer import export_destination
 
+    data_dir = _root(data_dir, storage)
     try:
         header = export_destination(data_dir, destination, file)
     except (SparkMQError, ValueError) as exc:
@@ -176,10 +212,12 @@ def export_cmd(data_dir: str, destination: str, file: str) -> None:
 @click.option("--data-dir", required=True, help="The data root to import into (broker stopped).")
 @click.option("--as", "name", help="Create the destination under this name instead.")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-def import_cmd(data_dir: str, name: str | None, file: str) -> None:
+@_STORAGE
+def import_cmd(data_dir: str, name: str | None, file: str, storage: tuple[str, ...]) -> None:
     """Create a destination from an exported FILE, offsets unchanged."""
     from spark_mq.jobs.transfer import import_destination
 
+    data_dir = _root(data_dir, storage)
     try:
         header = import_destination(data_dir, file, name)
     except (SparkMQError, ValueError) as exc:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from spark_mq.errors import ConfigError
+from spark_mq.errors import ConfigError, SparkMQError
 
 
 @click.command()
@@ -90,6 +90,16 @@ def broker(
     except ConfigError as exc:  # found on start-up: a port taken, segments left behind
         click.echo(f"sparkmq broker: {exc}", err=True)
         sys.exit(2)
+    except SparkMQError as exc:  # the data root out of reach at start-up
+        where = config.broker.data_dir
+        hint = (
+            " (check [storage] in the config, SPARKMQ_STORAGE__* or the AWS_*/AZURE_*/GOOGLE_* "
+            "environment: endpoint, credentials, region)"
+            if "://" in where
+            else ""
+        )
+        click.echo(f"sparkmq broker: cannot open the data root {where}: {exc}{hint}", err=True)
+        sys.exit(1)
 
 
 @click.command()

@@ -37,7 +37,7 @@ def take_ownership(
     if config.ha.mode == "replication":
         owner = _follow_until_owner(config, store, broker_id, until)
     else:
-        owner = Ownership(store.root).take(broker_id)
+        owner = Ownership(store.root, store.storage_options).take(broker_id)
     store.on_deposed = on_deposed
     store.fence(owner.epoch)
     infos, _ = bindings.replay(store.read_bindings())
@@ -58,7 +58,7 @@ def replicator(
     ha = config.ha
     return Replicator(
         journal,
-        Ownership(store.root),
+        Ownership(store.root, store.storage_options),
         owner,
         host=config.broker.host,
         port=ha.replication_port,
@@ -87,7 +87,7 @@ def _follow_until_owner(
         timeout_s=ha.failover_timeout_s,
         tls=bool(config.security.tls_cert_file),
     )
-    own = Ownership(store.root)
+    own = Ownership(store.root, store.storage_options)
     host, _, port = ha.peer.rpartition(":")
 
     def may_take(latest: Owner | None) -> str | None:

@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import fsspec
 import pyarrow as pa
 import pyarrow.dataset as pds
 from deltalake import (
@@ -28,6 +27,7 @@ from deltalake import (
     write_deltalake,
 )
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.fs import DeltaStorageHandler
 
 from spark_mq.errors import Deposed
 from spark_mq.journal import layout
@@ -118,6 +118,10 @@ def _check_owner(dt: DeltaTable, epoch: int) -> None:
 class DeltaStore:
     durable = True
 
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        return self._opts
+
     def __init__(
         self,
         root: str,
@@ -125,8 +129,8 @@ class DeltaStore:
         checkpoint_interval: int = 100,
         storage_options: dict[str, str] | None = None,
     ) -> None:
-        self.root = layout.normalize_root(root)
-        self._opts = storage_options or None
+        self._opts = storage_options or layout.storage_options(root) or None
+        self.root = layout.with_options(root, self._opts)
         self._config = {"delta.checkpointInterval": str(checkpoint_interval)}
         self._tables: dict[str, DeltaTable] = {}
         self._commits: dict[str, int] = {}  # per cached table: commits made through it
@@ -285,10 +289,8 @@ class DeltaStore:
             if layout.is_local(self.root):
                 if os.path.exists(uri):
                     shutil.rmtree(uri)
-            else:
-                fs, path = fsspec.core.url_to_fs(uri, **(self._opts or {}))
-                if fs.exists(path):
-                    fs.rm(path, recursive=True)
+            else:  # (through delta-rs's own object store: the same options reach it)
+                DeltaStorageHandler(uri, self._opts).delete_dir("")  # (all under uri)
 
     # -- message log -------------------------------------------------------------------------
     def _messages(self, destination: str) -> DeltaTable:

@@ -27,13 +27,47 @@ def is_local(root: str) -> bool:
     return "://" not in root or root.startswith("file://")
 
 
+class StorageRoot(str):
+    """A data root's URI that carries the storage options delta-rs needs to reach it
+    (credentials, endpoint, region, ``aws_allow_http``...), wherever the root goes: into
+    ``DeltaStore``, the jobs, and a Spark task (it pickles with them). Its ``repr`` never shows
+    them."""
+
+    options: dict[str, str] | None
+
+    def __new__(cls, uri: str, options: dict[str, str] | None = None) -> StorageRoot:
+        self = super().__new__(cls, uri)
+        self.options = {str(k): str(v) for k, v in options.items()} if options else None
+        return self
+
+    def __reduce__(self) -> tuple[type[StorageRoot], tuple[str, dict[str, str] | None]]:
+        return StorageRoot, (str(self), self.options)
+
+    def __repr__(self) -> str:
+        return f"StorageRoot({str(self)!r}{', with storage options' if self.options else ''})"
+
+
+def storage_options(root: str) -> dict[str, str] | None:
+    """The storage options a root carries (None: delta-rs's defaults and the environment's
+    ``AWS_*``, ``AZURE_*``, ``GOOGLE_*`` variables)."""
+    return getattr(root, "options", None)
+
+
+def with_options(root: str | os.PathLike[str], options: dict[str, str] | None) -> str:
+    """``root`` normalized, carrying ``options`` (kept from ``root`` when None)."""
+    normalized = normalize_root(root)
+    if options:
+        return StorageRoot(str(normalized), options)
+    return normalized
+
+
 def normalize_root(root: str | os.PathLike[str]) -> str:
+    options = storage_options(root) if isinstance(root, str) else None
     root = os.fspath(root)
     if root.startswith("file://"):
         root = root[len("file://") :]
-    if "://" in root:
-        return root.rstrip("/")
-    return os.path.abspath(root)
+    out = root.rstrip("/") if "://" in root else os.path.abspath(root)
+    return StorageRoot(out, options) if options else out
 
 
 def join(root: str, *parts: str) -> str:
