@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 SPARK_REQUIREMENT = "pyspark>=4.2,<4.3"  # (pyproject's [spark] extra)
 
 
-def require_spark() -> None:
+def require_spark(minimum: tuple[int, int] = (4, 2)) -> None:
     """Raise a ``ConfigError`` saying how to get Spark when pyspark is not installed (the SDK
-    and the broker install without it)."""
+    and the broker install without it), or is older than ``minimum``."""
     try:
         import pyspark
     except ImportError:
@@ -29,10 +29,11 @@ def require_spark() -> None:
             setting="pyspark",
         ) from None
     major, minor = (int(p) for p in pyspark.__version__.split(".")[:2])
-    if (major, minor) < (4, 2):
+    if (major, minor) < minimum:
         raise ConfigError(
-            f"format('sparkmq') needs Spark 4.2 or newer (admission control of Python "
-            f"streaming sources); this is pyspark {pyspark.__version__}",
+            f"this needs Spark {minimum[0]}.{minimum[1]} or newer (format('sparkmq'): 4.2, for "
+            f"admission control of Python streaming sources); this is pyspark "
+            f"{pyspark.__version__}",
             setting="pyspark",
         )
 

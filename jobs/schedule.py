@@ -133,43 +133,101 @@ def crontab(cfg: JobsConfig, data_dir: str, config_path: str | None) -> str:
     return "\n".join(lines)
 
 
-def databricks_jobs(cfg: JobsConfig, data_dir: str, config_path: str | None) -> list[dict]:
-    """One Jobs API 2.1 job per schedule, running ``sparkmq compact --spark`` on serverless."""
+# the data roots every node of a Databricks job reaches (a local path on the driver is not one)
+_SHARED = ("/Volumes/", "/dbfs/", "/Workspace/")
+SERVERLESS_ENVIRONMENT = "4"  # a serverless environment version (Python 3.12)
+CLASSIC_SPARK_VERSION = "17.3.x-scala2.13"  # a Databricks Runtime LTS with Spark 4
+CLASSIC_NODE_TYPE = "i3.xlarge"
+
+
+def policy_flags(section: CompactionSection) -> list[str]:
+    """The jobs config's compaction policy as ``sparkmq compact`` flags, so a job carries it
+    and needs no config file on the cluster."""
+    flags = [
+        "--min-files", str(section.min_files),
+        "--max-live", repr(section.max_live_ratio),
+        "--retention-hours", str(section.retention_hours),
+        "--keep-recent-s", repr(section.keep_recent_s),
+    ]  # fmt: skip
+    return flags if section.drop_expired else [*flags, "--keep-expired"]
+
+
+def databricks_jobs(
+    cfg: JobsConfig,
+    data_dir: str,
+    config_path: str | None = None,
+    *,
+    compute: str = "serverless",
+    spark_version: str = CLASSIC_SPARK_VERSION,
+    node_type: str = CLASSIC_NODE_TYPE,
+    workers: int = 2,
+) -> list[dict]:
+    """One Jobs API 2.1 job per schedule running ``sparkmq compact --spark`` (one Spark task per
+    destination), on serverless compute (an environment with the ``sparkmq`` wheel from PyPI)
+    or a classic job cluster (the wheel as a library). The policy goes on the command line, the
+    data root as given: it must be a URI or a path every node reaches."""
+    if "://" not in data_dir and not data_dir.startswith(_SHARED):
+        raise ConfigError(
+            f"a Databricks job needs a data root its nodes reach: an s3://, abfss:// or gs:// "
+            f"URI, or a /Volumes/... path; got {data_dir!r}",
+            setting="--data-dir",
+        )
+    del config_path  # (its policy is in the flags; its path means nothing on the cluster)
     jobs = []
     for s in cfg.schedule:
-        params = [*command(s, data_dir, None, python="python")[3:], "--spark"]
-        if config_path:
-            params += ["--config", str(config_path)]
-        jobs.append(
-            {
-                "name": f"sparkmq-{s.name}",
-                "schedule": {
-                    "quartz_cron_expression": quartz(s.cron),
-                    "timezone_id": "UTC",
-                    "pause_status": "UNPAUSED",
-                },
-                "max_concurrent_runs": 1,
-                "tasks": [
-                    {
-                        "task_key": s.name.replace(".", "_"),
-                        "python_wheel_task": {
-                            "package_name": "sparkmq",
-                            "entry_point": "sparkmq",
-                            "parameters": params,
-                        },
-                        "environment_key": "sparkmq",
-                    }
-                ],
-                "environments": [
-                    {
-                        "environment_key": "sparkmq",
-                        "spec": {"client": "1", "dependencies": ["sparkmq"]},
-                    }
-                ],
-            }
-        )
+        params = ["compact", "--data-dir", data_dir, *policy_flags(cfg.compaction), *s.args]
+        task: dict[str, Any] = {
+            "task_key": s.name.replace(".", "_"),
+            "python_wheel_task": {
+                "package_name": "sparkmq",
+                "entry_point": "sparkmq",
+                "parameters": [*params, "--spark"],
+            },
+        }
+        job: dict[str, Any] = {
+            "name": f"sparkmq-{s.name}",
+            "schedule": {
+                "quartz_cron_expression": quartz(s.cron),
+                "timezone_id": "UTC",
+                "pause_status": "UNPAUSED",
+            },
+            "max_concurrent_runs": 1,
+            "tasks": [task],
+        }
+        if compute == "serverless":
+            task["environment_key"] = "sparkmq"
+            job["environments"] = [
+                {
+                    "environment_key": "sparkmq",
+                    "spec": {
+                        "environment_version": SERVERLESS_ENVIRONMENT,
+                        "dependencies": ["sparkmq"],
+                    },
+                }
+            ]
+        elif compute == "classic":
+            task["job_cluster_key"] = "sparkmq"
+            task["libraries"] = [{"pypi": {"package": "sparkmq"}}]
+            job["job_clusters"] = [
+                {
+                    "job_cluster_key": "sparkmq",
+                    "new_cluster": {
+                        "spark_version": spark_version,
+                        "node_type_id": node_type,
+                        "num_workers": workers,
+                        "data_security_mode": "SINGLE_USER",
+                    },
+                }
+            ]
+        else:
+            raise ConfigError(
+                f"compute must be 'serverless' or 'classic', got {compute!r}", setting="--compute"
+            )
+        jobs.append(job)
     return jobs
 
 
-def databricks_json(cfg: JobsConfig, data_dir: str, config_path: str | None) -> str:
-    return json.dumps(databricks_jobs(cfg, data_dir, config_path), indent=2)
+def databricks_json(
+    cfg: JobsConfig, data_dir: str, config_path: str | None = None, **how: Any
+) -> str:
+    return json.dumps(databricks_jobs(cfg, data_dir, config_path, **how), indent=2)

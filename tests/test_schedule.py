@@ -69,15 +69,66 @@ def test_schedule_command_prints_crontab_and_databricks_jobs(tmp_path: Path) -> 
     assert line.startswith("0 3 * * 1-5 ")
     assert "-m spark_mq compact --data-dir /data/mq --config" in line
     assert line.endswith("--destination orders >> sparkmq-orders.log 2>&1  # orders")
-    out = CliRunner().invoke(
+    local = CliRunner().invoke(
         cli, ["schedule", "--config", str(conf), "--data-dir", "/data/mq", "--format", "databricks"]
+    )
+    assert local.exit_code == 2 and "a data root its nodes reach" in local.output
+    out = CliRunner().invoke(
+        cli,
+        ["schedule", "--config", str(conf), "--data-dir", "s3://lake/mq", "--format", "databricks"],
     )
     assert out.exit_code == 0, out.output
     (job,) = json.loads(out.output)
     assert job["name"] == "sparkmq-orders"
     assert job["schedule"]["quartz_cron_expression"] == "0 0 3 ? * 2-6"
     params = job["tasks"][0]["python_wheel_task"]["parameters"]
-    assert params[:3] == ["compact", "--data-dir", "/data/mq"] and "--spark" in params
+    assert params[:3] == ["compact", "--data-dir", "s3://lake/mq"] and "--spark" in params
+    assert "--config" not in params  # (the policy travels as flags: no file on the cluster)
+    assert params[params.index("--min-files") + 1] == "10"
+    assert params[params.index("--max-live") + 1] == "0.3"
+    assert params[-3:] == ["--destination", "orders", "--spark"]
+    check_jobs_api_21(job, serverless=True)
+    classic = CliRunner().invoke(
+        cli,
+        ["schedule", "--config", str(conf), "--data-dir", "/Volumes/main/mq/root",
+         "--format", "databricks", "--compute", "classic", "--workers", "4"],
+    )  # fmt: skip
+    assert classic.exit_code == 0, classic.output
+    (cjob,) = json.loads(classic.output)
+    check_jobs_api_21(cjob, serverless=False)
+    assert cjob["job_clusters"][0]["new_cluster"]["num_workers"] == 4
     empty = CliRunner().invoke(cli, ["schedule", "--data-dir", "/d"])
     assert empty.exit_code == 2 and "no [[schedule]]" in empty.output
     assert JobsConfig().schedule == []
+
+
+# the Jobs API 2.1 create request's fields this generator may use, and what each must hold
+_JOB_KEYS = {"name", "schedule", "max_concurrent_runs", "tasks", "environments", "job_clusters"}
+_TASK_KEYS = {"task_key", "python_wheel_task", "environment_key", "job_cluster_key", "libraries"}
+
+
+def check_jobs_api_21(job: dict, *, serverless: bool) -> None:
+    """A job body as the Jobs API 2.1 takes it: known fields only, a wheel task whose compute is
+    an environment (serverless: no cluster, no libraries) or a job cluster (classic)."""
+    assert set(job) <= _JOB_KEYS, set(job) - _JOB_KEYS
+    assert set(job["schedule"]) == {"quartz_cron_expression", "timezone_id", "pause_status"}
+    for task in job["tasks"]:
+        assert set(task) <= _TASK_KEYS, set(task) - _TASK_KEYS
+        wheel = task["python_wheel_task"]
+        assert set(wheel) == {"package_name", "entry_point", "parameters"}
+        assert all(isinstance(p, str) for p in wheel["parameters"])
+        if serverless:
+            assert "job_cluster_key" not in task and "libraries" not in task
+            (env,) = [e for e in job["environments"] if e["environment_key"] == task[
+                "environment_key"]]  # fmt: skip
+            assert set(env["spec"]) == {"environment_version", "dependencies"}
+            assert "sparkmq" in env["spec"]["dependencies"]
+            assert "job_clusters" not in job
+        else:
+            assert "environment_key" not in task and "environments" not in job
+            (cluster,) = [c for c in job["job_clusters"] if c["job_cluster_key"] == task[
+                "job_cluster_key"]]  # fmt: skip
+            assert {"spark_version", "node_type_id", "num_workers"} <= set(cluster["new_cluster"])
+            assert task["libraries"] == [{"pypi": {"package": "sparkmq"}}]
+        for p in wheel["parameters"]:  # no path relative to where `sparkmq schedule` ran
+            assert not p.startswith(("./", "../")), p

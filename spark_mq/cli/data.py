@@ -127,7 +127,7 @@ def compact(
         from spark_mq.connectors import require_spark
 
         try:
-            require_spark()
+            require_spark(minimum=(3, 3))  # (mapInArrow: any Spark since 3.3, Connect too)
         except ConfigError as exc:
             click.echo(f"sparkmq compact --spark: {exc}", err=True)
             sys.exit(2)
@@ -163,8 +163,27 @@ def compact(
     default="both",
     show_default=True,
 )
-def schedule(data_dir: str, config_file: str | None, fmt: str) -> None:
-    """Print the schedules of the jobs config as crontab lines and Databricks Jobs JSON."""
+@click.option(
+    "--compute",
+    type=click.Choice(["serverless", "classic"]),
+    default="serverless",
+    show_default=True,
+    help="Databricks: serverless compute, or a classic job cluster.",
+)
+@click.option("--spark-version", help="Classic: the Databricks Runtime of the job cluster.")
+@click.option("--node-type", help="Classic: the job cluster's node type.")
+@click.option("--workers", type=click.IntRange(min=0), default=2, show_default=True)
+def schedule(
+    data_dir: str,
+    config_file: str | None,
+    fmt: str,
+    compute: str,
+    spark_version: str | None,
+    node_type: str | None,
+    workers: int,
+) -> None:
+    """Print the schedules of the jobs config as crontab lines and Databricks Jobs API 2.1 JSON
+    (the compaction policy on each job's command line: no config file on the cluster)."""
     from spark_mq.jobs.schedule import crontab, databricks_json
 
     cfg = _jobs_config(config_file)
@@ -175,7 +194,12 @@ def schedule(data_dir: str, config_file: str | None, fmt: str) -> None:
         if fmt in ("crontab", "both"):
             click.echo(crontab(cfg, data_dir, config_file))
         if fmt in ("databricks", "both"):
-            click.echo(databricks_json(cfg, data_dir, config_file))
+            how: dict[str, object] = {"compute": compute, "workers": workers}
+            if spark_version:
+                how["spark_version"] = spark_version
+            if node_type:
+                how["node_type"] = node_type
+            click.echo(databricks_json(cfg, data_dir, **how))
     except ConfigError as exc:
         click.echo(f"sparkmq schedule: {exc}", err=True)
         sys.exit(2)
