@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -29,6 +30,18 @@ def messages_in_delta(root: Path, name: str) -> pa.Table:
 
 def settlements_in_delta(root: Path, name: str) -> pa.Table:
     return pa.table(DeltaTable(layout.settlements_uri(str(root), name)).to_pyarrow_table())
+
+
+def data_changes(root: Path, name: str) -> dict[str, set[bool]]:
+    """Each operation in a message log's history and the dataChange flags of its actions."""
+    out: dict[str, set[bool]] = {}
+    log_dir = Path(layout.messages_uri(str(root), name)) / "_delta_log"
+    for commit in sorted(log_dir.glob("*.json")):
+        actions = [json.loads(line) for line in commit.read_text().splitlines() if line]
+        op = next(a["commitInfo"]["operation"] for a in actions if "commitInfo" in a)
+        flags = {a[k]["dataChange"] for a in actions for k in ("add", "remove") if k in a}
+        out.setdefault(op, set()).update(flags)
+    return out
 
 
 def fill(running: RunningBroker, name: str, batches: int, size: int, **send: object) -> None:
@@ -93,6 +106,11 @@ def test_removes_exactly_settled_and_expired_rows_and_restart_agrees(
     assert [r["offset"] for r in s if r["outcome"] == COMPACTED] == [80]
     assert not [r for r in s if r["outcome"] == "ack" and r["offset"] < 80]
     assert sorted(r["offset"] for r in s if r["outcome"] == EXPIRED) == list(range(110, 115))
+    # for other Delta readers: merging files is no data change (a stream skips it), the
+    # removal of settled rows is one (skipChangeCommits skips it)
+    changes = data_changes(data, "q")
+    assert changes["OPTIMIZE"] == {False} and changes["DELETE"] == {True}
+    assert changes["WRITE"] == {True}
     # the topic: 'b' still owes 14 and 16..19, so only those stay
     assert t.action == "compacted", t.reason
     assert messages_in_delta(data, "t")["offset"].to_pylist() == [14, 16, 17, 18, 19]
