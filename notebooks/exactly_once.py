@@ -15,6 +15,11 @@
 # MAGIC
 # MAGIC The first run fails on purpose after writing batch 1, before Spark records it; the restart
 # MAGIC replays it. The result is the same as if nothing had gone wrong.
+# MAGIC
+# MAGIC **Cluster**: Databricks Runtime with Spark 4.2 and the RocksDB state store
+# MAGIC (`transformWithState`), `%pip install sparkmq`; widgets `url`, `root` (`/Volumes/...` or
+# MAGIC `s3://...` for an embedded broker), `secret_scope`; the Delta sink's directory comes from
+# MAGIC `SPARKMQ_NOTEBOOK_DIR` (a `/Volumes/...` path on a cluster).
 
 # COMMAND ----------
 
@@ -31,8 +36,8 @@ from spark_mq.connectors import register
 from spark_mq.connectors.state import drop_duplicate_ids
 from spark_mq.notebook import broker, show
 
-mq = broker("sparkmq-exactly-once-", "--set", "duplicates.cache_size=0")
-URL, DATA_DIR = mq.url, mq.data_dir
+mq = broker("sparkmq-exactly-once-", "--set", "duplicates.cache_size=0", namespace=globals())
+URL, DATA_DIR, AUTH = mq.url, mq.data_dir, mq.credentials
 register(spark)  # noqa: F821 - the notebook's SparkSession
 WORK = os.environ.get("SPARKMQ_NOTEBOOK_DIR") or tempfile.mkdtemp(prefix="sparkmq-eo-")
 QUEUE = f"payments_{int(time.time())}"
@@ -47,10 +52,10 @@ print(f"broker {URL}; queue {QUEUE}; output {TOTALS}")
 
 # COMMAND ----------
 
-with Admin(URL) as admin:
+with Admin(URL, **AUTH) as admin:
     admin.create_queue(QUEUE)
 payments = [(f"pay-{i}", f"customer-{i % 8}", (i % 50) + 1) for i in range(600)]
-with Producer(URL, destination=QUEUE) as producer:
+with Producer(URL, **AUTH, destination=QUEUE) as producer:
     for pid, customer, amount in payments:
         producer.send(str(amount), dedup_id=pid, group_id=customer)
     for pid, customer, amount in payments[::10]:  # the resend after a lost connection
@@ -58,7 +63,8 @@ with Producer(URL, destination=QUEUE) as producer:
 expected = {}
 for _, customer, amount in payments:
     expected[customer] = expected.get(customer, 0) + amount
-with Admin(URL) as admin:  # Spark reads Delta, which trails the broker by about half a second
+# Spark reads Delta, which trails the broker by about half a second
+with Admin(URL, **AUTH) as admin:
     while admin.stats(QUEUE)["delta_lag_messages"]:
         time.sleep(0.1)
     print(f"{admin.stats(QUEUE)['end_offset']} messages in the log, 600 distinct payments")

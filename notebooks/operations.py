@@ -4,8 +4,12 @@
 # MAGIC
 # MAGIC What an operator looks at: how deep each destination is, how far consumers and Delta
 # MAGIC trail, how much is redelivered, what sits in dead-letter queues, and what compaction did.
-# MAGIC Connects to `SPARKMQ_URL` / `SPARKMQ_DATA_DIR`, or starts an embedded broker and gives it
-# MAGIC some traffic so there is something to see.
+# MAGIC Connects to the broker in the `url` widget (`SPARKMQ_URL` locally), or starts an embedded
+# MAGIC broker and gives it some traffic so there is something to see.
+# MAGIC
+# MAGIC **Cluster**: Databricks Runtime with Spark 4.2, `%pip install sparkmq matplotlib`; widgets
+# MAGIC `url`, `root` (the broker's `data_dir` as this cluster sees it: `/Volumes/...` or
+# MAGIC `s3://...` for an embedded broker), `secret_scope` (credentials, with security on).
 
 # COMMAND ----------
 
@@ -25,8 +29,8 @@ from spark_mq.jobs.report import summary_table
 from spark_mq.journal import layout
 from spark_mq.notebook import broker, show
 
-mq = broker("sparkmq-operations-")
-URL, DATA_DIR = mq.url, mq.data_dir
+mq = broker("sparkmq-operations-", namespace=globals())
+URL, DATA_DIR, AUTH = mq.url, mq.data_dir, mq.credentials
 register(spark)  # noqa: F821 - the notebook's SparkSession
 print(f"broker: {URL}\ndata:   {DATA_DIR}")
 
@@ -40,15 +44,15 @@ print(f"broker: {URL}\ndata:   {DATA_DIR}")
 # COMMAND ----------
 
 if mq.embedded is not None:
-    with Admin(URL) as admin:
+    with Admin(URL, **AUTH) as admin:
         admin.create_queue("orders")
         admin.create_topic("events")
         admin.create_subscription("events", "billing")
         admin.create_subscription("events", "reports")
-    with Producer(URL) as producer:
+    with Producer(URL, **AUTH) as producer:
         producer.send_batch([f"order {i}" for i in range(3000)], destination="orders")
         producer.send_batch([f"event {i}" for i in range(500)], destination="events")
-    with Consumer(URL, "orders", prefetch=500) as consumer:
+    with Consumer(URL, "orders", prefetch=500, **AUTH) as consumer:
         acked: set[int] = set()  # ack the first 2,500 except every tenth, which goes back
         while len(acked) < 2250:
             batch = consumer.receive_many(250, timeout=10)
@@ -56,12 +60,13 @@ if mq.embedded is not None:
             consumer.ack(good).result(timeout=30)
             consumer.nack([m for m in batch if m not in good]).result(timeout=30)
             acked.update(m.offset for m in good)
-    with Consumer(URL, "events", subscription="billing", prefetch=500) as consumer:
+    with Consumer(URL, "events", subscription="billing", prefetch=500, **AUTH) as consumer:
         got = []
         while len(got) < 500:
             got += consumer.receive_many(500 - len(got), timeout=10)
         consumer.ack(got).result(timeout=30)
-    with Admin(URL) as admin:  # compaction reads Delta: let the hot tier move the acks there
+    # compaction reads Delta: let the hot tier move the acks there
+    with Admin(URL, **AUTH) as admin:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(
             d.get("hot_tier_bytes") for d in admin.list_destinations()
@@ -79,7 +84,7 @@ if mq.embedded is not None:
 # COMMAND ----------
 
 rows = []
-with Admin(URL) as admin:
+with Admin(URL, **AUTH) as admin:
     for d in admin.list_destinations():
         subs = d.get("subscriptions") or {"": d}
         for sub, s in subs.items():

@@ -5,10 +5,16 @@
 # MAGIC Connect to a broker (or start one here), produce messages with the Python SDK, and read
 # MAGIC the topic back with `spark.readStream.format("sparkmq")`.
 # MAGIC
-# MAGIC * **On Databricks**: attach the `sparkmq` wheel to the cluster and set `SPARKMQ_URL` and
-# MAGIC   `SPARKMQ_DATA_DIR` (the broker's `data_dir` as this cluster sees it) in the cluster's
-# MAGIC   environment, or leave them unset to run an embedded broker on the driver.
-# MAGIC * **Locally**: the same; `scripts/test.sh` runs this notebook end to end.
+# MAGIC **Cluster**: Databricks Runtime with Spark 4.2 (classic, single user or shared), the
+# MAGIC `sparkmq` wheel installed (`%pip install sparkmq`). Widgets: `url` (a running broker;
+# MAGIC empty: an embedded one on the driver), `root` (its `data_dir` as this cluster sees it; for
+# MAGIC an embedded broker a path every node reaches: `/Volumes/...` or `s3://...`),
+# MAGIC `secret_scope` (a scope holding `username` and `password`, or `token`, when the broker's
+# MAGIC security is on).
+# MAGIC
+# MAGIC **Locally** the widgets are `SPARKMQ_URL`, `SPARKMQ_DATA_DIR` and `SPARKMQ_USERNAME` /
+# MAGIC `SPARKMQ_PASSWORD` in the environment, an embedded broker in a temporary directory when
+# MAGIC they are unset; `scripts/test.sh` runs this notebook end to end.
 
 # COMMAND ----------
 
@@ -18,8 +24,9 @@ from spark_mq import Admin, Producer
 from spark_mq.connectors import register
 from spark_mq.notebook import broker, show
 
-mq = broker("sparkmq-quickstart-")  # SPARKMQ_URL / SPARKMQ_DATA_DIR, or an embedded broker
-URL, DATA_DIR = mq.url, mq.data_dir
+# the url / root widgets (SPARKMQ_URL / SPARKMQ_DATA_DIR here), or an embedded broker
+mq = broker("sparkmq-quickstart-", namespace=globals())
+URL, DATA_DIR, AUTH = mq.url, mq.data_dir, mq.credentials
 print(f"broker: {URL}\ndata:   {DATA_DIR}")
 
 # COMMAND ----------
@@ -31,9 +38,9 @@ print(f"broker: {URL}\ndata:   {DATA_DIR}")
 # COMMAND ----------
 
 TOPIC = f"clicks_{int(time.time())}"
-with Admin(URL) as admin:
+with Admin(URL, **AUTH) as admin:
     admin.create_topic(TOPIC)
-with Producer(URL, destination=TOPIC) as producer:
+with Producer(URL, **AUTH, destination=TOPIC) as producer:
     offsets = producer.send_batch(
         [f'{{"user": {i % 7}, "page": "/p/{i % 13}"}}' for i in range(1000)]
     )
@@ -48,7 +55,7 @@ print(f"produced offsets {offsets[0]}..{offsets[-1]} to {TOPIC}")
 
 # COMMAND ----------
 
-with Admin(URL) as admin:
+with Admin(URL, **AUTH) as admin:
     deadline = time.monotonic() + 60
     while admin.stats(TOPIC)["delta_lag_messages"] and time.monotonic() < deadline:
         time.sleep(0.1)
