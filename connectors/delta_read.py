@@ -36,14 +36,57 @@ _DDL_TYPES = {
 }
 
 
-def source_schema(include_headers: bool) -> pa.Schema:
-    if include_headers:
-        return SOURCE_SCHEMA
-    return pa.schema([f for f in SOURCE_SCHEMA if f.name != "headers"])
+# option kafkaColumns: Kafka's columns as well (a key as bytes, the topic, the timestamp), and
+# the headers as Kafka has them
+KAFKA_HEADERS = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+KAFKA_COLUMNS = [
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("topic", pa.string()),
+    pa.field("timestamp", TS),
+]
+_KAFKA_DDL = {
+    "key": "binary",
+    "value": "binary",
+    "topic": "string",
+    "timestamp": "timestamp",
+    "headers": "array<struct<key:string,value:binary>>",
+}
 
 
-def source_ddl(include_headers: bool) -> str:
-    return ", ".join(f"{f.name} {_DDL_TYPES[f.name]}" for f in source_schema(include_headers))
+def source_schema(include_headers: bool, kafka: bool = False) -> pa.Schema:
+    fields = [f for f in SOURCE_SCHEMA if include_headers or f.name != "headers"]
+    if not kafka:
+        return pa.schema(fields)
+    fields = [pa.field("headers", KAFKA_HEADERS) if f.name == "headers" else f for f in fields]
+    return pa.schema([*fields, *KAFKA_COLUMNS])
+
+
+def source_ddl(include_headers: bool, kafka: bool = False) -> str:
+    types = {**_DDL_TYPES, **_KAFKA_DDL} if kafka else _DDL_TYPES
+    return ", ".join(f"{f.name} {types[f.name]}" for f in source_schema(include_headers, kafka))
+
+
+def kafka_shaped(table: pa.Table) -> pa.Table:
+    """A batch of ``SOURCE_SCHEMA`` with Kafka's columns added: ``key`` (the group id as UTF-8
+    bytes), ``value`` (the body), ``topic`` (the destination), ``timestamp`` (enqueue time),
+    and the headers as Kafka's list of (key, binary value)."""
+    if "headers" in table.column_names:
+        maps = table["headers"].combine_chunks()
+        entries = pa.StructArray.from_arrays(
+            [maps.keys, maps.items.cast(pa.binary())], names=["key", "value"]
+        )
+        offsets = pc.subtract(maps.offsets, maps.offsets[0])
+        lists = pa.ListArray.from_arrays(offsets, entries, mask=maps.is_null())
+        table = table.set_column(
+            table.schema.get_field_index("headers"), pa.field("headers", KAFKA_HEADERS), lists
+        )
+    return (
+        table.append_column(KAFKA_COLUMNS[0], table["group_id"].cast(pa.binary()))
+        .append_column(KAFKA_COLUMNS[1], table["body"])
+        .append_column(KAFKA_COLUMNS[2], table["destination"])
+        .append_column(KAFKA_COLUMNS[3], table["enqueue_time"])
+    )
 
 
 SOURCE_DDL = source_ddl(True)
@@ -188,6 +231,7 @@ def read_range(
     buckets: int | None = None,
     grouping_key: str = "group_id",
     files: tuple[str, ...] | None = None,
+    kafka: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Rows with ``start <= offset < end`` as ``source_schema`` batches, in offset order;
     with ``bucket``/``buckets``, only the rows whose grouping key hashes to ``bucket``.
@@ -209,4 +253,6 @@ def read_range(
     table = table.add_column(0, SOURCE_SCHEMA.field("destination"), dest)
     if not include_headers:
         table = table.drop_columns(["headers"])
+    if kafka:
+        table = kafka_shaped(table)
     yield from table.to_batches()

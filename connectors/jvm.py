@@ -151,7 +151,7 @@ class PlannerFactory:
 
     def schema(self, options: str) -> str | None:
         opts = _served(options)
-        return None if opts is None else dr.source_ddl(opts.include_headers)
+        return None if opts is None else dr.source_ddl(opts.include_headers, opts.kafka_columns)
 
     def create(self, options: str) -> LogPlanner:
         return LogPlanner(json.loads(options))

@@ -60,6 +60,7 @@ _KNOWN = {
         "startingOffsetsByTimestamp",
         "minMessagesPerTrigger",
         "maxTriggerDelay",
+        "kafkaColumns",
         *(option for option, _ in _AUTH_OPTIONS),
     )
 }
@@ -77,6 +78,7 @@ DEFAULT_MAX_TRIGGER_DELAY_S = 15 * 60.0  # Kafka's maxTriggerDelay default
 STORAGE_PREFIX = "storage."
 # options that place a read in the log; a broker consumer's place is its claims
 _LOG_ONLY = (
+    "kafkacolumns",
     "startingoffsets",
     "startingtimestamp",
     "startingoffsetsbytimestamp",
@@ -143,6 +145,8 @@ class SourceOptions:
     # wait for this many new messages before a micro-batch, at most max_trigger_delay_s
     min_messages_per_trigger: int | None = None
     max_trigger_delay_s: float = DEFAULT_MAX_TRIGGER_DELAY_S
+    # Kafka's columns too: key, value, topic, timestamp, headers as array<struct<key,value>>
+    kafka_columns: bool = False
 
     @property
     def through_broker(self) -> bool:
@@ -184,6 +188,7 @@ class SourceOptions:
             ending=_offsets(opts, "endingoffsets", "latest", ("latest",)),
             min_messages_per_trigger=_positive_int(opts, "minmessagespertrigger"),
             max_trigger_delay_s=_duration(opts, "maxtriggerdelay", DEFAULT_MAX_TRIGGER_DELAY_S),
+            kafka_columns=_bool(opts, "kafkacolumns", False),
             max_messages_per_trigger=_positive_int(opts, "maxmessagespertrigger"),
             max_bytes_per_trigger=_positive_int(opts, "maxbytespertrigger"),
             max_messages_per_partition=_positive_int(opts, "maxmessagesperpartition")

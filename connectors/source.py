@@ -56,6 +56,7 @@ class Slice(InputPartition):
     grouping_key: str
     bucket: int | None = None
     buckets: int | None = None
+    kafka_columns: bool = False
 
 
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -72,6 +73,7 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
             buckets=partition.buckets,
             grouping_key=partition.grouping_key,
             files=files,
+            kafka=partition.kafka_columns,
         )
 
 
@@ -146,6 +148,7 @@ class ReadPlanner:
         common = {
             "root": opts.root,
             "include_headers": opts.include_headers,
+            "kafka_columns": opts.kafka_columns,
             "grouping_key": opts.grouping_key,
         }
         n = opts.grouping_partitions
@@ -230,7 +233,8 @@ class SparkMQDataSource(DataSource):
         return SourceOptions.parse(self.options)
 
     def schema(self) -> str:
-        return dr.source_ddl(self.parsed.include_headers)
+        opts = self.parsed
+        return dr.source_ddl(opts.include_headers, opts.kafka_columns)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = self.parsed

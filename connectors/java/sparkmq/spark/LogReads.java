@@ -1,6 +1,7 @@
 package sparkmq.spark;
 
 import static org.apache.spark.sql.functions.col;
+import static org.apache.spark.sql.functions.expr;
 import static org.apache.spark.sql.functions.lit;
 
 import com.fasterxml.jackson.core.JsonProcessingException;
@@ -16,6 +17,9 @@ import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
 import org.apache.spark.sql.classic.SparkSession;
 import org.apache.spark.sql.execution.datasources.LogicalRelation;
 import org.apache.spark.sql.execution.datasources.LogicalRelation$;
+import org.apache.spark.sql.types.ArrayType;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.MapType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import scala.reflect.ClassTag$;
@@ -35,12 +39,23 @@ final class LogReads {
     this.schema = schema;
     List<StructField> kept = new ArrayList<>();
     for (StructField f : schema.fields()) {
-      if (!f.name().equals("destination")) {
+      if (KAFKA.contains(f.name())) {
+        continue; // computed from the log's own columns (option kafkaColumns)
+      }
+      if (f.name().equals("headers") && f.dataType() instanceof ArrayType) {
+        kept.add(new StructField("headers", HEADERS_MAP, true, f.metadata()));
+      } else {
         kept.add(f);
       }
     }
     this.logSchema = new StructType(kept.toArray(new StructField[0]));
   }
+
+  // the columns a read computes rather than finds in the files
+  private static final java.util.Set<String> KAFKA =
+      java.util.Set.of("destination", "key", "value", "topic", "timestamp");
+  private static final MapType HEADERS_MAP =
+      new MapType(DataTypes.StringType, DataTypes.StringType, true);
 
   /**
    * A micro-batch: whole files are streaming relations Spark reads and counts like its file
@@ -123,9 +138,33 @@ final class LogReads {
     Column[] out = new Column[schema.fields().length];
     int i = 0;
     for (StructField f : schema.fields()) {
-      out[i++] = f.name().equals("destination") ? lit(destination).as("destination") : col(f.name());
+      out[i++] = column(f, destination);
     }
     return out;
+  }
+
+  /** A column of the read as the log's columns give it (Kafka's shapes with kafkaColumns). */
+  private static Column column(StructField f, String destination) {
+    switch (f.name()) {
+      case "destination":
+      case "topic":
+        return lit(destination).as(f.name());
+      case "key":
+        return col("group_id").cast(DataTypes.BinaryType).as("key");
+      case "value":
+        return col("body").as("value");
+      case "timestamp":
+        return col("enqueue_time").as("timestamp");
+      case "headers":
+        if (f.dataType() instanceof ArrayType) {
+          return expr("transform(map_entries(headers), e -> named_struct('key', e.key, "
+                  + "'value', cast(e.value as binary)))")
+              .as("headers");
+        }
+        return col("headers");
+      default:
+        return col(f.name());
+    }
   }
 
   private static String[] paths(JsonNode scan) {
