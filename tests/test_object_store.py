@@ -161,7 +161,9 @@ def test_an_unreachable_store_is_a_clear_start_error(tmp_path: Path) -> None:
                "aws_region": "us-east-1"}  # fmt: skip
     config = broker_config(tmp_path / "broker.toml", tmp_path / "hot", options)
     process = BrokerProcess(
-        "s3://lake/nowhere", extra_args=["--config", str(config)], log_file=str(tmp_path / "out")
+        "s3://lake/nowhere",
+        extra_args=["--config", str(config), "--set", f"logging.file={tmp_path / 'log.txt'}"],
+        log_file=str(tmp_path / "out"),
     )
     with pytest.raises(Exception, match="exited with code"):
         process.start(timeout_s=120)
