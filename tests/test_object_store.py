@@ -70,7 +70,10 @@ def s3() -> Iterator[dict[str, str]]:
 
 
 def broker_config(path: Path, hot: Path, options: dict[str, str]) -> Path:
-    lines = ["[journal]", f'hot_dir = "{hot}"', "", "[storage]"]
+    """A broker config: the hot tier and the log in the test's directory (a relative log file
+    with a remote data_dir would land in the working directory), the store's options."""
+    lines = ["[journal]", f'hot_dir = "{hot}"', "", "[logging]",
+             f'file = "{path.parent / "broker.log"}"', "", "[storage]"]  # fmt: skip
     lines += [f'{k} = "{v}"' for k, v in options.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
