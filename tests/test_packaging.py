@@ -46,8 +46,9 @@ def test_the_wheel_carries_every_package_its_data_and_license(wheel: Path) -> No
     names = set(zipfile.ZipFile(wheel).namelist())
     for module in ("spark_mq/session/session.py", "spark_mq/security/acl.py",
                    "spark_mq/transports/direct_wire.py", "spark_mq/ha/replication.py",
-                   "spark_mq/ops/http.py", "spark_mq/cli/live.py", "spark_mq/journal/journal.py",
-                   "spark_mq/connectors/source.py", "spark_mq/jobs/compaction.py"):  # fmt: skip
+                   "spark_mq/ops/http.py", "spark_mq/cli/destinations.py",
+                   "spark_mq/journal/journal.py", "spark_mq/connectors/source.py",
+                   "spark_mq/jobs/compaction.py"):  # fmt: skip
         assert module in names, module
     for data in ("spark_mq/py.typed", "spark_mq/ops/console/index.html",
                  "spark_mq/ops/console/app.js", "spark_mq/ops/console/style.css",

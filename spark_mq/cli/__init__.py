@@ -3,15 +3,16 @@
 * :mod:`.serving`: ``broker`` (run one) and ``demo``;
 * :mod:`.data`: ``compact``, ``schedule``, ``export``, ``import`` (the tables, offline);
 * :mod:`.users`: ``user ...`` (the users file of security);
-* :mod:`.live` and :mod:`.messages`: commands against a running broker (``queue``, ``topic``,
-  ``subscription``, ``produce``, ``consume``, ``move``, ``redrive``, ``claims``, ``status``).
+* against a running broker (:mod:`.target`: where it is, who asks): :mod:`.destinations`
+  (``status``, ``queue``, ``topic``, ``subscription``), :mod:`.moving` (``move``, ``redrive``,
+  ``claims``) and :mod:`.messages` (``produce``, ``consume``).
 """
 
 from __future__ import annotations
 
 import click
 
-from spark_mq.cli import data, live, messages, serving, users
+from spark_mq.cli import data, destinations, messages, moving, serving, users
 
 
 @click.group()
@@ -20,6 +21,6 @@ def main() -> None:
     """sparkmq: JMS-grade messaging on Delta tables, streamed by Spark."""
 
 
-for _module in (serving, data, users, live, messages):
+for _module in (serving, data, users, destinations, moving, messages):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from spark_mq.cli import output
-from spark_mq.cli.live import Target, connection
 from spark_mq.cli.output import answering, body_option, fail, show_body
+from spark_mq.cli.target import Target, connection
 
 
 def _headers(items: tuple[str, ...]) -> dict[str, str]:

@@ -1,151 +1,24 @@
-"""Commands against a running broker, in the shape RabbitMQ's, Artemis's and Kafka's tools have:
-``status``, ``queue ...``, ``topic ...``, ``subscription ...``, ``move``, ``redrive``,
-``claims release``. (``produce`` and ``consume``: :mod:`.messages`.)
-
-Where the broker is and who asks: ``--url`` (or ``SPARKMQ_URL``; several, comma-separated, for a
-pair), ``--username`` with the password from ``SPARKMQ_PASSWORD`` or a hidden prompt (never the
-command line), or a token (``SPARKMQ_TOKEN``, ``--token-file``), and the TLS files. Output: a table,
-or ``--json``; exit codes as :mod:`.output` lists them.
+"""Queues, topics and subscriptions of a running broker, in the shape RabbitMQ's, Artemis's and
+Kafka's tools have: ``status``, ``queue ...``, ``topic ...``, ``subscription ...``. Output: a
+table, or ``--json``; exit codes as :mod:`.output` lists them.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import update_wrapper
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from spark_mq.broker.moving import in_batches
 from spark_mq.cli import output
 from spark_mq.cli.output import answering, body_option, emit_json, fail, pairs, show_body, table
-from spark_mq.client._transport import DEFAULT_URL
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass
-class Target:
-    """Where the broker is and the credentials to reach it with (``--url`` and friends)."""
-
-    urls: list[str]
-    username: str | None
-    password: str | None
-    token: str | None
-    tls_ca_file: str | None
-    tls_cert_file: str | None
-    tls_key_file: str | None
-    timeout_s: float
-
-    def kwargs(self) -> dict[str, Any]:
-        return {
-            "username": self.username,
-            "password": self.password,
-            "token": self.token,
-            "tls_ca_file": self.tls_ca_file,
-            "tls_cert_file": self.tls_cert_file,
-            "tls_key_file": self.tls_key_file,
-        }
-
-    def admin(self) -> Any:
-        from spark_mq.client.admin import Admin
-
-        with answering():
-            return Admin(self.urls, timeout_s=self.timeout_s, **self.kwargs())
-
-
-def connection(f: F) -> F:
-    """The options every live command takes; the command gets ``target: Target``."""
-    options = [
-        click.option(
-            "--url",
-            envvar="SPARKMQ_URL",
-            default=DEFAULT_URL,
-            show_default=True,
-            help="The broker (or a pair: comma-separated) [env SPARKMQ_URL].",
-        ),
-        click.option(
-            "--username",
-            envvar="SPARKMQ_USERNAME",
-            help="Log in as this user; the password comes from SPARKMQ_PASSWORD or a prompt.",
-        ),
-        click.option(
-            "--token-file",
-            type=click.Path(exists=True, dir_okay=False),
-            help="Read a bearer token from this file [or env SPARKMQ_TOKEN].",
-        ),
-        click.option(
-            "--tls-ca-file", envvar="SPARKMQ_TLS_CA_FILE", help="CA to verify the broker."
-        ),
-        click.option("--tls-cert-file", envvar="SPARKMQ_TLS_CERT_FILE", help="Client certificate."),
-        click.option("--tls-key-file", envvar="SPARKMQ_TLS_KEY_FILE", help="Its private key."),
-        click.option(
-            "--timeout", "timeout_s", default=30.0, show_default=True, help="Seconds per call."
-        ),
-    ]
-
-    def wrapper(**kw: Any) -> Any:
-        username = kw.pop("username")
-        password = os.environ.get("SPARKMQ_PASSWORD")
-        if username and not password:
-            password = click.prompt(f"Password for {username}", hide_input=True, err=True)
-        token_file = kw.pop("token_file")
-        token = None
-        if token_file:
-            with open(token_file) as fh:
-                token = fh.read().strip()
-        kw["target"] = Target(
-            [u.strip() for u in kw.pop("url").split(",") if u.strip()],
-            username,
-            password,
-            token,
-            kw.pop("tls_ca_file"),
-            kw.pop("tls_cert_file"),
-            kw.pop("tls_key_file"),
-            kw.pop("timeout_s"),
-        )
-        return f(**kw)
-
-    update_wrapper(wrapper, f)
-    for option in reversed(options):
-        wrapper = option(wrapper)
-    return wrapper  # type: ignore[return-value]
-
-
-_JSON = click.option("--json", "as_json", is_flag=True, help="One JSON document, for scripts.")
-_YES = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-_SETTINGS = click.option(
-    "--set",
-    "sets",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="A destination setting (repeatable), e.g. max_delivery_attempts=3.",
-)
-
-
-def _settings(sets: tuple[str, ...]) -> dict[str, Any]:
-    import json
-
-    out: dict[str, Any] = {}
-    for item in sets:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            fail(f"--set expects KEY=VALUE, got {item!r}", output.EXIT_USAGE)
-        try:
-            out[key.strip()] = json.loads(value)
-        except ValueError:
-            out[key.strip()] = value  # a bare string: round_robin, reject...
-    return out
+from spark_mq.cli.target import JSON, SETTINGS, YES, Target, connection, settings_of
 
 
 # -- the broker ------------------------------------------------------------------------------------
 @click.command()
 @connection
-@_JSON
+@JSON
 @click.option("--config", "show_config", is_flag=True, help="The configuration in effect instead.")
 def status(target: Target, as_json: bool, show_config: bool) -> None:
     """The broker: version, phase, role, uptime, memory and disk (or its configuration)."""
@@ -168,7 +41,7 @@ def _kind_group(kind: str) -> click.Group:
 
     @group.command(name="list", help=f"List the {kind}s with their depth, consumers and counts.")
     @connection
-    @_JSON
+    @JSON
     def list_cmd(target: Target, as_json: bool) -> None:
         from spark_mq.ops.api import summary
 
@@ -196,12 +69,12 @@ def _kind_group(kind: str) -> click.Group:
 
     @group.command(name="create")
     @click.argument("name")
-    @_SETTINGS
+    @SETTINGS
     @connection
-    @_JSON
+    @JSON
     def create(name: str, sets: tuple[str, ...], target: Target, as_json: bool) -> None:
         """Create it (settings override the broker's [destinations] defaults)."""
-        settings = _settings(sets)
+        settings = settings_of(sets)
         with target.admin() as admin, answering():
             maker = admin.create_queue if kind == "queue" else admin.create_topic
             created = maker(name, **settings)
@@ -212,7 +85,7 @@ def _kind_group(kind: str) -> click.Group:
     @group.command(name="describe")
     @click.argument("name")
     @connection
-    @_JSON
+    @JSON
     def describe(name: str, target: Target, as_json: bool) -> None:
         """Everything about it: settings, figures, consumers, subscriptions."""
         with target.admin() as admin, answering():
@@ -241,7 +114,7 @@ def _kind_group(kind: str) -> click.Group:
         help="Seconds between the two samples rates are measured over (0: no rates).",
     )
     @connection
-    @_JSON
+    @JSON
     def stat(names: tuple[str, ...], interval: float, target: Target, as_json: bool) -> None:
         """Depth, in flight, rates, consumers, redeliveries, DLQ depth and Delta lag (all of
         this kind when no name is given), as Artemis's `queue stat`."""
@@ -259,12 +132,12 @@ def _kind_group(kind: str) -> click.Group:
 
     @group.command(name="configure")
     @click.argument("name")
-    @_SETTINGS
+    @SETTINGS
     @connection
-    @_JSON
+    @JSON
     def configure(name: str, sets: tuple[str, ...], target: Target, as_json: bool) -> None:
         """Change some of its settings; shows all of them now in effect."""
-        settings = _settings(sets)
+        settings = settings_of(sets)
         if not settings:
             fail("nothing to change: give --set KEY=VALUE", output.EXIT_USAGE)
         with target.admin() as admin, answering():
@@ -281,7 +154,7 @@ def _kind_group(kind: str) -> click.Group:
     @click.option("--selector", help="Only messages this selector matches.")
     @body_option("auto")
     @connection
-    @_JSON
+    @JSON
     def browse(
         name: str,
         subscription: str | None,
@@ -311,9 +184,9 @@ def _kind_group(kind: str) -> click.Group:
     @group.command(name="purge")
     @click.argument("name")
     @click.option("--subscription", help="A topic's subscription (topics).")
-    @_YES
+    @YES
     @connection
-    @_JSON
+    @JSON
     def purge(
         name: str, subscription: str | None, yes: bool, target: Target, as_json: bool
     ) -> None:
@@ -330,9 +203,9 @@ def _kind_group(kind: str) -> click.Group:
 
     @group.command(name="delete")
     @click.argument("name")
-    @_YES
+    @YES
     @connection
-    @_JSON
+    @JSON
     def delete(name: str, yes: bool, target: Target, as_json: bool) -> None:
         """Delete it with every message it holds."""
         with target.admin() as admin, answering():
@@ -419,7 +292,7 @@ def subscription() -> None:
 @subscription.command(name="list")
 @click.argument("topic_name", metavar="TOPIC")
 @connection
-@_JSON
+@JSON
 def subscription_list(topic_name: str, target: Target, as_json: bool) -> None:
     """A topic's subscriptions with their depth and consumers."""
     with target.admin() as admin, answering():
@@ -434,7 +307,7 @@ def subscription_list(topic_name: str, target: Target, as_json: bool) -> None:
 @click.argument("name")
 @click.option("--selector", help="Keep only the messages this selector matches.")
 @connection
-@_JSON
+@JSON
 def subscription_create(
     topic_name: str, name: str, selector: str | None, target: Target, as_json: bool
 ) -> None:
@@ -453,9 +326,9 @@ def subscription_create(
 @subscription.command(name="delete")
 @click.argument("topic_name", metavar="TOPIC")
 @click.argument("name")
-@_YES
+@YES
 @connection
-@_JSON
+@JSON
 def subscription_delete(
     topic_name: str, name: str, yes: bool, target: Target, as_json: bool
 ) -> None:
@@ -472,124 +345,4 @@ def subscription_delete(
     click.echo(f"deleted subscription {name} of {topic_name}")
 
 
-# -- moving messages -----------------------------------------------------------------------------
-def _move(
-    target: Target,
-    source: str,
-    to: str | None,
-    limit: int | None,
-    subscription: str | None,
-    selector: str | None,
-    as_json: bool,
-) -> None:
-    with target.admin() as admin, answering():
-        doc = admin.stats(source)
-        waiting = (
-            doc.get("waiting", 0)
-            if doc["kind"] == "queue"
-            else (doc.get("subscriptions") or {}).get(subscription or "", {}).get("waiting", 0)
-        )
-        total = min(waiting, limit) if limit is not None else waiting
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=output.err,
-            disable=as_json,
-            transient=False,
-        ) as progress:
-            task = progress.add_task(f"moving {source}", total=total or None)
-            done = in_batches(
-                lambda n: admin.move(
-                    source, to, subscription=subscription, limit=n, selector=selector
-                ),
-                limit,
-                lambda moved: progress.update(task, completed=moved, total=max(total, moved)),
-            )
-    moved, targets = done["moved"], done["targets"]
-    result = {"source": source, "moved": moved, "targets": targets}
-    if as_json:
-        return emit_json(result)
-    where = ", ".join(f"{n:,} to {k}" for k, n in sorted(targets.items())) or "nothing waiting"
-    click.echo(f"moved {moved:,} message(s) of {source}: {where}")
-
-
-_MOVE_OPTIONS = [
-    click.option("--limit", type=click.IntRange(min=1), help="Move at most this many."),
-    click.option("--subscription", help="A topic's subscription to take them from."),
-    click.option("--selector", help="Only messages this selector matches."),
-]
-
-
-def _move_options(f: F) -> F:
-    for option in reversed(_MOVE_OPTIONS):
-        f = option(f)
-    return f
-
-
-@click.command()
-@click.argument("source")
-@click.argument("destination")
-@_move_options
-@connection
-@_JSON
-def move(
-    source: str,
-    destination: str,
-    limit: int | None,
-    subscription: str | None,
-    selector: str | None,
-    target: Target,
-    as_json: bool,
-) -> None:
-    """Move waiting messages of SOURCE to DESTINATION (each with its ack, in one transaction:
-    never lost, never in both)."""
-    _move(target, source, destination, limit, subscription, selector, as_json)
-
-
-@click.command()
-@click.argument("dlq")
-@click.option("--to", "to", help="Send them here instead of where each came from.")
-@_move_options
-@connection
-@_JSON
-def redrive(
-    dlq: str,
-    to: str | None,
-    limit: int | None,
-    subscription: str | None,
-    selector: str | None,
-    target: Target,
-    as_json: bool,
-) -> None:
-    """Send dead-lettered (or expired) messages back where each came from, or --to another
-    destination (SQS's redrive, Artemis's retry)."""
-    _move(target, dlq, to, limit, subscription, selector, as_json)
-
-
-# -- a gone Spark query's claims --------------------------------------------------------------
-@click.group()
-def claims() -> None:
-    """Claims of Spark queries that consume through the broker."""
-
-
-@claims.command(name="release")
-@click.argument("destination")
-@click.argument("consumer")
-@click.option("--subscription", help="A topic's subscription the query read.")
-@connection
-@_JSON
-def claims_release(
-    destination: str, consumer: str, subscription: str | None, target: Target, as_json: bool
-) -> None:
-    """Give back everything CONSUMER (a gone Spark query's consumer name) holds; the name may
-    not claim again."""
-    with target.admin() as admin, answering():
-        n = admin.release_claims(destination, consumer, subscription=subscription)
-    if as_json:
-        return emit_json({"destination": destination, "consumer": consumer, "released": n})
-    click.echo(f"released {n:,} message(s) claimed by {consumer} on {destination}")
-
-
-COMMANDS = [status, queue, topic, subscription, move, redrive, claims]
+COMMANDS = [status, queue, topic, subscription]
