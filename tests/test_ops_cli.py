@@ -149,6 +149,20 @@ def test_redrive_sends_dead_letters_home_and_move_takes_a_limit(broker: BrokerPr
     assert moved == {"source": "cli.work", "moved": 10, "targets": {"cli.parking": 10}}
     with Admin(broker.url, **ALICE) as admin:
         assert (admin.stats("cli.work")["depth"], admin.stats("cli.parking")["depth"]) == (20, 10)
+    # dead letters whose queue was deleted meanwhile are refused, not sent to a new queue
+    with Admin(broker.url, **ALICE) as admin:
+        admin.create_queue("cli.gone", max_delivery_attempts=1)
+    with Producer(broker.url, destination="cli.gone", **ALICE) as p:
+        p.send_sync("orphan")
+    with Consumer(broker.url, "cli.gone", **ALICE) as c:
+        c.nack(receive_n(c, 1)).result(10)
+    with Admin(broker.url, **ALICE) as admin:
+        wait_for(lambda: depth(admin, "DLQ.cli.gone") == 1, what="the dead letter")
+        admin.delete_destination("cli.gone")
+    orphaned = cli(broker, "redrive", "DLQ.cli.gone")
+    assert orphaned.exit_code == 1 and "no longer exists" in orphaned.stderr
+    with Admin(broker.url, **ALICE) as admin:
+        assert depth(admin, "DLQ.cli.gone") == 1 and depth(admin, "cli.gone") == 0
     not_a_dlq = cli(broker, "redrive", "cli.parking")
     assert not_a_dlq.exit_code == 1 and "no sparkmq.original_destination" in not_a_dlq.stderr
     with Admin(broker.url, **ALICE) as admin:

@@ -349,3 +349,35 @@ def test_https_with_the_brokers_certificate(tmp_path: Path) -> None:
         assert _get(plain) is None  # a plain-text request gets no answer
     finally:
         process.stop()
+
+
+def test_a_store_that_does_not_answer_never_holds_a_probe() -> None:
+    """delta-rs retries an unreachable store for minutes: /readyz answers meanwhile."""
+    import threading
+    from types import SimpleNamespace
+
+    from spark_mq.ops.health import DELTA_WAIT_S, Readiness
+
+    release = threading.Event()
+    store = SimpleNamespace(reachable=lambda: release.wait(30))
+    broker = SimpleNamespace(
+        phase="serving",
+        ha_state=lambda: {"role": "primary"},
+        disk=SimpleNamespace(stats=lambda: {"disk_low": False}),
+        journal=SimpleNamespace(store=store),
+    )
+    readiness = Readiness()
+    started = time.monotonic()
+    ready, checks = readiness.check(broker)  # type: ignore[arg-type]
+    assert not ready and checks["delta_reachable"] is False
+    assert time.monotonic() - started < DELTA_WAIT_S + 1
+    started = time.monotonic()
+    assert readiness.check(broker)[0] is False  # type: ignore[arg-type]
+    assert time.monotonic() - started < 0.5  # (the probe still runs: not waited for again)
+    release.set()
+    wait_for(lambda: readiness._first.is_set(), what="the probe's answer")
+    assert readiness.check(broker) == (  # type: ignore[arg-type]
+        True,
+        {"phase": "serving", "role": "primary", "serving": True, "journal_writable": True,
+         "delta_reachable": True},
+    )  # fmt: skip

@@ -104,6 +104,12 @@ def _targets(broker: Broker, source: str, table: pa.Table, target: str | None) -
                 "or expired here): name where to move it (a target destination)",
                 destination=source,
             )
+        if not broker.has_destination(origin):
+            raise NotAllowed(
+                f"{source!r} offset {offset} came from {origin!r}, which no longer exists: "
+                "create it again, or name a target destination",
+                destination=source,
+            )
         if h.get("sparkmq.original_subscription") and broker._dest(origin).kind == "topic":
             raise NotAllowed(
                 f"{source!r} offset {offset} came from subscription "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -28,13 +27,13 @@ _STORAGE = click.option(
 
 def _root(data_dir: str, storage: tuple[str, ...]) -> str:
     """``data_dir`` carrying its storage options (the environment's, then the command line's)."""
+    from spark_mq.config import load_config
     from spark_mq.journal.layout import with_options
 
-    options = {
-        k[len("SPARKMQ_STORAGE__") :].lower(): v
-        for k, v in os.environ.items()
-        if k.startswith("SPARKMQ_STORAGE__")
-    }
+    try:  # (SPARKMQ_STORAGE__<NAME>, read as the broker reads it)
+        options = dict(load_config().storage)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="SPARKMQ_* environment") from None
     for item in storage:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

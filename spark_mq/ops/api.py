@@ -4,7 +4,6 @@ session commands, so it shows and does only what the caller may."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -20,10 +19,6 @@ MAX_MOVE = 1_000_000  # messages one console move may ask for
 
 class NoSuchCall(LookupError):
     """An API path or method that does not exist (404)."""
-
-
-def visible_to(session: ClientSession) -> Callable[[str], bool]:
-    return session.may_see
 
 
 def handle(

@@ -18,13 +18,17 @@ if TYPE_CHECKING:
     from spark_mq.broker.core import Broker
 
 DELTA_PROBE_S = 5.0
+DELTA_WAIT_S = 2.0  # how long the first request waits for the first probe
 
 
 class Readiness:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._probed_at = float("-inf")
-        self._probed: tuple[bool, str] = (False, "not probed yet")
+        self._probed: tuple[bool, str] = (False, "the Delta root has not answered yet")
+        self._probing = False
+        self._first = threading.Event()
+        self._waited = False
 
     def check(self, broker: Broker | None) -> tuple[bool, dict[str, Any]]:
         """Whether ``broker`` is ready, and each check's outcome (what the probe answers)."""
@@ -52,17 +56,32 @@ class Readiness:
         return serving and writable and delta_ok, checks
 
     def _delta(self, broker: Broker) -> tuple[bool, str]:
+        """The last probe's outcome; a stale one starts a new probe on a thread of its own, so
+        a store that does not answer (delta-rs retries for minutes) never holds a request."""
         with self._lock:
-            if time.monotonic() - self._probed_at < DELTA_PROBE_S:
+            stale = time.monotonic() - self._probed_at >= DELTA_PROBE_S
+            if stale and not self._probing:
+                self._probing = True
+                threading.Thread(
+                    target=self._probe, args=(broker,), name="readiness-probe", daemon=True
+                ).start()
+            if self._probed_at != float("-inf") or self._waited:
                 return self._probed
-            probe = getattr(broker.journal.store, "reachable", None)
-            try:
-                if probe is not None:
-                    probe()
-                result = (True, "")
-            except SparkMQError as exc:
-                result = (False, exc.message)
-            except Exception as exc:  # an unexpected store error: not ready, and why
-                result = (False, f"{type(exc).__name__}: {exc}")
-            self._probed, self._probed_at = result, time.monotonic()
-            return result
+            self._waited = True
+        self._first.wait(DELTA_WAIT_S)  # (the first answer is worth one short wait)
+        with self._lock:
+            return self._probed
+
+    def _probe(self, broker: Broker) -> None:
+        probe = getattr(broker.journal.store, "reachable", None)
+        try:
+            if probe is not None:
+                probe()
+            result = (True, "")
+        except SparkMQError as exc:
+            result = (False, exc.message)
+        except Exception as exc:  # an unexpected store error: not ready, and why
+            result = (False, f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            self._probed, self._probed_at, self._probing = result, time.monotonic(), False
+        self._first.set()

@@ -120,7 +120,6 @@ class HttpListener:
         self.state = state
         self.readiness = Readiness()
         self.logins = Logins(config.broker.console_session_s)
-        self.requests = 0
         host, port = config.broker.host, config.broker.http_port
         tls = state.security.tls
         handler = _handler_for(self)
@@ -234,7 +233,6 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("POST")
 
     def _dispatch(self, method: str, *, head: bool = False) -> None:
-        self.listener.requests += 1
         self._head = head
         url = urlsplit(self.path)
         path, query = url.path, parse_qs(url.query)
@@ -358,7 +356,7 @@ class _Handler(BaseHTTPRequestHandler):
         state = self.listener.state
         scrape = metrics.Scrape(
             session.broker,
-            visible=api.visible_to(session),
+            visible=session.may_see,
             connections=state.connections,
             auth_failures=lambda: state.security.authenticator.failed_logins,
         )
