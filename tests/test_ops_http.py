@@ -204,7 +204,9 @@ def test_health_through_start_a_backups_wait_takeover_and_shutdown(tmp_path: Pat
         while (code := _get(a + "/readyz")) is not None:
             seen.append(code)
             time.sleep(0.02)
-        assert 200 not in seen[1:], f"ready after SIGTERM: {seen}"
+        # (the signal lands when it lands: ready answers may come first, never after a 503)
+        first_not_ready = next((i for i, c in enumerate(seen) if c != 200), len(seen))
+        assert 200 not in seen[first_not_ready:], f"ready again after stopping: {seen}"
         assert primary.proc.wait(30) == 0
         wait_for(lambda: _get(b + "/readyz") == 200, what="the backup ready", timeout=60)
         backup.wait_ready()
