@@ -70,6 +70,16 @@ class BrokerSection(_Section):
     metrics: bool = True
     # an idle console login lasts this long
     console_session_s: float = Field(1800.0, gt=0)
+    # STOMP 1.0-1.2 (spark_mq.transports.stomp): clients in every language; 61613 is the
+    # port STOMP brokers use, 0 picks a free one. The broker offers to send a heart-beat this
+    # often and asks one of the client as often (0: none); a client silent for twice the
+    # agreed interval is dropped
+    stomp: bool = True
+    stomp_port: int = Field(61613, ge=0, le=65535)
+    stomp_heartbeat_ms: int = Field(10_000, ge=0)
+    # a STOMP frame's headers (the body's limit is limits.max_message_bytes)
+    stomp_max_headers: int = Field(64, ge=1, le=10_000)
+    stomp_max_header_bytes: int = Field(16 * 1024, ge=256)
 
 
 class JournalSection(_Section):

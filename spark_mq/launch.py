@@ -32,6 +32,7 @@ class BrokerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.http_url = ""  # the HTTP listener's (metrics, health, console), once serving
+        self.stomp_port: int | None = None  # STOMP's, once serving
 
     def start(self, timeout_s: float = 60.0) -> BrokerProcess:
         return self.launch().wait_ready(timeout_s)
@@ -52,6 +53,8 @@ class BrokerProcess:
                 "--wire-port",
                 "0",
                 "--http-port",
+                "0",
+                "--stomp-port",
                 "0",
                 "--data-dir",
                 self.data_dir,
@@ -87,6 +90,7 @@ class BrokerProcess:
         info = json.loads(ready.read_text())
         self.url = info["url"]
         self.http_url = info.get("http_url") or ""
+        self.stomp_port = info.get("stomp_port")
         return self
 
     def kill(self) -> None:

@@ -23,6 +23,7 @@ from spark_mq.ops.http import HttpListener, ServiceState
 from spark_mq.security.context import Security, check_protected, is_loopback
 from spark_mq.transports.direct_wire import WireServer
 from spark_mq.transports.flight import FlightService
+from spark_mq.transports.stomp import StompServer
 
 log = logging.getLogger("spark_mq.broker")
 
@@ -53,6 +54,7 @@ class RunningBroker:
             self._close_security()
             raise
         self.wire: WireServer | None = None
+        self.stomp: StompServer | None = None
         try:
             if broker.config.broker.wire:
                 settings = broker.config.broker
@@ -62,6 +64,10 @@ class RunningBroker:
                     settings.wire_port,
                     local=settings.wire_local,
                     security=self.security,
+                )
+            if broker.config.broker.stomp:
+                self.stomp = StompServer(
+                    broker, host, broker.config.broker.stomp_port, security=self.security
                 )
             self.service = FlightService(
                 broker,
@@ -73,12 +79,15 @@ class RunningBroker:
         except Exception:
             if self.wire is not None:
                 self.wire.shutdown()
+            if self.stomp is not None:
+                self.stomp.shutdown()
             broker.close()
             self._close_security()
             raise
         self.host = host
         self.port = self.service.port
         self.wire_port = self.wire.port if self.wire else None
+        self.stomp_port = self.stomp.port if self.stomp else None
         broker.phase = "serving"
 
     def _close_security(self) -> None:
@@ -90,6 +99,8 @@ class RunningBroker:
         out = {"flight": len(self.service.calls())}
         if self.wire is not None:
             out["wire"] = self.wire.connection_count()
+        if self.stomp is not None:
+            out["stomp"] = self.stomp.connection_count()
         return out
 
     @property
@@ -111,8 +122,9 @@ class RunningBroker:
         deadline = started + grace
         self.service.begin_stop(deadline)
         stopping = [threading.Thread(target=self.service.shutdown, daemon=True)]
-        if self.wire is not None:  # (it gives up at the deadline by itself)
-            stopping.append(threading.Thread(target=self.wire.shutdown, args=(deadline,)))
+        for listener in (self.wire, self.stomp):  # (each gives up at the deadline by itself)
+            if listener is not None:
+                stopping.append(threading.Thread(target=listener.shutdown, args=(deadline,)))
         for t in stopping:
             t.start()  # Flight stops taking calls, returns once the last one ended
         said = started
@@ -144,8 +156,9 @@ class RunningBroker:
         calls = self.service.calls()
         if calls:
             parts.append(f"{len(calls)} Flight call(s): " + "; ".join(calls))
-        if self.wire is not None and (wire := self.wire.waiting_for()):
-            parts.append(wire)
+        for listener in (self.wire, self.stomp):
+            if listener is not None and (waiting := listener.waiting_for()):
+                parts.append(waiting)
         return ", ".join(parts) or "nothing"
 
 
@@ -273,11 +286,14 @@ def _serve_term(
         if sec.enabled
         else "off"
     )
+    stomp_at = f"port {running.stomp_port}" if running.stomp_port else "off (broker.stomp)"
     log.info(
-        "sparkmq broker listening on %s, direct wire on %s (data: %s, persistence: %s, "
+        "sparkmq broker listening on %s, direct wire on %s, STOMP on %s (data: %s, "
+        "persistence: %s, "
         "Arrow memory: %s, security: %s, TLS: %s%s)",
         running.url,
         wire_at,
+        stomp_at,
         config.broker.data_dir,
         config.broker.persistence,
         allocator,
@@ -295,6 +311,7 @@ def _serve_term(
                     "url": running.url,
                     "port": running.port,
                     "wire_port": running.wire_port,
+                    "stomp_port": running.stomp_port,
                     "pid": os.getpid(),
                     "epoch": broker.epoch,
                     "http_port": http.port if http is not None else None,

@@ -36,6 +36,7 @@ def start_inprocess(data_dir: Path, clock: ManualClock, **settings: object) -> R
         "broker.data_dir": str(data_dir),
         "broker.port": 0,
         "broker.wire_port": 0,
+        "broker.stomp_port": 0,
         **settings,
     }
     config = load_config(overrides=overrides, environ={})

@@ -89,6 +89,7 @@ def test_auto_deletion_never_takes_an_acknowledged_message(tmp_path: Path) -> No
         "broker.data_dir": str(tmp_path / "data"),
         "broker.port": 0,
         "broker.wire_port": 0,
+        "broker.stomp_port": 0,
         "broker.auto_delete_delay_s": 0,
         "delivery.lease_check_interval_ms": 1,
     }

@@ -42,7 +42,7 @@ class Member:
     def launch(self, env: dict[str, str] | None = None, **more: object) -> BrokerProcess:
         assert self.peer is not None
         args = [
-            "--port", str(self.port), "--wire-port", str(self.wire_port),
+            "--port", str(self.port), "--wire-port", str(self.wire_port), "--stomp-port", "0",
             "--set", "ha.mode=replication",
             "--set", f"ha.broker_id={self.name}",
             "--set", f"ha.peer=127.0.0.1:{self.peer.repl_port}",

@@ -51,6 +51,8 @@ def _broker_args(data: Path) -> list[str]:
         "0",
         "--wire-port",
         "0",
+        "--stomp-port",
+        "0",
         "--http-port",
         "0",
         "--data-dir",

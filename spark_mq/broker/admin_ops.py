@@ -239,3 +239,9 @@ class DestinationAdmin:
     def has_destination(self, name: str) -> bool:
         with self._lock:
             return name in self._dests
+
+    def destination_kind(self, name: str) -> Kind | None:
+        """``queue`` or ``topic``; None when there is no such destination."""
+        with self._lock:
+            dest = self._dests.get(name)
+        return None if dest is None else dest.kind

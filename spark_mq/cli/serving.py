@@ -22,6 +22,9 @@ from spark_mq.errors import ConfigError, SparkMQError
     "--wire-port", type=int, help="Port of the direct wire; 0 picks a free one [broker.wire_port]."
 )
 @click.option(
+    "--stomp-port", type=int, help="Port of STOMP; 0 picks a free one [broker.stomp_port]."
+)
+@click.option(
     "--http-port",
     type=int,
     help="Port of the HTTP listener (metrics, health, console); 0 picks a free one "
@@ -41,13 +44,14 @@ from spark_mq.errors import ConfigError, SparkMQError
 @click.option(
     "--ready-file",
     type=click.Path(dir_okay=False),
-    help="Write {url, port, wire_port, http_port, http_url, pid} here once listening.",
+    help="Write {url, port, wire_port, stomp_port, http_port, http_url, pid} here once listening.",
 )
 def broker(
     config_file: str | None,
     host: str | None,
     port: int | None,
     wire_port: int | None,
+    stomp_port: int | None,
     http_port: int | None,
     data_dir: str | None,
     persistence: str | None,
@@ -72,6 +76,7 @@ def broker(
         "broker.host": host,
         "broker.port": port,
         "broker.wire_port": wire_port,
+        "broker.stomp_port": stomp_port,
         "broker.http_port": http_port,
         "broker.data_dir": data_dir,
         "broker.persistence": persistence,

@@ -44,7 +44,8 @@ from spark_mq.broker import moving
 from spark_mq.broker.consumers import ConsumerSession
 from spark_mq.broker.core import Broker
 from spark_mq.broker.subscription import Wakeup
-from spark_mq.errors import NotAuthorized, SparkMQError
+from spark_mq.errors import DestinationExists, DestinationNotFound, NotAuthorized, SparkMQError
+from spark_mq.journal.base import Kind
 from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.plain import PlainMessage
 from spark_mq.session.guard import OPEN, Guard, Verb
@@ -109,6 +110,46 @@ class ClientSession:
         rather than at its first batch, and created if it may be."""
         self._may_produce(destination)
         self.broker.destination_for_use(destination)
+
+    def open_named(self, destination: str, kind: Kind) -> None:
+        """A protocol that says whether it means a queue or a topic (STOMP's ``/queue/`` and
+        ``/topic/``): the destination must be of that kind. A topic that does not exist is
+        created when auto-creation is on (``create``), as STOMP brokers do; a queue is left to
+        the produce or attach that follows (``destination_for_use``)."""
+        found = self.broker.destination_kind(destination)
+        if found == kind:
+            return
+        if found is not None:
+            raise DestinationExists(
+                f"{destination!r} is a {found}, not a {kind}: use /{found}/{destination}",
+                destination=destination,
+            )
+        if kind == "queue":
+            return
+        if not self.broker.config.broker.auto_create_queues:
+            raise DestinationNotFound(
+                f"there is no topic {destination!r} (auto-creation is off: "
+                "broker.auto_create_queues)",
+                destination=destination,
+            )
+        self._check("create", destination)
+        if self.broker.create_destination(destination, "topic"):
+            self._audit("admin", "CreateDestination", destination, outcome="done")
+            log.info("auto-created topic %s", destination, extra={"destination": destination})
+
+    def subscribe_durable(self, destination: str, name: str, selector: str | None) -> None:
+        """A consumer names a durable subscription of a topic (JMS's durable subscriber): made
+        when missing, kept after it leaves. ``consume`` on the topic is enough, as a JMS
+        client needs nothing more to subscribe durably."""
+        self._check("consume", destination)
+        if self.broker.create_subscription(destination, name, selector):
+            self._audit("admin", "CreateSubscription", f"{destination}/{name}", outcome="done")
+
+    def unsubscribe_durable(self, destination: str, name: str) -> None:
+        """Remove a durable subscription its consumer asks to end (JMS's ``unsubscribe``)."""
+        self._check("consume", destination)
+        self.broker.delete_subscription(destination, name)
+        self._audit("admin", "DeleteSubscription", f"{destination}/{name}", outcome="done")
 
     def produce_may_wait(self, destination: str) -> bool:
         """Whether a produce to ``destination`` may have to wait for room (a ``block``

@@ -1,0 +1,132 @@
+"""The STOMP service: STOMP 1.0, 1.1 and 1.2 clients of any language on their own port
+(``broker.stomp_port``, 61613 by default), served by one asyncio event loop on a thread of its
+own (``stomp-loop``), as the direct wire is served by its loop.
+
+Each connection (:class:`~spark_mq.transports.stomp_connection.StompConnection`) is one more
+protocol adapter over the session layer: its CONNECT logs in (off the loop: argon2 takes tens of
+milliseconds), it gets a ``ClientSession``, and its frames become the session's calls. Nothing
+here decides delivery: leases, redelivery, dead-lettering, groups, dedup, transactions are the
+broker's, exactly as for the SDK.
+
+Limits: a connection must send CONNECT within ``broker.handshake_timeout_s``; at most
+``broker.max_connections`` STOMP connections; frames are bounded by
+``limits.max_message_bytes`` (body) and ``broker.stomp_max_headers`` /
+``stomp_max_header_bytes``; a client that does not read is not read (and gets no deliveries)
+until what waits for it has gone out. TLS comes from ``Security.tls`` (a changed certificate is
+used for new connections), and on SIGTERM the service drains: nothing new is read, what was read
+is answered once durable, then every client gets an ERROR saying the broker is stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from spark_mq.broker.core import Broker
+from spark_mq.errors import ConfigError
+from spark_mq.security.context import Security
+from spark_mq.transports.stomp_codec import Limits
+from spark_mq.transports.stomp_connection import StompConnection
+
+log = logging.getLogger(__name__)
+
+_SWEEP_S = 0.25  # heart-beats and handshake deadlines are checked this often
+
+
+class StompServer:
+    def __init__(
+        self, broker: Broker, host: str, port: int, *, security: Security | None = None
+    ) -> None:
+        self.broker = broker
+        self.security = security or Security(broker.config)
+        settings = broker.config.broker
+        self.settings = settings
+        self.limits = Limits(
+            max_frame_bytes=broker.config.limits.max_message_bytes + 256 * 1024,
+            max_headers=settings.stomp_max_headers,
+            max_header_bytes=settings.stomp_max_header_bytes,
+        )
+        self.helpers = ThreadPoolExecutor(4, thread_name_prefix="stomp-blocking")
+        self.conns: set[StompConnection] = set()
+        self.draining = False
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="stomp-loop", daemon=True)
+        self._thread.start()
+        try:
+            self._server = asyncio.run_coroutine_threadsafe(
+                self.loop.create_server(
+                    lambda: StompConnection(self), host, port, backlog=128, reuse_address=True
+                ),
+                self.loop,
+            ).result()
+        except OSError as exc:
+            self._stop_loop()
+            raise ConfigError(
+                f"STOMP cannot listen on {host}:{port}: {exc.strerror or exc}; set "
+                "broker.stomp_port (0 picks a free port), or broker.stomp = false",
+                setting="broker.stomp_port",
+            ) from exc
+        self.port: int = self._server.sockets[0].getsockname()[1]
+        self.loop.call_soon_threadsafe(self._sweep)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def _stop_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+        self.helpers.shutdown(wait=False, cancel_futures=True)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for conn in list(self.conns):
+            try:
+                conn.sweep(now)
+            except Exception:  # one client's trouble never stops the others
+                log.exception("stomp: error checking %s", conn.peer)
+                conn.abort()
+        if not self.loop.is_closed():
+            self.loop.call_later(_SWEEP_S, self._sweep)
+
+    # -- what the broker's service asks ------------------------------------------------------
+    def connection_count(self) -> int:
+        return len(self.conns)
+
+    def waiting_for(self) -> str:
+        pending = sum(c.outstanding for c in list(self.conns))
+        return f"{pending} STOMP frame(s) to answer" if pending else ""
+
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Stop accepting; with a ``deadline`` (``time.monotonic()``) first answer what was
+        read (receipts once durable) until everything is or the deadline passes; then tell
+        every client the broker stops, and close (consumers' messages go back)."""
+        if self.loop.is_closed():
+            return
+        asyncio.run_coroutine_threadsafe(self._shutdown(deadline), self.loop).result()
+        self._stop_loop()
+
+    async def _shutdown(self, deadline: float | None) -> None:
+        self._server.close()
+        self.draining = True
+        for conn in list(self.conns):
+            conn.drain()
+        while deadline is not None and time.monotonic() < deadline:
+            if not any(c.outstanding for c in self.conns):
+                break
+            await asyncio.sleep(0.02)
+        for conn in list(self.conns):
+            conn.stopping()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._server.wait_closed(), 0.5)
+
+    def run_blocking(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
+        """``fn(*args)`` on a helper thread (a login, a produce that may wait for room, a
+        transaction's commit); awaited on the loop."""
+        return self.loop.run_in_executor(self.helpers, fn, *args)

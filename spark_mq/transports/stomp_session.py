@@ -1,0 +1,393 @@
+"""What a STOMP connection's frames mean: each one as a call of its ``ClientSession``
+(:mod:`spark_mq.session`), and the broker's answers and deliveries as frames. The connection
+(:mod:`spark_mq.transports.stomp_connection`) reads, writes and closes; this decides nothing
+about delivery either: leases, redelivery, dead-lettering, groups, dedup and transactions are
+the broker's, as for the SDK.
+
+* SEND: stored through the session (a receipt once durable); with ``transaction``, kept until
+  COMMIT. ``/temp-queue/<name>`` is this connection's temporary queue; a reply-to naming one
+  becomes the ``/queue/tmp.<id>`` anyone may answer to.
+* SUBSCRIBE: a consumer attached through the session; ``ack`` ``auto`` (acknowledged once
+  written), ``client`` (an ACK covers every earlier message of the subscription) or
+  ``client-individual``. Unacknowledged messages stay this client's while it is connected: their
+  leases are extended (:meth:`StompSession.extend_leases`).
+* ACK / NACK: settles, answered (the receipt) once durable; NACK gives the message back for
+  redelivery, counted towards dead-lettering.
+* BEGIN / COMMIT / ABORT: sends and acks of a transaction, committed as one broker transaction
+  (all or nothing); ABORT gives its acked messages back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from spark_mq.broker import commands as c
+from spark_mq.broker.consumers import ConsumerSession
+from spark_mq.errors import SparkMQError
+from spark_mq.names import validate_name
+from spark_mq.plain import PlainMessage
+from spark_mq.session import ClientSession
+from spark_mq.transports import stomp_headers as h
+from spark_mq.transports.stomp_codec import Frame, StompError, encode
+
+if TYPE_CHECKING:
+    from spark_mq.transports.stomp_connection import StompConnection
+
+log = logging.getLogger(__name__)
+
+ACK_MODES = ("auto", "client", "client-individual")
+PREFETCH = ("activemq.prefetchSize", "sparkmq-prefetch")
+DURABLE = ("activemq.subscriptionName", "durable-subscription-name", "sparkmq-durable-subscription")
+SHARED = "sparkmq-shared-subscription"
+
+
+@dataclass
+class _Sub:
+    id: str
+    consumer: ConsumerSession
+    destination: str  # as the client named it
+    stored_as: str  # the sparkmq destination
+    ack: str
+    pending: OrderedDict[str, tuple[int, int]] = field(default_factory=OrderedDict)
+
+
+@dataclass
+class _Tx:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    acks: list[c.TransactionAck] = field(default_factory=list)
+    acked: list[tuple[_Sub, list[tuple[int, int]]]] = field(default_factory=list)
+    nacked: list[tuple[_Sub, list[tuple[int, int]]]] = field(default_factory=list)
+
+
+class StompSession:
+    def __init__(self, conn: StompConnection, session: ClientSession, client_id: str | None):
+        self.conn = conn
+        self.session = session
+        self.client_id = client_id
+        self.pending_ops = 0  # sends and settles whose answer is to come
+        self.subs: dict[str, _Sub] = {}
+        self.retired: list[ConsumerSession] = []  # unsubscribed, settles still to answer
+        self.temps: dict[str, ConsumerSession] = {}  # /temp-queue/<name> -> its consumer
+        self.acks: dict[str, _Sub] = {}  # ack id -> the subscription it was delivered on
+        self.by_message_id: dict[str, str] = {}  # 1.0/1.1 acks name the message id
+        self.settling: dict[tuple[int, int], tuple[str, str | None, bool]] = {}
+        self.txs: dict[str, _Tx] = {}
+        self._tokens = itertools.count(1)
+        self._requests = itertools.count(1)
+
+    def frame(self, frame: Frame) -> None:
+        """One frame after CONNECT; a ``StompError`` or ``SparkMQError`` is the ERROR."""
+        match frame.command:
+            case "SEND":
+                self._send(frame)
+            case "SUBSCRIBE":
+                self._subscribe(frame)
+            case "UNSUBSCRIBE":
+                self._unsubscribe(frame)
+            case "ACK" | "NACK":
+                self._settle(frame, frame.command.lower())
+            case "BEGIN":
+                name = _required(frame, "transaction")
+                if name in self.txs:
+                    raise StompError(f"transaction {name!r} has begun already")
+                self.txs[name] = _Tx()
+                self.conn.receipt(frame)
+            case "COMMIT":
+                self._commit(frame, self._tx(frame))
+            case "ABORT":
+                for sub, entries in self._tx(frame).acked:
+                    self._settle_now(sub, "nack", entries, None, strict=False)
+                self.conn.receipt(frame)
+            case "CONNECT" | "STOMP":
+                raise StompError("this connection is connected already")
+
+    def close(self) -> None:
+        """The connection ended: its consumers detached (what they held goes back)."""
+        self.txs.clear()
+        self.session.close()
+
+    def extend_leases(self) -> float:
+        """Messages delivered and not yet acknowledged stay this client's while it is
+        connected (a JMS broker's rule; an SDK consumer extends its leases itself): their
+        leases are extended; returns when to do it next (s from now)."""
+        for sub in self.subs.values():
+            if sub.pending:
+                self._settle_now(sub, "extend", list(sub.pending.values()), None, strict=False)
+        lease = min((s.consumer.subscription.lease_s for s in self.subs.values()), default=5.0)
+        return lease / 3
+
+    # -- SEND --------------------------------------------------------------------------------
+    def _send(self, frame: Frame) -> None:
+        session = self.session
+        name = self._producing_to(h.target_of(frame.header("destination")))
+        reply_to = self._reply_to(frame.header("reply-to"))
+        message = h.send_row(frame, reply_to)
+        receipt = frame.header("receipt")
+        tx = frame.header("transaction")
+        if tx is not None:
+            self._tx(frame).rows.append({"destination": name, **h.as_row(message)})
+            self.conn.receipt(frame)
+            return
+        if session.produce_may_wait(name):  # (a block policy, or memory short): not on the loop
+            self.conn.blocking(lambda: _produce(session, name, message).result(),
+                           lambda _: self.conn.reply(receipt), receipt)  # fmt: skip
+            return
+        fut = _produce(session, name, message)
+        self.pending_ops += 1
+        fut.add_done_callback(lambda f: self.conn.threadsafe(self._produced, f, receipt))
+
+    def _produced(self, fut: Future, receipt: str | None) -> None:
+        self.pending_ops -= 1
+        exc = fut.exception()
+        if exc is not None:
+            message = exc.message if isinstance(exc, SparkMQError) else str(exc)
+            self.conn.error(f"the message was not stored: {message}", receipt=receipt)
+            return
+        self.conn.reply(receipt)
+        self.conn.maybe_finish()
+
+    def _producing_to(self, target: h.Target) -> str:
+        if target.kind == "temp-queue":
+            return self._temp(target.name).subscription.destination
+        self.session.open_named(target.name, target.kind)
+        return target.name
+
+    def _reply_to(self, text: str | None) -> str | None:
+        """A ``/temp-queue/`` reply-to becomes the ``/queue/`` its temporary queue is reached
+        at (made now if it is not yet: a request goes out before its reply is subscribed to)."""
+        if text is None or not text.startswith("/temp-queue/"):
+            return None
+        target = h.target_of(text, "reply-to")
+        return f"/queue/{self._temp(target.name).subscription.destination}"
+
+    def _temp(self, name: str, prefetch: int | None = None) -> ConsumerSession:
+        consumer = self.temps.get(name)
+        if consumer is None:
+            cmd = c.Attach("", prefetch=prefetch, temporary=True)
+            consumer = self.session.attach(cmd, wakeup=self.conn)
+            self.temps[name] = consumer
+        return consumer
+
+    # -- SUBSCRIBE, UNSUBSCRIBE --------------------------------------------------------------
+    def _subscribe(self, frame: Frame) -> None:
+        session = self.session
+        text = frame.header("destination")
+        sub_id = frame.header("id") or (text if self.conn.version == "1.0" else None)
+        if not sub_id:
+            raise StompError("SUBSCRIBE needs an id header (it names the subscription)")
+        if sub_id in self.subs:
+            raise StompError(f"this connection has a subscription {sub_id!r} already")
+        target = h.target_of(text)
+        ack = frame.header("ack") or "auto"
+        if ack not in ACK_MODES:
+            raise StompError(f"ack mode {ack!r} is not one of {', '.join(ACK_MODES)}")
+        selector = frame.header("selector") or None
+        prefetch = h.integer(frame, PREFETCH, 1, 100_000)
+        durable = h.first(frame, DURABLE)
+        name = target.name
+        if target.kind == "temp-queue":
+            consumer = self._temp(name, prefetch)
+        elif target.kind == "queue":
+            session.open_named(name, "queue")
+            consumer = session.attach(c.Attach(name, None, prefetch, selector), wakeup=self.conn)
+        else:
+            session.open_named(name, "topic")
+            if durable is not None:
+                subscription = self._durable_name(durable)
+                session.subscribe_durable(name, subscription, selector)
+                cmd = c.Attach(name, subscription, prefetch, selector)
+            else:
+                shared = frame.header(SHARED) or None
+                if shared is not None:
+                    validate_name(shared, "subscription")
+                cmd = c.Attach(name, shared, prefetch, selector, durable=False)
+            consumer = session.attach(cmd, wakeup=self.conn)
+        stored_as = consumer.subscription.destination
+        self.subs[sub_id] = _Sub(sub_id, consumer, text or "", stored_as, ack)
+        log.info("stomp: %s subscribed to %s as %r (%s acks)", self.conn.peer, text, sub_id, ack)
+        self.conn.receipt(frame)
+        self.conn.set()
+
+    def _durable_name(self, name: str) -> str:
+        """A durable subscription is the client id's and the name's (JMS's), when there is a
+        client id (``client-id`` in CONNECT), as Artemis names it."""
+        full = f"{self.client_id}.{name}" if self.client_id else name
+        validate_name(full, "durable subscription")
+        return full
+
+    def _unsubscribe(self, frame: Frame) -> None:
+        sub_id = frame.header("id") or (
+            frame.header("destination") if self.conn.version == "1.0" else None
+        )
+        if not sub_id:
+            raise StompError("UNSUBSCRIBE needs an id header")
+        sub = self.subs.pop(sub_id, None)
+        if sub is None:
+            raise StompError(f"there is no subscription {sub_id!r} on this connection")
+        for token in sub.pending:
+            self.acks.pop(token, None)
+        session = self.session
+        session.detach(sub.consumer)  # what it held unacknowledged goes back
+        self.retired.append(sub.consumer)
+        for name, consumer in list(self.temps.items()):
+            if consumer is sub.consumer:
+                del self.temps[name]
+        durable = h.first(frame, DURABLE)
+        if durable is not None:  # the durable subscription itself ends only when asked
+            session.unsubscribe_durable(sub.stored_as, self._durable_name(durable))
+        self.conn.receipt(frame)
+
+    # -- ACK, NACK, transactions -------------------------------------------------------------
+    def _settle(self, frame: Frame, verb: str) -> None:
+        if self.conn.version == "1.2":
+            token = _required(frame, "id")
+        else:
+            given = _required(frame, "message-id")
+            token = self.by_message_id.get(given, given)
+        sub = self.acks.get(token)
+        if sub is None or token not in sub.pending:
+            raise StompError(
+                f"{verb.upper()} of {token!r}: no message delivered on this connection awaits "
+                "an acknowledgement under that id (acknowledged already, auto-acknowledged, or "
+                "never delivered here)"
+            )
+        if sub.ack == "client":  # cumulative: every message delivered before it too
+            tokens = [*itertools.takewhile(lambda t: t != token, sub.pending), token]
+        else:
+            tokens = [token]
+        entries = [sub.pending.pop(t) for t in tokens]
+        for t in tokens:
+            del self.acks[t]
+        tx_name = frame.header("transaction")
+        if tx_name is None:
+            self._settle_now(sub, verb, entries, frame.header("receipt"), strict=True)
+            return
+        tx = self._tx(frame)
+        if verb == "nack":
+            tx.nacked.append((sub, entries))
+        elif not sub.consumer.subscription.durable:
+            raise StompError(
+                "only messages of queues and durable subscriptions can be acknowledged in a "
+                "transaction"
+            )
+        else:
+            sub_name = sub.consumer.subscription.name
+            cid = sub.consumer.consumer_id
+            tx.acks += [(sub.stored_as, sub_name, cid, o, n) for o, n in entries]
+            tx.acked.append((sub, entries))
+        self.conn.receipt(frame)
+
+    def _settle_now(
+        self, sub: _Sub, verb: str, entries: list[tuple[int, int]], receipt: str | None,
+        *, strict: bool,
+    ) -> None:  # fmt: skip
+        request = next(self._requests)
+        self.settling[(sub.consumer.consumer_id, request)] = (verb, receipt, strict)
+        self.pending_ops += 1
+        self.session.settle(sub.consumer, c.Settle(verb, request, tuple(entries)))  # type: ignore[arg-type]
+
+    def _settled(self, consumer: ConsumerSession, reply: c.SettleReply) -> None:
+        verb, receipt, strict = self.settling.pop((consumer.consumer_id, reply.request_id))
+        self.pending_ops -= 1
+        if reply.refused and strict:
+            why = "; ".join(f"offset {r.offset}: {r.reason}" for r in reply.refused[:3])
+            self.conn.error(f"{verb.upper()} refused: {why}", receipt=receipt)
+            return
+        if reply.refused:
+            log.info("stomp: %s's %s refused: %s", self.conn.peer, verb, reply.refused[:3])
+        self.conn.reply(receipt)
+
+    def _commit(self, frame: Frame, tx: _Tx) -> None:
+        receipt = frame.header("receipt")
+        session = self.session
+        acks, table = tuple(tx.acks), h.transaction_table(tx.rows)
+
+        def committed(_: Any) -> None:
+            for sub, entries in tx.acked:
+                sub.consumer.forget([o for o, _ in entries])
+            for sub, entries in tx.nacked:
+                self._settle_now(sub, "nack", entries, None, strict=False)
+            self.conn.reply(receipt)
+
+        if not acks and table is None:
+            committed(None)
+            return
+        self.conn.blocking(lambda: session.execute(c.CommitTransaction(acks, table)), committed,
+                       receipt)  # fmt: skip
+
+    def _tx(self, frame: Frame) -> _Tx:
+        name = _required(frame, "transaction")
+        tx = self.txs.get(name)
+        if tx is None:
+            raise StompError(f"there is no transaction {name!r} on this connection (BEGIN it)")
+        if frame.command in ("COMMIT", "ABORT"):
+            del self.txs[name]
+        return tx
+
+    # -- deliveries ---------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Answer settles that became durable, and deliver what the prefetch windows take."""
+        for consumer in [s.consumer for s in self.subs.values()] + self.retired:
+            for reply in consumer.replies():
+                self._settled(consumer, reply)
+                if self.conn.closed or self.conn.refused:
+                    return
+        self.retired = [r for r in self.retired if r.unanswered]
+        if (
+            self.conn.paused_writing
+            or self.conn.draining
+            or self.conn.refused
+            or self.conn.disconnecting is not None
+        ):
+            self.conn.maybe_finish()
+            return
+        for sub in list(self.subs.values()):
+            self._deliver(sub)
+        self.conn.maybe_finish()
+
+    def _deliver(self, sub: _Sub) -> None:
+        auto = sub.ack == "auto"
+        while not self.conn.paused_writing and not self.conn.closed:
+            leased = sub.consumer.next_leased()
+            if leased is None:
+                return
+            rows, state = leased
+            messages = h.delivered(rows, [n for n, _ in state])
+            parts = []
+            for m in messages:
+                token = None if auto else self._token(sub, m)
+                frame = h.message_frame(
+                    m, destination=sub.destination, stored_as=sub.stored_as, subscription=sub.id,
+                    ack=token,
+                )  # fmt: skip
+                parts.append(encode(frame, self.conn.version))
+            self.conn.write_bytes(parts)
+            if auto:  # acknowledged once on its way (STOMP's auto mode: at most once)
+                entries = [(m.offset, m.delivery_count) for m in messages]
+                self._settle_now(sub, "ack", entries, None, strict=False)
+
+    def _token(self, sub: _Sub, m: h.Delivered) -> str:
+        token = str(next(self._tokens))
+        sub.pending[token] = (m.offset, m.delivery_count)
+        self.acks[token] = sub
+        if self.conn.version != "1.2":
+            self.by_message_id[h.message_id_of(m, sub.stored_as)] = token
+        return token
+
+
+def _produce(session: ClientSession, name: str, message: dict[str, Any] | PlainMessage) -> Future:
+    if isinstance(message, PlainMessage):
+        return session.produce_plain(name, message)
+    return session.produce(name, h.produce_batch(message))
+
+
+def _required(frame: Frame, name: str) -> str:
+    value = frame.header(name)
+    if not value:
+        raise StompError(f"{frame.command} needs a {name} header")
+    return value
