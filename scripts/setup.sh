@@ -46,6 +46,25 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   fi
 fi
 
+# the STOMP tests run a client from npm (stompit) under Node
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing Node.js and npm (the STOMP tests' Node client)"
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >/dev/null
+  else
+    echo "The STOMP tests need Node.js and npm. Install them, e.g.:  sudo apt-get install -y nodejs npm" >&2
+    exit 1
+  fi
+fi
+if [ ! -d tests/node/node_modules/stompit ] || [ tests/node/package-lock.json -nt tests/node/node_modules ]; then
+  echo "==> installing the STOMP tests' Node client (npm ci in tests/node)"
+  npm ci --prefix tests/node --no-audit --no-fund --silent
+  touch tests/node/node_modules
+fi
+
 if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   "$PY" -m venv .venv

@@ -46,10 +46,12 @@ class StompServer:
         self.security = security or Security(broker.config)
         settings = broker.config.broker
         self.settings = settings
+        body = broker.config.limits.max_message_bytes
         self.limits = Limits(
-            max_frame_bytes=broker.config.limits.max_message_bytes + 256 * 1024,
+            max_frame_bytes=body + settings.stomp_max_headers * settings.stomp_max_header_bytes,
             max_headers=settings.stomp_max_headers,
             max_header_bytes=settings.stomp_max_header_bytes,
+            max_body_bytes=body,
         )
         self.helpers = ThreadPoolExecutor(4, thread_name_prefix="stomp-blocking")
         self.conns: set[StompConnection] = set()
@@ -92,8 +94,9 @@ class StompServer:
             except Exception:  # one client's trouble never stops the others
                 log.exception("stomp: error checking %s", conn.peer)
                 conn.abort()
-        if not self.loop.is_closed():
-            self.loop.call_later(_SWEEP_S, self._sweep)
+        if not self.loop.is_closed():  # (often enough for the shortest heart-beat)
+            beat = self.settings.stomp_heartbeat_ms / 4000 or _SWEEP_S
+            self.loop.call_later(min(_SWEEP_S, beat), self._sweep)
 
     # -- what the broker's service asks ------------------------------------------------------
     def connection_count(self) -> int:

@@ -71,6 +71,7 @@ class Limits:
     max_frame_bytes: int = 8 * 1024 * 1024  # command, headers and body
     max_headers: int = 64
     max_header_bytes: int = 16 * 1024  # one header line
+    max_body_bytes: int | None = None  # a frame's body (None: up to max_frame_bytes)
 
 
 @dataclass
@@ -136,6 +137,7 @@ class Parser:
                 raise StompError(f"content-length {length!r} is not a number") from None
             if n < 0 or not length.isdigit():
                 raise StompError(f"content-length {length!r} is not a byte count")
+            self._check_body(n)
             if body_start + n + 1 > self.limits.max_frame_bytes:
                 raise StompError(
                     f"a frame of {body_start + n + 1} bytes exceeds the limit of "
@@ -150,6 +152,7 @@ class Parser:
         else:
             nul = buf.find(b"\x00", body_start)
             if nul < 0:
+                self._check_body(len(buf) - body_start, so_far=True)
                 if len(buf) > self.limits.max_frame_bytes:
                     raise StompError(
                         f"a frame exceeds {self.limits.max_frame_bytes} bytes (or lacks its NUL)"
@@ -158,6 +161,12 @@ class Parser:
             body = bytes(buf[body_start:nul])
             del buf[: nul + 1]
         return Frame(command, headers, body)
+
+    def _check_body(self, size: int, *, so_far: bool = False) -> None:
+        limit = self.limits.max_body_bytes
+        if limit is not None and size > limit:
+            what = f"{size} bytes and more" if so_far else f"{size} bytes"
+            raise StompError(f"a message body of {what} exceeds the limit of {limit} bytes")
 
     def _check_partial_head(self, buf: bytearray) -> None:
         """Refuse early what cannot become a frame: a header line past the limit, or too many."""
