@@ -31,7 +31,10 @@ missing is left out with a note.
 
     python bench/compare_brokers.py [--rounds 3] [--sends 3000] [--pipelined 100000]
                                     [--brokers sparkmq,redis,rabbitmq]
-                                    (add sparkmq-bare: sparkmq with its metrics off)
+                                    [--stomp]
+                                    (add sparkmq-bare: sparkmq with its metrics off;
+                                     --stomp: sparkmq, RabbitMQ and ActiveMQ over STOMP with
+                                     stomp.py, see stomp_bench.py)
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
+import stomp_bench
 from broker_bench import batched as sparkmq_batched
 from broker_bench import latency as sparkmq_latency
 from broker_bench import latency_figures, paced_sends, timed_sends
@@ -171,11 +175,14 @@ def _pings(r: object) -> bool:
 
 # -- RabbitMQ ----------------------------------------------------------------------------------
 @contextlib.contextmanager
-def rabbitmq_server(work: str) -> Iterator[int]:
-    """A RabbitMQ node of its own (its own name, ports and directories); yields its AMQP port."""
+def rabbitmq_server(work: str, plugins: list[str] | None = None, conf: str = "") -> Iterator[int]:
+    """A RabbitMQ node of its own (its own name, ports and directories), with ``plugins``
+    enabled and ``conf`` as its rabbitmq.conf; yields its AMQP port."""
     port = _free_port()
     with open(os.path.join(work, "plugins"), "w") as fh:
-        fh.write("[].\n")
+        fh.write(f"[{','.join(plugins or [])}].\n")
+    with open(os.path.join(work, "rabbitmq.conf"), "w") as fh:
+        fh.write(conf)
     env = {
         **os.environ,
         "HOME": work,
@@ -185,7 +192,7 @@ def rabbitmq_server(work: str) -> Iterator[int]:
         "RABBITMQ_MNESIA_BASE": os.path.join(work, "mnesia"),
         "RABBITMQ_LOG_BASE": os.path.join(work, "log"),
         "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(work, "plugins"),
-        "RABBITMQ_CONFIG_FILE": os.path.join(work, "rabbitmq"),  # none: the defaults
+        "RABBITMQ_CONFIG_FILE": os.path.join(work, "rabbitmq"),  # (.conf: empty, the defaults)
     }
     log = open(os.path.join(work, "server.log"), "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
@@ -324,12 +331,21 @@ BROKERS: dict[str, Callable[[str, bytes, int, int], dict[str, Figures]]] = {
     "redis": redis,
     "rabbitmq": rabbitmq,
     "sparkmq-bare": sparkmq_bare,  # (not run unless named: --brokers sparkmq,sparkmq-bare)
+    # STOMP through stomp.py (bench/stomp_bench.py; not run unless named, or --stomp)
+    "sparkmq-stomp": stomp_bench.sparkmq,
+    "rabbitmq-stomp": stomp_bench.rabbitmq,
+    "activemq-stomp": stomp_bench.activemq,
 }
+STOMP_BROKERS = ("sparkmq-stomp", "rabbitmq-stomp", "activemq-stomp")
 DEFAULT_BROKERS = ("sparkmq", "redis", "rabbitmq")
 
 
 def missing(name: str) -> str | None:
     """Why ``name`` cannot run here, or None."""
+    if name in STOMP_BROKERS:
+        if name == "rabbitmq-stomp" and shutil.which(RABBITMQ_SERVER) is None:
+            return f"no {RABBITMQ_SERVER} (Debian: apt-get install rabbitmq-server)"
+        return stomp_bench.missing(name)
     need = {"redis": ("redis-server", "redis"), "rabbitmq": (RABBITMQ_SERVER, "pika")}
     if name not in need:
         return None
@@ -354,8 +370,13 @@ def main() -> None:
         help=f"of {', '.join(BROKERS)} (sparkmq-bare: without its metrics)",
     )
     ap.add_argument("--data-dir", default=None, help="where the servers keep their files")
+    ap.add_argument(
+        "--stomp", action="store_true", help=f"the STOMP rows too ({', '.join(STOMP_BROKERS)})"
+    )
     args = ap.parse_args()
     names = [n for n in args.brokers.split(",") if n]
+    if args.stomp:
+        names += [n for n in STOMP_BROKERS if n not in names]
     for n in names:
         if n not in BROKERS:
             raise SystemExit(f"unknown broker {n!r}: choose from {', '.join(BROKERS)}")
@@ -384,6 +405,7 @@ def main() -> None:
                 flush=True,
             )
     print(f"\nmedian of {args.rounds} round(s), 1 KiB persistent messages, Python clients:")
+    # (the STOMP rows: sends with receipts; consumers acking each, client-individual)
     head = ("sync sends/s", "latency p50", "latency p99", "pipelined/s")
     print(f"{'':12s} {head[0]:>14s} {head[1]:>12s} {head[2]:>12s} {head[3]:>12s}")
     for n, rounds in results.items():

@@ -146,6 +146,22 @@ def test_client_individual_acks_only_the_one_named(broker: BrokerProcess, port: 
     assert sorted(m.body for m in back) == [b"1", b"3"]
 
 
+def test_prefetch_bounds_what_is_unacknowledged(broker: BrokerProcess, port: int) -> None:
+    q = _name("prefetch")
+    conn, inbox = connect(port)
+    send_all(conn, inbox, f"/queue/{q}", [b"1", b"2", b"3", b"4", b"5"])
+    conn.subscribe(f"/queue/{q}", id="s", ack="client-individual",
+                   headers={"activemq.prefetchSize": "2"})  # fmt: skip
+    first = inbox.wait_messages(2)
+    time.sleep(0.5)
+    assert len(inbox.messages) == 2  # no more until one is acknowledged
+    conn.ack(first[0].headers["ack"])
+    inbox.wait_messages(3)
+    time.sleep(0.3)
+    assert len(inbox.messages) == 3
+    conn.disconnect()
+
+
 def test_nack_redelivers_and_dead_letters_after_the_attempts(
     broker: BrokerProcess, port: int
 ) -> None:

@@ -64,6 +64,26 @@ def test_every_receipted_send_survives_a_sigkill(tmp_path: Path) -> None:
         again.stop()
 
 
+def test_a_stopping_broker_tells_its_clients_and_gives_their_messages_back(
+    tmp_path: Path,
+) -> None:
+    broker = launch(tmp_path)
+    conn, inbox = connect(_port(broker))
+    send_all(conn, inbox, "/queue/held", [b"unacked"])
+    conn.subscribe("/queue/held", id="s", ack="client-individual")
+    inbox.wait_messages(1)
+    broker.stop()  # SIGTERM
+    assert "shutting down" in inbox.wait_error().headers["message"]
+    again = BrokerProcess(broker.data_dir, log_file=str(tmp_path / "again.out")).start()
+    try:
+        conn, inbox = connect(_port(again))
+        conn.subscribe("/queue/held", id="s", ack="client-individual")
+        assert inbox.wait_messages(1)[0].body == b"unacked"
+        conn.disconnect()
+    finally:
+        again.stop()
+
+
 def test_a_durable_subscription_outlives_a_broker_restart(tmp_path: Path) -> None:
     broker = launch(tmp_path)
     conn, inbox = connect(_port(broker), headers={"client-id": "app"})
@@ -163,6 +183,7 @@ def tight(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
         "limits.max_message_bytes": 4096,
         "broker.stomp_max_headers": 8,
         "broker.handshake_timeout_s": 1.0,
+        "delivery.mark_interval_s": 1.0,  # leases of a second
     }
     broker = launch(base, **settings)
     try:
@@ -258,6 +279,26 @@ def test_random_bytes_never_crash_or_hang_the_service(tight: BrokerProcess) -> N
     conn, inbox = connect(_port(tight))
     send_all(conn, inbox, "/queue/after-fuzz", [b"alive"])
     conn.disconnect()
+
+
+def test_unacknowledged_messages_stay_with_a_connected_client_past_their_lease(
+    tight: BrokerProcess,
+) -> None:
+    conn, inbox = connect(_port(tight))
+    send_all(conn, inbox, "/queue/slow", [b"1", b"2"])
+    conn.subscribe("/queue/slow", id="s", ack="client-individual")
+    one, two = inbox.wait_messages(2)
+    conn.begin("t")
+    conn.ack(two.headers["ack"], transaction="t")
+    time.sleep(2.5)  # leases of 1 s, extended for the client
+    assert len(inbox.messages) == 2 and not inbox.errors  # nothing redelivered
+    conn.ack(one.headers["ack"], receipt="acked")
+    conn.commit("t", receipt="committed")
+    inbox.wait_receipt("committed")
+    assert "acked" in inbox.receipts and not inbox.errors
+    conn.disconnect()
+    with Admin(tight.url) as admin:
+        assert depth(admin, "slow") == 0
 
 
 def test_disconnect_receipt_comes_after_everything_before_it(tight: BrokerProcess) -> None:

@@ -4,6 +4,7 @@ Python SDK on the same queue, both ways."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -69,3 +70,19 @@ def test_the_sdk_produces_and_node_consumes(broker: BrokerProcess) -> None:
         while depth(admin, "to-node") and time.monotonic() < deadline:
             time.sleep(0.05)
         assert depth(admin, "to-node") == 0
+
+
+def test_the_readmes_node_example_sends_a_message(broker: BrokerProcess) -> None:
+    readme = (NODE_DIR.parent.parent / "README.md").read_text()
+    example = readme.split("```js\n", 1)[1].split("```", 1)[0]
+    assert broker.stomp_port
+    done = subprocess.run(
+        ["node", "-e", example.replace("61613", str(broker.stomp_port))],
+        env={**os.environ, "NODE_PATH": str(NODE_DIR / "node_modules"), "MQ_PASSWORD": "x"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with Consumer(broker.url, "orders") as consumer:
+        (m,) = consumer.receive_many(1, timeout=10)
+        consumer.ack(m)
+    assert m.body == b'{"id": 1}'

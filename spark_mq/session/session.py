@@ -25,6 +25,9 @@ everything else           ``admin`` on the destination named (configure, delete,
 (admin)                   purge, stats, subscriptions, releasing a query's claims)
 a transaction             ``produce`` on every destination it sends to and ``consume``
                           on every one it acks
+a protocol's topic        ``create`` when it does not exist (STOMP's ``/topic/``)
+durable subscribe,        ``consume`` on the topic (JMS's durable subscriber, through
+unsubscribe               STOMP's headers)
 ========================  ===========================================================
 """
 

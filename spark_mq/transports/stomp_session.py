@@ -75,6 +75,7 @@ class StompSession:
         self.temps: dict[str, ConsumerSession] = {}  # /temp-queue/<name> -> its consumer
         self.acks: dict[str, _Sub] = {}  # ack id -> the subscription it was delivered on
         self.by_message_id: dict[str, str] = {}  # 1.0/1.1 acks name the message id
+        self.message_ids: dict[str, str] = {}  # ...and the other way round, to forget it
         self.settling: dict[tuple[int, int], tuple[str, str | None, bool]] = {}
         self.txs: dict[str, _Tx] = {}
         self._tokens = itertools.count(1)
@@ -115,11 +116,18 @@ class StompSession:
         """Messages delivered and not yet acknowledged stay this client's while it is
         connected (a JMS broker's rule; an SDK consumer extends its leases itself): their
         leases are extended; returns when to do it next (s from now)."""
-        for sub in self.subs.values():
-            if sub.pending:
-                self._settle_now(sub, "extend", list(sub.pending.values()), None, strict=False)
-        lease = min((s.consumer.subscription.lease_s for s in self.subs.values()), default=5.0)
-        return lease / 3
+        held: dict[str, list[tuple[int, int]]] = {k: list(s.pending.values()) for k, s in
+                                                   self.subs.items()}  # fmt: skip
+        for tx in self.txs.values():  # acked in a transaction: leased until it ends
+            for sub, entries in tx.acked:
+                if sub.id in held and self.subs[sub.id] is sub:
+                    held[sub.id] += entries
+        for sub_id, entries in held.items():
+            if entries:
+                self._settle_now(self.subs[sub_id], "extend", entries, None, strict=False)
+        if not self.subs:
+            return 0.1  # (a subscription may come any moment; nothing to do meanwhile)
+        return min(s.consumer.subscription.lease_s for s in self.subs.values()) / 3
 
     # -- SEND --------------------------------------------------------------------------------
     def _send(self, frame: Frame) -> None:
@@ -192,6 +200,8 @@ class StompSession:
         name = target.name
         if target.kind == "temp-queue":
             consumer = self._temp(name, prefetch)
+            if any(s.consumer is consumer for s in self.subs.values()):
+                raise StompError(f"{text} is subscribed to already on this connection")
         elif target.kind == "queue":
             session.open_named(name, "queue")
             consumer = session.attach(c.Attach(name, None, prefetch, selector), wakeup=self.conn)
@@ -229,8 +239,7 @@ class StompSession:
         sub = self.subs.pop(sub_id, None)
         if sub is None:
             raise StompError(f"there is no subscription {sub_id!r} on this connection")
-        for token in sub.pending:
-            self.acks.pop(token, None)
+        self._forget_tokens(list(sub.pending))
         session = self.session
         session.detach(sub.consumer)  # what it held unacknowledged goes back
         self.retired.append(sub.consumer)
@@ -261,8 +270,7 @@ class StompSession:
         else:
             tokens = [token]
         entries = [sub.pending.pop(t) for t in tokens]
-        for t in tokens:
-            del self.acks[t]
+        self._forget_tokens(tokens)
         tx_name = frame.header("transaction")
         if tx_name is None:
             self._settle_now(sub, verb, entries, frame.header("receipt"), strict=True)
@@ -281,6 +289,13 @@ class StompSession:
             tx.acks += [(sub.stored_as, sub_name, cid, o, n) for o, n in entries]
             tx.acked.append((sub, entries))
         self.conn.receipt(frame)
+
+    def _forget_tokens(self, tokens: list[str]) -> None:
+        for token in tokens:
+            self.acks.pop(token, None)
+            message_id = self.message_ids.pop(token, None)
+            if message_id is not None and self.by_message_id.get(message_id) == token:
+                del self.by_message_id[message_id]
 
     def _settle_now(
         self, sub: _Sub, verb: str, entries: list[tuple[int, int]], receipt: str | None,
@@ -376,7 +391,9 @@ class StompSession:
         sub.pending[token] = (m.offset, m.delivery_count)
         self.acks[token] = sub
         if self.conn.version != "1.2":
-            self.by_message_id[h.message_id_of(m, sub.stored_as)] = token
+            message_id = h.message_id_of(m, sub.stored_as)
+            self.by_message_id[message_id] = token
+            self.message_ids[token] = message_id
         return token
 
 
