@@ -64,7 +64,7 @@ class _Receipts:
 def _connect(port: int, login: str | None, passcode: str | None, listener: object) -> object:
     import stomp
 
-    conn = stomp.Connection12([("127.0.0.1", port)], auto_decode=False)
+    conn = stomp.Connection12([("127.0.0.1", port)], auto_decode=False, vhost="/")
     conn.set_listener("bench", listener)
     conn.connect(login, passcode, wait=True)
     return conn

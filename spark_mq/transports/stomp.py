@@ -57,6 +57,7 @@ class StompServer:
         self.conns: set[StompConnection] = set()
         self.draining = False
         self.loop = asyncio.new_event_loop()
+        self.loop_thread = 0  # its thread's ident, once running
         self._thread = threading.Thread(target=self._run, name="stomp-loop", daemon=True)
         self._thread.start()
         try:
@@ -77,6 +78,7 @@ class StompServer:
         self.loop.call_soon_threadsafe(self._sweep)
 
     def _run(self) -> None:
+        self.loop_thread = threading.get_ident()
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 

@@ -220,13 +220,16 @@ class Parser:
 
 
 def _earliest(buf: bytearray) -> tuple[int, int]:
-    """Where the headers end and the blank line's length: LF LF, CR LF CR LF, or a mix."""
-    best, size = -1, 0
-    for sep in (b"\n\n", b"\r\n\r\n", b"\n\r\n", b"\r\n\n"):
-        at = buf.find(sep)
-        if at >= 0 and (best < 0 or at < best):
-            best, size = at, len(sep)
-    return best, size
+    """Where the headers end and the blank line's length: an LF followed by LF or CR LF (a CR
+    before the first LF stays with the last header line, whose reader drops it). Never scans
+    past the first frame's end: a buffer of many pipelined frames is searched from its start
+    only as far as the first blank line (searching it whole for each frame made reading N
+    frames cost N squared)."""
+    lf = buf.find(b"\n\n")
+    crlf = buf.find(b"\n\r\n", 0, lf + 3 if lf >= 0 else len(buf))
+    if crlf >= 0 and (lf < 0 or crlf < lf):
+        return crlf, 3
+    return lf, 2
 
 
 def _header(headers: tuple[tuple[str, str], ...], name: str) -> str | None:

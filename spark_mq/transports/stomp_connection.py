@@ -14,14 +14,17 @@ is neither read nor delivered to until what waits for it has gone out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from spark_mq import __version__
 from spark_mq.errors import SparkMQError
+from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.security.authenticate import Credentials
 from spark_mq.security.tls import common_name
 from spark_mq.session import Principal
@@ -61,6 +64,7 @@ class StompConnection(asyncio.Protocol):
         self.opened = self.last_read = self.last_write = time.monotonic()
         self.hb_in = self.hb_out = 0.0  # seconds; 0: none
         self.next_extend = 0.0  # when the leases of unacknowledged messages are extended next
+        self.inline: InlineCommit | None = None  # while frames are handled: commits them
 
     # -- asyncio's callbacks -----------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -140,18 +144,35 @@ class StompConnection(asyncio.Protocol):
 
     # -- the frames, in order ----------------------------------------------------------------
     def _process(self) -> None:
-        while self.frames and not self.busy and not self.refused and not self.closed:
-            if self.disconnecting is not None or self.draining:
-                self.frames.clear()  # nothing after a DISCONNECT; nothing new while stopping
-                break
-            frame = self.frames.popleft()
-            try:
-                self._frame(frame)
-            except (StompError, SparkMQError) as exc:
-                self.error(exc.message, receipt=frame.header("receipt"))
-                return
+        with self.committing():
+            while self.frames and not self.busy and not self.refused and not self.closed:
+                if self.disconnecting is not None or self.draining:
+                    self.frames.clear()  # nothing after a DISCONNECT; nothing new while stopping
+                    break
+                frame = self.frames.popleft()
+                try:
+                    self._frame(frame)
+                except (StompError, SparkMQError) as exc:
+                    self.error(exc.message, receipt=frame.header("receipt"))
+                    return
         self._update_reading()
         self.maybe_finish()
+
+    @contextlib.contextmanager
+    def committing(self) -> Iterator[None]:
+        """What the frames handled inside (the sends and acks that came together) is made
+        durable here, on the loop, at the end: one sync for all of them and no hand-off to the
+        journal's threads, as the direct wire's turn does (with quick commits: the hot tier or
+        memory; Delta-only journals commit on the writer threads)."""
+        if self.inline is not None or not self.server.broker.journal.commits_are_quick:
+            yield
+            return
+        self.inline = InlineCommit()
+        try:
+            yield
+        finally:
+            inline, self.inline = self.inline, None
+            inline.commit()
 
     def _frame(self, frame: Frame) -> None:
         if self.verbs is None:
@@ -251,7 +272,8 @@ class StompConnection(asyncio.Protocol):
     def _pump(self) -> None:
         self._pump_due = False
         if self.verbs is not None and not self.closed:
-            self.verbs.pump()
+            with self.committing():  # (auto acks)
+                self.verbs.pump()
 
     def write_bytes(self, parts: list[bytes]) -> None:
         self.transport.writelines(parts)
@@ -363,8 +385,13 @@ class StompConnection(asyncio.Protocol):
                 self.transport.pause_reading()
 
     def threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` on the loop, soon (from any thread; on the loop itself without waking
+        it through its self-pipe: an inline commit resolves its futures there)."""
         try:
-            self.loop.call_soon_threadsafe(fn, *args)
+            if threading.get_ident() == self.server.loop_thread:
+                self.loop.call_soon(fn, *args)
+            else:
+                self.loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop closed: the broker stopped
             pass
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from spark_mq.broker import commands as c
 from spark_mq.broker.consumers import ConsumerSession
 from spark_mq.errors import SparkMQError
+from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.names import validate_name
 from spark_mq.plain import PlainMessage
 from spark_mq.session import ClientSession
@@ -44,6 +45,7 @@ ACK_MODES = ("auto", "client", "client-individual")
 PREFETCH = ("activemq.prefetchSize", "sparkmq-prefetch")
 DURABLE = ("activemq.subscriptionName", "durable-subscription-name", "sparkmq-durable-subscription")
 SHARED = "sparkmq-shared-subscription"
+_INLINE_MAX_BYTES = 256 * 1024  # a body this big is synced by the writer thread (as the wire)
 
 
 @dataclass
@@ -145,7 +147,9 @@ class StompSession:
             self.conn.blocking(lambda: _produce(session, name, message).result(),
                            lambda _: self.conn.reply(receipt), receipt)  # fmt: skip
             return
-        fut = _produce(session, name, message)
+        # (a big message is synced by the journal's writer thread while the loop serves on)
+        small = len(frame.body) < _INLINE_MAX_BYTES
+        fut = _produce(session, name, message, self.conn.inline if small else None)
         self.pending_ops += 1
         fut.add_done_callback(lambda f: self.conn.threadsafe(self._produced, f, receipt))
 
@@ -304,7 +308,8 @@ class StompSession:
         request = next(self._requests)
         self.settling[(sub.consumer.consumer_id, request)] = (verb, receipt, strict)
         self.pending_ops += 1
-        self.session.settle(sub.consumer, c.Settle(verb, request, tuple(entries)))  # type: ignore[arg-type]
+        cmd = c.Settle(verb, request, tuple(entries))  # type: ignore[arg-type]
+        self.session.settle(sub.consumer, cmd, self.conn.inline)
 
     def _settled(self, consumer: ConsumerSession, reply: c.SettleReply) -> None:
         verb, receipt, strict = self.settling.pop((consumer.consumer_id, reply.request_id))
@@ -397,10 +402,15 @@ class StompSession:
         return token
 
 
-def _produce(session: ClientSession, name: str, message: dict[str, Any] | PlainMessage) -> Future:
+def _produce(
+    session: ClientSession,
+    name: str,
+    message: dict[str, Any] | PlainMessage,
+    inline: InlineCommit | None = None,
+) -> Future:
     if isinstance(message, PlainMessage):
-        return session.produce_plain(name, message)
-    return session.produce(name, h.produce_batch(message))
+        return session.produce_plain(name, message, inline)
+    return session.produce(name, h.produce_batch(message), inline)
 
 
 def _required(frame: Frame, name: str) -> str:
