@@ -29,6 +29,7 @@ from typing import Any
 
 from spark_mq.broker.core import Broker
 from spark_mq.errors import ConfigError
+from spark_mq.journal.group_commit import DestinationWriter, InlineCommit
 from spark_mq.security.context import Security
 from spark_mq.transports.stomp_codec import Limits
 from spark_mq.transports.stomp_connection import StompConnection
@@ -55,6 +56,10 @@ class StompServer:
         )
         self.helpers = ThreadPoolExecutor(4, thread_name_prefix="stomp-blocking")
         self.conns: set[StompConnection] = set()
+        # acks waiting to share a sync with the next messages (see InlineCommit): the loop
+        # commits them when due, rather than waking each writer thread to
+        self.later: dict[DestinationWriter, float] = {}
+        self._later_at: asyncio.TimerHandle | None = None
         self.draining = False
         self.loop = asyncio.new_event_loop()
         self.loop_thread = 0  # its thread's ident, once running
@@ -130,6 +135,25 @@ class StompServer:
             conn.stopping()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._server.wait_closed(), 0.5)
+
+    def inline_commit(self) -> InlineCommit:
+        return InlineCommit(self.later)
+
+    def committed(self) -> None:
+        """(After an inline commit.) Come back when the earliest waiting ack is due."""
+        if not self.later:
+            return
+        due = min(self.later.values())
+        if self._later_at is not None:
+            if self._later_at.when() <= due:
+                return
+            self._later_at.cancel()
+        self._later_at = self.loop.call_at(due, self._commit_later)
+
+    def _commit_later(self) -> None:
+        self._later_at = None
+        self.inline_commit().commit()  # (what is due; the rest stays in later)
+        self.committed()
 
     def run_blocking(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
         """``fn(*args)`` on a helper thread (a login, a produce that may wait for room, a

@@ -65,6 +65,7 @@ class StompConnection(asyncio.Protocol):
         self.hb_in = self.hb_out = 0.0  # seconds; 0: none
         self.next_extend = 0.0  # when the leases of unacknowledged messages are extended next
         self.inline: InlineCommit | None = None  # while frames are handled: commits them
+        self.handshaking = False  # TLS: the handshake is under way (it has its own deadline)
 
     # -- asyncio's callbacks -----------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -85,6 +86,7 @@ class StompConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=_WRITE_HIGH)
         if server.security.tls is not None:
             transport.pause_reading()  # the TLS handshake reads first
+            self.handshaking = True
             self.loop.create_task(self._start_tls(transport))
 
     async def _start_tls(self, raw: Any) -> None:
@@ -95,7 +97,7 @@ class StompConnection(asyncio.Protocol):
                 raw, self, tls.context(), server_side=True,
                 ssl_handshake_timeout=self.server.settings.handshake_timeout_s,
             )  # fmt: skip
-        except (OSError, ConnectionError, asyncio.TimeoutError, Exception) as exc:
+        except Exception as exc:  # (ssl.SSLError, a reset, the handshake's timeout)
             log.info("stomp: TLS handshake with %s failed: %s", self.peer, exc)
             self.server.security.audit.event(
                 "authentication_failed", peer=self.peer, transport="stomp", detail=str(exc)
@@ -106,6 +108,7 @@ class StompConnection(asyncio.Protocol):
         if self.transport is None:  # (the client left during the handshake)
             self.connection_lost(None)
             return
+        self.handshaking = False
         self.certificate_name = common_name(self.transport.get_extra_info("peercert"))
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -167,12 +170,13 @@ class StompConnection(asyncio.Protocol):
         if self.inline is not None or not self.server.broker.journal.commits_are_quick:
             yield
             return
-        self.inline = InlineCommit()
+        self.inline = self.server.inline_commit()
         try:
             yield
         finally:
             inline, self.inline = self.inline, None
             inline.commit()
+            self.server.committed()
 
     def _frame(self, frame: Frame) -> None:
         if self.verbs is None:
@@ -338,7 +342,7 @@ class StompConnection(asyncio.Protocol):
 
     def sweep(self, now: float) -> None:
         """(Every quarter second.) The CONNECT deadline and heart-beats both ways."""
-        if self.closed or self.refused or self.transport is None:
+        if self.closed or self.refused or self.transport is None or self.handshaking:
             return
         settings = self.server.settings
         if not self.connected and not self.busy:
@@ -369,7 +373,7 @@ class StompConnection(asyncio.Protocol):
         self.error("the broker is shutting down: reconnect (to its backup, or once it is back)")
 
     def _update_reading(self) -> None:
-        if self.transport is None or self.closed or self.refused:
+        if self.transport is None or self.closed or self.refused or self.handshaking:
             return
         want = not (
             self.paused_writing
