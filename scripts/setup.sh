@@ -31,33 +31,29 @@ if [ -n "$JAVA_MAJOR" ] && [ "$JAVA_MAJOR" -lt 17 ]; then
   exit 1
 fi
 
+# apt_install WHY PACKAGE...: Debian packages the tests need, installed when apt-get is there
+apt_install() {
+  local why=$1
+  shift
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing $* ($why)"
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+  else
+    echo "The $why need $*. Install them, e.g.:  sudo apt-get install -y $*   (Debian/Ubuntu)" >&2
+    exit 1
+  fi
+}
+
 # the web console's tests drive a real headless browser: Debian's Chromium and its driver
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    echo "==> installing Chromium and ChromeDriver (the web console's browser tests)"
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
-  else
-    echo "The console's tests need Chromium and ChromeDriver (/usr/bin/chromium, /usr/bin/chromedriver)." >&2
-    echo "Install them, e.g.:  sudo apt-get install -y chromium chromium-driver   (Debian/Ubuntu)" >&2
-    exit 1
-  fi
+  apt_install "web console's browser tests" chromium chromium-driver
 fi
-
 # the STOMP tests run a client from npm (stompit) under Node
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    echo "==> installing Node.js and npm (the STOMP tests' Node client)"
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >/dev/null
-  else
-    echo "The STOMP tests need Node.js and npm. Install them, e.g.:  sudo apt-get install -y nodejs npm" >&2
-    exit 1
-  fi
+  apt_install "STOMP tests' Node client" nodejs npm
 fi
 if [ ! -d tests/node/node_modules/stompit ] || [ tests/node/package-lock.json -nt tests/node/node_modules ]; then
   echo "==> installing the STOMP tests' Node client (npm ci in tests/node)"

@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from spark_mq import Admin
 from spark_mq.client import Consumer, Producer
 from spark_mq.launch import BrokerProcess
-from tests.ops_kit import depth
+from tests.ops_kit import depth, http
 from tests.stomp_kit import connect, send_all
 
 pytestmark = pytest.mark.process
@@ -388,6 +389,19 @@ def _wait(check: object, what: str, timeout: float = 15.0) -> None:
         time.sleep(0.05)
 
 
-def test_the_connection_count_and_listener_show_in_the_log(broker: BrokerProcess) -> None:
+def test_stomp_connections_show_in_the_metrics_and_the_log(broker: BrokerProcess) -> None:
+    assert broker.stomp_port
+    conns = [connect(broker.stomp_port)[0] for _ in range(3)]
+    status, _, body = http(broker.http_url + "/metrics")
+    assert status == 200
+    samples = {
+        s.labels.get("transport"): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+        if s.name == "sparkmq_broker_connections"
+    }
+    assert samples.get("stomp") == 3
+    for conn in conns:
+        conn.disconnect()
     log = Path(broker.data_dir).parent / "broker.log"
     assert f"STOMP on port {broker.stomp_port}" in log.read_text()
