@@ -219,10 +219,14 @@ class StompConnection(asyncio.Protocol):
         accepted = (frame.header("accept-version") or "1.0").split(",")
         common = [v for v in VERSIONS if v in {a.strip() for a in accepted}]
         if not common:
-            self.write(Frame("ERROR", (("version", ",".join(VERSIONS)),
-                                       ("message", "no STOMP version in common")),
-                             f"this broker speaks STOMP {', '.join(VERSIONS)}; the client "
-                             f"accepts {', '.join(accepted)}".encode()))  # fmt: skip
+            self.write(
+                Frame(
+                    "ERROR",
+                    (("version", ",".join(VERSIONS)), ("message", "no STOMP version in common")),
+                    f"this broker speaks STOMP {', '.join(VERSIONS)}; the client "
+                    f"accepts {', '.join(accepted)}".encode(),
+                )
+            )
             self._refuse()
             return
         version = common[-1]

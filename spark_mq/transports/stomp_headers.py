@@ -178,9 +178,19 @@ def delivered(rows: pa.Table | list[PlainMessage], counts: list[int]) -> list[De
             )
             for m, n in zip(rows, counts, strict=True)
         ]
-    cols = {name: rows[name].to_pylist() for name in (
-        "offset", "message_id", "group_id", "priority", "enqueue_time", "expiry_time", "headers",
-        "body")}  # fmt: skip
+    cols = {
+        name: rows[name].to_pylist()
+        for name in (
+            "offset",
+            "message_id",
+            "group_id",
+            "priority",
+            "enqueue_time",
+            "expiry_time",
+            "headers",
+            "body",
+        )
+    }
     out = []
     for i, n in enumerate(counts):
         out.append(

@@ -118,8 +118,9 @@ class StompSession:
         """Messages delivered and not yet acknowledged stay this client's while it is
         connected (a JMS broker's rule; an SDK consumer extends its leases itself): their
         leases are extended; returns when to do it next (s from now)."""
-        held: dict[str, list[tuple[int, int]]] = {k: list(s.pending.values()) for k, s in
-                                                   self.subs.items()}  # fmt: skip
+        held: dict[str, list[tuple[int, int]]] = {
+            k: list(s.pending.values()) for k, s in self.subs.items()
+        }
         for tx in self.txs.values():  # acked in a transaction: leased until it ends
             for sub, entries in tx.acked:
                 if sub.id in held and self.subs[sub.id] is sub:
@@ -144,8 +145,8 @@ class StompSession:
             self.conn.receipt(frame)
             return
         if session.produce_may_wait(name):  # (a block policy, or memory short): not on the loop
-            self.conn.blocking(lambda: _produce(session, name, message).result(),
-                           lambda _: self.conn.reply(receipt), receipt)  # fmt: skip
+            stored = lambda: _produce(session, name, message).result()  # noqa: E731
+            self.conn.blocking(stored, lambda _: self.conn.reply(receipt), receipt)
             return
         # (a big message is synced by the journal's writer thread while the loop serves on)
         small = len(frame.body) < _INLINE_MAX_BYTES
@@ -302,9 +303,14 @@ class StompSession:
                 del self.by_message_id[message_id]
 
     def _settle_now(
-        self, sub: _Sub, verb: str, entries: list[tuple[int, int]], receipt: str | None,
-        *, strict: bool,
-    ) -> None:  # fmt: skip
+        self,
+        sub: _Sub,
+        verb: str,
+        entries: list[tuple[int, int]],
+        receipt: str | None,
+        *,
+        strict: bool,
+    ) -> None:
         request = next(self._requests)
         self.settling[(sub.consumer.consumer_id, request)] = (verb, receipt, strict)
         self.pending_ops += 1
@@ -337,8 +343,8 @@ class StompSession:
         if not acks and table is None:
             committed(None)
             return
-        self.conn.blocking(lambda: session.execute(c.CommitTransaction(acks, table)), committed,
-                       receipt)  # fmt: skip
+        commit = c.CommitTransaction(acks, table)
+        self.conn.blocking(lambda: session.execute(commit), committed, receipt)
 
     def _tx(self, frame: Frame) -> _Tx:
         name = _required(frame, "transaction")
