@@ -41,7 +41,7 @@ from spark_mq import wire
 from spark_mq.broker.commands import Attach, Settle
 from spark_mq.broker.core import Broker
 from spark_mq.config import load_config
-from spark_mq.journal.group_commit import InlineCommit
+from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.schema import PRODUCE_SCHEMA
 from spark_mq.session import ClientSession
 

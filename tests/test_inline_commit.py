@@ -8,7 +8,8 @@ import time
 
 import pyarrow as pa
 
-from spark_mq.journal.group_commit import DestinationWriter, InlineCommit, OnCommit, resolve
+from spark_mq.journal.group_commit import DestinationWriter, OnCommit
+from spark_mq.journal.inline_commit import InlineCommit, resolve
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.settlements import Settlement
 from spark_mq.journal.sinks import DirectSink

@@ -15,8 +15,9 @@ import pytest
 from spark_mq import Admin, Producer
 from spark_mq.errors import JournalError, SparkMQError
 from spark_mq.journal import DeltaStore
-from spark_mq.journal.group_commit import DestinationWriter, InlineCommit
+from spark_mq.journal.group_commit import DestinationWriter
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings
+from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.segments import KIND_MESSAGES, SegmentLog
 from spark_mq.launch import BrokerProcess

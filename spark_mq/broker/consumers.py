@@ -23,7 +23,7 @@ from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.recovery import DELIVERED, RETURNED
 from spark_mq.broker.selector import Selector
 from spark_mq.broker.subscription import Subscription, Wakeup
-from spark_mq.journal.group_commit import InlineCommit
+from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.plain import PlainMessage, PlainRows
 from spark_mq.schema import DELIVERY_SCHEMA, MESSAGE_SCHEMA, numpy_column
 

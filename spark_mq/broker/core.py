@@ -59,8 +59,8 @@ from spark_mq.ha.replication import Replicator
 from spark_mq.journal import DestinationInfo, Journal, LogStore
 from spark_mq.journal.base import Kind
 from spark_mq.journal.delta_store import DeltaStore
-from spark_mq.journal.group_commit import InlineCommit
 from spark_mq.journal.hot_tier import has_segments
+from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.journal.timing import CommitTiming
 from spark_mq.plain import PlainMessage, plain_batch
 from spark_mq.schema import (
@@ -511,7 +511,7 @@ class Broker(DestinationAdmin):
         inline: InlineCommit | None = None,
     ) -> Future:
         """Check and append a batch; the future resolves once it is durable (``inline``: its
-        holder commits it, see :class:`~spark_mq.journal.group_commit.InlineCommit`).
+        holder commits it, see :class:`~spark_mq.journal.inline_commit.InlineCommit`).
 
         To an ``AppendResult``; or, when some rows were duplicates (their dedup id was stored
         within the window), to a ``ProduceResult`` giving each row the offset its original has.

@@ -28,8 +28,9 @@ from spark_mq.errors import (
 )
 from spark_mq.journal import bindings, layout
 from spark_mq.journal.base import DestinationInfo, Kind, LogStore, SubscriptionInfo
-from spark_mq.journal.group_commit import DestinationWriter, InlineCommit, OnCommit, WriterStats
+from spark_mq.journal.group_commit import DestinationWriter, OnCommit, WriterStats
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats
+from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.settlements import Settlement
 from spark_mq.journal.sinks import CommitSink, DirectSink

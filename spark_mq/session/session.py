@@ -49,7 +49,7 @@ from spark_mq.broker.core import Broker
 from spark_mq.broker.subscription import Wakeup
 from spark_mq.errors import DestinationExists, DestinationNotFound, NotAuthorized, SparkMQError
 from spark_mq.journal.base import Kind
-from spark_mq.journal.group_commit import InlineCommit
+from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.plain import PlainMessage
 from spark_mq.session.guard import OPEN, Guard, Verb
 from spark_mq.session.principal import ANONYMOUS, Principal

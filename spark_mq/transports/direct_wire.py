@@ -1,7 +1,7 @@
 """The direct wire's server (:mod:`spark_mq.wire`): one thread serves every connection.
 
 Each turn of the loop reads every ready socket and hands produce batches and settle frames to
-the broker with the turn's :class:`~spark_mq.journal.group_commit.InlineCommit`, so all of them
+the broker with the turn's :class:`~spark_mq.journal.inline_commit.InlineCommit`, so all of them
 are made durable by this thread at the end of the turn, one sync per destination, with no hand-off
 to the journal writer (with the hot tier or in memory; a Delta-only journal's commits stay on
 the writer threads). The same turn then writes the deliveries the commit made possible, and
@@ -58,12 +58,8 @@ from spark_mq.errors import (
     SparkMQError,
     to_wire,
 )
-from spark_mq.journal.group_commit import (
-    DestinationWriter,
-    InlineCommit,
-    Resolutions,
-    resolve,
-)
+from spark_mq.journal.group_commit import DestinationWriter
+from spark_mq.journal.inline_commit import InlineCommit, Resolutions, resolve
 from spark_mq.plain import PlainMessage
 from spark_mq.schema import PRODUCE_SCHEMA
 from spark_mq.security.authenticate import Credentials

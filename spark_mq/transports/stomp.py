@@ -29,7 +29,8 @@ from typing import Any
 
 from spark_mq.broker.core import Broker
 from spark_mq.errors import ConfigError
-from spark_mq.journal.group_commit import DestinationWriter, InlineCommit
+from spark_mq.journal.group_commit import DestinationWriter
+from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.security.context import Security
 from spark_mq.transports.stomp_codec import Limits
 from spark_mq.transports.stomp_connection import StompConnection

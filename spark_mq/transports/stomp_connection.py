@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_mq import __version__
 from spark_mq.errors import SparkMQError
-from spark_mq.journal.group_commit import InlineCommit
+from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.security.authenticate import Credentials
 from spark_mq.security.tls import common_name
 from spark_mq.session import Principal

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from spark_mq.broker import commands as c
 from spark_mq.broker.consumers import ConsumerSession
 from spark_mq.errors import SparkMQError
-from spark_mq.journal.group_commit import InlineCommit
+from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.names import validate_name
 from spark_mq.plain import PlainMessage
 from spark_mq.session import ClientSession
