@@ -1,4 +1,7 @@
-"""The broker: destinations, subscriptions and consumers above the journal.
+"""The broker: destinations, subscriptions and consumers above the journal. This module has its
+life (start, recovery, timers, close) and the produce path; two parts are mixed in: administering
+destinations (:mod:`spark_mq.broker.admin_ops`) and attaching consumers, browsing and purging
+(:mod:`spark_mq.broker.attaching`).
 
 Thread-safety: every public method may be called from any thread (the Flight server calls them
 from its gRPC threads).
@@ -12,7 +15,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -20,21 +22,20 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.broker import disposal, transactions
+from spark_mq.broker import transactions
 from spark_mq.broker.admin_ops import DestinationAdmin
+from spark_mq.broker.attaching import Attaching
 from spark_mq.broker.claims import Claims
 from spark_mq.broker.commands import TransactionAck
-from spark_mq.broker.consumers import ConsumerSession, Wakeup
 from spark_mq.broker.dedup import DuplicateCache, combine
 from spark_mq.broker.destination import (
     Destination,
     default_expiry,
     hot_tier_settings,
     make_store,
-    settled_in_memory,
 )
-from spark_mq.broker.dir_lock import DataDirLock
-from spark_mq.broker.disk import DiskMonitor
+from spark_mq.broker.dir_lock import DataDirLock, lock_dir
+from spark_mq.broker.disk import DiskMonitor, journal_disk
 from spark_mq.broker.disposal import Disposer
 from spark_mq.broker.limits import Limits
 from spark_mq.broker.memory import MemoryMonitor
@@ -46,13 +47,9 @@ from spark_mq.clock import Clock, SystemClock
 from spark_mq.config import BrokerConfig, DestinationSettings
 from spark_mq.errors import (
     ConfigError,
-    ConsumerRefused,
     Deposed,
-    DestinationExists,
-    DestinationNotFound,
     MessageTooLarge,
     NotAllowed,
-    SubscriptionNotFound,
 )
 from spark_mq.ha import takeover
 from spark_mq.ha.replication import Replicator
@@ -64,8 +61,6 @@ from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.journal.timing import CommitTiming
 from spark_mq.plain import PlainMessage, plain_batch
 from spark_mq.schema import (
-    MESSAGE_SCHEMA,
-    QUEUE_SUBSCRIPTION,
     body_too_large,
     normalize_produce_batch,
 )
@@ -77,43 +72,7 @@ log = logging.getLogger(__name__)
 _CLOSE_MOVES_S = 30.0  # how long a clean shutdown waits for dead-letter and expiry moves
 
 
-def _journal_disk(config: BrokerConfig) -> str | None:
-    """The local directory whose disk the journal writes: the hot tier's, else a local data
-    directory's; None when there is none (persistence in memory, Delta on a remote root)."""
-    if config.broker.persistence != "delta":
-        return None
-    hot = config.hot_dir()
-    if hot is not None:
-        return hot
-    data = config.broker.data_dir
-    return (
-        None if "://" in data and not data.startswith("file://") else data.removeprefix("file://")
-    )
-
-
-def _lock_dir(config: BrokerConfig) -> str | None:
-    """The directory whose lock makes this broker its data's only one: a local data directory,
-    else the hot tier's (a remote root's local state); None when there is neither."""
-    if config.broker.persistence != "delta":
-        return None
-    if config.ha.mode == "replication":  # the data root is shared; the hot directory is its own
-        if not config.journal.hot_dir:
-            raise ConfigError(
-                'ha.mode = "replication" needs journal.hot_dir: each broker\'s own local '
-                "directory (data_dir is the Delta root both share)",
-                setting="journal.hot_dir",
-            )
-        return config.hot_dir_location()
-    data = config.broker.data_dir
-    if "://" not in data or data.startswith("file://"):
-        return os.path.abspath(data.removeprefix("file://"))
-    try:
-        return config.hot_dir_location()
-    except ConfigError:
-        return None
-
-
-class Broker(DestinationAdmin):
+class Broker(DestinationAdmin, Attaching):
     def __init__(
         self,
         config: BrokerConfig | None = None,
@@ -160,7 +119,7 @@ class Broker(DestinationAdmin):
         self.phase = "starting"
         self.started_at = time.time()
         self.memory = MemoryMonitor(self.config.limits.memory_budget_bytes)
-        self.disk = DiskMonitor(_journal_disk(self.config), self.config.limits.min_free_disk_bytes)
+        self.disk = DiskMonitor(journal_disk(self.config), self.config.limits.min_free_disk_bytes)
         self.claims = Claims(self, self._consumer_ids)
         self.disposer = Disposer(self)
         self.limits = Limits(self)
@@ -170,7 +129,7 @@ class Broker(DestinationAdmin):
         """Take the data directory, open the journal, rebuild every destination, start the lease
         timer. A shared store's backup (``ha.mode``) waits here for the primary's lock until it
         can take over (``StoppedWaiting`` if ``until`` is set first)."""
-        where = _lock_dir(self.config)
+        where = lock_dir(self.config)
         ha = self.config.ha
         if ha.mode != "none":
             self.phase = "backup"  # until it owns the data
@@ -615,183 +574,3 @@ class Broker(DestinationAdmin):
                 assert stored is not None  # (no duplicate: every row was kept)
                 return stored
         return combine(rows.num_rows, keep, stored, dups)
-
-    def attach(
-        self,
-        destination: str,
-        subscription: str | None = None,
-        prefetch: int | None = None,
-        *,
-        selector: str | None = None,
-        durable: bool = True,
-        wakeup: Wakeup | None = None,
-    ) -> ConsumerSession:
-        """Attach a consumer to a queue, or to a subscription of a topic.
-
-        On a topic, ``durable=False`` attaches to a non-durable subscription that lives while
-        consumers use it: private without a name, shared by every consumer giving the same
-        name. ``selector`` filters what this consumer receives. ``wakeup`` is set whenever the
-        session has something to send (default: a ``threading.Event``).
-        """
-        compiled = compile_selector(selector)
-        dest = self.destination_for_use(destination)
-        with dest.lock:
-            consumer_id = next(self._consumer_ids)
-            sub = self._consumed_subscription(dest, subscription, durable, consumer_id)
-            policy = dest.settings.delivery_policy
-            if policy == "single" and sub.consumers:
-                raise ConsumerRefused(
-                    f"queue {destination!r} has the delivery policy 'single' and already has a "
-                    "consumer; it takes another once that one leaves",
-                    destination=destination,
-                )
-            sub_name = sub.name
-            if sub.durable:
-                settle = lambda offsets, outcome, inline=None: self.journal.settle(  # noqa: E731
-                    destination, offsets, subscription=sub_name, outcome=outcome, inline=inline
-                )
-            else:
-                settle = settled_in_memory
-            session = ConsumerSession(
-                consumer_id,
-                sub,
-                dest.store,
-                prefetch=prefetch or self.config.delivery.default_prefetch,
-                max_batch=self.config.delivery.max_delivery_batch,
-                settle_durably=settle,
-                selector=compiled,
-                on_close=self._closed_session,
-                persist_delivery_count=sub.durable and self.config.delivery.persist_delivery_count,
-                wakeup=wakeup,
-            )
-            sub.register(consumer_id, session.could_take)
-            dest.sessions[consumer_id] = session
-        return session
-
-    def attach_temporary(
-        self, prefetch: int | None = None, *, wakeup: Wakeup | None = None
-    ) -> ConsumerSession:
-        """A new temporary queue (memory only) and a consumer on it; the queue goes when that
-        consumer does. Its name is ``session.subscription.destination``."""
-        name = f"tmp.{uuid.uuid4().hex[:16]}"
-        with self._lock:
-            self.journal.create_temporary(name)
-            dest = self._new_destination(name, "queue")
-            dest.temporary = True
-            dest.subscriptions[QUEUE_SUBSCRIPTION] = self._subscription(
-                dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set(), durable=False
-            )
-            self._dests[name] = dest
-        session = self.attach(name, prefetch=prefetch, wakeup=wakeup)
-        log.info(
-            "temporary queue %s for consumer %d",
-            name,
-            session.consumer_id,
-            extra={"destination": name, "consumer": session.consumer_id},
-        )
-        return session
-
-    def _consumed_subscription(
-        self, dest: Destination, name: str | None, durable: bool, consumer_id: int
-    ) -> Subscription:
-        """The subscription a new consumer reads (caller holds ``dest.lock``)."""
-        if dest.kind == "queue":
-            if name not in (None, QUEUE_SUBSCRIPTION):
-                raise DestinationExists(
-                    f"{dest.name!r} is a queue; subscriptions are for topics",
-                    destination=dest.name,
-                )
-            return dest.subscriptions[QUEUE_SUBSCRIPTION]
-        if durable:
-            if not name:
-                raise SubscriptionNotFound(
-                    f"{dest.name!r} is a topic: consume it through a subscription "
-                    f"(Admin.create_subscription({dest.name!r}, 'name')), or non-durably "
-                    "(durable=False)",
-                    destination=dest.name,
-                )
-            sub = dest.subscriptions.get(name)
-            if sub is None or not sub.durable:
-                raise SubscriptionNotFound(
-                    f"topic {dest.name!r} has no subscription {name!r}",
-                    destination=dest.name,
-                    subscription=name,
-                )
-            return sub
-        key = f"~{name}" if name else f"~{consumer_id}"  # "~" never starts a durable name
-        sub = dest.subscriptions.get(key)
-        if sub is None:
-            end = self.journal.end_offset(dest.name)
-            sub = self._subscription(dest, key, end, next_offset=end, settled=set(), durable=False)
-            dest.subscriptions[key] = sub
-        return sub
-
-    def _closed_session(self, session: ConsumerSession) -> None:
-        """A non-durable subscription goes with its last consumer, a temporary queue with
-        the consumer that made it."""
-        sub = session.subscription
-        with self._lock:
-            dest = self._dests.get(sub.destination)
-        if dest is None:
-            return
-        dest.last_used = self.clock.monotonic()
-        if dest.temporary:
-            try:
-                self.delete_destination(dest.name, internal=True)
-            except DestinationNotFound:
-                pass  # deleted meanwhile
-            return
-        if sub.durable:
-            return
-        with dest.lock:
-            if not sub.consumers and dest.subscriptions.get(sub.name) is sub:
-                del dest.subscriptions[sub.name]
-
-    # -- browse, purge, limits -----------------------------------------------------------------
-    def _named_subscription(self, dest: Destination, name: str | None) -> Subscription:
-        key = QUEUE_SUBSCRIPTION if dest.kind == "queue" else name
-        with dest.lock:
-            sub = dest.subscriptions.get(key or "")
-        if sub is None:
-            raise SubscriptionNotFound(
-                f"topic {dest.name!r} has no subscription {name!r}"
-                if name
-                else f"{dest.name!r} is a topic: name the subscription",
-                destination=dest.name,
-                subscription=name or "",
-            )
-        return sub
-
-    def browse(
-        self,
-        destination: str,
-        subscription: str | None = None,
-        *,
-        limit: int = 100,
-        selector: str | None = None,
-    ) -> pa.Table:
-        """Waiting messages in delivery order, without leasing them (a queue browser)."""
-        dest = self._dest(destination)
-        sub = self._named_subscription(dest, subscription)
-        offsets = sub.browse(max(limit, 0), compile_selector(selector))
-        if not offsets:
-            return MESSAGE_SCHEMA.empty_table()
-        return disposal.order_like(dest.store.take(offsets), offsets)
-
-    def purge(self, destination: str, subscription: str | None = None) -> int:
-        """Remove every waiting message (leased ones stay); returns how many, once durable."""
-        dest = self._administrable(destination)
-        sub = self._named_subscription(dest, subscription)
-        n = len(sub.purge())
-        for fut in self.disposer.run(dest, sub):
-            fut.result()
-        log.info("purged %d message(s) of %s", n, destination, extra={"destination": destination})
-        return n
-
-    def detach(self, session: ConsumerSession) -> None:
-        with self._lock:
-            dest = self._dests.get(session.subscription.destination)
-        if dest is not None:
-            with dest.lock:
-                dest.sessions.pop(session.consumer_id, None)
-        session.close()

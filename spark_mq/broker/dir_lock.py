@@ -24,8 +24,12 @@ import os
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from spark_mq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from spark_mq.config import BrokerConfig
 
 LOCK_FILE = ".lock"
 log = logging.getLogger(__name__)
@@ -97,3 +101,25 @@ class DataDirLock:
                 os.ftruncate(self._fd, 0)
             os.close(self._fd)  # (closing lets go of the lock)
             self._fd = -1
+
+
+def lock_dir(config: BrokerConfig) -> str | None:
+    """The directory whose lock makes this broker its data's only one: a local data directory,
+    else the hot tier's (a remote root's local state); None when there is neither."""
+    if config.broker.persistence != "delta":
+        return None
+    if config.ha.mode == "replication":  # the data root is shared; the hot directory is its own
+        if not config.journal.hot_dir:
+            raise ConfigError(
+                'ha.mode = "replication" needs journal.hot_dir: each broker\'s own local '
+                "directory (data_dir is the Delta root both share)",
+                setting="journal.hot_dir",
+            )
+        return config.hot_dir_location()
+    data = config.broker.data_dir
+    if "://" not in data or data.startswith("file://"):
+        return os.path.abspath(data.removeprefix("file://"))
+    try:
+        return config.hot_dir_location()
+    except ConfigError:
+        return None

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from spark_mq.errors import DiskFull
+
+if TYPE_CHECKING:
+    from spark_mq.config import BrokerConfig
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -67,3 +71,17 @@ class DiskMonitor:
 
     def stats(self) -> dict[str, object]:
         return {"disk_free_bytes": self.free_bytes, "disk_low": self.low}
+
+
+def journal_disk(config: BrokerConfig) -> str | None:
+    """The local directory whose disk the journal writes: the hot tier's, else a local data
+    directory's; None when there is none (persistence in memory, Delta on a remote root)."""
+    if config.broker.persistence != "delta":
+        return None
+    hot = config.hot_dir()
+    if hot is not None:
+        return hot
+    data = config.broker.data_dir
+    return (
+        None if "://" in data and not data.startswith("file://") else data.removeprefix("file://")
+    )
