@@ -1,0 +1,144 @@
+"""A producer's Arrow Flight stream: one ``DoPut`` per destination, batches pipelined, answers
+read back in order by a thread of its own (the direct wire's counterpart is
+:class:`spark_mq.client._wire.WireProduceStream`)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from concurrent.futures import Future
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from spark_mq import protocol
+from spark_mq.client._outcome import Outcome
+from spark_mq.client._transport import Connection, translate_flight_error, translated
+from spark_mq.errors import BrokerUnavailable, SchemaMismatch, SparkMQError
+from spark_mq.schema import PRODUCE_SCHEMA
+
+
+def conform_produce(table: pa.Table) -> pa.Table:
+    """Give a user's table exactly ``PRODUCE_SCHEMA`` (a Flight stream has one schema)."""
+    unknown = [n for n in table.column_names if n not in PRODUCE_SCHEMA.names]
+    if unknown:
+        raise SchemaMismatch(
+            f"unknown column(s) {unknown}; allowed: {PRODUCE_SCHEMA.names}", column=unknown[0]
+        )
+    if "body" not in table.column_names:
+        raise SchemaMismatch("a batch needs a 'body' column", column="body")
+    cols = []
+    for field in PRODUCE_SCHEMA:
+        if field.name in table.column_names:
+            try:
+                cols.append(table[field.name].cast(field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SchemaMismatch(
+                    f"column {field.name!r} has type {table[field.name].type}, expected "
+                    f"{field.type}",
+                    column=field.name,
+                ) from exc
+        else:
+            cols.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(cols, schema=PRODUCE_SCHEMA)
+
+
+class PutStream:
+    """One DoPut stream to one destination; acks come back in order."""
+
+    def __init__(self, conn: Connection, destination: str, window: int) -> None:
+        self.destination = destination
+        descriptor = fl.FlightDescriptor.for_command(protocol.encode(protocol.Produce(destination)))
+        with translated():
+            self._writer, self._acks = conn.client.do_put(
+                descriptor, PRODUCE_SCHEMA, conn.stream_options
+            )
+        self._lock = threading.Lock()
+        self._window = threading.Semaphore(window)
+        self._in_flight: deque[Outcome] = deque()
+        self.broken: SparkMQError | None = None
+        self._closed_writer = False
+        self._reader = threading.Thread(target=self._read_acks, name="producer-acks", daemon=True)
+        self._reader.start()
+
+    every_column = True  # a DoPut stream has one schema: PRODUCE_SCHEMA
+    takes_plain = False  # nor does it take PLAIN frames (direct wire only)
+
+    def write(self, batch: pa.RecordBatch, outcome: Outcome, *, waited: bool = False) -> None:
+        """Send ``batch`` (``waited`` makes no difference here: the reader thread reads every
+        answer of a Flight stream)."""
+        self._window.acquire()
+        with self._lock:
+            if self.broken is not None:
+                self._window.release()
+                raise self.broken
+            self._in_flight.append(outcome)
+            try:
+                self._writer.write_batch(batch)
+            except fl.FlightWriteSizeExceededError as exc:
+                self._in_flight.pop()  # this batch was not sent; the stream is still fine
+                self._window.release()
+                raise translate_flight_error(exc) from exc
+            except (fl.FlightError, OSError) as exc:
+                self._fail(translate_flight_error(exc))
+                raise self.broken from exc  # type: ignore[misc]
+
+    def wait(self, futures: list[Future]) -> None:
+        for f in futures:  # the reader thread answers them
+            f.exception()
+
+    def usable(self) -> bool:
+        return self.broken is None
+
+    def _fail(self, err: SparkMQError) -> None:
+        self.broken = err
+        while self._in_flight:
+            self._in_flight.popleft().fail(err)
+            self._window.release()
+
+    def _read_acks(self) -> None:
+        try:
+            while (buf := self._acks.read()) is not None:
+                frame = protocol.parse(buf.to_pybytes())
+                if isinstance(frame, protocol.Closing):  # every batch sent was answered
+                    with self._lock:
+                        self._fail(BrokerUnavailable(frame.reason))
+                        with contextlib.suppress(fl.FlightError, OSError):
+                            self._writer.done_writing()  # the broker's read of it ends
+                    continue  # to the end of the stream
+                with self._lock:
+                    outcome = self._in_flight.popleft()
+                self._window.release()
+                outcome.answer(frame)
+            # the stream ended early: the broker's reason (if any) surfaces on close()
+            with self._lock:
+                if self._in_flight or self.broken is None:
+                    try:
+                        self._writer.close()
+                        err: SparkMQError = BrokerUnavailable(
+                            "the broker closed the produce stream"
+                        )
+                    except (fl.FlightError, OSError) as exc:
+                        err = translate_flight_error(exc)
+                    self._closed_writer = True
+                    self._fail(err)
+        except (fl.FlightError, OSError, SparkMQError) as exc:
+            with self._lock:
+                self._fail(translate_flight_error(exc))
+
+    def close(self) -> None:
+        with self._lock:
+            if self.broken is None:
+                try:
+                    self._writer.done_writing()
+                except (fl.FlightError, OSError):
+                    pass  # the reader thread reports what happened to every batch
+        self._reader.join()
+        with self._lock:
+            if self._closed_writer:
+                return
+            try:
+                self._writer.close()
+            except (fl.FlightError, OSError):
+                pass  # the outcome of every batch was already reported through its future
