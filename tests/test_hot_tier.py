@@ -379,7 +379,7 @@ def test_reads_span_both_tiers_while_moving(tmp_path: Path) -> None:
 
 
 def test_a_move_of_records_of_different_schemas_gives_rows_of_the_current_one() -> None:
-    from spark_mq.journal.hot_tier import _few_batches
+    from spark_mq.journal.move_rows import few_batches
     from spark_mq.schema import MESSAGE_SCHEMA, conform
 
     current = [rows([b"a"], 0), rows([b"b", b"c"], 1)]
@@ -389,7 +389,7 @@ def test_a_move_of_records_of_different_schemas_gives_rows_of_the_current_one() 
         old.schema.get_field_index("body"), "body", old["body"].cast(pa.large_binary())
     )
     for records in (current, [*current, old], [old, *current]):
-        got = _few_batches(records, MESSAGE_SCHEMA)
+        got = few_batches(records, MESSAGE_SCHEMA)
         want = pa.concat_tables([conform(t, MESSAGE_SCHEMA) for t in records])
         assert got.schema.equals(MESSAGE_SCHEMA)
         assert got.equals(want)
@@ -397,7 +397,7 @@ def test_a_move_of_records_of_different_schemas_gives_rows_of_the_current_one() 
 
 
 def test_a_move_combines_runs_of_small_records_and_passes_big_batches_as_they_are() -> None:
-    from spark_mq.journal.hot_tier import _BIG_BATCH_ROWS, _few_batches
+    from spark_mq.journal.move_rows import _BIG_BATCH_ROWS, few_batches
     from spark_mq.schema import MESSAGE_SCHEMA
 
     big = [b"x"] * _BIG_BATCH_ROWS
@@ -411,7 +411,7 @@ def test_a_move_combines_runs_of_small_records_and_passes_big_batches_as_they_ar
         rows([b"d"], 3 + 3 * len(big)),
         rows([b"e"], 4 + 3 * len(big)),
     ]
-    got = _few_batches(records, MESSAGE_SCHEMA)
+    got = few_batches(records, MESSAGE_SCHEMA)
     assert got.equals(pa.concat_tables(records))
     sizes = [b.num_rows for b in got.to_batches()]
     assert sizes == [2, len(big), 1, len(big), len(big), 2]

@@ -71,6 +71,7 @@ MAX_IN_FLIGHT = 2
 
 OnCommit = Callable[[str, Rows], None]
 
+
 @dataclass(slots=True)
 class _Record:
     payload: pa.Table | PlainMessage | Settlement

@@ -31,7 +31,6 @@ competes with here, and a second process added work rather than taking any away.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import shutil
@@ -40,7 +39,6 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -48,6 +46,8 @@ from spark_mq.errors import Deposed, SparkMQError
 from spark_mq.journal import failpoints
 from spark_mq.journal.base import LogStore
 from spark_mq.journal.boundary import translate, translated
+from spark_mq.journal.move_rows import as_tables, few_batches
+from spark_mq.journal.quarantine import quarantine, quarantine_dir, readable
 from spark_mq.journal.segments import (
     KIND_MESSAGES,
     KIND_PLAIN,
@@ -171,7 +171,7 @@ class HotTier:
                 if self._is_moved(ref):
                     continue
                 try:
-                    table = _readable(self._log.read(ref), ref)
+                    table = readable(self._log.read(ref), ref)
                 except Exception as exc:  # whatever reading it raised: it cannot be moved
                     table = self._quarantine(ref, exc)
                 self._pending.append(_Pending(ref, table, now))
@@ -424,7 +424,7 @@ class HotTier:
         found = False
         for p in batch:
             try:
-                _readable(_as_tables([p.table])[0], p.ref)
+                readable(as_tables([p.table])[0], p.ref)
             except Exception as exc:
                 empty = self._quarantine(p.ref, exc)
                 with self._mutex:
@@ -433,49 +433,10 @@ class HotTier:
         return found
 
     def _quarantine(self, ref: RecordRef, problem: Exception) -> pa.Table:
-        """Set record ``ref`` aside (its payload and what is known of it, on disk) and count it;
-        returns what moves in its place: no rows."""
+        """Set record ``ref`` aside and count it; returns what moves in its place: no rows."""
         self._quarantined += 1
-        name = f"record-{ref.lsn:012d}"
-        where = os.path.join(self.quarantine_dir, name)
-        about = {
-            "destination": self.destination,
-            "segment": os.path.join(self.directory, f"segment-{ref.segment:012d}.log"),
-            "position": ref.position,
-            "lsn": ref.lsn,
-            "kind": ref.kind,
-            "first_offset": ref.first_offset if ref.kind in MESSAGE_KINDS else None,
-            "rows": ref.rows,
-            "payload_bytes": ref.length,
-            "problem": f"{type(problem).__name__}: {problem}",
-            "quarantined_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        try:
-            os.makedirs(self.quarantine_dir, exist_ok=True)
-            with open(where + ".payload", "wb") as fh:
-                fh.write(self._log.read_payload(ref))
-                os.fsync(fh.fileno())
-            with open(where + ".json", "w") as fh:
-                json.dump(about, fh, indent=2)
-                fh.write("\n")
-                os.fsync(fh.fileno())
-            kept = f"kept in {where}.payload / .json"
-        except OSError as exc:
-            kept = f"and could not be kept ({exc}); its segment keeps it until it is retired"
-        what = (
-            f"{ref.rows} message(s) at offsets {ref.first_offset}-{ref.end_offset - 1}"
-            if ref.kind in MESSAGE_KINDS
-            else f"{ref.rows} settlement(s)"
-        )
-        log.error(
-            "hot tier %s: record %d (%s) cannot be read and is quarantined, %s: %s",
-            self.destination,
-            ref.lsn,
-            what,
-            kept,
-            about["problem"],
-        )
-        return (MESSAGE_SCHEMA if ref.kind in MESSAGE_KINDS else SETTLEMENT_SCHEMA).empty_table()
+        log_, aside = self._log, self.quarantine_dir
+        return quarantine(log_, self.destination, self.directory, aside, ref, problem)
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []
@@ -493,7 +454,7 @@ class HotTier:
         settles = [p for p in batch if p.ref.kind in SETTLEMENT_KINDS]
         if messages:
             end = messages[-1].ref.end_offset
-            rows = _few_batches(_as_tables([p.table for p in messages]), MESSAGE_SCHEMA)
+            rows = few_batches(as_tables([p.table for p in messages]), MESSAGE_SCHEMA)
             # nothing invalid reaches delta-rs, which would read past a bad offset and crash the
             # process (clients' batches are checked on arrival; this is the last line: a few
             # microseconds a thousand rows)
@@ -505,7 +466,7 @@ class HotTier:
             self._delta_end = end
         if settles:
             version = settles[-1].ref.lsn
-            rows = _few_batches(_as_tables([p.table for p in settles]), SETTLEMENT_SCHEMA)
+            rows = few_batches(as_tables([p.table for p in settles]), SETTLEMENT_SCHEMA)
             rows.validate(full=True)
             self._store.commit_settlements(self.destination, rows, version)
             self._settled_version = version
@@ -531,7 +492,7 @@ class HotTier:
         """Rows with ``start <= offset < end``: from Delta, then from the records not yet moved."""
         with self._mutex:
             delta_end = self._delta_end
-            hot = _as_tables([p.table for p in self._pending if p.ref.kind in MESSAGE_KINDS])
+            hot = as_tables([p.table for p in self._pending if p.ref.kind in MESSAGE_KINDS])
         parts = [MESSAGE_SCHEMA.empty_table()]
         if start < delta_end:
             stop = delta_end if end is None else min(end, delta_end)
@@ -548,7 +509,7 @@ class HotTier:
 
     def read_settlements(self) -> pa.Table:
         with self._mutex:
-            hot = _as_tables([p.table for p in self._pending if p.ref.kind in SETTLEMENT_KINDS])
+            hot = as_tables([p.table for p in self._pending if p.ref.kind in SETTLEMENT_KINDS])
         delta = self._store.read_settlements(self.destination)
         return pa.concat_tables([delta, *(conform(t, SETTLEMENT_SCHEMA) for t in hot)])
 
@@ -593,90 +554,8 @@ def _no_space(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def quarantine_dir(hot_root: str, destination: str) -> str:
-    """Where a destination's unreadable records are set aside (a name no destination has)."""
-    return os.path.join(hot_root, ".quarantine", destination)
-
-
-def _readable(table: pa.Table, ref: RecordRef) -> pa.Table:
-    """``table``, the rows of record ``ref``, once they are known to be safe to read: valid
-    Arrow data of the log's schema, and for messages exactly the record's offsets."""
-    table.validate(full=True)
-    if ref.kind in MESSAGE_KINDS:
-        conform(table, MESSAGE_SCHEMA)
-        offsets = table["offset"].to_numpy()
-        if table.num_rows != ref.rows or not np.array_equal(
-            offsets, np.arange(ref.first_offset, ref.end_offset, dtype=np.int64)
-        ):
-            raise ValueError(
-                f"the record says offsets {ref.first_offset}-{ref.end_offset - 1}, its rows "
-                f"hold {table.num_rows} other(s)"
-            )
-    else:
-        conform(table, SETTLEMENT_SCHEMA)
-    return table
-
-
 _LET_GO_EACH = 32
 _LET_GO_REST_S = 0.001
-
-
-def _as_tables(records: list[pa.Table | PlainRows | SettlementRows]) -> list[pa.Table]:
-    """Records of one log as tables: consecutive plain messages or settlements become one
-    table, built in one go (a move of 500 acks: one table, not 500 concatenated)."""
-    out: list[pa.Table] = []
-    run: list = []  # consecutive PlainRows, or consecutive SettlementRows
-    for rows in records:
-        if run and type(rows) is not type(run[0]):
-            out.append(type(run[0]).joined(run).table())
-            run = []
-        if isinstance(rows, pa.Table):
-            out.append(rows)
-        else:
-            run.append(rows)
-    if run:
-        out.append(type(run[0]).joined(run).table())
-    return out
-
-
-_BIG_BATCH_ROWS = 256  # a batch this big goes to delta-rs as it is (see _few_batches)
-
-
-def _few_batches(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
-    """The records of one move as a table of ``schema`` in few record batches.
-
-    A record is often one row (a synchronous send, an ack). delta-rs pays per batch it is
-    handed: measured with 500 one-row records of 1 KiB, the append took 23-37 ms as 500 batches
-    and 7-11 ms as one. Runs of small batches are therefore combined, each into one; a big batch
-    (a produced batch of ``_BIG_BATCH_ROWS`` rows or more) is passed as it is: combining a move of
-    130 batches of 1,000 rows copied 130 MB, 150 ms of the mover's CPU against 92 for the append
-    itself. Records of one schema (all but some recovered from an older version's segments) are
-    concatenated as they are and conformed once: promoting and casting 500 one-row tables took
-    5.1 ms, 2.3-2.8 ms without (in the running broker, 9-16 ms of the mover's CPU a move against
-    3.4-6.5).
-    """
-    try:
-        table = pa.concat_tables(tables)
-    except pa.ArrowInvalid:  # the records' schemas differ
-        table = pa.concat_tables(tables, promote_options="permissive")
-    if not table.schema.equals(schema):
-        table = conform(table, schema)
-    batches, run = [], []
-    for batch in table.to_batches():
-        if batch.num_rows < _BIG_BATCH_ROWS:
-            run.append(batch)
-            continue
-        batches += _combined(run, table.schema)
-        run = []
-        batches.append(batch)
-    batches += _combined(run, table.schema)
-    return pa.Table.from_batches(batches, schema=table.schema)
-
-
-def _combined(batches: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
-    if len(batches) < 2:
-        return batches
-    return pa.Table.from_batches(batches, schema=schema).combine_chunks().to_batches()
 
 
 def has_segments(hot_root: str) -> list[str]:
