@@ -13,15 +13,13 @@ from spark_mq import Admin, Consumer, Producer
 from spark_mq.errors import SchemaMismatch
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.hot_tier import HotTierSettings
-from spark_mq.journal.segments import (
-    FIRST_SEGMENT_BYTES,
+from spark_mq.journal.records import (
     KIND_MESSAGES,
     KIND_PLAIN,
     KIND_PLAIN_SETTLEMENTS,
     KIND_SETTLEMENTS,
-    SPARE,
-    SegmentLog,
 )
+from spark_mq.journal.segments import FIRST_SEGMENT_BYTES, SPARE, SegmentLog
 from spark_mq.journal.settlements import Settlement, SettlementRows
 from spark_mq.launch import BrokerProcess
 from spark_mq.plain import PlainMessage, PlainRows

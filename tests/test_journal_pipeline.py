@@ -19,7 +19,8 @@ from spark_mq.journal.group_commit import DestinationWriter
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.journal.memory_store import MemoryStore
-from spark_mq.journal.segments import KIND_MESSAGES, SegmentLog
+from spark_mq.journal.records import KIND_MESSAGES
+from spark_mq.journal.segments import SegmentLog
 from spark_mq.launch import BrokerProcess
 from spark_mq.plain import PlainRows
 from tests.conftest import wait_for

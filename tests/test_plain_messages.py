@@ -16,7 +16,7 @@ from spark_mq.errors import MessageTooLarge
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.hot_tier import HotTierSettings
 from spark_mq.journal.inline_commit import InlineCommit
-from spark_mq.journal.segments import KIND_PLAIN, MESSAGE_KINDS, scan_segment
+from spark_mq.journal.records import KIND_PLAIN, MESSAGE_KINDS, scan_segment
 from spark_mq.launch import BrokerProcess
 from spark_mq.plain import PlainMessage, PlainRows, plain_batch, plain_table
 from spark_mq.schema import MESSAGE_SCHEMA, normalize_produce_batch, with_offsets

@@ -130,7 +130,9 @@ def test_an_unreadable_record_in_the_hot_tier_is_quarantined_and_the_rest_recove
         with Consumer(broker.url, "q", prefetch=10) as consumer:
             got = receive_n(consumer, 3)
             assert [(m.offset, m.body) for m in got] == [
-                (0, b"before-0"), (1, b"before-1"), (5, b"after-5")
+                (0, b"before-0"),
+                (1, b"before-1"),
+                (5, b"after-5"),
             ]
             consumer.ack(got).result(timeout=10)
         with Producer(broker.url, destination="q") as producer:

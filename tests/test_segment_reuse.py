@@ -10,7 +10,8 @@ import pytest
 
 from spark_mq import Admin, Consumer, Producer
 from spark_mq.journal import DeltaStore
-from spark_mq.journal.segments import HEADER_BYTES, KIND_MESSAGES, SPARE, RecordRef, SegmentLog
+from spark_mq.journal.records import HEADER_BYTES, KIND_MESSAGES, RecordRef
+from spark_mq.journal.segments import SPARE, SegmentLog
 from spark_mq.launch import BrokerProcess
 from tests.conftest import receive_n, wait_for
 from tests.test_hot_tier import rows, segment_files

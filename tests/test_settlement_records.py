@@ -10,7 +10,7 @@ import pytest
 
 from spark_mq import Admin, Consumer, Producer
 from spark_mq.journal import DeltaStore
-from spark_mq.journal.segments import (
+from spark_mq.journal.records import (
     KIND_PLAIN_SETTLEMENTS,
     KIND_SETTLEMENTS,
     SETTLEMENT_KINDS,

@@ -48,7 +48,7 @@ from spark_mq.journal.base import LogStore
 from spark_mq.journal.boundary import translate, translated
 from spark_mq.journal.move_rows import as_tables, few_batches
 from spark_mq.journal.quarantine import quarantine, quarantine_dir, readable
-from spark_mq.journal.segments import (
+from spark_mq.journal.records import (
     KIND_MESSAGES,
     KIND_PLAIN,
     KIND_PLAIN_SETTLEMENTS,
@@ -56,9 +56,8 @@ from spark_mq.journal.segments import (
     SETTLEMENT_KINDS,
     RecordRef,
     Records,
-    SegmentLog,
-    SyncMode,
 )
+from spark_mq.journal.segments import SegmentLog, SyncMode
 from spark_mq.journal.settlements import SettlementRows
 from spark_mq.journal.sinks import as_journal_error
 from spark_mq.plain import PlainRows

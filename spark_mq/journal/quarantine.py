@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from spark_mq.journal.segments import MESSAGE_KINDS, RecordRef, SegmentLog
+from spark_mq.journal.records import MESSAGE_KINDS, RecordRef
+from spark_mq.journal.segments import SegmentLog
 from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
 
 log = logging.getLogger("spark_mq.journal.hot_tier")

@@ -1,17 +1,8 @@
 """The hot tier's on-disk format: an append-only log of checksummed Arrow records in segments.
 
 A destination's segment log is a directory of files ``segment-<seq>.log``, each pre-allocated to
-``segment_bytes`` (so an append rarely has to grow the file) and filled with records::
-
-    magic u32 | kind u8 | reserved u8,u16 | lsn u64 | first_offset i64 | rows u32 | length u32
-    | crc32 u32 (over the 32 header bytes before it and the payload) | payload
-
-The payload is an Arrow IPC stream of rows (``KIND_MESSAGES``; ``KIND_SETTLEMENTS``, which
-versions before ``KIND_PLAIN_SETTLEMENTS`` wrote), or the values as they came: for plain messages
-(:mod:`spark_mq.plain`) each one's enqueue time, dedup id and body
-(:meth:`~spark_mq.plain.PlainRows.encode`), for settlements each settle call's arguments
-(:meth:`~spark_mq.journal.settlements.SettlementRows.encode`). Such a record of one message or
-one ack is written in about a microsecond, where the Arrow stream of its row took tens.
+``segment_bytes`` (so an append rarely has to grow the file) and filled with records
+(:mod:`spark_mq.journal.records`: a checksummed header and a payload).
 
 ``lsn`` numbers the records of one log 1, 2, 3 ... without gaps across segments, so a scan
 recognises the end of the log: the first record whose magic, length, checksum or lsn is not the
@@ -39,13 +30,9 @@ the *spare* (``spare.log``) if one is ready, and there are two ways to make one:
   (the first rolls after a start), a thread zeroes a full-size spare, paced; unless the
   segment's appends are big (:data:`_BIG_APPEND_BYTES` on average: batches, not single sends).
 
-A roll finding no spare ready falls back to reserving space. Zeroing pays for small appends,
-whose syncs it makes cheaper, and costs big ones: the zeros are a second write of every segment,
-and a sync of a 1-8 MiB append over reserved space costs little more than over written space
-(6.5 MiB appends: 428-431 MiB/s against 564-578). Batched produce fell from 225-271k msg/s to
-159-230k when every spare was zeroed (three interleaved pairs). A crash
-while a spare is made leaves ``spare.log.tmp`` or ``reused.log.tmp``, which the next open
-deletes; no spare file is ever read as a segment.
+A roll finding no spare ready falls back to reserving space (why zeroing is not always worth
+it: :mod:`spark_mq.journal.zeroing`). A crash while a spare is made leaves ``spare.log.tmp`` or
+``reused.log.tmp``, which the next open deletes; no spare file is ever read as a segment.
 """
 
 from __future__ import annotations
@@ -54,39 +41,27 @@ import contextlib
 import errno
 import logging
 import os
-import struct
 import threading
 import time
-import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 import pyarrow as pa
 
-from spark_mq.journal.ipc_payloads import Scratch, decode_table
-from spark_mq.journal.settlements import SettlementRows
-from spark_mq.plain import PlainRows
+from spark_mq.journal.ipc_payloads import Scratch
+from spark_mq.journal.records import (
+    _ENCODED,
+    _HEADER,
+    HEADER_BYTES,
+    MAGIC,
+    RecordRef,
+    Records,
+    decode_payload,
+    encode_record,
+    scan_segment,
+)
+from spark_mq.journal.zeroing import ZEROS, SyncMode, zero
 
 log = logging.getLogger(__name__)
 
-MAGIC = 0x31514D53  # "SMQ1" little-endian
-_HEADER = struct.Struct("<IBBHQqII")
-_CRC = struct.Struct("<I")
-HEADER_BYTES = _HEADER.size + _CRC.size  # 36
-
-KIND_MESSAGES = 1
-KIND_SETTLEMENTS = 2  # rows of SETTLEMENT_SCHEMA: read, no longer written
-KIND_PLAIN = 3  # plain messages (spark_mq.plain), read back as rows of MESSAGE_SCHEMA
-KIND_PLAIN_SETTLEMENTS = 4  # SettlementRows, read back as rows of SETTLEMENT_SCHEMA
-MESSAGE_KINDS = (KIND_MESSAGES, KIND_PLAIN)
-SETTLEMENT_KINDS = (KIND_SETTLEMENTS, KIND_PLAIN_SETTLEMENTS)
-_KINDS = (*MESSAGE_KINDS, *SETTLEMENT_KINDS)
-# the record kinds whose rows encode themselves (the others are tables, written as Arrow)
-_ENCODED = (KIND_PLAIN, KIND_PLAIN_SETTLEMENTS)
-Records = list[tuple[int, int, pa.Table | PlainRows | SettlementRows]]
-
-SyncMode = Literal["fsync", "fdatasync", "none"]
 
 # the write syncs itself where the system can (Linux 4.7+): one system call, not two. Measured
 # here, 2,000 appends of 1 KiB to a zeroed file: p50 130-157 us against 143-167 with fdatasync
@@ -99,89 +74,7 @@ FIRST_SEGMENT_BYTES = 1024 * 1024  # zeroed by the first append: about 3 ms, onc
 SPARE = "spare.log"
 _SPARE_TMP = SPARE + ".tmp"  # being zeroed
 _REUSE_TMP = "reused.log.tmp"  # a retired segment being made the spare
-_ZEROS = bytes(1024 * 1024)
-# A spare is zeroed this much at a time, each part synced, resting as long as that took. An
-# append's sync waits for the part being written: measured on this machine, appends at 1,000/s
-# while 64 MiB were zeroed had p99 0.58 ms in parts of 128 KiB (0.34 ms with nothing zeroed),
-# 0.89 in 256 KiB, 2.4 in 1 MiB and 6-7 in 4 MiB; zeroing took 0.5 s instead of 0.25.
-_PACE_BYTES = 128 * 1024
 _BIG_APPEND_BYTES = 256 * 1024
-
-
-@dataclass(slots=True)
-class RecordRef:
-    """Where a durable record sits, without its payload. (Slotted, not frozen: one is made
-    for every record written, and a frozen class's ``__init__`` costs four times as much.)"""
-
-    lsn: int
-    kind: int
-    first_offset: int  # messages: offset of the first row; settlements: -1
-    rows: int
-    segment: int
-    position: int  # byte position of the header in the segment file
-    length: int  # payload bytes
-
-    @property
-    def end_offset(self) -> int:
-        return self.first_offset + self.rows
-
-    @property
-    def size(self) -> int:
-        return HEADER_BYTES + self.length
-
-
-def encode_record(
-    kind: int, lsn: int, first_offset: int, rows: int, payload: pa.Buffer | bytes
-) -> bytes:
-    header = _HEADER.pack(MAGIC, kind, 0, 0, lsn, first_offset, rows, len(payload))
-    crc = zlib.crc32(payload, zlib.crc32(header))
-    return header + _CRC.pack(crc)
-
-
-def scan_segment(
-    data: bytes | memoryview, segment: int, expected_lsn: int
-) -> tuple[list[RecordRef], int]:
-    """The valid records at the start of ``data``, and the byte length of that valid prefix."""
-    refs: list[RecordRef] = []
-    pos = 0
-    view = memoryview(data)
-    while pos + HEADER_BYTES <= len(view):
-        magic, kind, _, _, lsn, first, rows, length = _HEADER.unpack_from(view, pos)
-        if magic != MAGIC or lsn != expected_lsn or kind not in _KINDS:
-            break
-        end = pos + HEADER_BYTES + length
-        if end > len(view):
-            break
-        (crc,) = _CRC.unpack_from(view, pos + _HEADER.size)
-        payload = view[pos + HEADER_BYTES : end]
-        if zlib.crc32(payload, zlib.crc32(view[pos : pos + _HEADER.size])) != crc:
-            break
-        refs.append(RecordRef(lsn, kind, first, rows, segment, pos, length))
-        expected_lsn += 1
-        pos = end
-    return refs, pos
-
-
-def _zero(
-    fd: int, size: int, sync: SyncMode, *, paced: bool = False, stop: Callable[[], bool] = bool
-) -> None:
-    """Write ``size`` zero bytes from the start of ``fd`` and sync them (unless told to stop).
-
-    ``paced``: synced every :data:`_PACE_BYTES`, resting as long as that took, so an append's
-    sync never waits long behind the zeros.
-    """
-    pos = 0
-    while pos < size and not stop():
-        started = time.perf_counter()
-        end = min(size, pos + _PACE_BYTES) if paced else size
-        while pos < end:
-            pos += os.pwrite(fd, memoryview(_ZEROS)[: min(len(_ZEROS), end - pos)], pos)
-        if sync != "none" and (paced or pos >= size):
-            os.fdatasync(fd)
-        if paced:
-            time.sleep(time.perf_counter() - started)
-    if sync != "none" and pos >= size:
-        os.fsync(fd)
 
 
 def _segment_name(seq: int) -> str:
@@ -355,7 +248,7 @@ class SegmentLog:
             st = os.statvfs(self.directory)
             if st.f_bavail * st.f_frsize < 4 * size:
                 raise OSError(errno.ENOSPC, "too little space left to zero it ahead")
-            _zero(fd, size, self.sync_mode)
+            zero(fd, size, self.sync_mode)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -408,7 +301,7 @@ class SegmentLog:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 stop = lambda: self._closing or self._stop_zeroing  # noqa: E731
-                _zero(fd, self.segment_bytes, self.sync_mode, paced=True, stop=stop)
+                zero(fd, self.segment_bytes, self.sync_mode, paced=True, stop=stop)
             finally:
                 os.close(fd)
             if stop() or not self._spare_is(tmp):
@@ -447,7 +340,7 @@ class SegmentLog:
                 size = os.fstat(fd).st_size
                 while size < self.segment_bytes:
                     size += os.pwrite(
-                        fd, memoryview(_ZEROS)[: min(len(_ZEROS), self.segment_bytes - size)], size
+                        fd, memoryview(ZEROS)[: min(len(ZEROS), self.segment_bytes - size)], size
                     )
                 if self.sync_mode != "none":
                     os.fdatasync(fd)
@@ -653,12 +546,7 @@ class SegmentLog:
 
     def read(self, ref: RecordRef) -> pa.Table:
         """A record's rows as a table, whatever its kind."""
-        payload = self.read_payload(ref)
-        if ref.kind == KIND_PLAIN:
-            return PlainRows.decode(payload, ref.first_offset, ref.rows).table()
-        if ref.kind == KIND_PLAIN_SETTLEMENTS:
-            return SettlementRows.decode(payload, ref.rows).table()
-        return decode_table(payload)
+        return decode_payload(ref, self.read_payload(ref))
 
     def retire(self, segments: list[int]) -> int:
         """Retire sealed segments (never the active one): one may become the spare, the others
