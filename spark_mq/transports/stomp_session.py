@@ -35,6 +35,7 @@ from spark_mq.plain import PlainMessage
 from spark_mq.session import ClientSession
 from spark_mq.transports import stomp_headers as h
 from spark_mq.transports.stomp_codec import Frame, StompError, encode
+from spark_mq.transports.wire_producing import INLINE_MAX_BYTES
 
 if TYPE_CHECKING:
     from spark_mq.transports.stomp_connection import StompConnection
@@ -45,7 +46,6 @@ ACK_MODES = ("auto", "client", "client-individual")
 PREFETCH = ("activemq.prefetchSize", "sparkmq-prefetch")
 DURABLE = ("activemq.subscriptionName", "durable-subscription-name", "sparkmq-durable-subscription")
 SHARED = "sparkmq-shared-subscription"
-_INLINE_MAX_BYTES = 256 * 1024  # a body this big is synced by the writer thread (as the wire)
 
 
 @dataclass
@@ -149,7 +149,7 @@ class StompSession:
             self.conn.blocking(stored, lambda _: self.conn.reply(receipt), receipt)
             return
         # (a big message is synced by the journal's writer thread while the loop serves on)
-        small = len(frame.body) < _INLINE_MAX_BYTES
+        small = len(frame.body) < INLINE_MAX_BYTES
         fut = _produce(session, name, message, self.conn.inline if small else None)
         self.pending_ops += 1
         fut.add_done_callback(lambda f: self.conn.threadsafe(self._produced, f, receipt))
