@@ -22,6 +22,7 @@ class Inbox(stomp.ConnectionListener):
         self.messages: list[Frame] = []
         self.receipts: list[str] = []
         self.errors: list[Frame] = []
+        self.heartbeats = 0  # heart-beats the broker sent
         self.disconnected = threading.Event()
         self._cond = threading.Condition()
 
@@ -38,6 +39,17 @@ class Inbox(stomp.ConnectionListener):
 
     def on_error(self, frame: Frame) -> None:
         self._add(self.errors, frame)
+
+    def on_heartbeat(self) -> None:
+        with self._cond:
+            self.heartbeats += 1
+            self._cond.notify_all()
+
+    def wait_heartbeats(self, n: int, timeout: float = 15.0) -> None:
+        """Until the broker sent ``n`` more heart-beats: its loop's own clock, for a test that
+        something does not happen over several of its intervals."""
+        target = self.heartbeats + n
+        self.wait(lambda: self.heartbeats >= target, f"{n} heart-beats", timeout)
 
     def on_disconnected(self) -> None:
         self.disconnected.set()

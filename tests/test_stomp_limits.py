@@ -204,7 +204,7 @@ def test_heart_beats_go_out_and_a_silent_client_is_dropped(tight: BrokerProcess)
     assert time.monotonic() - started < 3
     # a client that keeps beating stays
     conn, inbox = connect(_port(tight), heartbeats=(100, 100))
-    time.sleep(1.5)
+    inbox.wait_heartbeats(7)  # 1.4 s of the broker's 200 ms beats: 3.5 times the drop interval
     assert conn.is_connected() and not inbox.errors
     conn.disconnect()
 
@@ -284,13 +284,13 @@ def test_random_bytes_never_crash_or_hang_the_service(tight: BrokerProcess) -> N
 def test_unacknowledged_messages_stay_with_a_connected_client_past_their_lease(
     tight: BrokerProcess,
 ) -> None:
-    conn, inbox = connect(_port(tight))
+    conn, inbox = connect(_port(tight), heartbeats=(0, 200))  # (the broker's beats: a clock)
     send_all(conn, inbox, "/queue/slow", [b"1", b"2"])
     conn.subscribe("/queue/slow", id="s", ack="client-individual")
     one, two = inbox.wait_messages(2)
     conn.begin("t")
     conn.ack(two.headers["ack"], transaction="t")
-    time.sleep(2.5)  # leases of 1 s, extended for the client
+    inbox.wait_heartbeats(12)  # 2.4 s of the broker's beats; leases of 1 s, extended for us
     assert len(inbox.messages) == 2 and not inbox.errors  # nothing redelivered
     conn.ack(one.headers["ack"], receipt="acked")
     conn.commit("t", receipt="committed")

@@ -4,9 +4,9 @@ find, and their statistics (a part of :class:`spark_mq.broker.core.Broker`)."""
 from __future__ import annotations
 
 import logging
-import threading
 from typing import TYPE_CHECKING, Any
 
+from spark_mq.broker.part import BrokerPart
 from spark_mq.broker.selector import compile_selector
 from spark_mq.errors import ConfigError, DestinationNotFound, NotAllowed
 from spark_mq.journal.base import Kind
@@ -17,45 +17,16 @@ if TYPE_CHECKING:
     from spark_mq.broker.destination import Destination
     from spark_mq.broker.disk import DiskMonitor
     from spark_mq.broker.memory import MemoryMonitor
-    from spark_mq.broker.selector import Selector
-    from spark_mq.broker.subscription import Subscription
-    from spark_mq.clock import Clock
-    from spark_mq.config import BrokerConfig
-    from spark_mq.journal import Journal
 
 log = logging.getLogger("spark_mq.broker.core")
 
 
-class DestinationAdmin:
-    """Mixed into ``Broker``: relies on its ``_lock``, ``_dests``, ``journal``, ``config``,
-    ``clock``, ``memory`` and its ``_new_destination`` / ``_subscription`` builders."""
+class DestinationAdmin(BrokerPart):
+    """Mixed into ``Broker``: relies on its state and builders (``BrokerPart``), ``memory``
+    and ``disk``."""
 
-    _lock: threading.RLock
-    _dests: dict[str, Destination]
-    journal: Journal
-    config: BrokerConfig
-    clock: Clock
     memory: MemoryMonitor
     disk: DiskMonitor
-
-    if TYPE_CHECKING:  # the broker's own builders this part calls
-
-        def ha_state(self) -> dict[str, Any]: ...
-        def _new_destination(
-            self, name: str, kind: Kind, overrides: dict[str, Any] | None = None
-        ) -> Destination: ...
-        def _subscription(
-            self,
-            dest: Destination,
-            name: str,
-            start: int,
-            *,
-            next_offset: int,
-            settled: set[int],
-            returned: dict[int, int] | None = None,
-            selector: Selector | None = None,
-            durable: bool = True,
-        ) -> Subscription: ...
 
     def _dest(self, name: str, *, kind: Kind | None = None) -> Destination:
         """The destination ``name``; ``kind``: what the caller needs it to be, which the error

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from spark_mq.broker import disposal
 from spark_mq.broker.consumers import ConsumerSession, Wakeup
 from spark_mq.broker.destination import settled_in_memory
+from spark_mq.broker.part import BrokerPart
 from spark_mq.broker.selector import compile_selector
 from spark_mq.errors import (
     ConsumerRefused,
@@ -26,29 +26,20 @@ from spark_mq.schema import MESSAGE_SCHEMA, QUEUE_SUBSCRIPTION
 if TYPE_CHECKING:
     from spark_mq.broker.destination import Destination
     from spark_mq.broker.disposal import Disposer
-    from spark_mq.broker.selector import Selector
     from spark_mq.broker.subscription import Subscription
-    from spark_mq.clock import Clock
-    from spark_mq.config import BrokerConfig
-    from spark_mq.journal import Journal
     from spark_mq.journal.base import Kind
 
 log = logging.getLogger("spark_mq.broker.core")
 
 
-class Attaching:
-    """Mixed into ``Broker``: relies on its ``_lock``, ``_dests``, ``_consumer_ids``,
-    ``journal``, ``config``, ``clock``, ``disposer`` and the admin part's lookups."""
+class Attaching(BrokerPart):
+    """Mixed into ``Broker``: relies on its state (``BrokerPart``), ``_consumer_ids``,
+    ``disposer`` and the admin part's lookups."""
 
-    _lock: threading.RLock
-    _dests: dict[str, Destination]
     _consumer_ids: itertools.count[int]
-    journal: Journal
-    config: BrokerConfig
-    clock: Clock
     disposer: Disposer
 
-    if TYPE_CHECKING:  # the broker's own builders and the admin part's lookups this part calls
+    if TYPE_CHECKING:  # the admin part's lookups this part calls
 
         def destination_for_use(self, name: str) -> Destination: ...
         def _dest(self, name: str, *, kind: Kind | None = None) -> Destination: ...
@@ -56,21 +47,6 @@ class Attaching:
         def delete_destination(
             self, name: str, *, internal: bool = False, only_if_end: int | None = None
         ) -> bool: ...
-        def _new_destination(
-            self, name: str, kind: Kind, overrides: dict[str, Any] | None = None
-        ) -> Destination: ...
-        def _subscription(
-            self,
-            dest: Destination,
-            name: str,
-            start: int,
-            *,
-            next_offset: int,
-            settled: set[int],
-            returned: dict[int, int] | None = None,
-            selector: Selector | None = None,
-            durable: bool = True,
-        ) -> Subscription: ...
 
     def attach(
         self,

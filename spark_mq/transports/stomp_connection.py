@@ -51,7 +51,6 @@ class StompConnection(asyncio.Protocol):
         self.version = "1.2"
         self.verbs: StompSession | None = None  # once connected
         self.certificate_name: str | None = None
-        self.connected = False
         self.closed = False
         self.refused = False  # an ERROR went out: what comes is dropped until the close
         self.draining = False
@@ -254,7 +253,6 @@ class StompConnection(asyncio.Protocol):
             session = security.session(self.server.broker, principal, peer=peer, transport="stomp")
             self.verbs = StompSession(self, session, client_id)
             self.version = self.parser.version = version
-            self.connected = True
             self.write(
                 Frame(
                     "CONNECTED",
@@ -290,7 +288,7 @@ class StompConnection(asyncio.Protocol):
     def write(self, frame: Frame) -> None:
         if self.closed or self.transport is None:
             return
-        self.transport.write(encode(frame, self.version if self.connected else "1.0"))
+        self.transport.write(encode(frame, self.version if self.verbs is not None else "1.0"))
         self.last_write = time.monotonic()
 
     def receipt(self, frame: Frame) -> None:
@@ -349,7 +347,7 @@ class StompConnection(asyncio.Protocol):
         if self.closed or self.refused or self.transport is None or self.handshaking:
             return
         settings = self.server.settings
-        if not self.connected and not self.busy:
+        if self.verbs is None and not self.busy:
             if now - self.opened >= settings.handshake_timeout_s:
                 self.error(
                     f"no CONNECT frame within {settings.handshake_timeout_s:g} s of connecting "

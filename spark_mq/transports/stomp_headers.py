@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from spark_mq.errors import InvalidNameError
 from spark_mq.names import validate_name
 from spark_mq.plain import PlainMessage
 from spark_mq.schema import DEFAULT_PRIORITY, PRODUCE_SCHEMA
@@ -76,7 +77,7 @@ def target_of(text: str | None, what: str = "destination") -> Target:
             name = text[len(prefix) :]
             try:
                 validate_name(name, "temporary queue" if kind == "temp-queue" else kind)
-            except Exception as exc:  # InvalidNameError: its message says what is allowed
+            except InvalidNameError as exc:  # (its message says what is allowed)
                 raise StompError(f"{what} {text!r}: {exc}") from None
             return Target(kind, name)
     raise StompError(
