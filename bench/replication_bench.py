@@ -27,7 +27,6 @@ from tests.ha_kit import free_port
 MODES = ("single", "local", "replicated")
 
 
-
 def start(mode: str, where: Path) -> list[BrokerProcess]:
     if mode == "single":
         return [BrokerProcess(str(where / "root"), log_file=str(where / "a.out")).start()]

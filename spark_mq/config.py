@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -224,8 +225,10 @@ class HASection(_Section):
     # "replication": each broker has its own hot directory (journal.hot_dir), the primary
     # ships every record to the backup's
     mode: Literal["none", "shared-store", "replication"] = "none"
-    # how this broker names itself in the ownership record and the log ("" = host:port)
-    broker_id: str = ""
+    # how this broker names itself in the ownership record and the log, and the directory
+    # of its own log files under a shared data_dir ("" = this machine's name; its process id
+    # is added in the ownership record)
+    broker_id: str = Field("", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$|^$")
     # a waiting backup tries the data directory's lock this often (s): the failover time after
     # the primary's process ends is at most this plus recovery
     lock_poll_s: float = Field(0.2, gt=0, le=60)
@@ -259,23 +262,30 @@ class BrokerConfig(_Section):
     storage: dict[str, str] = {}
 
     def log_path(self) -> Path | None:
-        """Where the rotating log goes; relative paths sit under a local data_dir."""
+        """Where the rotating log goes; relative paths sit under a local data_dir (see
+        :meth:`_own_file`)."""
         if not self.logging.file:
             return None
-        path = Path(self.logging.file)
-        if path.is_absolute():
-            return path
-        data = self.broker.data_dir
-        base = Path(data) if "://" not in data else Path.cwd()
-        return base / path
+        return self._own_file(self.logging.file)
 
     def audit_path(self) -> Path:
         """Where the audit log goes; relative paths sit under a local data_dir, as the log's."""
-        path = Path(self.security.audit_file)
+        return self._own_file(self.security.audit_file)
+
+    def _own_file(self, name: str) -> Path:
+        """A file of this broker's own: an absolute path as it is; a relative one under a local
+        data_dir (the working directory for a remote one). The two brokers of a
+        high-availability pair share the data_dir, so each gets a directory of its own there,
+        named after ``ha.broker_id`` (this machine's name without one): ``logs/log.txt``
+        becomes ``logs/<broker_id>/log.txt``, and the two never write one file."""
+        path = Path(name)
         if path.is_absolute():
             return path
         data = self.broker.data_dir
         base = Path(data) if "://" not in data else Path.cwd()
+        if self.ha.mode != "none":
+            member = self.ha.broker_id or socket.gethostname()
+            path = path.parent / member / path.name
         return base / path
 
     def hot_dir(self) -> str | None:

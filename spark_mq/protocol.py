@@ -65,6 +65,9 @@ class Login:
 @dataclass(frozen=True)
 class Produce:
     destination: str
+    # ask for heartbeats: while batches wait for their answers the broker writes something at
+    # least this often (0: none; brokers before wire version 3 ignore it)
+    heartbeat_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ class Consume:
     # the direct wire may deliver plain messages as ONE frames (brokers before wire version 2
     # ignore it and send batches)
     compact: bool = False
+    # ask for heartbeats: the broker writes something at least this often (0: none; brokers
+    # before wire version 3 ignore it)
+    heartbeat_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,14 @@ class Closing:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    """The broker is alive: sent to a client that asked for heartbeats (``heartbeat_ms``)
+    when nothing else went to it for that long, while it waits for something. A client that
+    hears nothing for several intervals takes the broker for dead (paused, hung, cut off) and
+    moves on, to the pair's other broker when it has one."""
+
+
+@dataclass(frozen=True)
 class Reply:
     request_id: int
     ok: tuple[int, ...] = ()
@@ -168,6 +182,7 @@ Frame = (
     | Settle
     | Bye
     | Closing
+    | Heartbeat
     | Reply
     | PutAck
     | PutFailed
@@ -182,6 +197,7 @@ _TYPES: dict[str, type] = {
     "settle": Settle,
     "bye": Bye,
     "closing": Closing,
+    "heartbeat": Heartbeat,
     "reply": Reply,
     "put_ack": PutAck,
     "put_failed": PutFailed,
@@ -308,7 +324,7 @@ def _parse_json(data: bytes | memoryview) -> Frame:
                 _str(doc, "token", optional=True, secret=True),
             )
         case "produce":
-            return Produce(_str(doc, "destination"))  # type: ignore[arg-type]
+            return Produce(_str(doc, "destination"), _heartbeat_ms(doc))  # type: ignore[arg-type]
         case "consume":
             prefetch = _int(doc, "prefetch", optional=True)
             if prefetch is not None and not 1 <= prefetch <= MAX_PREFETCH:
@@ -329,6 +345,7 @@ def _parse_json(data: bytes | memoryview) -> Frame:
                 durable,
                 temporary,
                 compact,
+                _heartbeat_ms(doc),
             )
         case "browse":
             limit = _int(doc, "limit")
@@ -365,6 +382,8 @@ def _parse_json(data: bytes | memoryview) -> Frame:
             return Bye()
         case "closing":
             return Closing(_str(doc, "reason", optional=True) or Closing.reason)
+        case "heartbeat":
+            return Heartbeat()
         case "reply":
             ok = doc.get("ok", [])
             errors = doc.get("errors", [])
@@ -394,6 +413,21 @@ def _parse_json(data: bytes | memoryview) -> Frame:
             return PutFailed(_int(doc, "seq"), error)  # type: ignore[arg-type]
         case _:
             raise ProtocolError(f"unknown frame type {kind!r}", fault="remote")
+
+
+MAX_HEARTBEAT_MS = 3_600_000
+
+
+def _heartbeat_ms(doc: dict[str, Any]) -> int:
+    value = _int(doc, "heartbeat_ms", optional=True) or 0
+    if not 0 <= value <= MAX_HEARTBEAT_MS:
+        raise ProtocolError(
+            f"heartbeat_ms must be 0 to {MAX_HEARTBEAT_MS:,}, got {value}", fault="remote"
+        )
+    return value
+
+
+HEARTBEAT = b'{"type":"heartbeat"}'  # what encode(Heartbeat()) writes
 
 
 def _entries(value: object) -> tuple[tuple[int, int], ...]:

@@ -329,7 +329,7 @@ def _serve_term(
                 running.security.reload()
     finally:
         clean = running.stop()
-        log.info("broker stopped; every acknowledged message is durable")
+        log.info("broker stopped; %s", _what_stays(broker))
         if not clean:  # Flight calls of clients that never ended them: not waited for
             logging.shutdown()
             os._exit(0)
@@ -340,6 +340,27 @@ def _serve_term(
             os.remove(ready_file)
     _let_the_backup_take_over(config, epoch, stop)
     return "step down"
+
+
+def _what_stays(broker: Broker) -> str:
+    """What a stopped broker leaves behind, said truthfully."""
+    if broker.deposed is not None:
+        return (
+            f"it was deposed (epoch {broker.epoch}): what it acknowledged is the new primary's "
+            "to serve"
+            + (
+                f" ({broker.unmoved} record(s) it did not move to Delta stay in its segments; "
+                "the new primary moves its own copy)"
+                if broker.unmoved
+                else ""
+            )
+        )
+    if broker.unmoved:
+        return (
+            f"every acknowledged message is durable ({broker.unmoved} record(s) in the hot "
+            "tier's segments move to Delta at the next start)"
+        )
+    return "every acknowledged message is durable and in Delta"
 
 
 def _let_the_backup_take_over(

@@ -19,76 +19,18 @@ from spark_mq import Admin, Consumer, Producer
 from spark_mq.errors import SparkMQError
 from spark_mq.ha.ownership import Ownership
 from spark_mq.journal.delta_store import DeltaStore
-from spark_mq.launch import BrokerProcess
 from tests.conftest import wait_for
-from tests.ha_kit import free_port
+from tests.ha_kit import in_sync, pair
 
 pytestmark = pytest.mark.process
 
 
-class Member:
-    """One broker of a replicating pair: its own ports, hot directory and log."""
-
-    def __init__(self, name: str, root: Path, base: Path) -> None:
-        self.name, self.root = name, root
-        self.hot = base / f"hot-{name}"
-        self.logs = base / "logs"
-        self.logs.mkdir(exist_ok=True)
-        self.port, self.wire_port, self.repl_port = free_port(), free_port(), free_port()
-        self.url = f"grpc://127.0.0.1:{self.port}"
-        self.peer: Member | None = None
-        self.process: BrokerProcess | None = None
-
-    def launch(self, env: dict[str, str] | None = None, **more: object) -> BrokerProcess:
-        assert self.peer is not None
-        args = [
-            "--port", str(self.port), "--wire-port", str(self.wire_port), "--stomp-port", "0",
-            "--set", "ha.mode=replication",
-            "--set", f"ha.broker_id={self.name}",
-            "--set", f"ha.peer=127.0.0.1:{self.peer.repl_port}",
-            "--set", f"ha.replication_port={self.repl_port}",
-            "--set", "ha.failover_timeout_s=1.5",
-            "--set", "ha.heartbeat_s=0.2",
-            "--set", f"journal.hot_dir={self.hot}",
-            "--set", f"logging.file={self.logs / f'{self.name}.log'}",
-        ]  # fmt: skip
-        for k, v in more.items():
-            value = str(v).lower() if isinstance(v, bool) else str(v)
-            args += ["--set", f"{k}={value}"]
-        self.process = BrokerProcess(
-            str(self.root),
-            extra_args=args,
-            log_file=str(self.logs / f"{self.name}.out"),
-            env=env,
-        ).launch()
-        return self.process
-
-    def log_text(self) -> str:
-        path = self.logs / f"{self.name}.log"
-        return path.read_text() if path.exists() else ""
-
-
-def _pair(tmp_path: Path) -> tuple[Member, Member]:
-    root = tmp_path / "root"
-    a, b = Member("a", root, tmp_path), Member("b", root, tmp_path)
-    a.peer, b.peer = b, a
-    return a, b
-
-
-def _in_sync(url: str, **creds: str) -> bool:
-    try:
-        with Admin(url, timeout_s=2, **creds) as admin:
-            return admin.broker_state().get("replication_state") == "in_sync"
-    except SparkMQError:
-        return False
-
-
 def test_losing_the_primarys_machine_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
+    a, b = pair(tmp_path)
     urls = [a.url, b.url]
     a.launch().wait_ready(60)
     b.launch()
-    wait_for(lambda: _in_sync(a.url), timeout=60, what="the backup to be in sync")
+    wait_for(lambda: in_sync(a.url), timeout=60, what="the backup to be in sync")
     with Admin(urls) as admin:
         admin.create_queue("orders", max_delivery_attempts=2)
     acked: dict[str, str] = {}
@@ -141,7 +83,7 @@ def test_losing_the_primarys_machine_loses_nothing_acknowledged(tmp_path: Path) 
     rounds = int(os.environ.get("SPARKMQ_FAILOVER_ROUNDS", "20"))
     try:
         for _ in range(rounds):
-            wait_for(lambda p=primary: _in_sync(p.url), timeout=60, what="the backup in sync")
+            wait_for(lambda p=primary: in_sync(p.url), timeout=60, what="the backup in sync")
             time.sleep(0.5)  # load on the primary
             before = len(acked)
             assert primary.process is not None and backup.process is not None
@@ -190,7 +132,7 @@ def test_losing_the_primarys_machine_loses_nothing_acknowledged(tmp_path: Path) 
 
 
 def test_a_backup_that_is_not_in_sync_refuses_to_take_over(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
+    a, b = pair(tmp_path)
     a.launch().wait_ready(60)
     with Producer(a.url, destination="q") as p:  # acknowledged by a alone: no backup yet
         for i in range(20):
@@ -201,7 +143,7 @@ def test_a_backup_that_is_not_in_sync_refuses_to_take_over(tmp_path: Path) -> No
     wait_for(lambda: "not in sync with a (epoch 1)" in b.log_text(), timeout=30, what="b to say")
     assert b.process is not None and not b.process.serving  # it did not take over
     a.launch().wait_ready(60)  # a comes back with its disk: it owned the data last
-    wait_for(lambda: _in_sync(a.url), timeout=60, what="b to catch up")
+    wait_for(lambda: in_sync(a.url), timeout=60, what="b to catch up")
     with Admin(a.url) as admin:
         assert admin.stats("q")["end_offset"] == 20
     for m in (a, b):
@@ -210,11 +152,11 @@ def test_a_backup_that_is_not_in_sync_refuses_to_take_over(tmp_path: Path) -> No
 
 
 def test_a_paused_primary_resumed_after_the_failover_acknowledges_nothing(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
+    a, b = pair(tmp_path)
     urls = [a.url, b.url]
     a.launch().wait_ready(60)
     b.launch()
-    wait_for(lambda: _in_sync(a.url), timeout=60, what="the backup to be in sync")
+    wait_for(lambda: in_sync(a.url), timeout=60, what="the backup to be in sync")
     assert a.process is not None and a.process.proc is not None
     assert b.process is not None
     with Producer(a.url, destination="q") as p:
@@ -257,7 +199,7 @@ def test_the_replication_channel_authenticates_and_encrypts(
     from spark_mq.ha.replication import Follower
     from tests.security_kit import PASSWORDS, Authority, security_settings
 
-    a, b = _pair(tmp_path)
+    a, b = pair(tmp_path)
     ca = Authority(tmp_path)
     server = ca.issue("localhost", server=True)
     settings: dict[str, object] = {
@@ -275,7 +217,7 @@ def test_the_replication_channel_authenticates_and_encrypts(
     assert a.process is not None and a.process.url.startswith("grpc+tls://")
     b.launch(env=env, **settings)
     tls_a = a.process.url
-    wait_for(lambda: _in_sync(tls_a, **creds), timeout=60, what="the backup in sync over TLS")
+    wait_for(lambda: in_sync(tls_a, **creds), timeout=60, what="the backup in sync over TLS")
     monkeypatch.setenv("SPARKMQ_USERNAME", "bob")
     monkeypatch.setenv("SPARKMQ_PASSWORD", PASSWORDS["bob"])
     monkeypatch.setenv("SPARKMQ_TLS_CA_FILE", str(ca.cert_file))
@@ -286,7 +228,7 @@ def test_the_replication_channel_authenticates_and_encrypts(
     assert "'bob' may not admin" in rogue.refused
     plain = Follower(str(tmp_path / "hot-plain"), "plain", segment_bytes=1 << 20, timeout_s=5)
     assert plain.follow(("127.0.0.1", a.repl_port), None) is None  # no TLS: no handshake
-    assert _in_sync(tls_a, **creds)  # the real backup kept its place
+    assert in_sync(tls_a, **creds)  # the real backup kept its place
     with Producer(tls_a, destination="q", **creds) as p:
         for i in range(10):
             p.send_sync(f"secret {i}")
@@ -299,11 +241,11 @@ def test_the_replication_channel_authenticates_and_encrypts(
 
 
 def test_promote_hands_over_to_the_replicating_backup(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
+    a, b = pair(tmp_path)
     urls = [a.url, b.url]
     a.launch().wait_ready(60)
     b.launch()
-    wait_for(lambda: _in_sync(a.url), timeout=60, what="the backup in sync")
+    wait_for(lambda: in_sync(a.url), timeout=60, what="the backup in sync")
     with Producer(urls, destination="q") as p:
         for i in range(10):
             p.send_sync(f"before {i}")
@@ -315,7 +257,7 @@ def test_promote_hands_over_to_the_replicating_backup(tmp_path: Path) -> None:
         b.process.wait_ready(60)
         for i in range(10):
             p.send_sync(f"after {i}")  # follows to b
-    wait_for(lambda: _in_sync(b.url), timeout=60, what="a to follow b")
+    wait_for(lambda: in_sync(b.url), timeout=60, what="a to follow b")
     with Admin(b.url) as admin:
         state = admin.broker_state()
         assert (state["broker_id"], state["epoch"], state["replication_backup"]) == ("b", 2, "a")

@@ -51,7 +51,7 @@ from spark_mq.errors import (
     MessageTooLarge,
     NotAllowed,
 )
-from spark_mq.ha import takeover
+from spark_mq.ha import replication, takeover
 from spark_mq.ha.replication import Replicator
 from spark_mq.journal import DestinationInfo, Journal, LogStore
 from spark_mq.journal.base import Kind
@@ -110,6 +110,7 @@ class Broker(DestinationAdmin, Attaching):
         self.on_deposed: Callable[[Deposed], None] | None = None
         self.on_handover: Callable[[], None] | None = None  # the service, for hand_over()
         self.replicator: Replicator | None = None  # a replicating primary's (ha.mode)
+        self.unmoved = 0  # records left in the hot tier's segments at close (not in Delta)
         # the service's security (authentication, rules, TLS), for the replication channel
         self.security: Security | None = None
         self._next_reap = 0.0
@@ -140,17 +141,24 @@ class Broker(DestinationAdmin, Attaching):
         else:
             self._dir_lock = DataDirLock(where).acquire()
         store = self.journal.store
+        listener: socket.socket | None = None  # a replicating primary's, bound before its epoch
         try:
             if ha.mode != "none" and isinstance(store, DeltaStore):  # (a replicating backup
                 # follows its primary in here until it may take over)
+                if ha.mode == "replication":  # (the port first: see replication.listen)
+                    listener = replication.listen(
+                        self.config.broker.host, ha.replication_port, until=until
+                    )
                 owner = takeover.take_ownership(
                     self.config, store, self.broker_id, until, self._deposed
                 )
                 self.epoch = owner.epoch
                 if ha.mode == "replication":
                     self.replicator = takeover.replicator(
-                        self.config, self.journal, store, owner, self._deposed, self.security
-                    )
+                        self.config, self.journal, store, owner, self._deposed, self.security,
+                        listener,
+                    )  # fmt: skip
+                    listener = None
                     self.journal.replica = self.replicator
             started = time.perf_counter()
             self.phase = "recovering"
@@ -160,6 +168,8 @@ class Broker(DestinationAdmin, Attaching):
         except BaseException:
             if self.replicator is not None:
                 self.replicator.close()
+            elif listener is not None:
+                listener.close()
             self._release_dir()
             raise
         if run_timers:
@@ -278,7 +288,7 @@ class Broker(DestinationAdmin, Attaching):
                 "messages are moved again after the restart",
                 _CLOSE_MOVES_S,
             )
-        self.journal.close()
+        self.unmoved = self.journal.close()
         if self.replicator is not None:
             self.replicator.close()
         self._release_dir()

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq import protocol
+from spark_mq.client import _liveness as liveness
 from spark_mq.client._outcome import Outcome
 from spark_mq.client._transport import Connection, translate_flight_error, translated
 from spark_mq.errors import BrokerUnavailable, SchemaMismatch, SparkMQError
@@ -47,9 +48,12 @@ def conform_produce(table: pa.Table) -> pa.Table:
 class PutStream:
     """One DoPut stream to one destination; acks come back in order."""
 
-    def __init__(self, conn: Connection, destination: str, window: int) -> None:
+    def __init__(
+        self, conn: Connection, destination: str, window: int, heartbeat_ms: int = 0
+    ) -> None:
         self.destination = destination
-        descriptor = fl.FlightDescriptor.for_command(protocol.encode(protocol.Produce(destination)))
+        command = protocol.Produce(destination, heartbeat_ms)
+        descriptor = fl.FlightDescriptor.for_command(protocol.encode(command))
         with translated():
             self._writer, self._acks = conn.client.do_put(
                 descriptor, PRODUCE_SCHEMA, conn.stream_options
@@ -59,8 +63,24 @@ class PutStream:
         self._in_flight: deque[Outcome] = deque()
         self.broken: SparkMQError | None = None
         self._closed_writer = False
+        self.received = 0  # answers and heartbeats read (the liveness watchdog looks)
+        self.cut_reason: str | None = None
         self._reader = threading.Thread(target=self._read_acks, name="producer-acks", daemon=True)
         self._reader.start()
+        if heartbeat_ms:
+            liveness.watch(self, heartbeat_ms / 1000)
+
+    # -- what the liveness watchdog asks (spark_mq.client._liveness) --------------------------
+    def expecting(self) -> bool:
+        return bool(self._in_flight)
+
+    def cut(self, reason: str) -> None:
+        """Every batch in flight fails (a producer with a backup sends them there); the stream
+        is not used again. (A DoPut's answer stream cannot be cancelled from here: its reader
+        thread stays blocked until the silent broker answers or goes, and is not waited for.)"""
+        with self._lock:
+            self.cut_reason = reason
+            self._fail(BrokerUnavailable(reason))
 
     every_column = True  # a DoPut stream has one schema: PRODUCE_SCHEMA
     takes_plain = False  # nor does it take PLAIN frames (direct wire only)
@@ -100,7 +120,10 @@ class PutStream:
     def _read_acks(self) -> None:
         try:
             while (buf := self._acks.read()) is not None:
+                self.received += 1
                 frame = protocol.parse(buf.to_pybytes())
+                if isinstance(frame, protocol.Heartbeat):
+                    continue
                 if isinstance(frame, protocol.Closing):  # every batch sent was answered
                     with self._lock:
                         self._fail(BrokerUnavailable(frame.reason))
@@ -108,6 +131,8 @@ class PutStream:
                             self._writer.done_writing()  # the broker's read of it ends
                     continue  # to the end of the stream
                 with self._lock:
+                    if self.cut_reason is not None:  # failed already: the broker was taken for dead
+                        continue
                     outcome = self._in_flight.popleft()
                 self._window.release()
                 outcome.answer(frame)
@@ -125,15 +150,19 @@ class PutStream:
                     self._fail(err)
         except (fl.FlightError, OSError, SparkMQError) as exc:
             with self._lock:
-                self._fail(translate_flight_error(exc))
+                cut = self.cut_reason
+                self._fail(BrokerUnavailable(cut) if cut else translate_flight_error(exc))
 
     def close(self) -> None:
+        liveness.forget(self)
         with self._lock:
             if self.broken is None:
                 try:
                     self._writer.done_writing()
                 except (fl.FlightError, OSError):
                     pass  # the reader thread reports what happened to every batch
+        if self.cut_reason is not None:
+            return  # its broker is silent: neither its reader nor its stream is waited for
         self._reader.join()
         with self._lock:
             if self._closed_writer:

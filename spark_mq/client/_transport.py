@@ -6,7 +6,9 @@ import base64
 import contextlib
 import json
 import os
+import queue
 import ssl
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -199,21 +201,8 @@ def connect(url: str | Sequence[str], timeout_s: float, auth: Auth | None = None
     delay = 0.05
     said: dict[str, str] = {}
     while True:
-        for u in urls:
-            conn = _connection(u, timeout_s, auth)
-            left = deadline - time.monotonic()
-            probe = fl.FlightCallOptions(
-                timeout=max(min(left, 5.0), 0.1), headers=conn.options.headers
-            )
-            try:
-                call_action(conn.client, probe, "ping")
-            except BrokerUnavailable as exc:  # down, or a backup (it does not listen)
-                said[u] = exc.message
-                conn.client.close()
-                continue
-            except SparkMQError:
-                conn.client.close()
-                raise  # it answered: wrong credentials, say, are not a reason to go elsewhere
+        conn = _first_to_answer(urls, timeout_s, auth, deadline, said)
+        if conn is not None:
             return conn
         if time.monotonic() + delay > deadline:
             tried = "; ".join(f"{u}: {m}" for u, m in said.items())
@@ -222,6 +211,68 @@ def connect(url: str | Sequence[str], timeout_s: float, auth: Auth | None = None
             )
         time.sleep(delay)
         delay = min(delay * 2, 0.25)  # a failover takes about a second: look often
+
+
+_PROBE_S = 5.0  # the longest one round of probes waits for a broker's answer
+
+
+def _first_to_answer(
+    urls: list[str], timeout_s: float, auth: Auth, deadline: float, said: dict[str, str]
+) -> Connection | None:
+    """Ping every URL at once; the connection of the first to answer (the others closed), or
+    None when none did (why each did not, in ``said``). All at once, not in turn: a silent
+    broker (paused, its machine hung) takes the whole probe's time to fail, and the broker that
+    serves would wait behind it. An answer that is a refusal (wrong credentials, say) is
+    raised: it is not a reason to go elsewhere."""
+    left = max(min(deadline - time.monotonic(), _PROBE_S), 0.1)
+    conns = [_connection(u, timeout_s, auth) for u in urls]
+    outcomes: queue.Queue[tuple[Connection, SparkMQError | None]] = queue.Queue()
+
+    def probe(conn: Connection) -> None:
+        options = fl.FlightCallOptions(timeout=left, headers=conn.options.headers)
+        try:
+            call_action(conn.client, options, "ping")
+        except SparkMQError as exc:
+            outcomes.put((conn, exc))
+        else:
+            outcomes.put((conn, None))
+
+    for conn in conns:
+        threading.Thread(target=probe, args=(conn,), name="sparkmq-probe", daemon=True).start()
+    chosen: Connection | None = None
+    refusal: SparkMQError | None = None
+    pending = len(conns)
+    give_up = time.monotonic() + left + 1.0
+    while pending and chosen is None and refusal is None:
+        try:
+            conn, err = outcomes.get(timeout=max(give_up - time.monotonic(), 0.01))
+        except queue.Empty:
+            break
+        pending -= 1
+        if err is None:
+            chosen = conn
+        elif isinstance(err, BrokerUnavailable):  # down, or a backup (it does not listen)
+            said[conn.url] = err.message
+        else:
+            refusal = err
+    for conn in conns:
+        if conn is not chosen:
+            _close_later(conn.client)  # (a probe may still be under way on it)
+    if refusal is not None:
+        raise refusal
+    for u in urls:
+        said.setdefault(u, f"no answer within {left:.1f} s")
+    return chosen
+
+
+def _close_later(client: fl.FlightClient) -> None:
+    """Close a client whose probe may not have ended (closing under a live call blocks)."""
+
+    def close() -> None:
+        with contextlib.suppress(Exception):
+            client.close()
+
+    threading.Thread(target=close, name="sparkmq-probe-close", daemon=True).start()
 
 
 def _connection(url: str, timeout_s: float, auth: Auth) -> Connection:

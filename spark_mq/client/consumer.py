@@ -52,6 +52,8 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq import protocol, wire
+from spark_mq.client import _liveness as liveness
+from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._transport import (
     DEFAULT_URL,
     Auth,
@@ -62,7 +64,13 @@ from spark_mq.client._transport import (
     translated,
 )
 from spark_mq.client._turn import ReadTurn
-from spark_mq.client._wire import Transport, WireConsumeLink, wire_address
+from spark_mq.client._wire import (
+    Transport,
+    WireConsumeLink,
+    broker_version,
+    heartbeat_ms,
+    wire_address,
+)
 from spark_mq.client.message import Message, message_of_one, messages_of
 from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError, SparkMQError
 from spark_mq.names import validate_name
@@ -95,7 +103,12 @@ class Consumer:
         tls_ca_file: str | None = None,
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     ) -> None:
+        # heartbeat_s: the broker is asked to send something at least this often; silent for
+        # four times that, it is taken for dead (paused, hung, cut off) and the consumer
+        # attaches again, to the pair's other broker when given one (0: never)
+        self._heartbeat_s = heartbeat_s
         # temporary: a new queue only this consumer reads, gone when it closes (for replies);
         # its name is self.destination once connected
         self.destination = destination if temporary else validate_name(destination)
@@ -147,11 +160,16 @@ class Consumer:
         try:
             address = wire_address(self._client, self._options, self._conn.url, self._transport)
             if address is not None:  # plain messages may come as ONE frames, one each
-                compact = dataclasses.replace(command, compact=True)
+                beat = heartbeat_ms(address.version, self._heartbeat_s)
+                compact = dataclasses.replace(command, compact=True, heartbeat_ms=beat)
                 self._link = WireConsumeLink(address, timeout_s, compact, self._conn)
                 if self._on_message is None:
                     self._turn = ReadTurn(self._link, lambda: bool(self._requests))
             else:
+                if self._heartbeat_s > 0:
+                    version = broker_version(self._client, self._options)
+                    beat = heartbeat_ms(version, self._heartbeat_s)
+                    command = dataclasses.replace(command, heartbeat_ms=beat)
                 self._link = _FlightLink(self._conn, command)
             first = self._link.read()  # the Welcome, or the broker's refusal
             if not isinstance(first, bytes):
@@ -393,6 +411,8 @@ class Consumer:
                         )
                     else:
                         fut.set_result(None)
+            case protocol.Heartbeat():
+                pass  # the broker is alive (the liveness watchdog counted the read)
             case protocol.Closing(reason=reason):
                 # the broker is shutting down: leave as close() does (it answers the settles
                 # sent before the bye, then ends the stream), and say why once it has
@@ -439,7 +459,10 @@ class Consumer:
                     while self._read_next():
                         pass
                     if not self._closed and self.error is None:
-                        self.error = BrokerUnavailable("the broker closed the consumer stream")
+                        self.error = BrokerUnavailable(
+                            getattr(self._link, "cut_reason", None)
+                            or "the broker closed the consumer stream"
+                        )
                 except (fl.FlightError, OSError, SparkMQError) as exc:
                     if not self._closed:
                         self.error = translate_flight_error(exc)
@@ -528,15 +551,35 @@ class _FlightLink:
         descriptor = fl.FlightDescriptor.for_command(protocol.encode(command))
         with translated():
             self._writer, self._reader = conn.client.do_exchange(descriptor, conn.stream_options)
+        self.received = 0  # chunks read (the liveness watchdog looks)
+        self._blocked = 0  # threads in a read
+        self.cut_reason: str | None = None
+        if command.heartbeat_ms:
+            liveness.watch(self, command.heartbeat_ms / 1000)
+
+    def expecting(self) -> bool:
+        return self._blocked > 0  # (see WireConsumeLink.expecting)
+
+    def cut(self, reason: str) -> None:
+        self.cut_reason = reason
+        self.cancel()
 
     def read(self) -> pa.RecordBatch | bytes | None:
         """A delivery batch, a control frame's JSON, or None at the end of the stream."""
         while True:
+            self._blocked += 1
             try:
                 with translated():
                     chunk = self._reader.read_chunk()
+                self.received += 1
             except StopIteration:
                 return None
+            except BrokerUnavailable as exc:
+                if self.cut_reason is not None:  # (cancelled by the watchdog: say why)
+                    raise BrokerUnavailable(self.cut_reason) from exc
+                raise
+            finally:
+                self._blocked -= 1
             if chunk.data is not None and chunk.data.num_rows:
                 return chunk.data
             if chunk.app_metadata is not None:
@@ -550,5 +593,6 @@ class _FlightLink:
         self._reader.cancel()  # thread-safe, unlike closing
 
     def close(self) -> None:
+        liveness.forget(self)
         with translated():
             self._writer.close()

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from spark_mq import wire
 from spark_mq.client._flight_put import PutStream, conform_produce
+from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._options import check_options
 from spark_mq.client._outcome import Outcome
 from spark_mq.client._pending import PLAIN_OPTIONS, Pending, batch_of, column, plain_of
@@ -38,7 +39,14 @@ from spark_mq.client._transport import (
     broker_urls,
     connect,
 )
-from spark_mq.client._wire import Address, Transport, WireProduceStream, wire_address
+from spark_mq.client._wire import (
+    Address,
+    Transport,
+    WireProduceStream,
+    broker_version,
+    heartbeat_ms,
+    wire_address,
+)
 from spark_mq.errors import (
     BrokerUnavailable,
     SparkMQError,
@@ -85,7 +93,13 @@ class Producer:
         tls_ca_file: str | None = None,
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     ) -> None:
+        # heartbeat_s: while batches wait for answers the broker is asked to send something at
+        # least this often; silent for four times that, it is taken for dead (paused, hung, cut
+        # off): its batches fail, or go to the pair's other broker when given one (0: never)
+        self._heartbeat_s = heartbeat_s
+        self._flight_heartbeat_ms = 0  # what a Flight stream asks for (the broker's version)
         if destination is not None:
             validate_name(destination)
         self.destination = destination
@@ -490,18 +504,27 @@ class Producer:
     def _stream(self, dest: str) -> PutStream | WireProduceStream:
         with self._stream_lock:
             stream = self._streams.get(dest)
+            if stream is not None and stream.cut_reason is not None:
+                # its broker was taken for dead: not another stream to it, but to whichever
+                # broker serves now (a producer with a backup reconnects on this error)
+                del self._streams[dest]
+                raise BrokerUnavailable(stream.cut_reason)
             if stream is None or not stream.usable():
                 if not self._discovered:  # asked once, when the first stream opens
                     self._address = wire_address(
                         self._client, self._options, self._conn.url, self._transport
                     )
+                    if self._address is None and self._heartbeat_s > 0:
+                        version = broker_version(self._client, self._options)
+                        self._flight_heartbeat_ms = heartbeat_ms(version, self._heartbeat_s)
                     self._discovered = True
                 if self._address is not None:
                     stream = WireProduceStream(
-                        self._address, self._timeout_s, dest, self._window, self._conn
-                    )
+                        self._address, self._timeout_s, dest, self._window, self._conn,
+                        self._heartbeat_s,
+                    )  # fmt: skip
                 else:
-                    stream = PutStream(self._conn, dest, self._window)
+                    stream = PutStream(self._conn, dest, self._window, self._flight_heartbeat_ms)
                 self._streams[dest] = stream
             return stream
 

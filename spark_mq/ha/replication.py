@@ -25,6 +25,7 @@ frame is a JSON header (its length first, u32) and the records' bytes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -36,8 +37,9 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from spark_mq.broker.dir_lock import StoppedWaiting
 from spark_mq.client._transport import Auth
-from spark_mq.errors import Deposed, SparkMQError
+from spark_mq.errors import ConfigError, Deposed, SparkMQError
 from spark_mq.ha.ownership import Owner, Ownership
 from spark_mq.journal.segments import SegmentLog
 
@@ -93,6 +95,36 @@ class _Reader:
         return len(self.buf) >= _FRAME.size + length
 
 
+def listen(
+    host: str, port: int, *, until: threading.Event | None = None, wait_s: float = 30.0
+) -> socket.socket:
+    """The replication port's listening socket. A port still held (by a process that is going
+    away) is tried again every half second for up to ``wait_s``, saying so; then ``ConfigError``
+    naming the setting. Bound before this broker takes an epoch: a primary that owns the data
+    but cannot let its backup follow would leave the pair without a backup."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return socket.create_server((host, port), reuse_port=False)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise ConfigError(
+                    f"cannot listen for the backup on {host}:{port}: {exc.strerror or exc} "
+                    "(ha.replication_port)",
+                    setting="ha.replication_port",
+                ) from None
+            if not said:
+                said = True
+                log.warning(
+                    "replication: port %d is in use; trying again for up to %.0f s", port, wait_s
+                )
+        if until is not None and until.wait(0.5):
+            raise StoppedWaiting("stopped while waiting for the replication port")
+        if until is None:
+            time.sleep(0.5)
+
+
 # -- the primary's side ------------------------------------------------------------------------
 class Replicator:
     """The primary's end: a listener the backup connects to, the copy of what it lacks, and
@@ -111,6 +143,7 @@ class Replicator:
         heartbeat_s: float,
         on_deposed: Any,
         security: Security | None = None,
+        listener: socket.socket | None = None,
     ) -> None:
         self.journal, self.ownership, self.owner = journal, ownership, owner
         self.security = security
@@ -133,7 +166,9 @@ class Replicator:
         self.acked_records = 0
         self._base_bytes = self._base_records = 0  # shipped before the backup connected
         self._closing = False
-        self._listener = socket.create_server((host, port), reuse_port=False)
+        # (bound before the epoch was taken, so a port in use cannot leave an owner that never
+        # serves: see listen())
+        self._listener = listener if listener is not None else listen(host, port)
         self.port = self._listener.getsockname()[1]
         self._threads = [
             threading.Thread(target=self._accept_loop, name="replication-accept", daemon=True),
@@ -413,12 +448,22 @@ class Replicator:
             self._closing = True
             sock, self._sock = self._sock, None
             self._cond.notify_all()
+        # shut down before closing: a close alone leaves the accept thread blocked in accept(),
+        # and the kernel keeps the port listening for as long as it is (a broker that stepped
+        # down then could not listen on it again when it next took over)
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+        for t in self._threads:
+            if t.is_alive() and t is not threading.current_thread():
+                t.join(5)
+                if t.is_alive():
+                    log.warning("replication: thread %s did not end within 5 s", t.name)
 
 
 # -- the backup's side -------------------------------------------------------------------------

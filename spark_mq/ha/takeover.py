@@ -6,6 +6,7 @@ its primary here until it may take over. Then the next epoch is taken and every 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,7 @@ def replicator(
     owner: Owner,
     on_deposed: Callable[[Deposed], None],
     security: Security | None,
+    listener: socket.socket | None = None,
 ) -> Replicator:
     """A replicating primary's end of the pair (listening once started)."""
     ha = config.ha
@@ -67,6 +69,7 @@ def replicator(
         heartbeat_s=ha.heartbeat_s,
         on_deposed=on_deposed,
         security=security,
+        listener=listener,
     )
 
 

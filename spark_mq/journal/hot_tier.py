@@ -143,6 +143,7 @@ class HotTier:
         self._move_target = 0  # lsn a caller wants moved now
         self._moved_lsn = 0  # every record up to this lsn is in Delta
         self._closing = False
+        self._deposed = False  # the mover stopped: another broker owns the data
         self._mover: threading.Thread | None = None
         self._quarantined = 0
         self.disk_full = False  # the last append failed for want of space
@@ -326,7 +327,9 @@ class HotTier:
             if not wait:
                 return True
             return (
-                self._cond.wait_for(lambda: self._moved_lsn >= target or self._closing, timeout)
+                self._cond.wait_for(
+                    lambda: self._moved_lsn >= target or self._closing or self._deposed, timeout
+                )
                 and self._moved_lsn >= target
             )
 
@@ -359,9 +362,13 @@ class HotTier:
                 self._move(batch)
             except Deposed as exc:  # another broker owns the data now: nothing more to move
                 log.error(
-                    "hot tier %s: %s; %d record(s) stay in the segments", self.destination,
-                    exc.message, len(self._pending),
+                    "hot tier %s: %s; %d record(s) not moved by this broker stay in its "
+                    "segments (the new owner has its own copy of what was acknowledged)",
+                    self.destination, exc.message, len(self._pending),
                 )  # fmt: skip
+                with self._mutex:
+                    self._deposed = True  # nobody waits for a move any more (close, flush)
+                    self._cond.notify_all()
                 return
             except Exception as exc:
                 if self._set_aside_unreadable(batch):
@@ -530,13 +537,26 @@ class HotTier:
             )
 
     # -- closing -----------------------------------------------------------------------------
+    @property
+    def unmoved(self) -> int:
+        """Records durable in the segments and not (yet) in Delta."""
+        with self._mutex:
+            return len(self._pending)
+
     def close(self, *, drain: bool) -> None:
-        """Stop the mover; with ``drain`` it first moves what it can (failures stay on disk).
+        """Stop the mover; with ``drain`` it first moves what it can (failures stay on disk;
+        a deposed broker moves nothing).
 
         When everything was moved, the segment directory goes too.
         """
-        if drain and self._mover is not None:
-            self.request_move(wait=True, timeout=10)
+        moving = drain and self._mover is not None and not self._deposed
+        if moving and not self.request_move(wait=True, timeout=10):
+            log.warning(
+                "hot tier %s: %d record(s) could not be moved to Delta within 10 s; they stay "
+                "in the segments and move at the next start",
+                self.destination,
+                self.unmoved,
+            )
         with self._mutex:
             self._closing = True
             self._cond.notify_all()

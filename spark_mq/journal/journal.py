@@ -104,13 +104,17 @@ class Journal:
             self._opened = True
             return dict(self._dests)
 
-    def close(self) -> None:
-        """Commit everything buffered, then stop the writers and the store."""
+    def close(self) -> int:
+        """Commit everything buffered, then stop the writers and the store. Returns how many
+        records stay in the hot tier's segments, durable but not in Delta (moved at the next
+        start, or by the broker that took over)."""
         with self._lock:
             writers, self._writers = list(self._writers.values()), {}
         for w in writers:
             w.close(drain=True)
         self.store.close()
+        with self._lock:
+            return sum(t.unmoved for t in self._tiers.values())
 
     @property
     def commits_are_quick(self) -> bool:

@@ -423,6 +423,7 @@ class WireServer(ConnectionLimits, WireProducing):
             case protocol.Produce(destination=name):
                 self._client(conn).open_producer(name)
                 conn.role, conn.destination = "produce", name
+                conn.heartbeat_s = frame.heartbeat_ms / 1000
             case protocol.Consume() as cmd:
                 self._attach(conn, cmd)
             case _:
@@ -444,6 +445,7 @@ class WireServer(ConnectionLimits, WireProducing):
         client = self._client(conn)
         consumer = client.attach(translate.attach_of(cmd), wakeup=conn)
         conn.role, conn.consumer, conn.compact = "consume", consumer, cmd.compact
+        conn.heartbeat_s = cmd.heartbeat_ms / 1000
         sub = consumer.subscription
         conn.queue(
             wire.control(protocol.Welcome(consumer.consumer_id, sub.lease_s, sub.destination))
@@ -564,6 +566,7 @@ class WireServer(ConnectionLimits, WireProducing):
                 self._close(conn)
                 return
             conn.unsent -= sent
+            conn.writes += 1
             while conn.out and sent >= len(conn.out[0]):
                 sent -= len(conn.out.popleft())
             if sent:

@@ -175,7 +175,7 @@ class FlightService(fl.FlightServerBase):
                 raise ProtocolError("do_put expects a produce command", fault="remote")
             session = self._session(context)
             session.open_producer(cmd.destination)
-        acks = _InOrderAcks(writer)
+        acks = _InOrderAcks(writer, heartbeat_s=cmd.heartbeat_ms / 1000)
         # (answered below in order, then the session closes: the producer's lifecycle)
         with (
             self._call(f"a producer to {cmd.destination} ({context.peer()})"),
@@ -274,18 +274,29 @@ class FlightService(fl.FlightServerBase):
                 )
             )
             stopping = self._stopping
+            heartbeat_s = cmd.heartbeat_ms / 1000  # (0: the client asked for none)
+            wrote_at = time.monotonic()
             while (
                 not done.is_set()
                 and not consumer.closed
                 and not context.is_cancelled()
                 and not stopping.is_set()
             ):
-                wakeup.wait(_IDLE_WAKE_S)
+                wakeup.wait(min(_IDLE_WAKE_S, heartbeat_s / 2) if heartbeat_s else _IDLE_WAKE_S)
                 wakeup.clear()
+                wrote = False
                 for reply in consumer.replies():
                     writer.write_metadata(_reply(reply))
+                    wrote = True
                 while (batch := consumer.next_delivery()) is not None:
                     writer.write_table(batch)
+                    wrote = True
+                now = time.monotonic()
+                if wrote:
+                    wrote_at = now
+                elif heartbeat_s and now - wrote_at >= heartbeat_s:
+                    writer.write_metadata(_HEARTBEAT)
+                    wrote_at = now
             deadline = time.monotonic() + _BYE_WAIT_S
             if stopping.is_set() and not done.is_set():
                 # the client says bye once told (answered below, as any bye); a client that
@@ -310,6 +321,9 @@ class FlightService(fl.FlightServerBase):
             log.info("consumer %d detached", consumer.consumer_id)
         if problem:
             raise _flight_error(problem[0])
+
+
+_HEARTBEAT = pa.py_buffer(protocol.HEARTBEAT)
 
 
 def _reply(reply: commands.SettleReply) -> pa.Buffer:
@@ -356,11 +370,17 @@ class _InOrderAcks:
     The thread completing a batch's future (the journal writer) only files the answer; a
     sender thread per stream writes it to the socket. A write to a slow or far client can block,
     and the writer must not wait on it: every destination's commits go through that one thread.
-    At most ``window`` batches wait, which bounds a stream's memory.
+    At most ``window`` batches wait, which bounds a stream's memory. With ``heartbeat_s``
+    (the producer asked for them), a heartbeat goes out whenever batches wait for their answers
+    and nothing was written for that long.
     """
 
-    def __init__(self, writer: fl.FlightMetadataWriter, window: int = 64) -> None:
+    def __init__(
+        self, writer: fl.FlightMetadataWriter, window: int = 64, *, heartbeat_s: float = 0.0
+    ) -> None:
         self._writer = writer
+        self._heartbeat_s = heartbeat_s
+        self._wrote_at = time.monotonic()
         self._cond = threading.Condition()
         self._window = window
         self._next_seq = 0  # the next batch's number
@@ -415,11 +435,21 @@ class _InOrderAcks:
             and not self._outgoing
         )
 
+    def _heartbeat_due(self) -> bool:
+        """Whether to write a heartbeat now (caller holds the lock). Also while no batch is
+        known to wait: one may be held up in a produce that waits for room, before it counts
+        here (a Flight producer reads its answer stream all the time: nothing piles up)."""
+        return self._heartbeat_s > 0 and time.monotonic() - self._wrote_at >= self._heartbeat_s
+
     def _send_loop(self) -> None:
+        hb = self._heartbeat_s
         while True:
             with self._cond:
                 while not self._outgoing and not self._stopping and not self._due_closing():
-                    self._cond.wait()
+                    if self._heartbeat_due():
+                        self._outgoing.append(protocol.Heartbeat())
+                        break
+                    self._cond.wait(hb / 2 if hb else None)
                 if self._due_closing():
                     self._said_closing = True
                     self._outgoing.append(protocol.Closing())
@@ -435,8 +465,11 @@ class _InOrderAcks:
                 except fl.FlightError:
                     broken = True  # the producer went away; it resends what it lacks
             with self._cond:
+                self._wrote_at = time.monotonic()
                 self._broken = self._broken or broken
-                self._sent += sum(not isinstance(f, protocol.Closing) for f in frames)
+                self._sent += sum(
+                    not isinstance(f, protocol.Closing | protocol.Heartbeat) for f in frames
+                )
                 self._cond.notify_all()
 
     def drain(self) -> None:

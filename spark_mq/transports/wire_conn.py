@@ -62,6 +62,14 @@ class WireConn:
         self.consumer: ConsumerSession | None = None
         self.compact = False  # plain messages (and a message alone) go as ONE frames
         self.bye = False
+        # heartbeats (the client asked, wire version 3): something goes out at least this often
+        # while the client waits for something (a consumer always; a producer while batches
+        # are unanswered). ``writes`` counts writes (no clock read on the hot path); the sweep
+        # notes when it last saw it change.
+        self.heartbeat_s = 0.0
+        self.writes = 0
+        self.writes_seen = 0
+        self.quiet_since = now
 
     def set(self) -> None:
         """The consumer's wake-up (``ConsumerSession.wakeup``): something to send."""
@@ -71,6 +79,26 @@ class WireConn:
         view = memoryview(data).cast("B")
         self.out.append(view)
         self.unsent += len(view)
+
+    def waits(self) -> bool:
+        """Whether the client waits for something from the broker (what heartbeats are for)."""
+        if self.role == "consume":
+            return not self.bye
+        return self.role == "produce" and (self.submitted > self.answered or self.parked)
+
+    def heartbeat_due(self, now: float) -> bool:
+        """(The sweep.) Whether to write a heartbeat now: the client asked for them, waits,
+        and nothing went out to it for its interval (nor waits to: a client that does not
+        read would only pile them up)."""
+        if not self.heartbeat_s:
+            return False
+        if self.writes != self.writes_seen:
+            self.writes_seen, self.quiet_since = self.writes, now
+            return False
+        if now - self.quiet_since < self.heartbeat_s or self.out or not self.waits():
+            return False
+        self.quiet_since = now
+        return True
 
     def idle_producer(self) -> bool:
         """A producer with nothing in flight: nothing unanswered, unsent or half received."""

@@ -10,7 +10,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from spark_mq import wire
+from spark_mq import protocol, wire
 from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError
 from spark_mq.transports.wire_conn import WireConn
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("spark_mq.transports.direct_wire")
 
+_HEARTBEAT = wire.control(protocol.Heartbeat())
 REFUSED_LINGER_S = 2.0  # a refused connection is closed this long after its failure frame
 
 
@@ -36,6 +37,7 @@ class ConnectionLimits:
 
         def _refuse(self, conn: WireConn, err: SparkMQError) -> None: ...
         def _close(self, conn: WireConn) -> None: ...
+        def _write(self, conn: WireConn) -> None: ...
 
     def _turn_away(self, sock: socket.socket, peer: Any) -> None:
         """Refuse a connection over ``max_connections``: say so (if the socket takes it at
@@ -71,6 +73,9 @@ class ConnectionLimits:
                 if now - conn.refused_at >= REFUSED_LINGER_S:
                     self._close(conn)  # it was told why; it need not hang up itself
                 continue
+            if conn.heartbeat_due(now):
+                conn.queue(_HEARTBEAT)
+                self._write(conn)
             started = conn.frame_started
             if conn.role is None and now - conn.opened >= s.handshake_timeout_s:
                 self._refuse(
