@@ -34,7 +34,9 @@ class _Section(BaseModel):
 
 
 class BrokerSection(_Section):
-    host: str = "127.0.0.1"
+    # the interface every listener binds: 127.0.0.1 (this machine only), 0.0.0.0 (all; with
+    # security off only with --insecure), or one address. Empty is refused: it would mean all.
+    host: str = Field("127.0.0.1", min_length=1, pattern=r"^\S+$")
     port: int = Field(7676, ge=0, le=65535)
     # the direct wire (spark_mq.wire): producers' and consumers' low-latency transport
     wire: bool = True
@@ -66,6 +68,10 @@ class BrokerSection(_Section):
     # 8161 is the port Artemis's console uses; 0 picks a free one
     http: bool = True
     http_port: int = Field(8161, ge=0, le=65535)
+    # an HTTP request (TLS handshake, line, headers, body) must have come within this, and a
+    # kept-alive connection is closed after waiting as long for the next one; at most 64
+    # connections, 32 from one host (a new one takes the place of the one waiting longest)
+    http_request_timeout_s: float = Field(10.0, gt=0, le=600)
     # keep the journal's histograms (commit sizes and latency, produce-to-ack latency);
     # everything else /metrics shows is read when it is scraped
     metrics: bool = True

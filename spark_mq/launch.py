@@ -33,6 +33,7 @@ class BrokerProcess:
         self.url = ""
         self.http_url = ""  # the HTTP listener's (metrics, health, console), once serving
         self.stomp_port: int | None = None  # STOMP's, once serving
+        self.wire_port: int | None = None  # the direct wire's TCP port, once serving
 
     def start(self, timeout_s: float = 60.0) -> BrokerProcess:
         return self.launch().wait_ready(timeout_s)
@@ -91,6 +92,7 @@ class BrokerProcess:
         self.url = info["url"]
         self.http_url = info.get("http_url") or ""
         self.stomp_port = info.get("stomp_port")
+        self.wire_port = info.get("wire_port")
         return self
 
     def kill(self) -> None:

@@ -68,6 +68,9 @@ ONE_HEAD = struct.Struct("<Iqqiii")
 _ONE_FRAME = struct.Struct("<IBIqqiii")  # a ONE frame's header and ONE_HEAD
 # what a frame may carry beyond a batch's own buffers (IPC metadata, padding)
 FRAME_SLACK = 1024 * 1024
+# the most a connection's frames may be before it says what it is (a login, a produce or a
+# consume frame: small JSON): an unauthenticated client cannot make the broker buffer more
+PRELOGIN_MAX_FRAME = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -387,7 +390,10 @@ class FrameReader:
 
     def __init__(self, max_body: int | None = None) -> None:
         self._buf = bytearray()
-        self._max = max_body
+        self.max_body = max_body  # may change between frames (a connection's, once logged in)
+        # cut one frame a feed and keep the rest (a connection not yet known: what follows its
+        # first frame may have other limits); feed(b"") cuts the next
+        self.one_at_a_time = False
         self._skip = 0
         self._kind = 0
         self._body: pa.Buffer | None = None  # a big frame's body, being received in place
@@ -406,7 +412,15 @@ class FrameReader:
             return None
         if len(self._buf) < HEADER.size:
             return 0
-        return HEADER.unpack_from(self._buf)[0]
+        size = HEADER.unpack_from(self._buf)[0]
+        if len(self._buf) >= HEADER.size + size:
+            return None  # whole, waiting to be cut (one_at_a_time): nothing is being received
+        return size
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not cut into frames yet."""
+        return len(self._buf)
 
     def sink(self) -> memoryview | None:
         """Where the next bytes of the stream go without a copy (the rest of a big frame's
@@ -457,9 +471,11 @@ class FrameReader:
         frame's start is taken too: its body is being received in place)."""
         pos = 0
         while len(src) - pos >= HEADER.size:
+            if self.one_at_a_time and out:
+                break
             size, kind = HEADER.unpack_from(src, pos)
             body_at = pos + HEADER.size
-            if self._max is not None and size > self._max:
+            if self.max_body is not None and size > self.max_body:
                 if len(src) - body_at < SEQ.size:
                     break  # wait for the sequence number, to say which batch it was
                 (seq,) = SEQ.unpack_from(src, body_at)

@@ -80,6 +80,18 @@ def test_with_security_off_the_broker_refuses_other_interfaces_unless_told(
     assert "listening on 0.0.0.0 with security off" in (tmp_path / "insecure.log").read_text()
 
 
+def test_an_empty_host_is_refused_before_anything_listens(tmp_path: Path) -> None:
+    """``--host ''`` would bind every interface (it did, for HTTP, before the broker failed with
+    a traceback): it is refused as a bad setting, and nothing is listening."""
+    log = tmp_path / "log.txt"
+    refused = _sparkmq(
+        *_broker_args(tmp_path / "data"), "--host", "", "--set", f"logging.file={log}"
+    )
+    assert refused.returncode == 2
+    assert "broker.host" in refused.stderr and "Traceback" not in refused.stderr
+    assert not log.exists() or "HTTP (metrics" not in log.read_text()
+
+
 def test_security_on_with_nobody_able_to_log_in_refuses_to_start(tmp_path: Path) -> None:
     (tmp_path / "acl.toml").write_text(ACL)
     done = _sparkmq(

@@ -211,6 +211,16 @@ class DestinationAdmin(BrokerPart):
         with self._lock:
             return name in self._dests
 
+    def has_subscription(self, destination: str, name: str) -> bool:
+        """Whether topic ``destination`` has a durable subscription ``name``."""
+        with self._lock:
+            dest = self._dests.get(destination)
+        if dest is None:
+            return False
+        with dest.lock:
+            sub = dest.subscriptions.get(name)
+        return sub is not None and sub.durable
+
     def destination_kind(self, name: str) -> Kind | None:
         """``queue`` or ``topic``; None when there is no such destination."""
         with self._lock:

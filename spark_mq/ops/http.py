@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import secrets
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024  # a request body (login, purge, move): small JSON
 MAX_CONNECTIONS = 64  # open at once (a thread each): probes, scrapes and a few consoles
+MAX_PER_HOST = 32  # of them from one host
+
 COOKIE = "sparkmq_session"
 STATIC = {
     "index.html": "text/html; charset=utf-8",
@@ -77,35 +80,48 @@ class ServiceState:
     connections: Callable[[], dict[str, int]] = dict
 
 
-@dataclass
+@dataclass(eq=False)
 class _Login:
     principal: Principal
     expires: float
+    revoked: str | None = None  # its user was removed, or its password changed
+
+    def revoke(self, reason: str) -> None:
+        self.revoked = reason
 
 
 @dataclass
 class Logins:
-    """The console's logins: a random id (the cookie) to a principal, until idle too long."""
+    """The console's logins: a random id (the cookie) to a principal, until idle too long, or
+    until its user's login no longer holds (``track``: the security layer's revocation)."""
 
     idle_s: float
+    track: Callable[[_Login], None] = lambda _: None
     _by_id: dict[str, _Login] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, principal: Principal) -> str:
         sid = secrets.token_urlsafe(32)
+        login = _Login(principal, time.monotonic() + self.idle_s)
         with self._lock:
             now = time.monotonic()
             self._by_id = {k: v for k, v in self._by_id.items() if v.expires > now}
-            self._by_id[sid] = _Login(principal, now + self.idle_s)
+            self._by_id[sid] = login
+        self.track(login)
         return sid
 
     def get(self, sid: str) -> Principal | None:
+        """The login's principal; None when there is none (or it expired); ``NotAuthenticated``
+        saying why when its user's login no longer holds."""
         with self._lock:
             login = self._by_id.get(sid)
             now = time.monotonic()
             if login is None or login.expires <= now:
                 self._by_id.pop(sid, None)
                 return None
+            if login.revoked is not None:
+                del self._by_id[sid]
+                raise errors.NotAuthenticated(login.revoked)
             login.expires = now + self.idle_s
             return login.principal
 
@@ -119,12 +135,17 @@ class HttpListener:
         self.config = config
         self.state = state
         self.readiness = Readiness()
-        self.logins = Logins(config.broker.console_session_s)
+        self.logins = Logins(config.broker.console_session_s, state.security.track)
         host, port = config.broker.host, config.broker.http_port
         tls = state.security.tls
         handler = _handler_for(self)
         try:
-            self._server = _Server((host, port), handler, tls.context if tls else None)
+            self._server = _Server(
+                (host, port),
+                handler,
+                tls.context if tls else None,
+                config.broker.http_request_timeout_s,
+            )
         except OSError as exc:
             raise ConfigError(
                 f"cannot listen for HTTP on {host}:{port}: {exc.strerror or exc} (set "
@@ -149,29 +170,73 @@ class HttpListener:
         self._thread.join(5)
 
 
+@dataclass(eq=False)
+class _Conn:
+    """A connection being served: whose, and whether it waits for a request (since when)."""
+
+    sock: Any
+    host: str
+    waiting_since: float | None  # time.monotonic(); None while a request is being answered
+
+
 class _Server(ThreadingHTTPServer):
+    """A thread per connection, up to :data:`MAX_CONNECTIONS` (:data:`MAX_PER_HOST` from one
+    host). A connection waiting for its request (a TLS handshake, a request line, headers, a
+    body that trickle in, or a kept-alive connection between requests) is cut once it has
+    waited ``broker.http_request_timeout_s``; when the bound is reached, a new connection takes
+    the place of the one that has waited longest (of its own host first), so slow clients cannot
+    keep a health probe out. Only when every connection is busy answering is a new one
+    refused."""
+
     daemon_threads = True
     allow_reuse_address = True
+    # the kernel's queue of connections not yet accepted (socketserver's 5 made every sixth
+    # connection of a burst wait a second for the SYN to be sent again)
+    request_queue_size = 128
 
     def __init__(
         self,
         address: tuple[str, int],
         handler: type[BaseHTTPRequestHandler],
         tls: Callable[[], ssl.SSLContext] | None,
+        request_s: float = 10.0,
     ) -> None:
         self._tls = tls
-        self._open = 0  # connections being served
+        self.request_s = request_s
+        self._conns: dict[Any, _Conn] = {}  # by socket
         self._open_lock = threading.Lock()
+        self.cut_total = 0  # connections cut for waiting too long, or to make room
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """A thread per connection, up to :data:`MAX_CONNECTIONS`; past it, closed at once."""
+        host = str(client_address[0]) if client_address else "?"
+        now = time.monotonic()
         with self._open_lock:
-            if self._open >= MAX_CONNECTIONS:
-                log.warning("HTTP: %d connections open; refusing %s", self._open, client_address)
-                self.shutdown_request(request)
-                return
-            self._open += 1
+            mine = [c for c in self._conns.values() if c.host == host]
+            victim: _Conn | None = None
+            if len(mine) >= MAX_PER_HOST:
+                victim = _longest_waiting(mine)
+            elif len(self._conns) >= MAX_CONNECTIONS:
+                victim = _longest_waiting(mine) or _longest_waiting(list(self._conns.values()))
+            full = len(mine) >= MAX_PER_HOST or len(self._conns) >= MAX_CONNECTIONS
+            if full and victim is None:
+                refused = True
+            else:
+                refused = False
+                if victim is not None:
+                    self._conns.pop(victim.sock, None)
+                self._conns[request] = _Conn(request, host, now)
+        if refused:
+            log.warning(
+                "HTTP: %d connections open (%d from %s), all busy; refusing one more",
+                len(self._conns),
+                len(mine),
+                host,
+            )
+            self.shutdown_request(request)
+            return
+        if victim is not None:
+            self._cut(victim, "to make room for a new connection")
         super().process_request(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -179,7 +244,34 @@ class _Server(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             with self._open_lock:
-                self._open -= 1
+                self._conns.pop(request, None)
+
+    def waiting(self, request: Any, since: float | None) -> None:
+        """(A connection's thread.) It waits for a request from ``since`` (None: answering)."""
+        with self._open_lock:
+            conn = self._conns.get(request)
+            if conn is not None:
+                conn.waiting_since = since
+
+    def service_actions(self) -> None:
+        """(serve_forever, every poll.) Cut the connections that waited too long."""
+        now = time.monotonic()
+        with self._open_lock:
+            late = [
+                c
+                for c in self._conns.values()
+                if c.waiting_since is not None and now - c.waiting_since >= self.request_s
+            ]
+            for c in late:
+                c.waiting_since = None  # (cut once)
+        for c in late:
+            self._cut(c, f"no complete request within {self.request_s:g} s")
+
+    def _cut(self, conn: _Conn, why: str) -> None:
+        self.cut_total += 1
+        log.debug("HTTP: cutting a connection from %s: %s", conn.host, why)
+        with contextlib.suppress(OSError):
+            conn.sock.shutdown(socket.SHUT_RDWR)  # its thread's read ends; it closes it
 
     def get_request(self) -> tuple[socket.socket, Any]:
         sock, addr = super().get_request()
@@ -189,6 +281,11 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("HTTP request from %s failed", client_address, exc_info=True)
+
+
+def _longest_waiting(conns: list[_Conn]) -> _Conn | None:
+    waiting = [c for c in conns if c.waiting_since is not None]
+    return min(waiting, key=lambda c: c.waiting_since or 0.0) if waiting else None
 
 
 def _handler_for(listener: HttpListener) -> type[BaseHTTPRequestHandler]:
@@ -222,6 +319,19 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
+    def handle_one_request(self) -> None:
+        """One request: it waits (and may be cut, see ``_Server``) until its body is read."""
+        server: _Server = self.server  # type: ignore[assignment]
+        server.waiting(self.request, time.monotonic())
+        self._raw_body: bytes | None = None
+        super().handle_one_request()
+        server.waiting(self.request, time.monotonic())  # (kept alive: the next one)
+
+    def _answering(self) -> None:
+        """The request is in (line, headers and body): it is answered, not waited for."""
+        server: _Server = self.server  # type: ignore[assignment]
+        server.waiting(self.request, None)
+
     # -- dispatch ------------------------------------------------------------------------------
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -237,6 +347,9 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         path, query = url.path, parse_qs(url.query)
         try:
+            if method == "POST":
+                self._raw_body = self._read_body()
+            self._answering()
             if method == "GET" and path in ("/healthz", "/livez"):
                 return self._json({"status": "alive"})
             if method == "GET" and path == "/readyz":
@@ -373,22 +486,34 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body() if method == "POST" else {}
         self._json(api.handle(session, method, parts, query, body))
 
-    def _body(self) -> dict[str, Any]:
-        try:
-            n = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise _HttpError(HTTPStatus.BAD_REQUEST, "a malformed Content-Length") from None
+    def _read_body(self) -> bytes:
+        text = self.headers.get("Content-Length") or "0"
+        if not text.strip().isdigit():  # (int() takes "-5" and " +5 ")
+            raise _HttpError(
+                HTTPStatus.BAD_REQUEST, "Content-Length must be a byte count (digits only)"
+            )
+        n = int(text)
         if n > MAX_BODY:
             raise _HttpError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"a request body may have {MAX_BODY} bytes"
             )
         raw = self.rfile.read(n) if n else b""
+        if len(raw) < n:
+            raise _HttpError(HTTPStatus.BAD_REQUEST, "the request body ended early")
+        return raw
+
+    def _body(self) -> dict[str, Any]:
+        raw = self._raw_body if self._raw_body is not None else b""
         if not raw:
             return {}
         try:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             raise _HttpError(HTTPStatus.BAD_REQUEST, "the request body is not JSON") from None
+        except RecursionError:
+            raise _HttpError(
+                HTTPStatus.BAD_REQUEST, "the request body's JSON is nested too deeply"
+            ) from None
         if not isinstance(doc, dict):
             raise _HttpError(HTTPStatus.BAD_REQUEST, "the request body must be a JSON object")
         return doc

@@ -12,6 +12,9 @@ Nothing is allowed that no rule allows (deny by default)::
     destinations = ["orders", "billing.*"]
 
 ``connect`` takes no destination: a rule naming it lets its principals open sessions at all.
+What is done to the broker itself (``promote``, reloading the rules, reading its
+configuration) is ``admin`` with no destination, which only a rule over every destination
+grants (destinations omitted, or ``"*"``): admin of ``orders.*`` is not admin of the broker.
 The rules are read again on SIGHUP or the ``reload_security`` admin action; a file that does
 not parse leaves the rules in force, and the error says why.
 """
@@ -48,7 +51,10 @@ class Rule:
         if not any(_is(principal, p) for p in self.principals):
             return False
         if destination is None:
-            return True
+            # a verb on the broker itself (promote, reload the rules, its configuration):
+            # only a rule over every destination grants it; admin of some queues is not
+            # admin of the broker. (connect takes no destination: any rule naming it grants it)
+            return verb == "connect" or "*" in self.destinations
         return any(fnmatch.fnmatchcase(destination, d) for d in self.destinations)
 
 

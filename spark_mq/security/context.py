@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from concurrent.futures import Future
 
 from spark_mq.broker.core import Broker
 from spark_mq.config import BrokerConfig
 from spark_mq.errors import ConfigError
 from spark_mq.security.acl import AccessRules
 from spark_mq.security.audit import NO_AUDIT, AuditLog
-from spark_mq.security.authenticate import Authenticator, Credentials
+from spark_mq.security.authenticate import Authenticator, Credentials, Logins
+from spark_mq.security.revocation import Revocable, Revocation
 from spark_mq.security.tls import ServerTLS
 from spark_mq.session import OPEN, ClientSession, Guard, Principal
 
@@ -43,15 +45,25 @@ class Security:
                 "(security.tls_client_ca_file)",
                 setting="security.enabled",
             )
+        self.logins = Logins(self.authenticator)
+        self.revocation = Revocation(self.authenticator) if s.enabled else None
 
     def login(self, creds: Credentials, *, peer: str, transport: str) -> Principal:
-        """Authenticate (blocking: off any thread that serves others)."""
-        return self.authenticator.authenticate(creds, peer=peer, transport=transport)
+        """Authenticate and wait (blocking: for a thread of the caller's own, Flight's or
+        HTTP's; a loop that serves others uses :meth:`submit_login`)."""
+        return self.logins.login(creds, peer=peer, transport=transport)
+
+    def submit_login(
+        self, creds: Credentials, *, peer: str, transport: str
+    ) -> Future[Principal]:
+        """Authenticate without blocking: the principal's future (done at once for a
+        remembered login, a certificate, or with security off)."""
+        return self.logins.submit(creds, peer=peer, transport=transport)
 
     def session(
         self, broker: Broker, principal: Principal, *, peer: str, transport: str
     ) -> ClientSession:
-        return ClientSession(
+        session = ClientSession(
             broker,
             principal,
             guard=self.guard,
@@ -60,6 +72,13 @@ class Security:
             peer=peer,
             transport=transport,
         )
+        self.track(session)
+        return session
+
+    def track(self, revocable: Revocable) -> None:
+        """End ``revocable`` (a session, a console login) if its user's login stops holding."""
+        if self.revocation is not None:
+            self.revocation.track(revocable)
 
     def reload(self) -> tuple[bool, str]:
         """Read the access rules again (SIGHUP, the reload_security action)."""
@@ -68,6 +87,9 @@ class Security:
         return self.rules.reload()
 
     def close(self) -> None:
+        if self.revocation is not None:
+            self.revocation.close()
+        self.logins.close()
         self.audit.close()
 
 
@@ -86,8 +108,10 @@ def check_protected(config: BrokerConfig, *, listening_on: str) -> None:
 
 
 def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
+    if host == "localhost":
         return True
+    if not host.strip():  # (sockets take "" for every interface)
+        return False
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

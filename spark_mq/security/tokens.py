@@ -82,6 +82,15 @@ class TokenVerifier:
             raise NotAuthenticated("the token's signature does not verify") from None
         except jwt.InvalidTokenError as exc:
             raise NotAuthenticated(f"the token is not valid: {exc}") from None
+        except jwt.InvalidKeyError:  # (an ES256 token against an RSA key, say)
+            raise NotAuthenticated(
+                "the token is signed with an algorithm this broker's key cannot check (the "
+                "token's alg and security.jwt_public_key_file / jwks_file do not match)"
+            ) from None
+        except (jwt.PyJWTError, ValueError, TypeError) as exc:  # anything else jwt may raise
+            raise NotAuthenticated(
+                f"the token cannot be checked: {type(exc).__name__}"
+            ) from None
         name = claims.get(s.jwt_user_claim)
         if not isinstance(name, str) or not name:
             raise NotAuthenticated(f"the token's {s.jwt_user_claim!r} claim names no user")

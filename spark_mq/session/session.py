@@ -19,15 +19,18 @@ read a claim
 create a destination      ``create``
 list destinations         ``connect``; only those it may do anything with are listed
 move (and redrive)        ``admin`` on the source and ``produce`` on every target
-broker status             ``connect``
-the configuration         ``admin`` (broker-wide)
+broker status             ``connect`` (where its data is: broker-wide ``admin``)
+the configuration,        ``admin`` on the broker: a rule over every destination
+promote, reload rules     (admin of some destinations is not admin of the broker)
 everything else           ``admin`` on the destination named (configure, delete,
 (admin)                   purge, stats, subscriptions, releasing a query's claims)
 a transaction             ``produce`` on every destination it sends to and ``consume``
                           on every one it acks
 a protocol's topic        ``create`` when it does not exist (STOMP's ``/topic/``)
-durable subscribe,        ``consume`` on the topic (JMS's durable subscriber, through
-unsubscribe               STOMP's headers)
+durable subscribe         ``consume`` on the topic, and ``create`` when the subscription
+                          does not exist yet (JMS's durable subscriber, through STOMP's
+                          headers)
+durable unsubscribe       ``admin`` on the topic (removing any subscription)
 ========================  ===========================================================
 """
 
@@ -47,7 +50,13 @@ from spark_mq.broker import moving
 from spark_mq.broker.consumers import ConsumerSession
 from spark_mq.broker.core import Broker
 from spark_mq.broker.subscription import Wakeup
-from spark_mq.errors import DestinationExists, DestinationNotFound, NotAuthorized, SparkMQError
+from spark_mq.errors import (
+    DestinationExists,
+    DestinationNotFound,
+    NotAuthenticated,
+    NotAuthorized,
+    SparkMQError,
+)
 from spark_mq.journal.base import Kind
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.plain import PlainMessage
@@ -83,6 +92,11 @@ class ClientSession:
         self._consumers: dict[int, ConsumerSession] = {}
         self._producing: set[str] = set()  # destinations ``produce`` was allowed on
         self.closed = False
+        # why its login no longer holds (the user was removed, or its password changed): every
+        # command is refused from then on, and the transport is told (``on_revoke``, any
+        # thread) so it can end the connection
+        self.revoked: str | None = None
+        self.on_revoke: Callable[[str], None] | None = None
         self._check("connect")
 
     def __repr__(self) -> str:
@@ -96,6 +110,8 @@ class ClientSession:
         inline: InlineCommit | None = None,
     ) -> Future:
         """Store a produced batch; the future resolves once it is durable."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
         self._may_produce(destination)
         self.counts["produce"] += 1
         return self.broker.produce(destination, batch, inline)
@@ -104,6 +120,8 @@ class ClientSession:
         self, destination: str, message: PlainMessage, inline: InlineCommit | None = None
     ) -> Future:
         """:meth:`produce` for one plain message (:mod:`spark_mq.plain`)."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
         self._may_produce(destination)
         self.counts["produce"] += 1
         return self.broker.produce_plain(destination, message, inline)
@@ -111,6 +129,8 @@ class ClientSession:
     def open_producer(self, destination: str) -> None:
         """A producer announces its destination (the direct wire's first frame): refused now
         rather than at its first batch, and created if it may be."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
         self._may_produce(destination)
         self.broker.destination_for_use(destination)
 
@@ -119,6 +139,8 @@ class ClientSession:
         ``/topic/``): the destination must be of that kind. A topic that does not exist is
         created when auto-creation is on (``create``), as STOMP brokers do; a queue is left to
         the produce or attach that follows (``destination_for_use``)."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
         found = self.broker.destination_kind(destination)
         if found == kind:
             return
@@ -141,16 +163,23 @@ class ClientSession:
             log.info("auto-created topic %s", destination, extra={"destination": destination})
 
     def subscribe_durable(self, destination: str, name: str, selector: str | None) -> None:
-        """A consumer names a durable subscription of a topic (JMS's durable subscriber): made
-        when missing, kept after it leaves. ``consume`` on the topic is enough, as a JMS
-        client needs nothing more to subscribe durably."""
+        """A consumer names a durable subscription of a topic (JMS's durable subscriber):
+        ``consume`` on the topic to use one that exists; ``create`` too to make it when missing
+        (it is kept after the consumer leaves, and holds every message from then on), as
+        Artemis asks createDurableQueue."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
         self._check("consume", destination)
+        if self.broker.has_subscription(destination, name):
+            return
+        self._check("create", destination)
         if self.broker.create_subscription(destination, name, selector):
             self._audit("admin", "CreateSubscription", f"{destination}/{name}", outcome="done")
 
     def unsubscribe_durable(self, destination: str, name: str) -> None:
-        """Remove a durable subscription its consumer asks to end (JMS's ``unsubscribe``)."""
-        self._check("consume", destination)
+        """Remove a durable subscription its consumer asks to end (JMS's ``unsubscribe``):
+        ``admin`` on the topic, as removing any subscription (it may be someone else's)."""
+        self._check("admin", destination)
         self.broker.delete_subscription(destination, name)
         self._audit("admin", "DeleteSubscription", f"{destination}/{name}", outcome="done")
 
@@ -162,6 +191,8 @@ class ClientSession:
 
     def attach(self, cmd: c.Attach, wakeup: Wakeup | None = None) -> ConsumerSession:
         """Attach a consumer; it lives until :meth:`detach` or :meth:`close`."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
         if cmd.temporary:
             self._check("create", TEMPORARY)
             consumer = self.broker.attach_temporary(cmd.prefetch, wakeup=wakeup)
@@ -184,6 +215,8 @@ class ClientSession:
         self, consumer: ConsumerSession, cmd: c.Settle, inline: InlineCommit | None = None
     ) -> None:
         """Settle deliveries of a consumer of this session; the reply reaches its outbox."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
         self.counts["settle"] += 1
         consumer.settle(cmd, inline)
 
@@ -191,6 +224,18 @@ class ClientSession:
         """The consumer leaves: what it held unsettled goes back."""
         if self._consumers.pop(consumer.consumer_id, None) is not None:
             self.broker.detach(consumer)
+
+    def revoke(self, reason: str) -> None:
+        """(Any thread.) Its principal's login no longer holds: refuse every command from now
+        on, say so in the audit log, and tell the transport (which ends the connection)."""
+        if self.revoked is not None or self.closed:
+            return
+        self.revoked = reason
+        self._audit("session_revoked", "connect", None, detail=reason)
+        log.warning("ending %r: %s", self, reason)
+        on_revoke = self.on_revoke
+        if on_revoke is not None:
+            on_revoke(reason)
 
     def close(self) -> None:
         """The connection ended: every consumer it attached is detached."""
@@ -204,6 +249,8 @@ class ClientSession:
     def execute(self, cmd: c.Command) -> Any:
         """Authorize ``cmd`` and carry it out; returns what the broker answers. Admin commands
         are audited, done or failed."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
         self.counts[type(cmd).__name__] += 1
         if self.audit is None or not isinstance(cmd, _AUDITED):
             return self._execute(cmd)
@@ -235,7 +282,10 @@ class ClientSession:
                 self._check("admin")
                 return b.hand_over()
             case c.BrokerStatus():
-                return b.status()
+                status = b.status()
+                if not self.guard.allows(self.principal, "admin"):  # (not the broker's admin)
+                    status.pop("data_dir", None)
+                return status
             case c.ShowConfig():
                 self._check("admin")
                 return redacted(b.config.model_dump(mode="json"))

@@ -53,6 +53,7 @@ from spark_mq.broker.consumers import DeliveryState, delivery_table
 from spark_mq.broker.core import Broker
 from spark_mq.errors import (
     ConfigError,
+    NotAuthenticated,
     ProtocolError,
     SparkMQError,
 )
@@ -380,17 +381,25 @@ class WireServer(ConnectionLimits, WireProducing):
                 return
             if n < _READ_BYTES and not conn.tls:
                 break  # drained
-        if conn.reader.partial is None:
-            conn.frame_started = None
-        elif conn.frame_started is None:
-            conn.frame_started = conn.last_read
+            if conn.reader.one_at_a_time and conn.reader.buffered > wire.PRELOGIN_MAX_FRAME:
+                break  # not known yet: no more is read than its first frames need
+        self._note_partial(conn)
         try:
             self._handle_backlog(conn)
         except SparkMQError as exc:
             self._refuse(conn, exc)
 
     def _handle_backlog(self, conn: WireConn) -> None:
-        while conn.backlog and not conn.parked and not conn.closing and not conn.refused:
+        while not conn.parked and not conn.closing and not conn.refused:
+            if not conn.backlog:
+                if not conn.reader.one_at_a_time:
+                    return
+                # (what is known of a connection decides how its next frame is read: its
+                # frames are cut one at a time until it has said what it does)
+                conn.backlog.extend(conn.reader.feed(b""))
+                self._note_partial(conn)
+                if not conn.backlog:
+                    return
             item = conn.backlog.popleft()
             if isinstance(item, wire.TooLarge):
                 self._too_large(conn, item)
@@ -415,21 +424,41 @@ class WireServer(ConnectionLimits, WireProducing):
             case protocol.Login():
                 if conn.login is not None or conn.client is not None:
                     raise ProtocolError("a connection logs in once, first", fault="remote")
-                creds = Credentials(frame.username, frame.password, frame.token)
-                conn.parked = True  # its next frames wait for the outcome (set first: a
-                # cached login is done before submit returns)
-                conn.login = self._helpers.submit(self._log_in, conn, creds)
-                conn.login.add_done_callback(lambda _: self._logged_in(conn))
+                self._log_in(conn, Credentials(frame.username, frame.password, frame.token))
+            case protocol.Produce() | protocol.Consume() if self._must_log_in(conn):
+                # no login frame, no certificate: the login of no credentials (refused, and
+                # slowed per host as any failure) runs off the loop too; the frame waits for it
+                conn.backlog.appendleft((kind, body))
+                self._log_in(conn, Credentials())
             case protocol.Produce(destination=name):
                 self._client(conn).open_producer(name)
                 conn.role, conn.destination = "produce", name
                 conn.heartbeat_s = frame.heartbeat_ms / 1000
+                self._known(conn)
             case protocol.Consume() as cmd:
                 self._attach(conn, cmd)
+                self._known(conn)
             case _:
                 raise ProtocolError(
                     "a connection starts with a produce or consume frame", fault="remote"
                 )
+
+    def _known(self, conn: WireConn) -> None:
+        """The connection said what it does (and logged in): its frames may be as big as the
+        limits allow, and are cut as they come."""
+        conn.reader.max_body = self.max_frame
+        conn.reader.one_at_a_time = False
+        conn.backlog.extend(conn.reader.feed(b""))  # what came behind its first frames
+        self._note_partial(conn)
+
+    @staticmethod
+    def _note_partial(conn: WireConn) -> None:
+        """When the frame being received began (its deadline runs from then); None between
+        frames."""
+        if conn.reader.partial is None:
+            conn.frame_started = None
+        elif conn.frame_started is None:
+            conn.frame_started = conn.last_read
 
     def _refuse(self, conn: WireConn, err: SparkMQError) -> None:
         """Say why, then hang up once it is written."""
@@ -488,6 +517,9 @@ class WireServer(ConnectionLimits, WireProducing):
             resolve(self._resolving)  # answers queue up, their connections are marked
 
     def _serve(self, conn: WireConn) -> None:
+        if conn.revoked is not None and not conn.refused:
+            self._refuse(conn, NotAuthenticated(conn.revoked))
+            return
         login = conn.login
         if login is not None and conn.client is None and login.done() and not conn.refused:
             failed = login.exception()
@@ -500,7 +532,8 @@ class WireServer(ConnectionLimits, WireProducing):
             conn.answered += 1
         consumer = conn.consumer
         if consumer is not None:
-            if not conn.bye and not self._draining:
+            if not conn.bye and not self._draining and not conn.refused:
+                # (refused: told why and closing, its user's login revoked, say: nothing more)
                 # deliveries before the replies to settles: the client reads them first, and an
                 # ack's answer can wait better than a message (at 1,000 msg/s a reply was ahead
                 # of half the deliveries, ~0.04 ms each in the broker and the client, measured)
@@ -517,8 +550,11 @@ class WireServer(ConnectionLimits, WireProducing):
                 conn.queue(wire.control(translate.reply_frame(reply)))
             if conn.bye and not consumer.unanswered:
                 conn.closing = True
-        if conn.backlog and not conn.parked and not conn.closing and not conn.refused:
-            self._inline = self._turn_commit()  # frames that waited behind a parked produce
+        waiting = conn.backlog or (conn.reader.one_at_a_time and conn.reader.buffered)
+        if waiting and not conn.parked and not conn.closing and not conn.refused:
+            # frames that waited behind a parked produce, or a login (those a connection not yet
+            # known sent after its first are still in the reader: _handle_backlog cuts them)
+            self._inline = self._turn_commit()
             try:
                 self._handle_backlog(conn)
             except SparkMQError as exc:
@@ -583,13 +619,15 @@ class WireServer(ConnectionLimits, WireProducing):
         if conn.closed:
             return
         conn.closed = True
-        self._conns.discard(conn)
         if conn.events:
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self._sel.unregister(conn.sock)
-        if conn.client is not None:  # before hanging up: a client seeing the end may rely on it
-            conn.client.close()  # its consumer is detached: what it held goes back
-            if conn.consumer is not None:
-                log.info("consumer %d detached", conn.consumer.consumer_id)
-        with contextlib.suppress(OSError):
-            conn.sock.close()
+        try:
+            if conn.client is not None:  # before hanging up: a client seeing the end may rely on it
+                conn.client.close()  # its consumer is detached: what it held goes back
+                if conn.consumer is not None:
+                    log.info("consumer %d detached", conn.consumer.consumer_id)
+        finally:
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+            self._conns.discard(conn)  # (last: counted as open until it is closed)

@@ -108,7 +108,33 @@ class FlightService(fl.FlightServerBase):
 
     # -- admin -------------------------------------------------------------------------------
     def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
+        with _answering("list actions"):
+            if not self._certified_port_map(context):
+                self._session(context)  # (authenticated, as every call)
         return [(name, f"sparkmq admin: {name}") for name in protocol.ADMIN_ACTIONS]
+
+    # -- what Flight has and sparkmq does not serve: a plain refusal, never a traceback (the
+    # middleware refuses GetSchema: pyarrow answers any error raised in its handler with a
+    # Python traceback, see flight_auth) -----------------------------------------------------
+    def list_flights(self, context: fl.ServerCallContext, criteria: bytes) -> Iterator[Any]:
+        self._not_served(context, "ListFlights")
+        return iter(())
+
+    def get_flight_info(
+        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
+    ) -> fl.FlightInfo:
+        self._not_served(context, "GetFlightInfo")
+        raise AssertionError  # (unreachable: _not_served raises)
+
+    def _not_served(self, context: fl.ServerCallContext, call: str) -> None:
+        with _answering(call):
+            self._session(context)  # who asks is checked first, as for every call
+            raise ProtocolError(
+                f"sparkmq does not serve Flight's {call}: destinations are listed by the "
+                "list_destinations action, read by DoGet (browse), produced to by DoPut and "
+                "consumed by DoExchange",
+                fault="remote",
+            )
 
     def _session(self, context: fl.ServerCallContext) -> ClientSession:
         """The session a call runs in, for the principal the call authenticated as."""
@@ -190,6 +216,8 @@ class FlightService(fl.FlightServerBase):
             answered.callback(self._produce_streams.discard, acks)
             answered.callback(acks.drain)  # what came before an error is answered first
             for chunk in _chunks(reader, "produce stream"):
+                if session.revoked is not None:  # (its user's login no longer holds)
+                    raise NotAuthenticated(session.revoked)
                 if chunk.data is None:
                     continue
                 try:
@@ -281,6 +309,7 @@ class FlightService(fl.FlightServerBase):
                 and not consumer.closed
                 and not context.is_cancelled()
                 and not stopping.is_set()
+                and session.revoked is None
             ):
                 wakeup.wait(min(_IDLE_WAKE_S, heartbeat_s / 2) if heartbeat_s else _IDLE_WAKE_S)
                 wakeup.clear()
@@ -319,6 +348,8 @@ class FlightService(fl.FlightServerBase):
         finally:
             session.close()  # the consumer is detached: what it held goes back
             log.info("consumer %d detached", consumer.consumer_id)
+        if session.revoked is not None:
+            raise _flight_error(NotAuthenticated(session.revoked))
         if problem:
             raise _flight_error(problem[0])
 

@@ -28,6 +28,14 @@ class Presented(fl.ServerMiddleware):
 
 class CredentialsFactory(fl.ServerMiddlewareFactory):
     def start_call(self, info: fl.CallInfo, headers: dict[str, list]) -> Presented:
+        if info.method == fl.FlightMethod.GET_SCHEMA:
+            # refused here, for everyone: pyarrow (26) turns any error a GetSchema handler
+            # raises into one carrying the server's Python traceback
+            raise fl.FlightServerError(
+                "sparkmq does not serve Flight's GetSchema: the schemas are spark_mq.schema's "
+                "(MESSAGE_SCHEMA for DoGet, PRODUCE_SCHEMA for DoPut, DELIVERY_SCHEMA for "
+                "DoExchange)"
+            )
         try:
             return Presented(credentials_of(headers))
         except NotAuthenticated as exc:

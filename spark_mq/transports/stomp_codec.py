@@ -74,6 +74,12 @@ class Limits:
     max_body_bytes: int | None = None  # a frame's body (None: up to max_frame_bytes)
 
 
+# what a connection may send before it has logged in: a CONNECT (no body, a few headers)
+PRELOGIN_LIMITS = Limits(
+    max_frame_bytes=64 * 1024, max_headers=32, max_header_bytes=8 * 1024, max_body_bytes=0
+)
+
+
 @dataclass
 class Parser:
     """Feed it bytes as they arrive; it returns the complete frames and heart-beats so far.
@@ -86,17 +92,22 @@ class Parser:
     _buf: bytearray = field(default_factory=bytearray)
     _failed: StompError | None = None
 
-    def feed(self, data: bytes) -> list[Event]:
+    def feed(self, data: bytes, *, at_most: int | None = None) -> list[Event]:
+        """The frames and heart-beats ``data`` completes; with ``at_most``, no more frames than
+        that (the rest stays buffered for a later call, unchecked against the limits)."""
         if self._failed is not None:
             raise self._failed
         self._buf += data
         out: list[Event] = []
+        frames = 0
         try:
-            while True:
+            while at_most is None or frames < at_most:
                 event = self._next()
                 if event is None:
                     break
                 out.append(event)
+                if not isinstance(event, HeartBeat):
+                    frames += 1
         except StompError as exc:
             self._failed = exc
             self._buf.clear()

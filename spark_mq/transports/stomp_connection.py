@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from spark_mq import __version__
@@ -28,7 +29,15 @@ from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.security.authenticate import Credentials
 from spark_mq.security.tls import common_name
 from spark_mq.session import Principal
-from spark_mq.transports.stomp_codec import VERSIONS, Frame, HeartBeat, Parser, StompError, encode
+from spark_mq.transports.stomp_codec import (
+    PRELOGIN_LIMITS,
+    VERSIONS,
+    Frame,
+    HeartBeat,
+    Parser,
+    StompError,
+    encode,
+)
 from spark_mq.transports.stomp_session import StompSession
 
 if TYPE_CHECKING:
@@ -47,7 +56,9 @@ class StompConnection(asyncio.Protocol):
         self.loop = server.loop
         self.transport: Any = None
         self.peer = "?"
-        self.parser = Parser(server.limits)
+        # until it has logged in, a connection's frames may be only a CONNECT's size, and only
+        # its first frame is read: an unauthenticated client makes the broker buffer no more
+        self.parser = Parser(PRELOGIN_LIMITS)
         self.version = "1.2"
         self.verbs: StompSession | None = None  # once connected
         self.certificate_name: str | None = None
@@ -65,6 +76,7 @@ class StompConnection(asyncio.Protocol):
         self.next_extend = 0.0  # when the leases of unacknowledged messages are extended next
         self.inline: InlineCommit | None = None  # while frames are handled: commits them
         self.handshaking = False  # TLS: the handshake is under way (it has its own deadline)
+        self._early: list[bytes] = []  # data that came before the handshake was done with
 
     # -- asyncio's callbacks -----------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -109,6 +121,9 @@ class StompConnection(asyncio.Protocol):
             return
         self.handshaking = False
         self.certificate_name = common_name(self.transport.get_extra_info("peercert"))
+        early, self._early = self._early, []
+        for data in early:  # (what came with the handshake's last flight)
+            self.data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.closed:
@@ -130,9 +145,14 @@ class StompConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.refused or self.closed:
             return
+        if self.handshaking:  # TLS: decrypted before start_tls returned the transport to use
+            self._early.append(data)
+            return
         self.last_read = time.monotonic()
         try:
-            events = self.parser.feed(data)
+            # (before CONNECTED: the CONNECT alone; what follows it waits in the parser)
+            at_most = None if self.verbs is not None else 0 if self.busy or self.frames else 1
+            events = self.parser.feed(data, at_most=at_most)
         except StompError as exc:
             self.error(exc.message, receipt=exc.receipt)
             return
@@ -192,6 +212,17 @@ class StompConnection(asyncio.Protocol):
     ) -> None:
         """Run ``fn`` on a helper thread; the frames behind it wait; ``then`` gets its result
         on the loop (an exception is an ERROR)."""
+        self.awaiting(self.server.run_blocking(fn), then, receipt)
+
+    def awaiting(
+        self,
+        work: asyncio.Future[Any] | Future[Any],
+        then: Callable[[Any], None],
+        receipt: str | None,
+    ) -> None:
+        """Wait for ``work`` (done elsewhere: a helper thread, the security layer's login);
+        the frames behind it wait; ``then`` gets its result on the loop (an exception is an
+        ERROR)."""
         self.busy = True
         self._update_reading()
 
@@ -211,7 +242,7 @@ class StompConnection(asyncio.Protocol):
                 return
             self._process()
 
-        self.server.run_blocking(fn).add_done_callback(done)
+        asyncio.wrap_future(work, loop=self.loop).add_done_callback(done)
 
     # -- CONNECT -----------------------------------------------------------------------------
     def _connect(self, frame: Frame) -> None:
@@ -238,21 +269,22 @@ class StompConnection(asyncio.Protocol):
         security, peer = self.server.security, self.peer
         certificate = self.certificate_name
 
-        def log_in() -> Principal:
-            if login:
-                creds = Credentials(login, passcode or "")
-            elif passcode:  # a bearer token in the passcode, as RabbitMQ's OAuth plugin
-                creds = Credentials(token=passcode)
-            elif certificate is not None:
-                return security.authenticator.certificate(certificate)
-            else:
-                creds = Credentials()
-            return security.login(creds, peer=peer, transport="stomp")
+        if login:
+            creds = Credentials(login, passcode or "")
+        elif passcode:  # a bearer token in the passcode, as RabbitMQ's OAuth plugin
+            creds = Credentials(token=passcode)
+        else:  # a client certificate's name, or nothing (refused with security on)
+            creds = Credentials(certificate_name=certificate)
 
         def connected(principal: Principal) -> None:
             session = security.session(self.server.broker, principal, peer=peer, transport="stomp")
+            session.on_revoke = lambda reason: self.threadsafe(self.error, reason)
             self.verbs = StompSession(self, session, client_id)
             self.version = self.parser.version = version
+            self.parser.limits = self.server.limits  # (a login's, until now)
+            for event in self.parser.feed(b""):  # what came behind the CONNECT
+                if not isinstance(event, HeartBeat):
+                    self.frames.append(event)
             self.write(
                 Frame(
                     "CONNECTED",
@@ -266,7 +298,9 @@ class StompConnection(asyncio.Protocol):
             )
             self.receipt(frame)
 
-        self.blocking(log_in, connected, frame.header("receipt"))
+        # (the login runs off the loop: a host's penalty is a timer, argon2 a pool of its own)
+        login_done = security.submit_login(creds, peer=peer, transport="stomp")
+        self.awaiting(login_done, connected, frame.header("receipt"))
 
     # -- waking, writing, closing -------------------------------------------------------------
     def set(self) -> None:
@@ -277,7 +311,7 @@ class StompConnection(asyncio.Protocol):
 
     def _pump(self) -> None:
         self._pump_due = False
-        if self.verbs is not None and not self.closed:
+        if self.verbs is not None and not self.closed and not self.refused:
             with self.committing():  # (auto acks)
                 self.verbs.pump()
 
@@ -331,12 +365,14 @@ class StompConnection(asyncio.Protocol):
         if transport is None:
             return
         # half-close and read what still comes, then close: closing at once with unread input
-        # resets the connection, and the client could lose the ERROR
+        # resets the connection, and the client could lose the ERROR (TLS cannot half-close:
+        # the ERROR goes out, what comes is read and dropped, and the close follows)
         if transport.can_write_eof():
             transport.write_eof()
-            self.loop.call_later(_LINGER_S, transport.close)
-        else:
-            transport.close()
+        if not self.reading:
+            self.reading = True
+            transport.resume_reading()
+        self.loop.call_later(_LINGER_S, transport.close)
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -382,6 +418,7 @@ class StompConnection(asyncio.Protocol):
             or self.draining
             or self.disconnecting is not None
             or (self.busy and len(self.frames) >= _BACKLOG_FRAMES)
+            or (self.verbs is None and self.busy)  # nothing more read while it logs in
         )
         if want != self.reading:
             self.reading = want

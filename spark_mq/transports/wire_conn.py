@@ -30,7 +30,10 @@ class WireConn:
         self.server = server
         self.sock = sock
         self.peer = peer
-        self.reader = wire.FrameReader(server.max_frame)
+        # (frames past a login's size are refused until it is known what the connection does:
+        # see serving())
+        self.reader = wire.FrameReader(wire.PRELOGIN_MAX_FRAME)
+        self.reader.one_at_a_time = True
         self.out: deque[memoryview] = deque()
         self.unsent = 0  # bytes in ``out``
         self.opened = self.last_read = now  # time.monotonic()
@@ -55,6 +58,7 @@ class WireConn:
         # outcome, and a verified client certificate's common name (mutual TLS)
         self.login: Future | None = None
         self.certificate_name: str | None = None
+        self.revoked: str | None = None  # why its user's login no longer holds (any thread)
         self.tls = isinstance(sock, ssl.SSLSocket)
         self.handshaking = self.tls
         self.retrying_write = False  # TLS: the last write must be retried with the same buffer

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from spark_mq import protocol, wire
-from spark_mq.errors import MessageTooLarge, SparkMQError, to_wire
+from spark_mq.errors import MessageTooLarge, NotAuthenticated, SparkMQError, to_wire
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.plain import PlainMessage
 from spark_mq.schema import PRODUCE_SCHEMA
 from spark_mq.security.authenticate import Credentials
 from spark_mq.security.context import Security
-from spark_mq.session import ClientSession, Principal
+from spark_mq.session import ANONYMOUS, ClientSession
 from spark_mq.transports.flight import put_answer
 from spark_mq.transports.wire_conn import WireConn
 
@@ -79,9 +79,23 @@ class WireProducing:
             return client.produce_plain(dest, batch).result()
         return client.produce(dest, batch).result()
 
-    def _log_in(self, conn: WireConn, creds: Credentials) -> Principal:
-        """(A helper thread.) Check a login; the loop takes the outcome up when woken."""
-        return self.security.login(creds, peer=str(conn.peer), transport="wire")
+    def _log_in(self, conn: WireConn, creds: Credentials) -> None:
+        """Start checking a login (off the loop: a host's penalty is a timer, argon2 runs on
+        the security layer's own pool); the connection's next frames wait for the outcome,
+        which the loop takes up when woken. Nobody else waits."""
+        conn.parked = True  # (set first: a remembered login is done before submit returns)
+        conn.login = self.security.submit_login(creds, peer=str(conn.peer), transport="wire")
+        conn.login.add_done_callback(lambda _: self._logged_in(conn))
+
+    def _must_log_in(self, conn: WireConn) -> bool:
+        """Whether a connection's produce or consume frame must wait for a login first: security
+        is on and it neither sent a login frame nor presented a client certificate."""
+        return (
+            self.security.enabled
+            and conn.login is None
+            and conn.client is None
+            and conn.certificate_name is None
+        )
 
     def _logged_in(self, conn: WireConn) -> None:
         """(Any thread, once the login's future is done.) The loop takes up its outcome and the
@@ -98,12 +112,22 @@ class WireProducing:
             principal = conn.login.result()  # (done: the frame waited for it) or raises
         elif conn.certificate_name is not None:
             principal = self.security.authenticator.certificate(conn.certificate_name)
+        elif self.security.enabled:  # (_must_log_in sent such a frame to a login first)
+            raise NotAuthenticated("this broker requires credentials")
         else:
-            principal = self.security.login(Credentials(), peer=str(conn.peer), transport="wire")
+            principal = ANONYMOUS
         conn.client = self.security.session(
             self.broker, principal, peer=str(conn.peer), transport="wire"
         )
+        session = conn.client
+        session.on_revoke = lambda reason: self._revoked(conn, session, reason)
         return conn.client
+
+    def _revoked(self, conn: WireConn, session: ClientSession, reason: str) -> None:
+        """(Any thread.) The connection's user was removed or its password changed: the loop
+        refuses the connection (its consumers' messages go back)."""
+        conn.revoked = reason
+        self.mark(conn)
 
     def _produced(self, conn: WireConn, seq: int, fut: Future, *, unpark: bool = False) -> None:
         """A batch is durable or failed (any thread): queue its answer."""
