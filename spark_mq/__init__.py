@@ -27,8 +27,7 @@ from spark_mq.errors import (
     SparkMQError,
     SubscriptionNotFound,
 )
-
-__version__ = "0.1.0"
+from spark_mq.version import __version__
 
 __all__ = [
     "Admin",
@@ -56,4 +55,5 @@ __all__ = [
     "SparkMQError",
     "SubscriptionNotFound",
     "Transaction",
+    "__version__",
 ]

@@ -11,16 +11,22 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from spark_mq.broker.core import Broker
-from spark_mq.broker.dir_lock import StoppedWaiting
 from spark_mq.config import BrokerConfig
+from spark_mq.errors import SparkMQError
+from spark_mq.ha import term
 from spark_mq.ha.ownership import Ownership
+from spark_mq.ha.replication import ChannelSecurity
+from spark_mq.journal.dir_lock import StoppedWaiting
 from spark_mq.logs import setup_logging
 from spark_mq.ops.http import HttpListener, ServiceState
+from spark_mq.security.authenticate import Credentials
 from spark_mq.security.context import Security, check_protected, is_loopback
+from spark_mq.security.credentials import Auth
 from spark_mq.transports.direct_wire import WireServer
 from spark_mq.transports.flight import FlightService
 from spark_mq.transports.stomp import StompServer
@@ -42,15 +48,33 @@ class RunningBroker:
         security: Security | None = None,
     ) -> None:
         self.broker = broker
-        check_protected(broker.config, listening_on=host)
+        config = broker.config
+        check_protected(config, listening_on=host)
         # (made before anything starts: a bad file stops it; given: the process's, kept)
         self._owns_security = security is None
-        self.security = security if security is not None else Security(broker.config)
+        self.security = security if security is not None else Security(config)
         self.scheme = "grpc+tls" if self.security.tls is not None else "grpc"
-        broker.security = self.security  # (the replication channel goes through it too)
+        if config.ha.mode != "none":
+            broker.phase = "backup"  # until it owns the data
         try:
-            broker.start(until=until)  # (a shared store's backup waits here)
+            # the term: the data directory, and with high availability the epoch and the
+            # replication (a shared store's backup waits here, a replicating one follows)
+            self.term = term.begin(
+                config,
+                broker.journal,
+                broker.broker_id,
+                until=until,
+                on_deposed=broker.deposed_by,
+                channel=replication_channel(self.security),
+            )
         except BaseException:
+            self._close_security()
+            raise
+        try:
+            broker.start(tenure=self.term)
+            self.term.start()  # (a replicating primary listens for its backup)
+        except BaseException:
+            self.term.close()
             self._close_security()
             raise
         self.wire: WireServer | None = None
@@ -82,6 +106,7 @@ class RunningBroker:
             if self.stomp is not None:
                 self.stomp.shutdown()
             broker.close()
+            self.term.close()
             self._close_security()
             raise
         self.host = host
@@ -148,6 +173,7 @@ class RunningBroker:
                 "; ".join(left),
             )
         self.broker.close()
+        self.term.close()  # (the replication, then the data directory)
         self._close_security()
         return not left
 
@@ -160,6 +186,33 @@ class RunningBroker:
             if listener is not None and (waiting := listener.waiting_for()):
                 parts.append(waiting)
         return ", ".join(parts) or "nothing"
+
+
+def replication_channel(security: Security) -> ChannelSecurity:
+    """The replication channel's security, from the broker's: a backup logs in with its
+    environment's credentials (as any client: ``SPARKMQ_USERNAME`` / ``SPARKMQ_PASSWORD`` or
+    ``SPARKMQ_TOKEN``) as a user allowed ``admin`` on the broker; TLS when the broker has a
+    certificate (the backup trusting ``SPARKMQ_TLS_CA_FILE``)."""
+    auth = Auth.of()
+
+    def authorize(hello: dict[str, Any], peer: str) -> str | None:
+        if not security.enabled:
+            return None
+        creds = Credentials(hello.get("username"), hello.get("password"), hello.get("token"))
+        try:
+            principal = security.login(creds, peer=peer, transport="replication")
+            security.guard.check(principal, "admin")
+        except SparkMQError as exc:
+            return exc.message
+        return None
+
+    tls = security.tls
+    return ChannelSecurity(
+        authorize=authorize,
+        server_tls=tls.context if tls is not None else None,
+        client_tls=auth.ssl_context() if tls is not None else None,
+        credentials=auth.hello(),
+    )
 
 
 def settle_garbage_collector() -> None:

@@ -10,7 +10,7 @@ import pytest
 from spark_mq import wire
 from spark_mq.broker import Broker
 from spark_mq.clock import ManualClock
-from spark_mq.config import load_config
+from spark_mq.config import BrokerConfig, load_config
 from spark_mq.service import RunningBroker
 
 
@@ -31,16 +31,29 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
+# every listener a broker of the tests opens, on a free port unless a test says otherwise: a
+# fixed one (STOMP's 61613, HTTP's 8161) fails whenever anything else on the machine holds it
+FREE_PORTS = {
+    "broker.port": 0,
+    "broker.wire_port": 0,
+    "broker.stomp_port": 0,
+    "broker.http_port": 0,
+}
+
+
+def test_config(data_dir: Path, **settings: object) -> BrokerConfig:
+    """A broker's configuration for ``data_dir``: every listener on a free port, no
+    environment read, ``settings`` on top."""
+    overrides = {"broker.data_dir": str(data_dir), **FREE_PORTS, **settings}
+    return load_config(overrides=overrides, environ={})
+
+
+test_config.__test__ = False  # type: ignore[attr-defined]  # (not a test, whatever its name)
+
+
 def start_inprocess(data_dir: Path, clock: ManualClock, **settings: object) -> RunningBroker:
-    overrides = {
-        "broker.data_dir": str(data_dir),
-        "broker.port": 0,
-        "broker.wire_port": 0,
-        "broker.stomp_port": 0,
-        **settings,
-    }
-    config = load_config(overrides=overrides, environ={})
-    return RunningBroker(Broker(config, clock=clock), "127.0.0.1", 0)
+    config = test_config(data_dir, **settings)
+    return RunningBroker(Broker(config, clock=clock), "127.0.0.1", config.broker.port)
 
 
 def _serving(data_dir: Path, clock: ManualClock, **settings: object) -> Iterator[RunningBroker]:

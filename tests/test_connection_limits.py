@@ -37,6 +37,20 @@ def strict(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
         running.stop()
 
 
+def _sweeps(broker: RunningBroker, n: int) -> None:
+    """Until the wire loop has made ``n`` more sweeps of its connections (its own clock)."""
+    wire_server = broker.wire
+    assert wire_server is not None
+    seen = [wire_server._next_sweep]
+
+    def swept() -> bool:
+        if wire_server._next_sweep != seen[-1]:
+            seen.append(wire_server._next_sweep)
+        return len(seen) > n
+
+    wait_for(swept, timeout=10, what=f"{n} sweeps of the wire loop")
+
+
 def connect(broker: RunningBroker) -> socket.socket:
     assert broker.wire_port
     return socket.create_connection(("127.0.0.1", broker.wire_port), timeout=10)
@@ -198,7 +212,7 @@ def test_a_producer_that_never_reads_its_answers_is_not_read_either(
             frame_answers = len(wire.control(protocol.PutAck(0, 0, 1))) + 8
             assert conn.unsent < 65536 + (8 * 1024 * 1024 // len(frame)) * frame_answers
             held = conn.unsent
-            time.sleep(0.5)
+            _sweeps(running, 3)  # three of the loop's sweeps (0.25 s each) went by
             assert conn.unsent == held  # nothing more read, nothing more queued
     finally:
         running.stop()

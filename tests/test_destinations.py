@@ -9,7 +9,7 @@ import pytest
 from spark_mq import Admin, Consumer, DestinationNotFound, NotAllowed, Producer
 from spark_mq.clock import ManualClock
 from spark_mq.service import RunningBroker
-from tests.conftest import Restartable, receive_n
+from tests.conftest import Restartable, receive_n, test_config
 
 
 def names(url: str) -> set[str]:
@@ -83,17 +83,9 @@ def test_auto_deletion_never_takes_an_acknowledged_message(tmp_path: Path) -> No
 
     from spark_mq import SparkMQError
     from spark_mq.broker import Broker
-    from spark_mq.config import load_config
 
-    settings = {
-        "broker.data_dir": str(tmp_path / "data"),
-        "broker.port": 0,
-        "broker.wire_port": 0,
-        "broker.stomp_port": 0,
-        "broker.auto_delete_delay_s": 0,
-        "delivery.lease_check_interval_ms": 1,
-    }
-    running = RunningBroker(Broker(load_config(overrides=settings, environ={})), "127.0.0.1", 0)
+    settings = {"broker.auto_delete_delay_s": 0, "delivery.lease_check_interval_ms": 1}
+    running = RunningBroker(Broker(test_config(tmp_path / "data", **settings)), "127.0.0.1", 0)
     acked: dict[str, list[str]] = {}
     lock = threading.Lock()
 

@@ -10,12 +10,14 @@ import pyarrow as pa
 import pytest
 
 from spark_mq.broker import Broker
-from spark_mq.broker.dir_lock import StoppedWaiting
 from spark_mq.clock import ManualClock
 from spark_mq.config import load_config
 from spark_mq.errors import Deposed
+from spark_mq.ha import term
 from spark_mq.ha.ownership import Ownership
+from spark_mq.ha.term import Term
 from spark_mq.journal.delta_store import DeltaStore
+from spark_mq.journal.dir_lock import StoppedWaiting
 from spark_mq.schema import MESSAGE_SCHEMA
 from tests.conftest import wait_for
 
@@ -121,10 +123,20 @@ def _config(data: Path, **more: object):
     )
 
 
+def _start(broker: Broker, until: threading.Event | None = None) -> Term:
+    """Begin the broker's term (as the service does: a shared store's backup waits in here)
+    and start it; the term, to end after the broker closed."""
+    tenure = term.begin(
+        broker.config, broker.journal, broker.broker_id, until=until, on_deposed=broker.deposed_by
+    )
+    broker.start(tenure=tenure)
+    return tenure
+
+
 def test_a_shared_store_backup_waits_then_takes_over_with_the_next_epoch(tmp_path: Path) -> None:
     data = tmp_path / "shared"
     primary = Broker(_config(data, **{"ha.broker_id": "a"}), clock=ManualClock())
-    primary.start()
+    primary_term = _start(primary)
     assert primary.epoch == 1 and primary.ha_state()["role"] == "primary"
     primary.create_destination("q", "queue", None)
     primary.produce("q", pa.record_batch({"body": pa.array([b"kept"], pa.binary())})).result(10)
@@ -132,9 +144,11 @@ def test_a_shared_store_backup_waits_then_takes_over_with_the_next_epoch(tmp_pat
     started = threading.Event()
     stop = threading.Event()
 
+    backup_term: list[Term] = []
+
     def run_backup() -> None:
         try:
-            backup.start(until=stop)
+            backup_term.append(_start(backup, until=stop))
         except StoppedWaiting:
             return
         started.set()
@@ -143,6 +157,7 @@ def test_a_shared_store_backup_waits_then_takes_over_with_the_next_epoch(tmp_pat
     t.start()
     assert not started.wait(0.5)  # waiting: the primary holds the data directory
     primary.close()
+    primary_term.close()  # (its data directory let go)
     wait_for(started.is_set, timeout=30, what="the backup to take over")
     try:
         assert backup.epoch == 2
@@ -151,21 +166,24 @@ def test_a_shared_store_backup_waits_then_takes_over_with_the_next_epoch(tmp_pat
         assert owner is not None and owner.broker_id == "b"
     finally:
         backup.close()
+        for tenure in backup_term:
+            tenure.close()
         t.join()
 
 
 def test_a_waiting_backup_stops_when_told(tmp_path: Path) -> None:
     data = tmp_path / "shared"
     primary = Broker(_config(data), clock=ManualClock())
-    primary.start()
+    primary_term = _start(primary)
     try:
         backup = Broker(_config(data), clock=ManualClock())
         stop = threading.Event()
         threading.Timer(0.3, stop.set).start()
         with pytest.raises(StoppedWaiting):
-            backup.start(until=stop)
+            _start(backup, until=stop)
     finally:
         primary.close()
+        primary_term.close()
 
 
 def test_a_replicating_broker_is_configured_or_told_what_is_missing(tmp_path: Path) -> None:
@@ -176,5 +194,8 @@ def test_a_replicating_broker_is_configured_or_told_what_is_missing(tmp_path: Pa
     config = load_config(
         overrides={"broker.data_dir": str(tmp_path), "ha.mode": "replication"}, environ={}
     )
+    broker = Broker(config, clock=ManualClock())
     with pytest.raises(ConfigError, match=r"needs journal\.hot_dir"):
-        Broker(config, clock=ManualClock()).start()
+        _start(broker)
+    with pytest.raises(ConfigError, match=r"needs journal\.hot_dir"):
+        broker.start()  # (without a term: the same reason first)

@@ -191,12 +191,11 @@ def test_a_paused_primary_resumed_after_the_failover_acknowledges_nothing(tmp_pa
     del urls
 
 
-def test_the_replication_channel_authenticates_and_encrypts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_replication_channel_authenticates_and_encrypts(tmp_path: Path) -> None:
     """With security and TLS on, the backup logs in (its environment's credentials, a user the
     rules allow admin) over TLS; a backup whose user may not is refused, saying why."""
-    from spark_mq.ha.replication import Follower
+    from spark_mq.ha.replication import ChannelSecurity, Follower
+    from spark_mq.security.credentials import Auth
     from tests.security_kit import PASSWORDS, Authority, security_settings
 
     a, b = pair(tmp_path)
@@ -218,11 +217,11 @@ def test_the_replication_channel_authenticates_and_encrypts(
     b.launch(env=env, **settings)
     tls_a = a.process.url
     wait_for(lambda: in_sync(tls_a, **creds), timeout=60, what="the backup in sync over TLS")
-    monkeypatch.setenv("SPARKMQ_USERNAME", "bob")
-    monkeypatch.setenv("SPARKMQ_PASSWORD", PASSWORDS["bob"])
-    monkeypatch.setenv("SPARKMQ_TLS_CA_FILE", str(ca.cert_file))
+    # a backup of bob's (not allowed admin), set up as a broker sets up its own
+    bobs = Auth.of("bob", PASSWORDS["bob"], tls_ca_file=str(ca.cert_file))
+    channel = ChannelSecurity(client_tls=bobs.ssl_context(), credentials=bobs.hello())
     rogue = Follower(
-        str(tmp_path / "hot-rogue"), "rogue", segment_bytes=1 << 20, timeout_s=5, tls=True
+        str(tmp_path / "hot-rogue"), "rogue", segment_bytes=1 << 20, timeout_s=5, channel=channel
     )
     assert rogue.follow(("127.0.0.1", a.repl_port), None) is None
     assert "'bob' may not admin" in rogue.refused

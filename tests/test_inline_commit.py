@@ -40,11 +40,14 @@ def test_submits_with_an_inline_commit_are_committed_by_the_thread_that_commits_
         MemoryStore(), lambda dest, rows: committed_by.append(threading.get_ident())
     )
     rows = pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA})
+    woken: list[int] = []  # the writer thread's wake-ups (its condition notified)
+    notify_all = writer._cond.notify_all
+    writer._cond.notify_all = lambda: (woken.append(1), notify_all())  # type: ignore[method-assign]
     try:
         inline = InlineCommit()
         first = writer.submit(rows, inline)
         second = writer.submit(rows, inline)
-        time.sleep(0.05)  # the writer thread, had it been woken, commits in microseconds
+        assert woken == []  # nobody woke the writer thread: the inline commit's holder commits
         assert not first.done() and not second.done()
         inline.commit()
         assert first.result(0).first_offset == 0 and second.result(0).first_offset == 2

@@ -20,6 +20,7 @@ from spark_mq.client._wire import Address, WireConsumeLink
 from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError
 from spark_mq.launch import BrokerProcess
 from spark_mq.service import RunningBroker
+from tests.conftest import wait_for
 
 
 def one_frame(offset: int, body: bytes) -> bytes:
@@ -231,6 +232,12 @@ def test_a_malformed_frame_ends_the_consumer_with_a_protocol_error(
         consumer.close()
 
 
+def _reading(consumer: Consumer) -> bool:
+    """Whether a receiver holds the consumer's link (blocked reading it)."""
+    turn = consumer._turn
+    return turn is not None and turn._receiver_reading
+
+
 @pytest.fixture
 def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A real broker process, for a test to SIGKILL."""
@@ -241,11 +248,12 @@ def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
         broker.kill()
 
 
+@pytest.mark.process
 def test_a_broker_killed_while_a_receiver_waits_is_reported(broker_process: BrokerProcess) -> None:
     consumer = Consumer(broker_process.url, "q", transport="wire", timeout_s=5)
     with ThreadPoolExecutor(1) as pool:
         receiving = pool.submit(consumer.receive, 60)
-        time.sleep(0.1)  # (let it block; it must end either way)
+        wait_for(lambda: _reading(consumer), what="the receiver to read the link")
         broker_process.kill()
         with pytest.raises(BrokerUnavailable):  # as soon as the receive notices
             receiving.result(timeout=20)
@@ -254,6 +262,7 @@ def test_a_broker_killed_while_a_receiver_waits_is_reported(broker_process: Brok
     consumer.close()
 
 
+@pytest.mark.process
 def test_wait_sees_a_live_stream_then_its_end(broker_process: BrokerProcess) -> None:
     consumer = Consumer(broker_process.url, "q", transport="wire", timeout_s=5)
     assert consumer.wait(0.3) is False  # alive: nobody receives, and wait() reads on
@@ -267,7 +276,7 @@ def test_closing_from_another_thread_ends_a_blocked_receive(broker: RunningBroke
     consumer = Consumer(broker.url, "q", transport="wire")
     with ThreadPoolExecutor(1) as pool:
         receiving = pool.submit(consumer.receive, 60)
-        time.sleep(0.1)  # (let it block; it must end either way)
+        wait_for(lambda: _reading(consumer), what="the receiver to read the link")
         started = time.monotonic()
         consumer.close()
         assert receiving.result(timeout=20) is None

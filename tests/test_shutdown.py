@@ -7,18 +7,33 @@ from __future__ import annotations
 
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow.flight as fl
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from spark_mq import BrokerUnavailable, Consumer, Producer, protocol
 from spark_mq.journal import DeltaStore
 from spark_mq.launch import BrokerProcess
 from spark_mq.schema import PRODUCE_SCHEMA
-from tests.conftest import receive_n
+from tests.conftest import receive_n, wait_for
 
 pytestmark = pytest.mark.process
+
+
+def _flight_calls(broker: BrokerProcess) -> float:
+    """The Flight calls the broker is serving (its /metrics)."""
+    with urllib.request.urlopen(broker.http_url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "sparkmq_broker_connections" and sample.labels == {
+                "transport": "flight"
+            }:
+                return sample.value
+    return 0.0
 
 
 def sigterm(broker: BrokerProcess, within_s: float) -> float:
@@ -73,7 +88,7 @@ def test_a_client_that_never_ends_its_stream_is_not_waited_for_past_the_grace(
         # a produce stream opened by hand and left open: it never reads, never half-closes
         descriptor = fl.FlightDescriptor.for_command(protocol.encode(protocol.Produce("q")))
         _writer, _ = client.do_put(descriptor, PRODUCE_SCHEMA)
-        time.sleep(0.3)
+        wait_for(lambda: _flight_calls(broker) >= 1, what="the broker to serve the stream")
         took = sigterm(broker, within_s=20)
         assert took < 6, f"SIGTERM took {took:.1f} s past a 2 s grace"
     finally:

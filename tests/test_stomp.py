@@ -27,9 +27,14 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     base = tmp_path_factory.mktemp("stomp")
     process = BrokerProcess(
         str(base / "data"),
-        extra_args=["--set", f"logging.file={base / 'broker.log'}"],
+        extra_args=[
+            "--set", f"logging.file={base / 'broker.log'}",
+            # a heart-beat every 100 ms to a client that asks: the broker's own clock, for the
+            # tests that show nothing more comes (BEATING)
+            "--set", "broker.stomp_heartbeat_ms=100",
+        ],
         log_file=str(base / "broker.out"),
-    ).start()
+    ).start()  # fmt: skip
     try:
         yield process
     finally:
@@ -40,6 +45,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 def port(broker: BrokerProcess) -> int:
     assert broker.stomp_port
     return broker.stomp_port
+
+
+BEATING = {"heartbeats": (0, 100)}  # the client asks for the broker's heart-beats
 
 
 def _name(prefix: str) -> str:
@@ -149,16 +157,16 @@ def test_client_individual_acks_only_the_one_named(broker: BrokerProcess, port: 
 
 def test_prefetch_bounds_what_is_unacknowledged(broker: BrokerProcess, port: int) -> None:
     q = _name("prefetch")
-    conn, inbox = connect(port)
+    conn, inbox = connect(port, **BEATING)
     send_all(conn, inbox, f"/queue/{q}", [b"1", b"2", b"3", b"4", b"5"])
     conn.subscribe(f"/queue/{q}", id="s", ack="client-individual",
                    headers={"activemq.prefetchSize": "2"})  # fmt: skip
     first = inbox.wait_messages(2)
-    time.sleep(0.5)
+    inbox.wait_heartbeats(4)  # the broker had nothing more to send for 0.4 s
     assert len(inbox.messages) == 2  # no more until one is acknowledged
     conn.ack(first[0].headers["ack"])
     inbox.wait_messages(3)
-    time.sleep(0.3)
+    inbox.wait_heartbeats(3)
     assert len(inbox.messages) == 3
     conn.disconnect()
 
@@ -223,13 +231,13 @@ def test_a_transaction_commits_sends_and_acks_together_and_an_abort_undoes_them(
 
 def test_selectors_pick_by_header(broker: BrokerProcess, port: int) -> None:
     q = _name("selected")
-    conn, inbox = connect(port)
+    conn, inbox = connect(port, **BEATING)
     for i, color in enumerate(["red", "blue", "red"]):
         conn.send(f"/queue/{q}", f"m{i}", headers={"color": color, "receipt": f"r{i}"})
     inbox.wait_receipt("r2")
     conn.subscribe(f"/queue/{q}", id="s", ack="client-individual", selector="color = 'red'")
     frames = inbox.wait_messages(2)
-    time.sleep(0.3)
+    inbox.wait_heartbeats(3)
     assert [f.body for f in inbox.messages] == [b"m0", b"m2"]
     for f in frames:
         conn.ack(f.headers["ack"])
@@ -266,8 +274,8 @@ def test_topics_fan_out_and_shared_subscriptions_split(broker: BrokerProcess, po
     topic = _name("events")
     a, inbox_a = connect(port)
     b, inbox_b = connect(port)
-    s1, inbox_1 = connect(port)
-    s2, inbox_2 = connect(port)
+    s1, inbox_1 = connect(port, **BEATING)
+    s2, inbox_2 = connect(port, **BEATING)
     a.subscribe(f"/topic/{topic}", id="a", receipt="a")
     b.subscribe(f"/topic/{topic}", id="b", receipt="b")
     share = {"sparkmq-shared-subscription": "workers"}
@@ -279,7 +287,8 @@ def test_topics_fan_out_and_shared_subscriptions_split(broker: BrokerProcess, po
     send_all(pub, pub_inbox, f"/topic/{topic}", [f"e{i}".encode() for i in range(10)])
     assert len(inbox_a.wait_messages(10)) == 10 and len(inbox_b.wait_messages(10)) == 10
     inbox_1.wait(lambda: len(inbox_1.messages) + len(inbox_2.messages) == 10, "the shared ten")
-    time.sleep(0.3)
+    inbox_1.wait_heartbeats(3)
+    inbox_2.wait_heartbeats(3)
     assert sorted(f.body for f in inbox_1.messages + inbox_2.messages) == sorted(
         f"e{i}".encode() for i in range(10)
     )

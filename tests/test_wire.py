@@ -15,7 +15,6 @@ import pytest
 from spark_mq import Admin, Consumer, Producer, protocol, wire
 from spark_mq.broker import Broker
 from spark_mq.clock import ManualClock
-from spark_mq.config import load_config
 from spark_mq.errors import BrokerUnavailable, ConfigError, MessageTooLarge, ProtocolError
 from spark_mq.schema import (
     DELIVERY_SCHEMA,
@@ -23,7 +22,13 @@ from spark_mq.schema import (
     null_column,
 )
 from spark_mq.service import RunningBroker
-from tests.conftest import frames_until_closed, raw_wire, receive_n, start_inprocess
+from tests.conftest import (
+    frames_until_closed,
+    raw_wire,
+    receive_n,
+    start_inprocess,
+    test_config,
+)
 
 
 def _one(body: bytes) -> pa.RecordBatch:
@@ -516,9 +521,8 @@ def test_a_synchronous_producer_reaches_a_broker_restarted_on_its_ports_without_
     flight_port, wire_port = ports
 
     def start() -> RunningBroker:
-        config = load_config(
-            overrides={"broker.data_dir": str(tmp_path / "data"), "broker.wire_port": wire_port},
-            environ={},
+        config = test_config(
+            tmp_path / "data", **{"broker.port": flight_port, "broker.wire_port": wire_port}
         )
         return RunningBroker(Broker(config, clock=clock), "127.0.0.1", flight_port)
 

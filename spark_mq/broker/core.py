@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,7 +34,6 @@ from spark_mq.broker.destination import (
     hot_tier_settings,
     make_store,
 )
-from spark_mq.broker.dir_lock import DataDirLock, lock_dir
 from spark_mq.broker.disk import DiskMonitor, journal_disk
 from spark_mq.broker.disposal import Disposer
 from spark_mq.broker.limits import Limits
@@ -43,6 +42,7 @@ from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.recovery import recover_destination
 from spark_mq.broker.selector import Selector, compile_selector
 from spark_mq.broker.subscription import Subscription
+from spark_mq.broker.tenure import Tenure
 from spark_mq.clock import Clock, SystemClock
 from spark_mq.config import BrokerConfig, DestinationSettings
 from spark_mq.errors import (
@@ -51,11 +51,9 @@ from spark_mq.errors import (
     MessageTooLarge,
     NotAllowed,
 )
-from spark_mq.ha import replication, takeover
-from spark_mq.ha.replication import Replicator
 from spark_mq.journal import DestinationInfo, Journal, LogStore
 from spark_mq.journal.base import Kind
-from spark_mq.journal.delta_store import DeltaStore
+from spark_mq.journal.dir_lock import DataDirLock, lock_dir
 from spark_mq.journal.hot_tier import has_segments
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.journal.timing import CommitTiming
@@ -64,9 +62,6 @@ from spark_mq.schema import (
     body_too_large,
     normalize_produce_batch,
 )
-
-if TYPE_CHECKING:
-    from spark_mq.security.context import Security
 
 log = logging.getLogger(__name__)
 _CLOSE_MOVES_S = 30.0  # how long a clean shutdown waits for dead-letter and expiry moves
@@ -105,14 +100,11 @@ class Broker(DestinationAdmin, Attaching):
         # high availability: this broker's name, its ownership epoch (None: not fenced), and
         # the error that deposed it (and whom to tell: the service steps down)
         self.broker_id = self.config.ha.broker_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.epoch: int | None = None
+        self.tenure: Tenure | None = None  # what it serves under (see start)
         self.deposed: Deposed | None = None
         self.on_deposed: Callable[[Deposed], None] | None = None
         self.on_handover: Callable[[], None] | None = None  # the service, for hand_over()
-        self.replicator: Replicator | None = None  # a replicating primary's (ha.mode)
         self.unmoved = 0  # records left in the hot tier's segments at close (not in Delta)
-        # the service's security (authentication, rules, TLS), for the replication channel
-        self.security: Security | None = None
         self._next_reap = 0.0
         # where it is in its life, for readiness probes (spark_mq.ops.health): starting,
         # backup (waiting to take over), recovering, serving (the service sets it once it
@@ -126,50 +118,29 @@ class Broker(DestinationAdmin, Attaching):
         self.limits = Limits(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self, *, run_timers: bool = True, until: threading.Event | None = None) -> None:
-        """Take the data directory, open the journal, rebuild every destination, start the lease
-        timer. A shared store's backup (``ha.mode``) waits here for the primary's lock until it
-        can take over (``StoppedWaiting`` if ``until`` is set first)."""
-        where = lock_dir(self.config)
-        ha = self.config.ha
-        if ha.mode != "none":
-            self.phase = "backup"  # until it owns the data
-        if where is None:
-            self._dir_lock = None
-        elif ha.mode == "shared-store":
-            self._dir_lock = DataDirLock(where).wait(until, ha.lock_poll_s)
-        else:
-            self._dir_lock = DataDirLock(where).acquire()
-        store = self.journal.store
-        listener: socket.socket | None = None  # a replicating primary's, bound before its epoch
-        try:
-            if ha.mode != "none" and isinstance(store, DeltaStore):  # (a replicating backup
-                # follows its primary in here until it may take over)
-                if ha.mode == "replication":  # (the port first: see replication.listen)
-                    listener = replication.listen(
-                        self.config.broker.host, ha.replication_port, until=until
-                    )
-                owner = takeover.take_ownership(
-                    self.config, store, self.broker_id, until, self._deposed
+    def start(self, *, run_timers: bool = True, tenure: Tenure | None = None) -> None:
+        """Open the journal, rebuild every destination, start the lease timer.
+
+        ``tenure``: what this broker serves under, begun by the service before
+        (:func:`spark_mq.ha.term.begin`: the data directory's lock, the ownership epoch that
+        fences the store, a replicating primary's replication); ended by the service after
+        :meth:`close`. Without one (a broker of its own, in a test), the data directory's lock
+        is taken here, and high availability is not available."""
+        self.tenure = tenure
+        if tenure is None:
+            where = lock_dir(self.config)  # (says what a replicating broker lacks, first)
+            if self.config.ha.mode != "none":
+                raise ConfigError(
+                    f"ha.mode = {self.config.ha.mode!r} needs its term begun first "
+                    "(spark_mq.ha.term.begin; the service does it)",
+                    setting="ha.mode",
                 )
-                self.epoch = owner.epoch
-                if ha.mode == "replication":
-                    self.replicator = takeover.replicator(
-                        self.config, self.journal, store, owner, self._deposed, self.security,
-                        listener,
-                    )  # fmt: skip
-                    listener = None
-                    self.journal.replica = self.replicator
-            started = time.perf_counter()
-            self.phase = "recovering"
+            self._dir_lock = DataDirLock(where).acquire() if where is not None else None
+        started = time.perf_counter()
+        self.phase = "recovering"
+        try:
             self._open()
-            if self.replicator is not None:
-                self.replicator.start()
         except BaseException:
-            if self.replicator is not None:
-                self.replicator.close()
-            elif listener is not None:
-                listener.close()
             self._release_dir()
             raise
         if run_timers:
@@ -178,6 +149,16 @@ class Broker(DestinationAdmin, Attaching):
             )
             self._timer.start()
         log.info("started in %.2fs", time.perf_counter() - started)
+
+    @property
+    def epoch(self) -> int | None:
+        """The ownership epoch it serves under (None: not fenced, no high availability)."""
+        return self.tenure.epoch if self.tenure is not None else None
+
+    def deposed_by(self, err: Deposed) -> None:
+        """(Any committing thread; the term's ``on_deposed``.) Another broker took over:
+        acknowledge nothing more (the store refuses every commit), and tell the service."""
+        self._deposed(err)
 
     def _deposed(self, err: Deposed) -> None:
         """(Any committing thread.) Another broker took over: acknowledge nothing more."""
@@ -200,20 +181,19 @@ class Broker(DestinationAdmin, Attaching):
         return {"handing_over": True, "broker_id": self.broker_id, "epoch": self.epoch}
 
     def ha_state(self) -> dict[str, Any]:
-        """Role and epoch, for ping and stats."""
-        state = {
+        """Role and epoch (and the replication's state), for ping and stats."""
+        if self.tenure is not None:
+            return self.tenure.state()
+        return {
             "ha_mode": self.config.ha.mode,
-            "role": "primary",  # (a backup does not serve: nobody asks it)
+            "role": "primary",
             "broker_id": self.broker_id,
-            "epoch": self.epoch,
+            "epoch": None,
         }
-        if self.replicator is not None:
-            state.update(self.replicator.stats())
-        return state
 
     def status(self) -> dict[str, Any]:
         """What an operator asks first: version, phase, role, uptime, memory and disk."""
-        from spark_mq import __version__
+        from spark_mq.version import __version__
 
         with self._lock:
             n = sum(1 for d in self._dests.values() if not d.temporary)
@@ -289,8 +269,6 @@ class Broker(DestinationAdmin, Attaching):
                 _CLOSE_MOVES_S,
             )
         self.unmoved = self.journal.close()
-        if self.replicator is not None:
-            self.replicator.close()
         self._release_dir()
         self.phase = "stopped"
 

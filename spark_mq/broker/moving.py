@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from spark_mq.errors import NotAllowed
 from spark_mq.schema import HEADERS
+from spark_mq.views import MAX_MOVE_BATCH
 
 if TYPE_CHECKING:
     from spark_mq.broker.core import Broker
@@ -34,7 +35,6 @@ SIDE_HEADERS = frozenset(
         "sparkmq.delivery_count",
     }
 )
-MAX_BATCH = 1000
 
 
 def move(
@@ -43,11 +43,11 @@ def move(
     target: str | None,
     *,
     subscription: str | None = None,
-    limit: int = MAX_BATCH,
+    limit: int = MAX_MOVE_BATCH,
     selector: str | None = None,
     may_send: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Move up to ``limit`` (at most :data:`MAX_BATCH`) waiting messages of ``source`` to
+    """Move up to ``limit`` (at most :data:`MAX_MOVE_BATCH`) waiting messages of ``source`` to
     ``target`` (None: each back to its original destination). Returns ``{"moved": n,
     "targets": {name: n}, "left": waiting}``; call again while ``moved`` equals ``limit``."""
     broker._administrable(source)
@@ -55,7 +55,7 @@ def move(
         broker._dest(target)  # (named: it must exist; a redrive's targets must too)
         if target == source:
             raise NotAllowed(f"cannot move {source!r} onto itself", destination=source)
-    limit = max(0, min(limit, MAX_BATCH))
+    limit = max(0, min(limit, MAX_MOVE_BATCH))
     consumer = broker.attach(source, subscription, prefetch=max(limit, 1), selector=selector)
     sub = consumer.subscription
     try:
@@ -141,23 +141,3 @@ def _copies(table: pa.Table, targets: list[str], *, redrive: bool) -> pa.Table:
     )
 
 
-def in_batches(
-    step: Callable[[int], dict[str, Any]],
-    limit: int | None,
-    progress: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
-    """Move up to ``limit`` (None: every waiting) message by calling ``step(n)`` (one
-    :func:`move` of at most ``n``, however the caller reaches the broker) until a batch comes
-    back short; ``progress`` hears the running total. Returns ``{"moved", "targets", "left"}``."""
-    moved, left, targets = 0, 0, Counter[str]()
-    while limit is None or moved < limit:
-        n = MAX_BATCH if limit is None else min(MAX_BATCH, limit - moved)
-        got = step(n)
-        moved += got["moved"]
-        left = got["left"]
-        targets.update(got["targets"])
-        if progress is not None:
-            progress(moved)
-        if got["moved"] < n:
-            break
-    return {"moved": moved, "targets": dict(targets), "left": left}

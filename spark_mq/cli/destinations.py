@@ -43,7 +43,7 @@ def _kind_group(kind: str) -> click.Group:
     @connection
     @JSON
     def list_cmd(target: Target, as_json: bool) -> None:
-        from spark_mq.ops.api import summary
+        from spark_mq.views import summary
 
         with target.admin() as admin, answering():
             rows = [
@@ -165,7 +165,7 @@ def _kind_group(kind: str) -> click.Group:
         as_json: bool,
     ) -> None:
         """Show waiting messages in delivery order without consuming them."""
-        from spark_mq.ops.api import message_rows
+        from spark_mq.views import message_rows
 
         with target.admin() as admin, answering():
             _of_kind(admin.stats(name), kind)
@@ -240,7 +240,7 @@ def _subscription_table(doc: dict[str, Any]) -> None:
 
 
 def _stat_rows(admin: Any, kind: str, names: tuple[str, ...], interval: float) -> list[dict]:
-    from spark_mq.ops.api import summary
+    from spark_mq.views import summary
 
     def sample() -> dict[str, dict[str, Any]]:
         if names:

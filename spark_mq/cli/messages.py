@@ -124,7 +124,7 @@ def consume(
 
     def emit(offset: int, headers: dict[str, str], body: bytes, count: int) -> None:
         if as_json:
-            from spark_mq.ops.api import render_body
+            from spark_mq.views import render_body
 
             doc = {"offset": offset, "delivery_count": count, "headers": headers}
             click.echo(json.dumps({**doc, **render_body(body)}))

@@ -9,10 +9,10 @@ from typing import Any, TypeVar
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from spark_mq.broker.moving import in_batches
 from spark_mq.cli import output
 from spark_mq.cli.output import answering, emit_json
 from spark_mq.cli.target import JSON, Target, connection
+from spark_mq.views import in_batches
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq import protocol
-from spark_mq.client._transport import DEFAULT_URL, Auth, call_action, connect, translated
+from spark_mq.client._transport import DEFAULT_URL, call_action, connect, translated
+from spark_mq.security.credentials import Auth
 
 
 class Admin:

@@ -56,7 +56,6 @@ from spark_mq.client import _liveness as liveness
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._transport import (
     DEFAULT_URL,
-    Auth,
     Connection,
     broker_urls,
     connect,
@@ -74,6 +73,7 @@ from spark_mq.client._wire import (
 from spark_mq.client.message import Message, message_of_one, messages_of
 from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError, SparkMQError
 from spark_mq.names import validate_name
+from spark_mq.security.credentials import Auth
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,6 @@ from spark_mq.client._pending import PLAIN_OPTIONS, Pending, batch_of, column, p
 from spark_mq.client._resend import Resender
 from spark_mq.client._transport import (
     DEFAULT_URL,
-    Auth,
     broker_urls,
     connect,
 )
@@ -53,6 +52,7 @@ from spark_mq.errors import (
 )
 from spark_mq.names import validate_name
 from spark_mq.schema import numbered_ids
+from spark_mq.security.credentials import Auth
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

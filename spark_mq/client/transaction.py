@@ -27,12 +27,13 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq.client._options import check_options
-from spark_mq.client._transport import DEFAULT_URL, Auth, connect, translated
+from spark_mq.client._transport import DEFAULT_URL, connect, translated
 from spark_mq.client.message import Message
 from spark_mq.errors import SparkMQError
 from spark_mq.names import validate_name
 from spark_mq.protocol import Ack, encode_commit
 from spark_mq.schema import PRODUCE_SCHEMA
+from spark_mq.security.credentials import Auth
 
 TX_SCHEMA = pa.schema([pa.field("destination", pa.string()), *PRODUCE_SCHEMA])
 

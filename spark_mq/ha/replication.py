@@ -13,9 +13,10 @@ none *before* it acknowledges anything alone. A backup takes over (the next epoc
 latest record names it in sync, and the two commits race in Delta, so exactly one wins. A
 backup that is still copying, or was left behind, refuses to take over and says so.
 
-The channel goes through the security layer like every other: with security on, the backup
-logs in with its environment's credentials (``SPARKMQ_USERNAME`` / ``SPARKMQ_PASSWORD`` or
-``SPARKMQ_TOKEN``, as any client) and must be allowed the ``admin`` verb; with TLS configured
+The channel goes through the security layer like every other (the service hands it over as a
+:class:`ChannelSecurity`): with security on, the backup logs in with its environment's
+credentials (``SPARKMQ_USERNAME`` / ``SPARKMQ_PASSWORD`` or ``SPARKMQ_TOKEN``, as any client)
+and must be allowed the ``admin`` verb on the broker; with TLS configured
 (``security.tls_cert_file``) the connection is TLS, the backup trusting ``SPARKMQ_TLS_CA_FILE``.
 
 Frames (both ways): ``length u32 | kind u8 | payload``; control payloads are JSON, a records
@@ -31,28 +32,46 @@ import logging
 import os
 import shutil
 import socket
+import ssl
 import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spark_mq.broker.dir_lock import StoppedWaiting
-from spark_mq.client._transport import Auth
-from spark_mq.errors import ConfigError, Deposed, SparkMQError
+from spark_mq.errors import ConfigError, Deposed
 from spark_mq.ha.ownership import Owner, Ownership
+from spark_mq.journal.dir_lock import StoppedWaiting
 from spark_mq.journal.segments import SegmentLog
 
 if TYPE_CHECKING:
     from spark_mq.journal.hot_tier import HotTier
     from spark_mq.journal.journal import Journal
-    from spark_mq.security.context import Security
 
 log = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("<IB")
 _LEN = struct.Struct("<I")
 HELLO, WELCOME, BEGIN, RECORDS, SYNCED, MOVED, DROP, PING, ACK, REFUSED = range(1, 11)
+
+
+@dataclass(frozen=True)
+class ChannelSecurity:
+    """How the replication channel is secured, as the service's security layer says (this
+    package knows nothing of users, tokens or rules): the primary checks a backup's HELLO with
+    ``authorize`` (its credentials and peer -> why it may not follow, or None) and wraps the
+    connection with ``server_tls``; the backup presents ``credentials`` and wraps with
+    ``client_tls``."""
+
+    authorize: Callable[[dict[str, Any], str], str | None] | None = None
+    server_tls: Callable[[], ssl.SSLContext] | None = None
+    client_tls: ssl.SSLContext | None = None
+    credentials: dict[str, str | None] = field(default_factory=dict)
+
+
+OPEN_CHANNEL = ChannelSecurity()
 
 
 def _send(sock: socket.socket, kind: int, payload: bytes) -> None:
@@ -142,11 +161,11 @@ class Replicator:
         timeout_s: float,
         heartbeat_s: float,
         on_deposed: Any,
-        security: Security | None = None,
+        channel: ChannelSecurity | None = None,
         listener: socket.socket | None = None,
     ) -> None:
         self.journal, self.ownership, self.owner = journal, ownership, owner
-        self.security = security
+        self.channel = channel or OPEN_CHANNEL
         self.replicated_acks = replicated_acks
         self.timeout_s, self.heartbeat_s = timeout_s, heartbeat_s
         self._on_deposed = on_deposed
@@ -322,9 +341,8 @@ class Replicator:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 sock.settimeout(self.timeout_s)
-                sec = self.security
-                if sec is not None and sec.tls is not None:
-                    sock = sec.tls.context().wrap_socket(sock, server_side=True)
+                if self.channel.server_tls is not None:
+                    sock = self.channel.server_tls().wrap_socket(sock, server_side=True)
                 reader = _Reader(sock)
                 hello = reader.frame()
                 if hello is None or hello[0] != HELLO:
@@ -332,14 +350,15 @@ class Replicator:
                     continue
                 doc = json.loads(hello[1])
                 backup = str(doc["broker_id"])
-                refused = self._refusal(doc, str(peer))
+                authorize = self.channel.authorize
+                refused = authorize(doc, str(peer)) if authorize is not None else None
                 if refused is not None:
                     log.warning("replication: refusing %s from %s: %s", backup, peer, refused)
                     _control(sock, REFUSED, message=refused)
                     sock.close()
                     continue
                 _control(sock, WELCOME, epoch=self.owner.epoch, broker_id=self.owner.broker_id)
-            except (OSError, ValueError, KeyError) as exc:
+            except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.info("replication: a connection from %s failed: %s", peer, exc)
                 sock.close()
                 continue
@@ -367,22 +386,6 @@ class Replicator:
             threading.Thread(
                 target=self._ack_loop, args=(sock, reader), name="replication-acks", daemon=True
             ).start()
-
-    def _refusal(self, hello: dict[str, Any], peer: str) -> str | None:
-        """Why a backup may not follow (None: it may): with security on it logs in as a user
-        the access rules allow ``admin``."""
-        sec = self.security
-        if sec is None or not sec.enabled:
-            return None
-        from spark_mq.security.authenticate import Credentials  # (security imports the broker)
-
-        creds = Credentials(hello.get("username"), hello.get("password"), hello.get("token"))
-        try:
-            principal = sec.login(creds, peer=peer, transport="replication")
-            sec.guard.check(principal, "admin")
-        except SparkMQError as exc:
-            return exc.message
-        return None
 
     def _send_loop(self) -> None:
         last = time.monotonic()
@@ -478,12 +481,11 @@ class Follower:
         *,
         segment_bytes: int,
         timeout_s: float,
-        tls: bool = False,
+        channel: ChannelSecurity | None = None,
     ) -> None:
         self.hot_root, self.broker_id = hot_root, broker_id
         self.segment_bytes, self.timeout_s = segment_bytes, timeout_s
-        self.tls = tls  # the pair's channel is TLS (this broker has a certificate too)
-        self.auth = Auth.of()  # the environment's credentials and CA, as any client's
+        self.channel = channel or OPEN_CHANNEL  # its credentials and TLS, as any client's
         self.primary = ""
         self.in_sync = False
         self.refused = ""  # why the primary last refused this backup
@@ -502,14 +504,10 @@ class Follower:
         last_of: dict[str, dict[int, int]] = {}  # destination -> segment -> its last lsn
         self.primary = ""
         try:
-            if self.tls:
-                sock = self.auth.ssl_context().wrap_socket(sock, server_hostname=address[0])
+            if self.channel.client_tls is not None:
+                sock = self.channel.client_tls.wrap_socket(sock, server_hostname=address[0])
             reader = _Reader(sock)
-            a = self.auth
-            creds: dict[str, str | None] = {"token": a.token} if a.token else {}
-            if not a.token and a.username is not None:
-                creds = {"username": a.username, "password": a.password}
-            _control(sock, HELLO, broker_id=self.broker_id, **creds)
+            _control(sock, HELLO, broker_id=self.broker_id, **self.channel.credentials)
             welcome = reader.frame()
             if welcome is not None and welcome[0] == REFUSED:
                 why = json.loads(welcome[1]).get("message", "")

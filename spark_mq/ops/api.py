@@ -3,17 +3,13 @@ session commands, so it shows and does only what the caller may."""
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
-import pyarrow as pa
-
 from spark_mq.broker import commands as c
-from spark_mq.broker import moving
 from spark_mq.errors import ProtocolError
 from spark_mq.session import ClientSession
+from spark_mq.views import in_batches, message_rows, summary
 
-BODY_PREVIEW = 64 * 1024  # bytes of a body shown by a browse
 MAX_MOVE = 1_000_000  # messages one console move may ask for
 
 
@@ -70,61 +66,13 @@ def move_all(
     selector: str | None = None,
 ) -> dict[str, Any]:
     """Move (or, with no target, redrive) up to ``limit`` messages, a batch at a time."""
-    return moving.in_batches(
+    return in_batches(
         lambda n: session.execute(c.Move(source, target, subscription, n, selector)), limit
     )
 
 
 def _listing(session: ClientSession) -> list[dict[str, Any]]:
     return [d for d in session.execute(c.ListDestinations()) if not d["temporary"]]
-
-
-def summary(d: dict[str, Any]) -> dict[str, Any]:
-    """A destination's line in a listing (a topic's figures summed over its subscriptions)."""
-    subs = d.get("subscriptions")
-    if subs is None:
-        figures = d
-    else:
-        keys = ("depth", "in_flight", "acked", "delivered", "redelivered", "dead_lettered")
-        figures = {k: sum(s.get(k, 0) for s in subs.values()) for k in keys}
-    return {
-        "name": d["name"],
-        "kind": d["kind"],
-        "depth": figures.get("depth", 0),
-        "in_flight": figures.get("in_flight", 0),
-        "consumers": d.get("consumers", 0),
-        "subscriptions": len(subs) if subs is not None else None,
-        "produced": d.get("produced", 0),
-        "delivered": figures.get("delivered", 0),
-        "acked": figures.get("acked", 0),
-        "redelivered": figures.get("redelivered", 0),
-        "dead_lettered": figures.get("dead_lettered", 0),
-        "delta_lag_messages": d.get("delta_lag_messages", 0),
-        "delta_lag_ms": d.get("delta_lag_ms", 0.0),
-    }
-
-
-def message_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """Browsed messages as JSON-safe rows; a body as text when it is UTF-8 text, else base64."""
-    out = []
-    for row in table.to_pylist():
-        body = row.pop("body") or b""
-        row["body_bytes"] = len(body)
-        row.update(render_body(body[:BODY_PREVIEW]))
-        row["body_truncated"] = len(body) > BODY_PREVIEW
-        row["headers"] = dict(row.get("headers") or ())
-        out.append(row)
-    return out
-
-
-def render_body(body: bytes) -> dict[str, str]:
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"body": base64.b64encode(body).decode(), "encoding": "base64"}
-    if any(ch < " " and ch not in "\t\n\r" for ch in text):
-        return {"body": base64.b64encode(body).decode(), "encoding": "base64"}
-    return {"body": text, "encoding": "text"}
 
 
 def _one(query: dict[str, list[str]], key: str) -> str | None:

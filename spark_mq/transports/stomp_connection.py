@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from spark_mq import __version__
 from spark_mq.errors import SparkMQError
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.security.authenticate import Credentials
@@ -39,6 +38,7 @@ from spark_mq.transports.stomp_codec import (
     encode,
 )
 from spark_mq.transports.stomp_session import StompSession
+from spark_mq.version import __version__
 
 if TYPE_CHECKING:
     from spark_mq.transports.stomp import StompServer
