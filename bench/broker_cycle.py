@@ -38,10 +38,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from spark_mq import wire
-from spark_mq.broker.commands import Attach, Settle
 from spark_mq.broker.core import Broker
+from spark_mq.commands import Attach, Settle
 from spark_mq.config import load_config
 from spark_mq.journal.inline_commit import InlineCommit
+from spark_mq.messages import Messages
 from spark_mq.schema import PRODUCE_SCHEMA
 from spark_mq.session import ClientSession
 
@@ -161,13 +162,13 @@ def run(args: argparse.Namespace, *, metrics: bool) -> Figures:
             if args.frame == "plain":
                 one = wire.read_plain_message(bodies[i])
                 assert one is not None
-                answer = client.produce_plain("q", one[1], inline)
+                answer = client.produce("q", Messages.one(one[1]), inline)
             else:
                 if args.frame == "batch":
                     _, batch = wire.read_batch(bodies[i], PRODUCE_SCHEMA)
                 else:
                     _, batch = wire.PRODUCE_SUBSETS.read(bodies[i])
-                answer = client.produce("q", batch, inline)
+                answer = client.produce("q", Messages.of(batch), inline)
             inline.commit()
             offset = answer.result().first_offset
             t1 = time.perf_counter()
@@ -175,8 +176,8 @@ def run(args: argparse.Namespace, *, metrics: bool) -> Figures:
                 leased = session.next_leased()
                 assert leased is not None
                 messages, state = leased
-                assert isinstance(messages, list) and len(messages) == 1
-                wire.plain_one_parts(messages[0], state[0][0])
+                assert messages.plain is not None and len(messages.plain) == 1
+                wire.plain_one_parts(messages.plain[0], state[0][0])
             else:
                 table = session.next_delivery()
                 assert table is not None and table.num_rows == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Iterator
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +19,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from spark_mq.errors import DestinationNotFound
 from spark_mq.journal import bindings, layout
-from spark_mq.schema import MESSAGE_SCHEMA, TS
+from spark_mq.schema import MESSAGE_SCHEMA, TS, ints, schema_of, strings
 
 SOURCE_SCHEMA = pa.schema([pa.field("destination", pa.string()), *MESSAGE_SCHEMA])
 _DDL_TYPES = {
@@ -39,7 +40,7 @@ _DDL_TYPES = {
 # option kafkaColumns: Kafka's columns as well (a key as bytes, the topic, the timestamp), and
 # the headers as Kafka has them
 KAFKA_HEADERS = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
-KAFKA_COLUMNS = [
+KAFKA_COLUMNS: list[pa.Field] = [
     pa.field("key", pa.binary()),
     pa.field("value", pa.binary()),
     pa.field("topic", pa.string()),
@@ -57,9 +58,9 @@ _KAFKA_DDL = {
 def source_schema(include_headers: bool, kafka: bool = False) -> pa.Schema:
     fields = [f for f in SOURCE_SCHEMA if include_headers or f.name != "headers"]
     if not kafka:
-        return pa.schema(fields)
+        return schema_of(*fields)
     fields = [pa.field("headers", KAFKA_HEADERS) if f.name == "headers" else f for f in fields]
-    return pa.schema([*fields, *KAFKA_COLUMNS])
+    return schema_of(*fields, *KAFKA_COLUMNS)
 
 
 def source_ddl(include_headers: bool, kafka: bool = False) -> str:
@@ -72,7 +73,7 @@ def kafka_shaped(table: pa.Table) -> pa.Table:
     bytes), ``value`` (the body), ``topic`` (the destination), ``timestamp`` (enqueue time),
     and the headers as Kafka's list of (key, binary value)."""
     if "headers" in table.column_names:
-        maps = table["headers"].combine_chunks()
+        maps = cast(pa.MapArray, table["headers"].combine_chunks())
         entries = pa.StructArray.from_arrays(
             [maps.keys, maps.items.cast(pa.binary())], names=["key", "value"]
         )
@@ -151,8 +152,8 @@ def missing_offsets(root: str, destination: str, start: int, end: int) -> np.nda
         return np.empty(0, np.int64)
     files = pa.table(_table(root, destination).get_add_actions(flatten=True))
     if files.num_rows and "min.offset" in files.column_names:
-        low, high = files["min.offset"].to_numpy(zero_copy_only=False), files["max.offset"]
-        high = high.to_numpy(zero_copy_only=False)
+        low = files["min.offset"].to_numpy(zero_copy_only=False)
+        high = files["max.offset"].to_numpy(zero_copy_only=False)
         touching = (high >= start) & (low < end)
         inside = touching & (low >= start) & (high < end)
         rows = files["num_records"].to_numpy(zero_copy_only=False)
@@ -189,10 +190,10 @@ def data_files(
     uris = dt.file_uris()
     rows = zip(
         uris,
-        files["path"].to_pylist(),
-        files["min.offset"].to_pylist(),
-        files["max.offset"].to_pylist(),
-        files["num_records"].to_pylist(),
+        strings(files["path"]),
+        ints(files["min.offset"]),
+        ints(files["max.offset"]),
+        ints(files["num_records"]),
         strict=True,
     )
     chosen = []
@@ -207,9 +208,12 @@ def data_files(
 def buckets_of(keys: pa.ChunkedArray | pa.Array, offsets: np.ndarray, n: int) -> np.ndarray:
     """Each row's bucket in ``0 .. n-1``: a stable hash of its key (the same in every process
     and micro-batch), or its offset when it has no key. Hashes each distinct key once."""
-    encoded = pc.dictionary_encode(keys).combine_chunks()
+    encoded = pc.dictionary_encode(keys)
+    if isinstance(encoded, pa.ChunkedArray):
+        encoded = encoded.combine_chunks()
+    encoded = cast(pa.DictionaryArray, encoded)
     by_key = np.array(
-        [zlib.crc32(k.encode()) % n for k in encoded.dictionary.to_pylist()], dtype=np.int64
+        [zlib.crc32(k.encode()) % n for k in strings(encoded.dictionary)], dtype=np.int64
     )
     indices = encoded.indices
     buckets = offsets % n
@@ -242,7 +246,7 @@ def read_range(
         # read as MESSAGE_SCHEMA: files delta-rs wrote may hold view types pyarrow cannot filter
         dataset = pds.dataset(list(files), format="parquet", schema=MESSAGE_SCHEMA)
     else:
-        dataset = _table(root, destination).to_pyarrow_dataset()
+        dataset = cast(pds.FileSystemDataset, _table(root, destination).to_pyarrow_dataset())
     cond = (pds.field("offset") >= start) & (pds.field("offset") < end)
     table = dataset.to_table(filter=cond).sort_by("offset")
     table = table.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA)

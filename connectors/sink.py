@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,7 +46,7 @@ from pyspark.sql.types import (
 from spark_mq.connectors.options import AUTH_OPTION_NAMES, BrokerAuth, canonical
 from spark_mq.errors import ConfigError, SchemaMismatch
 from spark_mq.names import validate_name
-from spark_mq.schema import numbered_ids
+from spark_mq.schema import Column, equal_to, fill_null, numbered_ids, strings
 
 _ALIASES = {"value": "body", "key": "group_id", "topic": "destination"}
 _ALLOWED: dict[str, tuple[type[DataType], ...]] = {
@@ -191,9 +192,9 @@ def kafka_shaped(table: pa.Table) -> pa.Table:
 def _headers_map(column: pa.ChunkedArray) -> pa.Array:
     """``array<struct<key, value binary>>`` as ``map<string, string>`` (values decoded as UTF-8;
     a null value as an empty string)."""
-    lists = column.combine_chunks()
-    entries = lists.flatten()
-    values = entries.field("value")
+    lists = cast(pa.ListArray, column.combine_chunks())
+    entries = cast(pa.StructArray, lists.flatten())
+    values: Column = entries.field("value")
     if pa.types.is_binary(values.type):
         try:
             values = values.cast(pa.string())
@@ -202,9 +203,11 @@ def _headers_map(column: pa.ChunkedArray) -> pa.Array:
                 "a header value is not UTF-8 text: sparkmq headers are text",
                 column="headers",
             ) from None
-    values = pc.fill_null(values, "")
+    values = fill_null(values, "")
     offsets = pc.subtract(lists.offsets, lists.offsets[0])  # (flatten starts at offsets[0])
-    return pa.MapArray.from_arrays(offsets, entries.field("key"), values, mask=lists.is_null())
+    return pa.MapArray.from_arrays(  # type: ignore[call-overload]  # (a column, not an array)
+        offsets, entries.field("key"), values, mask=lists.is_null()
+    )
 
 
 @dataclass
@@ -246,7 +249,7 @@ def _send(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Sent:
     return Sent(row)
 
 
-def _produce(producer: object, opts: SinkOptions, table: pa.Table, ids: pa.Array) -> None:
+def _produce(producer: object, opts: SinkOptions, table: pa.Table, ids: Column) -> None:
     if "dedup_id" in table.column_names:
         ids = pc.coalesce(table["dedup_id"], ids)
         table = table.drop_columns(["dedup_id"])
@@ -254,18 +257,18 @@ def _produce(producer: object, opts: SinkOptions, table: pa.Table, ids: pa.Array
     if "destination" not in table.column_names:
         producer.send_batch(table, destination=opts.destination)  # type: ignore[attr-defined]
         return
-    routes = table["destination"]
+    routes: Column = table["destination"]
     table = table.drop_columns(["destination"])
     if opts.destination is not None:
-        routes = pc.fill_null(routes, opts.destination)
+        routes = fill_null(routes, opts.destination)
     if routes.null_count:
         raise SchemaMismatch(
             "a row has no destination (null in the 'destination' column and no 'destination' "
             "option)",
             column="destination",
         )
-    for dest in pc.unique(routes).to_pylist():
-        producer.send_batch(table.filter(pc.equal(routes, dest)), destination=dest)  # type: ignore[attr-defined]
+    for dest in strings(pc.unique(routes)):
+        producer.send_batch(table.filter(equal_to(routes, dest)), destination=dest)  # type: ignore[attr-defined]
 
 
 def _maybe_die(opts: SinkOptions, rows: int) -> None:
@@ -282,7 +285,8 @@ class BatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: SinkOptions) -> None:
         self.opts = opts
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> Sent:
+    # (pyspark's Arrow writers take batches where the writer they extend takes rows)
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Sent:  # type: ignore[override]
         return _send(self.opts, iterator)
 
 
@@ -290,7 +294,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, opts: SinkOptions) -> None:
         self.opts = opts
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> Sent:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Sent:  # type: ignore[override]
         return _send(self.opts, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -47,7 +47,7 @@ from spark_mq.broker.recovery import (
 from spark_mq.journal import bindings, layout
 from spark_mq.journal.base import DestinationInfo
 from spark_mq.journal.boundary import translate
-from spark_mq.schema import SETTLEMENT_SCHEMA, TS
+from spark_mq.schema import SETTLEMENT_SCHEMA, TS, equal_to, fill_null
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def _plan(
     young = cols.filter(pc.greater_equal(cols["enqueue_time"], cutoff))["offset"]
     young_from = pc.min(young).as_py() if len(young) else end
     below = min(below, young_from)
-    live_rows = cols.filter(pc.greater_equal(cols["offset"], below))
+    live_rows = cols.filter(pc.greater_equal(cols["offset"], pa.scalar(below)))
     offsets = live_rows["offset"].to_numpy()
     by_all = np.ones(len(offsets), dtype=bool)
     for sub in info.subscriptions.values():
@@ -178,9 +178,8 @@ def _plan(
     moves_expired = info.settings.get("expiry") == "queue"
     if policy.drop_expired and not moves_expired and len(offsets):
         when = pa.scalar(now, TS)
-        expired_mask = pc.fill_null(pc.less(live_rows["expiry_time"], when), False).to_numpy(
-            zero_copy_only=False
-        )
+        expired = fill_null(pc.less(live_rows["expiry_time"], when), False)
+        expired_mask = expired.to_numpy(zero_copy_only=False)
         expired_mask &= ~by_all & old
     expired_offsets = offsets[expired_mask]
     unsettled = {}
@@ -300,15 +299,15 @@ def _compact(
         return
     stale = settles.filter(
         pc.and_(
-            pc.not_equal(settles["outcome"], COMPACTED),
+            pc.not_equal(settles["outcome"], pa.scalar(COMPACTED)),
             pc.is_in(settles["subscription"], pa.array(list(plan.low_water), pa.string())),
         )
     )
     below_mark = [
-        pc.and_(pc.equal(stale["subscription"], sub), pc.less(stale["offset"], mark))
+        pc.and_(equal_to(stale["subscription"], sub), pc.less(stale["offset"], pa.scalar(mark)))
         for sub, mark in plan.low_water.items()
     ]
-    stale_count = sum(pc.sum(m).as_py() or 0 for m in below_mark)
+    stale_count = sum(stale.filter(m).num_rows for m in below_mark)
     result.rows_removed = removable
     result.settlements_removed = stale_count
     result.reason = f"{live_ratio:.0%} live, {result.files_before} files"

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from spark_mq.errors import DestinationExists, DestinationNotFound, SchemaMismatch
@@ -32,7 +31,7 @@ from spark_mq.journal import DeltaStore, bindings, layout
 from spark_mq.journal.base import DestinationInfo, SubscriptionInfo
 from spark_mq.journal.hot_tier import has_segments
 from spark_mq.names import validate_name
-from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
+from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, Column, conform, equal_to
 
 META_KEY = b"sparkmq.destination"
 FORMAT_VERSION = 1
@@ -114,7 +113,7 @@ def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
 
 def _widen(table: pa.Table, record: str) -> pa.Table:
     n = table.num_rows
-    cols = []
+    cols: list[Column] = []
     for f in WIDE_SCHEMA:
         if f.name == "record":
             cols.append(pa.array([record] * n, pa.string()))
@@ -138,8 +137,8 @@ def read_export(path: str | Path) -> tuple[dict[str, Any], pa.Table, pa.Table]:
                 f"{path} is not a sparkmq export (no {META_KEY.decode()} metadata)"
             )
         kinds = table["record"]
-        msgs = table.filter(pc.equal(kinds, "message")).select(MESSAGE_SCHEMA.names)
-        sets = table.filter(pc.equal(kinds, "settlement")).select(list(_SETTLE_COLS))
+        msgs = table.filter(equal_to(kinds, "message")).select(MESSAGE_SCHEMA.names)
+        sets = table.filter(equal_to(kinds, "settlement")).select(list(_SETTLE_COLS))
         sets = sets.rename_columns([f.name for f in _SETTLE_COLS.values()])
         return json.loads(raw), conform(msgs, MESSAGE_SCHEMA), conform(sets, SETTLEMENT_SCHEMA)
     header: dict[str, Any] | None = None

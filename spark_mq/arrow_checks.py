@@ -12,12 +12,16 @@ headers a message.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import pyarrow as pa
 
 from spark_mq.errors import ProtocolError
 
+Data = TypeVar("Data", pa.RecordBatch, pa.Table)
 
-def checked(data: pa.RecordBatch | pa.Table, what: str) -> pa.RecordBatch | pa.Table:
+
+def checked(data: Data, what: str) -> Data:
     """``data``, once every buffer, offset and string of it is valid; else a ``ProtocolError``
     (the client's fault) naming ``what`` was sent and what is wrong with it."""
     try:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import functools
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -18,69 +19,69 @@ import pyarrow.compute as pc
 
 from spark_mq.errors import MessageRejected, MessageTooLarge, SchemaMismatch
 
+# a table's column, or a batch's
+Column = pa.Array | pa.ChunkedArray
+
+
+def schema_of(*fields: pa.Field) -> pa.Schema:
+    """A schema of ``fields`` (typed: a list of fields of several types is a list of objects
+    to the type checker)."""
+    return pa.schema(fields)
+
+
 TS = pa.timestamp("us", tz="UTC")
 HEADERS = pa.map_(pa.string(), pa.string())
 
-MESSAGE_SCHEMA = pa.schema(
-    [
-        pa.field("offset", pa.int64()),
-        pa.field("message_id", pa.string()),
-        pa.field("dedup_id", pa.string()),
-        pa.field("group_id", pa.string()),
-        pa.field("priority", pa.int32()),
-        pa.field("enqueue_time", TS),
-        pa.field("expiry_time", TS),
-        pa.field("deliver_time", TS),
-        pa.field("headers", HEADERS),
-        pa.field("body", pa.binary()),
-    ]
+MESSAGE_SCHEMA = schema_of(
+    pa.field("offset", pa.int64()),
+    pa.field("message_id", pa.string()),
+    pa.field("dedup_id", pa.string()),
+    pa.field("group_id", pa.string()),
+    pa.field("priority", pa.int32()),
+    pa.field("enqueue_time", TS),
+    pa.field("expiry_time", TS),
+    pa.field("deliver_time", TS),
+    pa.field("headers", HEADERS),
+    pa.field("body", pa.binary()),
 )
 UNOFFSET_SCHEMA = pa.schema([f for f in MESSAGE_SCHEMA if f.name != "offset"])
 
-DELIVERY_SCHEMA = pa.schema(
-    [
-        *MESSAGE_SCHEMA,
-        pa.field("delivery_count", pa.int32()),
-        pa.field("redelivered", pa.bool_()),
-        # the first message of a group this consumer received since it became the group's owner
-        pa.field("group_first", pa.bool_()),
-    ]
+DELIVERY_SCHEMA = schema_of(
+    *MESSAGE_SCHEMA,
+    pa.field("delivery_count", pa.int32()),
+    pa.field("redelivered", pa.bool_()),
+    # the first message of a group this consumer received since it became the group's owner
+    pa.field("group_first", pa.bool_()),
 )
 
-SETTLEMENT_SCHEMA = pa.schema(
-    [
-        pa.field("offset", pa.int64()),
-        pa.field("subscription", pa.string()),
-        pa.field("outcome", pa.string()),
-        pa.field("settle_time", TS),
-        pa.field("reason", pa.string()),
-    ]
+SETTLEMENT_SCHEMA = schema_of(
+    pa.field("offset", pa.int64()),
+    pa.field("subscription", pa.string()),
+    pa.field("outcome", pa.string()),
+    pa.field("settle_time", TS),
+    pa.field("reason", pa.string()),
 )
 
-BINDING_SCHEMA = pa.schema(
-    [
-        pa.field("seq", pa.int64()),
-        pa.field("event", pa.string()),
-        pa.field("destination", pa.string()),
-        pa.field("kind", pa.string()),
-        pa.field("subscription", pa.string()),
-        pa.field("start_offset", pa.int64()),
-        pa.field("time", TS),
-        # JSON: a destination's settings overrides, a subscription's selector
-        pa.field("settings", pa.string()),
-    ]
+BINDING_SCHEMA = schema_of(
+    pa.field("seq", pa.int64()),
+    pa.field("event", pa.string()),
+    pa.field("destination", pa.string()),
+    pa.field("kind", pa.string()),
+    pa.field("subscription", pa.string()),
+    pa.field("start_offset", pa.int64()),
+    pa.field("time", TS),
+    # JSON: a destination's settings overrides, a subscription's selector
+    pa.field("settings", pa.string()),
 )
 
 # one event of the transaction log: a commit (what to apply), or done (it was applied)
-TRANSACTION_SCHEMA = pa.schema(
-    [
-        pa.field("txid", pa.string()),
-        pa.field("event", pa.string()),
-        pa.field("time", TS),
-        pa.field("messages", pa.binary()),  # Arrow IPC: UNOFFSET_SCHEMA plus "destination"
-        pa.field("acks", pa.string()),  # JSON: [[destination, subscription, offset], ...]
-        pa.field("ends", pa.string()),  # JSON: destination -> its end offset before applying
-    ]
+TRANSACTION_SCHEMA = schema_of(
+    pa.field("txid", pa.string()),
+    pa.field("event", pa.string()),
+    pa.field("time", TS),
+    pa.field("messages", pa.binary()),  # Arrow IPC: UNOFFSET_SCHEMA plus "destination"
+    pa.field("acks", pa.string()),  # JSON: [[destination, subscription, offset], ...]
+    pa.field("ends", pa.string()),  # JSON: destination -> its end offset before applying
 )
 
 DEFAULT_PRIORITY = 4  # the JMS default
@@ -103,7 +104,7 @@ PRODUCE_COLUMNS: dict[str, pa.DataType] = {
 PRODUCE_SCHEMA = pa.schema([pa.field(n, t) for n, t in PRODUCE_COLUMNS.items()])
 
 
-def _cast_column(name: str, column: pa.ChunkedArray | pa.Array, target: pa.DataType) -> pa.Array:
+def _cast_column(name: str, column: Column, target: pa.DataType) -> Column:
     if column.type == target:
         return column
     if name == "body" and not (
@@ -157,8 +158,8 @@ def normalize_produce_batch(
         )
     n = batch.num_rows
     cols = {
-        name: _cast_column(name, column, PRODUCE_COLUMNS[name])
-        for name, column in zip(names, batch.columns, strict=True)
+        name: _cast_column(name, batch.column(i), PRODUCE_COLUMNS[name])
+        for i, name in enumerate(names)
     }
     # an all-null column (what the SDK sends for unused fields) needs no compute kernel
     cols = {k: v for k, v in cols.items() if k == "body" or v.null_count < n}
@@ -167,19 +168,20 @@ def normalize_produce_batch(
         raise SchemaMismatch("column 'body' must not contain nulls", destination=destination)
     if n and body.nbytes > max_message_bytes:
         _check_body_sizes(body, max_message_bytes, destination)
-    priority = cols.get("priority")
-    if priority is None:
+    given = cols.get("priority")
+    priority: Column
+    if given is None:
         priority = constant_column(DEFAULT_PRIORITY, n, _INT32)
     else:
-        priority = pc.fill_null(priority, DEFAULT_PRIORITY)
+        priority = fill_null(given, DEFAULT_PRIORITY)
         low, high = pc.min_max(priority).values()
         if low.as_py() < 0 or high.as_py() > 9:
             raise MessageRejected("priority must be between 0 and 9", destination=destination)
     for relative, what in (("ttl_ms", "a time to live"), ("delay_ms", "a delivery delay")):
         column = cols.get(relative)
-        if column is not None and n and (low := pc.min(column).as_py()) is not None and low < 0:
+        if column is not None and n and (least := pc.min(column).as_py()) is not None and least < 0:
             raise MessageRejected(
-                f"{what} must not be negative ({relative} = {low}): the message would never "
+                f"{what} must not be negative ({relative} = {least}): the message would never "
                 "be delivered",
                 destination=destination,
             )
@@ -187,7 +189,7 @@ def normalize_produce_batch(
     expiry = _time_column(cols, "expiry_time", "ttl_ms", enqueue_time_us, n)
     deliver = _time_column(cols, "deliver_time", "delay_ms", enqueue_time_us, n)
 
-    def opt(name: str, typ: pa.DataType) -> pa.Array:
+    def opt(name: str, typ: pa.DataType) -> Column:
         return cols[name] if name in cols else null_column(n, typ)
 
     return pa.table(
@@ -286,10 +288,10 @@ def _filled(n: int) -> tuple[pa.Array, ...]:
 _shared_filled = functools.lru_cache(maxsize=64)(_filled)
 
 
-def _check_body_sizes(body: pa.Array, max_message_bytes: int, destination: str) -> None:
+def _check_body_sizes(body: Column, max_message_bytes: int, destination: str) -> None:
     """``MessageTooLarge`` for a body over the limit (the bodies' total size bounds the largest
     one: only a batch over the limit in all needs this exact check)."""
-    largest = pc.max(pc.binary_length(body)).as_py()
+    largest = pc.max(pc.binary_length(cast(pa.BinaryArray, body))).as_py()
     if largest > max_message_bytes:
         raise body_too_large(largest, max_message_bytes, destination)
 
@@ -306,8 +308,8 @@ def body_too_large(size: int, max_message_bytes: int, destination: str) -> Messa
 
 
 def _time_column(
-    cols: dict[str, pa.Array], absolute: str, relative_ms: str, enqueue_time_us: int, n: int
-) -> pa.Array:
+    cols: dict[str, Column], absolute: str, relative_ms: str, enqueue_time_us: int, n: int
+) -> Column:
     """An absolute time column, filled where null from a relative one (ms after enqueue)."""
     out = cols.get(absolute)
     if relative_ms in cols:
@@ -325,7 +327,10 @@ def numbered_ids(prefix: str, first: int, n: int, sep: str = "-") -> pa.Array:
     of 4-8 (measured).
     """
     seqs = numpy_column(np.arange(first, first + n, dtype=np.int64), pa.int64()).cast(pa.string())
-    return pc.binary_join_element_wise(string_scalar(prefix), seqs, string_scalar(sep))
+    joined = pc.binary_join_element_wise(  # type: ignore[call-overload]  # (scalars and arrays)
+        string_scalar(prefix), seqs, string_scalar(sep)
+    )
+    return cast(pa.Array, joined)
 
 
 @functools.lru_cache(maxsize=64)
@@ -333,8 +338,31 @@ def string_scalar(value: str) -> pa.Scalar:
     """``value`` as an Arrow string scalar, assembled from buffers (no pandas import)."""
     data = value.encode()
     offsets = np.array([0, len(data)], np.int32)
-    array = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    array = pa.Array.from_buffers(pa.string(), 1, [None, numpy_buffer(offsets), pa.py_buffer(data)])
     return array[0]
+
+
+# -- columns as Python values, typed: what a schema keeps free of nulls, the type checker cannot
+# know (a column's to_pylist() is a list of optional values to it)
+def strings(column: Column) -> list[str]:
+    """The values of a string column that holds no nulls."""
+    return cast("list[str]", column.to_pylist())
+
+
+def ints(column: Column) -> list[int]:
+    """The values of an integer column that holds no nulls."""
+    return cast("list[int]", column.to_pylist())
+
+
+def fill_null(column: Column, value: object) -> Column:
+    """``column`` with its nulls replaced by ``value``."""
+    # (the stubs want the value typed as the column is: one type variable for both)
+    return cast(Column, pc.fill_null(column, value))  # type: ignore[type-var]
+
+
+def equal_to(column: Column, value: str | int) -> pa.ChunkedArray | pa.BooleanArray:
+    """Where ``column`` equals ``value`` (a mask for ``filter``)."""
+    return pc.equal(column, pa.scalar(value))
 
 
 def null_column(n: int, typ: pa.DataType) -> pa.Array:
@@ -350,7 +378,10 @@ def constant_column(value: object, n: int, typ: pa.DataType) -> pa.Array:
 
 
 def _constant(value: object, n: int, typ: pa.DataType) -> pa.Array:
-    return pa.nulls(n, typ) if value is None else pa.repeat(pa.scalar(value, typ), n)
+    # (the stubs know these only for a type known statically)
+    if value is None:
+        return pa.nulls(n, typ)  # type: ignore[call-overload]
+    return pa.repeat(pa.scalar(value, typ), n)  # type: ignore[call-overload]
 
 
 _shared_constant = functools.lru_cache(maxsize=256)(_constant)
@@ -361,8 +392,13 @@ def numpy_column(values: np.ndarray, typ: pa.DataType) -> pa.Array:
     without ``pa.array``'s per-call overhead (tens of microseconds for a one-row delivery)."""
     if typ.id == _BOOL_ID:
         bits = np.packbits(values, bitorder="little")
-        return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(bits)])
-    return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
+        return pa.Array.from_buffers(typ, len(values), [None, numpy_buffer(bits)])
+    return pa.Array.from_buffers(typ, len(values), [None, numpy_buffer(values)])
+
+
+def numpy_buffer(values: np.ndarray) -> pa.Buffer:
+    """An Arrow buffer over a numpy array's memory (no copy)."""
+    return pa.py_buffer(values)  # type: ignore[arg-type]  # (numpy's buffer protocol: 3.12 stubs)
 
 
 def variable_column(typ: pa.DataType, values: list[bytes | None]) -> pa.Array:
@@ -378,9 +414,9 @@ def variable_column(typ: pa.DataType, values: list[bytes | None]) -> pa.Array:
     nulls = sum(v is None for v in values)
     if nulls:
         present = np.fromiter((v is not None for v in values), np.bool_, n)
-        valid = pa.py_buffer(np.packbits(present, bitorder="little"))
+        valid = numpy_buffer(np.packbits(present, bitorder="little"))
     return pa.Array.from_buffers(
-        typ, n, [valid, pa.py_buffer(ends.astype(np.int32)), data], null_count=nulls
+        typ, n, [valid, numpy_buffer(ends.astype(np.int32)), data], null_count=nulls
     )
 
 

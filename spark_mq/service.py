@@ -17,6 +17,8 @@ import pyarrow as pa
 
 from spark_mq.broker.core import Broker
 from spark_mq.config import BrokerConfig
+from spark_mq.connection.gateway import Gateway
+from spark_mq.connection.listener import Listener
 from spark_mq.errors import SparkMQError
 from spark_mq.ha import term
 from spark_mq.ha.ownership import Ownership
@@ -32,6 +34,7 @@ from spark_mq.transports.flight import FlightService
 from spark_mq.transports.stomp import StompServer
 
 log = logging.getLogger("spark_mq.broker")
+_LABELS = {"flight": "Flight", "wire": "direct-wire", "stomp": "STOMP"}
 
 
 class RunningBroker:
@@ -77,34 +80,28 @@ class RunningBroker:
             self.term.close()
             self._close_security()
             raise
+        settings = config.broker
+        self.gateway = gateway = Gateway(broker, self.security)
         self.wire: WireServer | None = None
         self.stomp: StompServer | None = None
+        self.listeners: list[Listener] = []  # every protocol's; the service knows no more
         try:
-            if broker.config.broker.wire:
-                settings = broker.config.broker
-                self.wire = WireServer(
-                    broker,
-                    host,
-                    settings.wire_port,
-                    local=settings.wire_local,
-                    security=self.security,
-                )
-            if broker.config.broker.stomp:
-                self.stomp = StompServer(
-                    broker, host, broker.config.broker.stomp_port, security=self.security
-                )
-            self.service = FlightService(
-                broker,
+            if settings.wire:
+                self.wire = WireServer(gateway, host, settings.wire_port, local=settings.wire_local)
+                self.listeners.append(self.wire)
+            if settings.stomp:
+                self.stomp = StompServer(gateway, host, settings.stomp_port)
+                self.listeners.append(self.stomp)
+            self.service = FlightService(  # (its ping tells clients where the wire is)
+                gateway,
                 f"{self.scheme}://{host}:{port}",
                 wire_port=self.wire.port if self.wire else None,
                 wire_local=self.wire.local_name if self.wire else None,
-                security=self.security,
             )
+            self.listeners.insert(0, self.service)
         except Exception:
-            if self.wire is not None:
-                self.wire.shutdown()
-            if self.stomp is not None:
-                self.stomp.shutdown()
+            for listener in self.listeners:
+                listener.stop()
             broker.close()
             self.term.close()
             self._close_security()
@@ -121,12 +118,7 @@ class RunningBroker:
 
     def connections(self) -> dict[str, int]:
         """Open connections by transport (Flight: calls under way), for the metrics."""
-        out = {"flight": len(self.service.calls())}
-        if self.wire is not None:
-            out["wire"] = self.wire.connection_count()
-        if self.stomp is not None:
-            out["stomp"] = self.stomp.connection_count()
-        return out
+        return {listener.name: listener.connection_count() for listener in self.listeners}
 
     @property
     def url(self) -> str:
@@ -139,52 +131,53 @@ class RunningBroker:
         Clients get ``grace_s`` (default ``broker.shutdown_grace_s``) to finish: nothing new is
         taken, what was taken is answered, Flight streams are told to end (``Closing``) and end
         once their clients have; the log says every second what is still waited for. Past it,
-        connections are closed regardless and the broker closes. Returns False when Flight calls
-        were still open then: their threads are left to the process's end (``serve`` exits)."""
+        connections are closed regardless and the broker closes. Returns False when some were
+        still open then (Flight calls): their threads are left to the process's end (``serve``
+        exits)."""
         grace = self.broker.config.broker.shutdown_grace_s if grace_s is None else grace_s
         self.broker.phase = "stopping"
         started = time.monotonic()
         deadline = started + grace
-        self.service.begin_stop(deadline)
-        stopping = [threading.Thread(target=self.service.shutdown, daemon=True)]
-        for listener in (self.wire, self.stomp):  # (each gives up at the deadline by itself)
-            if listener is not None:
-                stopping.append(threading.Thread(target=listener.shutdown, args=(deadline,)))
+        for listener in self.listeners:
+            listener.begin_stop(deadline)
+        left: dict[str, list[str]] = {}
+        stopping = [
+            threading.Thread(
+                target=lambda lst=listener: left.__setitem__(lst.name, lst.stop(deadline)),
+                name=f"stop-{listener.name}",
+                daemon=True,
+            )
+            for listener in self.listeners
+        ]
         for t in stopping:
-            t.start()  # Flight stops taking calls, returns once the last one ended
+            t.start()  # (each gives up at the deadline by itself)
         said = started
-        while any(t.is_alive() for t in stopping) and (now := time.monotonic()) < deadline:
-            if now - said >= 1.0:
+        while any(t.is_alive() for t in stopping):
+            now = time.monotonic()
+            if now - said >= 1.0 and now < deadline:
                 said = now
                 log.info(
                     "shutting down: waiting %.0f s more for %s", deadline - now, self._waiting()
                 )
-            stopping[0].join(0.1)
-        for t in stopping[1:]:
-            t.join()
-        stopping[0].join(0.5)  # a call that ended just now
-        left = self.service.calls() if stopping[0].is_alive() else []
-        if left:
-            log.warning(
-                "shutting down: %d Flight call(s) still open after %.0f s "
-                "(broker.shutdown_grace_s), not waited for: %s",
-                len(left),
-                grace,
-                "; ".join(left),
-            )
+            for t in stopping:
+                t.join(0.1)
+        for name, open_calls in left.items():
+            if open_calls:
+                log.warning(
+                    "shutting down: %d %s call(s) still open after %.0f s "
+                    "(broker.shutdown_grace_s), not waited for: %s",
+                    len(open_calls),
+                    _LABELS.get(name, name),
+                    grace,
+                    "; ".join(open_calls),
+                )
         self.broker.close()
         self.term.close()  # (the replication, then the data directory)
         self._close_security()
-        return not left
+        return not any(left.values())
 
     def _waiting(self) -> str:
-        parts = []
-        calls = self.service.calls()
-        if calls:
-            parts.append(f"{len(calls)} Flight call(s): " + "; ".join(calls))
-        for listener in (self.wire, self.stomp):
-            if listener is not None and (waiting := listener.waiting_for()):
-                parts.append(waiting)
+        parts = [w for listener in self.listeners if (w := listener.waiting_for())]
         return ", ".join(parts) or "nothing"
 
 

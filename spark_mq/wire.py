@@ -48,7 +48,7 @@ import pyarrow as pa
 from spark_mq import protocol
 from spark_mq.arrow_checks import checked
 from spark_mq.errors import ProtocolError, SparkMQError, to_wire
-from spark_mq.plain import PlainMessage
+from spark_mq.messages import PlainMessage
 from spark_mq.schema import DEFAULT_PRIORITY, MESSAGE_SCHEMA, PRODUCE_SCHEMA
 
 HEADER = struct.Struct("<IB")
@@ -100,6 +100,12 @@ def control(frame: protocol.Frame | Failure) -> bytes:
 
 def failure(err: SparkMQError) -> bytes:
     return control(Failure(json.loads(to_wire(err))))
+
+
+def control_bytes(body: Body) -> bytes:
+    """A control frame's body: bytes (only other frames are received in place, as buffers)."""
+    assert isinstance(body, bytes), "a control frame is never received in place"
+    return body
 
 
 def parse_control(body: bytes) -> protocol.Frame | Failure:
@@ -266,7 +272,7 @@ def read_plain(body: Body) -> tuple[int, pa.RecordBatch]:
 
 def read_plain_message(body: Body) -> tuple[int, PlainMessage] | None:
     """A well-formed ``PLAIN`` frame of exactly one message: its sequence number and the
-    message (see :mod:`spark_mq.plain`); None for any other frame, which :func:`read_plain`
+    message (see :mod:`spark_mq.messages`); None for any other frame, which :func:`read_plain`
     reads (or refuses, saying what is wrong)."""
     data_at = PLAIN_HEAD.size + _ONE_PLAIN_OFFSETS.size
     if len(body) < data_at:

@@ -46,3 +46,24 @@ def test_a_domain_module_importing_a_transport_breaks_the_layers(tmp_path: Path)
     assert "the server's layers BROKEN" in done.stdout
     assert "spark_mq.broker is not allowed to import spark_mq.transports" in done.stdout
     assert "the SDK speaks the protocol, and knows nothing of the server BROKEN" in done.stdout
+
+
+def test_a_listener_reaching_past_the_session_or_a_cycle_breaks_the_contracts(
+    tmp_path: Path,
+) -> None:
+    shutil.copytree(
+        REPO / "spark_mq", tmp_path / "spark_mq", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    stomp = tmp_path / "spark_mq" / "transports" / "stomp_session.py"
+    stomp.write_text(stomp.read_text() + "\nfrom spark_mq.broker import subscription  # past\n")
+    codec = tmp_path / "spark_mq" / "transports" / "stomp_codec.py"
+    codec.write_text(codec.read_text() + "\nfrom spark_mq.transports import stomp_session\n")
+    done = _lint(tmp_path)
+    assert done.returncode == 1
+    assert (
+        "a listener reaches the broker only through the connection core and the session BROKEN"
+        in done.stdout
+    )
+    assert "spark_mq.transports.stomp_session -> spark_mq.broker.subscription" in done.stdout
+    assert "no import cycles, between packages or between the modules of one BROKEN" in done.stdout

@@ -15,6 +15,7 @@ import pytest
 
 from spark_mq import Producer, protocol, wire
 from spark_mq.clock import ManualClock
+from spark_mq.connection.core import ConnState
 from spark_mq.service import RunningBroker
 from tests.conftest import frames_until_closed, start_inprocess, wait_for
 
@@ -137,8 +138,8 @@ def test_a_producer_waiting_for_answers_is_not_idle(strict: RunningBroker) -> No
         idle.send_sync("y")
         (quiet,) = [c for c in wire_conns if c.role == "produce" and c is not conn]
         # the idle timeout has passed once the other producer's connection is closed for it
-        wait_for(lambda: quiet.closed, timeout=10, what="the idle connection to close")
-        conn_is_idle.append(conn.closed)
+        wait_for(lambda: quiet.state is ConnState.CLOSED, timeout=10, what="the idle one closed")
+        conn_is_idle.append(conn.state is ConnState.CLOSED)
         conn.submitted -= 1
     assert conn_is_idle == [False]
 

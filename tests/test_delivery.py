@@ -233,8 +233,8 @@ def test_a_clean_shutdown_waits_for_a_dead_letter_move_under_way(
             (first,) = receive_n(consumer, 1)
             first.nack().result(timeout=5)  # its only attempt failed: dead-letter it
         # the copy's commit is slow to report (a DLQ's first segment on a slow disk, say): the
-        # seam is the broker's own store_checked, the journal and Delta stay real
-        real_store = broker.broker.store_checked
+        # seam is the producing part's store_checked, the journal and Delta stay real
+        real_store = broker.broker.producing.store_checked
         late: list[threading.Thread] = []
 
         def slow_store(destination: str, rows):  # type: ignore[no-untyped-def]
@@ -248,7 +248,7 @@ def test_a_clean_shutdown_waits_for_a_dead_letter_move_under_way(
             late[-1].start()
             return reported
 
-        broker.broker.store_checked = slow_store  # type: ignore[method-assign]
+        broker.broker.producing.store_checked = slow_store  # type: ignore[method-assign]
         broker.broker.run_timers()  # the move starts; the stop comes before its copy reports
         broker = restart(broker, data, clock)
         assert len(late) == 1 and not late[0].is_alive(), "the stop did not wait for the move"

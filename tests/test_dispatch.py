@@ -8,6 +8,7 @@ from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.subscription import Subscription
 from spark_mq.clock import ManualClock
 from spark_mq.config import DestinationSettings
+from spark_mq.messages import Messages
 from spark_mq.schema import UNOFFSET_SCHEMA, normalize_produce_batch, with_offsets
 
 
@@ -41,7 +42,7 @@ class RacyStore(MessageStore):
 
     def __init__(self) -> None:
         super().__init__()
-        self.pending: list[pa.Table] = []
+        self.pending: list[Messages] = []
 
     @property
     def end(self) -> int:
@@ -53,8 +54,8 @@ class RacyStore(MessageStore):
 
 def test_a_commit_racing_ingestion_is_delivered_once(clock: ManualClock) -> None:
     store = RacyStore()
-    store.add(rows(0, 3))
-    store.pending.append(rows(3, 2))
+    store.add(Messages.of(rows(0, 3)))
+    store.pending.append(Messages.of(rows(3, 2)))
     sub = subscription(store, clock)
     sub.register(1)
     first = [o for o, _, _ in sub.take(1, 100)]
@@ -64,7 +65,7 @@ def test_a_commit_racing_ingestion_is_delivered_once(clock: ManualClock) -> None
 
 def test_new_owner_waits_until_the_old_owners_acks_are_durable(clock: ManualClock) -> None:
     store = MessageStore()
-    store.add(rows(0, 3, group="a"))
+    store.add(Messages.of(rows(0, 3, group="a")))
     sub = subscription(store, clock)
     sub.register(1)
     sub.register(2)

@@ -124,7 +124,7 @@ def test_sdk_numbered_batches_are_runs_and_resends_of_any_shape_are_caught(
     ids = [f"p-{k}" for k in range(10, 20)]
     with Producer(broker.url, destination="runs") as p:
         assert p.send_batch(pa.table({"body": [b"a"] * 10, "dedup_id": ids})) == list(range(10))
-        cache = broker.broker._dests["runs"].dedup
+        cache = broker.broker.destinations.get("runs").dedup
         assert len(cache) == 10 and len(cache._seen) == 1  # kept as one run
         # the same run again, a run overlapping its end, and single ids out of it
         assert p.send_batch(pa.table({"body": [b"b"] * 10, "dedup_id": ids})) == list(range(10))

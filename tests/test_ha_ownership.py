@@ -18,6 +18,7 @@ from spark_mq.ha.ownership import Ownership
 from spark_mq.ha.term import Term
 from spark_mq.journal.delta_store import DeltaStore
 from spark_mq.journal.dir_lock import StoppedWaiting
+from spark_mq.messages import Messages
 from spark_mq.schema import MESSAGE_SCHEMA
 from tests.conftest import wait_for
 
@@ -139,7 +140,8 @@ def test_a_shared_store_backup_waits_then_takes_over_with_the_next_epoch(tmp_pat
     primary_term = _start(primary)
     assert primary.epoch == 1 and primary.ha_state()["role"] == "primary"
     primary.create_destination("q", "queue", None)
-    primary.produce("q", pa.record_batch({"body": pa.array([b"kept"], pa.binary())})).result(10)
+    kept = Messages.of(pa.record_batch({"body": pa.array([b"kept"], pa.binary())}))
+    primary.produce("q", kept).result(10)
     backup = Broker(_config(data, **{"ha.broker_id": "b"}), clock=ManualClock())
     started = threading.Event()
     stop = threading.Event()

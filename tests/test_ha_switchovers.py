@@ -327,3 +327,59 @@ def test_the_pairs_brokers_write_logs_of_their_own(tmp_path: Path) -> None:
     assert alone.log_path() == tmp_path / "logs" / "log.txt"  # one broker: as it was
     with pytest.raises(SparkMQError, match="broker_id"):
         load_config(overrides={**common, "ha.broker_id": "../x"}, environ={})
+
+
+@pytest.mark.parametrize("transport", ["wire", "stomp"])
+def test_a_commit_waiting_for_the_backup_does_not_hold_up_the_loop(
+    tmp_path: Path, transport: str
+) -> None:
+    """With replicated acknowledgements a commit waits for the backup; the backup paused, a
+    send waits until the primary goes on alone (ha.failover_timeout_s). Meanwhile the loop
+    that took the send serves everyone else: a consumer on another queue attaches, gets its
+    message and acknowledges it while the send still waits."""
+    from tests import stomp_kit
+
+    a, b = _start_pair(tmp_path, **{"ha.failover_timeout_s": 6})
+    try:
+        with Producer(a.url, destination="other", transport="wire") as p:
+            p.send_sync("stored before the pause")
+        assert a.process is not None and a.process.stomp_port is not None
+        _pause(b)
+        sent = threading.Event()
+        failures: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                if transport == "wire":
+                    with Producer(a.url, destination="q", transport="wire") as p:
+                        p.send_sync("waits for the backup")
+                else:
+                    conn, inbox = stomp_kit.connect(a.process.stomp_port)  # type: ignore[union-attr, arg-type]
+                    conn.send("/queue/q", b"waits for the backup", receipt="r1")
+                    inbox.wait_receipt("r1", timeout=30)
+                    conn.disconnect()
+                sent.set()
+            except BaseException as exc:
+                failures.append(exc)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        time.sleep(0.5)  # the send is taken, and its commit waits for the paused backup
+        assert not sent.is_set(), "the send did not wait for the backup"
+        started = time.monotonic()
+        if transport == "wire":
+            with Consumer(a.url, "other", transport="wire", timeout_s=30) as c:
+                got = c.receive(timeout=10)
+                assert got is not None and got.text == "stored before the pause"
+        else:
+            conn, inbox = stomp_kit.connect(a.process.stomp_port)
+            conn.subscribe("/queue/other", id="s", ack="auto")
+            assert inbox.wait_messages(1, timeout=10)[0].body == b"stored before the pause"
+            conn.disconnect()
+        served_in = time.monotonic() - started
+        assert not sent.is_set(), "the backup was given up on before the loop was tried"
+        assert served_in < 2.0, f"the loop was held {served_in:.1f} s by a commit's wait"
+        sender.join(30)
+        assert sent.is_set() and not failures, failures  # acknowledged once it went on alone
+    finally:
+        _stop(a, b)

@@ -22,7 +22,7 @@ from spark_mq.journal.records import (
 from spark_mq.journal.segments import FIRST_SEGMENT_BYTES, SPARE, SegmentLog
 from spark_mq.journal.settlements import Settlement, SettlementRows
 from spark_mq.launch import BrokerProcess
-from spark_mq.plain import PlainMessage, PlainRows
+from spark_mq.messages import Messages, PlainMessage
 from spark_mq.schema import with_offsets
 from tests.conftest import receive_n, start_inprocess, wait_for
 from tests.test_journal_conformance import rows as unoffset  # rows as the journal gets them
@@ -33,9 +33,9 @@ def rows(bodies: list[bytes], first: int = 0) -> pa.Table:
     return with_offsets(unoffset(bodies), first)
 
 
-def plain(bodies: list[bytes], first: int = 0) -> PlainRows:
+def plain(bodies: list[bytes], first: int = 0) -> Messages:
     """Plain messages as the journal writes them to a segment (every other without an id)."""
-    return PlainRows(
+    return Messages.of_plain(
         [
             PlainMessage(
                 None if k % 2 else f"p-{first + k}", b, 1_700_000_000_000_000 + k, first + k
@@ -55,7 +55,7 @@ def settled(offsets: list[int]) -> SettlementRows:
     )
 
 
-def as_table(records: pa.Table | PlainRows | SettlementRows) -> pa.Table:
+def as_table(records: pa.Table | Messages | SettlementRows) -> pa.Table:
     return records if isinstance(records, pa.Table) else records.table()
 
 
@@ -302,6 +302,7 @@ import sys
 import pyarrow as pa
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.hot_tier import HotTierSettings
+from spark_mq.messages import Messages
 from spark_mq.schema import normalize_produce_batch
 
 root, hot = sys.argv[1:3]
@@ -312,7 +313,7 @@ for i in range(5):
     batch = pa.table({"body": pa.array([b"m%d-%d" % (i, k) for k in range(3)], pa.binary())})
     rows = normalize_produce_batch(batch, enqueue_time_us=0, max_message_bytes=1 << 20,
                                    destination="q")
-    j.append("q", rows).result()
+    j.append("q", Messages.of(rows)).result()
 j.settle("q", [0, 1, 2], subscription="").result()
 j.move()  # the armed failpoint kills this process in here
 sys.exit(3)
@@ -358,12 +359,12 @@ def test_reads_span_both_tiers_while_moving(tmp_path: Path) -> None:
     try:
         j.create_destination("q", "queue")
         for i in range(30):
-            j.append("q", unoffset([b"%d" % i] + [os.urandom(900)] * 9)).result()
+            j.append("q", Messages.of(unoffset([b"%d" % i] + [os.urandom(900)] * 9))).result()
             if i % 10 == 9:
                 assert j.move(timeout=60)  # 0..99, 100..199, 200..299 in Delta
-        j.append("q", unoffset([b"hot"])).result()
+        j.append("q", Messages.of(unoffset([b"hot"]))).result()
         with pytest.raises(SchemaMismatch):
-            j.append("q", rows([b"already has offsets"]))
+            j.append("q", Messages.of(rows([b"already has offsets"])))
         stats = j.tier_stats("q")
         assert stats is not None
         assert (stats.delta_end_offset, stats.pending_records) == (300, 1)
@@ -492,6 +493,7 @@ import pyarrow as pa
 from spark_mq.errors import JournalError
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.hot_tier import HotTierSettings
+from spark_mq.messages import Messages
 from spark_mq.schema import normalize_produce_batch
 
 root, hot = sys.argv[1:3]
@@ -508,14 +510,14 @@ settings = HotTierSettings(hot, segment_bytes=64 * 1024, move_interval_s=3600)
 j = Journal(DeltaStore(root), hot_tier=settings)
 j.open()
 j.create_destination("q", "queue")
-assert j.append("q", rows([b"kept-1"])).result().first_offset == 0
+assert j.append("q", Messages.of(rows([b"kept-1"]))).result().first_offset == 0
 try:
-    j.append("q", rows([b"x" * (400 * 1024)])).result()
+    j.append("q", Messages.of(rows([b"x" * (400 * 1024)]))).result()
 except JournalError as exc:
     print("REFUSED:", exc)
 else:
     sys.exit("the oversized write was accepted")
-assert j.append("q", rows([b"kept-2"])).result().first_offset == 1
+assert j.append("q", Messages.of(rows([b"kept-2"]))).result().first_offset == 1
 j.flush()
 """
 

@@ -13,6 +13,7 @@ from spark_mq.journal.inline_commit import InlineCommit, resolve
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.settlements import Settlement
 from spark_mq.journal.sinks import DirectSink
+from spark_mq.messages import Messages
 from spark_mq.schema import UNOFFSET_SCHEMA, null_column
 
 
@@ -39,7 +40,7 @@ def test_submits_with_an_inline_commit_are_committed_by_the_thread_that_commits_
     writer = _direct_writer(
         MemoryStore(), lambda dest, rows: committed_by.append(threading.get_ident())
     )
-    rows = pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA})
+    rows = Messages.of(pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA}))
     woken: list[int] = []  # the writer thread's wake-ups (its condition notified)
     notify_all = writer._cond.notify_all
     writer._cond.notify_all = lambda: (woken.append(1), notify_all())  # type: ignore[method-assign]
@@ -94,7 +95,7 @@ def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -
             settle_timeout_s=settle_timeout_s,
         )
 
-    rows = pa.table({f.name: null_column(1, f.type) for f in UNOFFSET_SCHEMA})
+    rows = Messages.of(pa.table({f.name: null_column(1, f.type) for f in UNOFFSET_SCHEMA}))
     acks = _ack_of_offset_0()
     me = threading.get_ident()
     w = writer(0, 5.0)  # long: the second message below surely comes first
@@ -166,7 +167,7 @@ def test_an_inline_commit_can_leave_the_futures_for_the_caller_to_resolve_after(
     store = MemoryStore()
     visible: list[int] = []
     writer = _direct_writer(store, lambda dest, rows: visible.append(rows.num_rows))
-    rows = pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA})
+    rows = Messages.of(pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA}))
     acks = _ack_of_offset_0()
     order: list[str] = []
     resolving: list = []

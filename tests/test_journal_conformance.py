@@ -13,6 +13,7 @@ import pytest
 from spark_mq.errors import DestinationExists, DestinationNotFound, InvalidNameError, JournalError
 from spark_mq.journal import DeltaStore, Journal, MemoryStore, layout
 from spark_mq.journal.hot_tier import HotTierSettings
+from spark_mq.messages import Messages
 from spark_mq.schema import normalize_produce_batch
 
 
@@ -51,7 +52,9 @@ def test_offsets_are_gap_free_under_concurrent_appends(journal: Journal) -> None
 
     def produce(i: int) -> list[int]:
         return list(
-            journal.append("q", rows([b"%d-%d" % (i, k) for k in range(7)])).result().offsets
+            journal.append("q", Messages.of(rows([b"%d-%d" % (i, k) for k in range(7)])))
+            .result()
+            .offsets
         )
 
     with ThreadPoolExecutor(8) as pool:
@@ -69,7 +72,7 @@ def test_offsets_are_gap_free_under_concurrent_appends(journal: Journal) -> None
 
 def test_read_range_and_settlements(journal: Journal) -> None:
     journal.create_destination("q", "queue")
-    journal.append("q", rows([b"a", b"b", b"c", b"d"])).result()
+    journal.append("q", Messages.of(rows([b"a", b"b", b"c", b"d"]))).result()
     assert journal.read_messages("q", 1, 3)["body"].to_pylist() == [b"b", b"c"]
     journal.settle("q", [0, 2], subscription="").result()
     journal.settle("q", [3], subscription="", outcome="ack").result()
@@ -89,12 +92,12 @@ def test_bindings_and_kinds(journal: Journal) -> None:
         journal.create_destination("t", "queue")
     with pytest.raises(InvalidNameError):
         journal.create_destination("../etc", "queue")
-    journal.append("t", rows([b"x", b"y"])).result()
+    journal.append("t", Messages.of(rows([b"x", b"y"]))).result()
     sub, created = journal.create_subscription("t", "s1")
     assert created and sub.start_offset == 2
     journal.delete_destination("t")
     with pytest.raises(DestinationNotFound):
-        journal.append("t", rows([b"z"]))
+        journal.append("t", Messages.of(rows([b"z"])))
     assert "t" not in journal.destinations
 
 
@@ -104,7 +107,7 @@ def test_recovery_after_reopen(make_journal) -> None:
     j.create_destination("q", "queue")
     j.create_destination("t", "topic")
     j.create_subscription("t", "audit")
-    j.append("q", rows([b"1", b"2", b"3"])).result()
+    j.append("q", Messages.of(rows([b"1", b"2", b"3"]))).result()
     j.settle("q", [1], subscription="").result()
     j.close()
 
@@ -118,7 +121,7 @@ def test_recovery_after_reopen(make_journal) -> None:
             assert j2.end_offset("q") == 3
             assert j2.read_settlements("q")["offset"].to_pylist() == [1]
             # appends continue after the recovered end, without a gap
-            assert j2.append("q", rows([b"4"])).result().first_offset == 3
+            assert j2.append("q", Messages.of(rows([b"4"]))).result().first_offset == 3
         else:
             # persistence disabled: a new store instance would be empty; the same one is shared
             assert j2.end_offset("q") == 3
@@ -145,14 +148,14 @@ def test_failed_commit_fails_the_append_and_leaves_no_gap() -> None:
     j.open()
     j.create_destination("q", "queue")
     try:
-        assert j.append("q", rows([b"a"])).result().first_offset == 0
+        assert j.append("q", Messages.of(rows([b"a"]))).result().first_offset == 0
         store.failing.set()
-        fut = j.append("q", rows([b"lost", b"lost"]))
+        fut = j.append("q", Messages.of(rows([b"lost", b"lost"])))
         with pytest.raises(JournalError, match="No space left"):
             fut.result()
         store.failing.clear()
         # the next append reuses the offsets the failed one would have taken
-        assert j.append("q", rows([b"b"])).result().first_offset == 1
+        assert j.append("q", Messages.of(rows([b"b"]))).result().first_offset == 1
         assert j.read_messages("q")["body"].to_pylist() == [b"a", b"b"]
     finally:
         j.close()
@@ -164,7 +167,7 @@ def test_delta_commit_is_idempotent_and_checkpointed(tmp_path: Path) -> None:
     j.open()
     j.create_destination("q", "queue")
     for i in range(12):
-        j.append("q", rows([b"m%d" % i])).result()
+        j.append("q", Messages.of(rows([b"m%d" % i]))).result()
     j.close()
     # a retried commit (same end offset) writes nothing
     dup = rows([b"m11"])

@@ -22,7 +22,7 @@ from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.records import KIND_MESSAGES
 from spark_mq.journal.segments import SegmentLog
 from spark_mq.launch import BrokerProcess
-from spark_mq.plain import PlainRows
+from spark_mq.messages import Messages
 from tests.conftest import wait_for
 from tests.test_hot_tier import rows
 from tests.test_journal_conformance import rows as unoffset
@@ -96,8 +96,8 @@ def test_a_failed_sync_refuses_appends_until_what_it_may_have_lost_is_cut_off(
     assert _bodies(log) == [[b"kept"], [b"after"]]
 
 
-def _table(r: pa.Table | PlainRows) -> pa.Table:
-    return r if isinstance(r, pa.Table) else r.table()
+def _table(r: Messages) -> pa.Table:
+    return r.table()
 
 
 class _Tier(HotTier):
@@ -130,9 +130,9 @@ def pipeline(tmp_path: Path):
 def test_flushes_are_written_while_the_last_one_syncs_and_answered_in_order(pipeline) -> None:
     writer, tier, committed = pipeline
     tier.disk.hold.clear()  # the first sync waits
-    first = writer.submit(unoffset([b"a", b"b"]))
+    first = writer.submit(Messages.of(unoffset([b"a", b"b"])))
     assert tier.disk.syncing.wait(10)
-    later = [writer.submit(unoffset([b"c%d" % k])) for k in range(20)]
+    later = [writer.submit(Messages.of(unoffset([b"c%d" % k]))) for k in range(20)]
     wait_for(lambda: tier.disk.next_lsn > 2, what="the next flush written during the sync")
     assert not first.done() and not any(f.done() for f in later)  # none durable: none answered
     tier.disk.hold.set()
@@ -146,10 +146,10 @@ def test_flushes_are_written_while_the_last_one_syncs_and_answered_in_order(pipe
 def test_an_inline_commit_waits_behind_the_flushes_being_synced(pipeline) -> None:
     writer, tier, committed = pipeline
     tier.disk.hold.clear()
-    first = writer.submit(unoffset([b"a"]))  # the writer thread's, syncing
+    first = writer.submit(Messages.of(unoffset([b"a"])))  # the writer thread's, syncing
     assert tier.disk.syncing.wait(10)
     inline = InlineCommit()
-    second = writer.submit(unoffset([b"b"]), inline)
+    second = writer.submit(Messages.of(unoffset([b"b"])), inline)
     inline.commit()
     assert not second.done()  # not committed ahead of the flush before it
     tier.disk.hold.set()
@@ -159,20 +159,20 @@ def test_an_inline_commit_waits_behind_the_flushes_being_synced(pipeline) -> Non
 
 def test_a_failed_sync_fails_what_it_may_have_lost_and_leaves_no_gap(pipeline) -> None:
     writer, tier, committed = pipeline
-    assert writer.submit(unoffset([b"kept"])).result(10).first_offset == 0
+    assert writer.submit(Messages.of(unoffset([b"kept"]))).result(10).first_offset == 0
     tier.disk.fail_syncs = 1
     tier.disk.hold.clear()
     tier.disk.syncing.clear()
-    lost = writer.submit(unoffset([b"lost-1", b"lost-2"]))
+    lost = writer.submit(Messages.of(unoffset([b"lost-1", b"lost-2"])))
     assert tier.disk.syncing.wait(10)  # its sync is under way (and will fail)
     assert tier.disk.next_lsn == 3
-    also_lost = writer.submit(unoffset([b"lost-3"]))  # written behind it meanwhile
+    also_lost = writer.submit(Messages.of(unoffset([b"lost-3"])))  # written behind it meanwhile
     wait_for(lambda: tier.disk.next_lsn == 4, what="the flush after the failing one written")
     tier.disk.hold.set()
     for f in (lost, also_lost):
         with pytest.raises(JournalError, match="injected"):
             f.result(10)
-    assert writer.submit(unoffset([b"after"])).result(10).first_offset == 1  # no gap
+    assert writer.submit(Messages.of(unoffset([b"after"]))).result(10).first_offset == 1  # no gap
     assert [o for offsets in committed for o in offsets] == [0, 1]
     bodies = tier.read_messages(0, None)["body"].to_pylist()
     assert bodies == [b"kept", b"after"]

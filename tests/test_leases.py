@@ -66,7 +66,7 @@ def test_late_ack_before_anyone_else_took_it_is_accepted(
         msg = consumer.receive(timeout=5)
         assert msg is not None
         clock.advance(10)
-        sub = broker.broker._dests["q"].subscriptions[""]
+        sub = broker.broker.destinations.get("q").subscriptions[""]
         assert sub.expire_leases() == 1
         # nobody has taken it again yet, so the original delivery may still settle it
         msg.ack().result(timeout=5)

@@ -9,9 +9,10 @@ import pyarrow as pa
 import pytest
 
 from spark_mq import Consumer, Producer, wire
-from spark_mq.broker.consumers import delivery_table
 from spark_mq.client.message import Message, message_of_one, messages_of
+from spark_mq.deliveries import delivery_table
 from spark_mq.errors import ProtocolError
+from spark_mq.messages import Messages
 from spark_mq.schema import normalize_produce_batch, with_offsets
 from spark_mq.service import RunningBroker
 from tests.conftest import receive_n
@@ -56,7 +57,7 @@ def _through_the_wire(parts: list) -> Message:
 def test_a_one_frame_gives_what_a_batch_delivery_gives(columns: dict, count: int) -> None:
     rows, state = _rows(**columns), [(count, False)]
     one = _through_the_wire(wire.one_parts(rows, state))  # type: ignore[arg-type]
-    (batched,) = messages_of("q", delivery_table(rows, state), None)
+    (batched,) = messages_of("q", delivery_table(Messages.of(rows), state), None)
     assert _fields(one) == _fields(batched)
     assert one.enqueue_time == _AT and one.redelivered == (count > 1)
 

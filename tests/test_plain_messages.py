@@ -1,4 +1,4 @@
-"""A single plain message through the broker as Python values (spark_mq.plain): it must be
+"""A single plain message through the broker as Python values (spark_mq.messages): it must be
 stored, recovered, moved and delivered exactly as the general (Arrow) path does it."""
 
 from __future__ import annotations
@@ -10,15 +10,21 @@ import pyarrow as pa
 import pytest
 
 from spark_mq import Admin, Consumer, Producer, wire
-from spark_mq.broker.consumers import delivery_table
 from spark_mq.broker.message_store import MessageStore
+from spark_mq.deliveries import delivery_table
 from spark_mq.errors import MessageTooLarge
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.hot_tier import HotTierSettings
 from spark_mq.journal.inline_commit import InlineCommit
-from spark_mq.journal.records import KIND_PLAIN, MESSAGE_KINDS, scan_segment
+from spark_mq.journal.records import (
+    KIND_PLAIN,
+    MESSAGE_KINDS,
+    decode_plain,
+    encode_plain,
+    scan_segment,
+)
 from spark_mq.launch import BrokerProcess
-from spark_mq.plain import PlainMessage, PlainRows, plain_batch, plain_table
+from spark_mq.messages import Messages, PlainMessage, plain_batch, plain_table
 from spark_mq.schema import MESSAGE_SCHEMA, normalize_produce_batch, with_offsets
 from tests.conftest import receive_n, start_inprocess
 
@@ -28,7 +34,7 @@ T0 = 1_700_000_000_000_000
 def general_row(message: PlainMessage) -> pa.Table:
     """The row the general path stores for the same message."""
     rows = normalize_produce_batch(
-        plain_batch(message),
+        plain_batch([message]),
         enqueue_time_us=message.enqueue_time_us,
         max_message_bytes=1 << 20,
         destination="q",
@@ -50,14 +56,14 @@ def test_plain_rows_build_one_table_and_survive_their_segment_encoding() -> None
         PlainMessage(f"id-{i}" if i % 3 else None, b"b%d" % i, T0 + i, 40 + i) for i in range(7)
     ]
     expected = pa.concat_tables([general_row(m) for m in messages])
-    rows = PlainRows(messages)
+    rows = Messages.of_plain(messages)
     assert rows.table().equals(expected)
-    decoded = PlainRows.decode(rows.encode(), 40, 7)
-    assert decoded.table().equals(expected)
+    payload = encode_plain(messages)
+    assert Messages.of_plain(decode_plain(payload, 40, 7)).table().equals(expected)
     with pytest.raises(ValueError, match="runs past"):
-        PlainRows.decode(rows.encode()[:-1], 40, 7)
+        decode_plain(payload[:-1], 40, 7)
     with pytest.raises(ValueError, match="over"):
-        PlainRows.decode(rows.encode(), 40, 6)
+        decode_plain(payload, 40, 6)
 
 
 def test_plain_messages_and_batches_in_one_commit_keep_their_order(tmp_path: Path) -> None:
@@ -73,13 +79,13 @@ def test_plain_messages_and_batches_in_one_commit_keep_their_order(tmp_path: Pat
             destination="q",
         )
         inline = InlineCommit()  # one flush holds all three
-        first = j.append_plain("q", PlainMessage("a", b"p0", T0), inline)
-        middle = j.append("q", batch, inline)
-        last = j.append_plain("q", PlainMessage("c", b"p3", T0), inline)
+        first = j.append("q", Messages.one(PlainMessage("a", b"p0", T0)), inline)
+        middle = j.append("q", Messages.of(batch), inline)
+        last = j.append("q", Messages.one(PlainMessage("c", b"p3", T0)), inline)
         inline.commit()
         assert [f.result().first_offset for f in (first, middle, last)] == [0, 1, 3]
         assert j.read_messages("q")["body"].to_pylist() == [b"p0", b"b1", b"b2", b"p3"]
-        j.append_plain("q", PlainMessage("d", b"p4", T0)).result()  # alone: a plain record
+        j.append("q", Messages.one(PlainMessage("d", b"p4", T0))).result()  # alone: plain
         assert j.move(timeout=60)
     finally:
         j.close()
@@ -94,7 +100,7 @@ def test_a_store_evicting_plain_bodies_reads_them_back() -> None:
     table = plain_table(messages)
     store = MessageStore(lambda start, end: table.slice(start, end - start))
     for m in messages:
-        store.add(PlainRows([m]))
+        store.add(Messages.one(m))
     assert store.plain([2, 1]) == [messages[2], messages[1]]  # in the order asked for
     assert store.evict_bodies(0) > 0  # every chunk but the newest
     assert store.plain([0]) is None and store.plain([2, 0]) is None
@@ -230,10 +236,11 @@ def test_plain_messages_that_waited_are_delivered_together_as_they_came(
                 p.send_sync(b"m%d" % i, dedup_id=f"d-{i}")
         session = running.broker.attach("q", prefetch=10)
         messages, state = session.next_leased()
-        assert [m.offset for m in messages] == [0, 1, 2, 3] and state == [(1, False)] * 4
+        assert messages.plain is not None  # as they came
+        assert [m.offset for m in messages.plain] == [0, 1, 2, 3] and state == [(1, False)] * 4
         now_us = int(clock.wall() * 1_000_000)
         general = pa.concat_tables(
-            general_row(PlainMessage(m.dedup_id, m.body, now_us, m.offset)) for m in messages
+            general_row(PlainMessage(m.dedup_id, m.body, now_us, m.offset)) for m in messages.plain
         )
         assert delivery_table(messages, state).select(MESSAGE_SCHEMA.names).equals(general)
         running.broker.detach(session)  # unsettled: they go back, delivered once

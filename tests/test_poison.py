@@ -18,6 +18,7 @@ import pytest
 from spark_mq import Admin, Consumer, Producer, ProtocolError, protocol, wire
 from spark_mq.jobs.compaction import CompactionPolicy, compact_all
 from spark_mq.launch import BrokerProcess
+from spark_mq.messages import Messages
 from spark_mq.schema import PRODUCE_SCHEMA
 from spark_mq.service import RunningBroker
 from tests.conftest import receive_n
@@ -91,6 +92,7 @@ import numpy as np
 import pyarrow as pa
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.hot_tier import HotTierSettings
+from spark_mq.messages import Messages
 from spark_mq.schema import UNOFFSET_SCHEMA, normalize_produce_batch
 
 root, BAD_OFFSETS = sys.argv[1], [int(o) for o in sys.argv[2].split(",")]
@@ -102,13 +104,13 @@ def rows(bodies):
     return normalize_produce_batch(pa.table({"body": pa.array(bodies, pa.binary())}),
                                    enqueue_time_us=0, max_message_bytes=1 << 22, destination="q")
 
-assert j.append("q", rows([b"before-0", b"before-1"])).result().first_offset == 0
+assert j.append("q", Messages.of(rows([b"before-0", b"before-1"]))).result().first_offset == 0
 good = rows([b"a", b"b", b"c"])
 body = pa.Array.from_buffers(pa.binary(), 3, [None, pa.py_buffer(np.array(BAD_OFFSETS, np.int32)),
                                               pa.py_buffer(b"x" * 30)])
 bad = pa.Table.from_arrays([*good.columns[:-1], body], schema=UNOFFSET_SCHEMA)
-assert j.append("q", bad).result().first_offset == 2
-assert j.append("q", rows([b"after-5"])).result().first_offset == 5
+assert j.append("q", Messages.of(bad)).result().first_offset == 2
+assert j.append("q", Messages.of(rows([b"after-5"]))).result().first_offset == 5
 os._exit(0)
 """
 
@@ -187,11 +189,13 @@ def test_an_unreadable_record_met_by_a_move_is_quarantined_and_the_rest_moves(
     journal.open()
     try:
         journal.create_destination("q", "queue")
-        journal.append("q", rows([b"m0"])).result()
+        journal.append("q", Messages.of(rows([b"m0"]))).result()
         good = rows([b"a", b"b", b"c"])
         bad = pa.Table.from_arrays([*good.columns[:-1], bad_body()], schema=UNOFFSET_SCHEMA)
-        journal.append("q", bad).result()  # (the journal trusts its caller: the broker checks)
-        journal.append("q", rows([b"m4"])).result()
+        journal.append(
+            "q", Messages.of(bad)
+        ).result()  # (the journal trusts its caller: the broker checks)
+        journal.append("q", Messages.of(rows([b"m4"]))).result()
         deadline = time.monotonic() + 30
         while (stats := journal.tier_stats("q")).delta_end_offset < 5:
             assert time.monotonic() < deadline, stats

@@ -10,12 +10,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from spark_mq import commands as c
 from spark_mq.broker import Broker
-from spark_mq.broker import commands as c
 from spark_mq.clock import ManualClock
 from spark_mq.config import load_config
 from spark_mq.errors import NotAuthorized, SparkMQError
-from spark_mq.plain import PlainMessage
+from spark_mq.messages import Messages, PlainMessage
 from spark_mq.session import ClientSession, Principal, Verb
 
 
@@ -102,9 +102,9 @@ def test_a_session_needs_connect(broker: Broker) -> None:
 def test_producing_checks_produce_once_and_create_for_a_new_destination(broker: Broker) -> None:
     guard = Recording()
     session = ClientSession(broker, ALICE, guard=guard)
-    batch = pa.record_batch({"body": pa.array([b"x"], pa.binary())})
+    batch = Messages.of(pa.record_batch({"body": pa.array([b"x"], pa.binary())}))
     session.produce("q", batch).result(timeout=10)
-    session.produce_plain("q", PlainMessage("d", b"y")).result(timeout=10)
+    session.produce("q", Messages.one(PlainMessage("d", b"y"))).result(timeout=10)
     assert guard.checks.count(("produce", "q")) == 2 - 1  # asked once for the destination
     assert ("create", "q") not in guard.checks  # it exists
     session.produce("fresh", batch).result(timeout=10)  # auto-created

@@ -1,52 +1,50 @@
 """Attaching consumers to queues, topics' subscriptions and temporary queues, detaching them,
-browsing and purging (a part of :class:`spark_mq.broker.core.Broker`)."""
+browsing and purging."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import uuid
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from spark_mq.broker import disposal
 from spark_mq.broker.consumers import ConsumerSession, Wakeup
-from spark_mq.broker.destination import settled_in_memory
-from spark_mq.broker.part import BrokerPart
+from spark_mq.broker.destination import Destination, settled_in_memory
+from spark_mq.broker.disposal import Disposer
+from spark_mq.broker.registry import Destinations
 from spark_mq.broker.selector import compile_selector
+from spark_mq.broker.subscription import Subscription
+from spark_mq.config import BrokerConfig
 from spark_mq.errors import (
     ConsumerRefused,
     DestinationExists,
     DestinationNotFound,
     SubscriptionNotFound,
 )
+from spark_mq.journal import Journal
 from spark_mq.schema import MESSAGE_SCHEMA, QUEUE_SUBSCRIPTION
-
-if TYPE_CHECKING:
-    from spark_mq.broker.destination import Destination
-    from spark_mq.broker.disposal import Disposer
-    from spark_mq.broker.subscription import Subscription
-    from spark_mq.journal.base import Kind
 
 log = logging.getLogger("spark_mq.broker.core")
 
 
-class Attaching(BrokerPart):
-    """Mixed into ``Broker``: relies on its state (``BrokerPart``), ``_consumer_ids``,
-    ``disposer`` and the admin part's lookups."""
+class Attachments:
+    """Every consumer attached to the broker, and what needs one: browse, purge."""
 
-    _consumer_ids: itertools.count[int]
-    disposer: Disposer
-
-    if TYPE_CHECKING:  # the admin part's lookups this part calls
-
-        def destination_for_use(self, name: str) -> Destination: ...
-        def _dest(self, name: str, *, kind: Kind | None = None) -> Destination: ...
-        def _administrable(self, name: str) -> Destination: ...
-        def delete_destination(
-            self, name: str, *, internal: bool = False, only_if_end: int | None = None
-        ) -> bool: ...
+    def __init__(
+        self,
+        destinations: Destinations,
+        journal: Journal,
+        config: BrokerConfig,
+        disposer: Disposer,
+        consumer_ids: itertools.count[int],
+    ) -> None:
+        self.destinations = destinations
+        self.journal = journal
+        self.config = config
+        self.disposer = disposer
+        self._consumer_ids = consumer_ids
 
     def attach(
         self,
@@ -66,7 +64,7 @@ class Attaching(BrokerPart):
         session has something to send (default: a ``threading.Event``).
         """
         compiled = compile_selector(selector)
-        dest = self.destination_for_use(destination)
+        dest = self.destinations.for_use(destination)
         with dest.lock:
             consumer_id = next(self._consumer_ids)
             sub = self._consumed_subscription(dest, subscription, durable, consumer_id)
@@ -106,14 +104,7 @@ class Attaching(BrokerPart):
         """A new temporary queue (memory only) and a consumer on it; the queue goes when that
         consumer does. Its name is ``session.subscription.destination``."""
         name = f"tmp.{uuid.uuid4().hex[:16]}"
-        with self._lock:
-            self.journal.create_temporary(name)
-            dest = self._new_destination(name, "queue")
-            dest.temporary = True
-            dest.subscriptions[QUEUE_SUBSCRIPTION] = self._subscription(
-                dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set(), durable=False
-            )
-            self._dests[name] = dest
+        self.destinations.create_temporary(name)
         session = self.attach(name, prefetch=prefetch, wakeup=wakeup)
         log.info(
             "temporary queue %s for consumer %d",
@@ -154,7 +145,9 @@ class Attaching(BrokerPart):
         sub = dest.subscriptions.get(key)
         if sub is None:
             end = self.journal.end_offset(dest.name)
-            sub = self._subscription(dest, key, end, next_offset=end, settled=set(), durable=False)
+            sub = self.destinations.new_subscription(
+                dest, key, end, next_offset=end, settled=set(), durable=False
+            )
             dest.subscriptions[key] = sub
         return sub
 
@@ -162,16 +155,18 @@ class Attaching(BrokerPart):
         """A non-durable subscription goes with its last consumer, a temporary queue with
         the consumer that made it."""
         sub = session.subscription
-        with self._lock:
-            dest = self._dests.get(sub.destination)
+        dest = self.destinations.find(sub.destination)
         if dest is None:
             return
-        dest.last_used = self.clock.monotonic()
+        dest.last_used = self.destinations.clock.monotonic()
         if dest.temporary:
             try:
-                self.delete_destination(dest.name, internal=True)
+                gone = self.destinations.remove(dest.name, internal=True)
             except DestinationNotFound:
-                pass  # deleted meanwhile
+                return  # deleted meanwhile
+            if gone is not None:
+                for s in list(gone.sessions.values()):
+                    s.close()
             return
         if sub.durable:
             return
@@ -179,21 +174,7 @@ class Attaching(BrokerPart):
             if not sub.consumers and dest.subscriptions.get(sub.name) is sub:
                 del dest.subscriptions[sub.name]
 
-    # -- browse, purge, limits -----------------------------------------------------------------
-    def _named_subscription(self, dest: Destination, name: str | None) -> Subscription:
-        key = QUEUE_SUBSCRIPTION if dest.kind == "queue" else name
-        with dest.lock:
-            sub = dest.subscriptions.get(key or "")
-        if sub is None:
-            raise SubscriptionNotFound(
-                f"topic {dest.name!r} has no subscription {name!r}"
-                if name
-                else f"{dest.name!r} is a topic: name the subscription",
-                destination=dest.name,
-                subscription=name or "",
-            )
-        return sub
-
+    # -- browse, purge ----------------------------------------------------------------------
     def browse(
         self,
         destination: str,
@@ -203,8 +184,8 @@ class Attaching(BrokerPart):
         selector: str | None = None,
     ) -> pa.Table:
         """Waiting messages in delivery order, without leasing them (a queue browser)."""
-        dest = self._dest(destination)
-        sub = self._named_subscription(dest, subscription)
+        dest = self.destinations.get(destination)
+        sub = self.destinations.subscription(dest, subscription)
         offsets = sub.browse(max(limit, 0), compile_selector(selector))
         if not offsets:
             return MESSAGE_SCHEMA.empty_table()
@@ -212,8 +193,8 @@ class Attaching(BrokerPart):
 
     def purge(self, destination: str, subscription: str | None = None) -> int:
         """Remove every waiting message (leased ones stay); returns how many, once durable."""
-        dest = self._administrable(destination)
-        sub = self._named_subscription(dest, subscription)
+        dest = self.destinations.administrable(destination)
+        sub = self.destinations.subscription(dest, subscription)
         n = len(sub.purge())
         for fut in self.disposer.run(dest, sub):
             fut.result()
@@ -221,8 +202,7 @@ class Attaching(BrokerPart):
         return n
 
     def detach(self, session: ConsumerSession) -> None:
-        with self._lock:
-            dest = self._dests.get(session.subscription.destination)
+        dest = self.destinations.find(session.subscription.destination)
         if dest is not None:
             with dest.lock:
                 dest.sessions.pop(session.consumer_id, None)

@@ -22,19 +22,18 @@ import itertools
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from spark_mq.broker import disposal
+from spark_mq.broker.destination import Destination
 from spark_mq.broker.recovery import CLAIMED, RELEASED_PREFIX, RETURNED
+from spark_mq.broker.registry import Destinations
+from spark_mq.broker.subscription import Subscription
 from spark_mq.errors import LeaseError, NotAllowed
+from spark_mq.journal import Journal
 from spark_mq.names import validate_name
 from spark_mq.schema import MESSAGE_SCHEMA
-
-if TYPE_CHECKING:
-    from spark_mq.broker.core import Broker, Destination
-    from spark_mq.broker.subscription import Subscription
 
 FOREVER = float("inf")
 
@@ -48,8 +47,11 @@ class Claimant:
 
 
 class Claims:
-    def __init__(self, broker: Broker, consumer_ids: itertools.count) -> None:
-        self._broker = broker
+    def __init__(
+        self, destinations: Destinations, journal: Journal, consumer_ids: itertools.count
+    ) -> None:
+        self.destinations = destinations
+        self.journal = journal
         self._ids = consumer_ids
         self._lock = threading.Lock()
         self._claimants: dict[tuple[str, str, str], Claimant] = {}
@@ -58,8 +60,8 @@ class Claims:
     def _subscription(
         self, destination: str, subscription: str | None
     ) -> tuple[Destination, Subscription]:
-        dest = self._broker._dest(destination)
-        return dest, self._broker._named_subscription(dest, subscription)
+        dest = self.destinations.get(destination)
+        return dest, self.destinations.subscription(dest, subscription)
 
     def _claimant(self, dest: str, sub: Subscription, name: str) -> Claimant:
         validate_name(name, "consumer")
@@ -128,7 +130,7 @@ class Claims:
         self, sub: Subscription, destination: str, offsets: list[int], outcome: str, reason: str
     ) -> None:
         """Make settlement rows for ``offsets`` durable before anyone is told (claims, releases)."""
-        self._broker.journal.settle(
+        self.journal.settle(
             destination, offsets, subscription=sub.name, outcome=outcome, reason=reason
         ).result()
 
@@ -194,7 +196,7 @@ class Claims:
                     f"{refused[0].reason}",
                     destination=dest.name,
                 )
-            fut = self._broker.journal.settle(dest.name, ok, subscription=sub.name)
+            fut = self.journal.settle(dest.name, ok, subscription=sub.name)
             try:
                 fut.result()
             except BaseException:

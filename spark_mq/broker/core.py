@@ -1,7 +1,21 @@
-"""The broker: destinations, subscriptions and consumers above the journal. This module has its
-life (start, recovery, timers, close) and the produce path; two parts are mixed in: administering
-destinations (:mod:`spark_mq.broker.admin_ops`) and attaching consumers, browsing and purging
-(:mod:`spark_mq.broker.attaching`).
+"""The broker: destinations, subscriptions and consumers above the journal, made of parts
+that each own one concern and share the destinations registry (:mod:`~spark_mq.broker.
+registry`) and the journal:
+
+===============  ===============================================================================
+``destinations`` the map of destinations and its lock; finding, making, letting go (registry)
+``admin``        creating, configuring, deleting destinations and subscriptions; statistics
+``consumers``    attaching consumers, temporary queues, browse, purge (attaching)
+``producing``    the produce path: checks, limits, duplicate detection, append
+``limits``       flow control: message and byte limits, memory states
+``disposer``     returns, dead-letter and expiry moves (disposal)
+``claims``       a Spark query's claims
+``transactions`` local transactions
+``moves``        moves and redrives
+===============  ===============================================================================
+
+This module has the broker's life (start, recovery, timers, close) and its face to the session
+layer: each method hands the work to the part whose it is.
 
 Thread-safety: every public method may be called from any thread (the Flight server calls them
 from its gRPC threads).
@@ -20,54 +34,43 @@ from concurrent.futures import Future
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from spark_mq.broker import transactions
-from spark_mq.broker.admin_ops import DestinationAdmin
-from spark_mq.broker.attaching import Attaching
+from spark_mq.broker.admin import DestinationAdmin
+from spark_mq.broker.attaching import Attachments
 from spark_mq.broker.claims import Claims
-from spark_mq.broker.commands import TransactionAck
-from spark_mq.broker.dedup import DuplicateCache, combine
-from spark_mq.broker.destination import (
-    Destination,
-    default_expiry,
-    hot_tier_settings,
-    make_store,
-)
+from spark_mq.broker.consumers import ConsumerSession, Wakeup
+from spark_mq.broker.destination import Destination, hot_tier_settings, make_store
 from spark_mq.broker.disk import DiskMonitor, journal_disk
 from spark_mq.broker.disposal import Disposer
 from spark_mq.broker.limits import Limits
 from spark_mq.broker.memory import MemoryMonitor
-from spark_mq.broker.message_store import MessageStore
+from spark_mq.broker.moving import Moves
+from spark_mq.broker.producing import Producing
 from spark_mq.broker.recovery import recover_destination
-from spark_mq.broker.selector import Selector, compile_selector
+from spark_mq.broker.registry import Destinations
+from spark_mq.broker.selector import compile_selector
 from spark_mq.broker.subscription import Subscription
 from spark_mq.broker.tenure import Tenure
+from spark_mq.broker.transactions import Transactions
 from spark_mq.clock import Clock, SystemClock
-from spark_mq.config import BrokerConfig, DestinationSettings
-from spark_mq.errors import (
-    ConfigError,
-    Deposed,
-    MessageTooLarge,
-    NotAllowed,
-)
+from spark_mq.commands import TransactionAck
+from spark_mq.config import BrokerConfig
+from spark_mq.errors import ConfigError, Deposed, NotAllowed
 from spark_mq.journal import DestinationInfo, Journal, LogStore
 from spark_mq.journal.base import Kind
 from spark_mq.journal.dir_lock import DataDirLock, lock_dir
 from spark_mq.journal.hot_tier import has_segments
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.journal.timing import CommitTiming
-from spark_mq.plain import PlainMessage, plain_batch
-from spark_mq.schema import (
-    body_too_large,
-    normalize_produce_batch,
-)
+from spark_mq.messages import Messages
+from spark_mq.version import __version__
 
 log = logging.getLogger(__name__)
 _CLOSE_MOVES_S = 30.0  # how long a clean shutdown waits for dead-letter and expiry moves
 
 
-class Broker(DestinationAdmin, Attaching):
+class Broker:
     def __init__(
         self,
         config: BrokerConfig | None = None,
@@ -91,8 +94,6 @@ class Broker(DestinationAdmin, Attaching):
             hot_tier=hot_tier_settings(self.config) if store.durable else None,
             timing=self.timing,
         )
-        self._lock = threading.RLock()
-        self._dests: dict[str, Destination] = {}
         self._consumer_ids = itertools.count(1)
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
@@ -113,9 +114,21 @@ class Broker(DestinationAdmin, Attaching):
         self.started_at = time.time()
         self.memory = MemoryMonitor(self.config.limits.memory_budget_bytes)
         self.disk = DiskMonitor(journal_disk(self.config), self.config.limits.min_free_disk_bytes)
-        self.claims = Claims(self, self._consumer_ids)
-        self.disposer = Disposer(self)
-        self.limits = Limits(self)
+        # the parts (see the module), each given what it works on
+        journal, config = self.journal, self.config
+        self.destinations = d = Destinations(config, self.clock, journal)
+        self.disposer = Disposer(
+            d, journal, lambda dest, rows: self.producing.store_checked(dest, rows)
+        )
+        self.limits = Limits(d, journal, config, self.clock, self.memory, self.disposer, self._stop)
+        self.producing = Producing(d, journal, config, self.clock, self.disk, self.limits)
+        self.admin = DestinationAdmin(d, journal, config, self.memory, self.disk, self.ha_state)
+        self.consumers = Attachments(d, journal, config, self.disposer, self._consumer_ids)
+        self.claims = Claims(d, journal, self._consumer_ids)
+        self.transactions = Transactions(
+            d, journal, self.producing, self.limits, self.disk, self.clock
+        )
+        self.moves = Moves(d, self.consumers, self.transactions)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, *, run_timers: bool = True, tenure: Tenure | None = None) -> None:
@@ -193,10 +206,7 @@ class Broker(DestinationAdmin, Attaching):
 
     def status(self) -> dict[str, Any]:
         """What an operator asks first: version, phase, role, uptime, memory and disk."""
-        from spark_mq.version import __version__
-
-        with self._lock:
-            n = sum(1 for d in self._dests.values() if not d.temporary)
+        n = sum(1 for d in self.destinations.all() if not d.temporary)
         return {
             "version": __version__,
             "phase": self.phase,
@@ -249,12 +259,10 @@ class Broker(DestinationAdmin, Attaching):
         self._stop.set()
         if self._timer is not None:
             self._timer.join()
-        with self._lock:
-            sessions = [s for d in self._dests.values() for s in d.sessions.values()]
+        sessions = [s for d in self.destinations.all() for s in d.sessions.values()]
         for s in sessions:
             s.close()
-        with self._lock:
-            dests = list(self._dests.values())
+        dests = self.destinations.all()
         for dest in dests:  # record the returns the last timer run did not see
             with dest.lock:
                 subs = list(dest.subscriptions.values())
@@ -273,12 +281,13 @@ class Broker(DestinationAdmin, Attaching):
         self.phase = "stopped"
 
     def _recover(self, info: DestinationInfo) -> None:
+        d = self.destinations
         subs, rows = recover_destination(self.journal, info)
-        dest = self._new_destination(info.name, info.kind, info.settings)
-        self._refill_dedup(dest)
-        dest.store.add(rows)
+        dest = d.build(info.name, info.kind, info.settings)
+        d.refill_dedup(dest)
+        dest.store.add(Messages.of(rows))
         for rs in subs:
-            dest.subscriptions[rs.name] = self._subscription(
+            dest.subscriptions[rs.name] = d.new_subscription(
                 dest,
                 rs.name,
                 rs.start_offset,
@@ -288,8 +297,7 @@ class Broker(DestinationAdmin, Attaching):
                 selector=compile_selector(info.subscriptions[rs.name].selector),
             )
             self.claims.restore(info.name, dest.subscriptions[rs.name], rs.claims, rs.released)
-        with self._lock:
-            self._dests[info.name] = dest
+        d.add(dest)
         log.info(
             "destination %s (%s): end offset %d, %d unsettled row(s) in memory",
             info.name,
@@ -297,72 +305,6 @@ class Broker(DestinationAdmin, Attaching):
             self.journal.end_offset(info.name),
             dest.store.rows,
         )
-
-    def _new_destination(
-        self, name: str, kind: Kind, overrides: dict[str, Any] | None = None
-    ) -> Destination:
-        d = self.config.duplicates
-        cache = DuplicateCache(d.cache_size, d.window_s) if d.cache_size else None
-        overrides = dict(overrides or {})
-        unknown = [k for k in overrides if k not in DestinationSettings.model_fields]
-        if unknown:  # recorded by another version: say so, do not refuse to start
-            log.warning("%s: ignoring unknown recorded setting(s) %s", name, unknown)
-            overrides = {k: v for k, v in overrides.items() if k not in unknown}
-        settings = self.config.destinations.with_overrides(overrides)
-        store = MessageStore(lambda start, end: self.journal.read_messages(name, start, end))
-        dest = Destination(name, kind, settings, overrides, store=store, dedup=cache)
-        dest.last_used = self.clock.monotonic()
-        return dest
-
-    def _refill_dedup(self, dest: Destination) -> None:
-        """Recent dedup ids from the log's newest rows, so a resend after a crash is caught."""
-        if dest.dedup is None:
-            return
-        end = self.journal.end_offset(dest.name)
-        start = max(0, end - dest.dedup.size)
-        if start == end:
-            return
-        rows = self.journal.read_messages(dest.name, start, end)
-        since = self.clock.wall() - dest.dedup.window_s
-        at = pc.divide(rows["enqueue_time"].cast(pa.int64()), 1_000_000.0)
-        for dedup_id, offset, t in zip(
-            rows["dedup_id"].to_pylist(),
-            rows["offset"].to_pylist(),
-            at.to_pylist(),
-            strict=True,
-        ):
-            if dedup_id is not None and t >= since:
-                dest.dedup.remember(dedup_id, offset, t)
-
-    def _subscription(
-        self,
-        dest: Destination,
-        name: str,
-        start: int,
-        *,
-        next_offset: int,
-        settled: set[int],
-        returned: dict[int, int] | None = None,
-        selector: Selector | None = None,
-        durable: bool = True,
-    ) -> Subscription:
-        sub = Subscription(
-            dest.name,
-            name,
-            dest.store,
-            start_offset=start,
-            settled=settled,
-            returned=returned,
-            lease_s=self.config.delivery.mark_interval_s,
-            monotonic=self.clock.monotonic,
-            wall=self.clock.wall,
-            settings=dest.settings,
-            selector=selector,
-            durable=durable,
-            max_scan=self.config.delivery.max_scan,
-        )
-        sub.next_offset = next_offset
-        return sub
 
     def _timer_loop(self) -> None:
         interval = self.config.delivery.lease_check_interval_ms / 1000
@@ -385,8 +327,7 @@ class Broker(DestinationAdmin, Attaching):
             reap = now >= self._next_reap
         if reap:
             self._next_reap = now + self.config.delivery.expiry_scan_interval_s
-        with self._lock:
-            dests = list(self._dests.values())
+        dests = self.destinations.all()
         for dest in dests:
             with dest.lock:
                 subs = list(dest.subscriptions.values())
@@ -417,16 +358,16 @@ class Broker(DestinationAdmin, Attaching):
         end = self.journal.end_offset(dest.name)
         if any(sub.depth_estimate(end) for sub in subs):
             return
-        with self._lock:  # a producer or consumer arriving now waits for the decision
+        with self.destinations.lock:  # a producer or consumer arriving now waits for it
             if (
                 dest.sessions
-                or self._dests.get(dest.name) is not dest
+                or self.destinations.find(dest.name) is not dest
                 or self.clock.monotonic() - dest.last_used < self.config.broker.auto_delete_delay_s
             ):
                 return
             # deleted only if nothing was appended since ``end`` was read: an append that got
             # in between was acknowledged, then deleted with the queue
-            if not self.delete_destination(dest.name, internal=True, only_if_end=end):
+            if not self.admin.delete_destination(dest.name, internal=True, only_if_end=end):
                 return
         log.info(
             "auto-deleted %s %s: unused and empty",
@@ -435,130 +376,98 @@ class Broker(DestinationAdmin, Attaching):
             extra={"destination": dest.name},
         )
 
+    def _store_copy(self, destination: str, rows: pa.Table) -> Future:
+        return self.producing.store_checked(destination, rows)
+
     # -- the journal tells us what became durable ---------------------------------------------
-    def _on_commit(self, destination: str, rows: pa.Table) -> None:
-        # (no broker lock: a deletion holds it while it waits for the writer of this commit)
-        dest = self._dests.get(destination)
-        if dest is None:
-            return
-        with dest.lock:
-            dest.produced_total += rows.num_rows
-            if not dest.subscriptions:
-                return  # a topic nobody subscribes to: the log keeps it, memory need not
-            dest.store.add(rows)
-            subs = list(dest.subscriptions.values())
-        for sub in subs:
-            sub.wake()
+    def _on_commit(self, destination: str, messages: Messages) -> None:
+        self.destinations.committed(destination, messages)
 
-    # -- produce / consume -------------------------------------------------------------------
+    # -- the face the session layer sees: each call goes to the part whose work it is ----------
     def produce(
-        self,
-        destination: str,
-        batch: pa.RecordBatch | pa.Table,
-        inline: InlineCommit | None = None,
+        self, destination: str, messages: Messages, inline: InlineCommit | None = None
     ) -> Future:
-        """Check and append a batch; the future resolves once it is durable (``inline``: its
-        holder commits it, see :class:`~spark_mq.journal.inline_commit.InlineCommit`).
-
-        To an ``AppendResult``; or, when some rows were duplicates (their dedup id was stored
-        within the window), to a ``ProduceResult`` giving each row the offset its original has.
-        """
-        dest = self.destination_for_use(destination)
-        self.disk.admit(destination)
-        now = self.clock.wall()
-        rows = self._checked_rows(dest, batch, now)
-        self.limits.make_room(dest, rows.num_rows, rows["body"].nbytes)
-        self.limits.admit_memory(dest, rows.get_total_buffer_size())
-        return self._store(dest, rows, now, inline)
-
-    def produce_plain(
-        self, destination: str, message: PlainMessage, inline: InlineCommit | None = None
-    ) -> Future:
-        """:meth:`produce` for one plain message (:mod:`spark_mq.plain`), with the same checks
-        and the same stored row, built without Arrow."""
-        dest = self.destination_for_use(destination)
-        self.disk.admit(destination)
-        if dest.settings.default_ttl_ms:  # the row gets an expiry time: not plain
-            return self.produce(destination, plain_batch(message), inline)
-        now = self.clock.wall()
-        limit = self.config.limits.max_message_bytes
-        if len(message.body) > limit:
-            raise body_too_large(len(message.body), limit, dest.name)
-        message.enqueue_time_us = int(now * 1_000_000)
-        self.limits.make_room(dest, 1, len(message.body))
-        self.limits.admit_memory(dest, message.nbytes)
-        cache = dest.dedup
-        if cache is None or message.dedup_id is None:
-            return self.journal.append_plain(dest.name, message, inline)
-        with dest.produce_lock:
-            claim = cache.claim_one(message.dedup_id, now)
-            if claim is None:  # seen before, or ids held as runs: claim() tells
-                keep, dups, claim = cache.claim([message.dedup_id], now)
-                if dups:
-                    return combine(1, keep, None, dups)
-            try:
-                stored = self.journal.append_plain(dest.name, message, inline)
-            except BaseException:
-                cache.release(claim)
-                raise
-            cache.bind(claim, stored)
-            return stored
+        """Check and append messages (see :meth:`Producing.produce
+        <spark_mq.broker.producing.Producing.produce>`)."""
+        return self.producing.produce(destination, messages, inline)
 
     def store_checked(self, destination: str, batch: pa.Table) -> Future:
-        """Store produce columns in ``destination`` as the broker itself, past every limit (a
-        message moved to a dead-letter or expiry queue frees as much as it takes)."""
-        dest = self._dest(destination)
-        now = self.clock.wall()
-        return self._store(dest, self._checked_rows(dest, batch, now), now)
+        return self.producing.store_checked(destination, batch)
 
     def commit_transaction(
         self, acks: list[TransactionAck], messages: pa.Table | None
     ) -> dict[str, list[int]]:
-        """Send and ack atomically (``spark_mq.broker.transactions.commit``)."""
-        return transactions.commit(self, acks, messages)
+        """Send and ack atomically (:mod:`spark_mq.broker.transactions`)."""
+        return self.transactions.commit(acks, messages)
 
-    def _checked_rows(self, dest: Destination, batch: pa.RecordBatch | pa.Table, now: float):
-        limit = self.config.limits.max_batch_bytes
-        # the size of its buffers: .nbytes walks every array to find shared ones (~17 us a
-        # batch); a batch read off the wire shares none
-        size = batch.get_total_buffer_size()
-        if size > limit:
-            raise MessageTooLarge(
-                f"a batch of {size} bytes is over the limit of {limit} bytes "
-                "(setting limits.max_batch_bytes): send smaller batches",
-                destination=dest.name,
-                size=size,
-                limit=limit,
-            )
-        rows = normalize_produce_batch(
-            batch,
-            enqueue_time_us=int(now * 1_000_000),
-            max_message_bytes=self.config.limits.max_message_bytes,
-            destination=dest.name,
+    def create_destination(
+        self, name: str, kind: Kind, settings: dict[str, Any] | None = None
+    ) -> bool:
+        return self.admin.create_destination(name, kind, settings)
+
+    def configure_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+        return self.admin.configure_destination(name, settings)
+
+    def delete_destination(self, name: str) -> bool:
+        return self.admin.delete_destination(name)
+
+    def create_subscription(self, destination: str, name: str, selector: str | None = None) -> bool:
+        return self.admin.create_subscription(destination, name, selector)
+
+    def delete_subscription(self, destination: str, name: str) -> None:
+        self.admin.delete_subscription(destination, name)
+
+    def has_subscription(self, destination: str, name: str) -> bool:
+        return self.admin.has_subscription(destination, name)
+
+    def list_destinations(self) -> list[dict[str, Any]]:
+        return self.admin.list_destinations()
+
+    def stats(self, name: str) -> dict[str, Any]:
+        return self.admin.stats(name)
+
+    def has_destination(self, name: str) -> bool:
+        return self.destinations.has(name)
+
+    def destination_kind(self, name: str) -> Kind | None:
+        return self.destinations.kind(name)
+
+    def destination_for_use(self, name: str) -> Destination:
+        return self.destinations.for_use(name)
+
+    def attach(
+        self,
+        destination: str,
+        subscription: str | None = None,
+        prefetch: int | None = None,
+        *,
+        selector: str | None = None,
+        durable: bool = True,
+        wakeup: Wakeup | None = None,
+    ) -> ConsumerSession:
+        """Attach a consumer (see :meth:`Attachments.attach
+        <spark_mq.broker.attaching.Attachments.attach>`)."""
+        return self.consumers.attach(
+            destination, subscription, prefetch, selector=selector, durable=durable, wakeup=wakeup
         )
-        if dest.settings.default_ttl_ms:
-            rows = default_expiry(rows, int(now * 1_000_000), dest.settings.default_ttl_ms)
-        return rows
 
-    def _store(
-        self, dest: Destination, rows: pa.Table, now: float, inline: InlineCommit | None = None
-    ) -> Future:
-        """Append checked rows through duplicate detection."""
-        cache = dest.dedup
-        if cache is None or rows["dedup_id"].null_count == rows.num_rows:
-            return self.journal.append(dest.name, rows, inline)
-        with dest.produce_lock:
-            keep, dups, claim = cache.claim(rows["dedup_id"], now)
-            stored = None
-            if keep:
-                try:
-                    kept = rows if not dups else rows.take(keep)
-                    stored = self.journal.append(dest.name, kept, inline)
-                except BaseException:
-                    cache.release(claim)
-                    raise
-                cache.bind(claim, stored)
-            if not dups:
-                assert stored is not None  # (no duplicate: every row was kept)
-                return stored
-        return combine(rows.num_rows, keep, stored, dups)
+    def attach_temporary(
+        self, prefetch: int | None = None, *, wakeup: Wakeup | None = None
+    ) -> ConsumerSession:
+        return self.consumers.attach_temporary(prefetch, wakeup=wakeup)
+
+    def detach(self, session: ConsumerSession) -> None:
+        self.consumers.detach(session)
+
+    def browse(
+        self,
+        destination: str,
+        subscription: str | None = None,
+        *,
+        limit: int = 100,
+        selector: str | None = None,
+    ) -> pa.Table:
+        return self.consumers.browse(destination, subscription, limit=limit, selector=selector)
+
+    def purge(self, destination: str, subscription: str | None = None) -> int:
+        return self.consumers.purge(destination, subscription)

@@ -19,13 +19,13 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_mq.commands import ProduceResult
 from spark_mq.journal.base import AppendResult
 
 
@@ -93,13 +93,15 @@ def as_run(ids: pa.Array | pa.ChunkedArray) -> tuple[str, int] | None:
     arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
     if arr.type != pa.string():
         return _as_run_slow(arr, prefix, expected)
-    ends = np.frombuffer(arr.buffers()[1], np.int32)[arr.offset : arr.offset + n + 1]
+    _, offsets, chars = arr.buffers()
+    assert offsets is not None and chars is not None  # (a string array has both)
+    ends = np.frombuffer(memoryview(offsets), np.int32)[arr.offset : arr.offset + n + 1]
     width = int(ends[1] - ends[0])
     if not (np.diff(ends) == width).all():
         return _as_run_slow(arr, prefix, expected)  # the numbers cross a power of ten
     head_bytes = np.frombuffer((prefix + "-").encode(), np.uint8)
     digits = width - len(head_bytes)
-    data = np.frombuffer(arr.buffers()[2], np.uint8)[ends[0] : ends[0] + n * width]
+    data = np.frombuffer(memoryview(chars), np.uint8)[ends[0] : ends[0] + n * width]
     rows = data.reshape(n, width)
     if digits < 1 or not (rows[:, : len(head_bytes)] == head_bytes).all():
         return None
@@ -120,18 +122,10 @@ def _as_run_slow(arr: pa.Array, prefix: str, expected: np.ndarray) -> tuple[str,
     if not np.array_equal(numbers.to_numpy(), expected):
         return None
     plain = np.floor(np.log10(np.maximum(expected, 1))).astype(np.int64) + 1
-    lengths = pc.binary_length(arr).to_numpy()
+    lengths = pc.binary_length(cast(pa.StringArray, arr)).to_numpy()
     if not np.array_equal(lengths, plain + len(prefix.encode()) + 1):
         return None
     return prefix, int(expected[0])
-
-
-@dataclass(frozen=True)
-class ProduceResult:
-    """What a produced batch became: an offset per row (a duplicate's is its original's)."""
-
-    offsets: list[int]
-    duplicates: int
 
 
 class DuplicateCache:

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from spark_mq.broker.dedup import DuplicateCache
 from spark_mq.broker.message_store import MessageStore
@@ -16,7 +15,7 @@ from spark_mq.config import BrokerConfig, DestinationSettings
 from spark_mq.journal import DeltaStore, LogStore, MemoryStore
 from spark_mq.journal.base import Kind
 from spark_mq.journal.hot_tier import HotTierSettings
-from spark_mq.schema import TS
+from spark_mq.schema import TS, fill_null
 
 if TYPE_CHECKING:
     from spark_mq.broker.consumers import ConsumerSession
@@ -55,7 +54,7 @@ def default_expiry(rows: pa.Table, now_us: int, ttl_ms: int) -> pa.Table:
         return rows
     default = pa.scalar(now_us + ttl_ms * 1000, pa.int64()).cast(TS)
     i = rows.schema.get_field_index("expiry_time")
-    return rows.set_column(i, rows.schema.field(i), pc.fill_null(expiry, default))
+    return rows.set_column(i, rows.schema.field(i), fill_null(expiry, default))
 
 
 def hot_tier_settings(config: BrokerConfig) -> HotTierSettings | None:

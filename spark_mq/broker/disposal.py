@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_mq.broker.destination import Destination
 from spark_mq.broker.recovery import RETURNED
+from spark_mq.broker.registry import Destinations
+from spark_mq.broker.subscription import Subscription
 from spark_mq.errors import SparkMQError
-from spark_mq.schema import HEADERS
-
-if TYPE_CHECKING:
-    from spark_mq.broker.core import Broker, Destination
-    from spark_mq.broker.subscription import Subscription
+from spark_mq.journal import Journal
+from spark_mq.schema import HEADERS, ints
 
 log = logging.getLogger(__name__)
 FILTERED = "filtered"  # settlement outcome: not selected by the subscription's selector
@@ -77,7 +77,7 @@ def side_copy(
     target: str,
 ) -> Copy:
     """Produce-ready copies of ``rows`` for ``target``, with where they came from in headers."""
-    offsets = rows["offset"].to_pylist()
+    offsets = ints(rows["offset"])
     headers = []
     for original, offset in zip(rows["headers"].to_pylist(), offsets, strict=True):
         h = dict(original or ())
@@ -117,8 +117,17 @@ class Disposer:
     records returned and selector-filtered deliveries, and moves doomed messages to their side
     queue (or drops them), settling each original once its copy is durable."""
 
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(
+        self,
+        destinations: Destinations,
+        journal: Journal,
+        store: Callable[[str, pa.Table], Future],
+    ) -> None:
+        self.destinations = destinations
+        self.journal = journal
+        # stores a copy as the broker itself, past every limit: a move frees as much as it
+        # takes (the producing part's store_checked)
+        self._store = store
         self._lock = threading.Lock()
         self._under_way: set[Future] = set()  # moves whose original is not settled yet
 
@@ -151,7 +160,7 @@ class Disposer:
         returned, filtered = sub.drain_log()
         if not sub.durable:
             return []
-        journal = self._broker.journal
+        journal = self.journal
         return [
             journal.settle(dest.name, offsets, subscription=sub.name, outcome=outcome)
             for offsets, outcome in ((returned, RETURNED), (filtered, FILTERED))
@@ -166,7 +175,6 @@ class Disposer:
         offsets: list[int],
         counts: dict[int, int],
     ) -> Future:
-        broker = self._broker
         target = side_queue(
             dest.name, why, dead_letter=dest.settings.dead_letter, expiry=dest.settings.expiry
         )
@@ -192,7 +200,7 @@ class Disposer:
                 finished()
             else:
                 try:
-                    broker.journal.settle(
+                    self.journal.settle(
                         dest.name, offsets, subscription=sub.name, outcome=outcome, reason=reason
                     ).add_done_callback(finished)
                 except SparkMQError as exc:  # the destination went, or the broker is closing
@@ -205,8 +213,8 @@ class Disposer:
             if target is None:
                 settle()
                 return done
-            if not broker.has_destination(target):
-                broker.create_destination(target, "queue", SIDE_QUEUE_SETTINGS)
+            if not self.destinations.has(target):
+                self.destinations.create(target, "queue", dict(SIDE_QUEUE_SETTINGS))
             copy = side_copy(
                 dest.store.take(offsets),
                 destination=dest.name,
@@ -217,7 +225,7 @@ class Disposer:
             )
             # not through produce(): a move frees as much as it takes, so limits and memory
             # states must not block it (it runs on the timer thread)
-            broker.store_checked(copy.target, copy.rows).add_done_callback(settle)
+            self._store(copy.target, copy.rows).add_done_callback(settle)
         except BaseException as exc:
             if not done.done():
                 done.set_exception(exc)  # nothing under way (the caller unclaims the offsets)

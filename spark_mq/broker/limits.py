@@ -3,24 +3,41 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import TYPE_CHECKING
 
-from spark_mq.broker.memory import THROTTLE_S
+from spark_mq.broker.destination import Destination
+from spark_mq.broker.disposal import Disposer
+from spark_mq.broker.memory import THROTTLE_S, MemoryMonitor
+from spark_mq.broker.registry import Destinations
+from spark_mq.clock import Clock
+from spark_mq.config import BrokerConfig
 from spark_mq.errors import DestinationFull
-
-if TYPE_CHECKING:
-    from spark_mq.broker.core import Broker, Destination
+from spark_mq.journal import Journal
 
 
 class Limits:
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(
+        self,
+        destinations: Destinations,
+        journal: Journal,
+        config: BrokerConfig,
+        clock: Clock,
+        memory: MemoryMonitor,
+        disposer: Disposer,
+        stopping: threading.Event,
+    ) -> None:
+        self.destinations = destinations
+        self.journal = journal
+        self.config = config
+        self.clock = clock
+        self.memory = memory
+        self.disposer = disposer
+        self._stopping = stopping  # the broker closes: a blocked producer gives up
 
     def usage(self, dest: Destination) -> tuple[int, int]:
         """Unsettled messages (of the slowest subscription) and bytes held for ``dest``."""
-        b = self._broker
-        end = b.journal.end_offset(dest.name)
+        end = self.journal.end_offset(dest.name)
         with dest.lock:
             subs = list(dest.subscriptions.values())
         depth = max((s.depth_estimate(end) for s in subs), default=0)
@@ -29,25 +46,22 @@ class Limits:
     def may_wait(self, destination: str) -> bool:
         """Whether a produce to ``destination`` could wait now: a ``block`` overflow policy
         with a limit set, or the memory in state orange or red (a cheap over-estimate)."""
-        b = self._broker
-        if b.memory.state in ("orange", "red"):
+        if self.memory.state in ("orange", "red"):
             return True
-        lim = b.config.limits
+        lim = self.config.limits
         if lim.overflow == "block" and (lim.max_messages or lim.max_bytes):
             return True
-        with b._lock:
-            dest = b._dests.get(destination)
-        st = dest.settings if dest is not None else b.config.destinations
+        dest = self.destinations.find(destination)
+        st = dest.settings if dest is not None else self.config.destinations
         return st.overflow == "block" and bool(st.max_messages or st.max_bytes)
 
     def make_room(self, dest: Destination, n: int, size: int) -> None:
         """Apply the destination's and the broker's limits to ``n`` messages of ``size`` bytes
         of bodies about to be stored."""
-        b = self._broker
-        st, lim = dest.settings, b.config.limits
+        st, lim = dest.settings, self.config.limits
         if not (st.max_messages or st.max_bytes or lim.max_messages or lim.max_bytes):
             return
-        deadline = b.clock.monotonic() + lim.block_timeout_s
+        deadline = self.clock.monotonic() + lim.block_timeout_s
 
         def over() -> tuple[str, bool, int] | None:
             """What is over a limit: why, whether broker-wide, and how many messages too many."""
@@ -58,7 +72,7 @@ class Limits:
             if st.max_bytes and held + size > st.max_bytes:
                 return f"{dest.name!r} holds {held} of at most {st.max_bytes} bytes", False, n
             if lim.max_messages or lim.max_bytes:
-                usage = [self.usage(d) for d in list(b._dests.values())]
+                usage = [self.usage(d) for d in self.destinations.all()]
                 total_n, total_b = sum(u[0] for u in usage), sum(u[1] for u in usage)
                 if lim.max_messages and total_n + n > lim.max_messages:
                     why = f"the broker holds {total_n} of at most {lim.max_messages} messages"
@@ -78,9 +92,13 @@ class Limits:
                     policy = "reject"  # nothing waiting to drop (all leased)
                 else:
                     for sub in subs:
-                        b.disposer.run(dest, sub)
+                        self.disposer.run(dest, sub)
                     return
-            if policy == "block" and b.clock.monotonic() < deadline and not b._stop.is_set():
+            if (
+                policy == "block"
+                and self.clock.monotonic() < deadline
+                and not self._stopping.is_set()
+            ):
                 time.sleep(0.01)
                 continue
             setting = "limits" if system else f"destination {dest.name!r}"
@@ -93,16 +111,16 @@ class Limits:
     def admit_memory(self, dest: Destination, size: int) -> None:
         """Throttle producers at orange, block them at red (the seeds' memory states); ``size``:
         the bytes about to be held."""
-        b = self._broker
-        state = b.memory.note_added(size)
+        memory = self.memory
+        state = memory.note_added(size)
         if state == "orange":
             time.sleep(THROTTLE_S)
         elif state == "red":
-            timeout = b.config.limits.block_timeout_s
-            if not b.memory.wait_below_red(timeout):
+            timeout = self.config.limits.block_timeout_s
+            if not memory.wait_below_red(timeout):
                 raise DestinationFull(
-                    f"the broker's memory is in state red ({b.memory.used} of "
-                    f"{b.memory.budget} bytes): producers blocked {timeout}s and it did not "
+                    f"the broker's memory is in state red ({memory.used} of "
+                    f"{memory.budget} bytes): producers blocked {timeout}s and it did not "
                     "improve; consume, or raise limits.memory_budget_bytes",
                     destination=dest.name,
                 )

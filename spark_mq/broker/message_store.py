@@ -15,14 +15,14 @@ import bisect
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.plain import PlainMessage, PlainRows
-from spark_mq.schema import DEFAULT_PRIORITY
+from spark_mq.messages import Messages, PlainMessage
+from spark_mq.schema import DEFAULT_PRIORITY, Column, fill_null
 
 NEVER = np.iinfo(np.int64).max  # an absent expiry / delivery time, in microseconds
 _ONE_PRIORITY = np.array([DEFAULT_PRIORITY], np.int32)  # a plain message's (shared, read only)
@@ -32,7 +32,7 @@ _ONE_PRIORITY.flags.writeable = False
 def _micros(column: pa.ChunkedArray, absent: int) -> np.ndarray | None:
     if column.null_count == len(column):
         return None
-    return pc.fill_null(column.cast(pa.int64()), absent).to_numpy()
+    return fill_null(column.cast(pa.int64()), absent).to_numpy()
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Chunk:
     groups: list[str | None] | None
     expiry_us: np.ndarray | None  # NEVER where absent
     deliver_us: np.ndarray | None  # 0 where absent
-    plain: PlainRows | None = None  # the messages as they came, while their bodies are held
+    plain: Messages | None = None  # plain messages as they came, while their bodies are held
     evicted: bool = False  # bodies dropped from memory (re-read from the journal on delivery)
     _props: list[dict[str, Any]] | None = field(default=None, repr=False)
 
@@ -67,18 +67,19 @@ class Chunk:
         unless its bodies are evicted. A plain chunk's table, once built, is not counted: for
         one message (the usual plain chunk) it shares the body, for more it copies them."""
         if self.plain is not None:
-            return self.plain.get_total_buffer_size()
+            return self.plain.nbytes
         return self.table.get_total_buffer_size()
 
     @classmethod
-    def of(cls, rows: pa.Table | PlainRows) -> Chunk:
-        if isinstance(rows, PlainRows):
-            return cls.of_plain(rows)
+    def of(cls, messages: Messages) -> Chunk:
+        if messages.plain is not None:
+            return cls.of_plain(messages, messages.plain)
+        rows = messages.table()
         # the rows stay as committed (one flush can hold several produced batches): combining
         # them copied every body into freshly mapped memory, per flush
-        groups, priority = rows["group_id"], rows["priority"]
+        groups, priority = rows["group_id"], cast(Column, rows["priority"])
         if priority.null_count:  # the broker fills priorities in; older data may lack them
-            priority = pc.fill_null(priority, 4)
+            priority = fill_null(priority, DEFAULT_PRIORITY)
         return cls(
             rows["offset"].to_numpy(),
             rows,
@@ -89,15 +90,16 @@ class Chunk:
         )
 
     @classmethod
-    def of_plain(cls, rows: PlainRows) -> Chunk:
-        """Plain messages: the default priority, no group, expiry or delivery time."""
-        n = rows.num_rows
+    def of_plain(cls, messages: Messages, plain: list[PlainMessage]) -> Chunk:
+        """Plain messages (``messages`` holds them): the default priority, no group, expiry or
+        delivery time."""
+        n = len(plain)
         if n == 1:
-            offsets = np.array([rows.items[0].offset], np.int64)
+            offsets = np.array([plain[0].offset], np.int64)
         else:
-            offsets = np.fromiter((m.offset for m in rows.items), np.int64, n)
+            offsets = np.fromiter((m.offset for m in plain), np.int64, n)
         priority = _ONE_PRIORITY if n == 1 else np.full(n, DEFAULT_PRIORITY, np.int32)
-        return cls(offsets, None, priority, None, None, None, plain=rows)
+        return cls(offsets, None, priority, None, None, None, plain=messages)
 
     def props(self, i: int) -> dict[str, Any]:
         """What a selector sees of row ``i``: its headers, then the JMS fields."""
@@ -179,11 +181,11 @@ class MessageStore:
         self._nbytes = 0
         self._end = 0  # one past the last chunk's last offset (0: none), asked at every delivery
 
-    def add(self, rows: pa.Table | PlainRows) -> None:
-        """Add rows whose offsets are sorted and above every offset already held."""
-        if rows.num_rows == 0:
+    def add(self, messages: Messages) -> None:
+        """Add messages whose offsets are sorted and above every offset already held."""
+        if messages.num_rows == 0:
             return
-        chunk = Chunk.of(rows)
+        chunk = Chunk.of(messages)
         first, end = int(chunk.offsets[0]), int(chunk.offsets[-1]) + 1
         with self._lock:
             if self._chunks and first < self._end:
@@ -235,12 +237,13 @@ class MessageStore:
             firsts, chunks = self._firsts, self._chunks
             for offset in offsets:
                 i = bisect.bisect_right(firsts, offset) - 1
-                if i < 0 or (rows := chunks[i].plain) is None:  # evicted chunks have none
+                held = chunks[i].plain if i >= 0 else None  # evicted chunks have none
+                if held is None or (rows := held.plain) is None:
                     return None
                 j = offset - firsts[i]  # a commit's plain messages have consecutive offsets
-                if j >= len(rows.items) or rows.items[j].offset != offset:
+                if j >= len(rows) or rows[j].offset != offset:
                     return None
-                out.append(rows.items[j])
+                out.append(rows[j])
         return out
 
     def take(self, offsets: Iterable[int]) -> pa.Table:
@@ -273,7 +276,7 @@ class MessageStore:
             if idx[-1] - idx[0] + 1 == len(idx):  # a run of rows: a slice, no copy
                 parts.append(chunk.table.slice(int(idx[0]), len(idx)))
             else:
-                parts.append(chunk.table.take(pa.array(idx)))
+                parts.append(chunk.table.take(idx))
         if not parts:
             raise KeyError("none of the requested offsets is held")
         return parts[0] if len(parts) == 1 else pa.concat_tables(parts)

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_mq.journal import DestinationInfo, Journal
+from spark_mq.schema import equal_to, ints, strings
 
 COMPACTED = "compacted"  # settlement outcome: every offset below this row's offset is settled
 # a delivery came back unsettled (nack, lapsed lease, consumer gone): not a settlement, but
@@ -65,9 +66,9 @@ def settled_by_subscription(settlements: pa.Table) -> dict[str, Settled]:
     settlements = settlements.filter(
         pc.invert(pc.is_in(settlements["outcome"], pa.array(NOT_SETTLED, pa.string())))
     )
-    for name in pc.unique(settlements["subscription"]).to_pylist():
-        rows = settlements.filter(pc.equal(settlements["subscription"], name))
-        marks = pc.equal(rows["outcome"], COMPACTED)
+    for name in strings(pc.unique(settlements["subscription"])):
+        rows = settlements.filter(equal_to(settlements["subscription"], name))
+        marks = equal_to(rows["outcome"], COMPACTED)
         below = pc.max(rows.filter(marks)["offset"]).as_py() or 0
         offsets = np.unique(rows.filter(pc.invert(marks))["offset"].to_numpy())
         out[name] = Settled(below, offsets)
@@ -125,7 +126,7 @@ def returned_counts(settlements: pa.Table) -> dict[str, dict[int, int]]:
 
 
 def _counts(settlements: pa.Table, outcome: str) -> dict[str, dict[int, int]]:
-    rows = settlements.filter(pc.equal(settlements["outcome"], outcome))
+    rows = settlements.filter(equal_to(settlements["outcome"], outcome))
     out: dict[str, dict[int, int]] = {}
     if rows.num_rows == 0:
         return out
@@ -133,9 +134,9 @@ def _counts(settlements: pa.Table, outcome: str) -> dict[str, dict[int, int]]:
     rows = rows.group_by(["subscription", "offset", "settle_time"]).aggregate([])
     grouped = rows.group_by(["subscription", "offset"]).aggregate([("settle_time", "count")])
     for name, offset, n in zip(
-        grouped["subscription"].to_pylist(),
-        grouped["offset"].to_pylist(),
-        grouped["settle_time_count"].to_pylist(),
+        strings(grouped["subscription"]),
+        ints(grouped["offset"]),
+        ints(grouped["settle_time_count"]),
         strict=True,
     ):
         out.setdefault(name, {})[offset] = n
@@ -144,14 +145,10 @@ def _counts(settlements: pa.Table, outcome: str) -> dict[str, dict[int, int]]:
 
 def released_claimants(settlements: pa.Table) -> dict[str, set[str]]:
     """Per subscription: the claimants whose claims were released (they may not claim again)."""
-    rows = settlements.filter(
-        pc.and_(
-            pc.equal(settlements["outcome"], RETURNED),
-            pc.starts_with(pc.fill_null(settlements["reason"], ""), RELEASED_PREFIX),
-        )
-    )
+    returned = settlements.filter(equal_to(settlements["outcome"], RETURNED))
+    rows = returned.filter(pc.starts_with(returned["reason"], RELEASED_PREFIX))  # (null: no)
     out: dict[str, set[str]] = {}
-    subs, reasons = rows["subscription"].to_pylist(), rows["reason"].to_pylist()
+    subs, reasons = strings(rows["subscription"]), strings(rows["reason"])
     for sub, reason in zip(subs, reasons, strict=True):
         out.setdefault(sub, set()).add(reason[len(RELEASED_PREFIX) :])
     return out
@@ -162,14 +159,12 @@ def claims_of(
 ) -> dict[str, dict[str, dict[int, list[int]]]]:
     """Per subscription: each claimant's claims (number -> offsets), settled or not; a claimant
     in ``released`` (per subscription, :func:`released_claimants`) holds none."""
-    rows = settlements.filter(pc.equal(settlements["outcome"], CLAIMED))
+    rows = settlements.filter(equal_to(settlements["outcome"], CLAIMED))
     out: dict[str, dict[str, dict[int, list[int]]]] = {}
-    seen: set[tuple[str, str, int]] = set()  # a row read twice while the hot tier moves
+    seen: set[tuple[str, str | None, int]] = set()  # a row read twice while the hot tier moves
+    reasons: list[str | None] = rows["reason"].to_pylist()
     for sub, offset, reason in zip(
-        rows["subscription"].to_pylist(),
-        rows["offset"].to_pylist(),
-        rows["reason"].to_pylist(),
-        strict=True,
+        strings(rows["subscription"]), ints(rows["offset"]), reasons, strict=True
     ):
         if (sub, reason, offset) in seen:
             continue

@@ -25,19 +25,30 @@ import logging
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.broker.commands import TransactionAck as Ack
+from spark_mq.broker.destination import Destination
+from spark_mq.broker.disk import DiskMonitor
+from spark_mq.broker.limits import Limits
+from spark_mq.broker.producing import Producing
+from spark_mq.broker.registry import Destinations
+from spark_mq.clock import Clock
+from spark_mq.commands import TransactionAck as Ack
 from spark_mq.errors import LeaseError
 from spark_mq.journal import Journal, failpoints
 from spark_mq.journal.ipc_payloads import encode_table
-from spark_mq.schema import TRANSACTION_SCHEMA, UNOFFSET_SCHEMA, numbered_ids
-
-if TYPE_CHECKING:
-    from spark_mq.broker.core import Broker, Destination
+from spark_mq.messages import Messages
+from spark_mq.schema import (
+    TRANSACTION_SCHEMA,
+    UNOFFSET_SCHEMA,
+    Column,
+    equal_to,
+    numbered_ids,
+    strings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +96,16 @@ def split_by_destination(table: pa.Table) -> dict[str, pa.Table]:
         return out
     dests = table["destination"]
     rest = table.drop_columns(["destination"])
-    for name in pc.unique(dests).to_pylist():
-        out[name] = rest.filter(pc.equal(dests, name))
+    for name in strings(pc.unique(dests)):
+        out[name] = rest.filter(equal_to(dests, name))
     return out
 
 
 def unfinished(rows: pa.Table) -> list[Record]:
     """Commits of the transaction log that have no ``done`` row, oldest first."""
-    done = set(rows.filter(pc.equal(rows["event"], DONE))["txid"].to_pylist())
+    done = set(strings(rows.filter(equal_to(rows["event"], DONE))["txid"]))
     out = []
-    commits = rows.filter(pc.equal(rows["event"], COMMIT)).sort_by("time")
+    commits = rows.filter(equal_to(rows["event"], COMMIT)).sort_by("time")
     for row in commits.to_pylist():
         if row["txid"] in done:
             continue
@@ -123,7 +134,7 @@ def replay(journal: Journal, record: Record, now_us: int) -> tuple[int, int]:
         missing = pc.invert(pc.is_in(rows["dedup_id"], value_set=present))
         todo = rows.filter(missing)
         if todo.num_rows:
-            futures.append(journal.append(dest, todo))
+            futures.append(journal.append(dest, Messages.of(todo)))
             appended += todo.num_rows
     by_sub: dict[tuple[str, str], list[int]] = defaultdict(list)
     for dest, sub, offset in record.acks:
@@ -143,77 +154,103 @@ def replay(journal: Journal, record: Record, now_us: int) -> tuple[int, int]:
     return appended, sum(len(v) for v in by_sub.values())
 
 
-def commit(broker: Broker, acks: list[Ack], messages: pa.Table | None) -> dict[str, list[int]]:
-    """Send ``messages`` (a ``destination`` column plus produce columns) and settle
-    ``acks`` atomically; returns each destination's offsets, once everything is durable."""
-    txid = uuid.uuid4().hex
-    now = broker.clock.wall()
-    record = Record(txid)
-    dests: dict[str, Destination] = {}
-    for name, batch in (split_by_destination(messages) if messages else {}).items():
-        dest = dests[name] = broker.destination_for_use(name)
-        broker.disk.admit(name)
-        rows = broker._checked_rows(dest, batch, now)
-        n = rows.num_rows
-        ids = pc.coalesce(rows["dedup_id"], numbered_ids(f"tx:{txid}", 0, n, ":"))
-        rows = rows.set_column(rows.schema.get_field_index("dedup_id"), "dedup_id", ids)
-        broker.limits.make_room(dest, rows.num_rows, rows["body"].nbytes)
-        record.messages[name] = rows
-        record.ends[name] = broker.journal.end_offset(name)
-    begun = _begin_acks(broker, acks)
-    try:
-        record.acks = [(d, s, o) for (d, s, _), offsets in begun.items() for o in offsets]
-        broker.journal.record_transactions(record.row(COMMIT, int(now * 1e6)))
-    except BaseException:
-        for (d, s, _), offsets in begun.items():
-            broker._dests[d].subscriptions[s].end_ack(offsets, durable=False)
-        raise
-    # committed: from here on recovery finishes the job if we crash
-    failpoints.hit("transaction-recorded")
-    stored = {name: broker._store(dests[name], rows, now) for name, rows in record.messages.items()}
-    if stored:
-        for fut in stored.values():
-            fut.exception()
-        failpoints.hit("transaction-applying")
-    settled = {
-        key: broker.journal.settle(key[0], offsets, subscription=key[1])
-        for key, offsets in begun.items()
-    }
-    out = {}
-    for name, fut in stored.items():
-        res = fut.result()
-        out[name] = list(res.offsets)
-    for (d, s, consumer_id), fut in settled.items():
-        ok = fut.exception() is None
-        owner = broker._dests.get(d)
-        if owner is None:
-            continue
-        offsets = begun[(d, s, consumer_id)]
-        owner.subscriptions[s].end_ack(offsets, durable=ok)
-        session = owner.sessions.get(consumer_id)
-        if session is not None and ok:
-            session.forget(offsets)
-    broker.journal.record_transactions(record.row(DONE, int(now * 1e6)))
-    return out
+class Transactions:
+    """Committing transactions (their recovery is :func:`unfinished` and :func:`replay`)."""
 
+    def __init__(
+        self,
+        destinations: Destinations,
+        journal: Journal,
+        producing: Producing,
+        limits: Limits,
+        disk: DiskMonitor,
+        clock: Clock,
+    ) -> None:
+        self.destinations = destinations
+        self.journal = journal
+        self.producing = producing
+        self.limits = limits
+        self.disk = disk
+        self.clock = clock
 
-def _begin_acks(broker: Broker, acks: list[Ack]) -> dict[tuple[str, str, int], list[int]]:
-    """Fence every ack of a transaction; all or none (a refusal rolls the others back)."""
-    grouped: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
-    for d, s, consumer_id, offset, count in acks:
-        grouped.setdefault((d, s, consumer_id), []).append((offset, count))
-    begun: dict[tuple[str, str, int], list[int]] = {}
-    problems: list[str] = []
-    for (d, s, consumer_id), entries in grouped.items():
-        dest = broker._dest(d)
-        sub = broker._named_subscription(dest, s or None)
-        ok, refused = sub.begin_ack(consumer_id, entries)
-        begun[(d, sub.name, consumer_id)] = ok
-        problems += [f"{d} offset {r.offset}: {r.reason}" for r in refused]
-    if problems:
+    def commit(self, acks: list[Ack], messages: pa.Table | None) -> dict[str, list[int]]:
+        """Send ``messages`` (a ``destination`` column plus produce columns) and settle
+        ``acks`` atomically; returns each destination's offsets, once everything is durable."""
+        journal = self.journal
+        txid = uuid.uuid4().hex
+        now = self.clock.wall()
+        record = Record(txid)
+        dests: dict[str, Destination] = {}
+        for name, batch in (split_by_destination(messages) if messages else {}).items():
+            dest = dests[name] = self.destinations.for_use(name)
+            self.disk.admit(name)
+            rows = self.producing.checked_rows(dest, batch, now)
+            n = rows.num_rows
+            ids = cast(Column, pc.coalesce(rows["dedup_id"], numbered_ids(f"tx:{txid}", 0, n, ":")))
+            rows = rows.set_column(rows.schema.get_field_index("dedup_id"), "dedup_id", ids)
+            self.limits.make_room(dest, rows.num_rows, rows["body"].nbytes)
+            record.messages[name] = rows
+            record.ends[name] = journal.end_offset(name)
+        begun = self._begin_acks(acks)
+        try:
+            record.acks = [(d, s, o) for (d, s, _), offsets in begun.items() for o in offsets]
+            journal.record_transactions(record.row(COMMIT, int(now * 1e6)))
+        except BaseException:
+            self._end_acks(begun, durable=False)
+            raise
+        # committed: from here on recovery finishes the job if we crash
+        failpoints.hit("transaction-recorded")
+        stored = {
+            name: self.producing.store(dests[name], rows, now)
+            for name, rows in record.messages.items()
+        }
+        if stored:
+            for fut in stored.values():
+                fut.exception()
+            failpoints.hit("transaction-applying")
+        settled = {
+            key: journal.settle(key[0], offsets, subscription=key[1])
+            for key, offsets in begun.items()
+        }
+        out = {}
+        for name, fut in stored.items():
+            res = fut.result()
+            out[name] = list(res.offsets)
+        for (d, s, consumer_id), fut in settled.items():
+            ok = fut.exception() is None
+            owner = self.destinations.find(d)
+            if owner is None:
+                continue
+            offsets = begun[(d, s, consumer_id)]
+            owner.subscriptions[s].end_ack(offsets, durable=ok)
+            session = owner.sessions.get(consumer_id)
+            if session is not None and ok:
+                session.forget(offsets)
+        journal.record_transactions(record.row(DONE, int(now * 1e6)))
+        return out
+
+    def _begin_acks(self, acks: list[Ack]) -> dict[tuple[str, str, int], list[int]]:
+        """Fence every ack of a transaction; all or none (a refusal rolls the others back)."""
+        grouped: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
+        for d, s, consumer_id, offset, count in acks:
+            grouped.setdefault((d, s, consumer_id), []).append((offset, count))
+        begun: dict[tuple[str, str, int], list[int]] = {}
+        problems: list[str] = []
+        for (d, s, consumer_id), entries in grouped.items():
+            dest = self.destinations.get(d)
+            sub = self.destinations.subscription(dest, s or None)
+            ok, refused = sub.begin_ack(consumer_id, entries)
+            begun[(d, sub.name, consumer_id)] = ok
+            problems += [f"{d} offset {r.offset}: {r.reason}" for r in refused]
+        if problems:
+            self._end_acks(begun, durable=False)
+            raise LeaseError(
+                f"transaction rolled back: {len(problems)} ack(s) refused, e.g. {problems[0]}"
+            )
+        return begun
+
+    def _end_acks(self, begun: dict[tuple[str, str, int], list[int]], *, durable: bool) -> None:
         for (d, s, _), offsets in begun.items():
-            broker._dests[d].subscriptions[s].end_ack(offsets, durable=False)
-        raise LeaseError(
-            f"transaction rolled back: {len(problems)} ack(s) refused, e.g. {problems[0]}"
-        )
-    return begun
+            dest = self.destinations.find(d)
+            if dest is not None:
+                dest.subscriptions[s].end_ack(offsets, durable=durable)

@@ -8,6 +8,7 @@ import contextlib
 import threading
 from collections import deque
 from concurrent.futures import Future
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -55,9 +56,9 @@ class PutStream:
         command = protocol.Produce(destination, heartbeat_ms)
         descriptor = fl.FlightDescriptor.for_command(protocol.encode(command))
         with translated():
-            self._writer, self._acks = conn.client.do_put(
-                descriptor, PRODUCE_SCHEMA, conn.stream_options
-            )
+            self._writer, acks = conn.client.do_put(descriptor, PRODUCE_SCHEMA, conn.stream_options)
+        # (a metadata reader: the stubs call it a stream reader)
+        self._acks = cast(fl.FlightMetadataReader, acks)
         self._lock = threading.Lock()
         self._window = threading.Semaphore(window)
         self._in_flight: deque[Outcome] = deque()

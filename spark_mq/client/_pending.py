@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_mq import wire
-from spark_mq.schema import PRODUCE_SCHEMA, null_column, numpy_column
+from spark_mq.schema import PRODUCE_SCHEMA, null_column, numpy_buffer, numpy_column
 
 
 @dataclass
@@ -37,7 +37,6 @@ class Pending:
 # built once: constructing and comparing DataTypes per column was a third of a send's cost
 _BINARY, _STRING, _INT32, _INT64 = pa.binary(), pa.string(), pa.int32(), pa.int64()
 _FIXED_WIDTH = {_INT32.id: np.int32, _INT64.id: np.int64}
-_TIMESTAMP_ID = pa.timestamp("us").id
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = timedelta(microseconds=1)
 _VARIABLE = {_BINARY.id, _STRING.id}
@@ -120,20 +119,22 @@ def column(values: list[Any], typ: pa.DataType) -> pa.Array:
         np.cumsum(np.fromiter(map(len, data), dtype=np.int64, count=n), out=ends[1:])
         if ends[-1] >= 2**31:  # over 32-bit offsets: let pyarrow say what is wrong
             return pa.array(values, typ)
-        buffers = [None, pa.py_buffer(ends.astype(np.int32)), pa.py_buffer(b"".join(data))]
+        buffers = [None, numpy_buffer(ends.astype(np.int32)), pa.py_buffer(b"".join(data))]
         return pa.Array.from_buffers(typ, n, buffers)
     if typ.id in _FIXED_WIDTH and kinds == _INT:
         return numpy_column(np.array(values, _FIXED_WIDTH[typ.id]), typ)
-    if typ.id == _TIMESTAMP_ID and typ.unit == "us" and kinds == _DATETIME:
+    if isinstance(typ, pa.TimestampType) and typ.unit == "us" and kinds == _DATETIME:
         # as pyarrow reads them: a naive time is UTC; whole microseconds, no float rounding
         since = [(v if v.tzinfo else v.replace(tzinfo=timezone.utc)) - _EPOCH for v in values]
         return numpy_column(np.array([d // _MICROSECOND for d in since], np.int64), typ)
     if isinstance(typ, pa.MapType) and kinds == _LIST:  # headers
         pairs = [pair for v in values for pair in v]
         if all(type(k) is str and type(x) is str for k, x in pairs):
-            offsets = np.zeros(n + 1, np.int32)
-            np.cumsum(np.fromiter(map(len, values), np.int32, count=n), out=offsets[1:])
+            ends = np.zeros(n + 1, np.int32)
+            np.cumsum(np.fromiter(map(len, values), np.int32, count=n), out=ends[1:])
             keys = column([k for k, _ in pairs], typ.key_type)
             items = column([x for _, x in pairs], typ.item_type)
-            return pa.MapArray.from_arrays(numpy_column(offsets, _INT32), keys, items, type=typ)
+            return pa.MapArray.from_arrays(  # type: ignore[call-overload]  # (any map type)
+                numpy_column(ends, _INT32), keys, items, type=typ
+            )
     return pa.array(values, typ)

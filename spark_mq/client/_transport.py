@@ -151,11 +151,14 @@ def _first_to_answer(
     outcomes: queue.Queue[tuple[Connection, SparkMQError | None]] = queue.Queue()
 
     def probe(conn: Connection) -> None:
-        options = fl.FlightCallOptions(timeout=left, headers=conn.options.headers)
+        headers = conn.options.headers  # type: ignore[attr-defined]  # (the stubs lack it)
+        options = fl.FlightCallOptions(timeout=left, headers=headers)
         try:
             call_action(conn.client, options, "ping")
         except SparkMQError as exc:
             outcomes.put((conn, exc))
+        except Exception as exc:  # (its client was closed: the round gave up on it)
+            outcomes.put((conn, BrokerUnavailable(f"probe ended: {exc}")))
         else:
             outcomes.put((conn, None))
 
@@ -205,8 +208,9 @@ def _connection(url: str, timeout_s: float, auth: Auth) -> Connection:
         client = fl.FlightClient(url, **(auth.flight_kwargs() if tls else {}))
     return Connection(
         client,
-        fl.FlightCallOptions(timeout=timeout_s, headers=headers),
-        fl.FlightCallOptions(headers=headers),
+        # (headers as bytes: the stubs know str only)
+        fl.FlightCallOptions(timeout=timeout_s, headers=headers),  # type: ignore[arg-type]
+        fl.FlightCallOptions(headers=headers),  # type: ignore[arg-type]
         auth,
         tls,
         parsed.hostname or "127.0.0.1",

@@ -202,7 +202,7 @@ class _Frames:
 def _control(kind: int, body: wire.Body) -> protocol.Frame:
     if kind != wire.CONTROL:
         raise ProtocolError(f"unexpected frame of kind {kind} from the broker", fault="remote")
-    frame = wire.parse_control(body)
+    frame = wire.parse_control(wire.control_bytes(body))
     if isinstance(frame, wire.Failure):
         raise _failure(frame)
     return frame
@@ -503,11 +503,12 @@ class WireConsumeLink:
             return wire.read_one(body)
         if kind == wire.BATCH:
             return wire.read_batch(body, DELIVERY_SCHEMA)[1]
-        if kind == wire.CONTROL and body.startswith(b'{"type":"failure"'):
-            _control(kind, body)  # raises the broker's error
         if kind != wire.CONTROL:
             raise ProtocolError(f"unexpected frame of kind {kind} from the broker", fault="remote")
-        return body
+        control = wire.control_bytes(body)
+        if control.startswith(b'{"type":"failure"'):
+            _control(kind, body)  # raises the broker's error
+        return control
 
     def _set_recv_timeout(self, timeout: float | None) -> None:
         # SO_RCVTIMEO 0 is no limit: a zero timeout is the shortest the kernel takes, 1 us

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -51,7 +51,7 @@ from spark_mq.errors import (
     SparkMQError,
 )
 from spark_mq.names import validate_name
-from spark_mq.schema import numbered_ids
+from spark_mq.schema import Column, fill_null, numbered_ids
 from spark_mq.security.credentials import Auth
 
 log = logging.getLogger(__name__)
@@ -405,12 +405,12 @@ class Producer:
         table = conform_produce(table)
         if self.group_id is not None and table["group_id"].null_count:
             i = table.schema.get_field_index("group_id")
-            groups = pc.fill_null(table["group_id"], self.group_id)
+            groups = fill_null(table["group_id"], self.group_id)
             table = table.set_column(i, "group_id", groups)
         if table["dedup_id"].null_count:  # each message an id of its own: resent, stored once
             n = table.num_rows
             first = self._reserve(n)
-            ids = pc.coalesce(table["dedup_id"], numbered_ids(self._prefix, first, n))
+            ids = cast(Column, pc.coalesce(table["dedup_id"], numbered_ids(self._prefix, first, n)))
             table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
         self.flush(dest)  # keep order with what send() buffered for this destination
         if wait and len(self._urls) > 1:  # the ids are set: a resend is stored once
@@ -535,10 +535,14 @@ class Producer:
         futures = [i.future for i in items]
         try:
             stream = self._stream(dest)
-            batch = (stream.takes_plain and plain_of(items)) or batch_of(
-                items, every_column=stream.every_column
-            )
-            stream.write(batch, Outcome(len(items), per_message=futures), waited=waited)
+            outcome = Outcome(len(items), per_message=futures)
+            wire_plain = isinstance(stream, WireProduceStream) and stream.takes_plain
+            plain = plain_of(items) if wire_plain else None
+            if plain is not None and isinstance(stream, WireProduceStream):
+                stream.write(plain, outcome, waited=waited)
+            else:
+                batch = batch_of(items, every_column=stream.every_column)
+                stream.write(batch, outcome, waited=waited)
         except SparkMQError as exc:
             for f in futures:
                 if not f.done():

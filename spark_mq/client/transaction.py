@@ -132,7 +132,7 @@ class Transaction:
             (
                 m.destination,
                 m._owner().subscription or "",
-                m._owner().consumer_id,  # type: ignore[misc]
+                m._owner().consumer_id or 0,
                 m.offset,
                 m.delivery_count,
             )

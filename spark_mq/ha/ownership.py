@@ -31,19 +31,18 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from spark_mq.errors import Deposed
 from spark_mq.journal import layout
 from spark_mq.journal.layout import OWNER_APP_ID
+from spark_mq.schema import schema_of
 
-OWNERSHIP_SCHEMA = pa.schema(
-    [
-        ("epoch", pa.int64()),
-        ("broker_id", pa.string()),
-        ("host", pa.string()),
-        ("pid", pa.int64()),
-        ("since_ms", pa.int64()),
-        # replication: the backup that has every record the owner acknowledged ("" = none);
-        # only it may take over from this owner (spark_mq.ha.replication)
-        ("in_sync_backup", pa.string()),
-        ("n", pa.int64()),  # the row's place in the record (the latest has the greatest)
-    ]
+OWNERSHIP_SCHEMA = schema_of(
+    pa.field("epoch", pa.int64()),
+    pa.field("broker_id", pa.string()),
+    pa.field("host", pa.string()),
+    pa.field("pid", pa.int64()),
+    pa.field("since_ms", pa.int64()),
+    # replication: the backup that has every record the owner acknowledged ("" = none);
+    # only it may take over from this owner (spark_mq.ha.replication)
+    pa.field("in_sync_backup", pa.string()),
+    pa.field("n", pa.int64()),  # the row's place in the record (the latest has the greatest)
 )
 
 

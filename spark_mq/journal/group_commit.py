@@ -56,9 +56,9 @@ from spark_mq.errors import DestinationNotFound, SparkMQError
 from spark_mq.journal.base import AppendResult
 from spark_mq.journal.inline_commit import InlineCommit, Resolutions
 from spark_mq.journal.settlements import Settlement, SettlementRows
-from spark_mq.journal.sinks import CommitSink, PipelinedSink, Rows, Written, as_journal_error
+from spark_mq.journal.sinks import CommitSink, PipelinedSink, Written, as_journal_error
 from spark_mq.journal.timing import CommitTiming
-from spark_mq.plain import PlainMessage, PlainRows
+from spark_mq.messages import Messages, PlainMessage
 from spark_mq.schema import with_offsets
 
 log = logging.getLogger(__name__)
@@ -69,12 +69,14 @@ MAX_FLUSH_BYTES = 8 * 1024 * 1024
 # flushes written and not yet durable, at most (the pipeline of a sink that syncs apart)
 MAX_IN_FLIGHT = 2
 
-OnCommit = Callable[[str, Rows], None]
+# a commit's messages, once durable: rows of MESSAGE_SCHEMA, or plain messages with their
+# offsets when every message of the commit came as one
+OnCommit = Callable[[str, Messages], None]
 
 
 @dataclass(slots=True)
 class _Record:
-    payload: pa.Table | PlainMessage | Settlement
+    payload: Messages | Settlement
     future: Future
     is_settlement: bool
     nbytes: int
@@ -87,7 +89,7 @@ class _Flight:
 
     messages: list[_Record]
     settles: list[_Record]
-    rows: Rows | None
+    rows: Messages | None
     end: int  # one past its last offset
     results: list[AppendResult]
     settle_rows: SettlementRows | None
@@ -178,17 +180,12 @@ class DestinationWriter:
         with self._mutex:
             return self._next_offset
 
-    def submit(
-        self, record: pa.Table | PlainMessage | Settlement, inline: InlineCommit | None = None
-    ) -> Future:
-        """Buffer messages (a table of ``UNOFFSET_SCHEMA`` or a plain message) or a settlement;
+    def submit(self, record: Messages | Settlement, inline: InlineCommit | None = None) -> Future:
+        """Buffer messages (rows of ``UNOFFSET_SCHEMA``, or plain messages) or a settlement;
         with ``inline``, for its holder to commit (else the writer thread commits it)."""
         fut: Future = Future()
-        is_settlement = isinstance(record, Settlement)
-        if isinstance(record, Settlement | PlainMessage):
-            nbytes = record.nbytes
-        else:
-            nbytes = record.get_total_buffer_size()  # a table's .nbytes: ~16 us even for one row
+        is_settlement = type(record) is Settlement
+        nbytes = record.nbytes
         with self._mutex:
             # bounded buffer: block the caller while the writer is behind (back-pressure)
             while self._pending_bytes > self._max_pending and not self._closing:
@@ -512,31 +509,35 @@ class DestinationWriter:
                 h.counts[bisect_left(h.bounds, waited)] += 1
                 h.total += waited
 
-    def _numbered(self, messages: list[_Record]) -> tuple[Rows | None, int, list[AppendResult]]:
+    def _numbered(self, messages: list[_Record]) -> tuple[Messages | None, int, list[AppendResult]]:
         """The messages with their offsets, the end offset, and each record's result."""
+        if not messages:
+            return None, self._assigned, []
         offset = self._assigned
         plain: list[PlainMessage] = []
-        tables: list[pa.Table | None] = []
+        tables: list[pa.Table | None] = []  # None: plain (their table, if one is needed, later)
         results: list[AppendResult] = []
         for r in messages:
-            if isinstance(r.payload, PlainMessage):
-                r.payload.offset = offset  # offsets are given at commit time, as for tables
-                plain.append(r.payload)
+            given = cast(Messages, r.payload)
+            if (ones := given.plain) is not None:
+                for i, m in enumerate(ones):  # offsets are given at commit time, as for tables
+                    m.offset = offset + i
+                plain += ones
                 tables.append(None)
-                n = 1
+                n = len(ones)
             else:
-                table = cast(pa.Table, r.payload)
-                tables.append(with_offsets(table, offset))
+                table = with_offsets(given.table(), offset)
+                tables.append(table)
                 n = table.num_rows
             results.append(AppendResult(self.destination, offset, n))
             offset += n
-        if plain and len(plain) == len(messages):
-            return PlainRows(plain), offset, results
+        if len(plain) == offset - self._assigned:  # every one plain
+            return Messages.of_plain(plain), offset, results
         whole = [  # plain messages among batches: all as tables, in offset order
-            PlainRows([cast(PlainMessage, r.payload)]).table() if t is None else t
+            cast(Messages, r.payload).table() if t is None else t
             for r, t in zip(messages, tables, strict=True)
         ]
-        return _one_table(whole), offset, results
+        return Messages.of(_one_table(whole)), offset, results
 
     def _resolve(self, records: list[_Record], error: SparkMQError | None) -> bool:
         """Count the commit; on ``error`` fail every record's future. True when it is durable."""
@@ -556,9 +557,7 @@ def _fail(records: list[_Record], error: BaseException) -> None:
             r.future.set_exception(error)
 
 
-def _one_table(tables: list[pa.Table]) -> pa.Table | None:
+def _one_table(tables: list[pa.Table]) -> pa.Table:
     """The records of one commit as one table; a single record is used as it is (a commit of
     one message is the common case, and concatenating it made a new table: ~2 us)."""
-    if not tables:
-        return None
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)

@@ -46,7 +46,7 @@ from spark_mq.errors import Deposed, SparkMQError
 from spark_mq.journal import failpoints
 from spark_mq.journal.base import LogStore
 from spark_mq.journal.boundary import translate, translated
-from spark_mq.journal.move_rows import as_tables, few_batches
+from spark_mq.journal.move_rows import Pending, as_tables, few_batches
 from spark_mq.journal.quarantine import quarantine, quarantine_dir, readable
 from spark_mq.journal.records import (
     KIND_MESSAGES,
@@ -60,7 +60,7 @@ from spark_mq.journal.records import (
 from spark_mq.journal.segments import SegmentLog, SyncMode
 from spark_mq.journal.settlements import SettlementRows
 from spark_mq.journal.sinks import as_journal_error
-from spark_mq.plain import PlainRows
+from spark_mq.messages import Messages
 from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
 
 log = logging.getLogger(__name__)
@@ -69,9 +69,12 @@ log = logging.getLogger(__name__)
 class Replica(Protocol):
     """Where a primary's hot tier ships its writes (spark_mq.ha.replication.Replicator)."""
 
+    replicated_acks: bool  # whether a write is acknowledged only once the backup has it
+
     def ship(self, tier: HotTier, first_lsn: int, count: int, buffers: list) -> int: ...
     def wait(self, seq: int) -> None: ...
     def moved(self, destination: str, lsn: int) -> None: ...
+    def dropped(self, destination: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -87,9 +90,9 @@ class HotTierSettings:
 @dataclass(slots=True)
 class _Pending:
     ref: RecordRef
-    # as written since the start: PlainRows (KIND_PLAIN), SettlementRows (KIND_PLAIN_SETTLEMENTS);
-    # a table for the other kinds, and for every record recovered at the start
-    table: pa.Table | PlainRows | SettlementRows
+    # as written since the start (messages, settlements); a table for every record recovered
+    # at the start
+    table: Pending
     written_at: float  # time.monotonic() of the append (of the open, for recovered records)
 
 
@@ -98,7 +101,7 @@ class Written:
     """A flush's records as written to the segment log (durable once synced)."""
 
     refs: list[RecordRef]
-    tables: list[pa.Table | PlainRows | SettlementRows]
+    tables: list[Pending]
 
     @property
     def last_lsn(self) -> int:
@@ -217,7 +220,7 @@ class HotTier:
 
     def commit(
         self,
-        messages: pa.Table | PlainRows | None,
+        messages: Messages | None,
         end_offset: int,
         settlements: SettlementRows | None,
     ) -> tuple[SparkMQError | None, SparkMQError | None]:
@@ -229,7 +232,7 @@ class HotTier:
 
     def write(
         self,
-        messages: pa.Table | PlainRows | None,
+        messages: Messages | None,
         end_offset: int,
         settlements: SettlementRows | None,
         *,
@@ -239,7 +242,7 @@ class HotTier:
         (or at once with ``sync``). Hand them to :meth:`published` when they are."""
         records: Records = []
         if messages is not None:
-            kind = KIND_PLAIN if isinstance(messages, PlainRows) else KIND_MESSAGES
+            kind = KIND_MESSAGES if messages.plain is None else KIND_PLAIN
             records.append((kind, end_offset - messages.num_rows, messages))
         if settlements is not None:
             records.append((KIND_PLAIN_SETTLEMENTS, -1, settlements))
@@ -275,7 +278,7 @@ class HotTier:
         if self.disk_full:
             self.disk_full = False
             log.warning("hot tier %s: there is space again: writes resume", self.destination)
-        return Written(refs, [table for _, _, table in records])
+        return Written(refs, [rows for _, _, rows in records])
 
     def sync(self) -> tuple[int, SparkMQError | None]:
         """Make every record written so far durable: the lsn durable through, and the error
@@ -466,7 +469,7 @@ class HotTier:
             # microseconds a thousand rows)
             rows.validate(full=True)
             if rows.num_rows and rows["offset"][0].as_py() < self._delta_end:  # a partial move
-                rows = rows.filter(pc.greater_equal(rows["offset"], self._delta_end))
+                rows = rows.filter(pc.greater_equal(rows["offset"], pa.scalar(self._delta_end)))
             self._store.commit_messages(self.destination, rows, end)
             failpoints.hit("hot-tier-messages-moved")
             self._delta_end = end
@@ -507,9 +510,9 @@ class HotTier:
         lo = max(start, delta_end)
         for table in hot:
             table = conform(table, MESSAGE_SCHEMA)
-            mask = pc.greater_equal(table["offset"], lo)
+            mask = pc.greater_equal(table["offset"], pa.scalar(lo))
             if end is not None:
-                mask = pc.and_(mask, pc.less(table["offset"], end))
+                mask = pc.and_(mask, pc.less(table["offset"], pa.scalar(end)))
             parts.append(table.filter(mask))
         return pa.concat_tables(parts).sort_by("offset")
 

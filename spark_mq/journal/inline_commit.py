@@ -6,12 +6,18 @@ at the end of its turn), not by their writers' threads (:mod:`spark_mq.journal.g
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from spark_mq.journal.group_commit import DestinationWriter
+from typing import Protocol
 
 Resolutions = list[tuple[Future, object]]
+
+
+class DestinationWriter(Protocol):
+    """What an inline commit commits: a destination's writer
+    (:class:`spark_mq.journal.group_commit.DestinationWriter`)."""
+
+    def commit_here(
+        self, *, coming_back: bool = False, resolving: Resolutions | None = None
+    ) -> float | None: ...
 
 
 class InlineCommit:

@@ -59,10 +59,10 @@ class Scratch:
         need = sum(sizes)
         buffer = self._buffer
         if buffer is None or buffer.size < need:
-            buffer = pa.allocate_buffer(max(need, 1), resizable=True)
+            buffer = pa.allocate_buffer(max(need, 1), None, True)  # (resizable)
         self._buffer = buffer if buffer.size <= self._keep else None
         sink = pa.FixedSizeBufferWriter(buffer)
-        out = []
+        out: list[pa.Buffer] = []
         for table, size in zip(tables, sizes, strict=True):
             start = sink.tell()
             with pa.ipc.new_stream(sink, table.schema, options=_IPC_OPTIONS) as writer:

@@ -29,14 +29,14 @@ from spark_mq.errors import (
 from spark_mq.journal import bindings, layout
 from spark_mq.journal.base import DestinationInfo, Kind, LogStore, SubscriptionInfo
 from spark_mq.journal.group_commit import DestinationWriter, OnCommit, WriterStats
-from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats
+from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats, Replica
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.settlements import Settlement
 from spark_mq.journal.sinks import CommitSink, DirectSink
 from spark_mq.journal.timing import CommitTiming
+from spark_mq.messages import Messages
 from spark_mq.names import validate_name
-from spark_mq.plain import PlainMessage
 from spark_mq.schema import UNOFFSET_SCHEMA
 
 DEFAULT_BUFFER_TIMEOUT_S = 0.001
@@ -77,7 +77,7 @@ class Journal:
         self.store = store
         self._hot = hot_tier
         self._tiers: dict[str, HotTier] = {}
-        self.replica: Any = None  # a primary's Replicator (spark_mq.ha.replication), if any
+        self.replica: Replica | None = None  # a replicating primary's (spark_mq.ha.replication)
         self._writer_opts = _WriterOptions(
             buffer_timeout_s=buffer_timeout_s,
             buffer_size_bytes=buffer_size_bytes,
@@ -118,7 +118,12 @@ class Journal:
 
     @property
     def commits_are_quick(self) -> bool:
-        """Whether a commit takes about a sync (the hot tier, memory), not a Delta commit."""
+        """Whether a commit takes about a sync (the hot tier, memory), so a loop serving many
+        clients may commit itself. Not a Delta commit (15-50 ms), and not a commit that waits
+        for a backup's acknowledgement (a round trip at best, ``ha.failover_timeout_s`` when
+        the backup is silent): those stay on the writer threads."""
+        if self.replica is not None and self.replica.replicated_acks:
+            return False
         return self._hot is not None or not self.store.durable
 
     def _start_writer(self, name: str) -> None:
@@ -300,26 +305,22 @@ class Journal:
 
     # -- logs --------------------------------------------------------------------------------
     def append(
-        self, destination: str, rows: pa.Table, inline: InlineCommit | None = None
+        self, destination: str, messages: Messages, inline: InlineCommit | None = None
     ) -> Future:
-        """Buffer ``rows`` (``UNOFFSET_SCHEMA``) for the next group commit (``inline``'s holder
-        commits it, else the destination's writer thread).
+        """Buffer ``messages`` (rows of ``UNOFFSET_SCHEMA``, or plain messages with their
+        enqueue time set) for the next group commit (``inline``'s holder commits it, else the
+        destination's writer thread).
 
-        The future resolves to an :class:`AppendResult` once the rows are durable.
+        The future resolves to an :class:`AppendResult` once they are durable.
         """
-        if not rows.schema.equals(UNOFFSET_SCHEMA):
+        rows = messages.rows
+        if rows is not None and not rows.schema.equals(UNOFFSET_SCHEMA):
             raise SchemaMismatch(
                 f"journal rows for {destination!r} must have the schema {UNOFFSET_SCHEMA}, "
                 f"got {rows.schema}",
                 destination=destination,
             )
-        return self._writer(destination).submit(rows, inline)
-
-    def append_plain(
-        self, destination: str, message: PlainMessage, inline: InlineCommit | None = None
-    ) -> Future:
-        """:meth:`append` for one plain message (:mod:`spark_mq.plain`), its enqueue time set."""
-        return self._writer(destination).submit(message, inline)
+        return self._writer(destination).submit(messages, inline)
 
     def settle(
         self,

@@ -84,9 +84,9 @@ class MemoryStore:
         logs = self._get(destination)
         with self._lock:
             table = pa.concat_tables([MESSAGE_SCHEMA.empty_table(), *logs.messages])
-        mask = pc.greater_equal(table["offset"], start)
+        mask = pc.greater_equal(table["offset"], pa.scalar(start))
         if end is not None:
-            mask = pc.and_(mask, pc.less(table["offset"], end))
+            mask = pc.and_(mask, pc.less(table["offset"], pa.scalar(end)))
         return table.filter(mask)
 
     def read_settlements(self, destination: str) -> pa.Table:

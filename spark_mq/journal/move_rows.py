@@ -6,25 +6,37 @@ from __future__ import annotations
 import pyarrow as pa
 
 from spark_mq.journal.settlements import SettlementRows
-from spark_mq.plain import PlainRows
+from spark_mq.messages import Messages
 from spark_mq.schema import conform
 
+# what a hot tier holds of a record until it is moved: as written (messages, settlements), or
+# read back as a table (at the start)
+Pending = pa.Table | Messages | SettlementRows
 
-def as_tables(records: list[pa.Table | PlainRows | SettlementRows]) -> list[pa.Table]:
+
+def as_tables(records: list[Pending]) -> list[pa.Table]:
     """Records of one log as tables: consecutive plain messages or settlements become one
     table, built in one go (a move of 500 acks: one table, not 500 concatenated)."""
     out: list[pa.Table] = []
-    run: list = []  # consecutive PlainRows, or consecutive SettlementRows
+    plain: list[Messages] = []  # a run of plain messages
+    settled: list[SettlementRows] = []  # a run of settlements
     for rows in records:
-        if run and type(rows) is not type(run[0]):
-            out.append(type(run[0]).joined(run).table())
-            run = []
-        if isinstance(rows, pa.Table):
-            out.append(rows)
+        if plain and not (isinstance(rows, Messages) and rows.plain is not None):
+            out.append(Messages.joined(plain).table())
+            plain = []
+        if settled and not isinstance(rows, SettlementRows):
+            out.append(SettlementRows.joined(settled).table())
+            settled = []
+        if isinstance(rows, SettlementRows):
+            settled.append(rows)
+        elif isinstance(rows, Messages) and rows.plain is not None:
+            plain.append(rows)
         else:
-            run.append(rows)
-    if run:
-        out.append(type(run[0]).joined(run).table())
+            out.append(rows if isinstance(rows, pa.Table) else rows.table())
+    if plain:
+        out.append(Messages.joined(plain).table())
+    if settled:
+        out.append(SettlementRows.joined(settled).table())
     return out
 
 

@@ -6,8 +6,8 @@
 
 The payload is an Arrow IPC stream of rows (``KIND_MESSAGES``; ``KIND_SETTLEMENTS``, which
 versions before ``KIND_PLAIN_SETTLEMENTS`` wrote), or the values as they came: for plain messages
-(:mod:`spark_mq.plain`) each one's enqueue time, dedup id and body
-(:meth:`~spark_mq.plain.PlainRows.encode`), for settlements each settle call's arguments
+(:class:`~spark_mq.messages.PlainMessage`) each one's enqueue time, dedup id and body
+(:func:`encode_plain`), for settlements each settle call's arguments
 (:meth:`~spark_mq.journal.settlements.SettlementRows.encode`). Such a record of one message or
 one ack is written in about a microsecond, where the Arrow stream of its row took tens.
 """
@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from spark_mq.journal.ipc_payloads import decode_table
 from spark_mq.journal.settlements import SettlementRows
-from spark_mq.plain import PlainRows
+from spark_mq.messages import Messages, PlainMessage, plain_table
 
 MAGIC = 0x31514D53  # "SMQ1" little-endian
 _HEADER = struct.Struct("<IBBHQqII")
@@ -31,14 +31,50 @@ HEADER_BYTES = _HEADER.size + _CRC.size  # 36
 
 KIND_MESSAGES = 1
 KIND_SETTLEMENTS = 2  # rows of SETTLEMENT_SCHEMA: read, no longer written
-KIND_PLAIN = 3  # plain messages (spark_mq.plain), read back as rows of MESSAGE_SCHEMA
+KIND_PLAIN = 3  # plain messages (spark_mq.messages), read back as rows of MESSAGE_SCHEMA
 KIND_PLAIN_SETTLEMENTS = 4  # SettlementRows, read back as rows of SETTLEMENT_SCHEMA
 MESSAGE_KINDS = (KIND_MESSAGES, KIND_PLAIN)
 SETTLEMENT_KINDS = (KIND_SETTLEMENTS, KIND_PLAIN_SETTLEMENTS)
 _KINDS = (*MESSAGE_KINDS, *SETTLEMENT_KINDS)
-# the record kinds whose rows encode themselves (the others are tables, written as Arrow)
-_ENCODED = (KIND_PLAIN, KIND_PLAIN_SETTLEMENTS)
-Records = list[tuple[int, int, pa.Table | PlainRows | SettlementRows]]
+# what an append writes: each record's kind, first offset (settlements: -1) and rows (a table
+# is written as an Arrow stream: KIND_MESSAGES, or KIND_SETTLEMENTS as older versions did)
+Records = list[tuple[int, int, Messages | SettlementRows | pa.Table]]
+
+# a plain message's fixed part in a KIND_PLAIN record: enqueue time, dedup id length (-1: none),
+# body length
+_ENTRY = struct.Struct("<qiI")
+
+
+def encode_plain(messages: list[PlainMessage]) -> bytes:
+    """A ``KIND_PLAIN`` record's payload: each message's enqueue time, id and body lengths, id
+    and body, its bytes as they came (the offsets are the record's: the first, then one more
+    each)."""
+    parts: list[bytes] = []
+    for m in messages:
+        dedup = m.dedup_id.encode() if m.dedup_id is not None else b""
+        id_size = -1 if m.dedup_id is None else len(dedup)
+        parts += (_ENTRY.pack(m.enqueue_time_us, id_size, len(m.body)), dedup, m.body)
+    return b"".join(parts)
+
+
+def decode_plain(payload: bytes | memoryview, first_offset: int, rows: int) -> list[PlainMessage]:
+    """What :func:`encode_plain` wrote; ``ValueError`` when the payload does not hold ``rows``."""
+    view = memoryview(payload)
+    messages, pos = [], 0
+    for i in range(rows):
+        enqueue, id_size, body_size = _ENTRY.unpack_from(view, pos)
+        pos += _ENTRY.size
+        id_end = pos + max(id_size, 0)
+        end = id_end + body_size
+        if end > len(view):
+            raise ValueError(f"a plain record's message {i} runs past its payload")
+        dedup = None if id_size < 0 else bytes(view[pos:id_end]).decode()
+        messages.append(PlainMessage(dedup, bytes(view[id_end:end]), enqueue, first_offset + i))
+        pos = end
+    if pos != len(view):
+        over = len(view) - pos
+        raise ValueError(f"a plain record of {rows} message(s) has {over} byte(s) over")
+    return messages
 
 
 @dataclass(slots=True)
@@ -98,7 +134,7 @@ def scan_segment(
 def decode_payload(ref: RecordRef, payload: bytes) -> pa.Table:
     """A record's rows as a table, whatever its kind."""
     if ref.kind == KIND_PLAIN:
-        return PlainRows.decode(payload, ref.first_offset, ref.rows).table()
+        return plain_table(decode_plain(payload, ref.first_offset, ref.rows))
     if ref.kind == KIND_PLAIN_SETTLEMENTS:
         return SettlementRows.decode(payload, ref.rows).table()
     return decode_table(payload)

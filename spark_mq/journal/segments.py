@@ -48,17 +48,21 @@ import pyarrow as pa
 
 from spark_mq.journal.ipc_payloads import Scratch
 from spark_mq.journal.records import (
-    _ENCODED,
     _HEADER,
     HEADER_BYTES,
+    KIND_PLAIN,
+    KIND_PLAIN_SETTLEMENTS,
     MAGIC,
     RecordRef,
     Records,
     decode_payload,
+    encode_plain,
     encode_record,
     scan_segment,
 )
+from spark_mq.journal.settlements import SettlementRows
 from spark_mq.journal.zeroing import ZEROS, SyncMode, zero
+from spark_mq.messages import Messages
 
 log = logging.getLogger(__name__)
 
@@ -370,9 +374,10 @@ class SegmentLog:
 
     # -- appending (the writer thread) -------------------------------------------------------
     def append(self, records: Records, *, sync: bool = True) -> list[RecordRef]:
-        """Write ``(kind, first_offset, rows)`` records and make them durable with one sync (the
-        rows of a ``KIND_PLAIN`` record are :class:`PlainRows`, of a ``KIND_PLAIN_SETTLEMENTS``
-        record :class:`SettlementRows`, of the others a table).
+        """Write ``(kind, first_offset, rows)`` records and make them durable with one sync
+        (the rows of a ``KIND_PLAIN`` record are plain :class:`Messages`, of a
+        ``KIND_PLAIN_SETTLEMENTS`` record :class:`SettlementRows`, of the others a table or
+        messages as rows, written as an Arrow stream).
 
         With ``sync=False`` they are written only: :meth:`sync` makes them durable, and may run
         on another thread while the next append is written (the journal writer's pipeline).
@@ -384,12 +389,24 @@ class SegmentLog:
         if self._sync_failed:
             raise OSError(errno.EIO, "a sync of this log failed: its unsynced records go first")
         first_lsn = lsn = self.next_lsn
-        tables = [t for kind, _, t in records if kind not in _ENCODED]
+        tables = [
+            rows if isinstance(rows, pa.Table) else rows.table()
+            for kind, _, rows in records
+            if kind not in (KIND_PLAIN, KIND_PLAIN_SETTLEMENTS)
+        ]
         streams = iter(self._scratch.encode(tables) if tables else ())
         buffers: list[bytes | pa.Buffer] = []  # header, payload, header, payload ...
         shapes = []  # each record's kind, first offset, rows and payload length
         for kind, first, rows in records:
-            payload = rows.encode() if kind in _ENCODED else next(streams)
+            payload: bytes | pa.Buffer
+            if kind == KIND_PLAIN_SETTLEMENTS:
+                assert isinstance(rows, SettlementRows)
+                payload = rows.encode()
+            elif kind == KIND_PLAIN:
+                assert isinstance(rows, Messages) and rows.plain is not None
+                payload = encode_plain(rows.plain)
+            else:
+                payload = next(streams)
             n = rows.num_rows
             buffers += (encode_record(kind, lsn, first, n, payload), payload)
             shapes.append((kind, first, n, len(payload)))

@@ -20,7 +20,6 @@ import numpy as np
 import pyarrow as pa
 
 from spark_mq.schema import SETTLEMENT_SCHEMA, numpy_column, variable_column
-from spark_mq.value_rows import ValueRows
 
 # one settlement in a segment record: settle time, offset count, subscription, outcome and
 # reason lengths (reason -1: none); then those three strings and the offsets (int64, little end)
@@ -51,10 +50,20 @@ class Settlement:
         )
 
 
-class SettlementRows(ValueRows[Settlement]):
-    """The settlements of one commit, in the order they came: a row per offset."""
+class SettlementRows:
+    """The settlements of one commit (or of consecutive ones), in the order they came: a row
+    per offset; their table built only when asked for."""
 
-    __slots__ = ()
+    __slots__ = ("_table", "items")
+
+    def __init__(self, items: list[Settlement]) -> None:
+        self.items = items
+        self._table: pa.Table | None = None
+
+    @classmethod
+    def joined(cls, parts: list[SettlementRows]) -> SettlementRows:
+        """One value for the settlements of ``parts``, in order."""
+        return cls([item for part in parts for item in part.items])
 
     @property
     def num_rows(self) -> int:
@@ -63,10 +72,19 @@ class SettlementRows(ValueRows[Settlement]):
             return len(items[0].offsets)
         return sum(len(s.offsets) for s in items)
 
-    @staticmethod
-    def build(items: list[Settlement]) -> pa.Table:
-        """One row of ``SETTLEMENT_SCHEMA`` per offset."""
-        return settlement_table(items)
+    @property
+    def nbytes(self) -> int:
+        """About what the settlements take in memory."""
+        items = self.items
+        if len(items) == 1:  # the usual commit of an ack
+            return items[0].nbytes
+        return sum(item.nbytes for item in items)
+
+    def table(self) -> pa.Table:
+        """One row of ``SETTLEMENT_SCHEMA`` per offset (built once)."""
+        if self._table is None:
+            self._table = settlement_table(self.items)
+        return self._table
 
     # -- the segment record (``KIND_PLAIN_SETTLEMENTS``) ------------------------------------
     def encode(self) -> bytes:

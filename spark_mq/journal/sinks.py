@@ -4,27 +4,23 @@
 
 from __future__ import annotations
 
-from typing import Protocol, TypeAlias
-
-import pyarrow as pa
+from typing import Protocol
 
 from spark_mq.errors import JournalError, SparkMQError
 from spark_mq.journal.base import LogStore
 from spark_mq.journal.settlements import SettlementRows
-from spark_mq.plain import PlainRows
-
-# what a commit's messages are: rows of MESSAGE_SCHEMA, or plain messages (spark_mq.plain) when
-# every message of the commit came as one
-Rows: TypeAlias = "pa.Table | PlainRows"
+from spark_mq.messages import Messages
 
 
 class CommitSink(Protocol):
     """Where a flush goes: the store directly (:class:`DirectSink`) or the hot tier."""
 
     def commit(
-        self, messages: Rows | None, end_offset: int, settlements: SettlementRows | None
+        self, messages: Messages | None, end_offset: int, settlements: SettlementRows | None
     ) -> tuple[SparkMQError | None, SparkMQError | None]:
-        """Make both parts durable; returns the error of each part (None when it is durable)."""
+        """Make both parts durable (the messages of a commit: rows of ``MESSAGE_SCHEMA``, or
+        plain messages with their offsets); returns the error of each part (None when it is
+        durable)."""
         ...
 
     def close(self, *, drain: bool) -> None: ...
@@ -44,7 +40,7 @@ class PipelinedSink(CommitSink, Protocol):
     pipelined: bool  # True
 
     def write(
-        self, messages: Rows | None, end_offset: int, settlements: SettlementRows | None
+        self, messages: Messages | None, end_offset: int, settlements: SettlementRows | None
     ) -> Written | SparkMQError:
         """Write both parts, not yet durable; the error when nothing of them was kept."""
         ...
@@ -83,14 +79,12 @@ class DirectSink:
         return self._store.committed_end(self.destination)
 
     def commit(
-        self, messages: Rows | None, end_offset: int, settlements: SettlementRows | None
+        self, messages: Messages | None, end_offset: int, settlements: SettlementRows | None
     ) -> tuple[SparkMQError | None, SparkMQError | None]:
         msg_error = settle_error = None
-        if isinstance(messages, PlainRows):
-            messages = messages.table()
         if messages is not None:
             try:
-                self._store.commit_messages(self.destination, messages, end_offset)
+                self._store.commit_messages(self.destination, messages.table(), end_offset)
             except Exception as exc:
                 # the commit may have landed even though the call failed: ask the store
                 try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_mq.broker import commands as c
+from spark_mq import commands as c
 from spark_mq.errors import ProtocolError
 from spark_mq.session import ClientSession
 from spark_mq.views import in_batches, message_rows, summary

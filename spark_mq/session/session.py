@@ -45,8 +45,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.broker import commands as c
-from spark_mq.broker import moving
+from spark_mq import commands as c
 from spark_mq.broker.consumers import ConsumerSession
 from spark_mq.broker.core import Broker
 from spark_mq.broker.subscription import Wakeup
@@ -55,11 +54,14 @@ from spark_mq.errors import (
     DestinationNotFound,
     NotAuthenticated,
     NotAuthorized,
+    ProtocolError,
     SparkMQError,
 )
 from spark_mq.journal.base import Kind
 from spark_mq.journal.inline_commit import InlineCommit
-from spark_mq.plain import PlainMessage
+from spark_mq.messages import Messages
+from spark_mq.schema import strings
+from spark_mq.session.consumer import ConsumerHandle
 from spark_mq.session.guard import OPEN, Guard, Verb
 from spark_mq.session.principal import ANONYMOUS, Principal
 from spark_mq.session.redact import redacted
@@ -104,27 +106,14 @@ class ClientSession:
 
     # -- the hot path ------------------------------------------------------------------------
     def produce(
-        self,
-        destination: str,
-        batch: pa.RecordBatch | pa.Table,
-        inline: InlineCommit | None = None,
+        self, destination: str, messages: Messages, inline: InlineCommit | None = None
     ) -> Future:
-        """Store a produced batch; the future resolves once it is durable."""
+        """Store produced messages; the future resolves once they are durable."""
         if self.revoked is not None:
             raise NotAuthenticated(self.revoked)
         self._may_produce(destination)
         self.counts["produce"] += 1
-        return self.broker.produce(destination, batch, inline)
-
-    def produce_plain(
-        self, destination: str, message: PlainMessage, inline: InlineCommit | None = None
-    ) -> Future:
-        """:meth:`produce` for one plain message (:mod:`spark_mq.plain`)."""
-        if self.revoked is not None:
-            raise NotAuthenticated(self.revoked)
-        self._may_produce(destination)
-        self.counts["produce"] += 1
-        return self.broker.produce_plain(destination, message, inline)
+        return self.broker.produce(destination, messages, inline)
 
     def open_producer(self, destination: str) -> None:
         """A producer announces its destination (the direct wire's first frame): refused now
@@ -189,7 +178,7 @@ class ClientSession:
         on a thread that serves others."""
         return self.broker.limits.may_wait(destination)
 
-    def attach(self, cmd: c.Attach, wakeup: Wakeup | None = None) -> ConsumerSession:
+    def attach(self, cmd: c.Attach, wakeup: Wakeup | None = None) -> ConsumerHandle:
         """Attach a consumer; it lives until :meth:`detach` or :meth:`close`."""
         if self.revoked is not None:
             raise NotAuthenticated(self.revoked)
@@ -212,18 +201,29 @@ class ClientSession:
         return consumer
 
     def settle(
-        self, consumer: ConsumerSession, cmd: c.Settle, inline: InlineCommit | None = None
+        self, consumer: ConsumerHandle, cmd: c.Settle, inline: InlineCommit | None = None
     ) -> None:
         """Settle deliveries of a consumer of this session; the reply reaches its outbox."""
         if self.revoked is not None:
             raise NotAuthenticated(self.revoked)
         self.counts["settle"] += 1
-        consumer.settle(cmd, inline)
+        self._own(consumer).settle(cmd, inline)
 
-    def detach(self, consumer: ConsumerSession) -> None:
+    def detach(self, consumer: ConsumerHandle) -> None:
         """The consumer leaves: what it held unsettled goes back."""
-        if self._consumers.pop(consumer.consumer_id, None) is not None:
-            self.broker.detach(consumer)
+        own = self._consumers.pop(consumer.consumer_id, None)
+        if own is not None:
+            self.broker.detach(own)
+
+    def _own(self, consumer: ConsumerHandle) -> ConsumerSession:
+        """The broker's consumer behind a handle this session gave (only its own)."""
+        own = self._consumers.get(consumer.consumer_id)
+        if own is None or own is not consumer:
+            raise ProtocolError(
+                f"consumer {consumer.consumer_id} is not attached through this session",
+                fault="remote",
+            )
+        return own
 
     def revoke(self, reason: str) -> None:
         """(Any thread.) Its principal's login no longer holds: refuse every command from now
@@ -277,7 +277,7 @@ class ClientSession:
         b = self.broker
         match cmd:
             case c.Ping():
-                return None
+                return b.ha_state()  # (its role and epoch: which of a pair serves)
             case c.HandOver():
                 self._check("admin")
                 return b.hand_over()
@@ -293,8 +293,8 @@ class ClientSession:
                 self._check("admin", source)
                 if target is not None:
                     self._may_produce(target)
-                return moving.move(
-                    b, source, target, subscription=cmd.subscription, limit=cmd.limit,
+                return b.moves.move(
+                    source, target, subscription=cmd.subscription, limit=cmd.limit,
                     selector=cmd.selector, may_send=self._may_produce,
                 )  # fmt: skip
             case c.ReloadSecurity():
@@ -435,4 +435,4 @@ _USES: tuple[Verb, ...] = ("produce", "consume", "browse", "create", "admin")
 def _destinations_of(messages: pa.Table | None) -> list[str]:
     if messages is None or messages.num_rows == 0:
         return []
-    return sorted(pc.unique(messages["destination"]).to_pylist())
+    return sorted(strings(pc.unique(messages["destination"])))

@@ -24,17 +24,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from spark_mq import protocol, wire
+from spark_mq import commands, protocol, wire
 from spark_mq.arrow_checks import checked
-from spark_mq.broker import commands
-from spark_mq.broker.core import Broker
-from spark_mq.broker.dedup import ProduceResult
+from spark_mq.connection.gateway import Gateway
+from spark_mq.connection.listener import pump
+from spark_mq.deliveries import delivery_table
 from spark_mq.errors import NotAuthenticated, ProtocolError, SparkMQError, to_wire
-from spark_mq.protocol import Bye, Consume, Produce, PutAck, PutFailed, Settle
+from spark_mq.messages import Messages
+from spark_mq.protocol import Bye, Consume, Produce, PutFailed, Settle
 from spark_mq.schema import DELIVERY_SCHEMA
-from spark_mq.security.context import Security
 from spark_mq.session import ClientSession
 from spark_mq.transports import flight_auth, translate
+from spark_mq.transports.answers import put_answer
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,9 @@ _BYE_WAIT_S = 30.0  # how long a leaving consumer's unanswered settles may keep 
 
 
 def _flight_error(err: SparkMQError) -> fl.FlightServerError:
-    return fl.FlightServerError(err.message, extra_info=to_wire(err))
+    return fl.FlightServerError(  # type: ignore[call-arg]  # (extra_info: the stubs lack it)
+        err.message, extra_info=to_wire(err)
+    )
 
 
 def _command(descriptor: fl.FlightDescriptor) -> protocol.Frame:
@@ -53,22 +56,25 @@ def _command(descriptor: fl.FlightDescriptor) -> protocol.Frame:
 
 
 class FlightService(fl.FlightServerBase):
+    name = "flight"
+
     def __init__(
         self,
-        broker: Broker,
+        gateway: Gateway,
         location: str,
         *,
         wire_port: int | None = None,
         wire_local: str | None = None,
-        security: Security | None = None,
         **kwargs: Any,
     ) -> None:
-        self.security = security or Security(broker.config)
-        if self.security.tls is not None:
-            kwargs.update(self.security.tls.flight_options())
-        middleware = {flight_auth.KEY: flight_auth.CredentialsFactory()}
+        self.gateway = gateway
+        tls = gateway.tls
+        if tls is not None:
+            kwargs.update(tls.flight_options())
+        middleware: dict[str, fl.ServerMiddlewareFactory] = {
+            flight_auth.KEY: flight_auth.CredentialsFactory()
+        }
         super().__init__(location, middleware=middleware, **kwargs)
-        self.broker = broker
         self.wire_port = wire_port
         self.wire_local = wire_local
         # the calls under way (what a shutdown says it waits for) and the streams to tell
@@ -95,6 +101,25 @@ class FlightService(fl.FlightServerBase):
         with self._calls_lock:
             return list(self._calls.values())
 
+    # -- the Listener protocol (spark_mq.connection.listener) ---------------------------------
+    def connection_count(self) -> int:
+        """Calls under way (gRPC has no connections of its own to count)."""
+        return len(self.calls())
+
+    def waiting_for(self) -> str:
+        calls = self.calls()
+        return f"{len(calls)} Flight call(s): " + "; ".join(calls) if calls else ""
+
+    def stop(self, deadline: float | None = None) -> list[str]:
+        """Stop taking calls and wait for those under way to end, until ``deadline`` (half a
+        second past it: a call that just ended); the calls still open then, described, are
+        left to the process's end (their clients never ended them)."""
+        stopping = threading.Thread(target=self.shutdown, name="flight-stop", daemon=True)
+        stopping.start()
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0) + 0.5
+        stopping.join(left)
+        return self.calls() if stopping.is_alive() else []
+
     def begin_stop(self, deadline: float) -> None:
         """Shutting down: consumer streams stop delivering and tell their clients (Closing),
         produce streams tell theirs once every batch is answered; each ends once its client has
@@ -107,7 +132,9 @@ class FlightService(fl.FlightServerBase):
             acks.closing()
 
     # -- admin -------------------------------------------------------------------------------
-    def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
+    def list_actions(  # type: ignore[override]  # (pyarrow takes (name, description) pairs)
+        self, context: fl.ServerCallContext
+    ) -> list[tuple[str, str]]:
         with _answering("list actions"):
             if not self._certified_port_map(context):
                 self._session(context)  # (authenticated, as every call)
@@ -116,7 +143,9 @@ class FlightService(fl.FlightServerBase):
     # -- what Flight has and sparkmq does not serve: a plain refusal, never a traceback (the
     # middleware refuses GetSchema: pyarrow answers any error raised in its handler with a
     # Python traceback, see flight_auth) -----------------------------------------------------
-    def list_flights(self, context: fl.ServerCallContext, criteria: bytes) -> Iterator[Any]:
+    def list_flights(  # type: ignore[override]  # (criteria come as bytes, not str)
+        self, context: fl.ServerCallContext, criteria: bytes
+    ) -> Iterator[Any]:
         self._not_served(context, "ListFlights")
         return iter(())
 
@@ -146,17 +175,17 @@ class FlightService(fl.FlightServerBase):
                 "but cannot tell the broker whose it is): log in with a user name and password "
                 "or a token, or use the direct wire (transport='wire'), where it identifies you"
             )
-        principal = self.security.login(creds, peer=peer, transport="flight")
-        return self.security.session(self.broker, principal, peer=peer, transport="flight")
+        principal = self.gateway.login_now(creds, peer=peer, transport="flight")
+        return self.gateway.session(principal, peer=peer, transport="flight")
 
     def _certified_port_map(self, context: fl.ServerCallContext) -> bool:
         """A ping without credentials under mutual TLS: answered with where the direct wire is
         (the seeds' port mapper) and nothing else. Every caller has a certificate gRPC verified,
         but Flight cannot say whose, so a client that has only its certificate finds the wire
         this way and is identified there."""
-        tls = self.security.tls
+        tls = self.gateway.tls
         return (
-            self.security.enabled
+            self.gateway.security_on
             and tls is not None
             and tls.mutual
             and flight_auth.presented(context).empty
@@ -166,7 +195,9 @@ class FlightService(fl.FlightServerBase):
         # (an action's type is a protobuf string: gRPC refuses one that is not UTF-8 itself)
         with self._call(f"action {action.type}"), _answering("action"):
             cmd = translate.action_command(action.type, action.body.to_pybytes())
-            if not (isinstance(cmd, commands.Ping) and self._certified_port_map(context)):
+            if isinstance(cmd, commands.Ping) and self._certified_port_map(context):
+                result: Any = {}  # (who asks is not known: where the wire is, and no more)
+            else:
                 result = self._session(context).execute(cmd)
             if isinstance(cmd, commands.Ping):  # also how clients find the direct wire
                 answer: Any = {
@@ -174,7 +205,7 @@ class FlightService(fl.FlightServerBase):
                     "wire_port": self.wire_port,
                     "wire_local": self.wire_local,
                     "wire_version": wire.VERSION,
-                    **self.broker.ha_state(),
+                    **result,  # (the broker's role and epoch)
                 }
             else:
                 answer = translate.action_answer(cmd, result)
@@ -222,7 +253,9 @@ class FlightService(fl.FlightServerBase):
                     continue
                 try:
                     batch = checked(chunk.data, f"batch {acks.next_seq}")
-                    result: Future | SparkMQError = session.produce(cmd.destination, batch)
+                    result: Future | SparkMQError = session.produce(
+                        cmd.destination, Messages.of(batch)
+                    )
                 except SparkMQError as exc:
                     result = exc
                 acks.add(result)
@@ -255,7 +288,7 @@ class FlightService(fl.FlightServerBase):
         log.info(
             "consumer %d attached to %s%s",
             consumer.consumer_id,
-            consumer.subscription.destination,
+            consumer.destination,
             f" subscription {cmd.subscription}" if cmd.subscription else "",
         )
         done = threading.Event()
@@ -295,8 +328,8 @@ class FlightService(fl.FlightServerBase):
                     protocol.encode(
                         protocol.Welcome(
                             consumer.consumer_id,
-                            consumer.subscription.lease_s,
-                            consumer.subscription.destination,
+                            consumer.lease_s,
+                            consumer.destination,
                         )
                     )
                 )
@@ -317,8 +350,10 @@ class FlightService(fl.FlightServerBase):
                 for reply in consumer.replies():
                     writer.write_metadata(_reply(reply))
                     wrote = True
-                while (batch := consumer.next_delivery()) is not None:
-                    writer.write_table(batch)
+                if pump(
+                    consumer,
+                    lambda messages, state: writer.write_table(delivery_table(messages, state)),
+                ):
                     wrote = True
                 now = time.monotonic()
                 if wrote:
@@ -511,16 +546,3 @@ class _InOrderAcks:
             self._stopping = True
             self._cond.notify_all()
         self._sender.join()
-
-
-def put_answer(seq: int, fut: Future) -> protocol.Frame:
-    """The answer to produced batch ``seq`` whose future is done (any transport)."""
-    try:
-        res = fut.result()
-        if isinstance(res, ProduceResult):
-            first = res.offsets[0] if res.offsets else 0
-            return PutAck(seq, first, len(res.offsets), tuple(res.offsets), res.duplicates)
-        return PutAck(seq, res.first_offset, res.count)
-    except Exception as exc:
-        err = exc if isinstance(exc, SparkMQError) else SparkMQError(f"internal error: {exc}")
-        return PutFailed(seq, json.loads(to_wire(err)))

@@ -39,7 +39,9 @@ class CredentialsFactory(fl.ServerMiddlewareFactory):
         try:
             return Presented(credentials_of(headers))
         except NotAuthenticated as exc:
-            raise fl.FlightUnauthenticatedError(exc.message, extra_info=to_wire(exc)) from None
+            raise fl.FlightUnauthenticatedError(  # type: ignore[call-arg]  # (the stubs lack it)
+                exc.message, extra_info=to_wire(exc)
+            ) from None
 
 
 def credentials_of(headers: dict[str, list]) -> Credentials:

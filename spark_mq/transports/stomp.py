@@ -24,14 +24,10 @@ import contextlib
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-from spark_mq.broker.core import Broker
+from spark_mq.connection.gateway import Gateway
+from spark_mq.connection.listener import ListenerCore
 from spark_mq.errors import ConfigError
-from spark_mq.journal.group_commit import DestinationWriter
-from spark_mq.journal.inline_commit import InlineCommit
-from spark_mq.security.context import Security
 from spark_mq.transports.stomp_codec import Limits
 from spark_mq.transports.stomp_connection import StompConnection
 
@@ -41,25 +37,24 @@ _SWEEP_S = 0.25  # heart-beats and handshake deadlines are checked this often
 
 
 class StompServer:
-    def __init__(
-        self, broker: Broker, host: str, port: int, *, security: Security | None = None
-    ) -> None:
-        self.broker = broker
-        self.security = security or Security(broker.config)
-        settings = broker.config.broker
+    name = "stomp"
+
+    def __init__(self, gateway: Gateway, host: str, port: int) -> None:
+        self.gateway = gateway
+        self.core = ListenerCore(gateway, "stomp", label="STOMP")
+        self.turn = self.core.turn
+        settings = gateway.config.broker
         self.settings = settings
-        body = broker.config.limits.max_message_bytes
+        body = gateway.config.limits.max_message_bytes
         self.limits = Limits(
             max_frame_bytes=body + settings.stomp_max_headers * settings.stomp_max_header_bytes,
             max_headers=settings.stomp_max_headers,
             max_header_bytes=settings.stomp_max_header_bytes,
             max_body_bytes=body,
         )
-        self.helpers = ThreadPoolExecutor(4, thread_name_prefix="stomp-blocking")
         self.conns: set[StompConnection] = set()
-        # acks waiting to share a sync with the next messages (see InlineCommit): the loop
+        # acks waiting to share a sync with the next messages (the turn's ``later``): the loop
         # commits them when due, rather than waking each writer thread to
-        self.later: dict[DestinationWriter, float] = {}
         self._later_at: asyncio.TimerHandle | None = None
         self.draining = False
         self.loop = asyncio.new_event_loop()
@@ -92,7 +87,7 @@ class StompServer:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
-        self.helpers.shutdown(wait=False, cancel_futures=True)
+        self.core.close()
 
     def _sweep(self) -> None:
         now = time.monotonic()
@@ -114,14 +109,15 @@ class StompServer:
         pending = sum(c.outstanding for c in list(self.conns))
         return f"{pending} STOMP frame(s) to answer" if pending else ""
 
-    def shutdown(self, deadline: float | None = None) -> None:
+    def stop(self, deadline: float | None = None) -> list[str]:
         """Stop accepting; with a ``deadline`` (``time.monotonic()``) first answer what was
         read (receipts once durable) until everything is or the deadline passes; then tell
         every client the broker stops, and close (consumers' messages go back)."""
         if self.loop.is_closed():
-            return
+            return []
         asyncio.run_coroutine_threadsafe(self._shutdown(deadline), self.loop).result()
         self._stop_loop()
+        return []
 
     async def _shutdown(self, deadline: float | None) -> None:
         self._server.close()
@@ -137,14 +133,14 @@ class StompServer:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._server.wait_closed(), 0.5)
 
-    def inline_commit(self) -> InlineCommit:
-        return InlineCommit(self.later)
+    def begin_stop(self, deadline: float) -> None:
+        """(STOMP drains in :meth:`shutdown`.)"""
 
     def committed(self) -> None:
-        """(After an inline commit.) Come back when the earliest waiting ack is due."""
-        if not self.later:
+        """(After a turn.) Come back when the earliest waiting ack is due."""
+        due = self.turn.due()
+        if due is None:
             return
-        due = min(self.later.values())
         if self._later_at is not None:
             if self._later_at.when() <= due:
                 return
@@ -153,10 +149,5 @@ class StompServer:
 
     def _commit_later(self) -> None:
         self._later_at = None
-        self.inline_commit().commit()  # (what is due; the rest stays in later)
+        self.turn.commit_due()  # (what is due; the rest stays for later)
         self.committed()
-
-    def run_blocking(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
-        """``fn(*args)`` on a helper thread (a login, a produce that may wait for room, a
-        transaction's commit); awaited on the loop."""
-        return self.loop.run_in_executor(self.helpers, fn, *args)

@@ -14,18 +14,19 @@ is neither read nor delivered to until what waits for it has gone out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from spark_mq.config import BrokerSection
+from spark_mq.connection.core import Beat, Close, Connection, ConnState, Refuse
+from spark_mq.connection.gateway import Gateway
+from spark_mq.connection.listener import ListenerCore, Turn
 from spark_mq.errors import SparkMQError
-from spark_mq.journal.inline_commit import InlineCommit
-from spark_mq.security.authenticate import Credentials
 from spark_mq.security.tls import common_name
 from spark_mq.session import Principal
 from spark_mq.transports.stomp_codec import (
@@ -33,6 +34,7 @@ from spark_mq.transports.stomp_codec import (
     VERSIONS,
     Frame,
     HeartBeat,
+    Limits,
     Parser,
     StompError,
     encode,
@@ -40,68 +42,80 @@ from spark_mq.transports.stomp_codec import (
 from spark_mq.transports.stomp_session import StompSession
 from spark_mq.version import __version__
 
-if TYPE_CHECKING:
-    from spark_mq.transports.stomp import StompServer
-
 log = logging.getLogger(__name__)
 
-_LINGER_S = 2.0  # after an ERROR, what the client still sends is read and dropped this long
 _BACKLOG_FRAMES = 256  # frames read ahead while one waits for a helper thread
 _WRITE_HIGH = 1024 * 1024  # unsent bytes past which the client is not read nor delivered to
 
 
+class StompHost(Protocol):
+    """What a connection asks of the listener that accepted it
+    (:class:`~spark_mq.transports.stomp.StompServer`)."""
+
+    gateway: Gateway
+    core: ListenerCore
+    turn: Turn
+    settings: BrokerSection
+    limits: Limits  # a logged-in connection's frames
+    conns: set[StompConnection]
+    draining: bool
+    loop: asyncio.AbstractEventLoop
+    loop_thread: int
+
+    def committed(self) -> None:
+        """After a turn of frames: what they submitted commits (now, or with the next)."""
+
+
 class StompConnection(asyncio.Protocol):
-    def __init__(self, server: StompServer) -> None:
+    def __init__(self, server: StompHost) -> None:
         self.server = server
         self.loop = server.loop
         self.transport: Any = None
         self.peer = "?"
+        self.core = Connection(
+            "?", "stomp", time.monotonic(), first="CONNECT frame", wake=self.set,
+            tls=server.gateway.tls is not None,
+        )  # fmt: skip
+        self.core.waits = lambda: True  # (a STOMP heart-beat goes out whenever it is due)
         # until it has logged in, a connection's frames may be only a CONNECT's size, and only
         # its first frame is read: an unauthenticated client makes the broker buffer no more
         self.parser = Parser(PRELOGIN_LIMITS)
         self.version = "1.2"
         self.verbs: StompSession | None = None  # once connected
-        self.certificate_name: str | None = None
-        self.closed = False
-        self.refused = False  # an ERROR went out: what comes is dropped until the close
-        self.draining = False
         self.disconnecting: str | None = None  # DISCONNECT's receipt ("" for none)
         self.frames: deque[Frame] = deque()
-        self.busy = False  # a helper thread works for the frame at the head
         self._pump_due = False
         self.paused_writing = False
         self.reading = True
-        self.opened = self.last_read = self.last_write = time.monotonic()
-        self.hb_in = self.hb_out = 0.0  # seconds; 0: none
         self.next_extend = 0.0  # when the leases of unacknowledged messages are extended next
-        self.inline: InlineCommit | None = None  # while frames are handled: commits them
-        self.handshaking = False  # TLS: the handshake is under way (it has its own deadline)
         self._early: list[bytes] = []  # data that came before the handshake was done with
+
+    @property
+    def state(self) -> ConnState:
+        return self.core.state
 
     # -- asyncio's callbacks -----------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer = self.core.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         server = self.server
         if server.draining:
             transport.close()
             return
+        refused = server.core.over_cap(len(server.conns), self.peer)
         server.conns.add(self)
-        if len(server.conns) > server.settings.max_connections:
-            self.error(
-                f"the broker has {server.settings.max_connections} STOMP connections open, its "
-                "limit (broker.max_connections): try again later"
-            )
+        if refused is not None:
+            self.core.state = ConnState.OPENING  # (told in plain STOMP, before any TLS)
+            self.error(refused.message)
             return
         transport.set_write_buffer_limits(high=_WRITE_HIGH)
-        if server.security.tls is not None:
+        if self.core.state is ConnState.HANDSHAKING:
             transport.pause_reading()  # the TLS handshake reads first
-            self.handshaking = True
             self.loop.create_task(self._start_tls(transport))
 
     async def _start_tls(self, raw: Any) -> None:
-        tls = self.server.security.tls
+        tls = self.server.gateway.tls
         assert tls is not None
         try:
             self.transport = await self.loop.start_tls(
@@ -110,7 +124,7 @@ class StompConnection(asyncio.Protocol):
             )  # fmt: skip
         except Exception as exc:  # (ssl.SSLError, a reset, the handshake's timeout)
             log.info("stomp: TLS handshake with %s failed: %s", self.peer, exc)
-            self.server.security.audit.event(
+            self.server.gateway.audit(
                 "authentication_failed", peer=self.peer, transport="stomp", detail=str(exc)
             )
             raw.abort()
@@ -119,19 +133,18 @@ class StompConnection(asyncio.Protocol):
         if self.transport is None:  # (the client left during the handshake)
             self.connection_lost(None)
             return
-        self.handshaking = False
-        self.certificate_name = common_name(self.transport.get_extra_info("peercert"))
+        self.core.handshaken(common_name(self.transport.get_extra_info("peercert")))
         early, self._early = self._early, []
         for data in early:  # (what came with the handshake's last flight)
             self.data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.closed:
+        if self.core.state is ConnState.CLOSED:
             return
-        self.closed = True
         self.server.conns.discard(self)
         if self.verbs is not None:
             self.verbs.close()  # consumers detached: what they held goes back
+        self.core.closed()
 
     def pause_writing(self) -> None:
         self.paused_writing = True
@@ -143,15 +156,19 @@ class StompConnection(asyncio.Protocol):
         self.set()
 
     def data_received(self, data: bytes) -> None:
-        if self.refused or self.closed:
+        state = self.core.state
+        if state.ended:
             return
-        if self.handshaking:  # TLS: decrypted before start_tls returned the transport to use
-            self._early.append(data)
+        if state is ConnState.HANDSHAKING:  # TLS: decrypted before start_tls returned the
+            self._early.append(data)  # transport to use
             return
-        self.last_read = time.monotonic()
+        self.core.heard(time.monotonic())
         try:
             # (before CONNECTED: the CONNECT alone; what follows it waits in the parser)
-            at_most = None if self.verbs is not None else 0 if self.busy or self.frames else 1
+            if self.verbs is not None:
+                at_most = None
+            else:
+                at_most = 0 if state is ConnState.LOGGING_IN or self.frames else 1
             events = self.parser.feed(data, at_most=at_most)
         except StompError as exc:
             self.error(exc.message, receipt=exc.receipt)
@@ -166,36 +183,24 @@ class StompConnection(asyncio.Protocol):
 
     # -- the frames, in order ----------------------------------------------------------------
     def _process(self) -> None:
-        with self.committing():
-            while self.frames and not self.busy and not self.refused and not self.closed:
-                if self.disconnecting is not None or self.draining:
+        core = self.core
+        with self.server.turn.running():  # what the frames submit: one sync, on the loop
+            while self.frames:
+                state = core.state
+                if state is ConnState.CLOSING:
                     self.frames.clear()  # nothing after a DISCONNECT; nothing new while stopping
                     break
+                if state is not ConnState.SERVING and state is not ConnState.OPENING:
+                    break  # (waiting on a helper or a login, or going)
                 frame = self.frames.popleft()
                 try:
                     self._frame(frame)
                 except (StompError, SparkMQError) as exc:
                     self.error(exc.message, receipt=frame.header("receipt"))
                     return
+        self.server.committed()
         self._update_reading()
         self.maybe_finish()
-
-    @contextlib.contextmanager
-    def committing(self) -> Iterator[None]:
-        """What the frames handled inside (the sends and acks that came together) is made
-        durable here, on the loop, at the end: one sync for all of them and no hand-off to the
-        journal's threads, as the direct wire's turn does (with quick commits: the hot tier or
-        memory; Delta-only journals commit on the writer threads)."""
-        if self.inline is not None or not self.server.broker.journal.commits_are_quick:
-            yield
-            return
-        self.inline = self.server.inline_commit()
-        try:
-            yield
-        finally:
-            inline, self.inline = self.inline, None
-            inline.commit()
-            self.server.committed()
 
     def _frame(self, frame: Frame) -> None:
         if self.verbs is None:
@@ -204,6 +209,7 @@ class StompConnection(asyncio.Protocol):
             raise StompError(f"the first frame must be CONNECT (or STOMP), not {frame.command}")
         if frame.command == "DISCONNECT":
             self.disconnecting = frame.header("receipt") or ""
+            self.core.closing()
         else:
             self.verbs.frame(frame)
 
@@ -212,7 +218,7 @@ class StompConnection(asyncio.Protocol):
     ) -> None:
         """Run ``fn`` on a helper thread; the frames behind it wait; ``then`` gets its result
         on the loop (an exception is an ERROR)."""
-        self.awaiting(self.server.run_blocking(fn), then, receipt)
+        self.awaiting(self.server.core.run_blocking(fn), then, receipt)
 
     def awaiting(
         self,
@@ -223,12 +229,12 @@ class StompConnection(asyncio.Protocol):
         """Wait for ``work`` (done elsewhere: a helper thread, the security layer's login);
         the frames behind it wait; ``then`` gets its result on the loop (an exception is an
         ERROR)."""
-        self.busy = True
+        self.core.waiting()  # (a login is LOGGING_IN already)
         self._update_reading()
 
         def done(fut: asyncio.Future[Any]) -> None:
-            self.busy = False
-            if self.closed:
+            self.core.done_waiting()
+            if self.core.state.ended:
                 return
             exc = fut.exception()
             if exc is not None:
@@ -262,24 +268,22 @@ class StompConnection(asyncio.Protocol):
         version = common[-1]
         cx, cy = _heart_beat(frame.header("heart-beat"))
         ours = self.server.settings.stomp_heartbeat_ms
-        self.hb_out = max(ours, cy) / 1000 if ours and cy else 0.0
-        self.hb_in = max(ours, cx) / 1000 if ours and cx else 0.0
+        core = self.core
+        core.heartbeat_s = max(ours, cy) / 1000 if ours and cy else 0.0
+        # a client silent for twice the heart-beat agreed is taken for dead
+        core.silence_s = 2 * max(ours, cx) / 1000 if ours and cx else 0.0
         client_id = frame.header("client-id") or None
         login, passcode = frame.header("login"), frame.header("passcode")
-        security, peer = self.server.security, self.peer
-        certificate = self.certificate_name
-
+        # a bearer token may come as the passcode alone, as for RabbitMQ's OAuth plugin; with
+        # neither, the certificate TLS verified (or nothing: refused with security on)
         if login:
-            creds = Credentials(login, passcode or "")
-        elif passcode:  # a bearer token in the passcode, as RabbitMQ's OAuth plugin
-            creds = Credentials(token=passcode)
-        else:  # a client certificate's name, or nothing (refused with security on)
-            creds = Credentials(certificate_name=certificate)
+            self.server.core.log_in(core, login, passcode or "", None)
+        else:
+            self.server.core.log_in(core, None, None, passcode or None)
 
         def connected(principal: Principal) -> None:
-            session = security.session(self.server.broker, principal, peer=peer, transport="stomp")
-            session.on_revoke = lambda reason: self.threadsafe(self.error, reason)
-            self.verbs = StompSession(self, session, client_id)
+            session = self.server.core.open_session(core, principal)
+            self.verbs = StompSession(self, self.server.core, session, client_id)
             self.version = self.parser.version = version
             self.parser.limits = self.server.limits  # (a login's, until now)
             for event in self.parser.feed(b""):  # what came behind the CONNECT
@@ -298,57 +302,63 @@ class StompConnection(asyncio.Protocol):
             )
             self.receipt(frame)
 
-        # (the login runs off the loop: a host's penalty is a timer, argon2 a pool of its own)
-        login_done = security.submit_login(creds, peer=peer, transport="stomp")
-        self.awaiting(login_done, connected, frame.header("receipt"))
+        assert core.login is not None
+        self.awaiting(core.login, connected, frame.header("receipt"))
 
     # -- waking, writing, closing -------------------------------------------------------------
     def set(self) -> None:
-        """Its consumers' wake-up (any thread): something to deliver, or a settle answered."""
+        """Its consumers' wake-up (any thread): something to deliver, a settle answered, its
+        session revoked."""
         if not self._pump_due:
             self._pump_due = True
             self.threadsafe(self._pump)
 
     def _pump(self) -> None:
         self._pump_due = False
-        if self.verbs is not None and not self.closed and not self.refused:
-            with self.committing():  # (auto acks)
+        revoked = self.core.revocation()
+        if revoked is not None:
+            self.error(revoked.message)
+            return
+        if self.verbs is not None and not self.core.state.ended:
+            with self.server.turn.running():  # (auto acks)
                 self.verbs.pump()
+            self.server.committed()
 
     def write_bytes(self, parts: list[bytes]) -> None:
         self.transport.writelines(parts)
-        self.last_write = time.monotonic()
+        self.core.writes += 1
 
     def write(self, frame: Frame) -> None:
-        if self.closed or self.transport is None:
+        if self.core.state is ConnState.CLOSED or self.transport is None:
             return
         self.transport.write(encode(frame, self.version if self.verbs is not None else "1.0"))
-        self.last_write = time.monotonic()
+        self.core.writes += 1
 
     def receipt(self, frame: Frame) -> None:
         self.reply(frame.header("receipt"))
 
     def reply(self, receipt: str | None) -> None:
-        if receipt is not None and not self.refused:
+        if receipt is not None and not self.core.state.ended:
             self.write(Frame("RECEIPT", (("receipt-id", receipt),)))
 
     @property
     def outstanding(self) -> int:
         """Frames taken whose answer is still to come."""
         pending = self.verbs.pending_ops if self.verbs is not None else 0
-        return pending + (1 if self.busy else 0)
+        busy = self.core.state in (ConnState.WAITING, ConnState.LOGGING_IN)
+        return pending + (1 if busy else 0)
 
     def maybe_finish(self) -> None:
         """After DISCONNECT: once everything before it is answered, its receipt, and close."""
-        if self.disconnecting is None or self.outstanding or self.closed or self.refused:
+        if self.disconnecting is None or self.outstanding or self.core.state.ended:
             return
         self.reply(self.disconnecting or None)
-        self.refused = True  # (nothing more is read)
+        self.core.refuse(time.monotonic())  # (nothing more is read)
         self.transport.close()
 
     def error(self, message: str, *, receipt: str | None = None) -> None:
         """An ERROR frame saying what was wrong; then the connection closes."""
-        if self.refused or self.closed:
+        if self.core.state.ended:
             return
         log.info("stomp: ERROR to %s: %s", self.peer, message)
         one_line = " ".join(message.split())
@@ -359,66 +369,59 @@ class StompConnection(asyncio.Protocol):
         self._refuse()
 
     def _refuse(self) -> None:
-        self.refused = True
+        """Told why: what still comes is read and dropped, and it closes after a linger."""
+        self.core.refuse(time.monotonic())
         self.frames.clear()
         transport = self.transport
         if transport is None:
             return
         # half-close and read what still comes, then close: closing at once with unread input
         # resets the connection, and the client could lose the ERROR (TLS cannot half-close:
-        # the ERROR goes out, what comes is read and dropped, and the close follows)
+        # the ERROR goes out, what comes is read and dropped; the sweep closes it a linger on)
         if transport.can_write_eof():
             transport.write_eof()
         if not self.reading:
             self.reading = True
             transport.resume_reading()
-        self.loop.call_later(_LINGER_S, transport.close)
 
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
 
     def sweep(self, now: float) -> None:
-        """(Every quarter second.) The CONNECT deadline and heart-beats both ways."""
-        if self.closed or self.refused or self.transport is None or self.handshaking:
+        """(Every quarter second, or a quarter of the heart-beat.) The connection's deadlines
+        (see ``Connection.check``), and its unacknowledged messages' leases."""
+        if self.transport is None:
             return
-        settings = self.server.settings
-        if self.verbs is None and not self.busy:
-            if now - self.opened >= settings.handshake_timeout_s:
-                self.error(
-                    f"no CONNECT frame within {settings.handshake_timeout_s:g} s of connecting "
-                    "(broker.handshake_timeout_s)"
-                )
-            return
-        if self.hb_in and now - self.last_read > 2 * self.hb_in:
-            self.error(
-                f"nothing received for {now - self.last_read:.1f} s; the heart-beat agreed was "
-                f"every {self.hb_in * 1000:.0f} ms: the connection is taken to be dead"
-            )
-            return
-        if self.verbs is not None and now >= self.next_extend:
+        match self.core.check(now, self.server.core.deadlines):
+            case Refuse(error=err):
+                self.error(err.message)
+                return
+            case Close():
+                self.transport.close()
+                return
+            case Beat():
+                self.transport.write(b"\n")
+        if self.verbs is not None and not self.core.state.ended and now >= self.next_extend:
             self.next_extend = now + self.verbs.extend_leases()
-        if self.hb_out and now - self.last_write >= self.hb_out:
-            self.transport.write(b"\n")
-            self.last_write = now
 
     def drain(self) -> None:
         """The broker stops: nothing new is read or delivered; what was taken is answered."""
-        self.draining = True
+        self.core.closing()
         self._update_reading()
 
     def stopping(self) -> None:
         self.error("the broker is shutting down: reconnect (to its backup, or once it is back)")
 
     def _update_reading(self) -> None:
-        if self.transport is None or self.closed or self.refused or self.handshaking:
+        state = self.core.state
+        if self.transport is None or state.ended or state is ConnState.HANDSHAKING:
             return
         want = not (
             self.paused_writing
-            or self.draining
-            or self.disconnecting is not None
-            or (self.busy and len(self.frames) >= _BACKLOG_FRAMES)
-            or (self.verbs is None and self.busy)  # nothing more read while it logs in
+            or state is ConnState.CLOSING
+            or (state is ConnState.WAITING and len(self.frames) >= _BACKLOG_FRAMES)
+            or state is ConnState.LOGGING_IN  # nothing more read while it logs in
         )
         if want != self.reading:
             self.reading = want

@@ -33,8 +33,8 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from spark_mq.errors import InvalidNameError
+from spark_mq.messages import Messages, PlainMessage
 from spark_mq.names import validate_name
-from spark_mq.plain import PlainMessage
 from spark_mq.schema import DEFAULT_PRIORITY, PRODUCE_SCHEMA
 from spark_mq.transports.stomp_codec import Frame, StompError
 
@@ -139,8 +139,11 @@ def send_row(frame: Frame, reply_to: str | None = None) -> dict[str, Any] | Plai
     }
 
 
-def produce_batch(row: dict[str, Any]) -> pa.Table:
-    return pa.Table.from_pylist([row], schema=PRODUCE_SCHEMA)
+def produced(message: dict[str, Any] | PlainMessage) -> Messages:
+    """A SEND's message (:func:`send_row`) as the session produces it."""
+    if isinstance(message, PlainMessage):
+        return Messages.one(message)
+    return Messages.of(pa.Table.from_pylist([message], schema=PRODUCE_SCHEMA))
 
 
 def transaction_table(rows: list[dict[str, Any]]) -> pa.Table | None:
@@ -169,17 +172,17 @@ class Delivered:
     delivery_count: int
 
 
-def delivered(rows: pa.Table | list[PlainMessage], counts: list[int]) -> list[Delivered]:
-    """Leased rows (a table of ``MESSAGE_SCHEMA``, or plain messages) with their delivery
-    counts, in delivery order."""
-    if isinstance(rows, list):
+def delivered(messages: Messages, counts: list[int]) -> list[Delivered]:
+    """Leased messages with their delivery counts, in delivery order."""
+    if (plain := messages.plain) is not None:
         return [
             Delivered(
                 m.offset, None, None, DEFAULT_PRIORITY, m.enqueue_time_us // 1000, 0, [], m.body, n
             )
-            for m, n in zip(rows, counts, strict=True)
+            for m, n in zip(plain, counts, strict=True)
         ]
-    cols = {
+    rows = messages.table()
+    cols: dict[str, list[Any]] = {  # (offset, priority, enqueue_time, body: never null)
         name: rows[name].to_pylist()
         for name in (
             "offset",

@@ -22,23 +22,21 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from spark_mq.broker import commands as c
-from spark_mq.broker.consumers import ConsumerSession
+from spark_mq import commands as c
+from spark_mq.connection.core import ConnState
+from spark_mq.connection.listener import ListenerCore, pump
+from spark_mq.deliveries import DeliveryState
 from spark_mq.errors import SparkMQError
-from spark_mq.journal.inline_commit import InlineCommit
+from spark_mq.messages import Messages
 from spark_mq.names import validate_name
-from spark_mq.plain import PlainMessage
-from spark_mq.session import ClientSession
+from spark_mq.session import ClientSession, ConsumerHandle
 from spark_mq.transports import stomp_headers as h
 from spark_mq.transports.stomp_codec import Frame, StompError, encode
-from spark_mq.transports.wire_producing import INLINE_MAX_BYTES
-
-if TYPE_CHECKING:
-    from spark_mq.transports.stomp_connection import StompConnection
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +49,7 @@ SHARED = "sparkmq-shared-subscription"
 @dataclass
 class _Sub:
     id: str
-    consumer: ConsumerSession
+    consumer: ConsumerHandle
     destination: str  # as the client named it
     stored_as: str  # the sparkmq destination
     ack: str
@@ -66,15 +64,52 @@ class _Tx:
     nacked: list[tuple[_Sub, list[tuple[int, int]]]] = field(default_factory=list)
 
 
+class StompLink(Protocol):
+    """What a session asks of its connection
+    (:class:`~spark_mq.transports.stomp_connection.StompConnection`): frames written, work
+    waited for with the frames behind it held, an ERROR, the connection's state."""
+
+    version: str  # the STOMP version agreed
+    peer: str
+    paused_writing: bool  # the client is not reading: deliver nothing more for now
+
+    @property
+    def state(self) -> ConnState: ...
+
+    def write_bytes(self, parts: list[bytes]) -> None: ...
+    def reply(self, receipt: str | None) -> None: ...
+    def receipt(self, frame: Frame) -> None: ...
+    def error(self, message: str, *, receipt: str | None = None) -> None: ...
+    def blocking(
+        self, fn: Callable[[], Any], then: Callable[[Any], None], receipt: str | None
+    ) -> None: ...
+    def awaiting(
+        self, work: Future[Any], then: Callable[[Any], None], receipt: str | None
+    ) -> None: ...
+    def threadsafe(self, fn: Callable[..., Any], *args: Any) -> None: ...
+    def set(self) -> None:
+        """Wake the connection to deliver (any thread)."""
+
+    def maybe_finish(self) -> None:
+        """After a DISCONNECT, once everything before it is answered: close."""
+
+
 class StompSession:
-    def __init__(self, conn: StompConnection, session: ClientSession, client_id: str | None):
+    def __init__(
+        self,
+        conn: StompLink,
+        listener: ListenerCore,
+        session: ClientSession,
+        client_id: str | None,
+    ) -> None:
         self.conn = conn
+        self.listener = listener
         self.session = session
         self.client_id = client_id
         self.pending_ops = 0  # sends and settles whose answer is to come
         self.subs: dict[str, _Sub] = {}
-        self.retired: list[ConsumerSession] = []  # unsubscribed, settles still to answer
-        self.temps: dict[str, ConsumerSession] = {}  # /temp-queue/<name> -> its consumer
+        self.retired: list[ConsumerHandle] = []  # unsubscribed, settles still to answer
+        self.temps: dict[str, ConsumerHandle] = {}  # /temp-queue/<name> -> its consumer
         self.acks: dict[str, _Sub] = {}  # ack id -> the subscription it was delivered on
         self.by_message_id: dict[str, str] = {}  # 1.0/1.1 acks name the message id
         self.message_ids: dict[str, str] = {}  # ...and the other way round, to forget it
@@ -130,7 +165,7 @@ class StompSession:
                 self._settle_now(self.subs[sub_id], "extend", entries, None, strict=False)
         if not self.subs:
             return 0.1  # (a subscription may come any moment; nothing to do meanwhile)
-        return min(s.consumer.subscription.lease_s for s in self.subs.values()) / 3
+        return min(s.consumer.lease_s for s in self.subs.values()) / 3
 
     # -- SEND --------------------------------------------------------------------------------
     def _send(self, frame: Frame) -> None:
@@ -144,13 +179,14 @@ class StompSession:
             self._tx(frame).rows.append({"destination": name, **h.as_row(message)})
             self.conn.receipt(frame)
             return
-        if session.produce_may_wait(name):  # (a block policy, or memory short): not on the loop
-            stored = lambda: _produce(session, name, message).result()  # noqa: E731
-            self.conn.blocking(stored, lambda _: self.conn.reply(receipt), receipt)
+        produced = h.produced(message)
+        # committed with the loop's turn; a big one by the writer thread while the loop serves
+        # on; one that may wait for room (a block policy, memory short) on a helper thread,
+        # the frames behind it waiting
+        fut, waits = self.listener.produce(session, name, produced, len(frame.body))
+        if waits:
+            self.conn.awaiting(fut, lambda _: self.conn.reply(receipt), receipt)
             return
-        # (a big message is synced by the journal's writer thread while the loop serves on)
-        small = len(frame.body) < INLINE_MAX_BYTES
-        fut = _produce(session, name, message, self.conn.inline if small else None)
         self.pending_ops += 1
         fut.add_done_callback(lambda f: self.conn.threadsafe(self._produced, f, receipt))
 
@@ -166,7 +202,7 @@ class StompSession:
 
     def _producing_to(self, target: h.Target) -> str:
         if target.kind == "temp-queue":
-            return self._temp(target.name).subscription.destination
+            return self._temp(target.name).destination
         self.session.open_named(target.name, target.kind)
         return target.name
 
@@ -176,9 +212,9 @@ class StompSession:
         if text is None or not text.startswith("/temp-queue/"):
             return None
         target = h.target_of(text, "reply-to")
-        return f"/queue/{self._temp(target.name).subscription.destination}"
+        return f"/queue/{self._temp(target.name).destination}"
 
-    def _temp(self, name: str, prefetch: int | None = None) -> ConsumerSession:
+    def _temp(self, name: str, prefetch: int | None = None) -> ConsumerHandle:
         consumer = self.temps.get(name)
         if consumer is None:
             cmd = c.Attach("", prefetch=prefetch, temporary=True)
@@ -222,7 +258,7 @@ class StompSession:
                     validate_name(shared, "subscription")
                 cmd = c.Attach(name, shared, prefetch, selector, durable=False)
             consumer = session.attach(cmd, wakeup=self.conn)
-        stored_as = consumer.subscription.destination
+        stored_as = consumer.destination
         self.subs[sub_id] = _Sub(sub_id, consumer, text or "", stored_as, ack)
         log.info("stomp: %s subscribed to %s as %r (%s acks)", self.conn.peer, text, sub_id, ack)
         self.conn.receipt(frame)
@@ -283,13 +319,13 @@ class StompSession:
         tx = self._tx(frame)
         if verb == "nack":
             tx.nacked.append((sub, entries))
-        elif not sub.consumer.subscription.durable:
+        elif not sub.consumer.durable:
             raise StompError(
                 "only messages of queues and durable subscriptions can be acknowledged in a "
                 "transaction"
             )
         else:
-            sub_name = sub.consumer.subscription.name
+            sub_name = sub.consumer.subscription_name
             cid = sub.consumer.consumer_id
             tx.acks += [(sub.stored_as, sub_name, cid, o, n) for o, n in entries]
             tx.acked.append((sub, entries))
@@ -315,9 +351,9 @@ class StompSession:
         self.settling[(sub.consumer.consumer_id, request)] = (verb, receipt, strict)
         self.pending_ops += 1
         cmd = c.Settle(verb, request, tuple(entries))  # type: ignore[arg-type]
-        self.session.settle(sub.consumer, cmd, self.conn.inline)
+        self.session.settle(sub.consumer, cmd, self.listener.turn.inline)
 
-    def _settled(self, consumer: ConsumerSession, reply: c.SettleReply) -> None:
+    def _settled(self, consumer: ConsumerHandle, reply: c.SettleReply) -> None:
         verb, receipt, strict = self.settling.pop((consumer.consumer_id, reply.request_id))
         self.pending_ops -= 1
         if reply.refused and strict:
@@ -361,41 +397,40 @@ class StompSession:
         for consumer in [s.consumer for s in self.subs.values()] + self.retired:
             for reply in consumer.replies():
                 self._settled(consumer, reply)
-                if self.conn.closed or self.conn.refused:
+                if self.conn.state.ended:
                     return
         self.retired = [r for r in self.retired if r.unanswered]
-        if (
-            self.conn.paused_writing
-            or self.conn.draining
-            or self.conn.refused
-            or self.conn.disconnecting is not None
-        ):
-            self.conn.maybe_finish()
+        state = self.conn.state
+        if self.conn.paused_writing or state.ended or state is ConnState.CLOSING:
+            self.conn.maybe_finish()  # (not reading, or going: nothing more delivered)
             return
         for sub in list(self.subs.values()):
             self._deliver(sub)
         self.conn.maybe_finish()
 
     def _deliver(self, sub: _Sub) -> None:
+        conn = self.conn
+        pump(
+            sub.consumer,
+            lambda messages, state: self._write_messages(sub, messages, state),
+            lambda: not conn.paused_writing and not conn.state.ended,
+        )
+
+    def _write_messages(self, sub: _Sub, leased: Messages, state: list[DeliveryState]) -> None:
         auto = sub.ack == "auto"
-        while not self.conn.paused_writing and not self.conn.closed:
-            leased = sub.consumer.next_leased()
-            if leased is None:
-                return
-            rows, state = leased
-            messages = h.delivered(rows, [n for n, _ in state])
-            parts = []
-            for m in messages:
-                token = None if auto else self._token(sub, m)
-                frame = h.message_frame(
-                    m, destination=sub.destination, stored_as=sub.stored_as, subscription=sub.id,
-                    ack=token,
-                )  # fmt: skip
-                parts.append(encode(frame, self.conn.version))
-            self.conn.write_bytes(parts)
-            if auto:  # acknowledged once on its way (STOMP's auto mode: at most once)
-                entries = [(m.offset, m.delivery_count) for m in messages]
-                self._settle_now(sub, "ack", entries, None, strict=False)
+        messages = h.delivered(leased, [n for n, _ in state])
+        parts = []
+        for m in messages:
+            token = None if auto else self._token(sub, m)
+            frame = h.message_frame(
+                m, destination=sub.destination, stored_as=sub.stored_as, subscription=sub.id,
+                ack=token,
+            )  # fmt: skip
+            parts.append(encode(frame, self.conn.version))
+        self.conn.write_bytes(parts)
+        if auto:  # acknowledged once on its way (STOMP's auto mode: at most once)
+            entries = [(m.offset, m.delivery_count) for m in messages]
+            self._settle_now(sub, "ack", entries, None, strict=False)
 
     def _token(self, sub: _Sub, m: h.Delivered) -> str:
         token = str(next(self._tokens))
@@ -406,17 +441,6 @@ class StompSession:
             self.by_message_id[message_id] = token
             self.message_ids[token] = message_id
         return token
-
-
-def _produce(
-    session: ClientSession,
-    name: str,
-    message: dict[str, Any] | PlainMessage,
-    inline: InlineCommit | None = None,
-) -> Future:
-    if isinstance(message, PlainMessage):
-        return session.produce_plain(name, message, inline)
-    return session.produce(name, h.produce_batch(message), inline)
 
 
 def _required(frame: Frame, name: str) -> str:

@@ -1,13 +1,13 @@
 """Between the wire's shapes (:mod:`spark_mq.protocol`) and the broker's
-(:mod:`spark_mq.broker.commands`), for every transport: frames and action bodies become
+(:mod:`spark_mq.commands`), for every transport: frames and action bodies become
 commands, results become frames and JSON answers. Pure functions, no I/O."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from spark_mq import commands as c
 from spark_mq import protocol
-from spark_mq.broker import commands as c
 from spark_mq.errors import ProtocolError
 
 

@@ -1,6 +1,7 @@
-"""A direct-wire connection's state (:class:`WireConn`), the wire's local listening socket, and
-joining small buffers for a TLS socket: the parts of :mod:`spark_mq.transports.direct_wire`
-that are not its loop."""
+"""A direct-wire connection: its socket and codec state (what came in, what waits to go out), its
+role once it said it (a producer or a consumer), and its :class:`~spark_mq.connection.core.
+Connection` (life, login, session, deadlines); the wire's local listening socket; and joining
+small buffers for a TLS socket. The loop is :mod:`spark_mq.transports.direct_wire`."""
 
 from __future__ import annotations
 
@@ -10,15 +11,13 @@ import ssl
 import sys
 import uuid
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spark_mq import wire
-from spark_mq.broker.consumers import ConsumerSession
-from spark_mq.session import ClientSession
-
-if TYPE_CHECKING:
-    from spark_mq.transports.direct_wire import WireServer
+from spark_mq.connection.core import Connection, ConnState
+from spark_mq.session import ConsumerHandle
 
 log = logging.getLogger("spark_mq.transports.direct_wire")
 
@@ -26,58 +25,49 @@ log = logging.getLogger("spark_mq.transports.direct_wire")
 class WireConn:
     """One client connection: what came in, what waits to go out."""
 
-    def __init__(self, server: WireServer, sock: socket.socket, peer: Any, now: float) -> None:
-        self.server = server
+    def __init__(
+        self, sock: socket.socket, peer: Any, now: float, wake: Callable[[WireConn], None]
+    ) -> None:
         self.sock = sock
         self.peer = peer
-        # (frames past a login's size are refused until it is known what the connection does:
-        # see serving())
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        self.core = Connection(
+            str(peer),
+            "wire",
+            now,
+            first="produce or consume frame",
+            wake=lambda: wake(self),
+            tls=self.tls,
+        )
+        self.core.idle = self.idle_producer
+        self.core.waits = self.waits
+        # frames are cut one at a time, a login's size at most, until it has said what it does
+        # (what follows its first frame may have other limits: see DirectWire._known)
         self.reader = wire.FrameReader(wire.PRELOGIN_MAX_FRAME)
         self.reader.one_at_a_time = True
+        self.backlog: deque[tuple[int, wire.Body] | wire.TooLarge] = deque()
         self.out: deque[memoryview] = deque()
         self.unsent = 0  # bytes in ``out``
-        self.opened = self.last_read = now  # time.monotonic()
-        self.frame_started: float | None = None  # when the frame being received began
-        self.refused_at = 0.0
-        self.closing = False  # close once everything queued is written
-        # refused: once the failure is written, half-close and discard what still comes until
-        # the client hangs up (closing at once would reset the connection, and the client could
-        # lose the failure frame and see "connection reset" instead of the reason)
-        self.refused = False
-        self.closed = False
         self.events = 0  # what the selector watches for (0: not registered)
+        self.retrying_write = False  # TLS: the last write must be retried with the same buffer
         self.role: str | None = None  # "produce" or "consume", from the first frame
         # producing
         self.destination = ""
         self.answers: deque[bytes] = deque()  # filled by commit callbacks (any thread)
         self.submitted = self.answered = 0  # produce frames taken, answers written
-        self.backlog: deque[tuple[int, wire.Body] | wire.TooLarge] = deque()
-        self.parked = False  # a produce that may wait runs on a helper thread
-        self.client: ClientSession | None = None  # the session, from the first frame on
-        # security: a login being checked (on a helper thread: argon2 takes tens of ms), its
-        # outcome, and a verified client certificate's common name (mutual TLS)
-        self.login: Future | None = None
-        self.certificate_name: str | None = None
-        self.revoked: str | None = None  # why its user's login no longer holds (any thread)
-        self.tls = isinstance(sock, ssl.SSLSocket)
-        self.handshaking = self.tls
-        self.retrying_write = False  # TLS: the last write must be retried with the same buffer
+        self.waiting_on: Future | None = None  # a produce on a helper thread (it waits for it)
         # consuming
-        self.consumer: ConsumerSession | None = None
+        self.consumer: ConsumerHandle | None = None
         self.compact = False  # plain messages (and a message alone) go as ONE frames
         self.bye = False
-        # heartbeats (the client asked, wire version 3): something goes out at least this often
-        # while the client waits for something (a consumer always; a producer while batches
-        # are unanswered). ``writes`` counts writes (no clock read on the hot path); the sweep
-        # notes when it last saw it change.
-        self.heartbeat_s = 0.0
-        self.writes = 0
-        self.writes_seen = 0
-        self.quiet_since = now
+
+    @property
+    def state(self) -> ConnState:
+        return self.core.state
 
     def set(self) -> None:
-        """The consumer's wake-up (``ConsumerSession.wakeup``): something to send."""
-        self.server.mark(self)
+        """The consumer's wake-up: something to send (any thread)."""
+        self.core.wake()
 
     def queue(self, data: bytes | Any) -> None:
         view = memoryview(data).cast("B")
@@ -88,21 +78,9 @@ class WireConn:
         """Whether the client waits for something from the broker (what heartbeats are for)."""
         if self.role == "consume":
             return not self.bye
-        return self.role == "produce" and (self.submitted > self.answered or self.parked)
-
-    def heartbeat_due(self, now: float) -> bool:
-        """(The sweep.) Whether to write a heartbeat now: the client asked for them, waits,
-        and nothing went out to it for its interval (nor waits to: a client that does not
-        read would only pile them up)."""
-        if not self.heartbeat_s:
-            return False
-        if self.writes != self.writes_seen:
-            self.writes_seen, self.quiet_since = self.writes, now
-            return False
-        if now - self.quiet_since < self.heartbeat_s or self.out or not self.waits():
-            return False
-        self.quiet_since = now
-        return True
+        return self.role == "produce" and (
+            self.submitted > self.answered or self.core.state is ConnState.WAITING
+        )
 
     def idle_producer(self) -> bool:
         """A producer with nothing in flight: nothing unanswered, unsent or half received."""
@@ -111,8 +89,8 @@ class WireConn:
             and self.submitted == self.answered
             and not self.out
             and not self.backlog
-            and self.frame_started is None
-            and not self.parked
+            and self.core.frame_started is None
+            and self.core.state is ConnState.SERVING
         )
 
 

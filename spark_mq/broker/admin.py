@@ -1,88 +1,47 @@
-"""Administering the broker's destinations and subscriptions: create, configure, delete,
-find, and their statistics (a part of :class:`spark_mq.broker.core.Broker`)."""
+"""Administering the broker's destinations and subscriptions: create, configure, delete, and
+their statistics."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from spark_mq.broker.part import BrokerPart
+from spark_mq.broker.disk import DiskMonitor
+from spark_mq.broker.memory import MemoryMonitor
+from spark_mq.broker.registry import Destinations
 from spark_mq.broker.selector import compile_selector
-from spark_mq.errors import ConfigError, DestinationNotFound, NotAllowed
+from spark_mq.config import BrokerConfig
+from spark_mq.errors import ConfigError
+from spark_mq.journal import Journal
 from spark_mq.journal.base import Kind
-from spark_mq.names import validate_name
 from spark_mq.schema import QUEUE_SUBSCRIPTION
-
-if TYPE_CHECKING:
-    from spark_mq.broker.destination import Destination
-    from spark_mq.broker.disk import DiskMonitor
-    from spark_mq.broker.memory import MemoryMonitor
 
 log = logging.getLogger("spark_mq.broker.core")
 
 
-class DestinationAdmin(BrokerPart):
-    """Mixed into ``Broker``: relies on its state and builders (``BrokerPart``), ``memory``
-    and ``disk``."""
-
-    memory: MemoryMonitor
-    disk: DiskMonitor
-
-    def _dest(self, name: str, *, kind: Kind | None = None) -> Destination:
-        """The destination ``name``; ``kind``: what the caller needs it to be, which the error
-        for a missing one suggests creating."""
-        with self._lock:
-            dest = self._dests.get(name)
-        if dest is None:
-            maker = "create_topic" if kind == "topic" else "create_queue"
-            raise DestinationNotFound(
-                f"{kind or 'destination'} {name!r} does not exist (create it first, e.g. "
-                f"Admin.{maker}({name!r}))",
-                destination=name,
-            )
-        return dest
-
-    def destination_for_use(self, name: str) -> Destination:
-        """The destination a producer or consumer names: created as an auto-deleting queue
-        when it does not exist and ``broker.auto_create_queues`` allows it."""
-        with self._lock:
-            dest = self._dests.get(name)
-        if dest is None and self.config.broker.auto_create_queues:
-            validate_name(name)
-            if self.create_destination(name, "queue", {"auto_delete": True}):
-                log.info("auto-created queue %s", name, extra={"destination": name})
-            dest = self._dest(name)
-        elif dest is None:
-            dest = self._dest(name)
-        dest.last_used = self.clock.monotonic()
-        return dest
-
-    def _administrable(self, name: str) -> Destination:
-        dest = self._dest(name)
-        if dest.temporary:
-            raise NotAllowed(
-                f"{name!r} is a temporary queue: it belongs to the consumer that made it and "
-                "goes with it; it cannot be administered",
-                destination=name,
-            )
-        return dest
+class DestinationAdmin:
+    def __init__(
+        self,
+        destinations: Destinations,
+        journal: Journal,
+        config: BrokerConfig,
+        memory: MemoryMonitor,
+        disk: DiskMonitor,
+        ha_state: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.destinations = destinations
+        self.journal = journal
+        self.config = config
+        self.memory = memory
+        self.disk = disk
+        self.ha_state = ha_state
 
     def create_destination(
         self, name: str, kind: Kind, settings: dict[str, Any] | None = None
     ) -> bool:
         """Create a queue or topic (``settings``: overrides of ``[destinations]``)."""
-        overrides = self._checked_settings(settings)
-        with self._lock:
-            _, created = self.journal.create_destination(name, kind, overrides)
-            if created:
-                dest = self._new_destination(name, kind, overrides)
-                if kind == "queue":
-                    dest.subscriptions[QUEUE_SUBSCRIPTION] = self._subscription(
-                        dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set()
-                    )
-                self._dests[name] = dest
-                log.info("created %s %s", kind, name, extra={"destination": name})
-            return created
+        return self.destinations.create(name, kind, self._checked_settings(settings))
 
     def _checked_settings(self, settings: dict[str, Any] | None) -> dict[str, Any]:
         """Validated overrides, as given (so later changes of the defaults still apply)."""
@@ -95,7 +54,7 @@ class DestinationAdmin(BrokerPart):
 
     def configure_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
         """Change some settings of a destination; returns all of them (effective)."""
-        dest = self._administrable(name)
+        dest = self.destinations.administrable(name)
         with dest.lock:
             overrides = {**dest.overrides, **self._checked_settings(settings)}
             effective = self.config.destinations.with_overrides(overrides)
@@ -112,11 +71,9 @@ class DestinationAdmin(BrokerPart):
     ) -> bool:
         """Delete a destination; ``only_if_end``: only if its log still ends there with no
         append under way (auto-deletion); returns whether it was deleted."""
-        with self._lock:
-            dest = self._dest(name) if internal else self._administrable(name)
-            if not self.journal.delete_destination(name, only_if_end=only_if_end):
-                return False
-            del self._dests[name]
+        dest = self.destinations.remove(name, internal=internal, only_if_end=only_if_end)
+        if dest is None:
+            return False
         for s in list(dest.sessions.values()):
             s.close()
         log.info("deleted %s %s", dest.kind, name, extra={"destination": name})
@@ -125,13 +82,13 @@ class DestinationAdmin(BrokerPart):
     def create_subscription(self, destination: str, name: str, selector: str | None = None) -> bool:
         """A durable subscription; with a selector it keeps only the messages that match."""
         compiled = compile_selector(selector)
-        dest = self._dest(destination, kind="topic")
+        dest = self.destinations.get(destination, kind="topic")
         with dest.lock:
             info, created = self.journal.create_subscription(
                 destination, name, compiled.text if compiled else None
             )
             if created:
-                dest.subscriptions[name] = self._subscription(
+                dest.subscriptions[name] = self.destinations.new_subscription(
                     dest,
                     name,
                     info.start_offset,
@@ -142,7 +99,7 @@ class DestinationAdmin(BrokerPart):
         return created
 
     def delete_subscription(self, destination: str, name: str) -> None:
-        dest = self._dest(destination, kind="topic")
+        dest = self.destinations.get(destination, kind="topic")
         with dest.lock:
             self.journal.delete_subscription(destination, name)
             dest.subscriptions.pop(name, None)
@@ -151,12 +108,10 @@ class DestinationAdmin(BrokerPart):
             s.close()
 
     def list_destinations(self) -> list[dict[str, Any]]:
-        with self._lock:
-            names = sorted(self._dests)
-        return [self.stats(n) for n in names]
+        return [self.stats(n) for n in self.destinations.names()]
 
     def stats(self, name: str) -> dict[str, Any]:
-        dest = self._dest(name)
+        dest = self.destinations.get(name)
         end = self.journal.end_offset(name)
         writer = self.journal.stats(name)
         with dest.lock:
@@ -207,22 +162,11 @@ class DestinationAdmin(BrokerPart):
             out["subscriptions"] = subs
         return out
 
-    def has_destination(self, name: str) -> bool:
-        with self._lock:
-            return name in self._dests
-
     def has_subscription(self, destination: str, name: str) -> bool:
         """Whether topic ``destination`` has a durable subscription ``name``."""
-        with self._lock:
-            dest = self._dests.get(destination)
+        dest = self.destinations.find(destination)
         if dest is None:
             return False
         with dest.lock:
             sub = dest.subscriptions.get(name)
         return sub is not None and sub.durable
-
-    def destination_kind(self, name: str) -> Kind | None:
-        """``queue`` or ``topic``; None when there is no such destination."""
-        with self._lock:
-            dest = self._dests.get(name)
-        return None if dest is None else dest.kind

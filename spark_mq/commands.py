@@ -220,3 +220,13 @@ Command = (
     | ReleaseClaims
     | CommitTransaction
 )
+
+
+@dataclass(frozen=True)
+class ProduceResult:
+    """What a produced batch became when some of its rows were duplicates: an offset per row
+    (a duplicate's is its original's). (Otherwise a produce's future resolves to the journal's
+    ``AppendResult``: a first offset and a count.)"""
+
+    offsets: list[int]
+    duplicates: int

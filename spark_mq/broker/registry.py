@@ -1,0 +1,251 @@
+"""The broker's destinations: the map of them and its lock, how each is found, made and let go,
+and the one place new destinations and subscriptions are built. The broker's other parts (admin,
+attaching, producing, claims, disposal, limits, transactions, moving) find destinations here;
+none holds the map itself."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, cast
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_mq.broker.dedup import DuplicateCache
+from spark_mq.broker.destination import Destination
+from spark_mq.broker.message_store import MessageStore
+from spark_mq.broker.selector import Selector
+from spark_mq.broker.subscription import Subscription
+from spark_mq.clock import Clock
+from spark_mq.config import BrokerConfig, DestinationSettings
+from spark_mq.errors import DestinationNotFound, NotAllowed, SubscriptionNotFound
+from spark_mq.journal import Journal
+from spark_mq.journal.base import Kind
+from spark_mq.messages import Messages
+from spark_mq.names import validate_name
+from spark_mq.schema import QUEUE_SUBSCRIPTION, ints
+
+log = logging.getLogger("spark_mq.broker.core")
+
+
+class Destinations:
+    """Thread-safe: the map under its lock; a destination's own state under its ``lock``."""
+
+    def __init__(self, config: BrokerConfig, clock: Clock, journal: Journal) -> None:
+        self.config = config
+        self.clock = clock
+        self.journal = journal
+        self._lock = threading.RLock()
+        self._dests: dict[str, Destination] = {}
+
+    # -- finding -------------------------------------------------------------------------------
+    def get(self, name: str, *, kind: Kind | None = None) -> Destination:
+        """The destination ``name``; ``kind``: what the caller needs it to be, which the error
+        for a missing one suggests creating."""
+        with self._lock:
+            dest = self._dests.get(name)
+        if dest is None:
+            maker = "create_topic" if kind == "topic" else "create_queue"
+            raise DestinationNotFound(
+                f"{kind or 'destination'} {name!r} does not exist (create it first, e.g. "
+                f"Admin.{maker}({name!r}))",
+                destination=name,
+            )
+        return dest
+
+    def find(self, name: str) -> Destination | None:
+        with self._lock:
+            return self._dests.get(name)
+
+    def for_use(self, name: str) -> Destination:
+        """The destination a producer or consumer names: created as an auto-deleting queue
+        when it does not exist and ``broker.auto_create_queues`` allows it."""
+        with self._lock:
+            dest = self._dests.get(name)
+        if dest is None and self.config.broker.auto_create_queues:
+            validate_name(name)
+            if self.create(name, "queue", {"auto_delete": True}):
+                log.info("auto-created queue %s", name, extra={"destination": name})
+            dest = self.get(name)
+        elif dest is None:
+            dest = self.get(name)
+        dest.last_used = self.clock.monotonic()
+        return dest
+
+    def administrable(self, name: str) -> Destination:
+        """A destination an administrator may change (not a consumer's temporary queue)."""
+        dest = self.get(name)
+        if dest.temporary:
+            raise NotAllowed(
+                f"{name!r} is a temporary queue: it belongs to the consumer that made it and "
+                "goes with it; it cannot be administered",
+                destination=name,
+            )
+        return dest
+
+    def subscription(self, dest: Destination, name: str | None) -> Subscription:
+        """A queue's subscription, or a topic's by ``name``."""
+        key = QUEUE_SUBSCRIPTION if dest.kind == "queue" else name
+        with dest.lock:
+            sub = dest.subscriptions.get(key or "")
+        if sub is None:
+            raise SubscriptionNotFound(
+                f"topic {dest.name!r} has no subscription {name!r}"
+                if name
+                else f"{dest.name!r} is a topic: name the subscription",
+                destination=dest.name,
+                subscription=name or "",
+            )
+        return sub
+
+    def has(self, name: str) -> bool:
+        with self._lock:
+            return name in self._dests
+
+    def kind(self, name: str) -> Kind | None:
+        """``queue`` or ``topic``; None when there is no such destination."""
+        with self._lock:
+            dest = self._dests.get(name)
+        return None if dest is None else dest.kind
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._dests)
+
+    def all(self) -> list[Destination]:
+        with self._lock:
+            return list(self._dests.values())
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The map's lock: held, no destination is added or removed (auto-deletion decides
+        under it)."""
+        return self._lock
+
+    # -- making and letting go -----------------------------------------------------------------
+    def create(self, name: str, kind: Kind, overrides: dict[str, Any] | None = None) -> bool:
+        """Record and build a queue or topic (``overrides``: checked settings); False when it
+        existed."""
+        overrides = overrides or {}
+        with self._lock:
+            _, created = self.journal.create_destination(name, kind, overrides)
+            if created:
+                dest = self.build(name, kind, overrides)
+                if kind == "queue":
+                    dest.subscriptions[QUEUE_SUBSCRIPTION] = self.new_subscription(
+                        dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set()
+                    )
+                self._dests[name] = dest
+                log.info("created %s %s", kind, name, extra={"destination": name})
+            return created
+
+    def create_temporary(self, name: str) -> Destination:
+        """A temporary queue (memory only): its consumer's, gone with it."""
+        with self._lock:
+            self.journal.create_temporary(name)
+            dest = self.build(name, "queue")
+            dest.temporary = True
+            dest.subscriptions[QUEUE_SUBSCRIPTION] = self.new_subscription(
+                dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set(), durable=False
+            )
+            self._dests[name] = dest
+        return dest
+
+    def add(self, dest: Destination) -> None:
+        """One rebuilt at recovery."""
+        with self._lock:
+            self._dests[dest.name] = dest
+
+    def remove(
+        self, name: str, *, internal: bool = False, only_if_end: int | None = None
+    ) -> Destination | None:
+        """Delete a destination's logs and forget it; ``only_if_end``: only if its log still
+        ends there with no append under way (auto-deletion). The destination, or None when it
+        was not deleted. (Its consumers are the caller's to close.)"""
+        with self._lock:
+            dest = self.get(name) if internal else self.administrable(name)
+            if not self.journal.delete_destination(name, only_if_end=only_if_end):
+                return None
+            del self._dests[name]
+        return dest
+
+    # -- building ------------------------------------------------------------------------------
+    def build(self, name: str, kind: Kind, overrides: dict[str, Any] | None = None) -> Destination:
+        """A destination's in-memory state (not yet in the map)."""
+        d = self.config.duplicates
+        cache = DuplicateCache(d.cache_size, d.window_s) if d.cache_size else None
+        overrides = dict(overrides or {})
+        unknown = [k for k in overrides if k not in DestinationSettings.model_fields]
+        if unknown:  # recorded by another version: say so, do not refuse to start
+            log.warning("%s: ignoring unknown recorded setting(s) %s", name, unknown)
+            overrides = {k: v for k, v in overrides.items() if k not in unknown}
+        settings = self.config.destinations.with_overrides(overrides)
+        journal = self.journal
+        store = MessageStore(lambda start, end: journal.read_messages(name, start, end))
+        dest = Destination(name, kind, settings, overrides, store=store, dedup=cache)
+        dest.last_used = self.clock.monotonic()
+        return dest
+
+    def new_subscription(
+        self,
+        dest: Destination,
+        name: str,
+        start: int,
+        *,
+        next_offset: int,
+        settled: set[int],
+        returned: dict[int, int] | None = None,
+        selector: Selector | None = None,
+        durable: bool = True,
+    ) -> Subscription:
+        sub = Subscription(
+            dest.name,
+            name,
+            dest.store,
+            start_offset=start,
+            settled=settled,
+            returned=returned,
+            lease_s=self.config.delivery.mark_interval_s,
+            monotonic=self.clock.monotonic,
+            wall=self.clock.wall,
+            settings=dest.settings,
+            selector=selector,
+            durable=durable,
+            max_scan=self.config.delivery.max_scan,
+        )
+        sub.next_offset = next_offset
+        return sub
+
+    def refill_dedup(self, dest: Destination) -> None:
+        """Recent dedup ids from the log's newest rows, so a resend after a crash is caught."""
+        if dest.dedup is None:
+            return
+        end = self.journal.end_offset(dest.name)
+        start = max(0, end - dest.dedup.size)
+        if start == end:
+            return
+        rows = self.journal.read_messages(dest.name, start, end)
+        since = self.clock.wall() - dest.dedup.window_s
+        at = pc.divide(rows["enqueue_time"].cast(pa.int64()), 1_000_000.0)
+        ids: list[str | None] = rows["dedup_id"].to_pylist()
+        times = cast("list[float]", at.to_pylist())  # (every row has an enqueue time)
+        for dedup_id, offset, t in zip(ids, ints(rows["offset"]), times, strict=True):
+            if dedup_id is not None and t >= since:
+                dest.dedup.remember(dedup_id, offset, t)
+
+    # -- what the journal made durable ---------------------------------------------------------
+    def committed(self, destination: str, messages: Messages) -> None:
+        """(The committing thread.) Messages are durable: consumers may have them."""
+        # (no map lock: a deletion holds it while it waits for the writer of this commit)
+        dest = self._dests.get(destination)
+        if dest is None:
+            return
+        with dest.lock:
+            dest.produced_total += messages.num_rows
+            if not dest.subscriptions:
+                return  # a topic nobody subscribes to: the log keeps it, memory need not
+            dest.store.add(messages)
+            subs = list(dest.subscriptions.values())
+        for sub in subs:
+            sub.wake()

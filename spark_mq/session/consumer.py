@@ -1,0 +1,59 @@
+"""A consumer, as a transport sees it: a handle the session gives when it attaches one (the
+broker's consumer is behind it; a transport never reaches the subscription or the store)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import pyarrow as pa
+
+from spark_mq.commands import SettleReply
+from spark_mq.deliveries import DeliveryState
+from spark_mq.messages import Messages
+
+
+class ConsumerHandle(Protocol):
+    consumer_id: int
+    closed: bool  # detached (its session closed, its destination deleted)
+
+    @property
+    def destination(self) -> str:
+        """What it consumes (a temporary queue's name is the broker's)."""
+        ...
+
+    @property
+    def subscription_name(self) -> str:
+        """Its subscription's name ("" for a queue's): what a transaction's ack names."""
+        ...
+
+    @property
+    def durable(self) -> bool:
+        """Whether its acks are recorded (a queue's, a durable subscription's)."""
+        ...
+
+    @property
+    def lease_s(self) -> float:
+        """How long a delivery stays its own without an answer or an extension."""
+        ...
+
+    @property
+    def unanswered(self) -> int:
+        """Settles taken whose reply is still to come (an ack waits to be durable)."""
+        ...
+
+    def next_leased(self) -> tuple[Messages, list[DeliveryState]] | None:
+        """What fits in its prefetch window, leased: the messages and their delivery state;
+        None when there is nothing (for now)."""
+        ...
+
+    def next_delivery(self) -> pa.Table | None:
+        """:meth:`next_leased` as one ``DELIVERY_SCHEMA`` batch."""
+        ...
+
+    def forget(self, offsets: list[int]) -> None:
+        """Offsets settled elsewhere (a transaction): they no longer use its prefetch window."""
+        ...
+
+    def replies(self) -> list[SettleReply]:
+        """The answers to its settles that are ready (each once)."""
+        ...
