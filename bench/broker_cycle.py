@@ -162,7 +162,7 @@ def run(args: argparse.Namespace, *, metrics: bool) -> Figures:
             if args.frame == "plain":
                 one = wire.read_plain_message(bodies[i])
                 assert one is not None
-                answer = client.produce("q", Messages.one(one[1]), inline)
+                answer = client.produce("q", Messages(None, [one[1]]), inline)
             else:
                 if args.frame == "batch":
                     _, batch = wire.read_batch(bodies[i], PRODUCE_SCHEMA)

@@ -126,7 +126,7 @@ class ConsumerSession:
         state = [(c, f) for _, c, f in leased]
         # a plain message has no group, so it is never its group's first
         if (plain := self._store.plain(order)) is not None and not any(f for _, f in state):
-            return Messages.of_plain(plain), state
+            return Messages(None, plain), state
         rows = self._store.take(order)  # in offset order; priority may want another
         if any(a > b for a, b in itertools.pairwise(order)):
             rows = rows.take(pc.index_in(pa.array(order, pa.int64()), value_set=rows["offset"]))

@@ -518,7 +518,7 @@ class DestinationWriter:
         tables: list[pa.Table | None] = []  # None: plain (their table, if one is needed, later)
         results: list[AppendResult] = []
         for r in messages:
-            given = cast(Messages, r.payload)
+            given: Messages = r.payload  # type: ignore[assignment]  # (a message record; no cast() call)
             if (ones := given.plain) is not None:
                 for i, m in enumerate(ones):  # offsets are given at commit time, as for tables
                     m.offset = offset + i
@@ -532,7 +532,7 @@ class DestinationWriter:
             results.append(AppendResult(self.destination, offset, n))
             offset += n
         if len(plain) == offset - self._assigned:  # every one plain
-            return Messages.of_plain(plain), offset, results
+            return Messages(None, plain), offset, results
         whole = [  # plain messages among batches: all as tables, in offset order
             cast(Messages, r.payload).table() if t is None else t
             for r, t in zip(messages, tables, strict=True)

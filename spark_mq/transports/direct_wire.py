@@ -501,7 +501,7 @@ class WireServer:
         batch: pa.RecordBatch
         if one is not None:  # the commonest frame: one plain message (spark_mq.messages)
             seq, message = one
-            messages = Messages.one(message)
+            messages = Messages(None, [message])
         else:
             if kind == wire.PLAIN:
                 seq, batch = wire.read_plain(body)

@@ -142,7 +142,7 @@ def send_row(frame: Frame, reply_to: str | None = None) -> dict[str, Any] | Plai
 def produced(message: dict[str, Any] | PlainMessage) -> Messages:
     """A SEND's message (:func:`send_row`) as the session produces it."""
     if isinstance(message, PlainMessage):
-        return Messages.one(message)
+        return Messages(None, [message])
     return Messages.of(pa.Table.from_pylist([message], schema=PRODUCE_SCHEMA))
 
 
