@@ -30,6 +30,7 @@ from tests.ha_kit import free_port
 def launch(name: str, data: Path, port: int, wire_port: int, poll_s: float) -> BrokerProcess:
     args = [
         "--port", str(port), "--wire-port", str(wire_port), "--stomp-port", "0",
+        "--kafka-port", "0",
         "--set", "ha.mode=shared-store", "--set", f"ha.broker_id={name}",
         "--set", f"ha.lock_poll_s={poll_s}",
         "--set", f"logging.file={data.parent / f'{name}.log'}",

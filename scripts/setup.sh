@@ -5,11 +5,11 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 if ! command -v "$PY" >/dev/null 2>&1; then
-  echo "sparkmq needs Python 3.10+ ('$PY' not found). Install python3, or set PYTHON=/path/to/python." >&2
+  echo "sparkmq needs Python 3.11+ ('$PY' not found). Install python3, or set PYTHON=/path/to/python." >&2
   exit 1
 fi
-if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
-  echo "sparkmq needs Python 3.10 or newer; $PY is $("$PY" --version 2>&1)." >&2
+if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+  echo "sparkmq needs Python 3.11 or newer; $PY is $("$PY" --version 2>&1)." >&2
   exit 1
 fi
 if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then

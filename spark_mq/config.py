@@ -11,16 +11,11 @@ from __future__ import annotations
 import difflib
 import os
 import socket
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, from PyPI
-    import tomli as tomllib
-
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spark_mq.errors import ConfigError
@@ -87,6 +82,17 @@ class BrokerSection(_Section):
     # a STOMP frame's headers (the body's limit is limits.max_message_bytes)
     stomp_max_headers: int = Field(64, ge=1, le=10_000)
     stomp_max_header_bytes: int = Field(16 * 1024, ge=256)
+    # Kafka (spark_mq.transports.kafka): Kafka clients of every language; 9092 is Kafka's port,
+    # 0 picks a free one. Metadata tells clients to reach this broker at the advertised host and
+    # port (empty / 0: broker.host and the port it listens on): set them when clients reach it
+    # through another name (a load balancer, a container's published port)
+    kafka: bool = True
+    kafka_port: int = Field(9092, ge=0, le=65535)
+    kafka_advertised_host: str = Field("", pattern=r"^\S*$")
+    kafka_advertised_port: int = Field(0, ge=0, le=65535)
+    # a Kafka request's size (Kafka's socket.request.max.bytes; a produce's records are also
+    # bounded per message by limits.max_message_bytes)
+    kafka_max_request_bytes: int = Field(16 * MiB, ge=64 * 1024)
 
 
 class JournalSection(_Section):

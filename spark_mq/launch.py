@@ -33,6 +33,7 @@ class BrokerProcess:
         self.url = ""
         self.http_url = ""  # the HTTP listener's (metrics, health, console), once serving
         self.stomp_port: int | None = None  # STOMP's, once serving
+        self.kafka_port: int | None = None  # Kafka's, once serving
         self.wire_port: int | None = None  # the direct wire's TCP port, once serving
 
     def start(self, timeout_s: float = 60.0) -> BrokerProcess:
@@ -56,6 +57,8 @@ class BrokerProcess:
                 "--http-port",
                 "0",
                 "--stomp-port",
+                "0",
+                "--kafka-port",
                 "0",
                 "--data-dir",
                 self.data_dir,
@@ -92,6 +95,7 @@ class BrokerProcess:
         self.url = info["url"]
         self.http_url = info.get("http_url") or ""
         self.stomp_port = info.get("stomp_port")
+        self.kafka_port = info.get("kafka_port")
         self.wire_port = info.get("wire_port")
         return self
 

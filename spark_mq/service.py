@@ -31,10 +31,11 @@ from spark_mq.security.context import Security, check_protected, is_loopback
 from spark_mq.security.credentials import Auth
 from spark_mq.transports.direct_wire import WireServer
 from spark_mq.transports.flight import FlightService
+from spark_mq.transports.kafka.server import KafkaServer
 from spark_mq.transports.stomp import StompServer
 
 log = logging.getLogger("spark_mq.broker")
-_LABELS = {"flight": "Flight", "wire": "direct-wire", "stomp": "STOMP"}
+_LABELS = {"flight": "Flight", "wire": "direct-wire", "stomp": "STOMP", "kafka": "Kafka"}
 
 
 class RunningBroker:
@@ -84,6 +85,7 @@ class RunningBroker:
         self.gateway = gateway = Gateway(broker, self.security)
         self.wire: WireServer | None = None
         self.stomp: StompServer | None = None
+        self.kafka: KafkaServer | None = None
         self.listeners: list[Listener] = []  # every protocol's; the service knows no more
         try:
             if settings.wire:
@@ -92,6 +94,9 @@ class RunningBroker:
             if settings.stomp:
                 self.stomp = StompServer(gateway, host, settings.stomp_port)
                 self.listeners.append(self.stomp)
+            if settings.kafka:
+                self.kafka = KafkaServer(gateway, host, settings.kafka_port)
+                self.listeners.append(self.kafka)
             self.service = FlightService(  # (its ping tells clients where the wire is)
                 gateway,
                 f"{self.scheme}://{host}:{port}",
@@ -110,6 +115,7 @@ class RunningBroker:
         self.port = self.service.port
         self.wire_port = self.wire.port if self.wire else None
         self.stomp_port = self.stomp.port if self.stomp else None
+        self.kafka_port = self.kafka.port if self.kafka else None
         broker.phase = "serving"
 
     def _close_security(self) -> None:
@@ -333,13 +339,15 @@ def _serve_term(
         else "off"
     )
     stomp_at = f"port {running.stomp_port}" if running.stomp_port else "off (broker.stomp)"
+    kafka_at = f"port {running.kafka_port}" if running.kafka_port else "off (broker.kafka)"
     log.info(
-        "sparkmq broker listening on %s, direct wire on %s, STOMP on %s (data: %s, "
+        "sparkmq broker listening on %s, direct wire on %s, STOMP on %s, Kafka on %s (data: %s, "
         "persistence: %s, "
         "Arrow memory: %s, security: %s, TLS: %s%s)",
         running.url,
         wire_at,
         stomp_at,
+        kafka_at,
         config.broker.data_dir,
         config.broker.persistence,
         allocator,
@@ -358,6 +366,7 @@ def _serve_term(
                     "port": running.port,
                     "wire_port": running.wire_port,
                     "stomp_port": running.stomp_port,
+                    "kafka_port": running.kafka_port,
                     "pid": os.getpid(),
                     "epoch": broker.epoch,
                     "http_port": http.port if http is not None else None,

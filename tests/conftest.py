@@ -37,6 +37,7 @@ FREE_PORTS = {
     "broker.port": 0,
     "broker.wire_port": 0,
     "broker.stomp_port": 0,
+    "broker.kafka_port": 0,
     "broker.http_port": 0,
 }
 

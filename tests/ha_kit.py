@@ -34,6 +34,7 @@ class Member:
         assert self.peer is not None
         args = [
             "--port", str(self.port), "--wire-port", str(self.wire_port), "--stomp-port", "0",
+            "--kafka-port", "0",
             "--set", "ha.mode=replication",
             "--set", f"ha.broker_id={self.name}",
             "--set", f"ha.peer=127.0.0.1:{self.peer.repl_port}",

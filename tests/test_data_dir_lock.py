@@ -25,7 +25,7 @@ def test_a_second_broker_process_on_the_same_data_dir_is_refused(tmp_path: Path)
     try:
         second = subprocess.run(
             [sys.executable, "-m", "spark_mq", "broker", "--port", "0", "--wire-port", "0",
-             "--stomp-port", "0", "--http-port", "0", "--data-dir", str(data)],
+             "--stomp-port", "0", "--kafka-port", "0", "--http-port", "0", "--data-dir", str(data)],
             capture_output=True,
             text=True,
             timeout=60,

@@ -33,6 +33,7 @@ class Member:
     def launch(self) -> BrokerProcess:
         args = [
             "--port", str(self.port), "--wire-port", str(self.wire_port), "--stomp-port", "0",
+            "--kafka-port", "0",
             "--set", "ha.mode=shared-store",
             "--set", f"ha.broker_id={self.name}",
             "--set", "ha.lock_poll_s=0.1",

@@ -81,6 +81,7 @@ def test_installed_in_a_fresh_venv_the_sdk_and_broker_work_without_spark(
     ready = tmp_path / "ready.json"
     broker = subprocess.Popen(
         [str(sparkmq), "broker", "--port", "0", "--wire-port", "0", "--stomp-port", "0",
+         "--kafka-port", "0",
          "--http-port", "0", "--data-dir", str(tmp_path / "data"), "--ready-file", str(ready)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -53,6 +53,8 @@ def _broker_args(data: Path) -> list[str]:
         "0",
         "--stomp-port",
         "0",
+        "--kafka-port",
+        "0",
         "--http-port",
         "0",
         "--data-dir",

@@ -12,6 +12,7 @@ registry`) and the journal:
 ``claims``       a Spark query's claims
 ``transactions`` local transactions
 ``moves``        moves and redrives
+``log``          reading a destination as a log by offset (Kafka's fetch; log_reads)
 ===============  ===============================================================================
 
 This module has the broker's life (start, recovery, timers, close) and its face to the session
@@ -44,6 +45,7 @@ from spark_mq.broker.destination import Destination, hot_tier_settings, make_sto
 from spark_mq.broker.disk import DiskMonitor, journal_disk
 from spark_mq.broker.disposal import Disposer
 from spark_mq.broker.limits import Limits
+from spark_mq.broker.log_reads import LogReads
 from spark_mq.broker.memory import MemoryMonitor
 from spark_mq.broker.moving import Moves
 from spark_mq.broker.producing import Producing
@@ -125,6 +127,7 @@ class Broker:
         self.admin = DestinationAdmin(d, journal, config, self.memory, self.disk, self.ha_state)
         self.consumers = Attachments(d, journal, config, self.disposer, self._consumer_ids)
         self.claims = Claims(d, journal, self._consumer_ids)
+        self.log = LogReads(d, journal)
         self.transactions = Transactions(
             d, journal, self.producing, self.limits, self.disk, self.clock
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,9 @@ class Destination:
     last_used: float = 0.0  # monotonic time of the last produce or attach (auto-delete)
     # claim dedup ids, append, bind: one batch at a time, so a racing resend finds its original
     produce_lock: threading.Lock = field(default_factory=threading.Lock)
+    # called (on the committing thread) after each commit of messages: readers of the log (a
+    # Kafka fetch waiting for data) that are not subscriptions
+    log_watchers: set[Callable[[], None]] = field(default_factory=set)
 
 
 def settled_in_memory(offsets: list[int], outcome: str, inline: object = None) -> Future:

@@ -243,9 +243,16 @@ class Destinations:
             return
         with dest.lock:
             dest.produced_total += messages.num_rows
+            watchers = list(dest.log_watchers) if dest.log_watchers else None
             if not dest.subscriptions:
-                return  # a topic nobody subscribes to: the log keeps it, memory need not
-            dest.store.add(messages)
-            subs = list(dest.subscriptions.values())
+                subs = None  # a topic nobody subscribes to: the log keeps it, memory need not
+            else:
+                dest.store.add(messages)
+                subs = list(dest.subscriptions.values())
+        if watchers is not None:
+            for watcher in watchers:
+                watcher()
+        if subs is None:
+            return
         for sub in subs:
             sub.wake()

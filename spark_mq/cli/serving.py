@@ -25,6 +25,9 @@ from spark_mq.errors import ConfigError, SparkMQError
     "--stomp-port", type=int, help="Port of STOMP; 0 picks a free one [broker.stomp_port]."
 )
 @click.option(
+    "--kafka-port", type=int, help="Port of Kafka; 0 picks a free one [broker.kafka_port]."
+)
+@click.option(
     "--http-port",
     type=int,
     help="Port of the HTTP listener (metrics, health, console); 0 picks a free one "
@@ -44,7 +47,8 @@ from spark_mq.errors import ConfigError, SparkMQError
 @click.option(
     "--ready-file",
     type=click.Path(dir_okay=False),
-    help="Write {url, port, wire_port, stomp_port, http_port, http_url, pid} here once listening.",
+    help="Write {url, port, wire_port, stomp_port, kafka_port, http_port, http_url, pid} here "
+    "once listening.",
 )
 def broker(
     config_file: str | None,
@@ -52,6 +56,7 @@ def broker(
     port: int | None,
     wire_port: int | None,
     stomp_port: int | None,
+    kafka_port: int | None,
     http_port: int | None,
     data_dir: str | None,
     persistence: str | None,
@@ -77,6 +82,7 @@ def broker(
         "broker.port": port,
         "broker.wire_port": wire_port,
         "broker.stomp_port": stomp_port,
+        "broker.kafka_port": kafka_port,
         "broker.http_port": http_port,
         "broker.data_dir": data_dir,
         "broker.persistence": persistence,

@@ -23,18 +23,14 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import sys
 import threading
 from dataclasses import dataclass
+
+import tomllib
 
 from spark_mq.errors import ConfigError, NotAuthorized
 from spark_mq.session.guard import VERBS, Verb
 from spark_mq.session.principal import Principal
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, from PyPI
-    import tomli as tomllib
 
 log = logging.getLogger(__name__)
 

@@ -15,20 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 from dataclasses import dataclass, field
 
+import tomllib
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
 from spark_mq.errors import ConfigError
 from spark_mq.names import validate_name
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, from PyPI
-    import tomli as tomllib
 
 _HASHER = PasswordHasher()
 # verified against when the user does not exist, so an unknown name takes as long as a wrong

@@ -93,6 +93,7 @@ class ClientSession:
         self.counts: Counter[str] = Counter()  # commands taken, by kind
         self._consumers: dict[int, ConsumerSession] = {}
         self._producing: set[str] = set()  # destinations ``produce`` was allowed on
+        self._reading: set[str] = set()  # destinations ``consume`` was allowed on, as a log
         self.closed = False
         # why its login no longer holds (the user was removed, or its password changed): every
         # command is refused from then on, and the transport is told (``on_revoke``, any
@@ -199,6 +200,46 @@ class ClientSession:
         self.counts["attach"] += 1
         self._consumers[consumer.consumer_id] = consumer
         return consumer
+
+    # -- reading a destination as a log (Kafka's fetch): ``consume``, as Kafka's Read ----------
+    def kind(self, destination: str) -> Kind | None:
+        """Whether ``destination`` is a queue or a topic (None: there is none); a destination it
+        may not use at all is refused (NotAuthorized), existing or not."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
+        if not self.may_see(destination):
+            self._check("consume", destination)  # (raises, audited)
+        return self.broker.destination_kind(destination)
+
+    def log_end(self, destination: str) -> int:
+        """One past its last durable offset (quick: the loops may ask)."""
+        self._may_read(destination)
+        return self.broker.log.end(destination)
+
+    def read_log(self, destination: str, start: int, end: int) -> pa.Table:
+        """Its messages ``start <= offset < end``, read as a log: nothing is leased or settled.
+        Older ones come from Delta: call it off the loops."""
+        self._may_read(destination)
+        self.counts["read_log"] += 1
+        return self.broker.log.read(destination, start, end)
+
+    def offset_at(self, destination: str, time_us: int) -> int | None:
+        """The first offset enqueued at or after ``time_us`` (a read: off the loops)."""
+        self._may_read(destination)
+        return self.broker.log.offset_at(destination, time_us)
+
+    def watch_log(self, destination: str, wake: Callable[[], None]) -> Callable[[], None]:
+        """``wake()`` (on the committing thread) after each commit of messages to
+        ``destination``; returns the function that stops it."""
+        self._may_read(destination)
+        return self.broker.log.watch(destination, wake)
+
+    def _may_read(self, destination: str) -> None:
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
+        if destination not in self._reading:  # (the guard is asked once a destination)
+            self._check("consume", destination)
+            self._reading.add(destination)
 
     def settle(
         self, consumer: ConsumerHandle, cmd: c.Settle, inline: InlineCommit | None = None

@@ -1,0 +1,187 @@
+"""The Kafka protocol's bytes, from kio (generated from Kafka's own message schemas, every
+version of every API): a request's header and body decoded, a response encoded, and the API
+versions this listener serves.
+
+A frame is a 4-byte big-endian size and that many bytes. A request begins with its API key,
+version and correlation id; what follows depends on them (kio knows the layouts). A response
+begins with the request's correlation id (ApiVersions' header is never a flexible one, so that a
+client can read the answer to any version it tried: KIP-511).
+
+Handlers build responses with :func:`build`, naming the fields of the newest version: the
+fields a client's older version lacks are left out, so one handler serves every version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import struct
+from collections.abc import Callable
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+from kio.index import load_payload_module
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+
+# API keys (Kafka's numbers)
+PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
+JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
+DESCRIBE_GROUPS, LIST_GROUPS = 15, 16
+SASL_HANDSHAKE, API_VERSIONS = 17, 18
+CREATE_TOPICS, DELETE_TOPICS = 19, 20
+INIT_PRODUCER_ID = 22
+SASL_AUTHENTICATE = 36
+
+# what this listener serves: API key -> (lowest, highest) version. Produce v0-2 are advertised
+# but refused: librdkafka looks for them in the answer (KAFKA-18659) and never sends them to a
+# broker that has v3; topic ids (Produce 13, Fetch 13+) are not served yet.
+SERVED: dict[int, tuple[int, int]] = {
+    PRODUCE: (0, 12),
+    FETCH: (4, 12),
+    LIST_OFFSETS: (1, 8),
+    METADATA: (0, 12),
+    SASL_HANDSHAKE: (0, 1),
+    API_VERSIONS: (0, 4),
+    SASL_AUTHENTICATE: (0, 2),
+    INIT_PRODUCER_ID: (0, 5),
+}
+DECODABLE_FROM = {PRODUCE: 3}  # (below: answered UNSUPPORTED_VERSION)
+
+HEADER = struct.Struct(">hhi")  # api key, version, correlation id
+SIZE = struct.Struct(">i")
+
+
+class KafkaProtocolError(Exception):
+    """Bytes that are not a Kafka request this listener can read: the connection is closed
+    (Kafka's brokers do the same: a client cannot be told in a response it cannot parse)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Request:
+    api_key: int
+    version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any  # kio's request dataclass of that version
+    size: int  # the frame's bytes
+
+
+def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
+    """The API key, version and correlation id a frame begins with."""
+    if len(frame) < HEADER.size:
+        raise KafkaProtocolError(f"a request of {len(frame)} bytes is too short for a header")
+    key, version, correlation = HEADER.unpack_from(frame, 0)
+    return key, version, correlation
+
+
+def decode_request(frame: bytes | memoryview) -> Request:
+    """A request frame (without its size) decoded; :class:`KafkaProtocolError` if it cannot
+    be (an API or version not served is the caller's to answer: check :func:`served` first)."""
+    key, version, correlation = peek_header(frame)
+    header_reader, body_reader = _readers(key, version)
+    try:
+        header, offset = header_reader(frame, 0)
+        body, size = body_reader(frame, offset)
+    except Exception as exc:  # (kio's DecodeError, a struct error, a bad enum value, ...)
+        raise KafkaProtocolError(
+            f"a malformed {api_name(key)} v{version} request: {type(exc).__name__}: {exc}"
+        ) from None
+    if offset + size != len(frame):
+        raise KafkaProtocolError(
+            f"a {api_name(key)} v{version} request of {len(frame)} bytes holds "
+            f"{offset + size}: not one request"
+        )
+    return Request(key, version, correlation, header.client_id, body, len(frame))
+
+
+def served(key: int, version: int) -> bool:
+    span = SERVED.get(key)
+    return span is not None and DECODABLE_FROM.get(key, span[0]) <= version <= span[1]
+
+
+def encode_response(key: int, version: int, correlation_id: int, response: Any) -> bytes:
+    """A response frame, its size first."""
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    header_writer, body_writer, header_type = _writers(key, version)
+    header_writer(buffer, header_type(correlation_id=correlation_id))
+    body_writer(buffer, response)
+    data = buffer.getbuffer()
+    SIZE.pack_into(data, 0, len(data) - 4)
+    return bytes(data)
+
+
+def response_module(key: int, version: int) -> ModuleType:
+    """kio's module of ``key``'s response at ``version`` (its entity classes)."""
+    return _module(key, version, EntityType.response)
+
+
+def build(module: ModuleType, entity: str, /, **fields: Any) -> Any:
+    """An entity of ``module`` (its class's name) from ``fields``, those its version lacks
+    left out."""
+    cls = getattr(module, entity)
+    return cls(**{k: v for k, v in fields.items() if k in _field_names(cls)})
+
+
+@cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+@cache
+def _module(key: int, version: int, kind: EntityType) -> ModuleType:
+    return load_payload_module(key, version, kind)  # type: ignore[arg-type]
+
+
+def _entity(module: ModuleType, kind: EntityType) -> type:
+    for value in vars(module).values():
+        if isinstance(value, type) and getattr(value, "__type__", None) is kind:
+            return value
+    raise LookupError(f"no {kind.name} entity in {module.__name__}")
+
+
+@cache
+def _readers(key: int, version: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    request = _entity(_module(key, version, EntityType.request), EntityType.request)
+    header = request.__header_schema__  # type: ignore[attr-defined]
+    return entity_reader(header), entity_reader(request)
+
+
+@cache
+def _writers(key: int, version: int) -> tuple[Callable[..., Any], Callable[..., Any], type]:
+    response = _entity(_module(key, version, EntityType.response), EntityType.response)
+    header = response.__header_schema__  # type: ignore[attr-defined]
+    return entity_writer(header), entity_writer(response), header
+
+
+def api_name(key: int) -> str:
+    return _NAMES.get(key, f"API {key}")
+
+
+_NAMES = {
+    PRODUCE: "Produce",
+    FETCH: "Fetch",
+    LIST_OFFSETS: "ListOffsets",
+    METADATA: "Metadata",
+    OFFSET_COMMIT: "OffsetCommit",
+    OFFSET_FETCH: "OffsetFetch",
+    FIND_COORDINATOR: "FindCoordinator",
+    JOIN_GROUP: "JoinGroup",
+    HEARTBEAT: "Heartbeat",
+    LEAVE_GROUP: "LeaveGroup",
+    SYNC_GROUP: "SyncGroup",
+    DESCRIBE_GROUPS: "DescribeGroups",
+    LIST_GROUPS: "ListGroups",
+    SASL_HANDSHAKE: "SaslHandshake",
+    API_VERSIONS: "ApiVersions",
+    CREATE_TOPICS: "CreateTopics",
+    DELETE_TOPICS: "DeleteTopics",
+    INIT_PRODUCER_ID: "InitProducerId",
+    SASL_AUTHENTICATE: "SaslAuthenticate",
+}
+
+__all__ = ["ErrorCode", "KafkaProtocolError", "Request", "build", "decode_request"]

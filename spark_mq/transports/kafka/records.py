@@ -1,0 +1,206 @@
+"""Kafka record batches (the v2 format, "magic 2") to sparkmq's messages and back, through
+kafka-python's record codec (CRC-checked, gzip, snappy, lz4 and zstd; the compression libraries
+are dependencies of sparkmq).
+
+How a Kafka record maps onto a sparkmq message:
+
+* the **value** is the body (a null value, Kafka's tombstone, an empty body);
+* the **key** is the message **group** (``group_id``): per-key order, and one consumer of a
+  queue at a time per key, which is what Kafka users expect of keys. A key that is not UTF-8 is
+  kept as ``base64:<its base64>`` with the header ``kafka.key-encoding = base64``, and given
+  back to Kafka consumers as the bytes it was;
+* **headers** are the message's headers; their values must be UTF-8 (a header of other bytes
+  refuses the batch with ``INVALID_RECORD``, saying which);
+* the **timestamp** a Kafka consumer sees is the broker's enqueue time (as for a Kafka topic
+  with ``message.timestamp.type=LogAppendTime``); the producer's own timestamp is not kept;
+* the **offset** is sparkmq's offset: dense, one per message, the same everywhere (the SDK,
+  STOMP, Spark's ``format("sparkmq")``, the Delta table);
+* an **idempotent producer**'s record (a producer id and sequence number) gets the dedup id
+  ``kafka-<producer id>-<epoch>-<sequence>``: a batch the producer sends again (its answer was
+  lost) is stored once, by sparkmq's duplicate detection (its window, ``duplicates.window_s``,
+  and across restarts and failovers, as for every dedup id).
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from dataclasses import dataclass
+
+import pyarrow as pa
+from kafka.errors import CorruptRecordError, UnsupportedCodecError
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+from spark_mq.schema import HEADERS, ints, schema_of
+
+KEY_ENCODING = "kafka.key-encoding"
+_BASE64 = "base64:"
+_BASE_OFFSET = struct.Struct(">q")
+_PRODUCE = schema_of(
+    pa.field("body", pa.binary()),
+    pa.field("group_id", pa.string()),
+    pa.field("headers", HEADERS),
+)
+_IDEMPOTENT = _PRODUCE.append(pa.field("dedup_id", pa.string()))
+_SEQUENCES = 2**31  # a producer's sequence numbers wrap at int32's end
+
+
+class RecordError(Exception):
+    """Records that cannot be stored; ``corrupt``: the bytes are not a record batch
+    (CORRUPT_MESSAGE), else a record is not one sparkmq can keep (INVALID_RECORD)."""
+
+    def __init__(self, message: str, *, corrupt: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.corrupt = corrupt
+
+
+@dataclass(frozen=True, slots=True)
+class Produced:
+    """One partition's records of a Produce request, as sparkmq's produce columns."""
+
+    rows: pa.Table  # body, group_id, headers
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    transactional: bool
+    nbytes: int
+
+
+def produced(records: bytes, max_body: int) -> Produced:
+    """The messages a Produce request's records hold (one v2 batch, as Kafka 3+ requires)."""
+    if len(records) < DefaultRecordBatch.HEADER_STRUCT.size:
+        raise RecordError(f"{len(records)} bytes of records are not a record batch", corrupt=True)
+    magic = records[16]
+    if magic != 2:
+        raise RecordError(
+            f"record batches of magic {magic} (Kafka before 0.11) are not taken: use a client "
+            "of Kafka 0.11 or later",
+            corrupt=True,
+        )
+    batch = DefaultRecordBatch(records)
+    if batch.size_in_bytes != len(records):
+        raise RecordError(
+            f"a Produce's records must be one record batch: {len(records)} bytes hold one of "
+            f"{batch.size_in_bytes}",
+            corrupt=True,
+        )
+    if not batch.validate_crc():
+        raise RecordError("the record batch's CRC does not match its bytes", corrupt=True)
+    if batch.is_control_batch:
+        raise RecordError("a producer may not send control batches", corrupt=True)
+    bodies: list[bytes] = []
+    groups: list[str | None] = []
+    headers: list[list[tuple[str, str]] | None] = []
+    try:
+        for record in batch:
+            value = record.value
+            body = b"" if value is None else bytes(value)
+            if len(body) > max_body:
+                raise RecordError(
+                    f"a record of {len(body)} bytes is larger than this broker takes "
+                    f"({max_body} bytes, limits.max_message_bytes)"
+                )
+            bodies.append(body)
+            group, hs = _group(record.key), _headers(record.headers)
+            groups.append(group)
+            if group is not None and group.startswith(_BASE64):
+                hs = (hs or []) + [(KEY_ENCODING, "base64")]
+            headers.append(hs)
+    except (CorruptRecordError, UnsupportedCodecError, struct.error, ValueError) as exc:
+        raise RecordError(f"the record batch cannot be read: {exc}", corrupt=True) from None
+    columns = [
+        pa.array(bodies, pa.binary()),
+        pa.array(groups, pa.string()),
+        pa.array(headers, HEADERS),
+    ]
+    pid, epoch, first = batch.producer_id, batch.producer_epoch, batch.base_sequence
+    if pid >= 0 and first >= 0:  # an idempotent producer's: a resent batch is stored once
+        prefix = f"kafka-{pid}-{epoch}-"
+        ids = [f"{prefix}{(first + i) % _SEQUENCES}" for i in range(len(bodies))]
+        rows = pa.table([*columns, pa.array(ids, pa.string())], schema=_IDEMPOTENT)
+    else:
+        rows = pa.table(columns, schema=_PRODUCE)
+    return Produced(
+        rows,
+        batch.producer_id,
+        batch.producer_epoch,
+        batch.base_sequence,
+        batch.is_transactional,
+        len(records),
+    )
+
+
+def _group(key: bytes | None) -> str | None:
+    if key is None:
+        return None
+    try:
+        return bytes(key).decode("utf-8")
+    except UnicodeDecodeError:
+        return _BASE64 + base64.b64encode(key).decode("ascii")
+
+
+def _headers(pairs: list[tuple[str, bytes | None]]) -> list[tuple[str, str]] | None:
+    if not pairs:
+        return None
+    out = []
+    for name, value in pairs:
+        try:
+            out.append((name, "" if value is None else bytes(value).decode("utf-8")))
+        except UnicodeDecodeError:
+            raise RecordError(
+                f"header {name!r} is not UTF-8 text; sparkmq keeps header values as text "
+                "(put binary data in the value, or encode it, base64 say)"
+            ) from None
+    return out
+
+
+def record_batch(rows: pa.Table, max_bytes: int) -> tuple[bytes, int]:
+    """Rows of ``MESSAGE_SCHEMA`` (in offset order, dense) as one record batch, of at most
+    ``max_bytes`` unless the first record alone is larger (Kafka's rule: a consumer always gets
+    at least one record); returns the batch and how many rows it holds."""
+    n = rows.num_rows
+    if n == 0:
+        return b"", 0
+    offsets = ints(rows["offset"])
+    base = offsets[0]
+    stamps = rows["enqueue_time"].cast(pa.int64()).to_pylist()
+    groups = rows["group_id"].to_pylist()
+    bodies = rows["body"].to_pylist()
+    header_maps = rows["headers"].to_pylist()
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=max(max_bytes, 1),
+    )
+    taken = 0
+    for i in range(n):
+        hs = header_maps[i] or []
+        key = _key_of(groups[i], hs)
+        sent = [(k, v.encode()) for k, v in hs if k != KEY_ENCODING]
+        stamp = stamps[i]
+        done = builder.append(
+            offsets[i] - base,
+            timestamp=(stamp // 1000) if stamp is not None else 0,
+            key=key,
+            value=bodies[i] if bodies[i] is not None else b"",
+            headers=sent,
+        )
+        if done is None:
+            break
+        taken += 1
+    data = builder.build()
+    _BASE_OFFSET.pack_into(data, 0, base)  # (outside the CRC, which begins at the attributes)
+    return bytes(data), taken
+
+
+def _key_of(group: str | None, headers: list[tuple[str, str]]) -> bytes | None:
+    if group is None:
+        return None
+    if group.startswith(_BASE64) and (KEY_ENCODING, "base64") in headers:
+        return base64.b64decode(group[len(_BASE64) :])
+    return group.encode("utf-8")

@@ -1,0 +1,641 @@
+"""What a Kafka connection's requests mean: each one as calls of its ``ClientSession``
+(:mod:`spark_mq.session`), answered with Kafka's own error codes. Nothing here decides delivery.
+
+* **Metadata**: every destination the principal may see is a topic of one partition (0), led by
+  this broker (node 0). A topic a client names that does not exist is created (a sparkmq
+  topic) when ``broker.auto_create_queues`` is on and the client allows it, as Kafka's
+  ``auto.create.topics.enable`` does.
+* **Produce**: a partition's record batch (:mod:`~spark_mq.transports.kafka.records`) is one
+  produce of the session; ``acks=1`` and ``acks=all`` are answered once it is durable (every
+  sparkmq acknowledgement is), ``acks=0`` never. A produce that must wait for room holds the
+  connection's later requests, so they stay in order.
+* **Fetch**: a topic read as a log from the offset asked, on a helper thread (older messages
+  come from Delta); with nothing there yet, the answer waits up to ``max.wait.ms`` for
+  ``min.bytes``, woken by the destination's commits. A **queue** is not read this way: its
+  messages go to one consumer each, with leases and acknowledgements, which Kafka's classic
+  consumers cannot give; a fetch of a queue is refused (``INVALID_TOPIC_EXCEPTION``) and the
+  broker's log says to use a share consumer, the SDK or STOMP.
+* **ListOffsets**: earliest (0: sparkmq keeps a topic's log from its first message), latest
+  (the end offset), and by timestamp (the first message enqueued at or after it).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
+from typing import Any, Protocol
+
+from spark_mq import commands as c
+from spark_mq.connection.listener import ListenerCore
+from spark_mq.errors import (
+    BrokerUnavailable,
+    DestinationExists,
+    DestinationFull,
+    DestinationNotFound,
+    DiskFull,
+    InvalidNameError,
+    MessageTooLarge,
+    NotAuthorized,
+    SparkMQError,
+)
+from spark_mq.messages import Messages
+from spark_mq.session import ClientSession
+from spark_mq.transports.kafka import codec
+from spark_mq.transports.kafka.codec import ErrorCode, Request, build
+from spark_mq.transports.kafka.records import RecordError, produced, record_batch
+
+log = logging.getLogger(__name__)
+
+NODE_ID = 0
+_ZERO = timedelta(0)
+_NO_OPERATIONS = -(2**31)  # "authorized operations were not asked for"
+_TOPIC_IDS = uuid.UUID("5b7a6f0e-2d1c-4c55-9a37-7d2f3b1e6a90")  # topic id = uuid5(this, name)
+_READ_ROWS_MAX = 10_000  # rows one partition's fetch reads at most
+_FETCH_RECHECK_S = 0.005  # a waiting fetch looks again at most this often when woken
+
+
+class KafkaLink(Protocol):
+    """What the requests ask of their connection
+    (:class:`~spark_mq.transports.kafka.connection.KafkaConnection`)."""
+
+    peer: str
+    loop: Any  # asyncio.AbstractEventLoop
+
+    @property
+    def advertised(self) -> tuple[str, int]: ...
+
+    def answer(self, slot: Any, response: Any) -> None: ...
+    def threadsafe(self, fn: Callable[..., Any], *args: Any) -> None: ...
+    def awaiting(
+        self,
+        work: Future[Any],
+        then: Callable[[Any], None],
+        *,
+        on_error: Callable[[BaseException], None],
+    ) -> None: ...
+
+
+def topic_id(name: str) -> uuid.UUID:
+    return uuid.uuid5(_TOPIC_IDS, name)
+
+
+def error_code(exc: BaseException) -> ErrorCode:
+    """The Kafka error code a client acts on for a sparkmq error."""
+    match exc:
+        case NotAuthorized():
+            return ErrorCode.topic_authorization_failed
+        case DestinationNotFound():
+            return ErrorCode.unknown_topic_or_partition
+        case InvalidNameError() | DestinationExists():
+            return ErrorCode.invalid_topic_exception
+        case MessageTooLarge():
+            return ErrorCode.message_too_large
+        case DiskFull():
+            return ErrorCode.kafka_storage_error  # (retriable: the client tries again)
+        case DestinationFull():
+            return ErrorCode.throttling_quota_exceeded  # (retriable)
+        case BrokerUnavailable():
+            return ErrorCode.not_leader_or_follower  # (retriable: it asks Metadata again)
+        case RecordError(corrupt=True):
+            return ErrorCode.corrupt_message
+        case RecordError():
+            return ErrorCode.invalid_record
+    return ErrorCode.unknown_server_error
+
+
+def _message(exc: BaseException) -> str:
+    return getattr(exc, "message", None) or str(exc) or type(exc).__name__
+
+
+@dataclass
+class _Part:
+    """One partition of a fetch."""
+
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    error: ErrorCode = ErrorCode.none
+    end: int = -1
+    records: bytes = b""
+    read: int = 0  # rows in ``records``
+
+
+@dataclass(eq=False)
+class _Fetch:
+    request: Request
+    slot: Any
+    parts: list[_Part]
+    min_bytes: int
+    max_bytes: int
+    deadline: float  # time.monotonic()
+    unwatch: list[Callable[[], None]] = field(default_factory=list)
+    timer: Any = None
+    reading: bool = False
+    done: bool = False
+    woken: bool = False
+
+
+class KafkaRequests:
+    def __init__(self, link: KafkaLink, listener: ListenerCore, session: ClientSession) -> None:
+        self.link = link
+        self.listener = listener
+        self.session = session
+        self.max_body = listener.gateway.config.limits.max_message_bytes
+        self.auto_create = listener.settings.auto_create_queues
+        self.cluster_id = f"sparkmq-{listener.gateway.config.ha.broker_id or 'broker'}"
+        self.fetches: set[_Fetch] = set()  # waiting for data
+        self._told_queue: set[str] = set()  # queues it fetched as a log (logged once)
+        self._handlers: dict[int, Callable[[Request, Any], None]] = {
+            codec.METADATA: self._metadata,
+            codec.PRODUCE: self._produce,
+            codec.FETCH: self._fetch,
+            codec.LIST_OFFSETS: self._list_offsets,
+            codec.INIT_PRODUCER_ID: self._init_producer_id,
+        }
+
+    def handle(self, request: Request, slot: Any) -> None:
+        handler = self._handlers.get(request.api_key)
+        if handler is None:  # (served() let it through: a handler is missing)
+            raise codec.KafkaProtocolError(f"{codec.api_name(request.api_key)} is not served")
+        handler(request, slot)
+
+    def close(self) -> None:
+        for fetch in list(self.fetches):
+            self._end_wait(fetch)
+
+    # -- Metadata ----------------------------------------------------------------------------
+    def _metadata(self, r: Request, slot: Any) -> None:
+        body = r.body
+        mod = codec.response_module(r.api_key, r.version)
+        asked = body.topics
+        if asked is None or (r.version == 0 and not asked):
+            listed = self.session.execute(c.ListDestinations())
+            names = sorted(d["name"] for d in listed if not d.get("temporary"))
+            errors = dict.fromkeys(names, ErrorCode.none)
+        else:
+            allow = getattr(body, "allow_auto_topic_creation", True)
+            errors = {t.name: self._topic_error(t.name, allow) for t in asked if t.name}
+        host, port = self.link.advertised
+        partition = build(
+            mod,
+            "MetadataResponsePartition",
+            error_code=ErrorCode.none,
+            partition_index=0,
+            leader_id=NODE_ID,
+            leader_epoch=0,
+            replica_nodes=(NODE_ID,),
+            isr_nodes=(NODE_ID,),
+            offline_replicas=(),
+        )
+        topics = tuple(
+            build(
+                mod,
+                "MetadataResponseTopic",
+                error_code=err,
+                name=name,
+                topic_id=topic_id(name),
+                is_internal=False,
+                partitions=(partition,) if err is ErrorCode.none else (),
+                topic_authorized_operations=_NO_OPERATIONS,
+            )
+            for name, err in errors.items()
+        )
+        broker = build(
+            mod, "MetadataResponseBroker", node_id=NODE_ID, host=host, port=port, rack=None
+        )
+        response = build(
+            mod,
+            "MetadataResponse",
+            throttle_time=_ZERO,
+            brokers=(broker,),
+            cluster_id=self.cluster_id,
+            controller_id=NODE_ID,
+            topics=topics,
+            cluster_authorized_operations=_NO_OPERATIONS,
+        )
+        self.link.answer(slot, response)
+
+    def _topic_error(self, name: str, allow_create: bool) -> ErrorCode:
+        try:
+            if self.session.kind(name) is not None:
+                return ErrorCode.none
+            if not (allow_create and self.auto_create):
+                return ErrorCode.unknown_topic_or_partition
+            self.session.open_named(name, "topic")
+            return ErrorCode.none
+        except SparkMQError as exc:
+            return error_code(exc)
+
+    # -- Produce -----------------------------------------------------------------------------
+    def _produce(self, r: Request, slot: Any) -> None:
+        body = r.body
+        acks = body.acks
+        results: list[tuple[str, int, Future | BaseException]] = []
+        holding: list[Future] = []
+        for topic in body.topic_data:
+            for part in topic.partition_data:
+                outcome = self._produce_one(body, topic.name, part, holding)
+                results.append((topic.name, part.index, outcome))
+        if acks == 0:
+            self.link.answer(slot, None)
+            for name, _, outcome in results:
+                _log_unacked(self.link.peer, name, outcome)
+            return
+        futures = [o for _, _, o in results if isinstance(o, Future)]
+
+        def answer(_: object = None) -> None:
+            self.link.answer(slot, self._produce_response(r, results))
+
+        if holding:  # (a produce waiting for room: the requests behind wait too)
+            self.link.awaiting(_all(holding), answer, on_error=answer)
+        elif futures:
+            _all(futures).add_done_callback(lambda _: self.link.threadsafe(answer))
+        else:
+            answer()
+
+    def _produce_one(
+        self, body: Any, name: str, part: Any, holding: list[Future]
+    ) -> Future | BaseException:
+        try:
+            if part.index != 0:
+                raise DestinationNotFound(f"{name} has one partition, 0; not {part.index}")
+            if body.transactional_id is not None:
+                raise _Unsupported(
+                    "transactional producers are not served yet: produce without transactional.id"
+                )
+            if part.records is None:
+                raise RecordError("a Produce partition without records", corrupt=True)
+            if self.session.kind(name) is None:
+                self.session.open_named(name, "topic")
+            rows = produced(bytes(part.records), self.max_body)
+            if rows.transactional:
+                raise _Unsupported("transactional record batches are not served yet")
+            fut, waits = self.listener.produce(
+                self.session, name, Messages.of(rows.rows), rows.nbytes
+            )
+            if waits:
+                holding.append(fut)
+            return fut
+        except (SparkMQError, RecordError, _Unsupported) as exc:
+            return exc
+
+    def _produce_response(
+        self, r: Request, results: list[tuple[str, int, Future | BaseException]]
+    ) -> Any:
+        mod = codec.response_module(r.api_key, r.version)
+        by_topic: dict[str, list[Any]] = {}
+        for name, index, outcome in results:
+            err, message, base = ErrorCode.none, None, -1
+            if isinstance(outcome, Future):
+                exc = outcome.exception()
+                if exc is None:
+                    base = _first_offset(outcome.result())
+                else:
+                    outcome = exc
+            if isinstance(outcome, BaseException):
+                err, message = _code_of(outcome), _message(outcome)
+            by_topic.setdefault(name, []).append(
+                build(
+                    mod,
+                    "PartitionProduceResponse",
+                    index=index,
+                    error_code=err,
+                    base_offset=base,
+                    log_append_time=None,
+                    log_start_offset=0,
+                    record_errors=(),
+                    error_message=message,
+                )
+            )
+        return build(
+            mod,
+            "ProduceResponse",
+            responses=tuple(
+                build(mod, "TopicProduceResponse", name=n, partition_responses=tuple(ps))
+                for n, ps in by_topic.items()
+            ),
+            throttle_time=_ZERO,
+        )
+
+    # -- InitProducerId: idempotent producers ----------------------------------------------
+    def _init_producer_id(self, r: Request, slot: Any) -> None:
+        """A producer id for an idempotent producer (random: unique across restarts and the
+        brokers of a pair without any coordination); one asking again with its id (after an
+        error, v3+) gets the next epoch. A transactional one is refused: transactions are not
+        served yet."""
+        body = r.body
+        mod = codec.response_module(r.api_key, r.version)
+        err, pid, epoch = ErrorCode.none, -1, -1
+        if body.transactional_id is not None:
+            log.info(
+                "kafka: %s asked for transactional id %r: Kafka transactions are not served "
+                "yet (produce without transactional.id; idempotence is served)",
+                self.link.peer,
+                body.transactional_id,
+            )
+            err = ErrorCode.transactional_id_authorization_failed
+        elif getattr(body, "producer_id", -1) >= 0:
+            pid, epoch = body.producer_id, (body.producer_epoch + 1) % 32767
+        else:
+            pid, epoch = secrets.randbits(62), 0
+        self.link.answer(
+            slot,
+            build(
+                mod,
+                "InitProducerIdResponse",
+                throttle_time=_ZERO,
+                error_code=err,
+                producer_id=pid,
+                producer_epoch=epoch,
+            ),
+        )
+
+    # -- ListOffsets -------------------------------------------------------------------------
+    def _list_offsets(self, r: Request, slot: Any) -> None:
+        asked = [
+            (t.name, p.partition_index, p.timestamp) for t in r.body.topics for p in t.partitions
+        ]
+        session = self.session
+
+        def look() -> list[tuple[str, int, ErrorCode, int, int]]:
+            out: list[tuple[str, int, ErrorCode, int, int]] = []
+            for name, index, ts in asked:
+                try:
+                    if index != 0:
+                        raise DestinationNotFound(f"{name} has one partition, 0")
+                    end = session.log_end(name)
+                    if ts == -1:  # latest
+                        out.append((name, index, ErrorCode.none, -1, end))
+                    elif ts == -2:  # earliest
+                        out.append((name, index, ErrorCode.none, -1, 0))
+                    elif ts == -3:  # the largest timestamp's
+                        out.append((name, index, ErrorCode.none, -1, max(end - 1, 0)))
+                    else:
+                        at = session.offset_at(name, ts * 1000)
+                        if at is None:  # (nothing enqueued since: -1, as Kafka answers)
+                            out.append((name, index, ErrorCode.none, -1, -1))
+                        else:
+                            out.append((name, index, ErrorCode.none, ts, at))
+                except SparkMQError as exc:
+                    out.append((name, index, error_code(exc), -1, -1))
+            return out
+
+        def answer(found: list[tuple[str, int, ErrorCode, int, int]]) -> None:
+            mod = codec.response_module(r.api_key, r.version)
+            by_topic: dict[str, list[Any]] = {}
+            for name, index, err, ts, offset in found:
+                by_topic.setdefault(name, []).append(
+                    build(
+                        mod,
+                        "ListOffsetsPartitionResponse",
+                        partition_index=index,
+                        error_code=err,
+                        timestamp=ts,
+                        offset=offset,
+                        leader_epoch=0,
+                        old_style_offsets=(offset,),
+                    )
+                )
+            self.link.answer(
+                slot,
+                build(
+                    mod,
+                    "ListOffsetsResponse",
+                    throttle_time=_ZERO,
+                    topics=tuple(
+                        build(mod, "ListOffsetsTopicResponse", name=n, partitions=tuple(ps))
+                        for n, ps in by_topic.items()
+                    ),
+                ),
+            )
+
+        if all(ts in (-1, -2, -3) for _, _, ts in asked):
+            answer(look())  # (end offsets: quick)
+            return
+        fut = self.listener.run_blocking(look)  # (by time: a read of the log)
+        fut.add_done_callback(lambda f: self.link.threadsafe(_then, f, answer))
+
+    # -- Fetch -------------------------------------------------------------------------------
+    def _fetch(self, r: Request, slot: Any) -> None:
+        body = r.body
+        parts = []
+        for t in body.topics:
+            for p in t.partitions:
+                parts.append(_Part(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes))
+        for part in parts:
+            part.error = self._fetch_check(part)
+        wait = body.max_wait.total_seconds() if isinstance(body.max_wait, timedelta) else 0.0
+        fetch = _Fetch(
+            r,
+            slot,
+            parts,
+            max(body.min_bytes, 1),
+            max(body.max_bytes, 1),
+            time.monotonic() + max(wait, 0.0),
+        )
+        self._fetch_step(fetch)
+
+    def _fetch_check(self, part: _Part) -> ErrorCode:
+        try:
+            if part.partition != 0:
+                raise DestinationNotFound(f"{part.topic} has one partition, 0")
+            kind = self.session.kind(part.topic)
+            if kind is None:
+                raise DestinationNotFound(f"there is no topic {part.topic!r}")
+            if kind == "queue":
+                if part.topic in self._told_queue:
+                    return ErrorCode.invalid_topic_exception
+                self._told_queue.add(part.topic)  # (once a connection: clients retry often)
+                log.info(
+                    "kafka: %s fetched queue %s as a log: a queue's messages go to one consumer "
+                    "each; use a share consumer (share groups), the SDK or STOMP",
+                    self.link.peer,
+                    part.topic,
+                )
+                return ErrorCode.invalid_topic_exception
+            part.end = self.session.log_end(part.topic)
+        except SparkMQError as exc:
+            return error_code(exc)
+        if part.offset < 0 or part.offset > part.end:
+            return ErrorCode.offset_out_of_range
+        return ErrorCode.none
+
+    def _fetch_step(self, fetch: _Fetch) -> None:
+        """Read what is there, or wait for it (or answer, when the wait is over)."""
+        if fetch.done or fetch.reading:
+            return
+        now = time.monotonic()
+        readable = [p for p in fetch.parts if p.error is ErrorCode.none]
+        for p in readable:
+            p.end = self.session.log_end(p.topic)
+        have = [p for p in readable if p.offset < p.end]
+        errors = any(p.error is not ErrorCode.none for p in fetch.parts)
+        if have and (errors or now >= fetch.deadline or self._enough(fetch, have)):
+            fetch.reading = True
+            fut = self.listener.run_blocking(self._read, fetch, have)
+            fut.add_done_callback(lambda f: self.link.threadsafe(self._fetched, fetch, f))
+            return
+        if errors or now >= fetch.deadline:
+            self._fetch_answer(fetch)
+            return
+        self._wait(fetch, readable)
+
+    def _enough(self, fetch: _Fetch, have: list[_Part]) -> bool:
+        """Whether what waits is likely ``min.bytes`` (a message counted at 1 KiB until read)."""
+        if fetch.min_bytes <= 1:
+            return True
+        return sum(p.end - p.offset for p in have) * 1024 >= fetch.min_bytes
+
+    def _read(self, fetch: _Fetch, have: list[_Part]) -> None:
+        """(A helper thread.) Each partition's records from its offset."""
+        budget = fetch.max_bytes
+        for p in have:
+            if budget <= 0:
+                break
+            rows_max = max(1, min(p.end - p.offset, _READ_ROWS_MAX))
+            rows = self.session.read_log(p.topic, p.offset, p.offset + rows_max)
+            cap = min(p.max_bytes, budget)
+            p.records, p.read = record_batch(rows, cap)
+            budget -= len(p.records)
+
+    def _fetched(self, fetch: _Fetch, fut: Future) -> None:
+        fetch.reading = False
+        exc = fut.exception()
+        if exc is not None:
+            log.warning("kafka: a fetch for %s failed: %s", self.link.peer, _message(exc))
+            for p in fetch.parts:
+                if p.error is ErrorCode.none and not p.records:
+                    p.error = error_code(exc)
+        self._fetch_answer(fetch)
+
+    def _wait(self, fetch: _Fetch, readable: list[_Part]) -> None:
+        if not fetch.unwatch:
+            self.fetches.add(fetch)
+            for topic in {p.topic for p in readable}:
+                fetch.unwatch.append(self.session.watch_log(topic, partial(self._woken, fetch)))
+            fetch.timer = self.link.loop.call_at(
+                _loop_time(self.link.loop, fetch.deadline), self._fetch_step, fetch
+            )
+
+    def _woken(self, fetch: _Fetch) -> None:
+        """(The committing thread.) A destination it waits on has new messages."""
+        if not fetch.woken:
+            fetch.woken = True
+            self.link.threadsafe(self._recheck, fetch)
+
+    def _recheck(self, fetch: _Fetch) -> None:
+        fetch.woken = False
+        self._fetch_step(fetch)
+
+    def _end_wait(self, fetch: _Fetch) -> None:
+        fetch.done = True
+        self.fetches.discard(fetch)
+        for unwatch in fetch.unwatch:
+            unwatch()
+        fetch.unwatch.clear()
+        if fetch.timer is not None:
+            fetch.timer.cancel()
+
+    def _fetch_answer(self, fetch: _Fetch) -> None:
+        self._end_wait(fetch)
+        r = fetch.request
+        mod = codec.response_module(r.api_key, r.version)
+        by_topic: dict[str, list[Any]] = {}
+        for p in fetch.parts:
+            by_topic.setdefault(p.topic, []).append(
+                build(
+                    mod,
+                    "PartitionData",
+                    partition_index=p.partition,
+                    error_code=p.error,
+                    high_watermark=max(p.end, 0),
+                    last_stable_offset=max(p.end, 0),
+                    log_start_offset=0,
+                    aborted_transactions=(),
+                    preferred_read_replica=-1,
+                    records=p.records,  # (empty, never null: librdkafka reads a null as a bad size)
+                )
+            )
+        response = build(
+            mod,
+            "FetchResponse",
+            throttle_time=_ZERO,
+            error_code=ErrorCode.none,
+            session_id=0,
+            responses=tuple(
+                build(mod, "FetchableTopicResponse", topic=n, partitions=tuple(ps))
+                for n, ps in by_topic.items()
+            ),
+        )
+        self.link.answer(fetch.slot, response)
+
+
+class _Unsupported(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _code_of(exc: BaseException) -> ErrorCode:
+    if isinstance(exc, _Unsupported):
+        return ErrorCode.invalid_request
+    return error_code(exc)
+
+
+def _first_offset(result: Any) -> int:
+    if isinstance(result, c.ProduceResult):
+        return result.offsets[0] if result.offsets else -1
+    return int(result.first_offset)
+
+
+def _all(futures: list[Future]) -> Future:
+    """A future done once every one of ``futures`` is."""
+    out: Future = Future()
+    left = [len(futures)]
+
+    def one(_: Future) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            out.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(one)
+    return out
+
+
+def _log_unacked(peer: str, name: str, outcome: Future | BaseException) -> None:
+    """acks=0: nobody hears how it went; the log does."""
+
+    def report(exc: BaseException | None) -> None:
+        if exc is not None:
+            log.warning(
+                "kafka: a produce to %s from %s (acks=0) was not stored: %s",
+                name,
+                peer,
+                _message(exc),
+            )
+
+    if isinstance(outcome, Future):
+        outcome.add_done_callback(lambda f: report(f.exception()))
+    else:
+        report(outcome)
+
+
+def _then(fut: Future, then: Callable[[Any], None]) -> None:
+    exc = fut.exception()
+    if exc is not None:
+        raise exc
+    then(fut.result())
+
+
+def _loop_time(loop: Any, deadline: float) -> float:
+    """``deadline`` (``time.monotonic()``) on ``loop``'s clock."""
+    return float(loop.time() + (deadline - time.monotonic()))

@@ -1,0 +1,106 @@
+"""What the Kafka tests share: clients no one here wrote (confluent-kafka over librdkafka,
+kafka-python) pointed at a broker's Kafka port, and a raw socket for bytes no client sends."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+
+def producer(port: int, **settings: Any) -> Producer:
+    return Producer({"bootstrap.servers": f"127.0.0.1:{port}", "linger.ms": 2, **settings})
+
+
+def consumer(port: int, **settings: Any) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": "kafka-kit",  # (librdkafka wants one; assign() never joins it)
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+            **settings,
+        }
+    )
+
+
+def produce_all(p: Producer, topic: str, values: list[bytes], **fields: Any) -> list[int]:
+    """Produce each value, flush, and return their offsets (raising on any failure)."""
+    offsets: list[int] = [-1] * len(values)
+    errors: list[KafkaError] = []
+
+    def done(err: KafkaError | None, msg: Any, i: int) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            offsets[i] = msg.offset()
+
+    for i, value in enumerate(values):
+        p.produce(topic, value=value, on_delivery=lambda e, m, i=i: done(e, m, i), **fields)
+    left = p.flush(30)
+    assert left == 0, f"{left} message(s) still unacknowledged"
+    assert not errors, errors
+    return offsets
+
+
+def read_from(port: int, topic: str, offset: int, count: int, timeout: float = 20) -> list[Any]:
+    """``count`` messages of ``topic`` from ``offset`` (partition 0, assigned: no group)."""
+    c = consumer(port)
+    try:
+        c.assign([TopicPartition(topic, 0, offset)])
+        got: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < count and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            got.append(m)
+        return got
+    finally:
+        c.close()
+
+
+class RawKafka:
+    """A socket speaking (or not) the Kafka protocol by hand."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+
+    def send_frame(self, body: bytes) -> None:
+        self.sock.sendall(struct.pack(">i", len(body)) + body)
+
+    def request(self, key: int, version: int, correlation: int, payload: bytes = b"") -> None:
+        # a v1 request header (client id "raw"), then the body
+        self.send_frame(struct.pack(">hhih", key, version, correlation, 3) + b"raw" + payload)
+
+    def response(self) -> bytes:
+        size = struct.unpack(">i", self._exactly(4))[0]
+        return self._exactly(size)
+
+    def closed(self, timeout: float = 10) -> bool:
+        """Whether the broker closed the connection (reading what it still sent)."""
+        self.sock.settimeout(timeout)
+        try:
+            while self.sock.recv(65536):
+                pass
+            return True
+        except ConnectionResetError:
+            return True
+        except TimeoutError:
+            return False
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("closed by the broker")
+            data += chunk
+        return data
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,0 +1,311 @@
+"""The Kafka listener against a real broker process, with clients no one here wrote
+(confluent-kafka over librdkafka, kafka-python): produce and fetch with keys, headers and
+offsets, both ways with the SDK; every compression; ListOffsets; long polls; acks; a queue
+refused as a log; malformed requests; SASL and ACLs."""
+
+from __future__ import annotations
+
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
+from kafka import KafkaConsumer as PyKafkaConsumer
+from kafka import KafkaProducer as PyKafkaProducer
+
+from spark_mq import Admin
+from spark_mq.client import Consumer, Producer
+from spark_mq.launch import BrokerProcess
+from tests.kafka_kit import RawKafka, consumer, produce_all, producer, read_from
+from tests.security_kit import ACL, PASSWORDS, security_settings
+
+pytestmark = pytest.mark.process
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    base = tmp_path_factory.mktemp("kafka")
+    process = BrokerProcess(
+        str(base / "data"),
+        extra_args=["--set", f"logging.file={base / 'broker.log'}"],
+        log_file=str(base / "broker.out"),
+    ).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def port(broker: BrokerProcess) -> int:
+    assert broker.kafka_port
+    return broker.kafka_port
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_librdkafka_produces_and_fetches_keys_headers_and_sparkmq_offsets(
+    broker: BrokerProcess, port: int
+) -> None:
+    topic = _name("orders")
+    with Admin(broker.url) as admin:  # (a subscription holds what comes after it is made)
+        admin.create_topic(topic)
+        admin.create_subscription(topic, "audit")
+    values = [f"order-{i}".encode() for i in range(200)]
+    offsets = produce_all(
+        producer(port), topic, values, key=b"customer-7", headers=[("source", b"web")]
+    )
+    assert offsets == list(range(200))  # sparkmq's offsets, dense from 0
+    got = read_from(port, topic, 0, 200)
+    assert [m.value() for m in got] == values
+    assert [m.offset() for m in got] == offsets
+    assert {m.key() for m in got} == {b"customer-7"}
+    assert got[0].headers() == [("source", b"web")]
+    ts_type, ts = got[0].timestamp()
+    assert ts_type != 0 and abs(ts / 1000 - time.time()) < 60  # the enqueue time
+    # the same messages through the SDK: the key is the message group, headers are headers
+    with Admin(broker.url) as admin:
+        assert admin.stats(topic)["kind"] == "topic"
+        rows = admin.browse(topic, "audit", limit=5).to_pylist()
+    assert rows[0]["group_id"] == "customer-7"
+    assert dict(rows[0]["headers"]) == {"source": "web"}
+    assert rows[0]["body"] == b"order-0" and rows[0]["offset"] == 0
+
+
+def test_sdk_messages_reach_kafka_consumers_with_key_and_headers(
+    broker: BrokerProcess, port: int
+) -> None:
+    topic = _name("from-sdk")
+    with Admin(broker.url) as admin:
+        admin.create_topic(topic)
+    with Producer(broker.url, destination=topic) as p:
+        for i in range(5):
+            p.send(f"m{i}".encode(), group_id=f"g{i % 2}", headers={"n": str(i)}).result()
+    got = read_from(port, topic, 0, 5)
+    assert [m.value() for m in got] == [f"m{i}".encode() for i in range(5)]
+    assert [m.key() for m in got] == [f"g{i % 2}".encode() for i in range(5)]
+    assert [m.headers() for m in got] == [[("n", str(i).encode())] for i in range(5)]
+
+
+def test_binary_keys_come_back_as_they_were_sent(port: int) -> None:
+    topic = _name("binary-keys")
+    keys = [b"\x00\xff\xfe avro-ish", "ключ".encode(), b"plain"]
+    produce_all(producer(port), topic, [b"a", b"b", b"c"])  # (no key)
+    for k in keys:
+        produce_all(producer(port), topic, [b"v"], key=k)
+    got = read_from(port, topic, 0, 6)
+    assert [m.key() for m in got] == [None, None, None, *keys]
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_every_compression_is_read(port: int, codec: str) -> None:
+    topic = _name(f"compressed-{codec}")
+    values = [(f"{codec}-{i} " * 50).encode() for i in range(300)]
+    produce_all(producer(port, **{"compression.type": codec, "linger.ms": 50}), topic, values)
+    assert [m.value() for m in read_from(port, topic, 0, 300)] == values
+
+
+def test_kafka_python_produces_and_consumes(broker: BrokerProcess, port: int) -> None:
+    topic = _name("kafka-python")
+    p = PyKafkaProducer(bootstrap_servers=f"127.0.0.1:{port}", acks="all")
+    futures = [p.send(topic, key=b"k", value=f"py-{i}".encode()) for i in range(50)]
+    p.flush(30)
+    assert [f.get(10).offset for f in futures] == list(range(50))
+    p.close()
+    c = PyKafkaConsumer(
+        bootstrap_servers=f"127.0.0.1:{port}", enable_auto_commit=False,
+        auto_offset_reset="earliest", consumer_timeout_ms=10_000,
+    )  # fmt: skip
+    from kafka import TopicPartition as PyTP
+
+    c.assign([PyTP(topic, 0)])
+    c.seek_to_beginning()
+    got = []
+    for m in c:
+        got.append(m)
+        if len(got) == 50:
+            break
+    c.close()
+    assert [m.value for m in got] == [f"py-{i}".encode() for i in range(50)]
+    assert all(m.key == b"k" for m in got)
+
+
+def test_list_offsets_earliest_latest_and_by_time(port: int) -> None:
+    topic = _name("offsets")
+    p = producer(port)
+    produce_all(p, topic, [b"early"] * 10)
+    time.sleep(0.3)
+    middle_ms = int(time.time() * 1000)
+    time.sleep(0.3)
+    produce_all(p, topic, [b"late"] * 5)
+    c = consumer(port)
+    try:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        assert (low, high) == (0, 15)
+        (at,) = c.offsets_for_times([TopicPartition(topic, 0, middle_ms)], timeout=10)
+        assert at.offset == 10
+        (after,) = c.offsets_for_times(
+            [TopicPartition(topic, 0, int(time.time() * 1000) + 60_000)], timeout=10
+        )
+        assert after.offset == -1  # none enqueued since: the end (librdkafka's "latest")
+    finally:
+        c.close()
+
+
+def test_a_fetch_waits_for_new_messages_and_wakes_when_they_come(port: int) -> None:
+    topic = _name("long-poll")
+    p = producer(port)
+    produce_all(p, topic, [b"first"])
+    c = consumer(port, **{"fetch.wait.max.ms": 5000})
+    try:
+        c.assign([TopicPartition(topic, 0, 1)])  # past the end: nothing yet
+        assert c.poll(1.0) is None
+        sent = time.monotonic()
+        produce_all(p, topic, [b"second"])
+        m = None
+        while m is None and time.monotonic() - sent < 10:
+            m = c.poll(0.1)
+        waited = time.monotonic() - sent
+        assert m is not None and m.value() == b"second" and m.offset() == 1
+        assert waited < 1.0, f"the waiting fetch answered {waited:.2f} s after the produce"
+    finally:
+        c.close()
+
+
+def test_acks_zero_stores_and_acks_all_answers_with_the_offset(port: int) -> None:
+    topic = _name("acks")
+    produce_all(producer(port, acks=0), topic, [b"fire-and-forget"] * 20)
+    offsets = produce_all(producer(port, acks="all"), topic, [b"acked"])
+    assert offsets == [20]
+    assert len(read_from(port, topic, 0, 21)) == 21
+
+
+def test_a_queue_takes_kafka_produces_but_is_not_fetched_as_a_log(
+    broker: BrokerProcess, port: int
+) -> None:
+    q = _name("jobs")
+    with Admin(broker.url) as admin:
+        admin.create_queue(q)
+    produce_all(producer(port), q, [b"job-1", b"job-2"], key=b"tenant-1")
+    with Consumer(broker.url, q) as sdk:
+        got = sdk.receive_many(2, timeout=10)
+        for m in got:
+            sdk.ack(m)
+    assert [m.body for m in got] == [b"job-1", b"job-2"]
+    assert got[0].group_id == "tenant-1"
+    c = consumer(port)
+    try:
+        c.assign([TopicPartition(q, 0, 0)])
+        m = None
+        deadline = time.monotonic() + 10
+        while m is None and time.monotonic() < deadline:
+            m = c.poll(0.5)
+        assert m is not None and m.error() is not None
+        assert m.error().code() == KafkaError.TOPIC_EXCEPTION
+    finally:
+        c.close()
+    assert "use a share consumer" in Path(broker.data_dir).parent.joinpath("broker.log").read_text()
+
+
+def test_malformed_requests_close_only_their_connection(port: int) -> None:
+    # ApiVersions newer than served: UNSUPPORTED_VERSION (35) and the versions served (KIP-511)
+    raw = RawKafka(port)
+    raw.request(18, 99, 7)
+    answer = raw.response()
+    correlation, error = struct.unpack(">ih", answer[:6])
+    assert (correlation, error) == (7, 35)
+    (count,) = struct.unpack(">i", answer[6:10])
+    keys = {struct.unpack(">h", answer[10 + 6 * i : 12 + 6 * i])[0] for i in range(count)}
+    assert {0, 1, 2, 3, 17, 18, 36} <= keys
+    raw.close()
+    cases = [
+        b"\x00\x00\x00\x05garbage-that-is-longer",  # a frame that is not a request
+        struct.pack(">i", 500 * 1024 * 1024),  # a 500 MiB frame before any login
+        struct.pack(">ihhi", 8, 999, 0, 1),  # an API no one serves
+        struct.pack(">ihhih", 10, 3, 3, 2, 0),  # Metadata v3 cut short
+    ]
+    for data in cases:
+        bad = RawKafka(port)
+        bad.sock.sendall(data)
+        assert bad.closed(), data[:20]
+        bad.close()
+    # everyone else is served as before
+    topic = _name("after-garbage")
+    assert produce_all(producer(port), topic, [b"still here"]) == [0]
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    base = tmp_path_factory.mktemp("kafka-secure")
+    acl = ACL + (
+        '\n[[allow]]\nprincipals = ["bob"]\nverbs = ["consume"]\ndestinations = ["shared.*"]\n'
+    )
+    settings = security_settings(base, acl=acl)
+    args = ["--set", f"logging.file={base / 'broker.log'}"]
+    for key, value in settings.items():
+        args += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
+    process = BrokerProcess(
+        str(base / "data"), extra_args=args, log_file=str(base / "broker.out")
+    ).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def _sasl(user: str, password: str) -> dict[str, str]:
+    return {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": user,
+        "sasl.password": password,
+    }
+
+
+def test_sasl_plain_logs_in_and_the_rules_hold(secure: BrokerProcess) -> None:
+    port = secure.kafka_port
+    assert port
+    alice = _sasl("alice", PASSWORDS["alice"])
+    assert produce_all(producer(port, **alice), "shared.news", [b"hello"]) == [0]
+    # bob may produce to bob.* only
+    bob = _sasl("bob", PASSWORDS["bob"])
+    assert produce_all(producer(port, **bob), "bob.inbox", [b"mine"]) == [0]
+    with pytest.raises(AssertionError, match="TOPIC_AUTHORIZATION_FAILED"):
+        produce_all(producer(port, **bob, **{"message.timeout.ms": 5000}), "shared.news", [b"x"])
+    # bob may consume shared.*: he reads alice's message
+    c = consumer(port, **bob)
+    try:
+        c.assign([TopicPartition("shared.news", 0, 0)])
+        m = None
+        deadline = time.monotonic() + 10
+        while m is None and time.monotonic() < deadline:
+            m = c.poll(0.5)
+        assert m is not None and m.error() is None and m.value() == b"hello"
+    finally:
+        c.close()
+
+
+def test_a_wrong_password_or_no_login_gets_nothing(secure: BrokerProcess) -> None:
+    port = secure.kafka_port
+    assert port
+    told: list[KafkaError] = []
+    wrong = producer(
+        port, **_sasl("alice", "not-her-password"),
+        **{"message.timeout.ms": 4000, "error_cb": told.append},
+    )  # fmt: skip
+    with pytest.raises(AssertionError, match=r"still unacknowledged|MSG_TIMED_OUT"):
+        produce_all(wrong, "shared.news", [b"x"])
+    auth = [e for e in told if e.code() == KafkaError._AUTHENTICATION]
+    assert auth and "wrong user name or password" in auth[0].str(), told
+    anonymous = producer(port, **{"message.timeout.ms": 4000})
+    with pytest.raises(AssertionError, match=r"still unacknowledged|MSG_TIMED_OUT"):
+        produce_all(anonymous, "shared.news", [b"x"])
+    log = Path(secure.data_dir).parent.joinpath("broker.log").read_text()
+    assert "not logged in" in log and "SASL PLAIN" in log
+    with Admin(secure.url, username="alice", password=PASSWORDS["alice"]) as admin:
+        assert admin.stats("shared.news")["end_offset"] == 1  # (only alice's)
