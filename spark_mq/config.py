@@ -93,6 +93,9 @@ class BrokerSection(_Section):
     # a Kafka request's size (Kafka's socket.request.max.bytes; a produce's records are also
     # bounded per message by limits.max_message_bytes)
     kafka_max_request_bytes: int = Field(16 * MiB, ge=64 * 1024)
+    # a new consumer group's first rebalance waits this long for more members to join (Kafka's
+    # group.initial.rebalance.delay.ms, 3000 there)
+    kafka_group_initial_delay_ms: int = Field(500, ge=0, le=300_000)
 
 
 class JournalSection(_Section):

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
@@ -309,3 +310,195 @@ def test_a_wrong_password_or_no_login_gets_nothing(secure: BrokerProcess) -> Non
     assert "not logged in" in log and "SASL PLAIN" in log
     with Admin(secure.url, username="alice", password=PASSWORDS["alice"]) as admin:
         assert admin.stats("shared.news")["end_offset"] == 1  # (only alice's)
+
+
+# -- consumer groups ------------------------------------------------------------------------
+def _group_consumer(port: int, group: str, **settings: Any) -> Any:
+    return consumer(
+        port,
+        **{
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+            **settings,
+        },
+    )
+
+
+def test_a_group_of_three_hands_the_partition_on_and_resumes_from_committed_offsets(
+    port: int,
+) -> None:
+    topic, group = _name("grouped"), _name("group")
+    produce_all(producer(port), topic, [f"e{i}".encode() for i in range(90)])
+    members = [_group_consumer(port, group) for _ in range(3)]
+    for c in members:
+        c.subscribe([topic])
+    seen: list[tuple[int, int]] = []  # (member, offset)
+    try:
+        # poll all three until 30 messages are in; each commits what it read, synchronously
+        deadline = time.monotonic() + 30
+        while len(seen) < 30 and time.monotonic() < deadline:
+            for i, c in enumerate(members):
+                m = c.poll(0.05)
+                if m is not None and m.error() is None and len(seen) < 30:
+                    seen.append((i, m.offset()))
+                    c.commit(m, asynchronous=False)
+        assert len(seen) == 30
+        owner = seen[0][0]
+        assert {i for i, _ in seen} == {owner}  # one partition: one member reads it
+        members[owner].close()  # (leaves the group: the others rebalance)
+        rest = [c for i, c in enumerate(members) if i != owner]
+        deadline = time.monotonic() + 30
+        while len(seen) < 90 and time.monotonic() < deadline:
+            for j, c in enumerate(rest):
+                m = c.poll(0.05)
+                if m is not None and m.error() is None:
+                    seen.append((10 + j, m.offset()))
+                    c.commit(m, asynchronous=False)
+        offsets = [o for _, o in seen]
+        assert offsets == list(range(90))  # resumed at the committed offset: none lost or twice
+        assert len({i for i, _ in seen[30:]}) == 1
+    finally:
+        for i, c in enumerate(members):
+            if not seen or i != seen[0][0]:
+                c.close()
+
+
+def test_groups_are_listed_and_described_and_offsets_read_back(port: int) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    topic, group = _name("described"), _name("group")
+    produce_all(producer(port), topic, [b"x"] * 5)
+    c = _group_consumer(port, group)
+    c.subscribe([topic])
+    try:
+        got = 0
+        deadline = time.monotonic() + 20
+        while got < 5 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got += 1
+                c.commit(m, asynchronous=False)
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+        listed = admin.list_consumer_groups().result(10)
+        assert group in {g.group_id for g in listed.valid}
+        described = admin.describe_consumer_groups([group])[group].result(10)
+        assert str(described.state).endswith("STABLE") and len(described.members) == 1
+        (tp,) = c.committed([TopicPartition(topic, 0)], timeout=10)
+        assert tp.offset == 5
+    finally:
+        c.close()
+
+
+def test_kafka_python_consumes_in_a_group_and_commits(port: int) -> None:
+    topic, group = _name("py-group"), _name("group")
+    produce_all(producer(port), topic, [f"p{i}".encode() for i in range(20)])
+    c = PyKafkaConsumer(
+        topic, bootstrap_servers=f"127.0.0.1:{port}", group_id=group,
+        auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=15_000,
+    )  # fmt: skip
+    got = []
+    for m in c:
+        got.append(m.value)
+        if len(got) == 20:
+            break
+    c.commit()
+    c.close()
+    assert got == [f"p{i}".encode() for i in range(20)]
+    again = consumer(port, **{"group.id": group})
+    try:
+        (tp,) = again.committed([TopicPartition(topic, 0)], timeout=10)
+        assert tp.offset == 20
+    finally:
+        again.close()
+
+
+def test_committed_offsets_and_messages_survive_a_sigkill(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = BrokerProcess(str(data), log_file=str(tmp_path / "broker.out")).start()
+    try:
+        assert first.kafka_port
+        port = first.kafka_port
+        topic, group = _name("durable"), _name("group")
+        produce_all(producer(port, acks="all"), topic, [f"d{i}".encode() for i in range(10)])
+        c = _group_consumer(port, group)
+        c.subscribe([topic])
+        read = 0
+        deadline = time.monotonic() + 20
+        while read < 6 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                read += 1
+                c.commit(m, asynchronous=False)  # (answered once durable)
+        assert read == 6
+    finally:
+        first.kill()  # SIGKILL: no flush, no goodbye
+    second = BrokerProcess(str(data), log_file=str(tmp_path / "broker2.out")).start()
+    try:
+        assert second.kafka_port
+        again = _group_consumer(second.kafka_port, group)
+        again.subscribe([topic])
+        rest = []
+        deadline = time.monotonic() + 30
+        while len(rest) < 4 and time.monotonic() < deadline:
+            m = again.poll(0.2)
+            if m is not None and m.error() is None:
+                rest.append(m.value())
+        again.close()
+        assert rest == [f"d{i}".encode() for i in range(6, 10)]  # from the committed offset
+    finally:
+        second.stop()
+
+
+_SILENT_MEMBER = """
+import sys, time
+from confluent_kafka import Consumer
+c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+              "auto.offset.reset": "earliest", "enable.auto.commit": False,
+              "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+c.subscribe([sys.argv[3]])
+while True:
+    m = c.poll(0.2)
+    if m is not None and m.error() is None:
+        print(m.offset(), flush=True)
+"""
+
+
+def test_a_member_killed_is_out_after_its_session_timeout_and_another_takes_over(
+    port: int, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    topic, group = _name("timeout"), _name("group")
+    produce_all(producer(port), topic, [b"a"] * 3)
+    script = tmp_path / "member.py"
+    script.write_text(_SILENT_MEMBER)
+    member = subprocess.Popen(
+        [sys.executable, str(script), f"127.0.0.1:{port}", group, topic],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert member.stdout is not None
+        assert member.stdout.readline().strip() == "0"  # it owns the partition
+        other = _group_consumer(port, group)
+        other.subscribe([topic])
+        quiet_until = time.monotonic() + 2.0
+        while time.monotonic() < quiet_until:  # (the partition is the first member's)
+            early = other.poll(0.2)
+            assert early is None or early.error() is not None, early.offset()
+        member.kill()  # no LeaveGroup: only its silence tells
+        killed = time.monotonic()
+        m = None
+        while m is None and time.monotonic() - killed < 30:
+            m = other.poll(0.2)
+            if m is not None and m.error() is not None:
+                m = None
+        taken = time.monotonic() - killed
+        assert m is not None and m.offset() == 0  # nothing was committed: from the start
+        assert 5.0 <= taken <= 15.0, f"taken over {taken:.1f} s after the kill"
+        other.close()
+    finally:
+        member.kill()
+        member.wait()

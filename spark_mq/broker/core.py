@@ -13,6 +13,7 @@ registry`) and the journal:
 ``transactions`` local transactions
 ``moves``        moves and redrives
 ``log``          reading a destination as a log by offset (Kafka's fetch; log_reads)
+``group_offsets`` Kafka consumer groups' committed offsets, durable in the journal
 ===============  ===============================================================================
 
 This module has the broker's life (start, recovery, timers, close) and its face to the session
@@ -44,6 +45,7 @@ from spark_mq.broker.consumers import ConsumerSession, Wakeup
 from spark_mq.broker.destination import Destination, hot_tier_settings, make_store
 from spark_mq.broker.disk import DiskMonitor, journal_disk
 from spark_mq.broker.disposal import Disposer
+from spark_mq.broker.group_offsets import GroupOffsets
 from spark_mq.broker.limits import Limits
 from spark_mq.broker.log_reads import LogReads
 from spark_mq.broker.memory import MemoryMonitor
@@ -128,6 +130,12 @@ class Broker:
         self.consumers = Attachments(d, journal, config, self.disposer, self._consumer_ids)
         self.claims = Claims(d, journal, self._consumer_ids)
         self.log = LogReads(d, journal)
+        self.group_offsets = GroupOffsets(
+            d,
+            journal,
+            lambda name, rows: self.producing.store_checked(name, rows),
+            lambda name: self.admin.create_destination(name, "topic"),
+        )
         self.transactions = Transactions(
             d, journal, self.producing, self.limits, self.disk, self.clock
         )

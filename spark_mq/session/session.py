@@ -234,6 +234,36 @@ class ClientSession:
         self._may_read(destination)
         return self.broker.log.watch(destination, wake)
 
+    # -- Kafka consumer groups' committed offsets: ``consume`` on each topic -----------------
+    def commit_offsets(self, group: str, entries: list[tuple[str, int, int, str | None]]) -> Future:
+        """Commit ``(topic, partition, offset, metadata)`` for consumer group ``group``; the
+        future resolves once durable."""
+        for topic in {e[0] for e in entries}:
+            self._may_read(topic)
+        self.counts["commit_offsets"] += 1
+        return self.broker.group_offsets.commit(group, entries)
+
+    def committed_offsets(self, group: str) -> dict[tuple[str, int], tuple[int, str | None]]:
+        """``group``'s committed offsets of the topics it may consume (a read: off the loops
+        the first time after a start)."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
+        out = {}
+        for key, done in self.broker.group_offsets.fetch(group).items():
+            if self.guard.allows(self.principal, "consume", key[0]):
+                out[key] = (done.offset, done.metadata)
+        return out
+
+    def may_consume(self, destination: str) -> bool:
+        """Whether it may consume ``destination`` (asked, not audited)."""
+        return self.revoked is None and self.guard.allows(self.principal, "consume", destination)
+
+    def offset_groups(self) -> list[str]:
+        """The consumer groups that committed offsets."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
+        return self.broker.group_offsets.groups()
+
     def _may_read(self, destination: str) -> None:
         if self.revoked is not None:
             raise NotAuthenticated(self.revoked)

@@ -34,6 +34,7 @@ DESCRIBE_GROUPS, LIST_GROUPS = 15, 16
 SASL_HANDSHAKE, API_VERSIONS = 17, 18
 CREATE_TOPICS, DELETE_TOPICS = 19, 20
 INIT_PRODUCER_ID = 22
+DELETE_GROUPS = 42
 SASL_AUTHENTICATE = 36
 
 # what this listener serves: API key -> (lowest, highest) version. Produce v0-2 are advertised
@@ -48,6 +49,16 @@ SERVED: dict[int, tuple[int, int]] = {
     API_VERSIONS: (0, 4),
     SASL_AUTHENTICATE: (0, 2),
     INIT_PRODUCER_ID: (0, 5),
+    FIND_COORDINATOR: (0, 4),
+    JOIN_GROUP: (0, 9),
+    SYNC_GROUP: (0, 5),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 5),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 8),
+    LIST_GROUPS: (0, 4),
+    DESCRIBE_GROUPS: (0, 5),
+    DELETE_GROUPS: (0, 2),
 }
 DECODABLE_FROM = {PRODUCE: 3}  # (below: answered UNSUPPORTED_VERSION)
 
@@ -182,6 +193,7 @@ _NAMES = {
     DELETE_TOPICS: "DeleteTopics",
     INIT_PRODUCER_ID: "InitProducerId",
     SASL_AUTHENTICATE: "SaslAuthenticate",
+    DELETE_GROUPS: "DeleteGroups",
 }
 
 __all__ = ["ErrorCode", "KafkaProtocolError", "Request", "build", "decode_request"]

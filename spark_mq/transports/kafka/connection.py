@@ -35,6 +35,7 @@ from spark_mq.security.tls import common_name
 from spark_mq.session import Principal
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, KafkaProtocolError, Request, build
+from spark_mq.transports.kafka.groups import Coordinator
 from spark_mq.transports.kafka.requests import KafkaRequests
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class KafkaHost(Protocol):
     loop: asyncio.AbstractEventLoop
     loop_thread: int
     advertised: tuple[str, int]
+    groups: Coordinator
 
     def committed(self) -> None: ...
 
@@ -340,7 +342,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def _logged_in(self, principal: Principal) -> None:
         session = self.server.core.open_session(self.core, principal)
-        self.requests = KafkaRequests(self, self.server.core, session)
+        self.requests = KafkaRequests(self, self.server.core, session, self.server.groups)
 
     def _login_failed(self, exc: BaseException) -> None:
         message = exc.message if isinstance(exc, SparkMQError) else str(exc)

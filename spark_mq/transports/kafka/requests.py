@@ -24,94 +24,35 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from spark_mq import commands as c
 from spark_mq.connection.listener import ListenerCore
 from spark_mq.errors import (
-    BrokerUnavailable,
-    DestinationExists,
-    DestinationFull,
     DestinationNotFound,
-    DiskFull,
-    InvalidNameError,
-    MessageTooLarge,
-    NotAuthorized,
     SparkMQError,
 )
 from spark_mq.messages import Messages
+from spark_mq.names import KAFKA_OFFSETS
 from spark_mq.session import ClientSession
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
+from spark_mq.transports.kafka.group_requests import GroupRequests
+from spark_mq.transports.kafka.groups import Coordinator
+from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code, message_of, topic_id
 from spark_mq.transports.kafka.records import RecordError, produced, record_batch
 
 log = logging.getLogger(__name__)
 
-NODE_ID = 0
 _ZERO = timedelta(0)
 _NO_OPERATIONS = -(2**31)  # "authorized operations were not asked for"
-_TOPIC_IDS = uuid.UUID("5b7a6f0e-2d1c-4c55-9a37-7d2f3b1e6a90")  # topic id = uuid5(this, name)
 _READ_ROWS_MAX = 10_000  # rows one partition's fetch reads at most
 _FETCH_RECHECK_S = 0.005  # a waiting fetch looks again at most this often when woken
-
-
-class KafkaLink(Protocol):
-    """What the requests ask of their connection
-    (:class:`~spark_mq.transports.kafka.connection.KafkaConnection`)."""
-
-    peer: str
-    loop: Any  # asyncio.AbstractEventLoop
-
-    @property
-    def advertised(self) -> tuple[str, int]: ...
-
-    def answer(self, slot: Any, response: Any) -> None: ...
-    def threadsafe(self, fn: Callable[..., Any], *args: Any) -> None: ...
-    def awaiting(
-        self,
-        work: Future[Any],
-        then: Callable[[Any], None],
-        *,
-        on_error: Callable[[BaseException], None],
-    ) -> None: ...
-
-
-def topic_id(name: str) -> uuid.UUID:
-    return uuid.uuid5(_TOPIC_IDS, name)
-
-
-def error_code(exc: BaseException) -> ErrorCode:
-    """The Kafka error code a client acts on for a sparkmq error."""
-    match exc:
-        case NotAuthorized():
-            return ErrorCode.topic_authorization_failed
-        case DestinationNotFound():
-            return ErrorCode.unknown_topic_or_partition
-        case InvalidNameError() | DestinationExists():
-            return ErrorCode.invalid_topic_exception
-        case MessageTooLarge():
-            return ErrorCode.message_too_large
-        case DiskFull():
-            return ErrorCode.kafka_storage_error  # (retriable: the client tries again)
-        case DestinationFull():
-            return ErrorCode.throttling_quota_exceeded  # (retriable)
-        case BrokerUnavailable():
-            return ErrorCode.not_leader_or_follower  # (retriable: it asks Metadata again)
-        case RecordError(corrupt=True):
-            return ErrorCode.corrupt_message
-        case RecordError():
-            return ErrorCode.invalid_record
-    return ErrorCode.unknown_server_error
-
-
-def _message(exc: BaseException) -> str:
-    return getattr(exc, "message", None) or str(exc) or type(exc).__name__
 
 
 @dataclass
@@ -144,7 +85,13 @@ class _Fetch:
 
 
 class KafkaRequests:
-    def __init__(self, link: KafkaLink, listener: ListenerCore, session: ClientSession) -> None:
+    def __init__(
+        self,
+        link: KafkaLink,
+        listener: ListenerCore,
+        session: ClientSession,
+        coordinator: Coordinator,
+    ) -> None:
         self.link = link
         self.listener = listener
         self.session = session
@@ -159,6 +106,7 @@ class KafkaRequests:
             codec.FETCH: self._fetch,
             codec.LIST_OFFSETS: self._list_offsets,
             codec.INIT_PRODUCER_ID: self._init_producer_id,
+            **GroupRequests(link, listener, session, coordinator).handlers(),
         }
 
     def handle(self, request: Request, slot: Any) -> None:
@@ -178,7 +126,9 @@ class KafkaRequests:
         asked = body.topics
         if asked is None or (r.version == 0 and not asked):
             listed = self.session.execute(c.ListDestinations())
-            names = sorted(d["name"] for d in listed if not d.get("temporary"))
+            names = sorted(
+                d["name"] for d in listed if not d.get("temporary") and d["name"] != KAFKA_OFFSETS
+            )
             errors = dict.fromkeys(names, ErrorCode.none)
         else:
             allow = getattr(body, "allow_auto_topic_creation", True)
@@ -301,7 +251,7 @@ class KafkaRequests:
                 else:
                     outcome = exc
             if isinstance(outcome, BaseException):
-                err, message = _code_of(outcome), _message(outcome)
+                err, message = _code_of(outcome), message_of(outcome)
             by_topic.setdefault(name, []).append(
                 build(
                     mod,
@@ -510,7 +460,7 @@ class KafkaRequests:
         fetch.reading = False
         exc = fut.exception()
         if exc is not None:
-            log.warning("kafka: a fetch for %s failed: %s", self.link.peer, _message(exc))
+            log.warning("kafka: a fetch for %s failed: %s", self.link.peer, message_of(exc))
             for p in fetch.parts:
                 if p.error is ErrorCode.none and not p.records:
                     p.error = error_code(exc)
@@ -620,7 +570,7 @@ def _log_unacked(peer: str, name: str, outcome: Future | BaseException) -> None:
                 "kafka: a produce to %s from %s (acks=0) was not stored: %s",
                 name,
                 peer,
-                _message(exc),
+                message_of(exc),
             )
 
     if isinstance(outcome, Future):

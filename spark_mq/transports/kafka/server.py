@@ -24,6 +24,7 @@ from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import ListenerCore
 from spark_mq.errors import ConfigError
 from spark_mq.transports.kafka.connection import KafkaConnection
+from spark_mq.transports.kafka.groups import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,9 @@ class KafkaServer:
             self.settings.kafka_advertised_host or host,
             self.settings.kafka_advertised_port or self.port,
         )
+        self.groups = Coordinator(
+            self.loop, initial_delay_s=self.settings.kafka_group_initial_delay_ms / 1000
+        )
         self.loop.call_soon_threadsafe(self._sweep)
 
     def _run(self) -> None:
@@ -85,6 +89,10 @@ class KafkaServer:
             except Exception:  # one client's trouble never stops the others
                 log.exception("kafka: error checking %s", conn.peer)
                 conn.abort()
+        try:
+            self.groups.sweep()  # (members silent past their session timeout)
+        except Exception:
+            log.exception("kafka: error checking the consumer groups")
         if not self.loop.is_closed():
             self.loop.call_later(_SWEEP_S, self._sweep)
 

@@ -1,0 +1,440 @@
+"""What a Kafka connection's consumer-group requests mean: FindCoordinator (this broker),
+JoinGroup, SyncGroup, Heartbeat and LeaveGroup (the listener's
+:class:`~spark_mq.transports.kafka.groups.Coordinator`), OffsetCommit and OffsetFetch (the
+session's committed offsets, durable in the journal), ListGroups, DescribeGroups and
+DeleteGroups.
+
+A group may be used by anyone logged in; its offsets are committed and read only for topics the
+principal may consume (``consume``: otherwise ``TOPIC_AUTHORIZATION_FAILED`` for that topic).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from spark_mq.connection.listener import ListenerCore
+from spark_mq.errors import SparkMQError
+from spark_mq.session import ClientSession
+from spark_mq.transports.kafka import codec
+from spark_mq.transports.kafka.codec import ErrorCode, Request, build
+from spark_mq.transports.kafka.groups import Coordinator, Joined, Synced
+from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code
+
+log = logging.getLogger(__name__)
+
+_ZERO = timedelta(0)
+_NO_OPERATIONS = -(2**31)
+
+
+# an OffsetFetch's answer for a group: its error, and each topic's (partition, offset,
+# metadata, error)
+_Fetched = tuple[str, ErrorCode, list[tuple[str, list[tuple[int, int, str | None, ErrorCode]]]]]
+
+
+def _seconds(value: object, default: float) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else default
+
+
+class GroupRequests:
+    def __init__(
+        self,
+        link: KafkaLink,
+        listener: ListenerCore,
+        session: ClientSession,
+        coordinator: Coordinator,
+    ) -> None:
+        self.link = link
+        self.listener = listener
+        self.session = session
+        self.groups = coordinator
+
+    def handlers(self) -> dict[int, Callable[[Request, Any], None]]:
+        return {
+            codec.FIND_COORDINATOR: self._find_coordinator,
+            codec.JOIN_GROUP: self._join,
+            codec.SYNC_GROUP: self._sync,
+            codec.HEARTBEAT: self._heartbeat,
+            codec.LEAVE_GROUP: self._leave,
+            codec.OFFSET_COMMIT: self._offset_commit,
+            codec.OFFSET_FETCH: self._offset_fetch,
+            codec.LIST_GROUPS: self._list_groups,
+            codec.DESCRIBE_GROUPS: self._describe_groups,
+            codec.DELETE_GROUPS: self._delete_groups,
+        }
+
+    def _module(self, r: Request) -> Any:
+        return codec.response_module(r.api_key, r.version)
+
+    # -- FindCoordinator: this broker, for every group ----------------------------------------
+    def _find_coordinator(self, r: Request, slot: Any) -> None:
+        body, mod = r.body, self._module(r)
+        host, port = self.link.advertised
+        key_type = getattr(body, "key_type", 0)
+        err = ErrorCode.none if key_type == 0 else ErrorCode.coordinator_not_available
+        message = None if key_type == 0 else "transactions are not served yet"
+        if r.version >= 4:
+            coordinators = tuple(
+                build(
+                    mod,
+                    "Coordinator",
+                    key=k,
+                    node_id=NODE_ID,
+                    host=host,
+                    port=port,
+                    error_code=err,
+                    error_message=message,
+                )
+                for k in body.coordinator_keys
+            )
+            response = build(
+                mod, "FindCoordinatorResponse", throttle_time=_ZERO, coordinators=coordinators
+            )
+        else:
+            response = build(
+                mod,
+                "FindCoordinatorResponse",
+                throttle_time=_ZERO,
+                error_code=err,
+                error_message=message,
+                node_id=NODE_ID,
+                host=host,
+                port=port,
+            )
+        self.link.answer(slot, response)
+
+    # -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ----------------------------------------
+    def _join(self, r: Request, slot: Any) -> None:
+        body, mod = r.body, self._module(r)
+        session_s = _seconds(body.session_timeout, 10.0)
+        rebalance_s = _seconds(getattr(body, "rebalance_timeout", None), session_s)
+
+        def respond(j: Joined) -> None:
+            members = tuple(
+                build(
+                    mod,
+                    "JoinGroupResponseMember",
+                    member_id=m,
+                    group_instance_id=None,
+                    metadata=meta,
+                )
+                for m, meta in j.members
+            )
+            self.link.answer(
+                slot,
+                build(
+                    mod,
+                    "JoinGroupResponse",
+                    throttle_time=_ZERO,
+                    error_code=j.error,
+                    generation_id=j.generation,
+                    protocol_type=j.protocol_type,
+                    protocol_name=j.protocol or "",
+                    leader=j.leader,
+                    skip_assignment=False,
+                    member_id=j.member_id,
+                    members=members,
+                ),
+            )
+
+        self.groups.join(
+            body.group_id,
+            body.member_id,
+            client_id=r.client_id or "",
+            host=self.link.peer,
+            session_timeout_s=session_s,
+            rebalance_timeout_s=rebalance_s,
+            protocol_type=body.protocol_type,
+            protocols=[(p.name, bytes(p.metadata)) for p in body.protocols],
+            member_id_required=r.version >= 4,
+            respond=respond,
+        )
+
+    def _sync(self, r: Request, slot: Any) -> None:
+        body, mod = r.body, self._module(r)
+
+        def respond(s: Synced) -> None:
+            self.link.answer(
+                slot,
+                build(
+                    mod,
+                    "SyncGroupResponse",
+                    throttle_time=_ZERO,
+                    error_code=s.error,
+                    protocol_type=s.protocol_type,
+                    protocol_name=s.protocol,
+                    assignment=s.assignment,
+                ),
+            )
+
+        assignments = {a.member_id: bytes(a.assignment) for a in body.assignments}
+        self.groups.sync(body.group_id, body.generation_id, body.member_id, assignments, respond)
+
+    def _heartbeat(self, r: Request, slot: Any) -> None:
+        body, mod = r.body, self._module(r)
+        err = self.groups.heartbeat(body.group_id, body.generation_id, body.member_id)
+        self.link.answer(slot, build(mod, "HeartbeatResponse", throttle_time=_ZERO, error_code=err))
+
+    def _leave(self, r: Request, slot: Any) -> None:
+        body, mod = r.body, self._module(r)
+        if r.version >= 3:
+            ids = [m.member_id for m in body.members]
+            errors = self.groups.leave(body.group_id, ids)
+            members = tuple(
+                build(mod, "MemberResponse", member_id=m, group_instance_id=None, error_code=e)
+                for m, e in zip(ids, errors, strict=True)
+            )
+            response = build(
+                mod,
+                "LeaveGroupResponse",
+                throttle_time=_ZERO,
+                error_code=ErrorCode.none,
+                members=members,
+            )
+        else:
+            (err,) = self.groups.leave(body.group_id, [body.member_id])
+            response = build(mod, "LeaveGroupResponse", throttle_time=_ZERO, error_code=err)
+        self.link.answer(slot, response)
+
+    # -- OffsetCommit, OffsetFetch -------------------------------------------------------------
+    def _offset_commit(self, r: Request, slot: Any) -> None:
+        body, mod = r.body, self._module(r)
+        group = body.group_id
+        checked = self.groups.check_commit(
+            group, body.generation_id_or_member_epoch, body.member_id
+        )
+        asked = [
+            (
+                t.name,
+                [
+                    (p.partition_index, p.committed_offset, p.committed_metadata)
+                    for p in t.partitions
+                ],
+            )
+            for t in body.topics
+        ]
+        session = self.session
+
+        def commit() -> dict[str, ErrorCode]:
+            """(A helper thread: the offsets are read back from the journal at first use.)"""
+            outcome: dict[str, ErrorCode] = {}
+            pending = []
+            for topic, parts in asked:
+                if checked is not ErrorCode.none:
+                    outcome[topic] = checked
+                    continue
+                try:
+                    pending.append(
+                        (
+                            topic,
+                            session.commit_offsets(group, [(topic, i, o, m) for i, o, m in parts]),
+                        )
+                    )
+                except SparkMQError as exc:
+                    outcome[topic] = error_code(exc)
+            for topic, fut in pending:
+                failed = fut.exception()
+                outcome[topic] = ErrorCode.none if failed is None else error_code(failed)
+            return outcome
+
+        def answer(outcome: dict[str, ErrorCode]) -> None:
+            topics = tuple(
+                build(
+                    mod,
+                    "OffsetCommitResponseTopic",
+                    name=topic,
+                    partitions=tuple(
+                        build(
+                            mod,
+                            "OffsetCommitResponsePartition",
+                            partition_index=i,
+                            error_code=outcome[topic],
+                        )
+                        for i, _, _ in parts
+                    ),
+                )
+                for topic, parts in asked
+            )
+            self.link.answer(
+                slot, build(mod, "OffsetCommitResponse", throttle_time=_ZERO, topics=topics)
+            )
+
+        self._off_loop(commit, answer, slot)
+
+    def _offset_fetch(self, r: Request, slot: Any) -> None:
+        body, mod = r.body, self._module(r)
+        if r.version >= 8:
+            asked = [(g.group_id, g.topics) for g in body.groups]
+        else:
+            asked = [(body.group_id, body.topics)]
+        session = self.session
+
+        def look() -> list[_Fetched]:
+            out: list[_Fetched] = []
+            for group, topics in asked:
+                try:
+                    committed = session.committed_offsets(group)
+                except SparkMQError as exc:
+                    out.append((group, error_code(exc), []))
+                    continue
+                if topics is None:  # (every topic it committed)
+                    names: dict[str, list[int]] = {}
+                    for topic, index in sorted(committed):
+                        names.setdefault(topic, []).append(index)
+                    wanted = list(names.items())
+                else:
+                    wanted = [(t.name, list(t.partition_indexes)) for t in topics]
+                result = []
+                for topic, indexes in wanted:
+                    parts = []
+                    for index in indexes:
+                        offset, metadata = committed.get((topic, index), (-1, None))
+                        err = ErrorCode.none
+                        if offset < 0 and not session.may_consume(topic):
+                            err = ErrorCode.topic_authorization_failed
+                        parts.append((index, offset, metadata, err))
+                    result.append((topic, parts))
+                out.append((group, ErrorCode.none, result))
+            return out
+
+        def answer(found: list[Any]) -> None:
+            def topics_of(result: list[Any], names: tuple[str, str, str]) -> tuple[Any, ...]:
+                topic_cls, part_cls = names[0], names[1]
+                return tuple(
+                    build(
+                        mod,
+                        topic_cls,
+                        name=topic,
+                        partitions=tuple(
+                            build(
+                                mod,
+                                part_cls,
+                                partition_index=i,
+                                committed_offset=o,
+                                committed_leader_epoch=-1,
+                                metadata=m or "",
+                                error_code=e,
+                            )
+                            for i, o, m, e in parts
+                        ),
+                    )
+                    for topic, parts in result
+                )
+
+            if r.version >= 8:
+                groups = tuple(
+                    build(
+                        mod,
+                        "OffsetFetchResponseGroup",
+                        group_id=g,
+                        error_code=err,
+                        topics=topics_of(
+                            res, ("OffsetFetchResponseTopics", "OffsetFetchResponsePartitions", "")
+                        ),
+                    )
+                    for g, err, res in found
+                )
+                response = build(mod, "OffsetFetchResponse", throttle_time=_ZERO, groups=groups)
+            else:
+                _, err, res = found[0]
+                response = build(
+                    mod,
+                    "OffsetFetchResponse",
+                    throttle_time=_ZERO,
+                    error_code=err,
+                    topics=topics_of(
+                        res, ("OffsetFetchResponseTopic", "OffsetFetchResponsePartition", "")
+                    ),
+                )
+            self.link.answer(slot, response)
+
+        self._off_loop(look, answer, slot)
+
+    # -- ListGroups, DescribeGroups, DeleteGroups --------------------------------------------
+    def _list_groups(self, r: Request, slot: Any) -> None:
+        mod = self._module(r)
+        wanted = set(getattr(r.body, "states_filter", ()) or ())
+        listed = tuple(
+            build(
+                mod,
+                "ListedGroup",
+                group_id=g.id,
+                protocol_type=g.protocol_type or "",
+                group_state=g.state.value,
+            )
+            for g in self.groups.listed()
+            if not wanted or g.state.value in wanted
+        )
+        self.link.answer(
+            slot,
+            build(
+                mod,
+                "ListGroupsResponse",
+                throttle_time=_ZERO,
+                error_code=ErrorCode.none,
+                groups=listed,
+            ),
+        )
+
+    def _describe_groups(self, r: Request, slot: Any) -> None:
+        mod = self._module(r)
+        out = []
+        for group_id in r.body.groups:
+            d = self.groups.describe(group_id)
+            g = next((x for x in self.groups.listed() if x.id == group_id), None)
+            members = ()
+            if g is not None:
+                members = tuple(
+                    build(
+                        mod,
+                        "DescribedGroupMember",
+                        member_id=m.id,
+                        group_instance_id=None,
+                        client_id=m.client_id,
+                        client_host=m.host,
+                        member_metadata=m.metadata(g.protocol or ""),
+                        member_assignment=m.assignment,
+                    )
+                    for m in g.members.values()
+                )
+            out.append(
+                build(
+                    mod,
+                    "DescribedGroup",
+                    error_code=ErrorCode.none,
+                    group_id=group_id,
+                    group_state=str(d["state"]) if d else "Dead",
+                    protocol_type=str(d["protocol_type"]) if d else "",
+                    protocol_data=str(d["protocol"]) if d else "",
+                    members=members,
+                    authorized_operations=_NO_OPERATIONS,
+                )
+            )
+        self.link.answer(
+            slot, build(mod, "DescribeGroupsResponse", throttle_time=_ZERO, groups=tuple(out))
+        )
+
+    def _delete_groups(self, r: Request, slot: Any) -> None:
+        mod = self._module(r)
+        results = tuple(
+            build(mod, "DeletableGroupResult", group_id=g, error_code=self.groups.forget(g))
+            for g in r.body.groups_names
+        )
+        self.link.answer(
+            slot, build(mod, "DeleteGroupsResponse", throttle_time=_ZERO, results=results)
+        )
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _off_loop(self, work: Callable[[], Any], then: Callable[[Any], None], slot: Any) -> None:
+        """``work()`` on a helper thread, ``then(its result)`` back on the loop."""
+        fut = self.listener.run_blocking(work)
+
+        def done() -> None:
+            exc = fut.exception()
+            if exc is not None:
+                raise exc  # (the connection closes: see KafkaConnection.threadsafe)
+            then(fut.result())
+
+        fut.add_done_callback(lambda _: self.link.threadsafe(done))
