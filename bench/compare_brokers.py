@@ -31,7 +31,7 @@ missing is left out with a note.
 
     python bench/compare_brokers.py [--rounds 3] [--sends 3000] [--pipelined 100000]
                                     [--brokers sparkmq,redis,rabbitmq]
-                                    [--stomp]
+                                    [--stomp] [--kafka]
                                     (add sparkmq-bare: sparkmq with its metrics off;
                                      --stomp: sparkmq, RabbitMQ and ActiveMQ over STOMP with
                                      stomp.py, see stomp_bench.py)
@@ -53,6 +53,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
+import kafka_bench
 import stomp_bench
 from broker_bench import batched as sparkmq_batched
 from broker_bench import latency as sparkmq_latency
@@ -335,6 +336,8 @@ BROKERS: dict[str, Callable[[str, bytes, int, int], dict[str, Figures]]] = {
     "sparkmq-stomp": stomp_bench.sparkmq,
     "rabbitmq-stomp": stomp_bench.rabbitmq,
     "activemq-stomp": stomp_bench.activemq,
+    # Kafka through confluent-kafka (bench/kafka_bench.py; not run unless named, or --kafka)
+    "sparkmq-kafka": kafka_bench.sparkmq,
 }
 STOMP_BROKERS = ("sparkmq-stomp", "rabbitmq-stomp", "activemq-stomp")
 DEFAULT_BROKERS = ("sparkmq", "redis", "rabbitmq")
@@ -373,10 +376,13 @@ def main() -> None:
     ap.add_argument(
         "--stomp", action="store_true", help=f"the STOMP rows too ({', '.join(STOMP_BROKERS)})"
     )
+    ap.add_argument("--kafka", action="store_true", help="the sparkmq-kafka row too")
     args = ap.parse_args()
     names = [n for n in args.brokers.split(",") if n]
     if args.stomp:
         names += [n for n in STOMP_BROKERS if n not in names]
+    if args.kafka and "sparkmq-kafka" not in names:
+        names.append("sparkmq-kafka")
     for n in names:
         if n not in BROKERS:
             raise SystemExit(f"unknown broker {n!r}: choose from {', '.join(BROKERS)}")

@@ -501,13 +501,23 @@ class HotTier:
         """Rows with ``start <= offset < end``: from Delta, then from the records not yet moved."""
         with self._mutex:
             delta_end = self._delta_end
-            hot = as_tables([p.table for p in self._pending if p.ref.kind in MESSAGE_KINDS])
+            lo = max(start, delta_end)
+            # only the records holding offsets asked for (a reader of the tail, a Kafka fetch,
+            # asks for a few of many)
+            hot = as_tables(
+                [
+                    p.table
+                    for p in self._pending
+                    if p.ref.kind in MESSAGE_KINDS
+                    and p.ref.end_offset > lo
+                    and (end is None or p.ref.first_offset < end)
+                ]
+            )
         parts = [MESSAGE_SCHEMA.empty_table()]
         if start < delta_end:
             stop = delta_end if end is None else min(end, delta_end)
             parts.append(self._store.read_messages(self.destination, start, stop))
         # a record the mover has just committed may still be listed: Delta already gave it
-        lo = max(start, delta_end)
         for table in hot:
             table = conform(table, MESSAGE_SCHEMA)
             mask = pc.greater_equal(table["offset"], pa.scalar(lo))

@@ -31,6 +31,7 @@ import pyarrow as pa
 from kafka.errors import CorruptRecordError, UnsupportedCodecError
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
+from spark_mq.messages import Messages, PlainMessage
 from spark_mq.schema import HEADERS, ints, schema_of
 
 KEY_ENCODING = "kafka.key-encoding"
@@ -59,7 +60,7 @@ class RecordError(Exception):
 class Produced:
     """One partition's records of a Produce request, as sparkmq's produce columns."""
 
-    rows: pa.Table  # body, group_id, headers
+    messages: Messages  # plain (bodies and dedup ids) when no record has a key or headers
     producer_id: int
     producer_epoch: int
     base_sequence: int
@@ -109,20 +110,28 @@ def produced(records: bytes, max_body: int) -> Produced:
             headers.append(hs)
     except (CorruptRecordError, UnsupportedCodecError, struct.error, ValueError) as exc:
         raise RecordError(f"the record batch cannot be read: {exc}", corrupt=True) from None
-    columns = [
-        pa.array(bodies, pa.binary()),
-        pa.array(groups, pa.string()),
-        pa.array(headers, HEADERS),
-    ]
     pid, epoch, first = batch.producer_id, batch.producer_epoch, batch.base_sequence
+    ids: list[str | None]
     if pid >= 0 and first >= 0:  # an idempotent producer's: a resent batch is stored once
         prefix = f"kafka-{pid}-{epoch}-"
         ids = [f"{prefix}{(first + i) % _SEQUENCES}" for i in range(len(bodies))]
-        rows = pa.table([*columns, pa.array(ids, pa.string())], schema=_IDEMPOTENT)
     else:
-        rows = pa.table(columns, schema=_PRODUCE)
+        ids = [None] * len(bodies)
+    if not any(groups) and not any(headers):  # bodies (and dedup ids) alone: plain messages
+        messages = Messages(None, [PlainMessage(i, b) for i, b in zip(ids, bodies, strict=True)])
+    else:
+        columns = [
+            pa.array(bodies, pa.binary()),
+            pa.array(groups, pa.string()),
+            pa.array(headers, HEADERS),
+        ]
+        if ids[0] is not None:
+            rows = pa.table([*columns, pa.array(ids, pa.string())], schema=_IDEMPOTENT)
+        else:
+            rows = pa.table(columns, schema=_PRODUCE)
+        messages = Messages.of(rows)
     return Produced(
-        rows,
+        messages,
         batch.producer_id,
         batch.producer_epoch,
         batch.base_sequence,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -31,13 +32,14 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+import pyarrow as pa
+
 from spark_mq import commands as c
 from spark_mq.connection.listener import ListenerCore
 from spark_mq.errors import (
     DestinationNotFound,
     SparkMQError,
 )
-from spark_mq.messages import Messages
 from spark_mq.names import KAFKA_OFFSETS
 from spark_mq.session import ClientSession
 from spark_mq.transports.kafka import codec
@@ -51,8 +53,56 @@ log = logging.getLogger(__name__)
 
 _ZERO = timedelta(0)
 _NO_OPERATIONS = -(2**31)  # "authorized operations were not asked for"
-_READ_ROWS_MAX = 10_000  # rows one partition's fetch reads at most
+_READ_AHEAD = 8_192  # rows read at once for a consumer going through a backlog (kept per topic)
+_BATCH_ROWS, _BATCH_BYTES = 512, 256 * 1024  # a record batch of a fetch holds at most these
 _FETCH_RECHECK_S = 0.005  # a waiting fetch looks again at most this often when woken
+
+
+class _ReadAhead:
+    """The connection's last read of each topic, ahead of what a fetch asked, kept as encoded
+    record batches: a consumer going through a backlog reads the log (older messages from
+    Delta, a scan each time) once per ``_READ_AHEAD`` messages and encodes each record once, not
+    once a fetch. A fetch gets the batches from the one holding its offset (a client skips the
+    records before it, as Kafka's brokers return whole batches). Only durable rows are kept,
+    and a log never changes below its end: nothing here goes stale."""
+
+    def __init__(self, session: ClientSession) -> None:
+        self.session = session
+        self._lock = threading.Lock()  # (fetches run on the helper threads)
+        self._kept: dict[str, list[tuple[int, int, bytes]]] = {}  # topic -> (first, n, batch)
+
+    def records(self, topic: str, offset: int, max_bytes: int, end: int) -> bytes:
+        """Batches holding ``offset`` and after (before ``end``), at most ``max_bytes`` of them
+        but the first."""
+        with self._lock:
+            kept = self._kept.get(topic, [])
+        at = next((i for i, (f, n, _) in enumerate(kept) if f <= offset < f + n), None)
+        if at is None:
+            kept = self._encode(
+                self.session.read_log(topic, offset, min(end, offset + _READ_AHEAD))
+            )
+            with self._lock:
+                self._kept[topic] = kept
+            at = 0
+        out: list[bytes] = []
+        size = 0
+        for _, _, batch in kept[at:]:
+            if out and size + len(batch) > max_bytes:
+                break
+            out.append(batch)
+            size += len(batch)
+        return b"".join(out)
+
+    @staticmethod
+    def _encode(rows: pa.Table) -> list[tuple[int, int, bytes]]:
+        batches = []
+        at = 0
+        while at < rows.num_rows:
+            part = rows.slice(at, _BATCH_ROWS)
+            data, taken = record_batch(part, _BATCH_BYTES)
+            batches.append((int(part["offset"][0].as_py()), taken, data))
+            at += taken
+        return batches
 
 
 @dataclass
@@ -66,7 +116,6 @@ class _Part:
     error: ErrorCode = ErrorCode.none
     end: int = -1
     records: bytes = b""
-    read: int = 0  # rows in ``records``
 
 
 @dataclass(eq=False)
@@ -100,6 +149,7 @@ class KafkaRequests:
         self.cluster_id = f"sparkmq-{listener.gateway.config.ha.broker_id or 'broker'}"
         self.fetches: set[_Fetch] = set()  # waiting for data
         self._told_queue: set[str] = set()  # queues it fetched as a log (logged once)
+        self._read_ahead = _ReadAhead(session)
         self._handlers: dict[int, Callable[[Request, Any], None]] = {
             codec.METADATA: self._metadata,
             codec.PRODUCE: self._produce,
@@ -228,9 +278,7 @@ class KafkaRequests:
             rows = produced(bytes(part.records), self.max_body)
             if rows.transactional:
                 raise _Unsupported("transactional record batches are not served yet")
-            fut, waits = self.listener.produce(
-                self.session, name, Messages.of(rows.rows), rows.nbytes
-            )
+            fut, waits = self.listener.produce(self.session, name, rows.messages, rows.nbytes)
             if waits:
                 holding.append(fut)
             return fut
@@ -450,10 +498,7 @@ class KafkaRequests:
         for p in have:
             if budget <= 0:
                 break
-            rows_max = max(1, min(p.end - p.offset, _READ_ROWS_MAX))
-            rows = self.session.read_log(p.topic, p.offset, p.offset + rows_max)
-            cap = min(p.max_bytes, budget)
-            p.records, p.read = record_batch(rows, cap)
+            p.records = self._read_ahead.records(p.topic, p.offset, min(p.max_bytes, budget), p.end)
             budget -= len(p.records)
 
     def _fetched(self, fetch: _Fetch, fut: Future) -> None:

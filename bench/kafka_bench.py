@@ -1,0 +1,176 @@
+"""Kafka clients against sparkmq's Kafka listener: confluent-kafka (librdkafka), 1 KiB
+messages, to a topic. The row ``compare_brokers.py --brokers sparkmq-kafka`` prints, and, run on
+its own, the produce and consume rates issue 47 sets targets for:
+
+1. synchronous sends: ``acks=all``, a ``flush()`` after each message (its answer follows the
+   sync, as every sparkmq acknowledgement does);
+2. produce-to-consume latency at 1,000 msg/s for 5 s: a consumer of a group (subscribe), in a
+   thread of the same process; the producer flushes each message;
+3. pipelined sends: ``acks=all`` with librdkafka's default batching (``linger.ms`` 5), every
+   message's delivery report awaited at the end;
+4. (on its own) consuming a backlog: a consumer group member reading the messages of 3 from
+   the start, as fast as fetches bring them.
+
+    python bench/kafka_bench.py [--messages 200000] [--sends 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import tempfile
+import threading
+import time
+import uuid
+
+from broker_bench import latency_figures, paced_sends, timed_sends
+from confluent_kafka import Consumer, Producer
+
+from spark_mq.launch import BrokerProcess
+
+Figures = dict[str, float]
+RATE, SECONDS = 1000, 5
+
+
+def _producer(port: int, **more: object) -> Producer:
+    return Producer({"bootstrap.servers": f"127.0.0.1:{port}", "acks": "all", **more})
+
+
+def _consumer(port: int, group: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": True,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+
+
+def sync_sends(port: int, body: bytes, n: int) -> Figures:
+    p = _producer(port)
+    topic = f"sync-{uuid.uuid4().hex[:6]}"
+
+    def send() -> None:
+        p.produce(topic, body)
+        if p.flush(30) != 0:
+            raise RuntimeError("a message was not acknowledged within 30 s")
+
+    return timed_sends(send, n)
+
+
+def pipelined(port: int, body: bytes, total: int) -> tuple[Figures, str]:
+    p = _producer(port)
+    topic = f"bulk-{uuid.uuid4().hex[:6]}"
+    failed = []
+    p.produce(topic, body)
+    p.flush(30)  # (the topic exists, the connection is up)
+    started = time.perf_counter()
+    for _ in range(total):
+        while True:
+            try:
+                p.produce(topic, body, on_delivery=lambda e, m: failed.append(e) if e else None)
+                break
+            except BufferError:  # (librdkafka's queue is full: let it drain)
+                p.poll(0.001)
+        p.poll(0)
+    if p.flush(120) != 0 or failed:
+        raise RuntimeError(f"{len(failed)} message(s) failed: {failed[:1]}")
+    took = time.perf_counter() - started
+    return {"rate": total / took}, topic
+
+
+def consume(port: int, topic: str, total: int) -> Figures:
+    c = _consumer(port, f"bench-{uuid.uuid4().hex[:6]}")
+    c.subscribe([topic])
+    got, started = 0, None
+    deadline = time.monotonic() + 300
+    while got < total and time.monotonic() < deadline:
+        for m in c.consume(1000, 0.5):
+            if m.error() is None:
+                if started is None:
+                    started = time.perf_counter()
+                got += 1
+    c.close()
+    if started is None or got < total:
+        raise RuntimeError(f"consumed {got} of {total}")
+    return {"rate": got / (time.perf_counter() - started)}
+
+
+def latency(port: int, body: bytes) -> Figures:
+    topic = f"latency-{uuid.uuid4().hex[:6]}"
+    p = _producer(port, **{"linger.ms": 0})
+    p.produce(topic, body)
+    p.flush(30)
+    c = _consumer(port, f"lat-{uuid.uuid4().hex[:6]}")
+    c.subscribe([topic])
+    lat: list[float] = []
+    total = RATE * SECONDS
+    ready = threading.Event()
+
+    def read() -> None:
+        while len(lat) < total:
+            m = c.poll(0.2)
+            if m is None or m.error() is not None:
+                continue
+            ready.set()
+            (sent,) = struct.unpack("d", m.value()[:8])
+            if sent > 1e9:  # (the first message carried no time)
+                lat.append((time.time() - sent) * 1000)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    ready.wait(30)  # (the group has its partition)
+
+    def send(value: bytes) -> None:
+        p.produce(topic, value)
+        p.flush(30)
+
+    paced_sends(send, body, RATE, SECONDS)
+    reader.join(30)
+    c.close()
+    return latency_figures(lat)
+
+
+def figures(port: int, body: bytes, sends: int, total: int) -> dict[str, Figures]:
+    s = sync_sends(port, body, sends)
+    la = latency(port, body)
+    pl, _ = pipelined(port, body, total)
+    return {"sync": s, "latency": la, "pipelined": pl}
+
+
+def sparkmq(work: str, body: bytes, sends: int, total: int) -> dict[str, Figures]:
+    """compare_brokers.py's row: a broker process of its own."""
+    broker = BrokerProcess(f"{work}/data").start()
+    try:
+        assert broker.kafka_port
+        return figures(broker.kafka_port, body, sends, total)
+    finally:
+        broker.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--sends", type=int, default=2000)
+    args = ap.parse_args()
+    body = b"x" * 1024
+    with tempfile.TemporaryDirectory() as work:
+        broker = BrokerProcess(f"{work}/data").start()
+        try:
+            assert broker.kafka_port
+            port = broker.kafka_port
+            s = sync_sends(port, body, args.sends)
+            print(f"synchronous sends (acks=all, flush each): {s['rate']:,.0f}/s, "
+                  f"p50 {s['p50']:.2f} ms, p99 {s['p99']:.2f} ms")  # fmt: skip
+            pl, topic = pipelined(port, body, args.messages)
+            print(f"produce (acks=all, default batching): {pl['rate']:,.0f} msg/s")
+            co = consume(port, topic, args.messages)
+            print(f"consume (a group member, from the start): {co['rate']:,.0f} msg/s")
+        finally:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    main()
