@@ -46,9 +46,16 @@ def produce_all(p: Producer, topic: str, values: list[bytes], **fields: Any) -> 
     return offsets
 
 
-def read_from(port: int, topic: str, offset: int, count: int, timeout: float = 20) -> list[Any]:
+def read_from(
+    port: int,
+    topic: str,
+    offset: int,
+    count: int,
+    timeout: float = 20,
+    settings: dict[str, Any] | None = None,
+) -> list[Any]:
     """``count`` messages of ``topic`` from ``offset`` (partition 0, assigned: no group)."""
-    c = consumer(port)
+    c = consumer(port, **(settings or {}))
     try:
         c.assign([TopicPartition(topic, 0, offset)])
         got: list[Any] = []

@@ -21,7 +21,7 @@ from spark_mq import Admin
 from spark_mq.client import Consumer, Producer
 from spark_mq.launch import BrokerProcess
 from tests.kafka_kit import RawKafka, consumer, produce_all, producer, read_from
-from tests.security_kit import ACL, PASSWORDS, security_settings
+from tests.security_kit import ACL, PASSWORDS, Keys, rsa_keys, security_settings
 
 pytestmark = pytest.mark.process
 
@@ -246,6 +246,9 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     acl = ACL + (
         '\n[[allow]]\nprincipals = ["bob"]\nverbs = ["consume"]\ndestinations = ["shared.*"]\n'
     )
+    (base / "keys").mkdir()
+    keys = rsa_keys(base)  # (security_settings trusts its public key)
+    (base / "keys" / "jwt.key").write_bytes(keys.private_pem)
     settings = security_settings(base, acl=acl)
     args = ["--set", f"logging.file={base / 'broker.log'}"]
     for key, value in settings.items():
@@ -502,3 +505,29 @@ def test_a_member_killed_is_out_after_its_session_timeout_and_another_takes_over
     finally:
         member.kill()
         member.wait()
+
+
+def test_sasl_oauthbearer_logs_in_with_a_bearer_token(secure: BrokerProcess) -> None:
+    port = secure.kafka_port
+    assert port
+    private = Path(secure.data_dir).parent.joinpath("keys", "jwt.key").read_bytes()
+    keys = Keys(private, Path(secure.data_dir).parent / "jwt.pub.pem")
+
+    def token(groups: list[str]) -> dict[str, Any]:
+        return {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "OAUTHBEARER",
+            "oauth_cb": lambda _config: (keys.token("dave", groups=groups), time.time() + 300),
+        }
+
+    assert produce_all(producer(port, **token(["admins"])), "shared.oauth", [b"t"]) == [0]
+    told: list[KafkaError] = []
+    expired = {
+        **token([]),
+        "oauth_cb": lambda _c: (keys.token("dave", expires_in=-60), time.time() + 300),
+        "error_cb": told.append,
+        "message.timeout.ms": 4000,
+    }
+    with pytest.raises(AssertionError, match=r"still unacknowledged|MSG_TIMED_OUT"):
+        produce_all(producer(port, **expired), "shared.oauth", [b"x"])
+    assert any("expired" in e.str() for e in told), told

@@ -252,3 +252,31 @@ def test_a_changed_certificate_is_used_for_new_wire_connections(
         wait_for(sent, timeout=20, what="the wire serving the new certificate")
     finally:
         running.stop()
+
+
+def test_kafka_over_mutual_tls_knows_the_certificate_s_user(
+    mutual: RunningBroker, pki: dict[str, Path]
+) -> None:
+    """A Kafka client (librdkafka) with carol's certificate and no SASL is carol; bob's has
+    bob's rights."""
+    from tests.kafka_kit import produce_all, producer, read_from
+
+    port = mutual.kafka_port
+    assert port
+
+    def tls(who: str) -> dict[str, str]:
+        return {
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(pki["ca"]),
+            "ssl.certificate.location": str(pki[f"{who}_cert"]),
+            "ssl.key.location": str(pki[f"{who}_key"]),
+        }
+
+    assert produce_all(producer(port, **tls("carol")), "kafka.orders", [b"over tls"]) == [0]
+    (m,) = read_from(port, "kafka.orders", 0, 1, settings=tls("carol"))
+    assert m.value() == b"over tls"
+    with pytest.raises(AssertionError, match="TOPIC_AUTHORIZATION_FAILED"):
+        produce_all(
+            producer(port, **tls("bob"), **{"message.timeout.ms": 5000}), "kafka.orders", [b"x"]
+        )
+    assert produce_all(producer(port, **tls("bob")), "bob.kafka", [b"his"]) == [0]
