@@ -51,12 +51,16 @@ apt_install() {
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
   apt_install "web console's browser tests" chromium chromium-driver
 fi
-# the STOMP tests run a client from npm (stompit) under Node
+# the STOMP and Kafka tests run clients from npm (stompit, kafkajs) under Node
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-  apt_install "STOMP tests' Node client" nodejs npm
+  apt_install "STOMP and Kafka tests' Node clients" nodejs npm
 fi
-if [ ! -d tests/node/node_modules/stompit ] || [ tests/node/package-lock.json -nt tests/node/node_modules ]; then
-  echo "==> installing the STOMP tests' Node client (npm ci in tests/node)"
+# the Kafka tests run kcat (librdkafka's command-line client) too
+if ! command -v kcat >/dev/null 2>&1; then
+  apt_install "Kafka tests' command-line client" kcat
+fi
+if [ ! -d tests/node/node_modules/stompit ] || [ ! -d tests/node/node_modules/kafkajs ] || [ tests/node/package-lock.json -nt tests/node/node_modules ]; then
+  echo "==> installing the tests' Node clients (npm ci in tests/node)"
   npm ci --prefix tests/node --no-audit --no-fund --silent
   touch tests/node/node_modules
 fi
