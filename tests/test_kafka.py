@@ -5,10 +5,12 @@ refused as a log; malformed requests; SASL and ACLs."""
 
 from __future__ import annotations
 
+import random
 import struct
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -531,3 +533,139 @@ def test_sasl_oauthbearer_logs_in_with_a_bearer_token(secure: BrokerProcess) -> 
     with pytest.raises(AssertionError, match=r"still unacknowledged|MSG_TIMED_OUT"):
         produce_all(producer(port, **expired), "shared.oauth", [b"x"])
     assert any("expired" in e.str() for e in told), told
+
+
+def test_kafka_admin_creates_queues_and_topics_and_deletes_them(
+    broker: BrokerProcess, port: int
+) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    q, t, bad = _name("made-queue"), _name("made-topic"), _name("four-partitions")
+    futures = admin.create_topics(
+        [
+            NewTopic(
+                q, 1, 1, config={"sparkmq.kind": "queue", "sparkmq.max_delivery_attempts": "3"}
+            ),
+            NewTopic(t, -1, -1, config={"cleanup.policy": "delete"}),
+            NewTopic(bad, 4, 1),
+        ]
+    )
+    futures[q].result(10)
+    futures[t].result(10)
+    with pytest.raises(Exception, match="one partition"):
+        futures[bad].result(10)
+    with pytest.raises(Exception, match="exists"):
+        admin.create_topics([NewTopic(t, 1, 1)])[t].result(10)
+    with Admin(broker.url) as sdk:
+        assert sdk.stats(q)["kind"] == "queue"
+        assert sdk.stats(q)["settings"]["max_delivery_attempts"] == 3
+        assert sdk.stats(t)["kind"] == "topic"
+    admin.delete_topics([q])[q].result(10)
+    with Admin(broker.url) as sdk:
+        assert q not in {d["name"] for d in sdk.list_destinations()}
+
+
+def _fuzz_cases(rng: random.Random) -> list[bytes]:
+    """Valid requests (a Produce of a real record batch, Metadata, Fetch), then mutated."""
+    import io
+
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kio.schema.fetch.v12 import request as fetch12
+    from kio.schema.metadata.v12 import request as metadata12
+    from kio.schema.produce.v9 import request as produce9
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.serial import entity_writer
+
+    def frame(key: int, version: int, body: Any) -> bytes:
+        buf = io.BytesIO()
+        entity_writer(RequestHeader)(
+            buf, RequestHeader(request_api_key=key, request_api_version=version,
+                               correlation_id=rng.randint(0, 1000), client_id="fuzz")
+        )  # fmt: skip
+        entity_writer(type(body))(buf, body)
+        data = buf.getvalue()
+        return struct.pack(">i", len(data)) + data
+
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
+    for i in range(3):
+        builder.append(i, timestamp=None, key=None, value=f"fuzz-{i}".encode(), headers=[])
+    records = bytes(builder.build())
+    valid = [
+        frame(0, 9, produce9.ProduceRequest(
+            acks=-1, timeout=timedelta(seconds=5),
+            topic_data=(produce9.TopicProduceData(name="fuzzed", partition_data=(
+                produce9.PartitionProduceData(index=0, records=records),)),),
+        )),
+        frame(3, 12, metadata12.MetadataRequest(
+            topics=None, allow_auto_topic_creation=True, include_topic_authorized_operations=False
+        )),
+        frame(1, 12, fetch12.FetchRequest(
+            max_wait=timedelta(milliseconds=10), min_bytes=1,
+            topics=(fetch12.FetchTopic(topic="fuzzed", partitions=(fetch12.FetchPartition(
+                partition=0, fetch_offset=0, partition_max_bytes=1 << 20),)),),
+            forgotten_topics_data=(),
+        )),
+    ]  # fmt: skip
+    cases = list(valid)
+    for _ in range(300):
+        data = bytearray(rng.choice(valid))
+        match rng.randrange(5):
+            case 0:  # flip bytes after the size
+                for _ in range(rng.randint(1, 8)):
+                    data[rng.randrange(4, len(data))] = rng.randrange(256)
+            case 1:  # cut short (the size says more: the frame deadline ends it)
+                data = data[: rng.randrange(4, len(data))]
+            case 2:  # a size that lies (bigger or smaller)
+                data[:4] = struct.pack(">i", rng.choice([0, 1, 7, len(data) // 2, -5, 1 << 30]))
+            case 3:  # garbage appended inside the frame
+                extra = rng.randbytes(rng.randint(1, 64))
+                data = bytearray(struct.pack(">i", len(data) - 4 + len(extra))) + data[4:] + extra
+            case 4:  # a random API key and version
+                data[4:8] = struct.pack(">hh", rng.randrange(-5, 120), rng.randrange(-2, 20))
+        cases.append(bytes(data))
+    return cases
+
+
+def test_fuzzed_requests_never_crash_the_listener_nor_store_garbage(
+    broker: BrokerProcess, port: int
+) -> None:
+    import selectors
+
+    rng = random.Random(47)
+    answered = closed = 0
+    cases = _fuzz_cases(rng)
+    for at in range(0, len(cases), 50):  # fifty connections at a time, each its own case
+        socks = []
+        for data in cases[at : at + 50]:
+            raw = RawKafka(port)
+            raw.sock.sendall(data)
+            raw.sock.setblocking(False)
+            socks.append(raw)
+        sel = selectors.DefaultSelector()
+        for raw in socks:
+            sel.register(raw.sock, selectors.EVENT_READ, raw)
+        deadline = time.monotonic() + 2.0
+        while sel.get_map() and time.monotonic() < deadline:
+            for key, _ in sel.select(0.1):
+                try:
+                    chunk = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                except OSError:
+                    chunk = b""
+                if chunk:
+                    answered += 1
+                else:
+                    closed += 1
+                sel.unregister(key.fileobj)
+        sel.close()
+        for raw in socks:  # (the rest wait for bytes that never come: closed by us)
+            raw.close()
+    assert answered > 0 and closed > 0  # (both kinds of endings were exercised)
+    # what was stored is only what a valid batch held
+    stored = read_from(port, "fuzzed", 0, 1, timeout=10) if answered else []
+    bodies = {m.value() for m in stored}
+    assert bodies <= {b"fuzz-0", b"fuzz-1", b"fuzz-2"}
+    log = Path(broker.data_dir).parent.joinpath("broker.log").read_text()
+    assert "Traceback" not in log and "failed to handle" not in log
+    topic = _name("after-fuzz")  # everyone else is served as before
+    assert produce_all(producer(port), topic, [b"fine"]) == [0]

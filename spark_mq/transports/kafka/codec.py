@@ -59,6 +59,8 @@ SERVED: dict[int, tuple[int, int]] = {
     LIST_GROUPS: (0, 4),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 6),
 }
 DECODABLE_FROM = {PRODUCE: 3}  # (below: answered UNSUPPORTED_VERSION)
 

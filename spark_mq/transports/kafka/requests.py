@@ -43,6 +43,7 @@ from spark_mq.errors import (
 from spark_mq.names import KAFKA_OFFSETS
 from spark_mq.session import ClientSession
 from spark_mq.transports.kafka import codec
+from spark_mq.transports.kafka.admin_requests import AdminRequests
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.group_requests import GroupRequests
 from spark_mq.transports.kafka.groups import Coordinator
@@ -157,6 +158,7 @@ class KafkaRequests:
             codec.LIST_OFFSETS: self._list_offsets,
             codec.INIT_PRODUCER_ID: self._init_producer_id,
             **GroupRequests(link, listener, session, coordinator).handlers(),
+            **AdminRequests(link, session).handlers(),
         }
 
     def handle(self, request: Request, slot: Any) -> None:

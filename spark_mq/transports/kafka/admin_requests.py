@@ -1,0 +1,134 @@
+"""What a Kafka connection's admin requests mean: CreateTopics and DeleteTopics, as the
+session's ``CreateDestination`` (``create``) and ``DeleteDestination`` (``admin``).
+
+A created topic is a sparkmq **topic**, or a **queue** with the config ``sparkmq.kind=queue``;
+any other ``sparkmq.<setting>`` config is that destination setting (``sparkmq.max_delivery_
+attempts=5``, ``sparkmq.dead_letter=...``: the settings of ``conf/broker.toml``'s
+``[destinations]``). Kafka's own topic configs (``cleanup.policy``, ``retention.ms``, ...) are
+accepted and ignored: a sparkmq destination keeps what its semantics say. A topic has one
+partition: more is refused with ``INVALID_PARTITIONS``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from spark_mq import commands as c
+from spark_mq.commands import Kind
+from spark_mq.errors import DestinationExists, SparkMQError
+from spark_mq.session import ClientSession
+from spark_mq.transports.kafka import codec
+from spark_mq.transports.kafka.codec import ErrorCode, Request, build
+from spark_mq.transports.kafka.link import KafkaLink, error_code, message_of, topic_id
+
+log = logging.getLogger(__name__)
+
+_ZERO = timedelta(0)
+_PREFIX = "sparkmq."
+
+
+class AdminRequests:
+    def __init__(self, link: KafkaLink, session: ClientSession) -> None:
+        self.link = link
+        self.session = session
+
+    def handlers(self) -> dict[int, Callable[[Request, Any], None]]:
+        return {codec.CREATE_TOPICS: self._create_topics, codec.DELETE_TOPICS: self._delete_topics}
+
+    def _create_topics(self, r: Request, slot: Any) -> None:
+        body = r.body
+        mod = codec.response_module(r.api_key, r.version)
+        results = []
+        for t in body.topics:
+            err, message = ErrorCode.none, None
+            try:
+                kind, settings = _kind_and_settings(t.configs)
+                if t.num_partitions not in (-1, 1) or t.assignments:
+                    err = ErrorCode.invalid_partitions
+                    message = (
+                        f"a sparkmq topic has one partition, not {t.num_partitions} "
+                        "(partitioned destinations are to come)"
+                    )
+                elif getattr(body, "validate_only", False):
+                    if self.session.kind(t.name) is not None:
+                        err, message = ErrorCode.topic_already_exists, f"{t.name!r} exists"
+                elif not self.session.execute(c.CreateDestination(t.name, kind, settings or None)):
+                    err, message = ErrorCode.topic_already_exists, f"{t.name!r} exists"
+            except _BadConfig as exc:
+                err, message = ErrorCode.invalid_config, str(exc)
+            except DestinationExists as exc:
+                err, message = ErrorCode.topic_already_exists, exc.message
+            except SparkMQError as exc:
+                err, message = error_code(exc), message_of(exc)
+            results.append(
+                build(
+                    mod,
+                    "CreatableTopicResult",
+                    name=t.name,
+                    topic_id=topic_id(t.name),
+                    error_code=err,
+                    error_message=message,
+                    topic_config_error_code=0,
+                    num_partitions=1 if err is ErrorCode.none else -1,
+                    replication_factor=1 if err is ErrorCode.none else -1,
+                    configs=(),
+                )
+            )
+        self.link.answer(
+            slot,
+            build(mod, "CreateTopicsResponse", throttle_time=_ZERO, topics=tuple(results)),
+        )
+
+    def _delete_topics(self, r: Request, slot: Any) -> None:
+        body = r.body
+        mod = codec.response_module(r.api_key, r.version)
+        names = [t.name for t in body.topics] if r.version >= 6 else list(body.topic_names)
+        results = []
+        for name in names:
+            err, message = ErrorCode.none, None
+            if name is None:  # (a topic id alone: ids are not served)
+                err, message = ErrorCode.unknown_topic_id, "name the topic: ids are not served"
+            else:
+                try:
+                    self.session.execute(c.DeleteDestination(name))
+                except SparkMQError as exc:
+                    err, message = error_code(exc), message_of(exc)
+            results.append(
+                build(
+                    mod,
+                    "DeletableTopicResult",
+                    name=name,
+                    topic_id=topic_id(name) if name else None,
+                    error_code=err,
+                    error_message=message,
+                )
+            )
+        self.link.answer(
+            slot,
+            build(mod, "DeleteTopicsResponse", throttle_time=_ZERO, responses=tuple(results)),
+        )
+
+
+class _BadConfig(Exception):
+    pass
+
+
+def _kind_and_settings(configs: Any) -> tuple[Kind, dict[str, Any]]:
+    kind: Kind = "topic"
+    settings: dict[str, Any] = {}
+    for entry in configs or ():
+        name, value = entry.name, entry.value
+        if not name.startswith(_PREFIX):
+            continue  # (Kafka's own topic configs: accepted, ignored)
+        key = name[len(_PREFIX) :]
+        if key == "kind":
+            if value == "queue":
+                kind = "queue"
+            elif value != "topic":
+                raise _BadConfig(f"sparkmq.kind is 'queue' or 'topic', not {value!r}")
+        else:
+            settings[key] = value
+    return kind, settings
