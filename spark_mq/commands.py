@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-SettleVerb = Literal["ack", "nack", "extend"]
+SettleVerb = Literal["ack", "nack", "extend", "reject"]  # reject: dead-lettered at once
 Kind = Literal["queue", "topic"]
 # an ack inside a transaction: destination, subscription, consumer, offset, delivery count
 TransactionAck = tuple[str, str, int, int, int]

@@ -669,3 +669,151 @@ def test_fuzzed_requests_never_crash_the_listener_nor_store_garbage(
     assert "Traceback" not in log and "failed to handle" not in log
     topic = _name("after-fuzz")  # everyone else is served as before
     assert produce_all(producer(port), topic, [b"fine"]) == [0]
+
+
+# -- share groups (KIP-932: queues for Kafka clients) ---------------------------------------
+def _share_consumer(port: int, group: str) -> Any:
+    from confluent_kafka import ShareConsumer
+
+    return ShareConsumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": group,
+            "share.acknowledgement.mode": "explicit",
+            "log_level": 3,
+        }
+    )
+
+
+def _share_poll(consumers: list[Any], want: int, timeout: float = 30, **how: Any) -> list[Any]:
+    """Poll ``consumers`` in turn until ``want`` records came; each is acknowledged as ``how``
+    says (``ack(consumer, message)`` returns the type, or None to leave it unacknowledged)."""
+    from confluent_kafka import AcknowledgeType
+
+    ack = how.get("ack", lambda _c, _m: AcknowledgeType.ACCEPT)
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        for i, c in enumerate(consumers):
+            polled = c.poll(0.2)
+            if polled is None:
+                continue
+            for m in polled:
+                if m.error() is not None:
+                    continue
+                got.append((i, m))
+                kind = ack(c, m)
+                if kind is not None:
+                    c.acknowledge(m, kind)
+            c.commit_sync(10)
+    return got
+
+
+def test_three_share_consumers_on_a_queue_each_record_to_one(
+    broker: BrokerProcess, port: int
+) -> None:
+    q, group = _name("shared-jobs"), _name("workers")
+    with Admin(broker.url) as admin:
+        admin.create_queue(q)
+    produce_all(producer(port), q, [f"job-{i}".encode() for i in range(60)])
+    members = [_share_consumer(port, group) for _ in range(3)]
+    for c in members:
+        c.subscribe([q])
+    try:
+        got = _share_poll(members, 60)
+    finally:
+        for c in members:
+            c.close()
+    values = [m.value() for _, m in got]
+    assert sorted(values) == sorted(f"job-{i}".encode() for i in range(60))  # each once
+    assert {m.delivery_count() for _, m in got} == {1}
+    with Admin(broker.url) as admin:
+        stats = admin.stats(q)
+    assert stats["acked"] == 60 and stats["depth"] == 0
+
+
+def test_release_redelivers_with_its_count_and_reject_dead_letters(
+    broker: BrokerProcess, port: int
+) -> None:
+    from confluent_kafka import AcknowledgeType
+
+    q, group = _name("release-reject"), _name("workers")
+    with Admin(broker.url) as admin:
+        admin.create_queue(q)
+    produce_all(producer(port), q, [b"release-me", b"reject-me", b"keep-me"])
+    seen: dict[bytes, list[int]] = {}
+
+    def ack(_c: Any, m: Any) -> Any:
+        seen.setdefault(m.value(), []).append(m.delivery_count())
+        if m.value() == b"release-me" and m.delivery_count() == 1:
+            return AcknowledgeType.RELEASE
+        if m.value() == b"reject-me":
+            return AcknowledgeType.REJECT
+        return AcknowledgeType.ACCEPT
+
+    c = _share_consumer(port, group)
+    c.subscribe([q])
+    try:
+        _share_poll([c], 4, ack=ack)
+    finally:
+        c.close()
+    assert seen[b"release-me"] == [1, 2]  # released, then delivered again, counted
+    assert seen[b"reject-me"] == [1] and seen[b"keep-me"] == [1]
+    with Admin(broker.url) as admin:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and admin.stats(q)["dead_lettered"] < 1:
+            time.sleep(0.1)
+        assert admin.stats(q)["dead_lettered"] == 1
+        with Consumer(broker.url, f"DLQ.{q}") as dlq:
+            (dead,) = dlq.receive_many(1, timeout=10)
+            dlq.ack(dead)
+    assert dead.body == b"reject-me"
+
+
+def test_a_lapsed_acquisition_lock_is_redelivered_to_another_member(
+    broker: BrokerProcess, port: int
+) -> None:
+    q, group = _name("lapsing"), _name("workers")
+    with Admin(broker.url) as admin:
+        admin.create_queue(q)
+    produce_all(producer(port), q, [b"slow job"])
+    holder, other = _share_consumer(port, group), _share_consumer(port, group)
+    holder.subscribe([q])
+    other.subscribe([q])
+    try:
+        (first,) = [m for _, m in _share_poll([holder], 1, ack=lambda _c, _m: None)]
+        assert first.delivery_count() == 1
+        took = time.monotonic()
+        (again,) = [m for _, m in _share_poll([other], 1, timeout=30)]
+        assert again.value() == b"slow job" and again.delivery_count() == 2
+        assert time.monotonic() - took < 20  # (the lease: delivery.mark_interval_s)
+    finally:
+        holder.close()
+        other.close()
+
+
+def test_share_consumers_keep_each_key_in_order_with_one_member(
+    broker: BrokerProcess, port: int
+) -> None:
+    q, group = _name("keyed-jobs"), _name("workers")
+    with Admin(broker.url) as admin:
+        admin.create_queue(q)
+    p = producer(port)
+    for i in range(30):
+        produce_all(p, q, [f"{i % 3}:{i}".encode()], key=f"account-{i % 3}".encode())
+    members = [_share_consumer(port, group) for _ in range(2)]
+    for c in members:
+        c.subscribe([q])
+    try:
+        got = _share_poll(members, 30)
+    finally:
+        for c in members:
+            c.close()
+    for key in range(3):
+        mine = [
+            (i, int(m.value().split(b":")[1]))
+            for i, m in got
+            if m.key() == f"account-{key}".encode()
+        ]
+        assert [n for _, n in mine] == sorted(n for _, n in mine)  # in order
+        assert len({i for i, _ in mine}) == 1  # with one member

@@ -198,8 +198,11 @@ class ConsumerSession:
                         self._reply(_reply(frame.request_id, [], [*refused, *failed]))
 
                 fut.add_done_callback(done)
-            case "nack":
-                ok, refused = sub.nack(self.consumer_id, frame.entries)
+            case "nack" | "reject":
+                if frame.verb == "nack":
+                    ok, refused = sub.nack(self.consumer_id, frame.entries)
+                else:
+                    ok, refused = sub.reject(self.consumer_id, frame.entries)
                 self._forget(ok)
                 if not ok:
                     self._reply(_reply(frame.request_id, ok, refused))

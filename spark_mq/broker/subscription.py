@@ -511,6 +511,26 @@ class Subscription:
             self.wake()
         return ok, refused
 
+    def reject(
+        self, consumer_id: int, entries: Iterable[tuple[int, int]]
+    ) -> tuple[list[int], list[Refused]]:
+        """Dead-letter messages at once, whatever their delivery count (Kafka's REJECT): they
+        go the way of a message past ``max_delivery_attempts``. The caller records them as
+        returned (a crash before the move to the dead-letter queue redelivers them)."""
+        ok, refused = [], []
+        with self._lock:
+            for offset, count in entries:
+                got = self._check(consumer_id, offset, count)
+                if isinstance(got, Refused) or got.settling:
+                    refused.append(got if isinstance(got, Refused) else Refused(offset, "settling"))
+                    continue
+                del self._leases[offset]
+                self._counts[offset] = got.delivery_count
+                self._groups.returned(offset)
+                self._doom(offset, got.priority, "dead")
+                ok.append(offset)
+        return ok, refused
+
     def extend(
         self, consumer_id: int, entries: Iterable[tuple[int, int]]
     ) -> tuple[list[int], list[Refused]]:

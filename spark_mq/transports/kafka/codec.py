@@ -36,6 +36,7 @@ CREATE_TOPICS, DELETE_TOPICS = 19, 20
 INIT_PRODUCER_ID = 22
 DELETE_GROUPS = 42
 SASL_AUTHENTICATE = 36
+SHARE_GROUP_HEARTBEAT, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76, 78, 79
 
 # what this listener serves: API key -> (lowest, highest) version. Produce v0-2 are advertised
 # but refused: librdkafka looks for them in the answer (KAFKA-18659) and never sends them to a
@@ -61,6 +62,9 @@ SERVED: dict[int, tuple[int, int]] = {
     DELETE_GROUPS: (0, 2),
     CREATE_TOPICS: (2, 7),
     DELETE_TOPICS: (1, 6),
+    SHARE_GROUP_HEARTBEAT: (1, 1),
+    SHARE_FETCH: (1, 2),
+    SHARE_ACKNOWLEDGE: (1, 2),
 }
 DECODABLE_FROM = {PRODUCE: 3}  # (below: answered UNSUPPORTED_VERSION)
 
@@ -196,6 +200,9 @@ _NAMES = {
     INIT_PRODUCER_ID: "InitProducerId",
     SASL_AUTHENTICATE: "SaslAuthenticate",
     DELETE_GROUPS: "DeleteGroups",
+    SHARE_GROUP_HEARTBEAT: "ShareGroupHeartbeat",
+    SHARE_FETCH: "ShareFetch",
+    SHARE_ACKNOWLEDGE: "ShareAcknowledge",
 }
 
 __all__ = ["ErrorCode", "KafkaProtocolError", "Request", "build", "decode_request"]

@@ -37,6 +37,7 @@ from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, KafkaProtocolError, Request, build
 from spark_mq.transports.kafka.groups import Coordinator
 from spark_mq.transports.kafka.requests import KafkaRequests
+from spark_mq.transports.kafka.share import ShareGroups
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class KafkaHost(Protocol):
     loop_thread: int
     advertised: tuple[str, int]
     groups: Coordinator
+    share_groups: ShareGroups
 
     def committed(self) -> None: ...
 
@@ -342,7 +344,9 @@ class KafkaConnection(asyncio.Protocol):
 
     def _logged_in(self, principal: Principal) -> None:
         session = self.server.core.open_session(self.core, principal)
-        self.requests = KafkaRequests(self, self.server.core, session, self.server.groups)
+        self.requests = KafkaRequests(
+            self, self.server.core, session, self.server.groups, self.server.share_groups
+        )
 
     def _login_failed(self, exc: BaseException) -> None:
         message = exc.message if isinstance(exc, SparkMQError) else str(exc)

@@ -73,8 +73,8 @@ class GroupRequests:
         body, mod = r.body, self._module(r)
         host, port = self.link.advertised
         key_type = getattr(body, "key_type", 0)
-        err = ErrorCode.none if key_type == 0 else ErrorCode.coordinator_not_available
-        message = None if key_type == 0 else "transactions are not served yet"
+        err = ErrorCode.none if key_type != 1 else ErrorCode.coordinator_not_available
+        message = None if key_type != 1 else "transactions are not served yet"
         if r.version >= 4:
             coordinators = tuple(
                 build(

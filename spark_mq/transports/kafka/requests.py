@@ -49,6 +49,7 @@ from spark_mq.transports.kafka.group_requests import GroupRequests
 from spark_mq.transports.kafka.groups import Coordinator
 from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code, message_of, topic_id
 from spark_mq.transports.kafka.records import RecordError, produced, record_batch
+from spark_mq.transports.kafka.share import ShareGroups, ShareRequests
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class KafkaRequests:
         listener: ListenerCore,
         session: ClientSession,
         coordinator: Coordinator,
+        share_groups: ShareGroups,
     ) -> None:
         self.link = link
         self.listener = listener
@@ -151,6 +153,7 @@ class KafkaRequests:
         self.fetches: set[_Fetch] = set()  # waiting for data
         self._told_queue: set[str] = set()  # queues it fetched as a log (logged once)
         self._read_ahead = _ReadAhead(session)
+        self.share = ShareRequests(link, session, share_groups)
         self._handlers: dict[int, Callable[[Request, Any], None]] = {
             codec.METADATA: self._metadata,
             codec.PRODUCE: self._produce,
@@ -159,6 +162,7 @@ class KafkaRequests:
             codec.INIT_PRODUCER_ID: self._init_producer_id,
             **GroupRequests(link, listener, session, coordinator).handlers(),
             **AdminRequests(link, session).handlers(),
+            **self.share.handlers(),
         }
 
     def handle(self, request: Request, slot: Any) -> None:
@@ -170,6 +174,7 @@ class KafkaRequests:
     def close(self) -> None:
         for fetch in list(self.fetches):
             self._end_wait(fetch)
+        self.share.close()
 
     # -- Metadata ----------------------------------------------------------------------------
     def _metadata(self, r: Request, slot: Any) -> None:
@@ -184,7 +189,11 @@ class KafkaRequests:
             errors = dict.fromkeys(names, ErrorCode.none)
         else:
             allow = getattr(body, "allow_auto_topic_creation", True)
-            errors = {t.name: self._topic_error(t.name, allow) for t in asked if t.name}
+            errors = {}
+            for t in asked:
+                name = t.name or self._name_of_id(getattr(t, "topic_id", None))
+                if name:
+                    errors[name] = self._topic_error(name, allow)
         host, port = self.link.advertised
         partition = build(
             mod,
@@ -224,6 +233,15 @@ class KafkaRequests:
             cluster_authorized_operations=_NO_OPERATIONS,
         )
         self.link.answer(slot, response)
+
+    def _name_of_id(self, tid: Any) -> str | None:
+        """The destination a topic id stands for (ids are derived from names: ``topic_id``)."""
+        if tid is None:
+            return None
+        for d in self.session.execute(c.ListDestinations()):
+            if topic_id(d["name"]) == tid:
+                return str(d["name"])
+        return None
 
     def _topic_error(self, name: str, allow_create: bool) -> ErrorCode:
         try:

@@ -25,6 +25,7 @@ from spark_mq.connection.listener import ListenerCore
 from spark_mq.errors import ConfigError
 from spark_mq.transports.kafka.connection import KafkaConnection
 from spark_mq.transports.kafka.groups import Coordinator
+from spark_mq.transports.kafka.share import ShareGroups
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class KafkaServer:
         self.groups = Coordinator(
             self.loop, initial_delay_s=self.settings.kafka_group_initial_delay_ms / 1000
         )
+        self.share_groups = ShareGroups()
         self.loop.call_soon_threadsafe(self._sweep)
 
     def _run(self) -> None:
@@ -91,6 +93,7 @@ class KafkaServer:
                 conn.abort()
         try:
             self.groups.sweep()  # (members silent past their session timeout)
+            self.share_groups.sweep()
         except Exception:
             log.exception("kafka: error checking the consumer groups")
         if not self.loop.is_closed():

@@ -1,0 +1,471 @@
+"""Kafka's share groups (KIP-932, "queues for Kafka"): each record to one member of the group,
+acquired for a while, then accepted, released or rejected, on sparkmq's queues.
+
+A share group's consumption is a sparkmq consumer: of the **queue** itself, or of a **topic**'s
+durable subscription ``kafka-share.<group>`` (made at first use, needing ``create``; every share
+group of a topic gets every message once). What Kafka calls acquiring is sparkmq's lease
+(``acquisition_lock_timeout_ms`` is the lease), the delivery count is sparkmq's, and the
+acknowledgement types are settle verbs:
+
+====================  ==========================================================
+ACCEPT                ack
+RELEASE               nack: redelivered, counted towards dead-lettering
+REJECT                dead-lettered at once (``DLQ.<name>``, or as configured)
+RENEW                 the lease extended
+====================  ==========================================================
+
+Message groups and selectors hold as for any consumer: a key (the message group) is with one
+member at a time, in order.
+
+Membership (ShareGroupHeartbeat) is the listener's, on its loop: every member is assigned
+partition 0 of every topic it subscribes to (a share group's members share partitions). The
+consumers are the connection's: ShareFetch attaches one per group and topic through the
+connection's session, and the connection's end detaches them (what they held goes back).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from spark_mq import commands as c
+from spark_mq.errors import SparkMQError
+from spark_mq.names import KAFKA_OFFSETS
+from spark_mq.schema import ints
+from spark_mq.session import ClientSession, ConsumerHandle
+from spark_mq.transports.kafka import codec
+from spark_mq.transports.kafka.codec import ErrorCode, Request, build
+from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code, message_of, topic_id
+from spark_mq.transports.kafka.records import record_batch
+
+log = logging.getLogger(__name__)
+
+_ZERO = timedelta(0)
+HEARTBEAT_S = 1.0  # a share member's heartbeat interval, as told to it
+SESSION_S = 15.0  # a member not heard from this long is out of its share group
+_VERBS = {1: "ack", 2: "nack", 3: "reject", 4: "extend"}  # Kafka's acknowledge types (0: gap)
+SHARE_PREFIX = "kafka-share."
+
+
+@dataclass(eq=False)
+class ShareMember:
+    id: str
+    epoch: int
+    topics: list[str]
+    last_heard: float
+
+
+@dataclass(eq=False)
+class ShareGroup:
+    id: str
+    members: dict[str, ShareMember] = field(default_factory=dict)
+    epoch: int = 0
+
+
+class ShareGroups:
+    """Share groups' members (the listener's loop: no locks)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.groups: dict[str, ShareGroup] = {}
+
+    def heartbeat(
+        self, group_id: str, member_id: str, epoch: int, topics: list[str] | None
+    ) -> tuple[ErrorCode, ShareMember | None]:
+        g = self.groups.setdefault(group_id, ShareGroup(group_id))
+        member_id = member_id or str(uuid.uuid4())
+        now = self.clock()
+        if epoch == -1:  # leaving
+            g.members.pop(member_id, None)
+            return ErrorCode.none, ShareMember(member_id, -1, [], now)
+        member = g.members.get(member_id)
+        if epoch == 0:
+            if member is None:
+                g.epoch += 1
+                member = ShareMember(member_id, g.epoch, list(topics or []), now)
+                g.members[member_id] = member
+                log.info("kafka: %s joins share group %s", member_id, group_id)
+        elif member is None:
+            return ErrorCode.unknown_member_id, None
+        elif epoch != member.epoch:
+            return ErrorCode.fenced_member_epoch, None
+        if topics is not None and topics != member.topics:
+            member.topics = list(topics)
+            g.epoch += 1
+            member.epoch = g.epoch
+        member.last_heard = now
+        return ErrorCode.none, member
+
+    def sweep(self) -> None:
+        now = self.clock()
+        for g in self.groups.values():
+            for m in [m for m in g.members.values() if now - m.last_heard > SESSION_S]:
+                del g.members[m.id]
+                log.info("kafka: %s is out of share group %s: not heard from", m.id, g.id)
+
+
+_Got = tuple[bytes, list[tuple[int, int, int]]]  # a topic's batch, and its acquired ranges
+
+
+@dataclass(eq=False)
+class _Consumer:
+    group: str
+    topic: str
+    handle: ConsumerHandle
+    counts: dict[int, int] = field(default_factory=dict)  # offset acquired -> delivery count
+
+
+@dataclass(eq=False)
+class _Waiting:
+    request: Request
+    slot: Any
+    deadline: float
+    max_records: int
+    max_bytes: int
+    asked: list[tuple[Any, str]]  # (topic id, topic name | "" unknown)
+    errors: dict[Any, ErrorCode]
+    timer: Any = None
+    done: bool = False
+
+
+class ShareRequests:
+    """A connection's share-group requests (ShareGroupHeartbeat, ShareFetch,
+    ShareAcknowledge)."""
+
+    def __init__(self, link: KafkaLink, session: ClientSession, groups: ShareGroups) -> None:
+        self.link = link
+        self.session = session
+        self.groups = groups
+        self.consumers: dict[tuple[str, str], _Consumer] = {}
+        self.waiting: list[_Waiting] = []
+        self.sessions: dict[tuple[str, str], dict[Any, str]] = {}  # share session's topics
+        self._requests = iter(range(1, 1 << 62))
+        self._names: dict[Any, str] = {}  # topic id -> name
+        self._wake_due = False
+
+    def handlers(self) -> dict[int, Callable[[Request, Any], None]]:
+        return {
+            codec.SHARE_GROUP_HEARTBEAT: self._heartbeat,
+            codec.SHARE_FETCH: self._fetch,
+            codec.SHARE_ACKNOWLEDGE: self._acknowledge,
+        }
+
+    def close(self) -> None:
+        for w in self.waiting:
+            if w.timer is not None:
+                w.timer.cancel()
+        self.waiting.clear()
+        for consumer in self.consumers.values():
+            self.session.detach(consumer.handle)
+        self.consumers.clear()
+
+    # -- topic ids -----------------------------------------------------------------------------
+    def _name_of(self, tid: Any) -> str:
+        name = self._names.get(tid)
+        if name is None:
+            for d in self.session.execute(c.ListDestinations()):
+                self._names[topic_id(d["name"])] = d["name"]
+            name = self._names.get(tid, "")
+        return name
+
+    # -- ShareGroupHeartbeat -------------------------------------------------------------------
+    def _heartbeat(self, r: Request, slot: Any) -> None:
+        body = r.body
+        mod = codec.response_module(r.api_key, r.version)
+        topics = list(body.subscribed_topic_names) if body.subscribed_topic_names else None
+        err, member = self.groups.heartbeat(
+            body.group_id, body.member_id, body.member_epoch, topics
+        )
+        assignment = None
+        if member is not None and member.epoch >= 0:
+            parts = []
+            for name in member.topics:
+                try:
+                    if name != KAFKA_OFFSETS and self.session.kind(name) is not None:
+                        parts.append(
+                            build(mod, "TopicPartitions", topic_id=topic_id(name), partitions=(0,))
+                        )
+                except SparkMQError:
+                    continue  # (not its to see: not assigned)
+            assignment = build(mod, "Assignment", topic_partitions=tuple(parts))
+        self.link.answer(
+            slot,
+            build(
+                mod,
+                "ShareGroupHeartbeatResponse",
+                throttle_time=_ZERO,
+                error_code=err,
+                error_message=None,
+                member_id=member.id if member is not None else body.member_id,
+                member_epoch=member.epoch if member is not None else -1,
+                heartbeat_interval=timedelta(seconds=HEARTBEAT_S),
+                assignment=assignment,
+            ),
+        )
+
+    # -- ShareFetch ----------------------------------------------------------------------------
+    def _fetch(self, r: Request, slot: Any) -> None:
+        body = r.body
+        errors: dict[Any, ErrorCode] = {}
+        # a share session: the first fetch (epoch 0) names its topics, later ones only what
+        # changed (added topics, forgotten ones)
+        key = (body.group_id, body.member_id or "")
+        in_session = {} if body.share_session_epoch == 0 else dict(self.sessions.get(key, {}))
+        for t in body.topics:
+            name = self._name_of(t.topic_id)
+            in_session[t.topic_id] = name
+            for p in t.partitions:
+                if p.acknowledgement_batches and name:
+                    self._settle(body.group_id, name, p.acknowledgement_batches)
+        for t in body.forgotten_topics_data:
+            in_session.pop(t.topic_id, None)
+        if body.share_session_epoch == -1:  # the session ends: what it acquired goes back
+            self.sessions.pop(key, None)
+            in_session = {}
+            for k in [k for k in self.consumers if k[0] == body.group_id]:
+                self.session.detach(self.consumers.pop(k).handle)
+        else:
+            self.sessions[key] = in_session
+        asked = list(in_session.items())
+        wait = body.max_wait.total_seconds() if isinstance(body.max_wait, timedelta) else 0.0
+        w = _Waiting(
+            r,
+            slot,
+            time.monotonic() + max(wait, 0.0),
+            max(body.max_records, 1),
+            max(body.max_bytes, 1),
+            asked,
+            errors,
+        )
+        self._step(w)
+
+    def _consumer(self, group: str, name: str, max_records: int) -> _Consumer:
+        key = (group, name)
+        consumer = self.consumers.get(key)
+        if consumer is None:
+            kind = self.session.kind(name)
+            subscription = None
+            if kind == "topic":
+                subscription = f"{SHARE_PREFIX}{group}"
+                self.session.subscribe_durable(name, subscription, None)
+            handle = self.session.attach(
+                c.Attach(name, subscription=subscription, prefetch=max(max_records, 100)),
+                wakeup=self,
+            )
+            consumer = self.consumers[key] = _Consumer(group, name, handle)
+        return consumer
+
+    def _step(self, w: _Waiting) -> None:
+        if w.done:
+            return
+        group = w.request.body.group_id
+        got: dict[Any, _Got] = {}
+        left = w.max_records
+        budget = w.max_bytes
+        for tid, name in w.asked:
+            if not name:
+                w.errors[tid] = ErrorCode.unknown_topic_id
+                continue
+            if tid in w.errors or left <= 0:
+                continue
+            try:
+                consumer = self._consumer(group, name, w.max_records)
+                taken = consumer.handle.next_leased()
+            except SparkMQError as exc:
+                log.info("kafka: share fetch of %s for %s: %s", name, group, message_of(exc))
+                w.errors[tid] = error_code(exc)
+                continue
+            if taken is None:
+                continue
+            messages, states = taken
+            rows = messages.table()
+            offsets = ints(rows["offset"])
+            for o, (count, _) in zip(offsets, states, strict=True):
+                consumer.counts[o] = count
+            data, n = record_batch(rows, max(budget, 1))
+            if n < rows.num_rows:  # (what did not fit goes back at once)
+                back = [(o, consumer.counts.pop(o)) for o in offsets[n:]]
+                self._settle_entries(consumer, "nack", back)
+            ranges = _ranges([(o, states[i][0]) for i, o in enumerate(offsets[:n])])
+            got[tid] = (data, ranges)
+            left -= n
+            budget -= len(data)
+        if got or w.errors or time.monotonic() >= w.deadline:
+            self._answer(w, got)
+            return
+        if w not in self.waiting:
+            self.waiting.append(w)
+            w.timer = self.link.loop.call_later(
+                max(w.deadline - time.monotonic(), 0.0), self._step, w
+            )
+
+    def _answer(self, w: _Waiting, got: dict[Any, _Got]) -> None:
+        w.done = True
+        if w in self.waiting:
+            self.waiting.remove(w)
+        if w.timer is not None:
+            w.timer.cancel()
+        r = w.request
+        mod = codec.response_module(r.api_key, r.version)
+        host, port = self.link.advertised
+        leader = build(mod, "LeaderIdAndEpoch", leader_id=NODE_ID, leader_epoch=0)
+        lease_ms = 30_000
+        for consumer in self.consumers.values():
+            lease_ms = int(consumer.handle.lease_s * 1000)
+            break
+        responses = []
+        for tid, _ in w.asked:
+            data, ranges = got.get(tid, (b"", []))
+            part = build(
+                mod,
+                "PartitionData",
+                partition_index=0,
+                error_code=w.errors.get(tid, ErrorCode.none),
+                error_message=None,
+                acknowledge_error_code=0,
+                acknowledge_error_message=None,
+                current_leader=leader,
+                records=data,
+                acquired_records=tuple(
+                    build(mod, "AcquiredRecords", first_offset=a, last_offset=b, delivery_count=n)
+                    for a, b, n in ranges
+                ),
+            )
+            responses.append(
+                build(mod, "ShareFetchableTopicResponse", topic_id=tid, partitions=(part,))
+            )
+        self.link.answer(
+            w.slot,
+            build(
+                mod,
+                "ShareFetchResponse",
+                throttle_time=_ZERO,
+                error_code=ErrorCode.none,
+                error_message=None,
+                acquisition_lock_timeout=timedelta(milliseconds=lease_ms),
+                responses=tuple(responses),
+                node_endpoints=(
+                    build(mod, "NodeEndpoint", node_id=NODE_ID, host=host, port=port, rack=None),
+                ),
+            ),
+        )
+
+    # -- ShareAcknowledge ----------------------------------------------------------------------
+    def _acknowledge(self, r: Request, slot: Any) -> None:
+        body = r.body
+        mod = codec.response_module(r.api_key, r.version)
+        host, port = self.link.advertised
+        leader = build(mod, "LeaderIdAndEpoch", leader_id=NODE_ID, leader_epoch=0)
+        responses = []
+        for t in body.topics:
+            name = self._name_of(t.topic_id)
+            err = ErrorCode.none if name else ErrorCode.unknown_topic_id
+            for p in t.partitions:
+                if name:
+                    err = self._settle(body.group_id, name, p.acknowledgement_batches)
+            responses.append(
+                build(
+                    mod,
+                    "ShareAcknowledgeTopicResponse",
+                    topic_id=t.topic_id,
+                    partitions=(
+                        build(
+                            mod,
+                            "PartitionData",
+                            partition_index=0,
+                            error_code=err,
+                            error_message=None,
+                            current_leader=leader,
+                        ),
+                    ),
+                )
+            )
+        if body.share_session_epoch == -1:
+            for key in [k for k in self.consumers if k[0] == body.group_id]:
+                self.session.detach(self.consumers.pop(key).handle)
+        self.link.answer(
+            slot,
+            build(
+                mod,
+                "ShareAcknowledgeResponse",
+                throttle_time=_ZERO,
+                error_code=ErrorCode.none,
+                error_message=None,
+                responses=tuple(responses),
+                node_endpoints=(
+                    build(mod, "NodeEndpoint", node_id=NODE_ID, host=host, port=port, rack=None),
+                ),
+            ),
+        )
+
+    # -- settling ------------------------------------------------------------------------------
+    def _settle(self, group: str, name: str, batches: Any) -> ErrorCode:
+        consumer = self.consumers.get((group, name))
+        if consumer is None:
+            return ErrorCode.invalid_record_state
+        by_verb: dict[str, list[tuple[int, int]]] = {}
+        missing = False
+        for b in batches:
+            types = list(b.acknowledge_types) or [1]
+            for i, offset in enumerate(range(b.first_offset, b.last_offset + 1)):
+                kind = types[i] if len(types) > 1 else types[0]
+                if kind == 0:
+                    continue  # (a gap: no record there)
+                count = consumer.counts.get(offset)
+                if count is None:
+                    missing = True
+                    continue
+                verb = _VERBS.get(kind)
+                if verb is None:
+                    missing = True
+                    continue
+                if verb != "extend":
+                    consumer.counts.pop(offset, None)
+                by_verb.setdefault(verb, []).append((offset, count))
+        for verb, entries in by_verb.items():
+            self._settle_entries(consumer, verb, entries)
+        return ErrorCode.invalid_record_state if missing else ErrorCode.none
+
+    def _settle_entries(
+        self, consumer: _Consumer, verb: str, entries: list[tuple[int, int]]
+    ) -> None:
+        self.session.settle(
+            consumer.handle,
+            c.Settle(verb, next(self._requests), tuple(entries)),  # type: ignore[arg-type]
+        )
+
+    # -- waking (the consumer's wakeup: any thread) ---------------------------------------------
+    def set(self) -> None:
+        if not self._wake_due:
+            self._wake_due = True
+            self.link.threadsafe(self._woken)
+
+    def _woken(self) -> None:
+        self._wake_due = False
+        for consumer in self.consumers.values():
+            for reply in consumer.handle.replies():  # (settles answered; refusals logged)
+                for refused in reply.refused:
+                    log.info(
+                        "kafka: share ack of %s@%d refused: %s",
+                        consumer.topic,
+                        refused.offset,
+                        refused.reason,
+                    )
+        for w in list(self.waiting):
+            self._step(w)
+
+
+def _ranges(acquired: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(offset, delivery count) pairs as (first, last, count) runs of consecutive offsets."""
+    out: list[tuple[int, int, int]] = []
+    for offset, count in sorted(acquired):
+        if out and out[-1][1] == offset - 1 and out[-1][2] == count:
+            out[-1] = (out[-1][0], offset, count)
+        else:
+            out.append((offset, offset, count))
+    return out
