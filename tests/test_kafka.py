@@ -817,3 +817,67 @@ def test_share_consumers_keep_each_key_in_order_with_one_member(
         ]
         assert [n for _, n in mine] == sorted(n for _, n in mine)  # in order
         assert len({i for i, _ in mine}) == 1  # with one member
+
+
+def _failed_into(failed: list[Any]) -> Any:
+    return lambda err, _msg: failed.append(err) if err else None
+
+
+def test_an_idempotent_producer_retrying_across_a_sigkill_stores_each_message_once(
+    tmp_path: Path,
+) -> None:
+    import socket
+    import threading
+
+    with socket.socket() as s:  # (the restarted broker listens where the producer retries)
+        s.bind(("127.0.0.1", 0))
+        kafka_port = s.getsockname()[1]
+    data = tmp_path / "data"
+
+    def start(log: str) -> BrokerProcess:
+        return BrokerProcess(
+            str(data), extra_args=["--kafka-port", str(kafka_port)], log_file=str(tmp_path / log)
+        ).start()
+
+    first = start("broker1.out")
+    p = producer(
+        kafka_port,
+        **{"enable.idempotence": True, "acks": "all", "message.timeout.ms": 60_000,
+           "linger.ms": 5, "retry.backoff.ms": 100},
+    )  # fmt: skip
+    topic, total = _name("idempotent"), 3000
+    failed: list[Any] = []
+    sent = threading.Event()
+
+    def produce() -> None:
+        for i in range(total):
+            while True:
+                try:
+                    p.produce(topic, f"m-{i}".encode(), on_delivery=_failed_into(failed))
+                    break
+                except BufferError:
+                    p.poll(0.01)
+            if i % 100 == 0:
+                p.poll(0)
+                time.sleep(0.01)
+            if i == total // 2:
+                sent.set()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    sent.wait(30)
+    first.kill()  # acknowledgements in flight are lost; the producer retries
+    second = start("broker2.out")
+    try:
+        thread.join(60)
+        assert p.flush(60) == 0 and not failed, failed[:3]
+        c = consumer(kafka_port)
+        try:
+            _, end = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        finally:
+            c.close()
+        assert end == total, f"{end} stored for {total} produced: some twice"
+        values = [m.value() for m in read_from(kafka_port, topic, 0, total)]
+        assert sorted(values) == sorted(f"m-{i}".encode() for i in range(total))
+    finally:
+        second.stop()
