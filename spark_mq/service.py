@@ -122,6 +122,29 @@ class RunningBroker:
         if self._owns_security:
             self.security.close()
 
+    def kafka_groups(self) -> list[dict[str, object]]:
+        """The Kafka listener's consumer and share groups, with each consumer group's lag by
+        topic (end offset minus committed offset), for the metrics and the console."""
+        if self.kafka is None:
+            return []
+        groups = self.kafka.groups_now()
+        committed: dict[str, dict[str, int]] = {}
+        for name in self.broker.group_offsets.groups():
+            for (topic, _), done in self.broker.group_offsets.fetch(name).items():
+                committed.setdefault(name, {})[topic] = done.offset
+        known = {g["group"] for g in groups if g["kind"] == "consumer"}
+        for name in committed:
+            if name not in known:  # (offsets kept, no members since the start)
+                groups.append({"kind": "consumer", "group": name, "state": "Empty",
+                               "generation": 0, "members": []})  # fmt: skip
+        for g in groups:
+            lag = {}
+            for topic, offset in committed.get(str(g["group"]), {}).items():
+                if self.broker.has_destination(topic):
+                    lag[topic] = max(self.broker.log.end(topic) - offset, 0)
+            g["lag"] = lag
+        return groups
+
     def connections(self) -> dict[str, int]:
         """Open connections by transport (Flight: calls under way), for the metrics."""
         return {listener.name: listener.connection_count() for listener in self.listeners}
@@ -320,6 +343,7 @@ def _serve_term(
         broker.close()
         return "stop"
     state.connections = running.connections
+    state.kafka_groups = running.kafka_groups
     settle_garbage_collector()
     wire_at = "no port (broker.wire = false)"
     if running.wire is not None:

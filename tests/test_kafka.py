@@ -881,3 +881,38 @@ def test_an_idempotent_producer_retrying_across_a_sigkill_stores_each_message_on
         assert sorted(values) == sorted(f"m-{i}".encode() for i in range(total))
     finally:
         second.stop()
+
+
+def test_metrics_show_kafka_groups_members_and_lag(broker: BrokerProcess, port: int) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.ops_kit import http
+
+    topic, group = _name("lagging"), _name("group")
+    produce_all(producer(port), topic, [b"x"] * 8)
+    c = _group_consumer(port, group)
+    c.subscribe([topic])
+    try:
+        read = 0
+        deadline = time.monotonic() + 20
+        while read < 5 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                read += 1
+                c.commit(m, asynchronous=False)
+        status, _, body = http(f"{broker.http_url}/metrics")
+        assert status == 200
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(body.decode())
+            for s in f.samples
+        }
+        assert (
+            samples[("sparkmq_kafka_group_members", (("group", group), ("kind", "consumer")))] == 1
+        )
+        assert (
+            samples[("sparkmq_kafka_group_lag_messages", (("group", group), ("topic", topic)))] == 3
+        )
+        assert samples[("sparkmq_broker_connections", (("transport", "kafka"),))] >= 1
+    finally:
+        c.close()

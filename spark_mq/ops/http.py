@@ -78,6 +78,7 @@ class ServiceState:
     security: Security
     broker: Broker | None = None
     connections: Callable[[], dict[str, int]] = dict
+    kafka_groups: Callable[[], list[dict[str, Any]]] = list  # the Kafka listener's groups
 
 
 @dataclass(eq=False)
@@ -472,6 +473,7 @@ class _Handler(BaseHTTPRequestHandler):
             visible=session.may_see,
             connections=state.connections,
             auth_failures=lambda: state.security.authenticator.failed_logins,
+            kafka_groups=state.kafka_groups,
         )
         self._send(HTTPStatus.OK, metrics.render(scrape), metrics.CONTENT_TYPE)
 

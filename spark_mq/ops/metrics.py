@@ -74,6 +74,7 @@ class Scrape:
     visible: Callable[[str], bool] = lambda _name: True
     connections: Callable[[], dict[str, int]] = dict
     auth_failures: Callable[[], int] = lambda: 0
+    kafka_groups: Callable[[], list[dict[str, Any]]] = list
 
 
 class BrokerCollector(Collector):
@@ -105,6 +106,34 @@ class BrokerCollector(Collector):
                 "A produce request's wait from arrival at the journal to durable (acknowledged).",
                 t.produce_ack_seconds,
             )
+
+
+def _kafka_families(s: Scrape) -> Iterator[Metric]:
+    members = GaugeMetricFamily(
+        "sparkmq_kafka_group_members",
+        "Members of a Kafka consumer or share group.",
+        labels=["group", "kind"],
+    )
+    generation = GaugeMetricFamily(
+        "sparkmq_kafka_group_generation",
+        "A Kafka group's generation (consumer groups) or epoch (share groups).",
+        labels=["group", "kind"],
+    )
+    lag = GaugeMetricFamily(
+        "sparkmq_kafka_group_lag_messages",
+        "Messages of a topic after a Kafka consumer group's committed offset.",
+        labels=["group", "topic"],
+    )
+    for g in s.kafka_groups():
+        name, kind = str(g["group"]), str(g["kind"])
+        members.add_metric([name, kind], len(g["members"]))
+        generation.add_metric([name, kind], float(g["generation"]))
+        for topic, n in sorted(g.get("lag", {}).items()):
+            if s.visible(topic):
+                lag.add_metric([name, topic], float(n))
+    yield members
+    yield generation
+    yield lag
 
 
 def render(scrape: Scrape) -> bytes:
@@ -143,6 +172,7 @@ def _broker_families(b: Broker, s: Scrape) -> Iterator[Metric]:
     for transport, n in sorted(s.connections().items()):
         conns.add_metric([transport], n)
     yield conns
+    yield from _kafka_families(s)
     yield CounterMetricFamily(
         "sparkmq_authentication_failures",
         "Failed logins (wrong password, bad token or certificate).",

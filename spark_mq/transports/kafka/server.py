@@ -100,6 +100,30 @@ class KafkaServer:
             self.loop.call_later(_SWEEP_S, self._sweep)
 
     # -- what the broker's service asks ------------------------------------------------------
+    def groups_now(self, timeout: float = 5.0) -> list[dict[str, object]]:
+        """(Any thread.) The consumer and share groups as the loop has them: kind, group,
+        state, generation, members."""
+
+        async def snapshot() -> list[dict[str, object]]:
+            out: list[dict[str, object]] = [
+                {"kind": "consumer", **g.describe()} for g in self.groups.listed()
+            ]
+            for g in self.share_groups.groups.values():
+                out.append(
+                    {
+                        "kind": "share",
+                        "group": g.id,
+                        "state": "Stable" if g.members else "Empty",
+                        "generation": g.epoch,
+                        "members": [{"member_id": m.id} for m in g.members.values()],
+                    }
+                )
+            return out
+
+        if self.loop.is_closed():
+            return []
+        return asyncio.run_coroutine_threadsafe(snapshot(), self.loop).result(timeout)
+
     def connection_count(self) -> int:
         return len(self.conns)
 
