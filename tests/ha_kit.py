@@ -26,6 +26,7 @@ class Member:
         self.logs = base / "logs"
         self.logs.mkdir(exist_ok=True)
         self.port, self.wire_port, self.repl_port = free_port(), free_port(), free_port()
+        self.kafka_port = free_port()
         self.url = f"grpc://127.0.0.1:{self.port}"
         self.peer: Member | None = None
         self.process: BrokerProcess | None = None
@@ -34,7 +35,7 @@ class Member:
         assert self.peer is not None
         args = [
             "--port", str(self.port), "--wire-port", str(self.wire_port), "--stomp-port", "0",
-            "--kafka-port", "0",
+            "--kafka-port", str(self.kafka_port),
             "--set", "ha.mode=replication",
             "--set", f"ha.broker_id={self.name}",
             "--set", f"ha.peer=127.0.0.1:{self.peer.repl_port}",

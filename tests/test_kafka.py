@@ -916,3 +916,42 @@ def test_metrics_show_kafka_groups_members_and_lag(broker: BrokerProcess, port: 
         assert samples[("sparkmq_broker_connections", (("transport", "kafka"),))] >= 1
     finally:
         c.close()
+
+
+def test_committed_offsets_and_messages_survive_a_failover_of_an_ha_pair(tmp_path: Path) -> None:
+    from tests.conftest import wait_for
+    from tests.ha_kit import in_sync, pair
+
+    a, b = pair(tmp_path)
+    a.launch().wait_ready(60)
+    b.launch()
+    wait_for(lambda: in_sync(a.url), timeout=60, what="the backup to be in sync")
+    bootstrap = f"127.0.0.1:{a.kafka_port},127.0.0.1:{b.kafka_port}"
+    topic, group = _name("failover"), _name("group")
+    p = producer(a.kafka_port, **{"bootstrap.servers": bootstrap, "acks": "all"})
+    produce_all(p, topic, [f"f{i}".encode() for i in range(20)])
+    c = _group_consumer(a.kafka_port, group, **{"bootstrap.servers": bootstrap})
+    c.subscribe([topic])
+    read = 0
+    deadline = time.monotonic() + 20
+    while read < 12 and time.monotonic() < deadline:
+        m = c.poll(0.2)
+        if m is not None and m.error() is None:
+            read += 1
+            c.commit(m, asynchronous=False)  # (durable: replicated before it is answered)
+    c.close()
+    assert read == 12
+    assert a.process is not None and b.process is not None
+    a.process.kill()  # the primary is gone; the backup takes over with what it was sent
+    b.process.wait_ready(60)
+    again = _group_consumer(b.kafka_port, group, **{"bootstrap.servers": bootstrap})
+    again.subscribe([topic])
+    rest = []
+    deadline = time.monotonic() + 60
+    while len(rest) < 8 and time.monotonic() < deadline:
+        m = again.poll(0.2)
+        if m is not None and m.error() is None:
+            rest.append(m.value())
+    again.close()
+    b.process.stop()
+    assert rest == [f"f{i}".encode() for i in range(12, 20)]
