@@ -106,6 +106,7 @@ class Subscription:
         self._settled: set[int] = set(settled)
         # only recovery hands over settled offsets not yet ingested; acks settle ingested ones
         self._settled_horizon = max(self._settled, default=-1)
+        self._settled_below = 0  # every offset below it is settled (its record pruned)
         self._ready: dict[int, SortedList] = {}
         self._ready_n = 0
         self._scheduled: list[tuple[float, int]] = []  # (due wall time, offset), a heap
@@ -423,7 +424,7 @@ class Subscription:
         lease = self._leases.get(offset)
         if lease is not None and lease.consumer_id == consumer_id and lease.delivery_count == count:
             return lease
-        if offset in self._settled:
+        if offset in self._settled or offset < self._settled_below:
             return Refused(offset, "already settled")
         if lease is not None:
             return Refused(
@@ -755,6 +756,7 @@ class Subscription:
                 candidates.append(min(self._doomed))
             low = min(candidates)
             self._settled = {o for o in self._settled if o >= low}
+            self._settled_below = max(self._settled_below, low)
             return low
 
     def stats(self, end_offset: int) -> dict[str, int]:

@@ -42,7 +42,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.errors import Deposed, SparkMQError
+from spark_mq.errors import Deposed, DiskFull, SparkMQError
 from spark_mq.journal import failpoints
 from spark_mq.journal.base import LogStore
 from spark_mq.journal.boundary import translate, translated
@@ -272,6 +272,13 @@ class HotTier:
                     "is lost",
                     self.destination,
                     self.directory,
+                )
+            if _no_space(exc):  # (the disk filled before the broker's margin caught it)
+                return DiskFull(
+                    f"the disk holding {self.directory} is full ({exc}): free space or add disk "
+                    "(limits.min_free_disk_bytes keeps a margin); retry later, nothing of this "
+                    "was stored",
+                    destination=self.destination,
                 )
             err = translated(exc, "appending to the hot tier", self.destination)
             return as_journal_error(err, self.destination)
