@@ -64,6 +64,7 @@ class KafkaHost(Protocol):
     advertised: tuple[str, int]
     groups: Coordinator
     share_groups: ShareGroups
+    sequences: dict[tuple[int, int, str], int]
 
     def committed(self) -> None: ...
 
@@ -345,7 +346,12 @@ class KafkaConnection(asyncio.Protocol):
     def _logged_in(self, principal: Principal) -> None:
         session = self.server.core.open_session(self.core, principal)
         self.requests = KafkaRequests(
-            self, self.server.core, session, self.server.groups, self.server.share_groups
+            self,
+            self.server.core,
+            session,
+            self.server.groups,
+            self.server.share_groups,
+            self.server.sequences,
         )
 
     def _login_failed(self, exc: BaseException) -> None:

@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 _ZERO = timedelta(0)
 _NO_OPERATIONS = -(2**31)  # "authorized operations were not asked for"
 _READ_AHEAD = 8_192  # rows read at once for a consumer going through a backlog (kept per topic)
+_SEQUENCES = 2**31  # idempotent producers' sequence numbers wrap here
+_PRODUCERS_KEPT = 100_000  # idempotent producers whose next sequence is kept
 _BATCH_ROWS, _BATCH_BYTES = 512, 256 * 1024  # a record batch of a fetch holds at most these
 _FETCH_RECHECK_S = 0.005  # a waiting fetch looks again at most this often when woken
 
@@ -143,6 +145,7 @@ class KafkaRequests:
         session: ClientSession,
         coordinator: Coordinator,
         share_groups: ShareGroups,
+        sequences: dict[tuple[int, int, str], int],
     ) -> None:
         self.link = link
         self.listener = listener
@@ -154,6 +157,7 @@ class KafkaRequests:
         self._told_queue: set[str] = set()  # queues it fetched as a log (logged once)
         self._read_ahead = _ReadAhead(session)
         self.share = ShareRequests(link, session, share_groups)
+        self.sequences = sequences  # (pid, epoch, topic) -> the next sequence (the listener's)
         self._handlers: dict[int, Callable[[Request, Any], None]] = {
             codec.METADATA: self._metadata,
             codec.PRODUCE: self._produce,
@@ -298,12 +302,38 @@ class KafkaRequests:
             rows = produced(bytes(part.records), self.max_body)
             if rows.transactional:
                 raise _Unsupported("transactional record batches are not served yet")
+            if rows.producer_id >= 0 and rows.base_sequence >= 0:
+                self._in_sequence(name, rows.producer_id, rows.producer_epoch,
+                                  rows.base_sequence, rows.messages.num_rows)  # fmt: skip
             fut, waits = self.listener.produce(self.session, name, rows.messages, rows.nbytes)
             if waits:
                 holding.append(fut)
             return fut
-        except (SparkMQError, RecordError, _Unsupported) as exc:
+        except (SparkMQError, RecordError, _Unsupported, _OutOfOrder) as exc:
             return exc
+
+    def _in_sequence(self, topic: str, pid: int, epoch: int, first: int, count: int) -> None:
+        """An idempotent producer's batch must come in order: a sequence past the next one
+        expected (a batch before it was lost) is refused, as Kafka refuses it; one at or
+        before it is a retry, stored once by the dedup ids. What is expected is kept for the
+        listener's life (after a restart the first batch sets it)."""
+        key = (pid, epoch, topic)
+        expected = self.sequences.get(key)
+        if (
+            expected is not None
+            and first != expected
+            and (first - expected) % _SEQUENCES < (_SEQUENCES // 2)
+        ):
+            raise _OutOfOrder(
+                f"producer {pid} (epoch {epoch}) sent sequence {first} to {topic}; the next "
+                f"expected is {expected}: a batch before it was not stored"
+            )
+        end = (first + count) % _SEQUENCES
+        if expected is None or (end - expected) % _SEQUENCES < _SEQUENCES // 2:
+            self.sequences.pop(key, None)  # (kept in the order last used)
+            self.sequences[key] = end
+            if len(self.sequences) > _PRODUCERS_KEPT:  # the one unused longest goes
+                del self.sequences[next(iter(self.sequences))]
 
     def _produce_response(
         self, r: Request, results: list[tuple[str, int, Future | BaseException]]
@@ -593,6 +623,12 @@ class KafkaRequests:
         self.link.answer(fetch.slot, response)
 
 
+class _OutOfOrder(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class _Unsupported(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -602,6 +638,8 @@ class _Unsupported(Exception):
 def _code_of(exc: BaseException) -> ErrorCode:
     if isinstance(exc, _Unsupported):
         return ErrorCode.invalid_request
+    if isinstance(exc, _OutOfOrder):
+        return ErrorCode.out_of_order_sequence_number
     return error_code(exc)
 
 

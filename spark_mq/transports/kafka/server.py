@@ -70,6 +70,8 @@ class KafkaServer:
             self.loop, initial_delay_s=self.settings.kafka_group_initial_delay_ms / 1000
         )
         self.share_groups = ShareGroups()
+        # idempotent producers' next sequence, by (producer id, epoch, topic): the loop's
+        self.sequences: dict[tuple[int, int, str], int] = {}
         self.loop.call_soon_threadsafe(self._sweep)
 
     def _run(self) -> None:
