@@ -1008,3 +1008,46 @@ def test_an_idempotent_producer_s_sequences_must_come_in_order(port: int) -> Non
         assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1] == 5
     finally:
         c.close()
+
+
+def test_the_cli_and_the_console_api_show_kafka_groups_and_lag(
+    broker: BrokerProcess, port: int
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.ops_kit import http
+
+    topic, group = _name("shown"), _name("group")
+    produce_all(producer(port), topic, [b"x"] * 6)
+    c = _group_consumer(port, group)
+    c.subscribe([topic])
+    try:
+        read = 0
+        deadline = time.monotonic() + 20
+        while read < 2 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                read += 1
+                c.commit(m, asynchronous=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "spark_mq", "kafka", "groups", "--json",
+             "--bootstrap", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (row,) = [r for r in json.loads(done.stdout) if r["group"] == group]
+        assert row == {"group": group, "state": "Stable", "members": 1, "lag": {topic: 4}}
+        status, _, body = http(f"{broker.http_url}/api/kafka/groups")
+        assert status == 200
+        (shown,) = [g for g in json.loads(body) if g["group"] == group]
+        assert shown["kind"] == "consumer" and shown["member_count"] == 1
+        assert shown["lag"] == {topic: 4}
+    finally:
+        c.close()
+    unreachable = subprocess.run(
+        [sys.executable, "-m", "spark_mq", "kafka", "groups", "--bootstrap", "127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert unreachable.returncode != 0 and "cannot reach the Kafka listener" in unreachable.stderr

@@ -5,14 +5,15 @@
 * :mod:`.users`: ``user ...`` (the users file of security);
 * against a running broker (:mod:`.target`: where it is, who asks): :mod:`.destinations`
   (``status``, ``queue``, ``topic``, ``subscription``), :mod:`.moving` (``move``, ``redrive``,
-  ``claims``) and :mod:`.messages` (``produce``, ``consume``).
+  ``claims``) and :mod:`.messages` (``produce``, ``consume``);
+* :mod:`.kafka`: ``kafka groups`` (over the Kafka protocol, as Kafka's own tools do).
 """
 
 from __future__ import annotations
 
 import click
 
-from spark_mq.cli import data, destinations, messages, moving, serving, users
+from spark_mq.cli import data, destinations, kafka, messages, moving, serving, users
 
 
 @click.group()
@@ -21,6 +22,6 @@ def main() -> None:
     """sparkmq: JMS-grade messaging on Delta tables, streamed by Spark."""
 
 
-for _module in (serving, data, users, destinations, moving, messages):
+for _module in (serving, data, users, destinations, moving, messages, kafka):
     for _command in _module.COMMANDS:
         main.add_command(_command)

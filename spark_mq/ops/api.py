@@ -3,6 +3,7 @@ session commands, so it shows and does only what the caller may."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from spark_mq import commands as c
@@ -23,8 +24,11 @@ def handle(
     parts: list[str],
     query: dict[str, list[str]],
     body: dict[str, Any],
+    kafka_groups: Callable[[], list[dict[str, Any]]] = list,
 ) -> Any:
     match method, parts:
+        case "GET", ["kafka", "groups"]:
+            return kafka_listing(session, kafka_groups())
         case "GET", ["overview"]:
             return {
                 "status": session.execute(c.BrokerStatus()),
@@ -54,6 +58,18 @@ def handle(
         case "GET", ["config"]:
             return session.execute(c.ShowConfig())
     raise NoSuchCall(f"no such API call: {method} /api/{'/'.join(parts)}")
+
+
+def kafka_listing(session: ClientSession, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Kafka listener's groups, each consumer group's lag only for the topics the caller
+    may see (and a group with none of them left out, unless it has no committed offsets)."""
+    out = []
+    for g in groups:
+        lag = {t: n for t, n in g.get("lag", {}).items() if session.may_see(t)}
+        if g.get("lag") and not lag:
+            continue
+        out.append({**g, "lag": lag, "member_count": len(g.get("members", []))})
+    return out
 
 
 def move_all(

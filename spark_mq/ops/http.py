@@ -486,7 +486,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json({"user": self._principal().name, "security": security.enabled})
         session = self._session()
         body = self._body() if method == "POST" else {}
-        self._json(api.handle(session, method, parts, query, body))
+        self._json(
+            api.handle(
+                session, method, parts, query, body, kafka_groups=self.listener.state.kafka_groups
+            )
+        )
 
     def _read_body(self) -> bytes:
         text = self.headers.get("Content-Length") or "0"

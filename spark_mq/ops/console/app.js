@@ -245,6 +245,21 @@ async function browse(base, subscription) {
   } catch (err) { box.replaceChildren(el("p", { class: "error" }, err.message)); }
 }
 
+// -- Kafka groups ------------------------------------------------------------------------------
+async function kafka() {
+  app().replaceChildren(el("h1", {}, "Kafka groups"), el("div", { id: "kafka-groups" }));
+  await refreshKafka();
+  timer = setInterval(() => refreshKafka().catch(() => {}), POLL_MS);
+}
+
+async function refreshKafka() {
+  const groups = await call("GET", "/api/kafka/groups");
+  document.getElementById("kafka-groups").replaceChildren(
+    table("kafka-table", ["Group", "Kind", "State", "Generation", "Members", "Lag"], groups.map((g) => [
+      g.group, g.kind, g.state, String(g.generation), String(g.member_count),
+      Object.entries(g.lag).map(([t, n]) => t + ": " + fmt(n)).join(", ") || "–"])));
+}
+
 // -- configuration -----------------------------------------------------------------------------
 async function config() {
   const doc = await call("GET", "/api/config");
@@ -258,6 +273,7 @@ async function route() {
   try {
     if (hash.startsWith("#/d/")) await destination(decodeURIComponent(hash.slice(4)));
     else if (hash === "#/config") await config();
+    else if (hash === "#/kafka") await kafka();
     else await overview();
   } catch (err) {
     if (!document.getElementById("login")) app().replaceChildren(el("p", { class: "error", id: "page-error" }, err.message));
