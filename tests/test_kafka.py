@@ -1051,3 +1051,45 @@ def test_the_cli_and_the_console_api_show_kafka_groups_and_lag(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert unreachable.returncode != 0 and "cannot reach the Kafka listener" in unreachable.stderr
+
+
+def test_kafka_admin_describes_and_alters_configs_and_the_cluster(
+    broker: BrokerProcess, port: int
+) -> None:
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    q = _name("configured")
+    with Admin(broker.url) as sdk:
+        sdk.create_queue(q)
+    resource = ConfigResource(ResourceType.TOPIC, q)
+    (described,) = admin.describe_configs([resource]).values()
+    configs = described.result(10)
+    assert configs["sparkmq.kind"].value == "queue"
+    assert configs["sparkmq.max_delivery_attempts"].value == "10"
+    change = ConfigResource(
+        ResourceType.TOPIC, q,
+        incremental_configs=[ConfigEntry("sparkmq.max_delivery_attempts", "7",
+                                         incremental_operation=AlterConfigOpType.SET)],
+    )  # fmt: skip
+    (altered,) = admin.incremental_alter_configs([change]).values()
+    altered.result(10)
+    with Admin(broker.url) as sdk:
+        assert sdk.stats(q)["settings"]["max_delivery_attempts"] == 7
+    bad = ConfigResource(
+        ResourceType.TOPIC, q,
+        incremental_configs=[ConfigEntry("sparkmq.kind", "topic",
+                                         incremental_operation=AlterConfigOpType.SET)],
+    )  # fmt: skip
+    (refused,) = admin.incremental_alter_configs([bad]).values()
+    with pytest.raises(Exception, match="kind does not change"):
+        refused.result(10)
+    cluster = admin.describe_cluster().result(10)
+    assert cluster.cluster_id.startswith("sparkmq-") and len(cluster.nodes) == 1
+    assert cluster.nodes[0].port == port

@@ -1,5 +1,7 @@
 """What a Kafka connection's admin requests mean: CreateTopics and DeleteTopics, as the
-session's ``CreateDestination`` (``create``) and ``DeleteDestination`` (``admin``).
+session's ``CreateDestination`` (``create``) and ``DeleteDestination`` (``admin``);
+DescribeConfigs (a topic's kind and settings as ``sparkmq.*`` configs, from ``Stats``) and
+IncrementalAlterConfigs (``ConfigureDestination``: ``admin``); DescribeCluster (this broker).
 
 A created topic is a sparkmq **topic**, or a **queue** with the config ``sparkmq.kind=queue``;
 any other ``sparkmq.<setting>`` config is that destination setting (``sparkmq.max_delivery_
@@ -22,21 +24,147 @@ from spark_mq.errors import DestinationExists, SparkMQError
 from spark_mq.session import ClientSession
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
-from spark_mq.transports.kafka.link import KafkaLink, error_code, message_of, topic_id
+from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code, message_of, topic_id
 
 log = logging.getLogger(__name__)
 
 _ZERO = timedelta(0)
 _PREFIX = "sparkmq."
+_TOPIC, _BROKER = 2, 4  # Kafka's config resource types
 
 
 class AdminRequests:
-    def __init__(self, link: KafkaLink, session: ClientSession) -> None:
+    def __init__(self, link: KafkaLink, session: ClientSession, cluster_id: str) -> None:
         self.link = link
         self.session = session
+        self.cluster_id = cluster_id
 
     def handlers(self) -> dict[int, Callable[[Request, Any], None]]:
-        return {codec.CREATE_TOPICS: self._create_topics, codec.DELETE_TOPICS: self._delete_topics}
+        return {
+            codec.CREATE_TOPICS: self._create_topics,
+            codec.DELETE_TOPICS: self._delete_topics,
+            codec.DESCRIBE_CONFIGS: self._describe_configs,
+            codec.INCREMENTAL_ALTER_CONFIGS: self._alter_configs,
+            codec.DESCRIBE_CLUSTER: self._describe_cluster,
+        }
+
+    def _describe_cluster(self, r: Request, slot: Any) -> None:
+        mod = codec.response_module(r.api_key, r.version)
+        host, port = self.link.advertised
+        self.link.answer(
+            slot,
+            build(
+                mod,
+                "DescribeClusterResponse",
+                throttle_time=_ZERO,
+                error_code=ErrorCode.none,
+                error_message=None,
+                endpoint_type=1,
+                cluster_id=self.cluster_id,
+                controller_id=NODE_ID,
+                brokers=(
+                    build(
+                        mod,
+                        "DescribeClusterBroker",
+                        broker_id=NODE_ID,
+                        host=host,
+                        port=port,
+                        rack=None,
+                    ),
+                ),
+                cluster_authorized_operations=-(2**31),
+            ),
+        )
+
+    def _describe_configs(self, r: Request, slot: Any) -> None:
+        mod = codec.response_module(r.api_key, r.version)
+        results = []
+        for res in r.body.resources:
+            err, message, configs = ErrorCode.none, None, []
+            if res.resource_type == _TOPIC:
+                try:
+                    stats = self.session.execute(c.Stats(res.resource_name))
+                    values = {"sparkmq.kind": str(stats["kind"])}
+                    for key, value in stats["settings"].items():
+                        values[_PREFIX + key] = _text(value)
+                    wanted = set(res.configuration_keys or values)
+                    configs = [
+                        build(
+                            mod,
+                            "DescribeConfigsResourceResult",
+                            name=k,
+                            value=v,
+                            read_only=k == "sparkmq.kind",
+                            config_source=5,
+                            is_sensitive=False,
+                            synonyms=(),
+                            config_type=0,
+                            documentation=None,
+                        )
+                        for k, v in values.items()
+                        if k in wanted
+                    ]
+                except SparkMQError as exc:
+                    err, message = error_code(exc), message_of(exc)
+            elif res.resource_type != _BROKER:
+                err, message = ErrorCode.invalid_request, "topics and brokers have configs here"
+            results.append(
+                build(
+                    mod,
+                    "DescribeConfigsResult",
+                    error_code=err,
+                    error_message=message,
+                    resource_type=res.resource_type,
+                    resource_name=res.resource_name,
+                    configs=tuple(configs),
+                )
+            )
+        self.link.answer(
+            slot,
+            build(mod, "DescribeConfigsResponse", throttle_time=_ZERO, results=tuple(results)),
+        )
+
+    def _alter_configs(self, r: Request, slot: Any) -> None:
+        mod = codec.response_module(r.api_key, r.version)
+        out = []
+        for res in r.body.resources:
+            err, message = ErrorCode.none, None
+            try:
+                if res.resource_type != _TOPIC:
+                    raise _BadConfig("only topics' configs change here")
+                settings = {}
+                for entry in res.configs:
+                    if not entry.name.startswith(_PREFIX):
+                        continue  # (Kafka's own topic configs: accepted, ignored)
+                    key = entry.name[len(_PREFIX) :]
+                    if key == "kind" or entry.config_operation != 0:  # (0: SET)
+                        raise _BadConfig(
+                            f"{entry.name}: only SET of a destination setting is served "
+                            "(a destination's kind does not change)"
+                        )
+                    settings[key] = entry.value
+                if settings and not r.body.validate_only:
+                    self.session.execute(c.ConfigureDestination(res.resource_name, settings))
+            except _BadConfig as exc:
+                err, message = ErrorCode.invalid_config, str(exc)
+            except SparkMQError as exc:
+                err, message = error_code(exc), message_of(exc)
+            out.append(
+                build(
+                    mod,
+                    "AlterConfigsResourceResponse",
+                    error_code=err,
+                    error_message=message,
+                    resource_type=res.resource_type,
+                    resource_name=res.resource_name,
+                )
+            )
+        self.link.answer(
+            slot,
+            build(
+                mod, "IncrementalAlterConfigsResponse", throttle_time=_ZERO, responses=tuple(out)
+            ),
+        )
 
     def _create_topics(self, r: Request, slot: Any) -> None:
         body = r.body
@@ -110,6 +238,13 @@ class AdminRequests:
             slot,
             build(mod, "DeleteTopicsResponse", throttle_time=_ZERO, responses=tuple(results)),
         )
+
+
+def _text(value: object) -> str:
+    """A setting's value as a config's text (true/false, as Kafka's configs spell them)."""
+    if value is None:
+        return ""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 class _BadConfig(Exception):

@@ -165,7 +165,7 @@ class KafkaRequests:
             codec.LIST_OFFSETS: self._list_offsets,
             codec.INIT_PRODUCER_ID: self._init_producer_id,
             **GroupRequests(link, listener, session, coordinator).handlers(),
-            **AdminRequests(link, session).handlers(),
+            **AdminRequests(link, session, self.cluster_id).handlers(),
             **self.share.handlers(),
         }
 
