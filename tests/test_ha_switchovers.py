@@ -203,7 +203,12 @@ def test_stepping_down_takes_about_the_grace_and_says_what_it_leaves(tmp_path: P
         wait_for(lambda: len(progress["wire sent"]) > 20, timeout=30, what="load")
         _pause(a)
         wait_for(_took_over(b, 2), timeout=30, what="b to take over")
-        time.sleep(1)
+        took_over = time.monotonic()  # (a stays paused until its clients moved on to b)
+        wait_for(
+            lambda: any(t > took_over for t in progress["wire sent"]),
+            timeout=30,
+            what="the clients to send to b",
+        )
         resumed = time.monotonic()
         _resume(a)
         wait_for(lambda: "stepped down" in a.log_text(), timeout=30, what="a to step down")

@@ -70,13 +70,14 @@ def test_a_client_that_reads_nothing_for_a_while_keeps_its_connection(
         first = consumer.receive(timeout=10)
         assert first is not None
         attached = consumer.consumer_id
-        time.sleep(2.5)  # dead after 1 s of silence while waiting: this is not waiting
+        # dead after 1 s of silence while waiting (4 looks): ten looks, and this is not waiting
+        assert _liveness.wait_ticks(10)
         first.ack().result(10)
         producer.send_sync("two")
         second = consumer.receive(timeout=10)
         assert second is not None and second.text == "two"
         assert consumer.consumer_id == attached  # the same link: never cut
-        time.sleep(2.5)  # an empty queue, a consumer waiting in receive below: heartbeats
+        assert _liveness.wait_ticks(10)  # an empty queue, a consumer waiting: heartbeats
         assert consumer.receive(timeout=2.5) is None
         assert consumer.consumer_id == attached
     assert "taken for dead" not in caplog.text

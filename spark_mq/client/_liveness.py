@@ -62,6 +62,8 @@ class Watchdog:
         self._lock = threading.Lock()
         self._watched: weakref.WeakKeyDictionary[Watched, _Entry] = weakref.WeakKeyDictionary()
         self._thread: threading.Thread | None = None
+        self.ticks = 0  # looks taken so far (its own clock, for whoever waits on it)
+        self._ticked = threading.Condition(self._lock)
 
     def watch(self, conn: Watched, heartbeat_s: float) -> None:
         """Watch ``conn``, whose broker was asked for a heartbeat every ``heartbeat_s``."""
@@ -92,6 +94,18 @@ class Watchdog:
                     self._look(conn, entry, elapsed)
                 except Exception:  # one connection's trouble never stops the watchdog
                     log.debug("liveness check failed", exc_info=True)
+            with self._lock:
+                self.ticks += 1
+                self._ticked.notify_all()
+
+    def wait_ticks(self, n: int, timeout: float = 60.0) -> bool:
+        """Wait until the watchdog has looked at its connections ``n`` more times (False: it
+        did not within ``timeout``, or it is not running)."""
+        with self._lock:
+            if self._thread is None:
+                return False
+            target = self.ticks + n
+            return self._ticked.wait_for(lambda: self.ticks >= target, timeout)
 
     def _look(self, conn: Watched, entry: _Entry, elapsed: float) -> None:
         received = conn.received
@@ -122,3 +136,8 @@ def watch(conn: Watched, heartbeat_s: float) -> None:
 
 def forget(conn: Watched) -> None:
     _WATCHDOG.forget(conn)
+
+
+def wait_ticks(n: int, timeout: float = 60.0) -> bool:
+    """Wait for ``n`` more looks of the process's watchdog (see :meth:`Watchdog.wait_ticks`)."""
+    return _WATCHDOG.wait_ticks(n, timeout)
