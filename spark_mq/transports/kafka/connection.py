@@ -61,7 +61,10 @@ class KafkaHost(Protocol):
     draining: bool
     loop: asyncio.AbstractEventLoop
     loop_thread: int
-    advertised: tuple[str, int]
+
+    @property
+    def advertised(self) -> tuple[str, int]: ...
+
     groups: Coordinator
     share_groups: ShareGroups
     sequences: dict[tuple[int, int, str], int]
