@@ -35,6 +35,7 @@ verbs = ["connect"]
 principals = ["bob"]
 verbs = ["produce", "consume", "create"]
 destinations = ["bob.*"]
+groups = ["bob-*"]
 """
 
 

@@ -247,12 +247,14 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     base = tmp_path_factory.mktemp("kafka-secure")
     acl = ACL + (
         '\n[[allow]]\nprincipals = ["bob"]\nverbs = ["consume"]\ndestinations = ["shared.*"]\n'
+        'groups = ["bob-*"]\n'
     )
     (base / "keys").mkdir()
     keys = rsa_keys(base)  # (security_settings trusts its public key)
     (base / "keys" / "jwt.key").write_bytes(keys.private_pem)
     settings = security_settings(base, acl=acl)
     args = ["--set", f"logging.file={base / 'broker.log'}"]
+    args += ["--set", f"security.audit_file={base / 'audit.log'}"]
     for key, value in settings.items():
         args += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
     process = BrokerProcess(
@@ -392,6 +394,107 @@ def test_groups_are_listed_and_described_and_offsets_read_back(port: int) -> Non
         assert str(described.state).endswith("STABLE") and len(described.members) == 1
         (tp,) = c.committed([TopicPartition(topic, 0)], timeout=10)
         assert tp.offset == 5
+    finally:
+        c.close()
+
+
+def _read_in_group(c: Any, want: int, timeout: float = 20) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        m = c.poll(0.2)
+        if m is not None:
+            got.append(m)
+            if m.error() is not None:
+                break
+            c.commit(m, asynchronous=False)
+    return got
+
+
+def test_groups_are_resources_of_their_own_in_the_access_rules(secure: BrokerProcess) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    port = secure.kafka_port
+    assert port
+    alice, bob = _sasl("alice", PASSWORDS["alice"]), _sasl("bob", PASSWORDS["bob"])
+    topic = _name("shared.grouped")
+    produce_all(producer(port, **alice), topic, [b"a", b"b"])
+    # alice (admin of everything) uses a group of her own
+    c = _group_consumer(port, "alice-readers", **alice)
+    c.subscribe([topic])
+    try:
+        assert [m.value() for m in _read_in_group(c, 2)] == [b"a", b"b"]
+    finally:
+        c.close()
+    # bob may consume the topic, but only in groups bob-*
+    c = _group_consumer(port, "alice-readers", **bob)
+    c.subscribe([topic])
+    try:
+        (refused,) = _read_in_group(c, 1)
+        assert refused.error().code() == KafkaError.GROUP_AUTHORIZATION_FAILED, refused.error()
+    finally:
+        c.close()
+    c = _group_consumer(port, "bob-readers", **bob)
+    c.subscribe([topic])
+    try:
+        assert [m.value() for m in _read_in_group(c, 2)] == [b"a", b"b"]
+    finally:
+        c.close()
+    # bob lists only his groups; he reads alice's offsets and deletes groups not at all
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", **bob})
+    listed = {g.group_id for g in admin.list_consumer_groups().result(10).valid}
+    assert "bob-readers" in listed and "alice-readers" not in listed
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    with pytest.raises(Exception, match="GROUP_AUTHORIZATION_FAILED"):
+        admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions("alice-readers", [TopicPartition(topic, 0)])]
+        )["alice-readers"].result(10)
+    with pytest.raises(Exception, match="GROUP_AUTHORIZATION_FAILED"):
+        admin.delete_consumer_groups(["bob-readers"])["bob-readers"].result(10)
+    # the refusals are audited
+    audit = Path(secure.data_dir).parent / "audit.log"  # (the fixture's security.audit_file)
+    assert audit.exists() and "group 'alice-readers'" in audit.read_text()
+
+
+def test_offsets_are_deleted_by_offset_delete_and_with_their_group(port: int) -> None:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as PyTopicPartition
+
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    # (OffsetDelete: kafka-python's admin; confluent-kafka's has no call for it)
+    py_admin = KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}")
+    topic, other, group = _name("deleted-offsets"), _name("kept-offsets"), _name("group")
+    produce_all(producer(port), topic, [b"x"] * 3)
+    produce_all(producer(port), other, [b"y"] * 3)
+    c = _group_consumer(port, group)
+    c.subscribe([topic, other])
+    try:
+        assert len(_read_in_group(c, 6)) == 6
+        # while a member subscribes to the topic, its offsets stay (as Kafka)
+        (outcome,) = py_admin.delete_group_offsets(group, [PyTopicPartition(topic, 0)]).values()
+        assert outcome.__name__ == "GroupSubscribedToTopicError"
+    finally:
+        c.close()
+
+    def committed() -> dict[str, int]:
+        found = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
+        return {tp.topic: tp.offset for tp in found[group].result(10).topic_partitions}
+
+    assert committed() == {topic: 3, other: 3}
+    (outcome,) = py_admin.delete_group_offsets(group, [PyTopicPartition(topic, 0)]).values()
+    assert outcome.__name__ == "NoError"
+    assert committed() == {other: 3}
+    admin.delete_consumer_groups([group])[group].result(10)
+    assert committed() == {}
+    py_admin.close()
+    # the group starts again from the beginning
+    c = _group_consumer(port, group)
+    c.subscribe([other])
+    try:
+        assert [m.offset() for m in _read_in_group(c, 3)] == [0, 1, 2]
     finally:
         c.close()
 

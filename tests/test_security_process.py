@@ -252,3 +252,26 @@ def test_the_shipped_access_rules_parse_and_let_admins_do_everything() -> None:
     for verb in ("connect", "produce", "consume", "browse", "create", "admin"):
         assert rules.allows(admin, verb, "any.queue")
         assert not rules.allows(other, verb, "any.queue")
+        assert rules.allows_group(admin, verb, "any-group")
+        assert not rules.allows_group(other, verb, "any-group")
+
+
+def test_rules_name_kafka_groups_and_a_rule_without_groups_covers_every_one() -> None:
+    from spark_mq.errors import ConfigError
+    from spark_mq.security.acl import parse_rules
+    from spark_mq.session.principal import Principal
+
+    (narrow, wide) = parse_rules(
+        '[[allow]]\nprincipals = ["r"]\nverbs = ["consume"]\ndestinations = ["orders"]\n'
+        'groups = ["reports-*"]\n'
+        '[[allow]]\nprincipals = ["w"]\nverbs = ["consume"]\ndestinations = ["orders"]\n',
+        "acl.toml",
+    )
+    r, w = Principal("r", frozenset(), "password"), Principal("w", frozenset(), "password")
+    assert narrow.matches_group(r, "consume", "reports-daily")
+    assert not narrow.matches_group(r, "consume", "billing")
+    assert not narrow.matches_group(r, "admin", "reports-daily")
+    assert not narrow.matches_group(w, "consume", "reports-daily")
+    assert wide.matches_group(w, "consume", "anything")
+    with pytest.raises(ConfigError, match="groups must be a list of strings"):
+        parse_rules('[[allow]]\nprincipals = ["r"]\nverbs = ["consume"]\ngroups = "x"\n', "a")

@@ -34,6 +34,9 @@ class Recording:
     def allows(self, principal: Principal, verb: Verb, destination: str | None = None) -> bool:
         return (verb, destination) not in self.refused
 
+    def allows_group(self, principal: Principal, verb: Verb, group: str) -> bool:
+        return (verb, f"group:{group}") not in self.refused
+
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Broker:

@@ -11,6 +11,17 @@ Nothing is allowed that no rule allows (deny by default)::
     verbs = ["connect", "produce", "consume"]
     destinations = ["orders", "billing.*"]
 
+A Kafka client's consumer and share groups are named by ``groups`` (patterns; omitted: every
+group): ``consume`` on a group lets a principal join it, commit and read its offsets and describe
+it; ``admin`` deletes it or its offsets. A rule without ``groups`` covers every group, so to keep
+a principal to some groups, name them in each of its rules::
+
+    [[allow]]
+    principals = ["reports"]
+    verbs = ["consume"]
+    destinations = ["orders"]
+    groups = ["reports-*"]
+
 ``connect`` takes no destination: a rule naming it lets its principals open sessions at all.
 What is done to the broker itself (``promote``, reloading the rules, reading its
 configuration) is ``admin`` with no destination, which only a rule over every destination
@@ -40,6 +51,14 @@ class Rule:
     principals: tuple[str, ...]
     verbs: frozenset[str]
     destinations: tuple[str, ...]
+    groups: tuple[str, ...] = ("*",)
+
+    def matches_group(self, principal: Principal, verb: Verb, group: str) -> bool:
+        if "*" not in self.verbs and verb not in self.verbs:
+            return False
+        if not any(_is(principal, p) for p in self.principals):
+            return False
+        return any(fnmatch.fnmatchcase(group, g) for g in self.groups)
 
     def matches(self, principal: Principal, verb: Verb, destination: str | None) -> bool:
         if "*" not in self.verbs and verb not in self.verbs:
@@ -80,11 +99,11 @@ def parse_rules(text: str, origin: str) -> tuple[Rule, ...]:
         where = f"{origin}: rule {n}"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a table", setting="security.acl_file")
-        extra = set(entry) - {"principals", "verbs", "destinations"}
+        extra = set(entry) - {"principals", "verbs", "destinations", "groups"}
         if extra:
             raise ConfigError(
-                f"{where}: unknown key(s) {sorted(extra)}; a rule has principals, verbs and "
-                "destinations",
+                f"{where}: unknown key(s) {sorted(extra)}; a rule has principals, verbs, "
+                "destinations and groups",
                 setting="security.acl_file",
             )
         principals = _strings(entry, "principals", where, required=True)
@@ -96,7 +115,8 @@ def parse_rules(text: str, origin: str) -> tuple[Rule, ...]:
                 setting="security.acl_file",
             )
         destinations = _strings(entry, "destinations", where, required=False) or ["*"]
-        rules.append(Rule(tuple(principals), frozenset(verbs), tuple(destinations)))
+        groups = _strings(entry, "groups", where, required=False) or ["*"]
+        rules.append(Rule(tuple(principals), frozenset(verbs), tuple(destinations), tuple(groups)))
     return tuple(rules)
 
 
@@ -145,6 +165,11 @@ class AccessRules:
         with self._lock:
             rules = self._rules
         return any(r.matches(principal, verb, destination) for r in rules)
+
+    def allows_group(self, principal: Principal, verb: Verb, group: str) -> bool:
+        with self._lock:
+            rules = self._rules
+        return any(r.matches_group(principal, verb, group) for r in rules)
 
     def check(self, principal: Principal, verb: Verb, destination: str | None = None) -> None:
         if self.allows(principal, verb, destination):

@@ -5,6 +5,10 @@ The verbs (the access-control file's): ``connect`` (open a session at all), ``pr
 existence, and a temporary queue), ``admin`` (configure, delete, purge, stats, subscriptions,
 claims of others). A refusal is :class:`~spark_mq.errors.NotAuthorized`, naming the verb, the
 destination and the principal.
+
+A Kafka client's consumer or share group is a resource of its own (Kafka's ``GROUP``): using one
+(joining, committing and reading its offsets, describing it) is ``consume`` on the group, deleting
+it or its offsets ``admin``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ class Guard(Protocol):
         """Whether ``principal`` may (no error, no audit: for filtering what it may see)."""
         ...
 
+    def allows_group(self, principal: Principal, verb: Verb, group: str) -> bool:
+        """Whether ``principal`` may do ``verb`` on the consumer group ``group``."""
+        ...
+
 
 class _Open:
     """Security off: everything is allowed."""
@@ -34,6 +42,9 @@ class _Open:
         return None
 
     def allows(self, principal: Principal, verb: Verb, destination: str | None = None) -> bool:
+        return True
+
+    def allows_group(self, principal: Principal, verb: Verb, group: str) -> bool:
         return True
 
 

@@ -94,6 +94,7 @@ class ClientSession:
         self._consumers: dict[int, ConsumerSession] = {}
         self._producing: set[str] = set()  # destinations ``produce`` was allowed on
         self._reading: set[str] = set()  # destinations ``consume`` was allowed on, as a log
+        self._groups_allowed: set[tuple[str, str]] = set()  # Kafka groups (verb, group) allowed
         self.closed = False
         # why its login no longer holds (the user was removed, or its password changed): every
         # command is refused from then on, and the transport is told (``on_revoke``, any
@@ -238,6 +239,7 @@ class ClientSession:
     def commit_offsets(self, group: str, entries: list[tuple[str, int, int, str | None]]) -> Future:
         """Commit ``(topic, partition, offset, metadata)`` for consumer group ``group``; the
         future resolves once durable."""
+        self.check_group("consume", group)
         for topic in {e[0] for e in entries}:
             self._may_read(topic)
         self.counts["commit_offsets"] += 1
@@ -246,8 +248,7 @@ class ClientSession:
     def committed_offsets(self, group: str) -> dict[tuple[str, int], tuple[int, str | None]]:
         """``group``'s committed offsets of the topics it may consume (a read: off the loops
         the first time after a start)."""
-        if self.revoked is not None:
-            raise NotAuthenticated(self.revoked)
+        self.check_group("consume", group)
         out = {}
         for key, done in self.broker.group_offsets.fetch(group).items():
             if self.guard.allows(self.principal, "consume", key[0]):
@@ -258,11 +259,48 @@ class ClientSession:
         """Whether it may consume ``destination`` (asked, not audited)."""
         return self.revoked is None and self.guard.allows(self.principal, "consume", destination)
 
+    def delete_offsets(self, group: str, keys: list[tuple[str, int]] | None = None) -> Future:
+        """Delete ``group``'s committed offsets of ``keys`` (``(topic, partition)``; ``None``:
+        all of them): ``admin`` on the group. The future resolves once the deletion is
+        durable."""
+        self.check_group("admin", group)
+        if keys is None:
+            keys = list(self.broker.group_offsets.fetch(group))
+        if not keys:
+            done: Future = Future()
+            done.set_result(None)
+            return done
+        self.counts["delete_offsets"] += 1
+        return self.broker.group_offsets.commit(group, [(t, p, -1, None) for t, p in keys])
+
     def offset_groups(self) -> list[str]:
-        """The consumer groups that committed offsets."""
+        """The consumer groups that committed offsets (those it may use)."""
         if self.revoked is not None:
             raise NotAuthenticated(self.revoked)
-        return self.broker.group_offsets.groups()
+        return [g for g in self.broker.group_offsets.groups() if self.may_group("consume", g)]
+
+    # -- Kafka's consumer and share groups: ``consume`` uses one, ``admin`` deletes it ----------
+    def check_group(self, verb: Verb, group: str) -> None:
+        """Return if it may do ``verb`` on the Kafka group ``group``; else ``NotAuthorized``
+        (audited, as every refusal)."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
+        if (verb, group) in self._groups_allowed:  # (the guard is asked once a group and verb)
+            return
+        if not self.guard.allows_group(self.principal, verb, group):
+            where = f"group {group!r}"
+            self._audit("denied", verb, where, detail="no rule allows it")
+            raise NotAuthorized(
+                f"{self.principal.name!r} may not {verb} the {where}: no rule allows it",
+                verb=verb,
+                destination=where,
+                principal=self.principal.name,
+            )
+        self._groups_allowed.add((verb, group))
+
+    def may_group(self, verb: Verb, group: str) -> bool:
+        """Whether it may do ``verb`` on the Kafka group ``group`` (asked, not audited)."""
+        return self.revoked is None and self.guard.allows_group(self.principal, verb, group)
 
     def _may_read(self, destination: str) -> None:
         if self.revoked is not None:

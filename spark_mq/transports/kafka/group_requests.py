@@ -4,8 +4,11 @@ JoinGroup, SyncGroup, Heartbeat and LeaveGroup (the listener's
 session's committed offsets, durable in the journal), ListGroups, DescribeGroups and
 DeleteGroups.
 
-A group may be used by anyone logged in; its offsets are committed and read only for topics the
-principal may consume (``consume``: otherwise ``TOPIC_AUTHORIZATION_FAILED`` for that topic).
+A group is a resource of its own (Kafka's ``GROUP``; the access rules' ``groups``): joining it,
+committing and reading its offsets and describing it need ``consume`` on the group, deleting it
+or its offsets ``admin`` (otherwise ``GROUP_AUTHORIZATION_FAILED``); its offsets are committed and
+read only for topics the principal may consume (otherwise ``TOPIC_AUTHORIZATION_FAILED`` for that
+topic). ListGroups lists the groups the principal may use.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from datetime import timedelta
 from typing import Any
 
 from spark_mq.connection.listener import ListenerCore
-from spark_mq.errors import SparkMQError
-from spark_mq.session import ClientSession
+from spark_mq.errors import NotAuthorized, SparkMQError
+from spark_mq.session import ClientSession, Verb
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.groups import Coordinator, Joined, Synced
@@ -63,7 +66,16 @@ class GroupRequests:
             codec.LIST_GROUPS: self._list_groups,
             codec.DESCRIBE_GROUPS: self._describe_groups,
             codec.DELETE_GROUPS: self._delete_groups,
+            codec.OFFSET_DELETE: self._offset_delete,
         }
+
+    def _refused(self, group: str, verb: Verb = "consume") -> bool:
+        """Whether the principal may not do ``verb`` on ``group`` (the refusal audited)."""
+        try:
+            self.session.check_group(verb, group)
+        except NotAuthorized:
+            return True
+        return False
 
     def _module(self, r: Request) -> Any:
         return codec.response_module(r.api_key, r.version)
@@ -139,6 +151,9 @@ class GroupRequests:
                 ),
             )
 
+        if self._refused(body.group_id):
+            respond(Joined(ErrorCode.group_authorization_failed, body.member_id))
+            return
         self.groups.join(
             body.group_id,
             body.member_id,
@@ -169,16 +184,35 @@ class GroupRequests:
                 ),
             )
 
+        if self._refused(body.group_id):
+            respond(Synced(ErrorCode.group_authorization_failed))
+            return
         assignments = {a.member_id: bytes(a.assignment) for a in body.assignments}
         self.groups.sync(body.group_id, body.generation_id, body.member_id, assignments, respond)
 
     def _heartbeat(self, r: Request, slot: Any) -> None:
         body, mod = r.body, self._module(r)
-        err = self.groups.heartbeat(body.group_id, body.generation_id, body.member_id)
+        err = (
+            ErrorCode.group_authorization_failed
+            if self._refused(body.group_id)
+            else self.groups.heartbeat(body.group_id, body.generation_id, body.member_id)
+        )
         self.link.answer(slot, build(mod, "HeartbeatResponse", throttle_time=_ZERO, error_code=err))
 
     def _leave(self, r: Request, slot: Any) -> None:
         body, mod = r.body, self._module(r)
+        if self._refused(body.group_id):
+            self.link.answer(
+                slot,
+                build(
+                    mod,
+                    "LeaveGroupResponse",
+                    throttle_time=_ZERO,
+                    error_code=ErrorCode.group_authorization_failed,
+                    members=(),
+                ),
+            )
+            return
         if r.version >= 3:
             ids = [m.member_id for m in body.members]
             errors = self.groups.leave(body.group_id, ids)
@@ -202,8 +236,10 @@ class GroupRequests:
     def _offset_commit(self, r: Request, slot: Any) -> None:
         body, mod = r.body, self._module(r)
         group = body.group_id
-        checked = self.groups.check_commit(
-            group, body.generation_id_or_member_epoch, body.member_id
+        checked = (
+            ErrorCode.group_authorization_failed
+            if self._refused(group)
+            else self.groups.check_commit(group, body.generation_id_or_member_epoch, body.member_id)
         )
         asked = [
             (
@@ -274,6 +310,9 @@ class GroupRequests:
         def look() -> list[_Fetched]:
             out: list[_Fetched] = []
             for group, topics in asked:
+                if self._refused(group):
+                    out.append((group, ErrorCode.group_authorization_failed, []))
+                    continue
                 try:
                     committed = session.committed_offsets(group)
                 except SparkMQError as exc:
@@ -365,7 +404,7 @@ class GroupRequests:
                 group_state=g.state.value,
             )
             for g in self.groups.listed()
-            if not wanted or g.state.value in wanted
+            if (not wanted or g.state.value in wanted) and self.session.may_group("consume", g.id)
         )
         self.link.answer(
             slot,
@@ -382,6 +421,21 @@ class GroupRequests:
         mod = self._module(r)
         out = []
         for group_id in r.body.groups:
+            if self._refused(group_id):
+                out.append(
+                    build(
+                        mod,
+                        "DescribedGroup",
+                        error_code=ErrorCode.group_authorization_failed,
+                        group_id=group_id,
+                        group_state="",
+                        protocol_type="",
+                        protocol_data="",
+                        members=(),
+                        authorized_operations=_NO_OPERATIONS,
+                    )
+                )
+                continue
             d = self.groups.describe(group_id)
             g = next((x for x in self.groups.listed() if x.id == group_id), None)
             members = ()
@@ -417,14 +471,107 @@ class GroupRequests:
         )
 
     def _delete_groups(self, r: Request, slot: Any) -> None:
+        """A group without members is forgotten, and its committed offsets deleted (durably,
+        before the answer)."""
         mod = self._module(r)
-        results = tuple(
-            build(mod, "DeletableGroupResult", group_id=g, error_code=self.groups.forget(g))
-            for g in r.body.groups_names
-        )
-        self.link.answer(
-            slot, build(mod, "DeleteGroupsResponse", throttle_time=_ZERO, results=results)
-        )
+        names = list(r.body.groups_names)
+        first: dict[str, ErrorCode] = {}
+        for g in names:
+            if self._refused(g, "admin"):
+                first[g] = ErrorCode.group_authorization_failed
+            else:
+                first[g] = self.groups.forget(g)
+        session = self.session
+
+        def delete() -> dict[str, ErrorCode]:
+            outcome = dict(first)
+            pending = []
+            for g in names:
+                if outcome[g] is ErrorCode.none:
+                    try:
+                        pending.append((g, session.delete_offsets(g)))
+                    except SparkMQError as exc:
+                        outcome[g] = error_code(exc)
+            for g, fut in pending:
+                failed = fut.exception()
+                if failed is not None:
+                    outcome[g] = error_code(failed)
+            return outcome
+
+        def answer(outcome: dict[str, ErrorCode]) -> None:
+            results = tuple(
+                build(mod, "DeletableGroupResult", group_id=g, error_code=outcome[g]) for g in names
+            )
+            self.link.answer(
+                slot, build(mod, "DeleteGroupsResponse", throttle_time=_ZERO, results=results)
+            )
+
+        self._off_loop(delete, answer, slot)
+
+    def _offset_delete(self, r: Request, slot: Any) -> None:
+        """OffsetDelete: ``admin`` on the group and ``consume`` on each topic; refused for a
+        topic the group's members are subscribed to (GROUP_SUBSCRIBED_TO_TOPIC), as Kafka."""
+        body, mod = r.body, self._module(r)
+        group = body.group_id
+        asked = [(t.name, [p.partition_index for p in t.partitions]) for t in body.topics]
+        top = ErrorCode.none
+        if self._refused(group, "admin"):
+            top = ErrorCode.group_authorization_failed
+        subscribed = self.groups.subscribed_topics(group)
+        session = self.session
+
+        def delete() -> dict[str, ErrorCode]:
+            outcome: dict[str, ErrorCode] = {}
+            pending = []
+            for topic, indexes in asked:
+                if top is not ErrorCode.none:
+                    outcome[topic] = top
+                elif not session.may_consume(topic):
+                    outcome[topic] = ErrorCode.topic_authorization_failed
+                elif topic in subscribed:
+                    outcome[topic] = ErrorCode.group_subscribed_to_topic
+                else:
+                    try:
+                        fut = session.delete_offsets(group, [(topic, i) for i in indexes])
+                    except SparkMQError as exc:
+                        outcome[topic] = error_code(exc)
+                        continue
+                    pending.append((topic, fut))
+            for topic, fut in pending:
+                failed = fut.exception()
+                outcome[topic] = ErrorCode.none if failed is None else error_code(failed)
+            return outcome
+
+        def answer(outcome: dict[str, ErrorCode]) -> None:
+            topics = tuple(
+                build(
+                    mod,
+                    "OffsetDeleteResponseTopic",
+                    name=topic,
+                    partitions=tuple(
+                        build(
+                            mod,
+                            "OffsetDeleteResponsePartition",
+                            partition_index=i,
+                            error_code=outcome[topic],
+                        )
+                        for i in indexes
+                    ),
+                )
+                for topic, indexes in asked
+            )
+            self.link.answer(
+                slot,
+                build(
+                    mod,
+                    "OffsetDeleteResponse",
+                    error_code=top,
+                    throttle_time=_ZERO,
+                    topics=topics,
+                ),
+            )
+
+        self._off_loop(delete, answer, slot)
 
     # -- helpers -----------------------------------------------------------------------------
     def _off_loop(self, work: Callable[[], Any], then: Callable[[Any], None], slot: Any) -> None:

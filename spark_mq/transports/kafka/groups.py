@@ -30,7 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from kio.schema.consumer_protocol_subscription.v0 import ConsumerProtocolSubscription
 from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +297,17 @@ class Coordinator:
     def listed(self) -> list[Group]:
         return list(self.groups.values())
 
+    def subscribed_topics(self, group_id: str) -> set[str]:
+        """The topics the members of a consumer-protocol group subscribe to (OffsetDelete
+        refuses those)."""
+        g = self.groups.get(group_id)
+        if g is None or g.protocol_type != "consumer":
+            return set()
+        topics: set[str] = set()
+        for m in g.members.values():
+            topics.update(subscription_topics(m.metadata(g.protocol or "")))
+        return topics
+
     def forget(self, group_id: str) -> ErrorCode:
         """DeleteGroups: only a group without members."""
         g = self.groups.get(group_id)
@@ -415,3 +428,18 @@ class Coordinator:
         g.state = State.EMPTY
         g.leader = None
         g.protocol = None
+
+
+_read_subscription = entity_reader(ConsumerProtocolSubscription)
+
+
+def subscription_topics(metadata: bytes) -> tuple[str, ...]:
+    """The topics of a consumer's subscription (its JoinGroup metadata under the ``consumer``
+    protocol type: a version, then the topics in every version); none if it cannot be read."""
+    if len(metadata) < 2:
+        return ()
+    try:
+        subscription, _ = _read_subscription(memoryview(metadata), 2)
+        return tuple(subscription.topics)
+    except Exception:  # (a client's own bytes: unreadable means no topics, not a failure)
+        return ()

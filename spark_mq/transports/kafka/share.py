@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from spark_mq import commands as c
-from spark_mq.errors import SparkMQError
+from spark_mq.errors import NotAuthorized, SparkMQError
 from spark_mq.names import KAFKA_OFFSETS
 from spark_mq.schema import ints
 from spark_mq.session import ClientSession, ConsumerHandle
@@ -178,9 +178,13 @@ class ShareRequests:
         body = r.body
         mod = codec.response_module(r.api_key, r.version)
         topics = list(body.subscribed_topic_names) if body.subscribed_topic_names else None
-        err, member = self.groups.heartbeat(
-            body.group_id, body.member_id, body.member_epoch, topics
-        )
+        member: Any = None
+        if self._refused(body.group_id):
+            err = ErrorCode.group_authorization_failed
+        else:
+            err, member = self.groups.heartbeat(
+                body.group_id, body.member_id, body.member_epoch, topics
+            )
         assignment = None
         if member is not None and member.epoch >= 0:
             parts = []
@@ -208,6 +212,14 @@ class ShareRequests:
             ),
         )
 
+    def _refused(self, group: str) -> bool:
+        """Whether the principal may not use the share group ``group`` (audited)."""
+        try:
+            self.session.check_group("consume", group)
+        except NotAuthorized:
+            return True
+        return False
+
     # -- ShareFetch ----------------------------------------------------------------------------
     def _fetch(self, r: Request, slot: Any) -> None:
         body = r.body
@@ -215,6 +227,11 @@ class ShareRequests:
         # a share session: the first fetch (epoch 0) names its topics, later ones only what
         # changed (added topics, forgotten ones)
         key = (body.group_id, body.member_id or "")
+        if self._refused(body.group_id):
+            asked = [(t.topic_id, self._name_of(t.topic_id)) for t in body.topics]
+            refused = dict.fromkeys((tid for tid, _ in asked), ErrorCode.group_authorization_failed)
+            self._answer(_Waiting(r, slot, 0.0, 1, 1, asked, refused), {})
+            return
         in_session = {} if body.share_session_epoch == 0 else dict(self.sessions.get(key, {}))
         for t in body.topics:
             name = self._name_of(t.topic_id)
@@ -362,11 +379,14 @@ class ShareRequests:
         host, port = self.link.advertised
         leader = build(mod, "LeaderIdAndEpoch", leader_id=NODE_ID, leader_epoch=0)
         responses = []
+        refused = self._refused(body.group_id)
         for t in body.topics:
             name = self._name_of(t.topic_id)
             err = ErrorCode.none if name else ErrorCode.unknown_topic_id
             for p in t.partitions:
-                if name:
+                if refused:
+                    err = ErrorCode.group_authorization_failed
+                elif name:
                     err = self._settle(body.group_id, name, p.acknowledgement_batches)
             responses.append(
                 build(
