@@ -59,6 +59,10 @@ fi
 if ! command -v kcat >/dev/null 2>&1; then
   apt_install "Kafka tests' command-line client" kcat
 fi
+# and a Go client (sarama), built offline from Debian's packaged sources
+if ! command -v go >/dev/null 2>&1 || [ ! -d /usr/share/gocode/src/github.com/Shopify/sarama ]; then
+  apt_install "Kafka tests' Go client" golang-go golang-github-shopify-sarama-dev
+fi
 if [ ! -d tests/node/node_modules/stompit ] || [ ! -d tests/node/node_modules/kafkajs ] || [ tests/node/package-lock.json -nt tests/node/node_modules ]; then
   echo "==> installing the tests' Node clients (npm ci in tests/node)"
   npm ci --prefix tests/node --no-audit --no-fund --silent
