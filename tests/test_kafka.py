@@ -22,6 +22,7 @@ from kafka import KafkaProducer as PyKafkaProducer
 from spark_mq import Admin
 from spark_mq.client import Consumer, Producer
 from spark_mq.launch import BrokerProcess
+from spark_mq.security.users import UsersFile
 from tests.kafka_kit import RawKafka, consumer, produce_all, producer, read_from
 from tests.security_kit import ACL, PASSWORDS, Keys, rsa_keys, security_settings
 
@@ -253,6 +254,10 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     keys = rsa_keys(base)  # (security_settings trusts its public key)
     (base / "keys" / "jwt.key").write_bytes(keys.private_pem)
     settings = security_settings(base, acl=acl)
+    # alice may log in by SCRAM too (the users file keeps her SCRAM credentials); bob may not
+    UsersFile(str(settings["security.users_file"])).put(
+        "alice", PASSWORDS["alice"], ["admins"], scram=True
+    )
     args = ["--set", f"logging.file={base / 'broker.log'}"]
     args += ["--set", f"security.audit_file={base / 'audit.log'}"]
     for key, value in settings.items():
@@ -296,6 +301,47 @@ def test_sasl_plain_logs_in_and_the_rules_hold(secure: BrokerProcess) -> None:
         assert m is not None and m.error() is None and m.value() == b"hello"
     finally:
         c.close()
+
+
+def test_sasl_scram_sha_512_logs_in_users_with_scram_credentials(secure: BrokerProcess) -> None:
+    port = secure.kafka_port
+    assert port
+
+    def scram(user: str, password: str) -> dict[str, str]:
+        return {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": user,
+            "sasl.password": password,
+        }
+
+    topic = _name("scram")
+    assert produce_all(producer(port, **scram("alice", PASSWORDS["alice"])), topic, [b"s"]) == [0]
+    (m,) = read_from(port, topic, 0, 1, settings=scram("alice", PASSWORDS["alice"]))
+    assert m.value() == b"s"
+    # kafka-python's SCRAM too
+    py = PyKafkaProducer(
+        bootstrap_servers=f"127.0.0.1:{port}",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_plain_username="alice",
+        sasl_plain_password=PASSWORDS["alice"],
+    )
+    assert py.send(topic, b"py").get(timeout=15).offset == 1
+    py.close()
+    # a wrong password; a user without SCRAM credentials; nobody: refused alike, saying what to do
+    for user, password in (("alice", "wrong"), ("bob", PASSWORDS["bob"]), ("nobody", "x")):
+        told: list[KafkaError] = []
+        refused = producer(
+            port, **scram(user, password), **{"message.timeout.ms": 3000, "error_cb": told.append}
+        )
+        with pytest.raises(AssertionError, match=r"still unacknowledged|MSG_TIMED_OUT"):
+            produce_all(refused, topic, [b"no"])
+        auth = [e.str() for e in told if e.code() == KafkaError._AUTHENTICATION]
+        assert auth and "no SCRAM credentials" in auth[0], (user, told)
+        assert "sparkmq user passwd NAME --scram" in auth[0]
+    with Admin(secure.url, username="alice", password=PASSWORDS["alice"]) as admin:
+        assert admin.stats(topic)["end_offset"] == 2  # (only alice's)
 
 
 def test_a_wrong_password_or_no_login_gets_nothing(secure: BrokerProcess) -> None:

@@ -128,6 +128,36 @@ def test_the_user_cli_keeps_hashes_and_reads_passwords_from_stdin_never_argv(
         "user", "passwd", "bob", "--password-stdin", *f, stdin=PASSWORDS["bob"] + "\n"
     )
     assert changed.returncode == 0
+    # SCRAM credentials only when asked for, dropped by a new password without --scram
+    scram = _sparkmq(
+        "user", "passwd", "bob", "--scram", "--password-stdin", *f, stdin=PASSWORDS["bob"] + "\n"
+    )
+    assert scram.returncode == 0 and "with SCRAM credentials" in scram.stdout
+    assert users.read_text().count("scram_sha_512 = ") == 1
+    from spark_mq.security.scram import ScramLogin
+    from spark_mq.security.users import UsersFile
+
+    def scram_login(name: str, password: str) -> str:
+        from scramp import ScramClient
+
+        client = ScramClient(["SCRAM-SHA-512"], name, password)
+        login = ScramLogin(UsersFile(str(users)), b"secret")
+        client.set_server_first(login.first(client.get_client_first().encode()).decode())
+        login.prove(client.get_client_final().encode())
+        try:
+            proven = login.verify()
+        except NotAuthenticated as exc:
+            return exc.message
+        assert login.server_final is not None
+        client.set_server_final(login.server_final.decode())  # (the broker proved itself)
+        return proven.name
+
+    assert scram_login("bob", PASSWORDS["bob"]) == "bob"
+    assert "no SCRAM credentials" in scram_login("bob", WRONG)
+    assert "no SCRAM credentials" in scram_login("alice", PASSWORDS["alice"])  # (none kept)
+    assert "no SCRAM credentials" in scram_login("nobody", "whatever")
+    again = _sparkmq("user", "passwd", "bob", "--password-stdin", *f, stdin=PASSWORDS["bob"] + "\n")
+    assert again.returncode == 0 and "scram_sha_512" not in users.read_text()
     assert _sparkmq("user", "groups", "bob", "billing", "ops", *f).returncode == 0
     listed = json.loads(_sparkmq("user", "list", "--json", *f).stdout)
     assert listed == [

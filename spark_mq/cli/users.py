@@ -62,15 +62,26 @@ def user() -> None:
     """Manage the users file (security): users, groups and password hashes."""
 
 
+_SCRAM = click.option(
+    "--scram",
+    is_flag=True,
+    help="Also keep SASL/SCRAM-SHA-512 credentials (for Kafka clients that log in by SCRAM): "
+    "derived from the password with PBKDF2, cheaper to attack than the argon2 hash if the "
+    "file leaks, so only for users that need them.",
+)
+
+
 @user.command(name="add")
 @click.argument("name")
 @click.option("--group", "groups", multiple=True, help="A group it belongs to (repeatable).")
+@_SCRAM
 @_PASSWORD_STDIN
 @_USERS_FILE
 @_CONFIG_FOR_USERS
 def user_add(
     name: str,
     groups: tuple[str, ...],
+    scram: bool,
     password_stdin: bool,
     users_file: str | None,
     config_file: str | None,
@@ -84,7 +95,7 @@ def user_add(
                 err=True,
             )
             sys.exit(1)
-        users.put(name, _new_password(password_stdin), list(groups))
+        users.put(name, _new_password(password_stdin), list(groups), scram=scram)
     except ConfigError as exc:
         click.echo(f"sparkmq user: {exc}", err=True)
         sys.exit(2)
@@ -96,19 +107,20 @@ def user_add(
 
 @user.command(name="passwd")
 @click.argument("name")
+@_SCRAM
 @_PASSWORD_STDIN
 @_USERS_FILE
 @_CONFIG_FOR_USERS
 def user_passwd(
-    name: str, password_stdin: bool, users_file: str | None, config_file: str | None
+    name: str, scram: bool, password_stdin: bool, users_file: str | None, config_file: str | None
 ) -> None:
-    """Set a user's password."""
+    """Set a user's password (without --scram, its SCRAM credentials are dropped)."""
     users = _users(users_file, config_file)
     if name not in users.users():
         click.echo(f"sparkmq user: no user {name!r} in {users.path}", err=True)
         sys.exit(1)
-    users.put(name, _new_password(password_stdin))
-    click.echo(f"password of {name} changed")
+    users.put(name, _new_password(password_stdin), scram=scram)
+    click.echo(f"password of {name} changed" + (" (with SCRAM credentials)" if scram else ""))
 
 
 @user.command(name="groups")

@@ -12,6 +12,7 @@ from spark_mq.broker.core import Broker
 from spark_mq.config import BrokerConfig
 from spark_mq.security.authenticate import Credentials
 from spark_mq.security.context import Security
+from spark_mq.security.scram import ScramLogin
 from spark_mq.security.tls import ServerTLS
 from spark_mq.session import ClientSession, Principal
 
@@ -44,6 +45,10 @@ class Gateway:
         """A login's outcome, never blocking (see :class:`~spark_mq.security.authenticate.
         Logins`): done at once for a remembered login, a certificate, or with security off."""
         return self.security.submit_login(creds, peer=peer, transport=transport)
+
+    def scram_login(self) -> ScramLogin:
+        """A new SASL/SCRAM-SHA-512 exchange against the users file."""
+        return self.security.authenticator.scram_login()
 
     def login_now(self, creds: Credentials, *, peer: str, transport: str) -> Principal:
         """A login, waited for (a thread of the caller's own: Flight's, HTTP's)."""

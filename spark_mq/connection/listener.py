@@ -28,6 +28,8 @@ from spark_mq.deliveries import DeliveryState
 from spark_mq.errors import BrokerUnavailable, SparkMQError
 from spark_mq.journal.inline_commit import DestinationWriter, InlineCommit, Resolutions, resolve
 from spark_mq.messages import Messages
+from spark_mq.security.authenticate import Credentials
+from spark_mq.security.scram import ScramLogin
 from spark_mq.session import ClientSession, ConsumerHandle, Principal
 
 log = logging.getLogger(__name__)
@@ -167,6 +169,16 @@ class ListenerCore:
                token: str | None) -> None:  # fmt: skip
         """Begin ``conn``'s login (never blocking: its frames wait, nobody else does)."""
         creds = conn.credentials(username, password, token)
+        conn.logging_in(self.gateway.login(creds, peer=conn.peer, transport=conn.transport))
+
+    def scram_login(self) -> ScramLogin:
+        """A SASL/SCRAM-SHA-512 exchange for a connection to begin (:meth:`log_in_scram`
+        checks its proof)."""
+        return self.gateway.scram_login()
+
+    def log_in_scram(self, conn: Connection, exchange: ScramLogin) -> None:
+        """Begin ``conn``'s login by the proof of a SCRAM exchange (as :meth:`log_in`)."""
+        creds = Credentials(username=exchange.username, scram=exchange)
         conn.logging_in(self.gateway.login(creds, peer=conn.peer, transport=conn.transport))
 
     def open_session(self, conn: Connection, principal: Principal) -> ClientSession:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from spark_mq.config import SecuritySection
 from spark_mq.errors import NotAuthenticated
 from spark_mq.security.audit import NO_AUDIT, AuditLog
+from spark_mq.security.scram import ScramLogin
 from spark_mq.security.tokens import TokenVerifier
 from spark_mq.security.users import UsersFile
 from spark_mq.session.principal import ANONYMOUS, Principal
@@ -61,14 +62,17 @@ class Credentials:
     password: str | None = None
     token: str | None = None
     certificate_name: str | None = None  # a verified client certificate's common name
+    scram: ScramLogin | None = None  # a SASL/SCRAM exchange whose proof is to be checked
 
     def __repr__(self) -> str:
-        kinds = [k for k in ("password", "token") if getattr(self, k)]
+        kinds = [k for k in ("password", "token", "scram") if getattr(self, k)]
         return f"Credentials(username={self.username!r}, {'+'.join(kinds) or 'no secret'})"
 
     @property
     def empty(self) -> bool:
-        return not (self.username or self.password or self.token or self.certificate_name)
+        return not (
+            self.username or self.password or self.token or self.certificate_name or self.scram
+        )
 
 
 @dataclass
@@ -166,9 +170,18 @@ class Authenticator:
         text = "\0".join(
             v or "" for v in (creds.username, creds.password, creds.token, creds.certificate_name)
         )
+        if creds.scram is not None:  # (each exchange its own: never shared with another)
+            text += f"\0scram {id(creds.scram)}"
         return hmac.new(self._secret, text.encode(), hashlib.sha256).digest()
 
+    def scram_login(self) -> ScramLogin:
+        """A new SASL/SCRAM-SHA-512 exchange against the users file."""
+        return ScramLogin(self.users, self._secret)
+
     def _identify(self, creds: Credentials) -> Principal:
+        if creds.scram is not None:
+            proven = creds.scram.verify()
+            return Principal(proven.name, proven.groups, "password")
         if creds.token:
             ident = self.tokens.verify(creds.token)
             return Principal(ident.name, ident.groups | self.users.groups_of(ident.name), "token")
@@ -355,9 +368,7 @@ class Logins:
                 while not self._closed and (
                     not self._timers or self._timers[0][0] > time.monotonic()
                 ):
-                    self._lock.wait(
-                        self._timers[0][0] - time.monotonic() if self._timers else None
-                    )
+                    self._lock.wait(self._timers[0][0] - time.monotonic() if self._timers else None)
                 if self._closed:
                     return
                 _, _, fn = heapq.heappop(self._timers)

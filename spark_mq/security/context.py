@@ -53,9 +53,7 @@ class Security:
         HTTP's; a loop that serves others uses :meth:`submit_login`)."""
         return self.logins.login(creds, peer=peer, transport=transport)
 
-    def submit_login(
-        self, creds: Credentials, *, peer: str, transport: str
-    ) -> Future[Principal]:
+    def submit_login(self, creds: Credentials, *, peer: str, transport: str) -> Future[Principal]:
         """Authenticate without blocking: the principal's future (done at once for a
         remembered login, a certificate, or with security off)."""
         return self.logins.submit(creds, peer=peer, transport=transport)

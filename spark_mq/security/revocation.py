@@ -43,9 +43,7 @@ class Revocation:
         self._open: weakref.WeakSet[Revocable] = weakref.WeakSet()
         self._known = self._users()
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name="security-users-watch", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="security-users-watch", daemon=True)
         self._thread.start()
 
     def track(self, revocable: Revocable) -> None:

@@ -88,9 +88,7 @@ class TokenVerifier:
                 "token's alg and security.jwt_public_key_file / jwks_file do not match)"
             ) from None
         except (jwt.PyJWTError, ValueError, TypeError) as exc:  # anything else jwt may raise
-            raise NotAuthenticated(
-                f"the token cannot be checked: {type(exc).__name__}"
-            ) from None
+            raise NotAuthenticated(f"the token cannot be checked: {type(exc).__name__}") from None
         name = claims.get(s.jwt_user_claim)
         if not isinstance(name, str) or not name:
             raise NotAuthenticated(f"the token's {s.jwt_user_claim!r} claim names no user")

@@ -5,14 +5,18 @@
     [users.alice]
     password = "$argon2id$v=19$m=65536,t=3,p=4$..."
     groups = ["admins"]
+    scram_sha_512 = "8192:<salt>:<stored key>:<server key>"   # only for SCRAM logins
 
 The file never holds a password, only its hash (argon2id, argon2-cffi's defaults: memory-hard,
 salted per hash). It is written atomically (a temporary file renamed over it) with mode 0600,
-and the broker reads it again when it changes, so adding a user needs no restart.
+and the broker reads it again when it changes, so adding a user needs no restart. A user given
+SCRAM credentials (Kafka's SASL/SCRAM-SHA-512, see :mod:`spark_mq.security.scram`) has them
+beside the hash; a new password without ``scram`` drops them.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import threading
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 import tomllib
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from scramp import ScramMechanism
 
 from spark_mq.errors import ConfigError
 from spark_mq.names import validate_name
@@ -30,12 +35,42 @@ _HASHER = PasswordHasher()
 # password (no telling which names exist by timing)
 _DUMMY = _HASHER.hash("not a password anyone has")
 
+# SASL/SCRAM-SHA-512 credentials (Kafka's; the exchange is security.scram's)
+SCRAM = ScramMechanism("SCRAM-SHA-512")
+SCRAM_ITERATIONS = 8192  # Kafka takes 4,096 to 16,384
+
+
+@dataclass(frozen=True)
+class ScramCredentials:
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+    def text(self) -> str:
+        """How the users file keeps them: ``iterations:salt:stored key:server key`` (base64)."""
+        parts = (self.salt, self.stored_key, self.server_key)
+        return ":".join([str(self.iterations), *(base64.b64encode(p).decode() for p in parts)])
+
+    @classmethod
+    def parse(cls, text: str) -> ScramCredentials:
+        """``ValueError`` when ``text`` is not what :meth:`text` writes."""
+        iterations, salt, stored, server = text.split(":")
+        decoded = [base64.b64decode(p, validate=True) for p in (salt, stored, server)]
+        return cls(decoded[0], decoded[1], decoded[2], int(iterations))
+
+
+def make_credentials(password: str, iterations: int = SCRAM_ITERATIONS) -> ScramCredentials:
+    salt, stored, server, n = SCRAM.make_auth_info(password, iteration_count=iterations)
+    return ScramCredentials(salt, stored, server, n)
+
 
 @dataclass(frozen=True)
 class User:
     name: str
     password_hash: str = ""  # "" = no password login (token or certificate only)
     groups: frozenset[str] = field(default_factory=frozenset)
+    scram: ScramCredentials | None = None  # SASL/SCRAM-SHA-512's, when it was given them
 
 
 class UsersFile:
@@ -77,17 +112,29 @@ class UsersFile:
         return user.groups if user is not None else frozenset()
 
     # -- keeping it (sparkmq user ...) -------------------------------------------------------
-    def put(self, name: str, password: str | None = None, groups: list[str] | None = None) -> None:
-        """Add or change a user: a new password (hashed here), and/or its groups."""
+    def put(
+        self,
+        name: str,
+        password: str | None = None,
+        groups: list[str] | None = None,
+        *,
+        scram: bool = False,
+    ) -> None:
+        """Add or change a user: a new password (hashed here; with ``scram``, SCRAM
+        credentials made from it too), and/or its groups."""
         validate_name(name, "user")
         for g in groups or ():
             validate_name(g, "group")
         users = dict(self.users())
         old = users.get(name, User(name))
+        scram_credentials = old.scram
+        if password is not None:
+            scram_credentials = make_credentials(password) if scram else None
         users[name] = User(
             name,
             _HASHER.hash(password) if password is not None else old.password_hash,
             frozenset(groups) if groups is not None else old.groups,
+            scram_credentials,
         )
         self._write(users)
 
@@ -105,7 +152,10 @@ class UsersFile:
             if user.password_hash:
                 lines.append(f'password = "{user.password_hash}"')
             groups = ", ".join(f'"{g}"' for g in sorted(user.groups))
-            lines += [f"groups = [{groups}]", ""]
+            lines.append(f"groups = [{groups}]")
+            if user.scram is not None:
+                lines.append(f'scram_sha_512 = "{user.scram.text()}"')
+            lines.append("")
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         tmp = f"{self.path}.tmp"
@@ -150,5 +200,14 @@ def _parse(path: str) -> dict[str, User]:
                 f"users file {path}: user {name!r} needs a password string and a groups list",
                 setting="security.users_file",
             )
-        out[name] = User(name, password, frozenset(str(g) for g in groups))
+        scram = entry.get("scram_sha_512")
+        try:
+            credentials = ScramCredentials.parse(scram) if isinstance(scram, str) else None
+        except ValueError:
+            raise ConfigError(
+                f"users file {path}: user {name!r} has scram_sha_512 credentials that cannot be "
+                "read; set its password again with `sparkmq user passwd NAME --scram`",
+                setting="security.users_file",
+            ) from None
+        out[name] = User(name, password, frozenset(str(g) for g in groups), credentials)
     return out

@@ -30,7 +30,9 @@ from spark_mq.config import BrokerSection
 from spark_mq.connection.core import Beat, Close, Connection, ConnState, Refuse
 from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import ListenerCore, Turn
-from spark_mq.errors import SparkMQError
+from spark_mq.errors import NotAuthenticated, SparkMQError
+from spark_mq.security.scram import MECHANISM as SCRAM_MECHANISM
+from spark_mq.security.scram import ScramLogin
 from spark_mq.security.tls import common_name
 from spark_mq.session import Principal
 from spark_mq.transports.kafka import codec
@@ -44,7 +46,7 @@ log = logging.getLogger(__name__)
 PRELOGIN_FRAME_BYTES = 64 * 1024  # before a login: ApiVersions and SASL frames only
 _WRITE_HIGH = 1024 * 1024  # unsent bytes past which the client is not read
 _BACKLOG = 64  # requests read ahead of their answers (librdkafka sends at most 5 at once)
-_MECHANISMS = ("PLAIN", "OAUTHBEARER")
+_MECHANISMS = ("PLAIN", "OAUTHBEARER", SCRAM_MECHANISM)
 _BEFORE_LOGIN = (codec.API_VERSIONS, codec.SASL_HANDSHAKE, codec.SASL_AUTHENTICATE)
 _ZERO = timedelta(0)
 
@@ -102,6 +104,7 @@ class KafkaConnection(asyncio.Protocol):
         self.slots: deque[Slot] = deque()
         self.requests: KafkaRequests | None = None  # once it has a session
         self.mechanism: str | None = None  # the SASL mechanism its handshake chose
+        self.scram: ScramLogin | None = None  # a SCRAM exchange past its first message
         self.paused_writing = False
         self.reading = True
         self._wake_due = False
@@ -313,13 +316,27 @@ class KafkaConnection(asyncio.Protocol):
 
     def _sasl_authenticate(self, request: Request) -> None:
         slot = self.slot(request)
-        try:
-            user, password, token = _sasl_credentials(self.mechanism, request.body.auth_bytes)
-        except ValueError as exc:
-            self._sasl_answer(slot, str(exc))
-            self._refuse()
-            return
-        self.server.core.log_in(self.core, user, password, token)
+        data = bytes(request.body.auth_bytes)
+        if self.mechanism == SCRAM_MECHANISM:
+            if self.scram is None:  # its first message: the salt and iterations to answer
+                self.scram = self.server.core.scram_login()
+                try:
+                    self._sasl_answer(slot, None, self.scram.first(data))
+                except NotAuthenticated as exc:
+                    self._sasl_answer(slot, exc.message)
+                    self._refuse()
+                return
+            # its proof: checked as every login is (the host's penalty, the audit)
+            self.scram.prove(data)
+            self.server.core.log_in_scram(self.core, self.scram)
+        else:
+            try:
+                user, password, token = _sasl_credentials(self.mechanism, data)
+            except ValueError as exc:
+                self._sasl_answer(slot, str(exc))
+                self._refuse()
+                return
+            self.server.core.log_in(self.core, user, password, token)
         assert self.core.login is not None
 
         def failed(exc: BaseException) -> None:
@@ -328,12 +345,20 @@ class KafkaConnection(asyncio.Protocol):
             self._refuse()
 
         def done(principal: Principal) -> None:
+            final = b""
+            if self.scram is not None:  # the broker proves it knows the password too
+                if self.scram.server_final is None:  # (security off: not checked yet)
+                    try:
+                        self.scram.verify()
+                    except NotAuthenticated as exc:
+                        return failed(exc)
+                final = self.scram.server_final or b""
             self._logged_in(principal)
-            self._sasl_answer(slot, None)
+            self._sasl_answer(slot, None, final)
 
         self.awaiting(self.core.login, done, on_error=failed)
 
-    def _sasl_answer(self, slot: Slot, error: str | None) -> None:
+    def _sasl_answer(self, slot: Slot, error: str | None, data: bytes = b"") -> None:
         request = slot.request
         mod = codec.response_module(request.api_key, request.version)
         response = build(
@@ -341,7 +366,7 @@ class KafkaConnection(asyncio.Protocol):
             "SaslAuthenticateResponse",
             error_code=ErrorCode.none if error is None else ErrorCode.sasl_authentication_failed,
             error_message=error,
-            auth_bytes=b"",
+            auth_bytes=data,
             session_lifetime=_ZERO,
         )
         self.answer(slot, response)
@@ -360,8 +385,8 @@ class KafkaConnection(asyncio.Protocol):
     def _login_failed(self, exc: BaseException) -> None:
         message = exc.message if isinstance(exc, SparkMQError) else str(exc)
         self.close(
-            f"not logged in: {message} (a Kafka client logs in with SASL PLAIN or "
-            "OAUTHBEARER, or a TLS client certificate)"
+            f"not logged in: {message} (a Kafka client logs in with SASL PLAIN, "
+            "SCRAM-SHA-512 or OAUTHBEARER, or a TLS client certificate)"
         )
 
     # -- waiting, answering, waking ----------------------------------------------------------
