@@ -354,6 +354,15 @@ def ints(column: Column) -> list[int]:
     return cast("list[int]", column.to_pylist())
 
 
+def by_offset(table: pa.Table) -> pa.Table:
+    """``table`` in offset order: as it is when it already is (reads of a log mostly are:
+    sorting copies every body, which a consumer of a backlog paid for each read)."""
+    offsets = table["offset"].to_numpy()
+    if len(offsets) < 2 or bool(np.all(offsets[1:] > offsets[:-1])):
+        return table
+    return table.sort_by("offset")
+
+
 def fill_null(column: Column, value: object) -> Column:
     """``column`` with its nulls replaced by ``value``."""
     # (the stubs want the value typed as the column is: one type variable for both)

@@ -38,6 +38,7 @@ from spark_mq.schema import (
     MESSAGE_SCHEMA,
     SETTLEMENT_SCHEMA,
     TRANSACTION_SCHEMA,
+    by_offset,
     conform,
 )
 
@@ -315,7 +316,7 @@ class DeltaStore:
             if end is not None:
                 cond = cond & (pds.field("offset") < end)
             table = dt.to_pyarrow_dataset().to_table(filter=cond)
-            return conform(table, MESSAGE_SCHEMA).sort_by("offset")
+            return by_offset(conform(table, MESSAGE_SCHEMA))
 
     # -- settlement log ----------------------------------------------------------------------
     def _settlements(self, destination: str) -> DeltaTable:

@@ -61,7 +61,7 @@ from spark_mq.journal.segments import SegmentLog, SyncMode
 from spark_mq.journal.settlements import SettlementRows
 from spark_mq.journal.sinks import as_journal_error
 from spark_mq.messages import Messages
-from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, conform
+from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, by_offset, conform
 
 log = logging.getLogger(__name__)
 
@@ -531,7 +531,7 @@ class HotTier:
             if end is not None:
                 mask = pc.and_(mask, pc.less(table["offset"], pa.scalar(end)))
             parts.append(table.filter(mask))
-        return pa.concat_tables(parts).sort_by("offset")
+        return by_offset(pa.concat_tables(parts))
 
     def read_settlements(self) -> pa.Table:
         with self._mutex:

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from kafka.errors import CorruptRecordError, UnsupportedCodecError
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch
+from kafka.record.util import calc_crc32c
 
 from spark_mq.messages import Messages, PlainMessage
 from spark_mq.schema import HEADERS, ints, schema_of
@@ -167,44 +168,100 @@ def _headers(pairs: list[tuple[str, bytes | None]]) -> list[tuple[str, str]] | N
 def record_batch(rows: pa.Table, max_bytes: int) -> tuple[bytes, int]:
     """Rows of ``MESSAGE_SCHEMA`` (in offset order, dense) as one record batch, of at most
     ``max_bytes`` unless the first record alone is larger (Kafka's rule: a consumer always gets
-    at least one record); returns the batch and how many rows it holds."""
+    at least one record); returns the batch and how many rows it holds.
+
+    What a fetch sends, so the hot path of consuming: the records are laid out here, a few
+    joins a record (kafka-python's builder, a record at a time through its type checks, took
+    four times as long), in exactly the bytes its builder writes (tests compare them), under
+    its header layout and its CRC-32C."""
     n = rows.num_rows
     if n == 0:
         return b"", 0
     offsets = ints(rows["offset"])
     base = offsets[0]
     stamps = rows["enqueue_time"].cast(pa.int64()).to_pylist()
-    groups = rows["group_id"].to_pylist()
     bodies = rows["body"].to_pylist()
-    header_maps = rows["headers"].to_pylist()
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=max(max_bytes, 1),
-    )
+    groups = rows["group_id"]
+    header_maps = rows["headers"]
+    plain = groups.null_count == n and header_maps.null_count == n
+    group_list = None if plain else groups.to_pylist()
+    header_list = None if plain else header_maps.to_pylist()
+    first_ms = (stamps[0] // 1000) if stamps[0] is not None else 0
+    max_ms = first_ms
+    parts: list[bytes] = []
+    add = parts.append
+    size = _HEADER.size
     taken = 0
     for i in range(n):
-        hs = header_maps[i] or []
-        key = _key_of(groups[i], hs)
-        sent = [(k, v.encode()) for k, v in hs if k != KEY_ENCODING]
         stamp = stamps[i]
-        done = builder.append(
-            offsets[i] - base,
-            timestamp=(stamp // 1000) if stamp is not None else 0,
-            key=key,
-            value=bodies[i] if bodies[i] is not None else b"",
-            headers=sent,
-        )
-        if done is None:
+        ms = (stamp // 1000) if stamp is not None else 0
+        value: bytes = bodies[i] or b""
+        head = _zigzag(ms - first_ms) + _zigzag(offsets[i] - base)
+        if plain:
+            key_part = b"\x01"  # (no key: length -1)
+            tail = b"\x00"  # (no headers)
+        else:
+            assert group_list is not None and header_list is not None
+            hs = header_list[i] or []
+            key = _key_of(group_list[i], hs)
+            key_part = b"\x01" if key is None else _zigzag(len(key)) + key
+            sent = [(k.encode(), v.encode()) for k, v in hs if k != KEY_ENCODING]
+            tail = _zigzag(len(sent)) + b"".join(
+                _zigzag(len(k)) + k + _zigzag(len(v)) + v for k, v in sent
+            )
+        value_len = _zigzag(len(value))
+        length = 1 + len(head) + len(key_part) + len(value_len) + len(value) + len(tail)
+        prefix = _zigzag(length)
+        if taken and size + len(prefix) + length > max_bytes:
             break
+        add(prefix + b"\x00" + head + key_part + value_len)
+        add(value)
+        add(tail)
+        size += len(prefix) + length
         taken += 1
-    data = builder.build()
-    _BASE_OFFSET.pack_into(data, 0, base)  # (outside the CRC, which begins at the attributes)
+        if ms > max_ms:
+            max_ms = ms
+    data = bytearray(_HEADER.size)
+    data += b"".join(parts)
+    _HEADER.pack_into(
+        data, 0,
+        base,  # the base offset (outside the CRC)
+        len(data) - DefaultRecordBatch.AFTER_LEN_OFFSET,
+        0,  # partition leader epoch
+        2,  # magic
+        0,  # the CRC, once the rest is there
+        0,  # attributes: no compression, no transaction, create time
+        offsets[taken - 1] - base,  # last offset delta
+        first_ms, max_ms,
+        -1, -1, -1,  # producer id, epoch, base sequence
+        taken,
+    )  # fmt: skip
+    crc = calc_crc32c(memoryview(data)[DefaultRecordBatch.ATTRIBUTES_OFFSET :])
+    _CRC.pack_into(data, DefaultRecordBatch.CRC_OFFSET, crc)
     return bytes(data), taken
+
+
+_HEADER = DefaultRecordBatch.HEADER_STRUCT
+_CRC = struct.Struct(">I")
+
+
+def _varint(z: int) -> bytes:
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+_SMALL = [_varint(v << 1) for v in range(1 << 14)]  # zigzag varints of 0 .. 16,383
+
+
+def _zigzag(v: int) -> bytes:
+    """``v`` as a Kafka record's zigzag varint."""
+    if 0 <= v < 16384:
+        return _SMALL[v]
+    return _varint((v << 1) ^ (v >> 63))
 
 
 def _key_of(group: str | None, headers: list[tuple[str, str]]) -> bytes | None:
