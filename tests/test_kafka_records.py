@@ -94,3 +94,30 @@ def test_reads_of_a_log_are_put_in_offset_order_only_when_they_are_not() -> None
     assert by_offset(rows) is rows  # (in order already: not copied)
     shuffled = rows.take(pa.array(random.Random(2).sample(range(50), 50)))
     assert ints(by_offset(shuffled)["offset"]) == list(range(1000, 1050))
+
+
+@pytest.mark.parametrize("version", range(3, 13))
+def test_a_produce_answer_from_its_template_is_what_kio_writes(version: int) -> None:
+    from spark_mq.transports.kafka import codec
+    from spark_mq.transports.kafka.codec import ErrorCode, build
+
+    mod = codec.response_module(codec.PRODUCE, version)
+    rng = random.Random(version)
+    for topic in ("t", "topic-é", "x" * 249):
+        offset, correlation = rng.randrange(2**40), rng.randrange(-(2**31), 2**31)
+        partition = build(
+            mod, "PartitionProduceResponse", index=0, error_code=ErrorCode.none,
+            base_offset=offset, log_append_time=None, log_start_offset=0, record_errors=(),
+            error_message=None,
+        )  # fmt: skip
+        response = build(
+            mod,
+            "ProduceResponse",
+            responses=(
+                build(mod, "TopicProduceResponse", name=topic, partition_responses=(partition,)),
+            ),
+            throttle_time=dt.timedelta(0),
+        )
+        assert codec.produce_answer(version, correlation, topic, offset) == codec.encode_response(
+            codec.PRODUCE, version, correlation, response
+        )

@@ -427,6 +427,11 @@ class KafkaConnection(asyncio.Protocol):
         )
         self._flush()
 
+    def answer_encoded(self, slot: Slot, frame: bytes) -> None:
+        """``slot``'s response, already a frame (:func:`codec.produce_answer`'s)."""
+        slot.data = frame
+        self._flush()
+
     def _flush(self) -> None:
         slots = self.slots
         wrote = False

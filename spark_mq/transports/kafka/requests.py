@@ -276,12 +276,20 @@ class KafkaRequests:
         futures = [o for _, _, o in results if isinstance(o, Future)]
 
         def answer(_: object = None) -> None:
+            if len(results) == 1:  # (the usual answer, of one partition: a template, quicker)
+                (name, index, outcome) = results[0]
+                if index == 0 and isinstance(outcome, Future) and outcome.exception() is None:
+                    first = _first_offset(outcome.result())
+                    frame = codec.produce_answer(r.version, r.correlation_id, name, first)
+                    self.link.answer_encoded(slot, frame)
+                    return
             self.link.answer(slot, self._produce_response(r, results))
 
         if holding:  # (a produce waiting for room: the requests behind wait too)
             self.link.awaiting(_all(holding), answer, on_error=answer)
         elif futures:
-            _all(futures).add_done_callback(lambda _: self.link.threadsafe(answer))
+            done = futures[0] if len(futures) == 1 else _all(futures)
+            done.add_done_callback(lambda _: self.link.threadsafe(answer))
         else:
             answer()
 
