@@ -1,7 +1,8 @@
 """A listener served by one asyncio event loop on a thread of its own (STOMP's, Kafka's): the
 loop and its thread, the listening socket, a sweep of its connections every so often, acks
 that wait to share a sync committed when due, and the drain at shutdown. A protocol's listener
-subclasses it with what is its own (its connections' factory, its limits, its coordinators).
+subclasses it with what is its own (its connections' factory, its limits, its coordinators);
+its connections are :class:`~spark_mq.connection.loop_connection.LoopConnection` s.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import ListenerCore
@@ -23,28 +24,13 @@ log = logging.getLogger(__name__)
 SWEEP_S = 0.25  # a listener's connections are checked this often (unless it says otherwise)
 
 
-class LoopConnection(Protocol):
-    """What the listener asks of each of its connections."""
-
-    peer: str
-
-    @property
-    def outstanding(self) -> int:
-        """Requests taken whose answer is still to come."""
-        ...
-
-    def sweep(self, now: float) -> None: ...
-    def drain(self) -> None: ...
-    def abort(self) -> None: ...
-
-
 class LoopListener:
     """See the module. ``name`` is the listener's (``stomp``, ``kafka``): its settings are
     ``broker.<name>`` and ``broker.<name>_port``, its threads ``<name>-loop`` and
     ``<name>-blocking``."""
 
     name: str
-    conns: set[Any]
+    conns: set[Any]  # (its LoopConnections, typed by each protocol's listener)
 
     def __init__(self, gateway: Gateway, name: str, *, label: str) -> None:
         self.name = name

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -23,11 +22,11 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from spark_mq.config import BrokerSection
-from spark_mq.connection.core import Beat, Close, Connection, ConnState, Refuse
+from spark_mq.connection.core import Beat, Close, ConnState, Refuse
 from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import ListenerCore, Turn
+from spark_mq.connection.loop_connection import LoopConnection
 from spark_mq.errors import SparkMQError
-from spark_mq.security.tls import common_name
 from spark_mq.session import Principal
 from spark_mq.transports.stomp_codec import (
     PRELOGIN_LIMITS,
@@ -45,7 +44,6 @@ from spark_mq.version import __version__
 log = logging.getLogger(__name__)
 
 _BACKLOG_FRAMES = 256  # frames read ahead while one waits for a helper thread
-_WRITE_HIGH = 1024 * 1024  # unsent bytes past which the client is not read nor delivered to
 
 
 class StompHost(Protocol):
@@ -66,16 +64,11 @@ class StompHost(Protocol):
         """After a turn of frames: what they submitted commits (now, or with the next)."""
 
 
-class StompConnection(asyncio.Protocol):
+class StompConnection(LoopConnection):
+    server: StompHost
+
     def __init__(self, server: StompHost) -> None:
-        self.server = server
-        self.loop = server.loop
-        self.transport: Any = None
-        self.peer = "?"
-        self.core = Connection(
-            "?", "stomp", time.monotonic(), first="CONNECT frame", wake=self.set,
-            tls=server.gateway.tls is not None,
-        )  # fmt: skip
+        super().__init__(server, "stomp", first="CONNECT frame")
         self.core.waits = lambda: True  # (a STOMP heart-beat goes out whenever it is due)
         # until it has logged in, a connection's frames may be only a CONNECT's size, and only
         # its first frame is read: an unauthenticated client makes the broker buffer no more
@@ -85,84 +78,25 @@ class StompConnection(asyncio.Protocol):
         self.disconnecting: str | None = None  # DISCONNECT's receipt ("" for none)
         self.frames: deque[Frame] = deque()
         self._pump_due = False
-        self.paused_writing = False
-        self.reading = True
         self.next_extend = 0.0  # when the leases of unacknowledged messages are extended next
-        self._early: list[bytes] = []  # data that came before the handshake was done with
 
-    @property
-    def state(self) -> ConnState:
-        return self.core.state
+    # -- what the connection core leaves to STOMP ---------------------------------------------
+    def refused(self, message: str) -> None:
+        self.core.state = ConnState.OPENING  # (told in plain STOMP, before any TLS)
+        self.error(message)
 
-    # -- asyncio's callbacks -----------------------------------------------------------------
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        peer = transport.get_extra_info("peername")
-        self.peer = self.core.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        server = self.server
-        if server.draining:
-            transport.close()
-            return
-        refused = server.core.over_cap(len(server.conns), self.peer)
-        server.conns.add(self)
-        if refused is not None:
-            self.core.state = ConnState.OPENING  # (told in plain STOMP, before any TLS)
-            self.error(refused.message)
-            return
-        transport.set_write_buffer_limits(high=_WRITE_HIGH)
-        if self.core.state is ConnState.HANDSHAKING:
-            transport.pause_reading()  # the TLS handshake reads first
-            self.loop.create_task(self._start_tls(transport))
-
-    async def _start_tls(self, raw: Any) -> None:
-        tls = self.server.gateway.tls
-        assert tls is not None
-        try:
-            self.transport = await self.loop.start_tls(
-                raw, self, tls.context(), server_side=True,
-                ssl_handshake_timeout=self.server.settings.handshake_timeout_s,
-            )  # fmt: skip
-        except Exception as exc:  # (ssl.SSLError, a reset, the handshake's timeout)
-            log.info("stomp: TLS handshake with %s failed: %s", self.peer, exc)
-            self.server.gateway.audit(
-                "authentication_failed", peer=self.peer, transport="stomp", detail=str(exc)
-            )
-            raw.abort()
-            self.connection_lost(None)
-            return
-        if self.transport is None:  # (the client left during the handshake)
-            self.connection_lost(None)
-            return
-        self.core.handshaken(common_name(self.transport.get_extra_info("peercert")))
-        early, self._early = self._early, []
-        for data in early:  # (what came with the handshake's last flight)
-            self.data_received(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.core.state is ConnState.CLOSED:
-            return
-        self.server.conns.discard(self)
+    def ended(self) -> None:
         if self.verbs is not None:
             self.verbs.close()  # consumers detached: what they held goes back
-        self.core.closed()
 
-    def pause_writing(self) -> None:
-        self.paused_writing = True
-        self._update_reading()
+    def writable(self) -> None:
+        self.set()  # (deliveries held back while it did not read)
 
-    def resume_writing(self) -> None:
-        self.paused_writing = False
-        self._update_reading()
-        self.set()
+    def backlogged(self) -> bool:
+        return self.core.state is ConnState.WAITING and len(self.frames) >= _BACKLOG_FRAMES
 
-    def data_received(self, data: bytes) -> None:
+    def received(self, data: bytes) -> None:
         state = self.core.state
-        if state.ended:
-            return
-        if state is ConnState.HANDSHAKING:  # TLS: decrypted before start_tls returned the
-            self._early.append(data)  # transport to use
-            return
-        self.core.heard(time.monotonic())
         try:
             # (before CONNECTED: the CONNECT alone; what follows it waits in the parser)
             if self.verbs is not None:
@@ -178,8 +112,8 @@ class StompConnection(asyncio.Protocol):
                 self.frames.append(event)
         self._process()
 
-    def eof_received(self) -> bool:
-        return False  # the client finished sending: close
+    def close(self, reason: str) -> None:
+        self.error(reason)
 
     # -- the frames, in order ----------------------------------------------------------------
     def _process(self) -> None:
@@ -199,7 +133,7 @@ class StompConnection(asyncio.Protocol):
                     self.error(exc.message, receipt=frame.header("receipt"))
                     return
         self.server.committed()
-        self._update_reading()
+        self.update_reading()
         self.maybe_finish()
 
     def _frame(self, frame: Frame) -> None:
@@ -230,7 +164,7 @@ class StompConnection(asyncio.Protocol):
         the frames behind it wait; ``then`` gets its result on the loop (an exception is an
         ERROR)."""
         self.core.waiting()  # (a login is LOGGING_IN already)
-        self._update_reading()
+        self.update_reading()
 
         def done(fut: asyncio.Future[Any]) -> None:
             self.core.done_waiting()
@@ -384,10 +318,6 @@ class StompConnection(asyncio.Protocol):
             self.reading = True
             transport.resume_reading()
 
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
     def sweep(self, now: float) -> None:
         """(Every quarter second, or a quarter of the heart-beat.) The connection's deadlines
         (see ``Connection.check``), and its unacknowledged messages' leases."""
@@ -405,41 +335,8 @@ class StompConnection(asyncio.Protocol):
         if self.verbs is not None and not self.core.state.ended and now >= self.next_extend:
             self.next_extend = now + self.verbs.extend_leases()
 
-    def drain(self) -> None:
-        """The broker stops: nothing new is read or delivered; what was taken is answered."""
-        self.core.closing()
-        self._update_reading()
-
     def stopping(self) -> None:
         self.error("the broker is shutting down: reconnect (to its backup, or once it is back)")
-
-    def _update_reading(self) -> None:
-        state = self.core.state
-        if self.transport is None or state.ended or state is ConnState.HANDSHAKING:
-            return
-        want = not (
-            self.paused_writing
-            or state is ConnState.CLOSING
-            or (state is ConnState.WAITING and len(self.frames) >= _BACKLOG_FRAMES)
-            or state is ConnState.LOGGING_IN  # nothing more read while it logs in
-        )
-        if want != self.reading:
-            self.reading = want
-            if want:
-                self.transport.resume_reading()
-            else:
-                self.transport.pause_reading()
-
-    def threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
-        """``fn(*args)`` on the loop, soon (from any thread; on the loop itself without waking
-        it through its self-pipe: an inline commit resolves its futures there)."""
-        try:
-            if threading.get_ident() == self.server.loop_thread:
-                self.loop.call_soon(fn, *args)
-            else:
-                self.loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop closed: the broker stopped
-            pass
 
 
 def _required(frame: Frame, name: str) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,13 +26,13 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from spark_mq.config import BrokerSection
-from spark_mq.connection.core import Beat, Close, Connection, ConnState, Refuse
+from spark_mq.connection.core import Beat, Close, ConnState, Refuse
 from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import ListenerCore, Turn
+from spark_mq.connection.loop_connection import LoopConnection
 from spark_mq.errors import NotAuthenticated, SparkMQError
 from spark_mq.security.scram import MECHANISM as SCRAM_MECHANISM
 from spark_mq.security.scram import ScramLogin
-from spark_mq.security.tls import common_name
 from spark_mq.session import Principal
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, KafkaProtocolError, Request, build
@@ -44,7 +43,6 @@ from spark_mq.transports.kafka.share import ShareGroups
 log = logging.getLogger(__name__)
 
 PRELOGIN_FRAME_BYTES = 64 * 1024  # before a login: ApiVersions and SASL frames only
-_WRITE_HIGH = 1024 * 1024  # unsent bytes past which the client is not read
 _BACKLOG = 64  # requests read ahead of their answers (librdkafka sends at most 5 at once)
 _MECHANISMS = ("PLAIN", "OAUTHBEARER", SCRAM_MECHANISM)
 _BEFORE_LOGIN = (codec.API_VERSIONS, codec.SASL_HANDSHAKE, codec.SASL_AUTHENTICATE)
@@ -85,109 +83,33 @@ class Slot:
         self.data: bytes | None = None
 
 
-class KafkaConnection(asyncio.Protocol):
+class KafkaConnection(LoopConnection):
+    server: KafkaHost
+
     def __init__(self, server: KafkaHost) -> None:
-        self.server = server
-        self.loop = server.loop
-        self.transport: Any = None
-        self.peer = "?"
-        self.core = Connection(
-            "?",
-            "kafka",
-            time.monotonic(),
-            first="ApiVersions or SASL request",
-            wake=self.set,
-            tls=server.gateway.tls is not None,
-        )
+        super().__init__(server, "kafka", first="ApiVersions or SASL request")
         self.buffer = bytearray()
         self.frames: deque[bytes] = deque()
         self.slots: deque[Slot] = deque()
         self.requests: KafkaRequests | None = None  # once it has a session
         self.mechanism: str | None = None  # the SASL mechanism its handshake chose
         self.scram: ScramLogin | None = None  # a SCRAM exchange past its first message
-        self.paused_writing = False
-        self.reading = True
         self._wake_due = False
-        self._early: list[bytes] = []
         self.max_frame = server.settings.kafka_max_request_bytes
 
-    # -- asyncio's callbacks -----------------------------------------------------------------
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        peer = transport.get_extra_info("peername")
-        self.peer = self.core.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        server = self.server
-        if server.draining:
-            transport.close()
-            return
-        refused = server.core.over_cap(len(server.conns), self.peer)
-        if refused is not None:
-            transport.close()  # (Kafka has no way to say why before a request)
-            return
-        server.conns.add(self)
-        transport.set_write_buffer_limits(high=_WRITE_HIGH)
-        if self.core.state is ConnState.HANDSHAKING:
-            transport.pause_reading()
-            self.loop.create_task(self._start_tls(transport))
-
-    async def _start_tls(self, raw: Any) -> None:
-        tls = self.server.gateway.tls
-        assert tls is not None
-        try:
-            self.transport = await self.loop.start_tls(
-                raw,
-                self,
-                tls.context(),
-                server_side=True,
-                ssl_handshake_timeout=self.server.settings.handshake_timeout_s,
-            )
-        except Exception as exc:
-            log.info("kafka: TLS handshake with %s failed: %s", self.peer, exc)
-            self.server.gateway.audit(
-                "authentication_failed", peer=self.peer, transport="kafka", detail=str(exc)
-            )
-            raw.abort()
-            self.connection_lost(None)
-            return
-        if self.transport is None:
-            self.connection_lost(None)
-            return
-        self.core.handshaken(common_name(self.transport.get_extra_info("peercert")))
-        early, self._early = self._early, []
-        for data in early:
-            self.data_received(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.core.state is ConnState.CLOSED:
-            return
-        self.server.conns.discard(self)
+    # -- what the connection core leaves to Kafka ---------------------------------------------
+    def ended(self) -> None:
         if self.requests is not None:
             self.requests.close()
-        self.core.closed()
 
-    def pause_writing(self) -> None:
-        self.paused_writing = True
-        self._update_reading()
+    def backlogged(self) -> bool:
+        return len(self.frames) >= _BACKLOG
 
-    def resume_writing(self) -> None:
-        self.paused_writing = False
-        self._update_reading()
-
-    def data_received(self, data: bytes) -> None:
-        state = self.core.state
-        if state.ended:
-            return
-        if state is ConnState.HANDSHAKING:
-            self._early.append(data)
-            return
-        self.core.heard(time.monotonic())
+    def received(self, data: bytes) -> None:
         self.buffer += data
         if not self._cut():
             return
         self._process()
-
-    def eof_received(self) -> bool:
-        return False
 
     # -- frames ------------------------------------------------------------------------------
     def _cut(self) -> bool:
@@ -239,7 +161,7 @@ class KafkaConnection(asyncio.Protocol):
                     self.close("the broker failed to handle a request (see the log)")
                     return
         self.server.committed()
-        self._update_reading()
+        self.update_reading()
 
     def _request(self, frame: bytes) -> None:
         key, version, correlation = codec.peek_header(frame)
@@ -400,7 +322,7 @@ class KafkaConnection(asyncio.Protocol):
         """Wait for ``work`` (a login, a helper thread's): the requests behind it wait."""
         if self.core.state is ConnState.SERVING:
             self.core.waiting()
-        self._update_reading()
+        self.update_reading()
 
         def done(fut: asyncio.Future[Any]) -> None:
             self.core.done_waiting()
@@ -480,10 +402,6 @@ class KafkaConnection(asyncio.Protocol):
         self.core.refuse(time.monotonic())
         self.frames.clear()
 
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
     def sweep(self, now: float) -> None:
         if self.transport is None:
             return
@@ -494,45 +412,6 @@ class KafkaConnection(asyncio.Protocol):
                 self.transport.close()
             case Beat():
                 pass  # (Kafka has no heartbeat on a connection)
-
-    def drain(self) -> None:
-        self.core.closing()
-        self._update_reading()
-
-    def _update_reading(self) -> None:
-        state = self.core.state
-        if self.transport is None or state.ended or state is ConnState.HANDSHAKING:
-            return
-        want = not (
-            self.paused_writing
-            or state is ConnState.CLOSING
-            or state is ConnState.LOGGING_IN
-            or len(self.frames) >= _BACKLOG
-        )
-        if want != self.reading:
-            self.reading = want
-            if want:
-                self.transport.resume_reading()
-            else:
-                self.transport.pause_reading()
-
-    def threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
-        """``fn(*args)`` on the loop, soon (from any thread); if it fails, this connection
-        closes (its answers could not come in order any more) and the others go on."""
-        try:
-            if threading.get_ident() == self.server.loop_thread:
-                self.loop.call_soon(self._safely, fn, args)
-            else:
-                self.loop.call_soon_threadsafe(self._safely, fn, args)
-        except RuntimeError:  # the loop closed: the broker stopped
-            pass
-
-    def _safely(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        try:
-            fn(*args)
-        except Exception:
-            log.exception("kafka: handling a request of %s failed", self.peer)
-            self.close("the broker failed to handle a request (see the log)")
 
 
 def _sasl_credentials(
