@@ -1102,6 +1102,20 @@ def test_committed_offsets_and_messages_survive_a_failover_of_an_ha_pair(tmp_pat
     assert rest == [f"f{i}".encode() for i in range(12, 20)]
 
 
+def test_a_transactional_producer_is_refused_at_once_saying_why(port: int) -> None:
+    from confluent_kafka import KafkaException
+    from confluent_kafka import Producer as RdProducer
+
+    p = RdProducer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "tx-1"})
+    started = time.monotonic()
+    with pytest.raises(KafkaException) as refused:
+        p.init_transactions(20)
+    err = refused.value.args[0]
+    assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and err.fatal()
+    assert "does not serve Kafka transactions yet: produce without transactional.id" in err.str()
+    assert time.monotonic() - started < 5  # (not retried until the call's timeout)
+
+
 def test_an_idempotent_producer_s_sequences_must_come_in_order(port: int) -> None:
     """Sequences past the next expected are refused (OUT_OF_ORDER_SEQUENCE_NUMBER, as Kafka
     refuses them: a batch before was lost); a resent batch is stored once."""

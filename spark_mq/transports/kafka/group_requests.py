@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 _ZERO = timedelta(0)
 _NO_OPERATIONS = -(2**31)
+_NO_TRANSACTIONS = (
+    "sparkmq does not serve Kafka transactions yet: produce without transactional.id "
+    "(idempotent producers are served: each message is stored once)"
+)
 
 
 # an OffsetFetch's answer for a group: its error, and each topic's (partition, offset,
@@ -85,8 +89,10 @@ class GroupRequests:
         body, mod = r.body, self._module(r)
         host, port = self.link.advertised
         key_type = getattr(body, "key_type", 0)
-        err = ErrorCode.none if key_type != 1 else ErrorCode.coordinator_not_available
-        message = None if key_type != 1 else "transactions are not served yet"
+        # a transaction's coordinator: none. Refused at once (not "not available", which a
+        # client retries until its timeout), saying why
+        err = ErrorCode.none if key_type != 1 else ErrorCode.transactional_id_authorization_failed
+        message = None if key_type != 1 else _NO_TRANSACTIONS
         if r.version >= 4:
             coordinators = tuple(
                 build(
