@@ -3,6 +3,7 @@ kafka-python) pointed at a broker's Kafka port, and a raw socket for bytes no cl
 
 from __future__ import annotations
 
+import io
 import socket
 import struct
 import time
@@ -111,3 +112,37 @@ class RawKafka:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def kio_call(port: int, request: Any, correlation: int = 1) -> Any:
+    """Send a request kio builds (its header of the right version) and read its response as
+    kio's entity: for APIs no client library here calls."""
+    from kio.index import load_payload_module
+    from kio.serial import entity_reader, entity_writer
+    from kio.static.constants import EntityType
+
+    header_cls = request.__header_schema__
+    header = header_cls(
+        request_api_key=request.__api_key__,
+        request_api_version=request.__version__,
+        correlation_id=correlation,
+        client_id="raw",
+    )
+    buffer = io.BytesIO()
+    entity_writer(header_cls)(buffer, header)
+    entity_writer(type(request))(buffer, request)
+    raw = RawKafka(port)
+    try:
+        raw.send_frame(buffer.getvalue())
+        data = raw.response()
+    finally:
+        raw.close()
+    module = load_payload_module(request.__api_key__, request.__version__, EntityType.response)
+    response_cls = next(
+        v
+        for v in vars(module).values()
+        if isinstance(v, type) and getattr(v, "__type__", None) is EntityType.response
+    )
+    _, at = entity_reader(response_cls.__header_schema__)(memoryview(data), 0)
+    response, _ = entity_reader(response_cls)(memoryview(data), at)
+    return response

@@ -23,7 +23,7 @@ from spark_mq import Admin
 from spark_mq.client import Consumer, Producer
 from spark_mq.launch import BrokerProcess
 from spark_mq.security.users import UsersFile
-from tests.kafka_kit import RawKafka, consumer, produce_all, producer, read_from
+from tests.kafka_kit import RawKafka, consumer, kio_call, produce_all, producer, read_from
 from tests.security_kit import ACL, PASSWORDS, Keys, rsa_keys, security_settings
 
 pytestmark = pytest.mark.process
@@ -875,6 +875,40 @@ def test_three_share_consumers_on_a_queue_each_record_to_one(
     with Admin(broker.url) as admin:
         stats = admin.stats(q)
     assert stats["acked"] == 60 and stats["depth"] == 0
+
+
+def test_share_groups_are_described_and_listed(broker: BrokerProcess, port: int) -> None:
+    """ShareGroupDescribe and ListGroups v5 (what kafka-share-groups.sh and the Java admin
+    client ask; no Python client asks them yet: kio's requests)."""
+    from kio.schema.errors import ErrorCode
+    from kio.schema.list_groups.v5.request import ListGroupsRequest
+    from kio.schema.share_group_describe.v1.request import ShareGroupDescribeRequest
+
+    q, group = _name("described-jobs"), _name("share-described")
+    with Admin(broker.url) as admin:
+        admin.create_queue(q)
+    produce_all(producer(port), q, [b"job"])
+    member = _share_consumer(port, group)
+    member.subscribe([q])
+    try:
+        assert len(_share_poll([member], 1)) == 1  # (a member, with its assignment)
+        described = kio_call(
+            port,
+            ShareGroupDescribeRequest(
+                group_ids=(group, "no-such-group"), include_authorized_operations=False
+            ),
+        )
+        found, missing = described.groups
+        assert found.error_code == ErrorCode.none and found.group_state == "Stable"
+        (m,) = found.members
+        assert m.subscribed_topic_names == (q,)
+        assert [t.topic_name for t in m.assignment.topic_partitions] == [q]
+        assert missing.error_code == ErrorCode.group_id_not_found
+        listed = kio_call(port, ListGroupsRequest(states_filter=(), types_filter=("share",)))
+        kinds = {(g.group_id, g.group_type) for g in listed.groups}
+        assert (group, "share") in kinds and {k for _, k in kinds} == {"share"}
+    finally:
+        member.close()
 
 
 def test_release_redelivers_with_its_count_and_reject_dead_letters(

@@ -42,7 +42,7 @@ DESCRIBE_CLUSTER = 60
 DELETE_GROUPS = 42
 OFFSET_DELETE = 47
 SASL_AUTHENTICATE = 36
-SHARE_GROUP_HEARTBEAT, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76, 78, 79
+SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76, 77, 78, 79
 
 # what this listener serves: API key -> (lowest, highest) version. Produce v0-2 are advertised
 # but refused: librdkafka looks for them in the answer (KAFKA-18659) and never sends them to a
@@ -63,7 +63,7 @@ SERVED: dict[int, tuple[int, int]] = {
     LEAVE_GROUP: (0, 5),
     OFFSET_COMMIT: (2, 8),
     OFFSET_FETCH: (1, 8),
-    LIST_GROUPS: (0, 4),
+    LIST_GROUPS: (0, 5),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
@@ -73,6 +73,7 @@ SERVED: dict[int, tuple[int, int]] = {
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
     DESCRIBE_CLUSTER: (0, 1),
     SHARE_GROUP_HEARTBEAT: (1, 1),
+    SHARE_GROUP_DESCRIBE: (1, 1),
     SHARE_FETCH: (1, 2),
     SHARE_ACKNOWLEDGE: (1, 2),
 }
@@ -253,6 +254,7 @@ _NAMES = {
     INCREMENTAL_ALTER_CONFIGS: "IncrementalAlterConfigs",
     DESCRIBE_CLUSTER: "DescribeCluster",
     SHARE_GROUP_HEARTBEAT: "ShareGroupHeartbeat",
+    SHARE_GROUP_DESCRIBE: "ShareGroupDescribe",
     SHARE_FETCH: "ShareFetch",
     SHARE_ACKNOWLEDGE: "ShareAcknowledge",
 }

@@ -25,6 +25,7 @@ from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.groups import Coordinator, Joined, Synced
 from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code
+from spark_mq.transports.kafka.share import ShareGroups
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,13 @@ class GroupRequests:
         listener: ListenerCore,
         session: ClientSession,
         coordinator: Coordinator,
+        share_groups: ShareGroups | None = None,
     ) -> None:
         self.link = link
         self.listener = listener
         self.session = session
         self.groups = coordinator
+        self.share_groups = share_groups
 
     def handlers(self) -> dict[int, Callable[[Request, Any], None]]:
         return {
@@ -399,18 +402,31 @@ class GroupRequests:
 
     # -- ListGroups, DescribeGroups, DeleteGroups --------------------------------------------
     def _list_groups(self, r: Request, slot: Any) -> None:
+        """Classic groups; from v5 (which says each group's type) share groups too."""
         mod = self._module(r)
         wanted = set(getattr(r.body, "states_filter", ()) or ())
+        types = {t.lower() for t in getattr(r.body, "types_filter", ()) or ()}
+        found = [
+            (g.id, g.protocol_type or "", g.state.value, "classic") for g in self.groups.listed()
+        ]
+        if r.version >= 5 and self.share_groups is not None:
+            found += [
+                (g.id, "share", "Stable" if g.members else "Empty", "share")
+                for g in self.share_groups.groups.values()
+            ]
         listed = tuple(
             build(
                 mod,
                 "ListedGroup",
-                group_id=g.id,
-                protocol_type=g.protocol_type or "",
-                group_state=g.state.value,
+                group_id=group_id,
+                protocol_type=protocol_type,
+                group_state=state,
+                group_type=kind,
             )
-            for g in self.groups.listed()
-            if (not wanted or g.state.value in wanted) and self.session.may_group("consume", g.id)
+            for group_id, protocol_type, state, kind in found
+            if (not wanted or state in wanted)
+            and (not types or kind in types)
+            and self.session.may_group("consume", group_id)
         )
         self.link.answer(
             slot,

@@ -164,7 +164,7 @@ class KafkaRequests:
             codec.FETCH: self._fetch,
             codec.LIST_OFFSETS: self._list_offsets,
             codec.INIT_PRODUCER_ID: self._init_producer_id,
-            **GroupRequests(link, listener, session, coordinator).handlers(),
+            **GroupRequests(link, listener, session, coordinator, share_groups).handlers(),
             **AdminRequests(link, session, self.cluster_id).handlers(),
             **self.share.handlers(),
         }

@@ -58,6 +58,8 @@ class ShareMember:
     epoch: int
     topics: list[str]
     last_heard: float
+    client_id: str = ""
+    host: str = ""
 
 
 @dataclass(eq=False)
@@ -75,7 +77,14 @@ class ShareGroups:
         self.groups: dict[str, ShareGroup] = {}
 
     def heartbeat(
-        self, group_id: str, member_id: str, epoch: int, topics: list[str] | None
+        self,
+        group_id: str,
+        member_id: str,
+        epoch: int,
+        topics: list[str] | None,
+        *,
+        client_id: str = "",
+        host: str = "",
     ) -> tuple[ErrorCode, ShareMember | None]:
         g = self.groups.setdefault(group_id, ShareGroup(group_id))
         member_id = member_id or str(uuid.uuid4())
@@ -87,7 +96,7 @@ class ShareGroups:
         if epoch == 0:
             if member is None:
                 g.epoch += 1
-                member = ShareMember(member_id, g.epoch, list(topics or []), now)
+                member = ShareMember(member_id, g.epoch, list(topics or []), now, client_id, host)
                 g.members[member_id] = member
                 log.info("kafka: %s joins share group %s", member_id, group_id)
         elif member is None:
@@ -153,6 +162,7 @@ class ShareRequests:
             codec.SHARE_GROUP_HEARTBEAT: self._heartbeat,
             codec.SHARE_FETCH: self._fetch,
             codec.SHARE_ACKNOWLEDGE: self._acknowledge,
+            codec.SHARE_GROUP_DESCRIBE: self._describe,
         }
 
     def close(self) -> None:
@@ -183,7 +193,12 @@ class ShareRequests:
             err = ErrorCode.group_authorization_failed
         else:
             err, member = self.groups.heartbeat(
-                body.group_id, body.member_id, body.member_epoch, topics
+                body.group_id,
+                body.member_id,
+                body.member_epoch,
+                topics,
+                client_id=r.client_id or "",
+                host=self.link.peer,
             )
         assignment = None
         if member is not None and member.epoch >= 0:
@@ -219,6 +234,66 @@ class ShareRequests:
         except NotAuthorized:
             return True
         return False
+
+    # -- ShareGroupDescribe (kafka-share-groups.sh --describe, the admin clients) ----------------
+    def _describe(self, r: Request, slot: Any) -> None:
+        mod = codec.response_module(r.api_key, r.version)
+        out = []
+        for group_id in r.body.group_ids:
+            g = self.groups.groups.get(group_id)
+            err, message = ErrorCode.none, None
+            if self._refused(group_id):
+                err = ErrorCode.group_authorization_failed
+            elif g is None:
+                err, message = ErrorCode.group_id_not_found, f"no share group {group_id!r}"
+            members = ()
+            if err is ErrorCode.none and g is not None:
+                members = tuple(
+                    build(
+                        mod,
+                        "Member",
+                        member_id=m.id,
+                        rack_id=None,
+                        member_epoch=m.epoch,
+                        client_id=m.client_id,
+                        client_host=m.host,
+                        subscribed_topic_names=tuple(m.topics),
+                        assignment=build(
+                            mod,
+                            "Assignment",
+                            topic_partitions=tuple(
+                                build(
+                                    mod,
+                                    "TopicPartitions",
+                                    topic_id=topic_id(t),
+                                    topic_name=t,
+                                    partitions=(0,),
+                                )
+                                for t in m.topics
+                                if self.session.may_consume(t)
+                            ),
+                        ),
+                    )
+                    for m in g.members.values()
+                )
+            out.append(
+                build(
+                    mod,
+                    "DescribedGroup",
+                    error_code=err,
+                    error_message=message,
+                    group_id=group_id,
+                    group_state=("Stable" if g.members else "Empty") if g is not None else "Dead",
+                    group_epoch=g.epoch if g is not None else -1,
+                    assignment_epoch=g.epoch if g is not None else -1,
+                    assignor_name="simple",
+                    members=members,
+                    authorized_operations=-(2**31),
+                )
+            )
+        self.link.answer(
+            slot, build(mod, "ShareGroupDescribeResponse", throttle_time=_ZERO, groups=tuple(out))
+        )
 
     # -- ShareFetch ----------------------------------------------------------------------------
     def _fetch(self, r: Request, slot: Any) -> None:
