@@ -3,7 +3,9 @@
 What goes, per destination:
 
 * message rows every subscription has settled: everything below the lowest *low-water mark*
-  (the first unsettled offset of a subscription) and, above it, offsets settled by all;
+  (the first unsettled offset of a subscription) and, above it, offsets settled by all; but
+  never a row younger than the destination's ``retention_s`` (a topic read as a log: Kafka's
+  retention) nor than ``keep_recent_s``;
 * message rows whose expiry time has passed (with ``drop_expired``; not for destinations created
   with ``expiry = "queue"``, whose reaper moves them to ``EXP.<name>``): an ``expired`` settlement
   is written for every subscription that had not settled them first, so they count as settled;
@@ -158,8 +160,11 @@ def _plan(
     # with no subscription (a topic nobody follows) nothing committed is owed to anyone; a
     # subscription created later starts at the broker's end, which is never below Delta's
     below = min(marks.values(), default=end)
-    # recent rows stay, settled or not: the broker rebuilds its duplicate cache from them
-    cutoff = pa.scalar(now - timedelta(seconds=policy.keep_recent_s), TS)
+    # recent rows stay, settled or not: the broker rebuilds its duplicate cache from them; and
+    # a topic's rows stay as long as its retention (retention_s): its log's readers (Kafka
+    # consumers, format("sparkmq")) may read them again though no subscription owes them
+    keep_s = max(policy.keep_recent_s, float(info.settings.get("retention_s") or 0))
+    cutoff = pa.scalar(now - timedelta(seconds=keep_s), TS)
     young = cols.filter(pc.greater_equal(cols["enqueue_time"], cutoff))["offset"]
     young_from = pc.min(young).as_py() if len(young) else end
     below = min(below, young_from)

@@ -96,6 +96,10 @@ class BrokerSection(_Section):
     # a new consumer group's first rebalance waits this long for more members to join (Kafka's
     # group.initial.rebalance.delay.ms, 3000 there)
     kafka_group_initial_delay_ms: int = Field(500, ge=0, le=300_000)
+    # a topic created through Kafka (CreateTopics, or a Kafka client naming one) keeps its
+    # messages this long for the log's readers (the destination setting retention_s; Kafka's
+    # retention.ms, a week by default); so do the consumer groups' committed offsets
+    kafka_retention_s: float = Field(7 * 24 * 3600.0, ge=0)
 
 
 class JournalSection(_Section):
@@ -162,6 +166,10 @@ class DestinationSettings(_Section):
     max_bytes: int = Field(0, ge=0)  # unsettled body bytes held (0 = unlimited)
     overflow: Overflow = "reject"
     auto_delete: bool = False  # deleted once unused and empty (auto-created queues)
+    # a topic's messages are kept at least this long after they came, owed to a subscription
+    # or not: what a log's readers (Kafka consumers, format("sparkmq")) may read again
+    # (Kafka's retention.ms). 0: kept while a subscription owes them (JMS topics)
+    retention_s: float = Field(0.0, ge=0)
 
     def redelivery_delay_s(self, delivery_count: int) -> float:
         """The wait before redelivering a message that was delivered ``delivery_count`` times."""

@@ -69,6 +69,31 @@ def data(tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
+def test_a_topic_with_a_retention_keeps_its_rows_that_long_owed_or_not(
+    data: Path, clock: ManualClock
+) -> None:
+    running = start_inprocess(data, clock)
+    try:
+        with Admin(running.url) as admin:
+            admin.create_topic("log", retention_s=3600)  # (read as a log: Kafka's retention)
+            admin.create_topic("jms")  # nobody subscribes: nothing is owed to anyone
+        fill(running, "log", batches=10, size=2)
+        fill(running, "jms", batches=10, size=2)
+        for name in ("log", "jms"):
+            assert running.broker.journal.move(name, timeout=30)
+    finally:
+        running.stop()
+    enqueued = datetime.fromtimestamp(clock.wall(), timezone.utc)
+    policy = CompactionPolicy(force=True, keep_recent_s=0)
+    soon = {
+        r.destination: r for r in compact_all(data, policy, now=enqueued + timedelta(minutes=30))
+    }
+    assert soon["jms"].rows_removed == 20 and messages_in_delta(data, "jms").num_rows == 0
+    assert soon["log"].rows_removed == 0 and messages_in_delta(data, "log").num_rows == 20
+    later = {r.destination: r for r in compact_all(data, policy, now=enqueued + timedelta(hours=2))}
+    assert later["log"].rows_removed == 20 and messages_in_delta(data, "log").num_rows == 0
+
+
 def test_removes_exactly_settled_and_expired_rows_and_restart_agrees(
     data: Path, clock: ManualClock
 ) -> None:

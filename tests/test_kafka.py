@@ -605,6 +605,44 @@ def test_committed_offsets_and_messages_survive_a_sigkill(tmp_path: Path) -> Non
         second.stop()
 
 
+def test_compaction_keeps_what_kafka_consumers_read_and_the_groups_offsets(
+    tmp_path: Path,
+) -> None:
+    """A Kafka topic is a log its readers may read again (Kafka's retention.ms, a week by
+    default): compaction keeps its messages that long although no sparkmq subscription owes
+    them; the committed offsets (the internal topic, owed to nobody either) survive it too."""
+    from spark_mq.jobs.compaction import CompactionPolicy, compact_all
+
+    data = tmp_path / "data"
+    first = BrokerProcess(str(data), log_file=str(tmp_path / "broker.out")).start()
+    topic, group = _name("kept"), _name("group")
+    try:
+        assert first.kafka_port
+        produce_all(producer(first.kafka_port), topic, [f"k{i}".encode() for i in range(6)])
+        c = _group_consumer(first.kafka_port, group)
+        c.subscribe([topic])
+        assert [m.value() for m in _read_in_group(c, 2)] == [b"k0", b"k1"]
+        c.close()
+        with Admin(first.url) as admin:
+            assert admin.stats(topic)["settings"]["retention_s"] == 7 * 24 * 3600
+    finally:
+        first.stop()  # (everything moved to Delta)
+    runs = compact_all(data, CompactionPolicy(force=True, retention_hours=1, keep_recent_s=0))
+    assert not [r for r in runs if r.action == "failed"], runs
+    second = BrokerProcess(str(data), log_file=str(tmp_path / "broker2.out")).start()
+    try:
+        assert second.kafka_port
+        # the group goes on from its committed offset; a new reader reads it all again
+        again = _group_consumer(second.kafka_port, group)
+        again.subscribe([topic])
+        assert [m.value() for m in _read_in_group(again, 4)] == [b"k2", b"k3", b"k4", b"k5"]
+        again.close()
+        fresh = read_from(second.kafka_port, topic, 0, 6)
+        assert [m.value() for m in fresh] == [f"k{i}".encode() for i in range(6)]
+    finally:
+        second.stop()
+
+
 _SILENT_MEMBER = """
 import sys, time
 from confluent_kafka import Consumer

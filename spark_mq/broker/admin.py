@@ -41,7 +41,13 @@ class DestinationAdmin:
         self, name: str, kind: Kind, settings: dict[str, Any] | None = None
     ) -> bool:
         """Create a queue or topic (``settings``: overrides of ``[destinations]``)."""
-        return self.destinations.create(name, kind, self._checked_settings(settings))
+        checked = self._checked_settings(settings)
+        retention = self.config.destinations.retention_s
+        if retention and "retention_s" not in checked:
+            # kept with the destination: the compaction job, which reads no broker config,
+            # keeps its rows that long
+            checked["retention_s"] = retention
+        return self.destinations.create(name, kind, checked)
 
     def _checked_settings(self, settings: dict[str, Any] | None) -> dict[str, Any]:
         """Validated overrides, as given (so later changes of the defaults still apply)."""

@@ -134,12 +134,21 @@ class Broker:
             d,
             journal,
             lambda name, rows: self.producing.store_checked(name, rows),
-            lambda name: self.admin.create_destination(name, "topic"),
+            self._kept_as_offsets,
+            self.clock.monotonic,
         )
         self.transactions = Transactions(
             d, journal, self.producing, self.limits, self.disk, self.clock
         )
         self.moves = Moves(d, self.consumers, self.transactions)
+
+    def _kept_as_offsets(self, name: str) -> None:
+        """The consumer groups' offsets topic, with its retention (created, or set on it)."""
+        keep = self.config.broker.kafka_retention_s or 7 * 24 * 3600.0
+        if self.admin.create_destination(name, "topic", {"retention_s": keep}):
+            return
+        if self.destinations.get(name).overrides.get("retention_s") != keep:
+            self.admin.configure_destination(name, {"retention_s": keep})
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, *, run_timers: bool = True, tenure: Tenure | None = None) -> None:
@@ -359,6 +368,7 @@ class Broker:
             dest.store.drop_below(low)
             self._maybe_auto_delete(dest, subs, now)
         self.memory.measure(d.store for d in dests)
+        self.group_offsets.refresh_due()
         return expired
 
     def _maybe_auto_delete(self, dest: Destination, subs: list[Subscription], now: float) -> None:

@@ -8,14 +8,20 @@ latest commit of each group, topic and partition is kept in memory, read back fr
 at first use after a start (the last one wins). Deleting a group's offsets appends tombstones
 (offset -1).
 
-The topic grows by one message per commit; a compaction of the log (keeping each key's last
-commit) is future work, see the README.
+The topic grows by one message per commit, and is kept as a Kafka broker keeps its offsets:
+it has a retention (``broker.kafka_retention_s``, a week), so the compaction job drops commits
+older than that, and the latest commit of every group, topic and partition is appended again
+(a *refresh*) at each start and every :data:`REFRESH_S`, so what is still committed is never
+that old. A group that stays empty past the retention with no broker restart in between loses
+nothing either: the refresh carries it along; only deleted groups' rows go (as Kafka's
+``offsets.retention.minutes`` removes the offsets of groups gone for a week).
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -28,6 +34,7 @@ from spark_mq.names import KAFKA_OFFSETS
 from spark_mq.schema import HEADERS
 
 OFFSETS_TOPIC = KAFKA_OFFSETS
+REFRESH_S = 24 * 3600.0  # the live commits are appended again this often (and at each start)
 _ROWS = pa.schema([pa.field("body", pa.binary()), pa.field("headers", HEADERS)])
 
 
@@ -46,44 +53,37 @@ class GroupOffsets:
         destinations: Destinations,
         journal: Journal,
         store: Callable[[str, pa.Table], Future],
-        create: Callable[[str], object],
+        retained: Callable[[str], object],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.destinations = destinations
         self.journal = journal
         self._store = store  # (Producing.store_checked: the broker's own, past every limit)
-        self._create = create
+        self._retained = retained  # (creates the topic, or sets its retention, as it must be)
+        self._clock = clock
         self._lock = threading.Lock()
         self._groups: dict[str, dict[Key, Committed]] | None = None  # loaded at first use
+        self._refreshed = 0.0  # (clock) when the live commits were last appended again
+        self._in_flight = 0  # commits appended, not yet durable
 
     def commit(self, group: str, entries: list[tuple[str, int, int, str | None]]) -> Future:
         """Commit ``(topic, partition, offset, metadata)`` for ``group``: the future resolves
         once durable (and the offsets are what :meth:`fetch` answers from then on)."""
         groups = self._loaded()
-        rows = pa.table(
-            [
-                pa.array(
-                    [json.dumps({"offset": o, "metadata": m}).encode() for _, _, o, m in entries],
-                    pa.binary(),
-                ),
-                pa.array(
-                    [
-                        [("group", group), ("topic", t), ("partition", str(p))]
-                        for t, p, _, _ in entries
-                    ],
-                    HEADERS,
-                ),
-            ],
-            schema=_ROWS,
-        )
-        stored = self._store(OFFSETS_TOPIC, rows)
+        with self._lock:  # (appended in the order refreshes see: see refresh)
+            self._in_flight += 1
+            stored = self._store(OFFSETS_TOPIC, _rows([(group, *e) for e in entries]))
         out: Future = Future()
 
         def durable(f: Future) -> None:
             exc = f.exception()
             if exc is not None:
+                with self._lock:
+                    self._in_flight -= 1
                 out.set_exception(exc)
                 return
             with self._lock:
+                self._in_flight -= 1
                 mine = groups.setdefault(group, {})
                 for topic, partition, offset, metadata in entries:
                     if offset < 0:
@@ -114,9 +114,9 @@ class GroupOffsets:
             if self._groups is not None:
                 return self._groups
         groups: dict[str, dict[Key, Committed]] = {}
-        if not self.destinations.has(OFFSETS_TOPIC):
-            self._create(OFFSETS_TOPIC)
-        else:
+        existed = self.destinations.has(OFFSETS_TOPIC)
+        self._retained(OFFSETS_TOPIC)
+        if existed:
             rows = self.journal.read_messages(OFFSETS_TOPIC, 0, None)
             for body, headers in zip(
                 rows["body"].to_pylist(), rows["headers"].to_pylist(), strict=True
@@ -135,6 +135,51 @@ class GroupOffsets:
                     mine[key] = Committed(int(value["offset"]), value.get("metadata"))
             groups = {g: m for g, m in groups.items() if m}
         with self._lock:
-            if self._groups is None:
-                self._groups = groups
-            return self._groups
+            if self._groups is not None:
+                return self._groups
+            self._groups = groups
+        self.refresh()
+        return groups
+
+    def refresh(self) -> Future | None:
+        """Append the latest commit of every group, topic and partition again (what is
+        committed is then as young as now: the retention never takes it). Durable when the
+        future resolves; None if there was nothing to append, or a commit was still on its way
+        (its row is in the log before the refresh's would be, with a newer offset than the
+        refresh knows: it waits for the next turn of the timers)."""
+        with self._lock:
+            if self._in_flight:
+                return None
+            self._refreshed = self._clock()
+            live = [
+                (g, t, p, c.offset, c.metadata)
+                for g, mine in (self._groups or {}).items()
+                for (t, p), c in mine.items()
+            ]
+            if not live:
+                return None
+            return self._store(OFFSETS_TOPIC, _rows(live))
+
+    def refresh_due(self) -> None:
+        """(The broker's timers.) A refresh, when one is due and the offsets are in use."""
+        with self._lock:
+            due = self._groups is not None and self._clock() - self._refreshed >= REFRESH_S
+        if due:
+            self.refresh()
+
+
+def _rows(entries: list[tuple[str, str, int, int, str | None]]) -> pa.Table:
+    """Commits ``(group, topic, partition, offset, metadata)`` as the topic's messages."""
+    return pa.table(
+        [
+            pa.array(
+                [json.dumps({"offset": o, "metadata": m}).encode() for _, _, _, o, m in entries],
+                pa.binary(),
+            ),
+            pa.array(
+                [[("group", g), ("topic", t), ("partition", str(p))] for g, t, p, _, _ in entries],
+                HEADERS,
+            ),
+        ],
+        schema=_ROWS,
+    )

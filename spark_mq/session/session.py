@@ -125,11 +125,13 @@ class ClientSession:
         self._may_produce(destination)
         self.broker.destination_for_use(destination)
 
-    def open_named(self, destination: str, kind: Kind) -> None:
+    def open_named(
+        self, destination: str, kind: Kind, settings: dict[str, Any] | None = None
+    ) -> None:
         """A protocol that says whether it means a queue or a topic (STOMP's ``/queue/`` and
         ``/topic/``): the destination must be of that kind. A topic that does not exist is
-        created when auto-creation is on (``create``), as STOMP brokers do; a queue is left to
-        the produce or attach that follows (``destination_for_use``)."""
+        created (with ``settings``) when auto-creation is on (``create``), as STOMP brokers do;
+        a queue is left to the produce or attach that follows (``destination_for_use``)."""
         if self.revoked is not None:
             raise NotAuthenticated(self.revoked)
         found = self.broker.destination_kind(destination)
@@ -149,7 +151,7 @@ class ClientSession:
                 destination=destination,
             )
         self._check("create", destination)
-        if self.broker.create_destination(destination, "topic"):
+        if self.broker.create_destination(destination, "topic", settings):
             self._audit("admin", "CreateDestination", destination, outcome="done")
             log.info("auto-created topic %s", destination, extra={"destination": destination})
 

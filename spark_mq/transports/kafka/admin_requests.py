@@ -34,10 +34,17 @@ _TOPIC, _BROKER = 2, 4  # Kafka's config resource types
 
 
 class AdminRequests:
-    def __init__(self, link: KafkaLink, session: ClientSession, cluster_id: str) -> None:
+    def __init__(
+        self,
+        link: KafkaLink,
+        session: ClientSession,
+        cluster_id: str,
+        topic_settings: dict[str, Any],
+    ) -> None:
         self.link = link
         self.session = session
         self.cluster_id = cluster_id
+        self.topic_settings = topic_settings  # (a created topic's, unless its configs say)
 
     def handlers(self) -> dict[int, Callable[[Request, Any], None]]:
         return {
@@ -85,6 +92,8 @@ class AdminRequests:
                 try:
                     stats = self.session.execute(c.Stats(res.resource_name))
                     values = {"sparkmq.kind": str(stats["kind"])}
+                    retention = stats["settings"].get("retention_s") or 0
+                    values[RETENTION_MS] = str(int(retention * 1000) if retention else -1)
                     for key, value in stats["settings"].items():
                         values[_PREFIX + key] = _text(value)
                     wanted = set(res.configuration_keys or values)
@@ -134,6 +143,9 @@ class AdminRequests:
                     raise _BadConfig("only topics' configs change here")
                 settings = {}
                 for entry in res.configs:
+                    if entry.name == RETENTION_MS and entry.config_operation == 0:
+                        settings["retention_s"] = retention_s(entry.value)
+                        continue
                     if not entry.name.startswith(_PREFIX):
                         continue  # (Kafka's own topic configs: accepted, ignored)
                     key = entry.name[len(_PREFIX) :]
@@ -174,6 +186,8 @@ class AdminRequests:
             err, message = ErrorCode.none, None
             try:
                 kind, settings = _kind_and_settings(t.configs)
+                if kind == "topic":
+                    settings = {**self.topic_settings, **settings}
                 if t.num_partitions not in (-1, 1) or t.assignments:
                     err = ErrorCode.invalid_partitions
                     message = (
@@ -251,11 +265,35 @@ class _BadConfig(Exception):
     pass
 
 
+RETENTION_MS = "retention.ms"  # Kafka's topic config: a topic's retention_s
+_FOREVER_S = 100 * 365 * 24 * 3600.0  # retention.ms -1 (a century)
+
+
+def kafka_topic_settings(retention: float) -> dict[str, Any]:
+    """A topic made through Kafka: its messages kept ``retention`` seconds for the log's
+    readers (``broker.kafka_retention_s``; 0: the broker's defaults)."""
+    return {"retention_s": retention} if retention else {}
+
+
+def retention_s(value: str | None) -> float:
+    """``retention.ms`` as ``retention_s`` (-1, Kafka's "forever": a century)."""
+    try:
+        ms = int(value or "")
+    except ValueError:
+        raise _BadConfig(f"retention.ms is a number of milliseconds, not {value!r}") from None
+    if ms < -1:
+        raise _BadConfig(f"retention.ms is -1 (forever) or a number of milliseconds, not {ms}")
+    return _FOREVER_S if ms == -1 else ms / 1000
+
+
 def _kind_and_settings(configs: Any) -> tuple[Kind, dict[str, Any]]:
     kind: Kind = "topic"
     settings: dict[str, Any] = {}
     for entry in configs or ():
         name, value = entry.name, entry.value
+        if name == RETENTION_MS:
+            settings["retention_s"] = retention_s(value)
+            continue
         if not name.startswith(_PREFIX):
             continue  # (Kafka's own topic configs: accepted, ignored)
         key = name[len(_PREFIX) :]

@@ -43,7 +43,7 @@ from spark_mq.errors import (
 from spark_mq.names import KAFKA_OFFSETS
 from spark_mq.session import ClientSession
 from spark_mq.transports.kafka import codec
-from spark_mq.transports.kafka.admin_requests import AdminRequests
+from spark_mq.transports.kafka.admin_requests import AdminRequests, kafka_topic_settings
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.group_requests import GroupRequests
 from spark_mq.transports.kafka.groups import Coordinator
@@ -152,6 +152,8 @@ class KafkaRequests:
         self.session = session
         self.max_body = listener.gateway.config.limits.max_message_bytes
         self.auto_create = listener.settings.auto_create_queues
+        # a topic a Kafka client creates is a log: kept for its readers (Kafka's retention)
+        self.topic_settings = kafka_topic_settings(listener.settings.kafka_retention_s)
         self.cluster_id = f"sparkmq-{listener.gateway.config.ha.broker_id or 'broker'}"
         self.fetches: set[_Fetch] = set()  # waiting for data
         self._told_queue: set[str] = set()  # queues it fetched as a log (logged once)
@@ -165,7 +167,7 @@ class KafkaRequests:
             codec.LIST_OFFSETS: self._list_offsets,
             codec.INIT_PRODUCER_ID: self._init_producer_id,
             **GroupRequests(link, listener, session, coordinator, share_groups).handlers(),
-            **AdminRequests(link, session, self.cluster_id).handlers(),
+            **AdminRequests(link, session, self.cluster_id, self.topic_settings).handlers(),
             **self.share.handlers(),
         }
 
@@ -253,7 +255,7 @@ class KafkaRequests:
                 return ErrorCode.none
             if not (allow_create and self.auto_create):
                 return ErrorCode.unknown_topic_or_partition
-            self.session.open_named(name, "topic")
+            self.session.open_named(name, "topic", self.topic_settings)
             return ErrorCode.none
         except SparkMQError as exc:
             return error_code(exc)
@@ -306,7 +308,7 @@ class KafkaRequests:
             if part.records is None:
                 raise RecordError("a Produce partition without records", corrupt=True)
             if self.session.kind(name) is None:
-                self.session.open_named(name, "topic")
+                self.session.open_named(name, "topic", self.topic_settings)
             rows = produced(bytes(part.records), self.max_body)
             if rows.transactional:
                 raise _Unsupported("transactional record batches are not served yet")
