@@ -187,6 +187,14 @@ class LoopConnection(asyncio.Protocol):
         except RuntimeError:  # the loop closed: the broker stopped
             pass
 
+    def now_or_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` at once when called on the loop (a commit of the loop's turn resolved
+        a future: its answer goes out in this turn, not the next), else :meth:`threadsafe`."""
+        if threading.get_ident() == self.server.loop_thread:
+            self._safely(fn, args)
+        else:
+            self.threadsafe(fn, *args)
+
     def _safely(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         try:
             fn(*args)

@@ -291,7 +291,7 @@ class KafkaRequests:
             self.link.awaiting(_all(holding), answer, on_error=answer)
         elif futures:
             done = futures[0] if len(futures) == 1 else _all(futures)
-            done.add_done_callback(lambda _: self.link.threadsafe(answer))
+            done.add_done_callback(lambda _: self.link.now_or_soon(answer))
         else:
             answer()
 
