@@ -252,3 +252,22 @@ def test_delta_reads_see_later_commits_and_survive_compacted_files(tmp_path: Pat
     table.optimize.compact()
     table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     assert store.read_messages("q", 0, 3)["body"].to_pylist() == [b"b", b"c"]
+
+
+def test_moved_messages_are_written_in_row_groups_a_read_can_skip(tmp_path: Path) -> None:
+    """A reader of a window (a Kafka fetch, 8,192 rows) decodes only the row groups holding
+    it: a file of one row group had to be decoded whole for every window it held."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    from spark_mq.journal import layout
+
+    store = DeltaStore(str(tmp_path / "root"))
+    store.create_logs("q")
+    store.commit_messages("q", rows([b"x" * 100] * 20_000), 20_000)
+    (uri,) = DeltaTable(layout.messages_uri(store.root, "q")).file_uris()
+    meta = pq.ParquetFile(uri).metadata
+    assert meta.num_row_groups == 3
+    assert max(meta.row_group(i).num_rows for i in range(3)) == 8192
+    window = store.read_messages("q", 9000, 17192)
+    assert window["offset"].to_pylist() == list(range(9000, 17192))
