@@ -149,6 +149,7 @@ def _first_to_answer(
     left = max(min(deadline - time.monotonic(), _PROBE_S), 0.1)
     conns = [_connection(u, timeout_s, auth) for u in urls]
     outcomes: queue.Queue[tuple[Connection, SparkMQError | None]] = queue.Queue()
+    probed = {id(conn): threading.Event() for conn in conns}  # (its probe's call returned)
 
     def probe(conn: Connection) -> None:
         headers = conn.options.headers  # type: ignore[attr-defined]  # (the stubs lack it)
@@ -157,10 +158,12 @@ def _first_to_answer(
             call_action(conn.client, options, "ping")
         except SparkMQError as exc:
             outcomes.put((conn, exc))
-        except Exception as exc:  # (its client was closed: the round gave up on it)
+        except Exception as exc:
             outcomes.put((conn, BrokerUnavailable(f"probe ended: {exc}")))
         else:
             outcomes.put((conn, None))
+        finally:
+            probed[id(conn)].set()
 
     for conn in conns:
         threading.Thread(target=probe, args=(conn,), name="sparkmq-probe", daemon=True).start()
@@ -182,7 +185,7 @@ def _first_to_answer(
             refusal = err
     for conn in conns:
         if conn is not chosen:
-            _close_later(conn.client)  # (a probe may still be under way on it)
+            _close_later(conn.client, probed[id(conn)])
     if refusal is not None:
         raise refusal
     for u in urls:
@@ -190,10 +193,13 @@ def _first_to_answer(
     return chosen
 
 
-def _close_later(client: fl.FlightClient) -> None:
-    """Close a client whose probe may not have ended (closing under a live call blocks)."""
+def _close_later(client: fl.FlightClient, probed: threading.Event) -> None:
+    """Close a client once its probe's call has returned (it ends by its own timeout):
+    closing a Flight client under a live call on another thread crashed the process
+    (a segmentation fault in pyarrow's Flight client, seen in the HA suite)."""
 
     def close() -> None:
+        probed.wait()
         with contextlib.suppress(Exception):
             client.close()
 
