@@ -4,7 +4,9 @@ through which every other consumer takes messages. Nothing read here is leased o
 
 Older messages come from Delta, the newest from the hot tier's records not moved yet
 (:meth:`Journal.read_messages <spark_mq.journal.Journal.read_messages>`): a read may take tens of
-milliseconds, so callers make it off the listeners' loops. A reader waiting for the next
+milliseconds, so callers make it off the listeners' loops, except :meth:`LogReads.read_recent`,
+which reads only what the hot tier still holds in memory (the tail a waiting reader was woken
+for) and says None otherwise. A reader waiting for the next
 messages is woken on the committing thread (:meth:`LogReads.watch`).
 """
 
@@ -34,6 +36,12 @@ class LogReads:
         """The durable messages ``start <= offset < end`` (rows of ``MESSAGE_SCHEMA``)."""
         self.destinations.get(destination)
         return self.journal.read_messages(destination, start, end)
+
+    def read_recent(self, destination: str, start: int, end: int) -> pa.Table | None:
+        """As :meth:`read`, when the rows are all still in the hot tier's memory (quick: a
+        loop may read them); else None."""
+        self.destinations.get(destination)
+        return self.journal.read_recent(destination, start, end)
 
     def offset_at(self, destination: str, time_us: int) -> int | None:
         """The first offset enqueued at or after ``time_us`` (None: none was)."""

@@ -533,6 +533,31 @@ class HotTier:
             parts.append(table.filter(mask))
         return by_offset(pa.concat_tables(parts))
 
+    def read_recent(self, start: int, end: int) -> pa.Table | None:
+        """Rows ``start <= offset < end`` from the records not moved yet (memory: quick), or
+        None when some of them are in Delta only (a read for another thread)."""
+        with self._mutex:
+            if start < self._delta_end:
+                return None
+            hot = as_tables(
+                [
+                    p.table
+                    for p in self._pending
+                    if p.ref.kind in MESSAGE_KINDS
+                    and p.ref.end_offset > start
+                    and p.ref.first_offset < end
+                ]
+            )
+        parts = [MESSAGE_SCHEMA.empty_table()]
+        for table in hot:
+            table = conform(table, MESSAGE_SCHEMA)
+            mask = pc.and_(
+                pc.greater_equal(table["offset"], pa.scalar(start)),
+                pc.less(table["offset"], pa.scalar(end)),
+            )
+            parts.append(table.filter(mask))
+        return by_offset(pa.concat_tables(parts))
+
     def read_settlements(self) -> pa.Table:
         with self._mutex:
             hot = as_tables([p.table for p in self._pending if p.ref.kind in SETTLEMENT_KINDS])

@@ -376,6 +376,12 @@ class Journal:
             return tier.read_messages(start, end)
         return self._store_of(destination).read_messages(destination, start, end)
 
+    def read_recent(self, destination: str, start: int, end: int) -> pa.Table | None:
+        """Durable rows ``start <= offset < end`` when the hot tier still holds them all in
+        memory (a read quick enough for an event loop), else None."""
+        tier = self._tiers.get(destination)
+        return tier.read_recent(start, end) if tier is not None else None
+
     def read_settlements(self, destination: str) -> pa.Table:
         """Durable settlement rows (with a hot tier, a row may appear twice while it moves)."""
         self.destination(destination)

@@ -226,6 +226,15 @@ class ClientSession:
         self.counts["read_log"] += 1
         return self.broker.log.read(destination, start, end)
 
+    def read_log_recent(self, destination: str, start: int, end: int) -> pa.Table | None:
+        """As :meth:`read_log`, when the messages are all still in memory (quick enough for a
+        loop: the tail a waiting reader was woken for); else None."""
+        self._may_read(destination)
+        rows = self.broker.log.read_recent(destination, start, end)
+        if rows is not None:
+            self.counts["read_log"] += 1
+        return rows
+
     def offset_at(self, destination: str, time_us: int) -> int | None:
         """The first offset enqueued at or after ``time_us`` (a read: off the loops)."""
         self._may_read(destination)

@@ -59,6 +59,7 @@ _READ_AHEAD = 8_192  # rows read at once for a consumer going through a backlog 
 _SEQUENCES = 2**31  # idempotent producers' sequence numbers wrap here
 _PRODUCERS_KEPT = 100_000  # idempotent producers whose next sequence is kept
 _BATCH_ROWS, _BATCH_BYTES = 512, 256 * 1024  # a record batch of a fetch holds at most these
+_INLINE_ROWS = 512  # a woken fetch's tail of at most this many rows is read on the loop
 _FETCH_RECHECK_S = 0.005  # a waiting fetch looks again at most this often when woken
 
 
@@ -75,16 +76,24 @@ class _ReadAhead:
         self._lock = threading.Lock()  # (fetches run on the helper threads)
         self._kept: dict[str, list[tuple[int, int, bytes]]] = {}  # topic -> (first, n, batch)
 
-    def records(self, topic: str, offset: int, max_bytes: int, end: int) -> bytes:
+    def records(
+        self, topic: str, offset: int, max_bytes: int, end: int, *, recent: bool = False
+    ) -> bytes | None:
         """Batches holding ``offset`` and after (before ``end``), at most ``max_bytes`` of them
-        but the first."""
+        but the first. ``recent``: only from memory (the hot tier's), None when that is not
+        where they are."""
         with self._lock:
             kept = self._kept.get(topic, [])
         at = next((i for i, (f, n, _) in enumerate(kept) if f <= offset < f + n), None)
         if at is None:
-            kept = self._encode(
-                self.session.read_log(topic, offset, min(end, offset + _READ_AHEAD))
-            )
+            stop = min(end, offset + _READ_AHEAD)
+            if recent:
+                rows = self.session.read_log_recent(topic, offset, stop)
+                if rows is None:
+                    return None
+            else:
+                rows = self.session.read_log(topic, offset, stop)
+            kept = self._encode(rows)
             with self._lock:
                 self._kept[topic] = kept
             at = 0
@@ -537,6 +546,11 @@ class KafkaRequests:
         have = [p for p in readable if p.offset < p.end]
         errors = any(p.error is not ErrorCode.none for p in fetch.parts)
         if have and (errors or now >= fetch.deadline or self._enough(fetch, have)):
+            # the tail a waiting fetch was woken for is in memory: read here, answer now
+            # (through a helper thread, the answer came a loop turn and two thread hops later)
+            if sum(p.end - p.offset for p in have) <= _INLINE_ROWS and self._read_here(fetch, have):
+                self._fetch_answer(fetch)
+                return
             fetch.reading = True
             fut = self.listener.run_blocking(self._read, fetch, have)
             fut.add_done_callback(lambda f: self.link.threadsafe(self._fetched, fetch, f))
@@ -546,20 +560,39 @@ class KafkaRequests:
             return
         self._wait(fetch, readable)
 
+    def _read_here(self, fetch: _Fetch, have: list[_Part]) -> bool:
+        """Read a small tail from memory on the loop; False: it is not all there (or the read
+        failed: the helper thread's read says why)."""
+        try:
+            return self._read(fetch, have, recent=True)
+        except SparkMQError:
+            for p in have:
+                p.records = b""
+            return False
+
     def _enough(self, fetch: _Fetch, have: list[_Part]) -> bool:
         """Whether what waits is likely ``min.bytes`` (a message counted at 1 KiB until read)."""
         if fetch.min_bytes <= 1:
             return True
         return sum(p.end - p.offset for p in have) * 1024 >= fetch.min_bytes
 
-    def _read(self, fetch: _Fetch, have: list[_Part]) -> None:
-        """(A helper thread.) Each partition's records from its offset."""
+    def _read(self, fetch: _Fetch, have: list[_Part], *, recent: bool = False) -> bool:
+        """(A helper thread; the loop when ``recent``.) Each partition's records from its
+        offset; ``recent``: from memory only (False, nothing kept, when some are not there)."""
         budget = fetch.max_bytes
         for p in have:
             if budget <= 0:
                 break
-            p.records = self._read_ahead.records(p.topic, p.offset, min(p.max_bytes, budget), p.end)
-            budget -= len(p.records)
+            records = self._read_ahead.records(
+                p.topic, p.offset, min(p.max_bytes, budget), p.end, recent=recent
+            )
+            if records is None:
+                for q in have:
+                    q.records = b""
+                return False
+            p.records = records
+            budget -= len(records)
+        return True
 
     def _fetched(self, fetch: _Fetch, fut: Future) -> None:
         fetch.reading = False
