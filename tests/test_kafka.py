@@ -5,6 +5,7 @@ refused as a log; malformed requests; SASL and ACLs."""
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 import time
@@ -177,6 +178,30 @@ def test_a_fetch_waits_for_new_messages_and_wakes_when_they_come(port: int) -> N
         waited = time.monotonic() - sent
         assert m is not None and m.value() == b"second" and m.offset() == 1
         assert waited < 1.0, f"the waiting fetch answered {waited:.2f} s after the produce"
+    finally:
+        c.close()
+
+
+def test_a_woken_fetch_of_a_big_tail_is_answered_too(port: int) -> None:
+    """A small tail is read on the loop from memory; one of big messages (more than a loop
+    should encode) goes to a helper thread: both are answered."""
+    topic = _name("big-tail")
+    big = os.urandom(3 * 1024 * 1024)
+    p = producer(port, **{"message.max.bytes": 8 * 1024 * 1024})
+    produce_all(p, topic, [b"first"])
+    c = consumer(port, **{"fetch.wait.max.ms": 5000, "fetch.max.bytes": 16 * 1024 * 1024})
+    try:
+        c.assign([TopicPartition(topic, 0, 1)])
+        assert c.poll(1.0) is None
+        produce_all(p, topic, [b"small", big])
+        got: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None:
+                assert m.error() is None, m.error()
+                got.append(m)
+        assert [m.value() for m in got] == [b"small", big]
     finally:
         c.close()
 

@@ -59,7 +59,8 @@ _READ_AHEAD = 8_192  # rows read at once for a consumer going through a backlog 
 _SEQUENCES = 2**31  # idempotent producers' sequence numbers wrap here
 _PRODUCERS_KEPT = 100_000  # idempotent producers whose next sequence is kept
 _BATCH_ROWS, _BATCH_BYTES = 512, 256 * 1024  # a record batch of a fetch holds at most these
-_INLINE_ROWS = 512  # a woken fetch's tail of at most this many rows is read on the loop
+_INLINE_ROWS = 512  # a woken fetch's tail of at most this many rows is read on the loop,
+_INLINE_BYTES = 1024 * 1024  # and of at most this many bytes of bodies
 _FETCH_RECHECK_S = 0.005  # a waiting fetch looks again at most this often when woken
 
 
@@ -89,8 +90,8 @@ class _ReadAhead:
             stop = min(end, offset + _READ_AHEAD)
             if recent:
                 rows = self.session.read_log_recent(topic, offset, stop)
-                if rows is None:
-                    return None
+                if rows is None or rows["body"].nbytes > _INLINE_BYTES:
+                    return None  # (not all in memory, or too much to encode on a loop)
             else:
                 rows = self.session.read_log(topic, offset, stop)
             kept = self._encode(rows)
