@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
 from spark_mq.connection.listener import ListenerCore
-from spark_mq.errors import NotAuthorized, SparkMQError
+from spark_mq.errors import SparkMQError
 from spark_mq.session import ClientSession, Verb
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.groups import Coordinator, Joined, Synced
-from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code
+from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code, group_refused
 from spark_mq.transports.kafka.share import ShareGroups
 
 log = logging.getLogger(__name__)
@@ -77,12 +78,7 @@ class GroupRequests:
         }
 
     def _refused(self, group: str, verb: Verb = "consume") -> bool:
-        """Whether the principal may not do ``verb`` on ``group`` (the refusal audited)."""
-        try:
-            self.session.check_group(verb, group)
-        except NotAuthorized:
-            return True
-        return False
+        return group_refused(self.session, group, verb)
 
     def _module(self, r: Request) -> Any:
         return codec.response_module(r.api_key, r.version)
@@ -279,10 +275,7 @@ class GroupRequests:
                     )
                 except SparkMQError as exc:
                     outcome[topic] = error_code(exc)
-            for topic, fut in pending:
-                failed = fut.exception()
-                outcome[topic] = ErrorCode.none if failed is None else error_code(failed)
-            return outcome
+            return _waited(outcome, pending)
 
         def answer(outcome: dict[str, ErrorCode]) -> None:
             topics = tuple(
@@ -514,11 +507,7 @@ class GroupRequests:
                         pending.append((g, session.delete_offsets(g)))
                     except SparkMQError as exc:
                         outcome[g] = error_code(exc)
-            for g, fut in pending:
-                failed = fut.exception()
-                if failed is not None:
-                    outcome[g] = error_code(failed)
-            return outcome
+            return _waited(outcome, pending)
 
         def answer(outcome: dict[str, ErrorCode]) -> None:
             results = tuple(
@@ -559,10 +548,7 @@ class GroupRequests:
                         outcome[topic] = error_code(exc)
                         continue
                     pending.append((topic, fut))
-            for topic, fut in pending:
-                failed = fut.exception()
-                outcome[topic] = ErrorCode.none if failed is None else error_code(failed)
-            return outcome
+            return _waited(outcome, pending)
 
         def answer(outcome: dict[str, ErrorCode]) -> None:
             topics = tuple(
@@ -607,3 +593,13 @@ class GroupRequests:
             then(fut.result())
 
         fut.add_done_callback(lambda _: self.link.threadsafe(done))
+
+
+def _waited(
+    outcome: dict[str, ErrorCode], pending: list[tuple[str, Future]]
+) -> dict[str, ErrorCode]:
+    """``outcome`` with each pending key's result once its future is done (a helper thread)."""
+    for key, fut in pending:
+        failed = fut.exception()
+        outcome[key] = ErrorCode.none if failed is None else error_code(failed)
+    return outcome

@@ -19,6 +19,7 @@ from spark_mq.errors import (
     MessageTooLarge,
     NotAuthorized,
 )
+from spark_mq.session import ClientSession, Verb
 from spark_mq.transports.kafka.codec import ErrorCode
 from spark_mq.transports.kafka.records import RecordError
 
@@ -79,3 +80,13 @@ def error_code(exc: BaseException) -> ErrorCode:
 
 def message_of(exc: BaseException) -> str:
     return getattr(exc, "message", None) or str(exc) or type(exc).__name__
+
+
+def group_refused(session: ClientSession, group: str, verb: Verb) -> bool:
+    """Whether the principal may not do ``verb`` on the Kafka group ``group`` (the refusal
+    audited by the session): a handler answers GROUP_AUTHORIZATION_FAILED."""
+    try:
+        session.check_group(verb, group)
+    except NotAuthorized:
+        return True
+    return False

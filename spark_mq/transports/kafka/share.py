@@ -34,13 +34,20 @@ from datetime import timedelta
 from typing import Any
 
 from spark_mq import commands as c
-from spark_mq.errors import NotAuthorized, SparkMQError
+from spark_mq.errors import SparkMQError
 from spark_mq.names import KAFKA_OFFSETS
 from spark_mq.schema import ints
 from spark_mq.session import ClientSession, ConsumerHandle
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
-from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code, message_of, topic_id
+from spark_mq.transports.kafka.link import (
+    NODE_ID,
+    KafkaLink,
+    error_code,
+    group_refused,
+    message_of,
+    topic_id,
+)
 from spark_mq.transports.kafka.records import record_batch
 
 log = logging.getLogger(__name__)
@@ -228,12 +235,7 @@ class ShareRequests:
         )
 
     def _refused(self, group: str) -> bool:
-        """Whether the principal may not use the share group ``group`` (audited)."""
-        try:
-            self.session.check_group("consume", group)
-        except NotAuthorized:
-            return True
-        return False
+        return group_refused(self.session, group, "consume")
 
     # -- ShareGroupDescribe (kafka-share-groups.sh --describe, the admin clients) ----------------
     def _describe(self, r: Request, slot: Any) -> None:
