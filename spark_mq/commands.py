@@ -14,7 +14,9 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-SettleVerb = Literal["ack", "nack", "extend", "reject"]  # reject: dead-lettered at once
+# reject: dead-lettered at once; release: a nack whose message goes to another consumer when
+# there is one (a pool's start timeout gave it back)
+SettleVerb = Literal["ack", "nack", "extend", "reject", "release"]
 Kind = Literal["queue", "topic"]
 # an ack inside a transaction: destination, subscription, consumer, offset, delivery count
 TransactionAck = tuple[str, str, int, int, int]

@@ -29,7 +29,7 @@ from spark_mq.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
 MAX_PREFETCH = 1_000_000  # messages a consumer may hold unsettled at once
-SettleVerb = Literal["ack", "nack", "extend"]
+SettleVerb = Literal["ack", "nack", "extend", "release"]  # release: nack, for another consumer
 ADMIN_ACTIONS = (
     "create_destination",
     "delete_destination",
@@ -375,7 +375,7 @@ def _parse_json(data: bytes | memoryview) -> Frame:
             )
         case "settle":
             verb = doc.get("verb")
-            if verb not in ("ack", "nack", "extend"):
+            if verb not in ("ack", "nack", "extend", "release"):
                 raise ProtocolError(f"unknown settle verb {verb!r}", fault="remote")
             return Settle(verb, _int(doc, "request_id"), _entries(doc.get("entries")))  # type: ignore[arg-type]
         case "bye":

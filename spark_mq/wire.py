@@ -57,7 +57,9 @@ CONTROL, BATCH, COLUMNS, PLAIN, ONE = 1, 2, 3, 4, 5
 # a frame's body: bytes, or an Arrow buffer (a big frame's, received in place: FrameReader)
 Body: TypeAlias = "bytes | pa.Buffer"
 PRODUCE_KINDS = (BATCH, COLUMNS, PLAIN)  # the frames that carry a producer's messages
-VERSION = 3  # 1: CONTROL, BATCH, COLUMNS; 2: and PLAIN, ONE; 3: and heartbeats (on Flight too)
+# 1: CONTROL, BATCH, COLUMNS; 2: and PLAIN, ONE; 3: and heartbeats (on Flight too); 4: and the
+# settle verb "release"
+VERSION = 4
 MASK = struct.Struct("<H")
 PLAIN_HEAD = struct.Struct("<II")  # sequence number, message count
 _ONE_PLAIN = struct.Struct("<IBIIiiii")  # a one-message PLAIN frame up to its id: all but data

@@ -198,9 +198,10 @@ class ConsumerSession:
                         self._reply(_reply(frame.request_id, [], [*refused, *failed]))
 
                 fut.add_done_callback(done)
-            case "nack" | "reject":
-                if frame.verb == "nack":
-                    ok, refused = sub.nack(self.consumer_id, frame.entries)
+            case "nack" | "reject" | "release":
+                if frame.verb != "reject":
+                    elsewhere = frame.verb == "release"
+                    ok, refused = sub.nack(self.consumer_id, frame.entries, elsewhere=elsewhere)
                 else:
                     ok, refused = sub.reject(self.consumer_id, frame.entries)
                 self._forget(ok)

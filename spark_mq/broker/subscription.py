@@ -491,14 +491,16 @@ class Subscription:
             self.wake()  # a group whose owner left can move to another consumer now
 
     def nack(
-        self, consumer_id: int, entries: Iterable[tuple[int, int]]
+        self, consumer_id: int, entries: Iterable[tuple[int, int]], *, elsewhere: bool = False
     ) -> tuple[list[int], list[Refused]]:
-        """Give messages back for redelivery (with a higher delivery count).
+        """Give messages back for redelivery (with a higher delivery count); ``elsewhere``: to
+        another consumer when there is one (as a lapsed lease's message goes).
 
         The caller records the returned offsets durably (so the count survives a crash).
         """
         ok, refused = [], []
         with self._lock:
+            others = elsewhere and len(self._takers) > 1
             for offset, count in entries:
                 got = self._check(consumer_id, offset, count)
                 if isinstance(got, Refused) or got.settling:
@@ -506,6 +508,8 @@ class Subscription:
                     continue
                 del self._leases[offset]
                 self._return(offset, got, log=False)
+                if others:
+                    self._lapsed_from[offset] = consumer_id
                 ok.append(offset)
             self.nacked_total += len(ok)
         if ok:

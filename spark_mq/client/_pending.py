@@ -31,7 +31,7 @@ class Pending:
     expiry_time: datetime | None
     delay_ms: int | None
     deliver_time: datetime | None
-    future: Future
+    future: Future | Any  # (the asyncio SDK's producer keeps an asyncio future here)
 
 
 # built once: constructing and comparing DataTypes per column was a third of a send's cost

@@ -20,7 +20,11 @@ direct wire, a ``receive`` that finds nothing delivered reads the connection its
 Flight, the reader thread queues messages for it. The callback settles messages as ``receive``'s
 caller would; one that raises has its message nacked (delivered again, or dead-lettered after
 ``max_delivery_attempts``). It may call ``close``; its first call may come before the
-constructor has returned. ``receive`` is then not available; ``wait`` blocks until the stream
+constructor has returned. With ``concurrency=N`` (more than 1) the callback runs in a pool of N
+handler threads (:mod:`~spark_mq.client._pool`, seed 001's activation specification): messages
+of one group one at a time and in order, a handler's message's lease extended while it runs,
+and with ``start_timeout_s`` a message that found no free handler in time given back for
+another consumer to take. ``receive`` is then not available; ``wait`` blocks until the stream
 ends, and raises why if it broke.
 
 The ack vocabulary, each verb by its redelivery effect:
@@ -54,6 +58,7 @@ import pyarrow.flight as fl
 from spark_mq import protocol, wire
 from spark_mq.client import _liveness as liveness
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
+from spark_mq.client._pool import HandlerPool
 from spark_mq.client._transport import (
     DEFAULT_URL,
     Connection,
@@ -77,7 +82,7 @@ from spark_mq.security.credentials import Auth
 
 log = logging.getLogger(__name__)
 
-Verb = Literal["ack", "nack", "extend"]
+Verb = Literal["ack", "nack", "extend", "release"]
 _CLOSED = object()
 
 
@@ -97,6 +102,8 @@ class Consumer:
         timeout_s: float = 30.0,
         transport: Transport = "auto",
         on_message: Callable[[Message], object] | None = None,
+        concurrency: int = 1,
+        start_timeout_s: float | None = None,
         username: str | None = None,
         password: str | None = None,
         token: str | None = None,
@@ -136,7 +143,10 @@ class Consumer:
         self._requests: dict[int, list[tuple[list[int], Future]]] = {}
         self._request_ids = itertools.count(1)
         self._closed = False
+        if (concurrency != 1 or start_timeout_s is not None) and on_message is None:
+            raise ValueError("concurrency and start_timeout_s are for an on_message consumer")
         self._on_message = on_message
+        self._pool: HandlerPool | None = None
         self._close_when_read = False  # close() was called by on_message, on the reader thread
         self.error: SparkMQError | None = None
         self._welcome = threading.Event()
@@ -146,6 +156,17 @@ class Consumer:
         self._turn: ReadTurn | None = None  # receivers read the wire link themselves
         self._urls, self._command, self._transport = broker_urls(url), command, transport
         self._attach()
+        if on_message is not None and (concurrency > 1 or start_timeout_s is not None):
+            self._pool = HandlerPool(
+                on_message,
+                self.nack,
+                self._give_back,
+                self.extend_lease,
+                concurrency,
+                start_timeout_s,
+                self.lease_s or 30.0,
+                f"consumer-{self.consumer_id}",
+            )
         self._reader_thread = self._new_reader()
         self._reader_thread.start()
         self._settler = threading.Thread(
@@ -159,6 +180,7 @@ class Consumer:
         command, timeout_s = self._command, self._timeout_s
         try:
             address = wire_address(self._client, self._options, self._conn.url, self._transport)
+            self._broker_version = address.version if address is not None else 1
             if address is not None:  # plain messages may come as ONE frames, one each
                 beat = heartbeat_ms(address.version, self._heartbeat_s)
                 compact = dataclasses.replace(command, compact=True, heartbeat_ms=beat)
@@ -168,6 +190,7 @@ class Consumer:
             else:
                 if self._heartbeat_s > 0:
                     version = broker_version(self._client, self._options)
+                    self._broker_version = version
                     beat = heartbeat_ms(version, self._heartbeat_s)
                     command = dataclasses.replace(command, heartbeat_ms=beat)
                 self._link = _FlightLink(self._conn, command)
@@ -210,6 +233,8 @@ class Consumer:
                 if not f.done():
                     f.set_exception(err)
         self._requests.clear()
+        if self._pool is not None:
+            self._pool.drop_waiting()  # (their leases were the old broker's)
         self._release_link()
         while True:
             if self._closed:
@@ -343,6 +368,11 @@ class Consumer:
 
     def extend_lease(self, messages: Message | Iterable[Message]) -> Future:
         return self._settle("extend", messages)
+
+    def _give_back(self, messages: Iterable[Message]) -> Future:
+        """Nack, for another consumer to take when there is one (brokers before wire version 4
+        know only the nack)."""
+        return self._settle("release" if self._broker_version >= 4 else "nack", messages)
 
     def _settle(self, verb: Verb, messages: Message | Iterable[Message]) -> Future:
         msgs = [messages] if isinstance(messages, Message) else list(messages)
@@ -489,6 +519,9 @@ class Consumer:
     def _dispatch(self, messages: list[Message]) -> None:
         """Hand each message to the callback (on the reader thread); nack those it raises on."""
         assert self._on_message is not None
+        if self._pool is not None:
+            self._pool.put(messages)
+            return
         for m in messages:
             if self._closed:  # the rest go back to the broker when the consumer detaches
                 return
@@ -515,6 +548,8 @@ class Consumer:
         """Send pending settles, then detach; unacked messages go back to the broker."""
         if self._closed:
             return
+        if self._pool is not None:  # running handlers finish (and settle) first
+            self._pool.stop(self._timeout_s)
         with self._settle_cond:
             self._closed = True
             self._settle_cond.notify_all()

@@ -26,7 +26,10 @@ class Settler(Protocol):
 
 
 def messages_of(
-    destination: str, batch: pa.Table | pa.RecordBatch, consumer: Settler | None
+    destination: str,
+    batch: pa.Table | pa.RecordBatch,
+    consumer: Settler | None,
+    kind: type[Message] | None = None,
 ) -> list[Message]:
     """A delivery batch as messages.
 
@@ -40,8 +43,9 @@ def messages_of(
     if isinstance(batch, pa.Table):
         batch = batch.combine_chunks().to_batches()[0]
     rest = _Columns(batch.drop_columns(["body"]))
+    kind = kind or Message  # (the asyncio SDK's consumer makes AsyncMessages)
     return [
-        Message(destination, offset, body, count, rest, row, consumer)
+        kind(destination, offset, body, count, rest, row, consumer)
         for row, (offset, body, count) in enumerate(
             zip(
                 ints(batch.column("offset")),
@@ -53,9 +57,11 @@ def messages_of(
     ]
 
 
-def message_of_one(destination: str, one: wire.One, consumer: Settler | None) -> Message:
+def message_of_one(
+    destination: str, one: wire.One, consumer: Settler | None, kind: type[Message] | None = None
+) -> Message:
     """A ``ONE`` frame's message (one plain message, delivered without a batch)."""
-    return Message(
+    return (kind or Message)(
         destination, one.offset, one.body, one.delivery_count, _OneFields(one), 0, consumer
     )
 

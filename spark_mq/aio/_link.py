@@ -1,0 +1,252 @@
+"""One direct-wire connection on an event loop, and how the asyncio SDK finds the broker.
+
+The link is an :class:`asyncio.Protocol`: bytes are cut into frames as they arrive
+(:class:`~spark_mq.wire.FrameReader`) and handed, in order, to its owner's ``on_frame`` within
+the same callback. No caller ever reads the socket: a caller that sends something waits for a
+future the owner resolves from the answer's frame, by its sequence number or request id. A
+caller cancelled while waiting leaves that future cancelled and nothing else: the answer, when
+it comes, finds it done and is dropped, and the next caller's answer is still its own (the
+pattern of redis-py's CVE-2023-28858, where a cancelled command's reply reached the next one,
+cannot happen). Frames are written whole with one ``writelines`` (a synchronous call that no
+cancellation cuts in half).
+
+Finding the broker takes a Flight ``ping`` (the wire's port and local socket), which is a
+blocking call: it runs in a worker thread, as every Flight call of this SDK does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from spark_mq import protocol, wire
+from spark_mq.client import _liveness as liveness
+from spark_mq.client._transport import Connection, broker_urls, connect
+from spark_mq.client._wire import Address, heartbeat_ms, wire_address
+from spark_mq.errors import BrokerUnavailable, SparkMQError
+from spark_mq.security.credentials import Auth
+
+FrameHandler = Callable[[int, wire.Body], None]
+
+
+class Broker:
+    """Where a client's broker is: its Flight connection (for the address, credentials and
+    TLS) and the direct wire's address. Found again after a failover (:meth:`find`)."""
+
+    def __init__(self, url: str | Sequence[str], timeout_s: float, auth: Auth) -> None:
+        self.urls = broker_urls(url)
+        self.timeout_s = timeout_s
+        self.auth = auth
+        self.conn: Connection | None = None
+        self.address: Address | None = None
+        self.generation = 0  # how many times it was found (a failover finds it again)
+        self._finding: asyncio.Lock | None = None
+
+    @property
+    def may_fail_over(self) -> bool:
+        """Whether a lost broker is looked for again (a primary and its backup given)."""
+        return len(self.urls) > 1
+
+    async def find(self, seen: int | None = None) -> Address:
+        """The wire's address, found (again, if ``seen`` is the generation a caller saw fail);
+        callers that lost the same connection wait for one search, not one each."""
+        if self._finding is None:
+            self._finding = asyncio.Lock()
+        async with self._finding:
+            if self.address is not None and (seen is None or seen != self.generation):
+                return self.address
+            old, self.conn, self.address = self.conn, None, None
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(old.client.close)
+            conn, address = await asyncio.to_thread(self._find)
+            self.conn, self.address = conn, address
+            self.generation += 1
+            return address
+
+    def _find(self) -> tuple[Connection, Address]:
+        conn = connect(self.urls, self.timeout_s, self.auth)
+        try:
+            address = wire_address(conn.client, conn.options, conn.url, "wire")
+        except BaseException:
+            conn.client.close()
+            raise
+        assert address is not None  # ("wire" insists: it raises instead)
+        if address.version < 3:
+            conn.client.close()
+            raise BrokerUnavailable(
+                f"the broker at {conn.url} speaks wire version {address.version}; the asyncio "
+                "SDK needs 3 or later (upgrade the broker, or use the synchronous SDK)"
+            )
+        return conn, address
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.client.close()
+            self.conn = None
+
+
+class Link(asyncio.Protocol):
+    """A direct-wire connection on the loop (see the module's docstring)."""
+
+    def __init__(self, on_frame: FrameHandler, on_lost: Callable[[SparkMQError], None]) -> None:
+        self._on_frame = on_frame
+        self._on_lost = on_lost
+        self._reader = wire.FrameReader()
+        self._transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        self._writable: asyncio.Future[None] | None = None  # set while writing is paused
+        self.received = 0  # reads that brought something (the liveness watchdog looks)
+        self.waiting = 0  # answers or deliveries someone waits for (the watchdog asks)
+        self.cut_reason: str | None = None
+        self.lost: SparkMQError | None = None
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.received += 1
+        try:
+            frames = self._reader.feed(data)
+            for item in frames:
+                assert not isinstance(item, wire.TooLarge)  # (this reader has no limit)
+                self._on_frame(*item)
+        except SparkMQError as exc:  # the broker sent something unreadable: this link is done
+            self.fail(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        why = self.cut_reason or (
+            f"the connection to the broker broke: {exc}" if exc else "the broker closed the link"
+        )
+        self._lose(BrokerUnavailable(why))
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._writable is None or self._writable.done():
+            self._writable = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    # -- what the owner does -----------------------------------------------------------------------
+    def write(self, parts: list[Any]) -> None:
+        """Write one frame (or several) whole, now; ``BrokerUnavailable`` once the link is lost."""
+        if self.lost is not None:
+            raise self.lost
+        assert self._transport is not None
+        self._transport.writelines(parts)
+
+    def send(self, frame: protocol.Frame) -> None:
+        self.write([wire.control(frame)])
+
+    async def drain(self) -> None:
+        """Wait while the socket's buffer is over its high-water mark (the loop's flow
+        control): a fast producer waits here rather than piling bytes up in memory."""
+        if self._writable is not None and not self._writable.done():
+            await asyncio.shield(self._writable)  # (a cancelled caller leaves it for others)
+
+    def _lose(self, err: SparkMQError) -> None:
+        if self.lost is None:
+            self.lost = err
+            liveness.forget(self)
+            self._on_lost(err)
+
+    def fail(self, err: SparkMQError) -> None:
+        """End the link for ``err`` (the broker refused something, or sent nonsense): what
+        waits on it fails with ``err``."""
+        self._lose(err)
+        self.abort()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    def close(self) -> None:
+        liveness.forget(self)
+        if self._transport is not None:
+            self._transport.close()
+
+    # -- what the liveness watchdog asks (spark_mq.client._liveness; from its thread) --------------
+    def expecting(self) -> bool:
+        return self.waiting > 0
+
+    def cut(self, reason: str) -> None:
+        self.cut_reason = reason
+        with contextlib.suppress(RuntimeError):  # (the loop is closed: nothing to cut)
+            self._loop.call_soon_threadsafe(self.abort)
+
+
+async def open_link(
+    broker: Broker,
+    first: protocol.Produce | protocol.Consume,
+    on_frame: FrameHandler,
+    on_lost: Callable[[SparkMQError], None],
+    heartbeat_s: float,
+) -> Link:
+    """A link to the broker's direct wire (its local socket when this process can reach it, else
+    TCP, with TLS when the URL says ``grpc+tls``), logged in, its first frame sent (heartbeats
+    asked for in it)."""
+    address = await broker.find()
+    conn = broker.conn
+    assert conn is not None
+    loop = asyncio.get_running_loop()
+
+    def factory() -> Link:
+        return Link(on_frame, on_lost)
+
+    link: Link | None = None
+    try:
+        async with asyncio.timeout(broker.timeout_s):
+            sock = _local_socket(address, conn)
+            if sock is not None:
+                _, link = await loop.create_connection(factory, sock=sock)
+            else:
+                tls = conn.wire_tls()
+                _, link = await loop.create_connection(
+                    factory,
+                    address.host,
+                    address.port,
+                    ssl=tls,
+                    server_hostname=conn.host if tls is not None else None,
+                )
+    except (OSError, TimeoutError) as exc:
+        raise BrokerUnavailable(
+            f"cannot reach the broker's direct wire at {address.host}:{address.port}: "
+            f"{exc or 'no answer in time'}"
+        ) from exc
+    beat = heartbeat_ms(address.version, heartbeat_s)
+    login = conn.auth.login_frame()
+    frames = [wire.control(login)] if login is not None else []
+    frames.append(wire.control(dataclasses.replace(first, heartbeat_ms=beat)))
+    link.write(frames)
+    if beat:
+        liveness.watch(link, beat / 1000)
+    return link
+
+
+def _local_socket(address: Address, conn: Connection) -> socket.socket | None:
+    """The broker's local socket, connected, when this process can reach it (and presents no
+    client certificate, an identity only TLS carries); else None (TCP it is). A local connect
+    does not block for long: it is made here, on the loop."""
+    if address.local is None or not sys.platform.startswith("linux"):
+        return None
+    if conn.tls and conn.auth.tls_cert_file:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        sock.connect("\0" + address.local)
+    except (BlockingIOError, InterruptedError, OSError):  # another machine's broker, or busy
+        sock.close()
+        return None
+    wire.widen_local_send_buffer(sock)
+    return sock

@@ -1,0 +1,527 @@
+"""The asyncio consumer: ``async for message in consumer``, ``receive``, ``get_many``, awaitable
+settles, ``message.process()``, and ``serve``: a pool of handler tasks.
+
+Deliveries come on the consumer's direct-wire connection and are cut and made messages in the
+loop's read callback (a one-message ``ONE`` frame costs no Arrow). A delivery batch of
+``decode_in_thread_bytes`` or more is decoded in a worker thread, so a big backlog does not
+hold the loop; frames after it wait for it, in order. The broker sends at most ``prefetch``
+messages not yet settled (the credit); settling one lets another come.
+
+Acks, nacks and extends issued in one turn of the loop travel in one frame. Given a primary and
+its backup, a consumer whose broker went away attaches again to whichever serves then:
+messages delivered and not acked come again from there (redelivered), and settles of the old
+deliveries fail (their leases were the old broker's), as with the synchronous consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Literal, cast
+
+from spark_mq import protocol, wire
+from spark_mq.aio._link import Broker, Link, open_link
+from spark_mq.aio.message import AsyncMessage
+from spark_mq.client._lanes import Lanes
+from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
+from spark_mq.client._transport import DEFAULT_URL
+from spark_mq.client.message import Message, Settler, message_of_one, messages_of
+from spark_mq.errors import (
+    BrokerUnavailable,
+    LeaseError,
+    ProtocolError,
+    SparkMQError,
+    from_wire,
+)
+from spark_mq.names import validate_name
+from spark_mq.schema import DELIVERY_SCHEMA
+from spark_mq.security.credentials import Auth
+
+log = logging.getLogger(__name__)
+
+Verb = Literal["ack", "nack", "extend", "release"]
+Handler = Callable[[AsyncMessage], Awaitable[object]]
+_END = object()  # in the queue: the stream ended (closed, or broken for good)
+DECODE_IN_THREAD_BYTES = 256 * 1024
+
+
+class AsyncConsumer:
+    """Receive from a queue or a topic subscription in asyncio code (the arguments as
+    :class:`~spark_mq.Consumer`'s; see the module's docstring)."""
+
+    def __init__(
+        self,
+        url: str | Sequence[str] = DEFAULT_URL,
+        destination: str = "",
+        *,
+        subscription: str | None = None,
+        selector: str | None = None,
+        durable: bool = True,
+        temporary: bool = False,
+        prefetch: int = 100,
+        timeout_s: float = 30.0,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        decode_in_thread_bytes: int = DECODE_IN_THREAD_BYTES,
+    ) -> None:
+        self.destination = destination if temporary else validate_name(destination)
+        if subscription is not None:
+            validate_name(subscription, "subscription")
+        self.subscription = subscription
+        self.durable = durable
+        self._command = protocol.Consume(
+            destination, subscription, prefetch, selector, durable, temporary, compact=True
+        )
+        auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
+        self._broker = Broker(url, timeout_s, auth)
+        self._timeout_s = timeout_s
+        self._heartbeat_s = heartbeat_s
+        self._decode_in_thread = decode_in_thread_bytes
+        self.consumer_id: int | None = None
+        self.lease_s: float | None = None
+        self.error: SparkMQError | None = None
+        self._link: Link | None = None
+        self._welcome: asyncio.Future[None] | None = None
+        self._queue: asyncio.Queue[object] | None = None
+        self._decoding = False  # a batch is being decoded in a thread: frames wait behind it
+        self._backlog: list[tuple[int, wire.Body]] = []
+        self._settles: list[tuple[Verb, list[tuple[int, int]], asyncio.Future[None]]] = []
+        self._requests: dict[int, list[tuple[list[int], asyncio.Future[None]]]] = {}
+        self._request_ids = itertools.count(1)
+        self._kept: dict[int, Message] = {}  # id(message): messages whose leases are renewed
+        self._keeper: asyncio.Task[None] | None = None
+        self._reattaching: asyncio.Task[None] | None = None
+        self._ended: asyncio.Future[None] | None = None  # the link's end, once asked (close)
+        self._serving: set[asyncio.Future[None]] = set()  # serve() calls running
+        self._handlers: set[asyncio.Task[None]] = set()  # their handler tasks
+        self._detaching: asyncio.Task[None] | None = None
+        self._closing_reason: str | None = None
+        self._closed = False
+        self._started = False
+
+    # -- attaching -------------------------------------------------------------------------------
+    async def __aenter__(self) -> AsyncConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Attach (``async with`` does it): the broker's welcome, or its refusal, raised."""
+        if self._started:
+            return
+        self._started = True
+        self._queue = asyncio.Queue()
+        await self._attach()
+
+    async def _attach(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._welcome = loop.create_future()
+        self._decoding, self._backlog = False, []
+        link = await open_link(
+            self._broker, self._command, self._on_frame, self._on_lost, self._heartbeat_s
+        )
+        link.waiting = 1  # (a consumer's broker always has something for it: heartbeats)
+        self._link = link
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await asyncio.shield(self._welcome)
+        except TimeoutError:
+            link.abort()
+            raise BrokerUnavailable(
+                f"the broker did not welcome the consumer within {self._timeout_s:g} s"
+            ) from None
+        except BaseException:
+            link.abort()
+            raise
+
+    def _on_lost(self, err: SparkMQError) -> None:
+        if self._welcome is not None and not self._welcome.done():
+            self._welcome.set_exception(err)
+            self._welcome.exception()  # (retrieved: _attach raises it)
+        for items in self._requests.values():  # settles the link took with it
+            for _, fut in items:
+                if not fut.done():
+                    fut.set_exception(err)
+        self._requests.clear()
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
+        if self._closed or self._link is None:
+            return  # (closing; or the first attach failing, which raises)
+        why = BrokerUnavailable(self._closing_reason) if self._closing_reason else err
+        if (
+            self._broker.may_fail_over
+            and not self._command.temporary
+            and isinstance(why, BrokerUnavailable)
+        ):
+            self._reattaching = asyncio.ensure_future(self._reattach(why))
+        else:
+            self._end(why)
+
+    async def _reattach(self, err: BrokerUnavailable) -> None:
+        """Attach again to whichever broker serves now (a failover)."""
+        log.info("consumer: %s; attaching again where the data is served now", err)
+        queue = self._queue
+        assert queue is not None
+        while not queue.empty():  # delivered by the old broker: its leases went with it
+            if queue.get_nowait() is _END:
+                queue.put_nowait(_END)
+                break
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        seen = self._broker.generation
+        while not self._closed:
+            try:
+                await self._broker.find(seen=seen)
+                seen = self._broker.generation
+                self._closing_reason = None
+                await self._attach()
+                return
+            except BrokerUnavailable as exc:
+                if loop.time() >= deadline:
+                    self._end(exc)
+                    return
+                await asyncio.sleep(0.2)
+            except SparkMQError as exc:  # refused there (credentials, permissions...)
+                self._end(exc)
+                return
+
+    def _end(self, err: SparkMQError | None) -> None:
+        if err is not None and self.error is None:
+            self.error = err
+        if self._queue is not None:
+            self._queue.put_nowait(_END)
+
+    # -- frames in ---------------------------------------------------------------------------------
+    def _on_frame(self, kind: int, body: wire.Body) -> None:
+        if self._decoding:
+            self._backlog.append((kind, body))
+            return
+        self._handle(kind, body)
+
+    def _handle(self, kind: int, body: wire.Body) -> None:
+        if kind == wire.ONE:
+            one = wire.read_one(body)
+            self._deliver([message_of_one(self.destination, one, self._settler, AsyncMessage)])
+        elif kind == wire.BATCH:
+            if len(body) < self._decode_in_thread:
+                self._deliver(self._decode(body))
+                return
+            self._decoding = True
+            link = self._link
+            loop = asyncio.get_running_loop()
+            decoding = loop.run_in_executor(None, self._decode, body)
+            decoding.add_done_callback(lambda done: self._decoded(link, done))
+        elif kind == wire.CONTROL:
+            self._control(wire.control_bytes(body))
+        else:
+            raise ProtocolError(f"unexpected frame of kind {kind} from the broker", fault="remote")
+
+    @property
+    def _settler(self) -> Settler:
+        return cast("Settler", self)  # (its verbs return asyncio futures: AsyncMessage's)
+
+    def _decode(self, body: wire.Body) -> list[Message]:
+        batch = wire.read_batch(body, DELIVERY_SCHEMA)[1]
+        return messages_of(self.destination, batch, self._settler, AsyncMessage)
+
+    def _decoded(self, link: Link | None, done: asyncio.Future[list[Message]]) -> None:
+        if link is not self._link or link is None or link.lost is not None:
+            return  # (the link it came on is gone: so are its leases)
+        self._decoding = False
+        try:
+            self._deliver(done.result())
+            while self._backlog and not self._decoding:
+                kind, body = self._backlog.pop(0)
+                self._handle(kind, body)
+        except SparkMQError as exc:
+            link.fail(exc)
+        except Exception as exc:
+            link.fail(ProtocolError(f"an unreadable delivery: {exc}", fault="remote"))
+
+    def _deliver(self, messages: list[Message]) -> None:
+        queue = self._queue
+        assert queue is not None
+        for m in messages:
+            queue.put_nowait(m)
+
+    def _control(self, data: bytes) -> None:
+        if data.startswith(b'{"type":"failure"'):
+            frame = wire.parse_control(data)
+            assert isinstance(frame, wire.Failure)
+            err = from_wire(json.dumps(frame.error).encode(), "the broker refused the consumer")
+            assert self._link is not None
+            self._link.fail(err)
+            return
+        match protocol.parse(data):
+            case protocol.Welcome(consumer_id=cid, lease_s=lease, destination=name):
+                self.consumer_id, self.lease_s = cid, lease
+                self.destination = name or self.destination
+                if self._welcome is not None and not self._welcome.done():
+                    self._welcome.set_result(None)
+            case protocol.Reply(request_id=rid, errors=errors):
+                refused = {e.get("offset"): e.get("reason", "refused") for e in errors}
+                for offsets, fut in self._requests.pop(rid, []):
+                    if fut.done():
+                        continue  # (its caller was cancelled: dropped, nothing else)
+                    bad = [(o, refused[o]) for o in offsets if o in refused]
+                    if bad:
+                        fut.set_exception(
+                            LeaseError(
+                                f"{len(bad)} of {len(offsets)} settle(s) refused: "
+                                f"offset {bad[0][0]}: {bad[0][1]}",
+                                destination=self.destination,
+                                offset=bad[0][0],
+                            )
+                        )
+                    else:
+                        fut.set_result(None)
+            case protocol.Heartbeat():
+                pass
+            case protocol.Closing(reason=reason):
+                # the broker is shutting down: say bye (it answers the settles before it and
+                # ends the stream), then attach again elsewhere, or end with the reason
+                self._closing_reason = reason
+                with contextlib.suppress(SparkMQError):
+                    assert self._link is not None
+                    self._link.send(protocol.Bye())
+            case frame:
+                raise ProtocolError(f"unexpected frame from the broker: {frame}", fault="remote")
+
+    # -- receiving ---------------------------------------------------------------------------------
+    async def receive(self, timeout: float | None = None) -> AsyncMessage | None:
+        """The next message; None after ``timeout`` seconds (None: wait as long as it takes),
+        or once the consumer is closed. Raises why if the stream broke for good."""
+        got = await self.get_many(1, timeout)
+        return got[0] if got else None
+
+    async def get_many(self, max_messages: int, timeout: float | None = None) -> list[AsyncMessage]:
+        """Up to ``max_messages``: waits ``timeout`` for the first, then takes what is here."""
+        if self._queue is None:
+            await self.start()
+        queue = self._queue
+        assert queue is not None
+        try:
+            async with asyncio.timeout(timeout):
+                first = await queue.get()
+        except TimeoutError:
+            return []
+        out: list[AsyncMessage] = []
+        item = first
+        while True:
+            if item is _END:
+                queue.put_nowait(_END)  # (for every other receiver too)
+                if not out and self.error is not None and not self._closed:
+                    raise self.error
+                return out
+            out.append(cast(AsyncMessage, item))
+            if len(out) >= max_messages or queue.empty():
+                return out
+            item = queue.get_nowait()
+
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> AsyncMessage:
+        message = await self.receive()
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+    # -- settling ----------------------------------------------------------------------------------
+    def ack(self, messages: Message | Iterable[Message]) -> asyncio.Future[None]:
+        return self._settle("ack", messages)
+
+    def nack(self, messages: Message | Iterable[Message]) -> asyncio.Future[None]:
+        return self._settle("nack", messages)
+
+    def extend_lease(self, messages: Message | Iterable[Message]) -> asyncio.Future[None]:
+        return self._settle("extend", messages)
+
+    def _give_back(self, messages: list[AsyncMessage]) -> asyncio.Future[None]:
+        """Nack, for another consumer to take when there is one (brokers before wire version 4
+        know only the nack)."""
+        address = self._broker.address
+        return self._settle("release" if address and address.version >= 4 else "nack", messages)
+
+    def _settle(self, verb: Verb, messages: Message | Iterable[Message]) -> asyncio.Future[None]:
+        msgs = [messages] if isinstance(messages, Message) else list(messages)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        fut.add_done_callback(_logged)
+        link = self._link
+        if link is None or (self._closed and self._ended is not None):
+            fut.set_exception(self.error or BrokerUnavailable("the consumer is closed"))
+            return fut
+        if not self._settles:
+            loop.call_soon(self._send_settles)
+        self._settles.append((verb, [(m.offset, m.delivery_count) for m in msgs], fut))
+        return fut
+
+    def _send_settles(self) -> None:
+        work, self._settles = self._settles, []
+        by_verb: dict[Verb, list[tuple[list[tuple[int, int]], asyncio.Future[None]]]] = {}
+        for verb, entries, fut in work:
+            by_verb.setdefault(verb, []).append((entries, fut))
+        for verb, items in by_verb.items():
+            request_id = next(self._request_ids)
+            frame = protocol.Settle(verb, request_id, tuple(e for es, _ in items for e in es))
+            self._requests[request_id] = [([o for o, _ in es], f) for es, f in items]
+            try:
+                assert self._link is not None
+                self._link.send(frame)
+            except SparkMQError as err:
+                for _, fut in self._requests.pop(request_id, []):
+                    if not fut.done():
+                        fut.set_exception(err)
+
+    # -- leases kept while a message is handled --------------------------------------------------
+    def keep_leased(self, message: Message) -> None:
+        """Extend ``message``'s lease in the background until :meth:`release_lease`."""
+        self._kept[id(message)] = message
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.ensure_future(self._keep())
+
+    def release_lease(self, message: Message) -> None:
+        self._kept.pop(id(message), None)
+
+    async def _keep(self) -> None:
+        while self._kept and self._ended is None:  # (until the bye: handlers finish first)
+            await asyncio.sleep(max((self.lease_s or 30.0) / 3, 0.05))
+            if self._kept and self._ended is None:
+                self.extend_lease(list(self._kept.values()))
+
+    # -- a pool of handlers ------------------------------------------------------------------------
+    async def serve(
+        self, handler: Handler, *, concurrency: int = 10, start_timeout_s: float | None = None
+    ) -> None:
+        """Hand each message to ``handler`` (a coroutine function) in a pool of
+        ``concurrency`` tasks (seed 001's activation specification: ``maxPoolDepth`` 10 by
+        default), until the consumer is closed (then return) or breaks (then raise why).
+
+        A message is acked when its handler returns and nacked when it raises; its lease is
+        extended while the handler runs. Messages of one group go to one handler at a time,
+        in order. A message that finds no free handler within ``start_timeout_s`` is given back
+        (nacked) for another consumer to take (None: it waits as long as it takes)."""
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be 1 or more, got {concurrency}")
+        await self.start()
+        loop = asyncio.get_running_loop()
+        lanes: Lanes[AsyncMessage] = Lanes(lambda m: m.group_id)
+        wake = asyncio.Event()
+        feeding = True
+
+        async def worker() -> None:
+            while True:
+                message = lanes.take()
+                if message is None:
+                    if not feeding:
+                        return
+                    wake.clear()
+                    await wake.wait()
+                    continue
+                while message is not None and not self._closed:
+                    self.keep_leased(message)
+                    try:
+                        await handler(message)
+                    except Exception:
+                        log.exception(
+                            "handler raised for %s offset %d: it is nacked",
+                            self.destination,
+                            message.offset,
+                        )
+                        self.release_lease(message)
+                        self.nack(message)
+                    else:
+                        self.release_lease(message)
+                        self.ack(message)
+                    message = lanes.done(message)
+
+        async def expire(limit_s: float) -> None:
+            while True:
+                await asyncio.sleep(max(limit_s / 4, 0.01))
+                late = lanes.expired(loop.time(), limit_s)
+                if late:
+                    log.info(
+                        "%d message(s) found no free handler in %g s: given back",
+                        len(late),
+                        limit_s,
+                    )
+                    self._give_back(late)
+
+        done: asyncio.Future[None] = loop.create_future()
+        self._serving.add(done)
+        workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+        self._handlers.update(workers)
+        expirer = asyncio.ensure_future(expire(start_timeout_s)) if start_timeout_s else None
+        try:
+            async for message in self:
+                lanes.add(message, loop.time())
+                wake.set()
+        finally:
+            feeding = False
+            lanes.drain()  # (not handled: they go back when the consumer detaches)
+            wake.set()
+            if expirer is not None:
+                expirer.cancel()
+            try:
+                await asyncio.gather(*workers)
+            finally:
+                self._handlers.difference_update(workers)
+                self._serving.discard(done)
+                done.set_result(None)
+
+    # -- closing -----------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Let running ``serve`` handlers finish, send pending settles, then detach; what was
+        delivered and not acked goes back to the broker."""
+        if self._closed:
+            if self._detaching is not None and asyncio.current_task() not in self._handlers:
+                await asyncio.shield(self._detaching)
+            return
+        self._closed = True
+        if self._queue is not None:
+            self._queue.put_nowait(_END)  # receivers and serve() end
+        self._detaching = asyncio.ensure_future(self._detach())
+        if asyncio.current_task() in self._handlers:
+            return  # (a handler closing its consumer: the rest once the handlers are done)
+        await asyncio.shield(self._detaching)
+
+    async def _detach(self) -> None:
+        if self._serving:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._timeout_s):
+                    await asyncio.gather(*(asyncio.shield(s) for s in self._serving))
+        if self._reattaching is not None:
+            self._reattaching.cancel()
+        if self._keeper is not None:
+            self._keeper.cancel()
+        link = self._link
+        if link is not None and link.lost is None:
+            if self._settles:
+                self._send_settles()
+            self._ended = asyncio.get_running_loop().create_future()
+            try:
+                link.send(protocol.Bye())  # the broker answers what came before, then ends
+                async with asyncio.timeout(self._timeout_s):
+                    await asyncio.shield(self._ended)
+            except (SparkMQError, TimeoutError):
+                pass
+            link.close()
+        await asyncio.to_thread(self._broker.close)
+
+
+def _logged(fut: asyncio.Future[Any]) -> None:
+    """A settle nobody awaited that failed is logged (not "never retrieved")."""
+    if not fut.cancelled() and (exc := fut.exception()) is not None:
+        log.debug("a settle failed: %s", exc)

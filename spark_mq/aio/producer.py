@@ -1,0 +1,353 @@
+"""The asyncio producer: ``await producer.send(...)`` returns the message's offset once it is
+durable.
+
+Sends from many tasks in one turn of the loop travel in one frame (a ``PLAIN`` frame when each
+message is only a body and a dedup id, else an Arrow batch of the columns they use), written at
+the end of that turn: no linger timer, no thread. At most ``max_in_flight`` messages are sent
+and not yet answered; a send beyond that waits for room (the backpressure is the await). One
+direct-wire connection per destination, opened at its first send.
+
+Every message has a dedup id (given, or the producer's prefix and a sequence number). Given a
+primary and its backup, a send whose connection broke is sent again, with the same dedup id, to
+whichever serves then (for up to ``timeout_s``): stored once. A cancelled ``send`` may still be
+stored, as a timed-out one may: send it again with the same ``dedup_id`` to be sure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+
+from spark_mq import protocol, wire
+from spark_mq.aio._link import Broker, Link, open_link
+from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
+from spark_mq.client._options import check_options
+from spark_mq.client._pending import Pending, batch_of, plain_of
+from spark_mq.client._transport import DEFAULT_URL
+from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError, from_wire
+from spark_mq.names import validate_name
+from spark_mq.security.credentials import Auth
+
+_FRAME_MESSAGES = 1000  # the most messages one frame carries
+_FRAME_BYTES = 1024 * 1024  # and about the most bytes of bodies
+
+
+class AsyncProducer:
+    """Send messages to queues and topics from asyncio code (see the module's docstring).
+
+    ``async with AsyncProducer(url) as producer: offset = await producer.send(b"...",
+    destination="orders")``. Credentials and TLS files as for :class:`~spark_mq.Producer`.
+    """
+
+    def __init__(
+        self,
+        url: str | Sequence[str] = DEFAULT_URL,
+        *,
+        destination: str | None = None,
+        max_in_flight: int = 1000,
+        timeout_s: float = 30.0,
+        group_id: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+    ) -> None:
+        if destination is not None:
+            validate_name(destination)
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be 1 or more, got {max_in_flight}")
+        self.destination = destination
+        self.group_id = group_id
+        auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
+        self._broker = Broker(url, timeout_s, auth)
+        self._timeout_s = timeout_s
+        self._heartbeat_s = heartbeat_s
+        self._max_in_flight = max_in_flight
+        self._room: asyncio.Semaphore | None = None
+        self._prefix = uuid.uuid4().hex
+        self._numbers = itertools.count()
+        self._streams: dict[str, _Stream] = {}
+        self._opening: dict[str, asyncio.Future[_Stream]] = {}
+        self._valid: set[str] = set()
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Find the broker (a Flight ``ping``, in a worker thread); ``send`` does it if not."""
+        await self._broker.find()
+
+    def next_dedup_id(self) -> str:
+        return f"{self._prefix}-{next(self._numbers)}"
+
+    def _dest(self, destination: str | None) -> str:
+        dest = destination or self.destination
+        if dest is None:
+            raise ValueError("no destination: pass destination= here or to AsyncProducer()")
+        if dest not in self._valid:
+            self._valid.add(validate_name(dest))
+        return dest
+
+    async def send(
+        self,
+        body: bytes | str,
+        *,
+        destination: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        group_id: str | None = None,
+        priority: int | None = None,
+        dedup_id: str | None = None,
+        message_id: str | None = None,
+        ttl_s: float | None = None,
+        expiry_time: datetime | None = None,
+        delay_s: float | None = None,
+        deliver_at: datetime | None = None,
+    ) -> int:
+        """Send one message; returns its offset once it is durable. Options as
+        :meth:`spark_mq.Producer.send`'s."""
+        dest = self._dest(destination)
+        check_options(priority, ttl_s, delay_s, dest)
+        item = Pending(
+            body.encode() if isinstance(body, str) else body,
+            message_id,
+            dedup_id or self.next_dedup_id(),
+            group_id or self.group_id,
+            priority,
+            list(headers.items()) if headers else None,
+            None if ttl_s is None else int(ttl_s * 1000),
+            expiry_time,
+            None if delay_s is None else int(delay_s * 1000),
+            deliver_at,
+            None,
+        )
+        return (await self._send(dest, [item]))[0]
+
+    async def send_batch(
+        self, bodies: Iterable[bytes | str], *, destination: str | None = None
+    ) -> list[int]:
+        """Send many plain messages at once; their offsets once every one is durable."""
+        dest = self._dest(destination)
+        items = [
+            Pending(
+                b.encode() if isinstance(b, str) else b,
+                None,
+                self.next_dedup_id(),
+                self.group_id,
+                *([None] * 7),
+            )
+            for b in bodies
+        ]
+        return await self._send(dest, items) if items else []
+
+    async def _send(self, dest: str, items: list[Pending]) -> list[int]:
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while True:
+            if self._closed:
+                raise RuntimeError("the producer is closed")
+            seen = self._broker.generation
+            try:
+                stream = await self._stream(dest)
+            except BrokerUnavailable:
+                if not self._broker.may_fail_over:
+                    raise
+                deadline = deadline or loop.time() + self._timeout_s
+                if loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
+                await self._broker.find(seen=seen)  # (it went away before the link was made)
+                continue
+            room, taken = self._room_of(), 0
+            try:
+                for _ in items:
+                    await room.acquire()
+                    taken += 1
+            except BaseException:  # (cancelled while waiting for room: give back what it took)
+                for _ in range(taken):
+                    room.release()
+                raise
+            futures = [stream.add(item) for item in items]
+            try:
+                if len(futures) == 1:
+                    return [await futures[0]]
+                outcomes = await asyncio.gather(*futures, return_exceptions=True)
+                for outcome in outcomes:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                return outcomes  # type: ignore[return-value]  # (every one an offset)
+            except BrokerUnavailable:
+                if not self._broker.may_fail_over or self._closed:
+                    raise
+                deadline = deadline or loop.time() + self._timeout_s
+                if loop.time() >= deadline:
+                    raise
+                await self._broker.find(seen=stream.generation)  # then send them again
+
+    def _room_of(self) -> asyncio.Semaphore:
+        if self._room is None:
+            self._room = asyncio.Semaphore(self._max_in_flight)
+        return self._room
+
+    async def _stream(self, dest: str) -> _Stream:
+        stream = self._streams.get(dest)
+        if stream is not None and stream.link.lost is None:
+            return stream
+        opening = self._opening.get(dest)
+        if opening is None:
+            opening = asyncio.ensure_future(self._open(dest))
+            self._opening[dest] = opening
+            opening.add_done_callback(lambda _: self._opening.pop(dest, None))
+        return await asyncio.shield(opening)  # (a cancelled caller leaves it for the others)
+
+    async def _open(self, dest: str) -> _Stream:
+        await self._broker.find()
+        stream = _Stream(dest, self._broker.generation, self._room_of())
+        stream.link = await open_link(
+            self._broker,
+            protocol.Produce(dest),
+            stream.on_frame,
+            stream.on_lost,
+            self._heartbeat_s,
+        )
+        self._streams[dest] = stream
+        return stream
+
+    async def close(self) -> None:
+        """Wait for the answers to every message sent, then hang up."""
+        if self._closed:
+            return
+        self._closed = True
+        streams = list(self._streams.values())
+        for opening in list(self._opening.values()):
+            with contextlib.suppress(Exception):
+                streams.append(await asyncio.shield(opening))
+        for stream in streams:
+            await stream.idle()
+            stream.link.close()
+        await asyncio.to_thread(self._broker.close)
+
+
+class _Stream:
+    """One destination's connection: messages added in a turn go out at its end, in frames;
+    each frame's answer settles its messages."""
+
+    link: Link
+
+    def __init__(self, dest: str, generation: int, room: asyncio.Semaphore) -> None:
+        self.dest = dest
+        self.generation = generation
+        self._room = room
+        self._loop = asyncio.get_running_loop()
+        self._waiting: list[tuple[Pending, asyncio.Future[int]]] = []
+        self._in_flight: dict[int, list[tuple[Pending, asyncio.Future[int]]]] = {}
+        self._seq = 0
+        self._idle: asyncio.Future[None] | None = None
+
+    def add(self, item: Pending) -> asyncio.Future[int]:
+        fut: asyncio.Future[int] = self._loop.create_future()
+        if self.link.lost is not None:
+            self._room.release()
+            fut.set_exception(self.link.lost)
+            return fut
+        if not self._waiting:
+            self._loop.call_soon(self._flush)
+        self._waiting.append((item, fut))
+        return fut
+
+    def _flush(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        if self.link.lost is not None:
+            self._settle(waiting, self.link.lost)
+            return
+        start = 0
+        while start < len(waiting):
+            end, size = start, 0
+            while end < len(waiting) and end - start < _FRAME_MESSAGES and size < _FRAME_BYTES:
+                size += len(waiting[end][0].body)
+                end += 1
+            chunk = waiting[start:end]
+            start = end
+            seq = self._seq
+            self._seq = (seq + 1) % 2**32
+            items = [p for p, _ in chunk]
+            plain = plain_of(items)
+            try:
+                if plain is not None:
+                    parts = plain.parts(seq)
+                else:
+                    parts = wire.PRODUCE_SUBSETS.parts(seq, batch_of(items, every_column=False))
+            except Exception as exc:  # a value Arrow cannot take: these messages only
+                self._settle(chunk, SparkMQError(f"cannot encode the messages: {exc}"))
+                continue
+            self._in_flight[seq] = chunk
+            self.link.waiting = len(self._in_flight)
+            try:
+                self.link.write(parts)
+            except SparkMQError:
+                return  # (on_lost has failed them)
+
+    def on_frame(self, kind: int, body: wire.Body) -> None:
+        if kind != wire.CONTROL:
+            raise ProtocolError(f"a frame of kind {kind} on a produce link", fault="remote")
+        frame = wire.parse_control(wire.control_bytes(body))
+        if isinstance(frame, wire.Failure):
+            self.link.fail(from_wire(protocol.encode_action_body(**frame.error), "refused"))
+            return
+        if isinstance(frame, protocol.Heartbeat | protocol.Closing):
+            return  # (closing: the broker answered everything; the end follows)
+        if not isinstance(frame, protocol.PutAck | protocol.PutFailed):
+            raise ProtocolError(f"unexpected answer to a produce: {frame}", fault="remote")
+        chunk = self._in_flight.pop(frame.seq, None)
+        self.link.waiting = len(self._in_flight)
+        if chunk is None:
+            raise ProtocolError(f"an answer to unknown batch {frame.seq}", fault="remote")
+        if isinstance(frame, protocol.PutFailed):
+            self._settle(chunk, from_wire(protocol.encode_action_body(**frame.error), "failed"))
+            return
+        if frame.count != len(chunk) or (
+            frame.offsets is not None and len(frame.offsets) != len(chunk)
+        ):
+            raise ProtocolError(f"{frame.count} offsets for {len(chunk)} messages", fault="remote")
+        offsets = frame.offsets or range(frame.first_offset, frame.first_offset + frame.count)
+        for (_, fut), offset in zip(chunk, offsets, strict=True):
+            self._room.release()
+            if not fut.done():  # (its caller may have been cancelled: dropped, nothing else)
+                fut.set_result(offset)
+        self._check_idle()
+
+    def on_lost(self, err: SparkMQError) -> None:
+        lost = [entry for chunk in self._in_flight.values() for entry in chunk]
+        self._in_flight.clear()
+        waiting, self._waiting = self._waiting, []
+        self._settle(lost + waiting, err)
+
+    def _settle(self, entries: list[tuple[Pending, asyncio.Future[int]]], err: Exception) -> None:
+        for _, fut in entries:
+            self._room.release()
+            if not fut.done():
+                fut.set_exception(err)
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        idle = self._idle
+        if idle is not None and not idle.done() and not self._in_flight and not self._waiting:
+            idle.set_result(None)
+
+    async def idle(self) -> None:
+        """Wait until every message added was answered (or failed with the connection)."""
+        if not self._in_flight and not self._waiting:
+            return
+        self._idle = self._loop.create_future()
+        await self._idle

@@ -1,0 +1,335 @@
+"""The asyncio SDK (spark_mq.aio) against real brokers: thousands of tasks on one loop,
+cancellation at every await, message.process(), the pool of handler tasks (serve), the sync
+SDK's errors, and an `async for` consumer living through a SIGKILL and failover."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_mq import Admin, Consumer
+from spark_mq.aio import AsyncAdmin, AsyncConsumer, AsyncMessage, AsyncProducer
+from spark_mq.errors import DestinationNotFound, InvalidNameError, MessageRejected
+from spark_mq.launch import BrokerProcess
+from tests.conftest import wait_for
+from tests.ha_kit import in_sync, pair
+
+
+def test_thousands_of_tasks_produce_and_consume_on_one_loop(broker) -> None:
+    """2,000 producer tasks (some with headers, groups and priorities) and 8 consumer tasks on
+    one loop: every message stored once, received once, with its fields."""
+    n = 2000
+
+    async def main() -> tuple[list[int], list[tuple[str, str | None, dict]]]:
+        async with AsyncAdmin(broker.url) as admin:
+            await admin.create_queue("tasks")
+        async with AsyncProducer(broker.url, destination="tasks") as producer:
+
+            async def one(i: int) -> int:
+                if i % 10 == 0:
+                    return await producer.send(
+                        f"m{i}", headers={"i": str(i)}, group_id=f"g{i % 3}", priority=i % 10
+                    )
+                return await producer.send(f"m{i}")
+
+            offsets = await asyncio.gather(*(one(i) for i in range(n)))
+        got: list[tuple[str, str | None, dict]] = []
+        async with AsyncConsumer(broker.url, "tasks", prefetch=500) as consumer:
+
+            async def take() -> None:
+                while len(got) < n:
+                    for m in await consumer.get_many(50, timeout=0.5):
+                        async with m.process():
+                            got.append((m.text, m.group_id, m.headers))
+
+            await asyncio.gather(*(take() for _ in range(8)))
+        return offsets, got
+
+    offsets, got = asyncio.run(main())
+    assert sorted(offsets) == list(range(n))
+    assert sorted(b for b, _, _ in got) == sorted(f"m{i}" for i in range(n))
+    fields = {b: (g, h) for b, g, h in got}
+    assert fields["m10"] == ("g1", {"i": "10"})
+    assert fields["m11"] == (None, {})
+    with Consumer(broker.url, "tasks") as c:  # every one was acked
+        assert c.receive(timeout=0.3) is None
+
+
+async def _yield(k: int) -> None:
+    for _ in range(k):
+        await asyncio.sleep(0)
+
+
+def test_a_cancelled_call_never_takes_another_callers_answer(broker) -> None:
+    """Sends, receives and acks cancelled after 0, 1, 2... turns of the loop (every await they
+    pass through): each later call still gets its own answer (the offset of its own message;
+    the next message in order), nothing delivered is lost, and the connections stay usable."""
+    turns = 14
+    mine: list[tuple[int, str]] = []
+    received: list[tuple[int, str]] = []  # (offset, body)
+
+    async def main() -> None:
+        async with AsyncProducer(broker.url, destination="cancel") as producer:
+            for k in range(turns):
+                cancelled = asyncio.ensure_future(producer.send(f"cancelled-{k}"))
+                await _yield(k)
+                cancelled.cancel()
+                body = f"kept-{k}"
+                mine.append((await producer.send(body), body))
+        async with AsyncConsumer(broker.url, "cancel", prefetch=4) as consumer:
+            for k in range(turns):
+                waiting = asyncio.ensure_future(consumer.receive())
+                await _yield(k)
+                if waiting.done():  # (it got one before the cancel: it counts)
+                    m = waiting.result()
+                else:
+                    waiting.cancel()
+                    m = await consumer.receive(timeout=5)
+                assert m is not None
+                received.append((m.offset, m.text))
+                acking = asyncio.ensure_future(_await(m.ack()))
+                await _yield(k)
+                acking.cancel()  # (the ack still goes: its answer is dropped, nothing else)
+            while (m := await consumer.receive(timeout=1)) is not None:
+                received.append((m.offset, m.text))
+                await m.ack()
+
+    asyncio.run(main())
+    with Admin(broker.url) as admin:
+        assert admin.browse("cancel", limit=100).num_rows == 0  # every message acked
+    bodies = [body for _, body in received]
+    kept = [body for body in bodies if body.startswith("kept")]
+    assert kept == [f"kept-{k}" for k in range(turns)]  # in order, each once
+    assert len(bodies) == len(set(bodies))
+    # each kept send was answered with its own message's offset, not a cancelled one's
+    delivered = dict(received)
+    assert {offset: delivered[offset] for offset, _ in mine} == dict(mine)
+
+
+async def _await(fut: asyncio.Future) -> None:
+    await fut
+
+
+def test_process_acks_on_success_and_nacks_on_an_exception(broker) -> None:
+    async def main() -> list[tuple[str, int]]:
+        seen: list[tuple[str, int]] = []
+        async with AsyncProducer(broker.url, destination="proc") as p:
+            await p.send("a")
+            await p.send("b")
+        async with AsyncConsumer(broker.url, "proc") as c:
+            async for m in c:
+                seen.append((m.text, m.delivery_count))
+                try:
+                    async with m.process():
+                        if m.text == "a" and m.delivery_count == 1:
+                            raise RuntimeError("handler failed")
+                except RuntimeError:
+                    pass
+                if len(seen) == 3:
+                    break
+        async with AsyncConsumer(broker.url, "proc") as c:
+            assert await c.receive(timeout=0.3) is None  # a (second time) and b acked
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen == [("a", 1), ("b", 1), ("a", 2)]
+
+
+def test_errors_are_the_sync_sdks(broker, strict_broker) -> None:
+    async def main() -> None:
+        async with AsyncProducer(strict_broker.url) as p:
+            with pytest.raises(DestinationNotFound):
+                await p.send("x", destination="nowhere")
+            with pytest.raises(InvalidNameError):
+                await p.send("x", destination="bad name!")
+            with pytest.raises(MessageRejected):
+                await p.send("x", destination="nowhere", priority=12)
+        with pytest.raises(DestinationNotFound):
+            async with AsyncConsumer(strict_broker.url, "nowhere"):
+                pass
+
+    asyncio.run(main())
+
+
+def test_serve_runs_ten_handlers_at_once_and_keeps_each_groups_order(broker) -> None:
+    """``serve`` with the default pool of 10: ten handlers run at the same time; messages of
+    one group are handled one at a time, in the order sent; every message is acked."""
+    groups, per_group = 5, 12
+    running = 0
+    most = 0
+    order: dict[str, list[int]] = collections.defaultdict(list)
+    busy_groups: set[str] = set()
+    overlaps: list[str] = []
+
+    async def main() -> None:
+        nonlocal running
+        async with AsyncProducer(broker.url, destination="pool") as p:
+            for i in range(per_group):
+                for g in range(groups):
+                    await p.send(f"{i}", group_id=f"g{g}")
+            for i in range(40):  # and messages of no group
+                await p.send(f"free-{i}")
+        total = groups * per_group + 40
+        handled = 0
+        closing: list[asyncio.Future] = []
+        consumer = AsyncConsumer(broker.url, "pool", prefetch=200)
+        await consumer.start()
+
+        async def handler(m: AsyncMessage) -> None:
+            nonlocal running, most, handled
+            running += 1
+            most = max(most, running)
+            g = m.group_id
+            if g is not None:
+                if g in busy_groups:
+                    overlaps.append(g)
+                busy_groups.add(g)
+                order[g].append(int(m.text))
+            await asyncio.sleep(0.02)
+            if g is not None:
+                busy_groups.discard(g)
+            running -= 1
+            handled += 1
+            if handled == total:
+                closing.append(asyncio.ensure_future(consumer.close()))  # (not awaited here:
+                # close lets running handlers finish, this one among them)
+
+        await asyncio.wait_for(consumer.serve(handler), 60)
+        await asyncio.gather(*closing)
+
+    asyncio.run(main())
+    assert most == 10
+    assert not overlaps
+    assert {g: o for g, o in order.items()} == {
+        f"g{g}": list(range(per_group)) for g in range(groups)
+    }
+    with Consumer(broker.url, "pool") as c:
+        assert c.receive(timeout=0.3) is None  # all acked
+
+
+def test_serve_gives_back_what_found_no_free_handler_in_time(broker) -> None:
+    """One busy handler, a start timeout of 0.3 s: the messages waiting behind it go back to
+    the queue, and another consumer takes them while the handler still runs."""
+
+    async def main() -> list[str]:
+        async with AsyncProducer(broker.url, destination="late") as p:
+            for i in range(4):
+                await p.send(f"{i}")
+        release = asyncio.Event()
+        busy = AsyncConsumer(broker.url, "late", prefetch=4)
+        await busy.start()
+
+        async def slow(m: AsyncMessage) -> None:
+            await release.wait()
+
+        serving = asyncio.ensure_future(busy.serve(slow, concurrency=1, start_timeout_s=0.3))
+        taken: list[str] = []
+        async with AsyncConsumer(broker.url, "late") as other:
+            while len(taken) < 3:
+                m = await other.receive(timeout=10)
+                assert m is not None, f"the other consumer got only {taken}"
+                taken.append(m.text)
+                await m.ack()
+        release.set()
+        await busy.close()
+        await serving
+        return taken
+
+    taken = asyncio.run(main())
+    assert sorted(taken) == ["1", "2", "3"]
+
+
+@pytest.mark.process
+def test_a_slow_handlers_lease_is_extended_not_redelivered(tmp_path: Path) -> None:
+    """A lease of 1 s, a handler that takes 3.5 s: its lease is renewed in the background, so
+    another consumer never gets the message, and it is acked once, delivered once."""
+    b = BrokerProcess(
+        str(tmp_path / "data"), extra_args=["--set", "delivery.mark_interval_s=1"]
+    ).launch()
+    try:
+        b.wait_ready(60)
+
+        async def main() -> tuple[list[int], list[str]]:
+            counts: list[int] = []
+            async with AsyncProducer(b.url, destination="slow") as p:
+                await p.send("job")
+            consumer = AsyncConsumer(b.url, "slow")
+            await consumer.start()
+
+            async def handler(m: AsyncMessage) -> None:
+                counts.append(m.delivery_count)
+                await asyncio.sleep(3.5)
+                await consumer.close()
+
+            serving = asyncio.ensure_future(consumer.serve(handler))
+            stolen: list[str] = []
+            async with AsyncConsumer(b.url, "slow") as other:
+                while not serving.done():
+                    m = await other.receive(timeout=0.2)
+                    if m is not None:
+                        stolen.append(m.text)
+            await serving
+            return counts, stolen
+
+        counts, stolen = asyncio.run(main())
+        assert counts == [1] and stolen == []
+        with Consumer(b.url, "slow") as c:
+            assert c.receive(timeout=1.5) is None  # acked (a lapsed lease would bring it back)
+    finally:
+        b.stop()
+
+
+@pytest.mark.process
+def test_async_for_lives_through_a_sigkill_and_failover(tmp_path: Path) -> None:
+    """An HA pair; an `async for` consumer and a producer task on one loop; the primary is
+    killed (SIGKILL) half-way: both go on with the backup, and every message sent is received
+    (redeliveries of what was in flight allowed, losses not)."""
+    a, b = pair(tmp_path)
+    a.launch().wait_ready(60)
+    b.launch()
+    try:
+        wait_for(lambda: in_sync(a.url), timeout=60, what="the backup in sync")
+        urls = [a.url, b.url]
+        with Admin(urls) as admin:
+            admin.create_queue("ha")
+        n = 300
+
+        async def main() -> tuple[list[int], set[str]]:
+            got: set[str] = set()
+            offsets: list[int] = []
+            async with (
+                AsyncProducer(urls, destination="ha", timeout_s=60) as p,
+                AsyncConsumer(urls, "ha", timeout_s=60) as c,
+            ):
+
+                async def produce() -> None:
+                    for i in range(n):
+                        offsets.append(await p.send(f"{i}", dedup_id=f"ha-{i}"))
+                        if i == n // 2:
+                            assert a.process is not None
+                            a.process.kill()
+                        await asyncio.sleep(0.005)
+
+                async def consume() -> None:
+                    async for m in c:
+                        got.add(m.text)
+                        m.ack()
+                        if len(got) == n:
+                            return
+
+                await asyncio.wait_for(asyncio.gather(produce(), consume()), 120)
+            return offsets, got
+
+        started = time.monotonic()
+        offsets, got = asyncio.run(main())
+        assert got == {f"{i}" for i in range(n)}
+        assert len(set(offsets)) == n  # each stored once (a resend found its dedup id)
+        assert time.monotonic() - started < 120
+    finally:
+        for m in (a, b):
+            if m.process is not None:
+                m.process.stop()
