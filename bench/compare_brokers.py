@@ -31,7 +31,7 @@ missing is left out with a note.
 
     python bench/compare_brokers.py [--rounds 3] [--sends 3000] [--pipelined 100000]
                                     [--brokers sparkmq,redis,rabbitmq]
-                                    [--stomp] [--kafka]
+                                    [--stomp] [--kafka] [--per-message]
                                     (add sparkmq-bare: sparkmq with its metrics off;
                                      --stomp: sparkmq, RabbitMQ and ActiveMQ over STOMP with
                                      stomp.py, see stomp_bench.py)
@@ -54,6 +54,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 import kafka_bench
+import per_message
 import stomp_bench
 from broker_bench import batched as sparkmq_batched
 from broker_bench import latency as sparkmq_latency
@@ -377,7 +378,19 @@ def main() -> None:
         "--stomp", action="store_true", help=f"the STOMP rows too ({', '.join(STOMP_BROKERS)})"
     )
     ap.add_argument("--kafka", action="store_true", help="the sparkmq-kafka row too")
+    ap.add_argument(
+        "--per-message",
+        action="store_true",
+        help="one message at a time instead (per_message.py: the SDK, the asyncio SDK, Redis "
+        "and NATS JetStream; --sends synchronous sends, a 50,000-message backlog)",
+    )
     args = ap.parse_args()
+    if args.per_message:
+        names = [n for n in args.brokers.split(",") if n and n in per_message.BROKERS]
+        if args.brokers == ",".join(DEFAULT_BROKERS):
+            names = list(per_message.BROKERS)
+        per_message.run(args.rounds, names, args.sends, 50_000, args.data_dir)
+        return
     names = [n for n in args.brokers.split(",") if n]
     if args.stomp:
         names += [n for n in STOMP_BROKERS if n not in names]
