@@ -133,7 +133,17 @@ class AsyncProducer:
             deliver_at,
             None,
         )
-        return (await self._send(dest, [item]))[0]
+        stream, room = self._streams.get(dest), self._room
+        if stream is None or room is None or stream.link.lost is not None or not room.take_now():
+            return (await self._send(dest, [item]))[0]
+        # the common case, without the general path's coroutines: a stream open, room free
+        try:
+            return await stream.add(item)
+        except BrokerUnavailable:
+            if not self._broker.may_fail_over or self._closed:
+                raise
+            await self._broker.find(seen=stream.generation)
+            return (await self._send(dest, [item]))[0]  # (sent again, same dedup id)
 
     async def send_batch(
         self, bodies: Iterable[bytes | str], *, destination: str | None = None
@@ -249,9 +259,15 @@ class _Room:
         self._free = places
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    async def take(self) -> None:
+    def take_now(self) -> bool:
+        """Take a place if one is free now (True), without waiting."""
         if self._free > 0 and not self._waiters:
             self._free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.take_now():
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
