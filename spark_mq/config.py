@@ -116,6 +116,9 @@ class JournalSection(_Section):
     move_interval_ms: float = Field(500.0, gt=0)
     move_max_bytes: int = Field(128 * MiB, ge=1)
     hot_max_bytes: int = Field(1024 * MiB, ge=1)
+    # the movers' (and delta-rs's threads') scheduling priority: they yield the CPU to the loop
+    # (Linux's nice, 0-19; 0: the same as the loop's)
+    mover_nice: int = Field(10, ge=0, le=19)
 
 
 class DeliverySection(_Section):

@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_mq.errors import Deposed, DiskFull, SparkMQError
-from spark_mq.journal import failpoints
+from spark_mq.journal import failpoints, priority
 from spark_mq.journal.base import LogStore
 from spark_mq.journal.boundary import translate, translated
 from spark_mq.journal.move_rows import Pending, as_tables, few_batches
@@ -85,6 +85,7 @@ class HotTierSettings:
     move_interval_s: float = 0.5
     move_max_bytes: int = 128 * 1024 * 1024
     max_bytes: int = 1024 * 1024 * 1024
+    mover_nice: int = 10  # the movers' priority (spark_mq.journal.priority; 0: as the loop's)
 
 
 @dataclass(slots=True)
@@ -353,6 +354,7 @@ class HotTier:
         return time.monotonic() - self._pending[0].written_at >= self._settings.move_interval_s
 
     def _move_loop(self) -> None:
+        priority.background(self._settings.mover_nice)
         backoff = 0.0
         while True:
             with self._mutex:
@@ -370,6 +372,7 @@ class HotTier:
                 batch = self._take_batch()
             try:
                 self._move(batch)
+                priority.background_runtime(self._settings.mover_nice)  # (threads it made)
             except Deposed as exc:  # another broker owns the data now: nothing more to move
                 log.error(
                     "hot tier %s: %s; %d record(s) not moved by this broker stay in its "
