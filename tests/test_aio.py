@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from spark_mq import Admin, Consumer
+from spark_mq import Admin, Consumer, Producer
 from spark_mq.aio import AsyncAdmin, AsyncConsumer, AsyncMessage, AsyncProducer
 from spark_mq.errors import DestinationNotFound, InvalidNameError, MessageRejected
 from spark_mq.launch import BrokerProcess
@@ -112,6 +113,40 @@ def test_a_cancelled_call_never_takes_another_callers_answer(broker) -> None:
 
 async def _await(fut: asyncio.Future) -> None:
     await fut
+
+
+def test_delivery_batches_are_decoded_off_the_loop_and_kept_in_order(broker) -> None:
+    """A consumer told to decode every delivery batch in a worker thread (the default: those of
+    256 KiB or more): batches, and the frames that came while one was decoded, reach the caller
+    in the order sent, and none was decoded on the loop's thread."""
+    n = 3000
+    with Producer(broker.url, destination="big") as p:
+        futures = [p.send(f"{i}", headers={"i": str(i)}) for i in range(n)]
+        for f in futures:
+            f.result(30)
+    decoded_on: set[str] = set()
+
+    async def main() -> list[str]:
+        got: list[str] = []
+        async with AsyncConsumer(broker.url, "big", prefetch=1000, decode_in_thread_bytes=1) as c:
+            decode = c._decode
+
+            def spied(body):  # (the seam this test watches: which thread decodes)
+                decoded_on.add(threading.current_thread().name)
+                return decode(body)
+
+            c._decode = spied  # type: ignore[method-assign]
+            while len(got) < n:
+                batch = await c.get_many(500, timeout=10)
+                assert batch, f"only {len(got)} of {n} came"
+                for m in batch:
+                    got.append(m.text)
+                    assert m.headers == {"i": m.text}
+                    m.ack()
+        return got
+
+    assert asyncio.run(main()) == [f"{i}" for i in range(n)]
+    assert decoded_on and threading.current_thread().name not in decoded_on
 
 
 def test_process_acks_on_success_and_nacks_on_an_exception(broker) -> None:
