@@ -111,6 +111,45 @@ def test_a_cancelled_call_never_takes_another_callers_answer(broker) -> None:
     assert {offset: delivered[offset] for offset, _ in mine} == dict(mine)
 
 
+def test_sends_beyond_the_window_wait_and_a_cancelled_one_that_never_left_is_not_sent(
+    broker,
+) -> None:
+    """``max_in_flight=3``: 200 concurrent sends, never more than 3 unanswered on the wire, all
+    stored once; 30 more, 27 cancelled before their turn to leave: only the other 3 stored."""
+
+    async def main() -> tuple[int, list[int]]:
+        async with AsyncProducer(broker.url, destination="window", max_in_flight=3) as p:
+            await p.send("warm")
+            stream = p._streams["window"]
+            most = 0
+            write = stream.link.write
+
+            def watched(parts: list) -> None:  # (the seam this test watches)
+                nonlocal most
+                write(parts)
+                most = max(most, stream._on_wire)
+
+            stream.link.write = watched  # type: ignore[method-assign]
+            offsets = await asyncio.gather(*(p.send(f"{i}") for i in range(200)))
+            tasks = [asyncio.ensure_future(p.send(f"c{i}")) for i in range(30)]
+            await asyncio.sleep(0)  # (every one added, none written yet)
+            for t in tasks[3:]:
+                t.cancel()
+            await asyncio.gather(*tasks[:3])
+            await asyncio.gather(*tasks[3:], return_exceptions=True)
+        return most, offsets
+
+    most, offsets = asyncio.run(main())
+    assert 1 <= most <= 3
+    assert sorted(offsets) == list(range(1, 201))
+    bodies = []
+    with Consumer(broker.url, "window") as c:
+        while (m := c.receive(timeout=0.5)) is not None:
+            bodies.append(m.text)
+            m.ack()
+    assert bodies == ["warm", *(f"{i}" for i in range(200)), "c0", "c1", "c2"]
+
+
 async def _await(fut: asyncio.Future) -> None:
     await fut
 
