@@ -471,6 +471,11 @@ class WireConsumeLink:
         sock = self._sock.fileno()
         return any(fd == sock for fd, _ in events)
 
+    @property
+    def buffered(self) -> bool:
+        """Whether a whole frame is already read in (:meth:`read` returns it at once)."""
+        return self._frames.buffered
+
     def wake(self) -> None:
         """Cut short a :meth:`wait` (from another thread)."""
         with contextlib.suppress(OSError):

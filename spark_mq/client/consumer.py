@@ -335,6 +335,15 @@ class Consumer:
                     return None
                 if messages:
                     self._ready.extend(messages)
+                    # and the frames already read in (ONE frames bring a message each): one
+                    # turn for them all, not a turn each. Iterating with an ack each over a
+                    # backlog of 20,000 synchronous sends (ONE frames), two interleaved runs of
+                    # three: 67-76k msg/s at 10.3-12.2 us of CPU a message before, 71-87k at
+                    # 8.9-9.8 after
+                    while self._link.buffered:
+                        more = self._messages_in(self._link.read(0))
+                        if more:
+                            self._ready.extend(more)
                     return True
             return None
         finally:
