@@ -158,6 +158,8 @@ class AsyncConsumer:
             self._ended.set_result(None)
         if self._closed or self._link is None:
             return  # (closing; or the first attach failing, which raises)
+        if self._reattaching is not None and not self._reattaching.done():
+            return  # (a link the reattaching made, lost before its welcome: it tries again)
         why = BrokerUnavailable(self._closing_reason) if self._closing_reason else err
         if (
             self._broker.may_fail_over

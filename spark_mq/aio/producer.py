@@ -225,7 +225,7 @@ class AsyncProducer:
         return stream
 
     async def close(self) -> None:
-        """Wait for the answers to every message sent, then hang up."""
+        """Wait for the answers to every message sent (up to ``timeout_s``), then hang up."""
         if self._closed:
             return
         self._closed = True
@@ -234,7 +234,9 @@ class AsyncProducer:
             with contextlib.suppress(Exception):
                 streams.append(await asyncio.shield(opening))
         for stream in streams:
-            await stream.idle()
+            with contextlib.suppress(TimeoutError):  # (a broker that never answers: given up)
+                async with asyncio.timeout(self._timeout_s):
+                    await stream.idle()
             stream.link.close()
         await asyncio.to_thread(self._broker.close)
 
