@@ -188,6 +188,24 @@ def test_delivery_batches_are_decoded_off_the_loop_and_kept_in_order(broker) -> 
     assert decoded_on and threading.current_thread().name not in decoded_on
 
 
+def test_a_loop_held_up_by_its_own_code_is_not_taken_for_a_silent_broker(broker) -> None:
+    """Heartbeats every 0.2 s (a broker silent for 0.8 s is taken for dead), and the loop
+    blocked for 2 s by the caller's own code: what the broker sent waited in the socket, the
+    consumer goes on (before, the watchdog cut it, and without a backup it ended)."""
+
+    async def main() -> tuple[str, object]:
+        async with AsyncConsumer(broker.url, "stall", heartbeat_s=0.2) as c:
+            time.sleep(2.0)  # (blocking the loop on purpose)
+            with Producer(broker.url, destination="stall", linger_ms=0) as p:
+                p.send_sync("after the stall")
+            m = await c.receive(timeout=5)
+            assert m is not None
+            await m.ack()
+            return m.text, c.error
+
+    assert asyncio.run(main()) == ("after the stall", None)
+
+
 def test_process_acks_on_success_and_nacks_on_an_exception(broker) -> None:
     async def main() -> list[tuple[str, int]]:
         seen: list[tuple[str, int]] = []

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ from spark_mq.errors import BrokerUnavailable, SparkMQError
 from spark_mq.security.credentials import Auth
 
 FrameHandler = Callable[[int, wire.Body], None]
+_TICK_S = 0.25  # how often a watched link notes that its loop runs
 
 
 class Broker:
@@ -105,6 +107,10 @@ class Link(asyncio.Protocol):
         self.waiting = 0  # answers or deliveries someone waits for (the watchdog asks)
         self.cut_reason: str | None = None
         self.lost: SparkMQError | None = None
+        # when the loop last ran this link's tick: a loop held up by its own code reads nothing
+        # meanwhile, and that silence is not the broker's (the watchdog asks, expecting())
+        self._loop_seen = time.monotonic()
+        self._ticking: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -158,6 +164,7 @@ class Link(asyncio.Protocol):
         if self.lost is None:
             self.lost = err
             liveness.forget(self)
+            self._stop_ticking()
             self._on_lost(err)
 
     def fail(self, err: SparkMQError) -> None:
@@ -172,12 +179,30 @@ class Link(asyncio.Protocol):
 
     def close(self) -> None:
         liveness.forget(self)
+        self._stop_ticking()
         if self._transport is not None:
             self._transport.close()
 
     # -- what the liveness watchdog asks (spark_mq.client._liveness; from its thread) --------------
+    def watch(self, heartbeat_s: float) -> None:
+        """Be watched for a silent broker, which was asked for a heartbeat every
+        ``heartbeat_s``; the loop's own stalls are told apart (:meth:`expecting`)."""
+        self._tick()
+        liveness.watch(self, heartbeat_s)
+
+    def _tick(self) -> None:
+        self._loop_seen = time.monotonic()
+        self._ticking = self._loop.call_later(_TICK_S, self._tick)
+
+    def _stop_ticking(self) -> None:
+        if self._ticking is not None:
+            self._ticking.cancel()
+            self._ticking = None
+
     def expecting(self) -> bool:
-        return self.waiting > 0
+        # (a loop that has not run its tick for a while is held up by its caller's code: what
+        # the broker sent waits unread in the socket, so no silence counts against it)
+        return self.waiting > 0 and time.monotonic() - self._loop_seen < 2 * _TICK_S
 
     def cut(self, reason: str) -> None:
         self.cut_reason = reason
@@ -229,7 +254,7 @@ async def open_link(
     frames.append(wire.control(dataclasses.replace(first, heartbeat_ms=beat)))
     link.write(frames)
     if beat:
-        liveness.watch(link, beat / 1000)
+        link.watch(beat / 1000)
     return link
 
 

@@ -256,9 +256,7 @@ class _Stream:
         self._on_wire = 0  # messages sent and not answered
         self._loop = asyncio.get_running_loop()
         self._scheduled = False
-        self._waiting: collections.deque[tuple[Pending, asyncio.Future[int]]] = (
-            collections.deque()
-        )
+        self._waiting: collections.deque[tuple[Pending, asyncio.Future[int]]] = collections.deque()
         self._in_flight: dict[int, list[tuple[Pending, asyncio.Future[int]]]] = {}
         self._seq = 0
         self._idle: asyncio.Future[None] | None = None
