@@ -243,6 +243,17 @@ def test_errors_are_the_sync_sdks(broker, strict_broker) -> None:
         with pytest.raises(DestinationNotFound):
             async with AsyncConsumer(strict_broker.url, "nowhere"):
                 pass
+        consumer = AsyncConsumer(strict_broker.url, "later")
+        with pytest.raises(DestinationNotFound):
+            await consumer.start()
+        async with AsyncAdmin(strict_broker.url) as admin:
+            await admin.create_queue("later")
+        await consumer.start()  # (tried again once the queue exists: it attaches)
+        async with AsyncProducer(strict_broker.url, destination="later") as p:
+            await p.send("here")
+        m = await consumer.receive(timeout=5)
+        assert m is not None and m.text == "here"
+        await consumer.close()
 
     asyncio.run(main())
 

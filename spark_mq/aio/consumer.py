@@ -122,7 +122,12 @@ class AsyncConsumer:
             return
         self._started = True
         self._queue = asyncio.Queue()
-        await self._attach()
+        try:
+            await self._attach()
+        except BaseException:
+            self._started, self._queue, self._link = False, None, None  # (may be tried again)
+            self.error = None
+            raise
 
     async def _attach(self) -> None:
         loop = asyncio.get_running_loop()
