@@ -28,11 +28,11 @@ from spark_mq.aio._link import Broker, Link, open_link
 from spark_mq.aio.message import AsyncMessage
 from spark_mq.client._lanes import Lanes
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
+from spark_mq.client._outcome import refusals, settle_refusal
 from spark_mq.client._transport import DEFAULT_URL
 from spark_mq.client.message import Message, Settler, message_of_one, messages_of
 from spark_mq.errors import (
     BrokerUnavailable,
-    LeaseError,
     ProtocolError,
     SparkMQError,
     from_wire,
@@ -276,21 +276,14 @@ class AsyncConsumer:
                 self.destination = name or self.destination
                 if self._welcome is not None and not self._welcome.done():
                     self._welcome.set_result(None)
-            case protocol.Reply(request_id=rid, errors=errors):
-                refused = {e.get("offset"): e.get("reason", "refused") for e in errors}
+            case protocol.Reply(request_id=rid) as reply:
+                refused = refusals(reply)
                 for offsets, fut in self._requests.pop(rid, []):
                     if fut.done():
                         continue  # (its caller was cancelled: dropped, nothing else)
-                    bad = [(o, refused[o]) for o in offsets if o in refused]
-                    if bad:
-                        fut.set_exception(
-                            LeaseError(
-                                f"{len(bad)} of {len(offsets)} settle(s) refused: "
-                                f"offset {bad[0][0]}: {bad[0][1]}",
-                                destination=self.destination,
-                                offset=bad[0][0],
-                            )
-                        )
+                    refusal = settle_refusal(refused, offsets, self.destination)
+                    if refusal is not None:
+                        fut.set_exception(refusal)
                     else:
                         fut.set_result(None)
             case protocol.Heartbeat():

@@ -123,18 +123,18 @@ class AsyncProducer:
         :meth:`spark_mq.Producer.send`'s."""
         dest = self._dest(destination)
         check_options(priority, ttl_s, delay_s, dest)
-        item = Pending(
-            body.encode() if isinstance(body, str) else body,
-            message_id,
+        item = Pending.of(
+            body,
             dedup_id or self.next_dedup_id(),
-            group_id or self.group_id,
-            priority,
-            list(headers.items()) if headers else None,
-            None if ttl_s is None else int(ttl_s * 1000),
-            expiry_time,
-            None if delay_s is None else int(delay_s * 1000),
-            deliver_at,
             None,
+            message_id=message_id,
+            group_id=group_id or self.group_id,
+            priority=priority,
+            headers=headers,
+            ttl_s=ttl_s,
+            expiry_time=expiry_time,
+            delay_s=delay_s,
+            deliver_at=deliver_at,
         )
         stream = self._streams.get(dest)
         if stream is None or stream.link.lost is not None:
@@ -153,16 +153,7 @@ class AsyncProducer:
     ) -> list[int]:
         """Send many plain messages at once; their offsets once every one is durable."""
         dest = self._dest(destination)
-        items = [
-            Pending(
-                b.encode() if isinstance(b, str) else b,
-                None,
-                self.next_dedup_id(),
-                self.group_id,
-                *([None] * 7),
-            )
-            for b in bodies
-        ]
+        items = [Pending.of(b, self.next_dedup_id(), None, group_id=self.group_id) for b in bodies]
         return await self._send(dest, items) if items else []
 
     async def _send(self, dest: str, items: list[Pending]) -> list[int]:

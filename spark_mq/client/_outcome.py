@@ -5,7 +5,27 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from spark_mq import protocol
-from spark_mq.errors import ProtocolError, SparkMQError, from_wire
+from spark_mq.errors import LeaseError, ProtocolError, SparkMQError, from_wire
+
+
+def refusals(reply: protocol.Reply) -> dict[int, str]:
+    """The offsets a settle's reply refused, and why."""
+    return {e["offset"]: e.get("reason", "refused") for e in reply.errors if "offset" in e}
+
+
+def settle_refusal(
+    refused: dict[int, str], offsets: list[int], destination: str
+) -> LeaseError | None:
+    """What one settle call (``offsets``) came to: None when none was refused, else the
+    ``LeaseError`` naming the first refused one."""
+    bad = [(o, refused[o]) for o in offsets if o in refused]
+    if not bad:
+        return None
+    return LeaseError(
+        f"{len(bad)} of {len(offsets)} settle(s) refused: offset {bad[0][0]}: {bad[0][1]}",
+        destination=destination,
+        offset=bad[0][0],
+    )
 
 
 class Outcome:

@@ -5,6 +5,7 @@ only those the messages use)."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -32,6 +33,37 @@ class Pending:
     delay_ms: int | None
     deliver_time: datetime | None
     future: Future | Any  # (the asyncio SDK's producer keeps an asyncio future here)
+
+    @classmethod
+    def of(
+        cls,
+        body: bytes | str,
+        dedup_id: str,
+        future: Future | Any,
+        *,
+        message_id: str | None = None,
+        group_id: str | None = None,
+        priority: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        ttl_s: float | None = None,
+        expiry_time: datetime | None = None,
+        delay_s: float | None = None,
+        deliver_at: datetime | None = None,
+    ) -> Pending:
+        """A message as ``send``'s arguments give it (a text body as UTF-8, times in ms)."""
+        return cls(
+            body.encode() if isinstance(body, str) else body,
+            message_id,
+            dedup_id,
+            group_id,
+            priority,
+            list(headers.items()) if headers else None,
+            None if ttl_s is None else int(ttl_s * 1000),
+            expiry_time,
+            None if delay_s is None else int(delay_s * 1000),
+            deliver_at,
+            future,
+        )
 
 
 # built once: constructing and comparing DataTypes per column was a third of a send's cost

@@ -58,6 +58,7 @@ import pyarrow.flight as fl
 from spark_mq import protocol, wire
 from spark_mq.client import _liveness as liveness
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
+from spark_mq.client._outcome import refusals, settle_refusal
 from spark_mq.client._pool import HandlerPool
 from spark_mq.client._transport import (
     DEFAULT_URL,
@@ -76,7 +77,7 @@ from spark_mq.client._wire import (
     wire_address,
 )
 from spark_mq.client.message import Message, message_of_one, messages_of
-from spark_mq.errors import BrokerUnavailable, LeaseError, ProtocolError, SparkMQError
+from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError
 from spark_mq.names import validate_name
 from spark_mq.security.credentials import Auth
 
@@ -435,19 +436,12 @@ class Consumer:
                 self.consumer_id, self.lease_s = cid, lease
                 self.destination = name or self.destination
                 self._welcome.set()
-            case protocol.Reply(request_id=rid, errors=errors):
-                refused = {e.get("offset"): e.get("reason", "refused") for e in errors}
+            case protocol.Reply(request_id=rid) as reply:
+                refused = refusals(reply)
                 for offsets, fut in self._requests.pop(rid, []):
-                    bad = [(o, refused[o]) for o in offsets if o in refused]
-                    if bad:
-                        fut.set_exception(
-                            LeaseError(
-                                f"{len(bad)} of {len(offsets)} settle(s) refused: "
-                                f"offset {bad[0][0]}: {bad[0][1]}",
-                                destination=self.destination,
-                                offset=bad[0][0],
-                            )
-                        )
+                    err = settle_refusal(refused, offsets, self.destination)
+                    if err is not None:
+                        fut.set_exception(err)
                     else:
                         fut.set_result(None)
             case protocol.Heartbeat():

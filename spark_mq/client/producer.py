@@ -356,21 +356,19 @@ class Producer:
         thread need not be woken)."""
         dest = self._dest(destination)
         check_options(priority, ttl_s, delay_s, dest)
-        if isinstance(body, str):
-            body = body.encode()
         fut: Future = Future()
-        item = Pending(
+        item = Pending.of(
             body,
-            message_id,
             dedup_id or self.next_dedup_id(),
-            group_id or self.group_id,
-            priority,
-            list(headers.items()) if headers else None,
-            None if ttl_s is None else int(ttl_s * 1000),
-            expiry_time,
-            None if delay_s is None else int(delay_s * 1000),
-            deliver_at,
             fut,
+            message_id=message_id,
+            group_id=group_id or self.group_id,
+            priority=priority,
+            headers=headers,
+            ttl_s=ttl_s,
+            expiry_time=expiry_time,
+            delay_s=delay_s,
+            deliver_at=deliver_at,
         )
         with self._lock:
             if self._closed:
