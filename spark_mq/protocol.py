@@ -4,7 +4,8 @@
   answered, in order, by a :class:`PutAck` (or :class:`PutFailed`) once it is durable.
 * ``DoExchange`` consumes: the descriptor is a :class:`Consume` command. The broker first sends
   :class:`Welcome`, then delivery batches (``DELIVERY_SCHEMA``). The client sends
-  :class:`Settle` frames (ack / nack / extend) as app-metadata-only messages; each is answered
+  :class:`Settle` frames (ack / nack / extend / release: a nack for another consumer, from wire
+  version 4) as app-metadata-only messages; each is answered
   by a :class:`Reply` once its effect is durable. To leave, the client sends :class:`Bye`; the
   broker answers what came before it, then ends the stream.
 * ``DoGet`` browses: the ticket is a :class:`Browse` command; the answer is a table of

@@ -128,6 +128,7 @@ FRAMES = [
     protocol.Consume("q", compact=True),
     protocol.Welcome(3, 5.0),
     protocol.Settle("ack", 7, ((1, 1), (2, 3))),
+    protocol.Settle("release", 8, ((4, 2),)),
     protocol.Reply(7, (1,), ({"offset": 2, "reason": "stale"},)),
     protocol.PutAck(0, 100, 10),
     protocol.PutFailed(1, {"code": "journal", "message": "disk full", "fields": {}}),
@@ -143,7 +144,7 @@ _OFFSETS = st.integers(min_value=0, max_value=2**62)
 
 
 @given(
-    st.sampled_from(["ack", "nack", "extend"]),
+    st.sampled_from(["ack", "nack", "extend", "release"]),
     _OFFSETS,
     st.lists(st.tuples(_OFFSETS, st.integers(min_value=1, max_value=1000)), max_size=20),
     st.lists(_OFFSETS, max_size=20),
