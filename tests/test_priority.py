@@ -4,18 +4,11 @@
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 
-import pytest
-
 from spark_mq import Producer
 from tests.conftest import wait_for
-
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="thread priorities are Linux's /proc"
-)
 
 
 def _nice_of(pattern: str) -> dict[str, int]:
