@@ -14,6 +14,7 @@ import pytest
 
 from spark_mq import Admin, Consumer, Producer
 from spark_mq.aio import AsyncAdmin, AsyncConsumer, AsyncMessage, AsyncProducer
+from spark_mq.client import _liveness as liveness
 from spark_mq.errors import DestinationNotFound, InvalidNameError, MessageRejected
 from spark_mq.launch import BrokerProcess
 from tests.conftest import wait_for
@@ -190,12 +191,13 @@ def test_delivery_batches_are_decoded_off_the_loop_and_kept_in_order(broker) -> 
 
 def test_a_loop_held_up_by_its_own_code_is_not_taken_for_a_silent_broker(broker) -> None:
     """Heartbeats every 0.2 s (a broker silent for 0.8 s is taken for dead), and the loop
-    blocked for 2 s by the caller's own code: what the broker sent waited in the socket, the
-    consumer goes on (before, the watchdog cut it, and without a backup it ended)."""
+    blocked by the caller's own code while the process's watchdog looks 12 times (3 s, past the
+    0.8 s): what the broker sent waited in the socket, the consumer goes on (before, the
+    watchdog cut it, and without a backup it ended)."""
 
     async def main() -> tuple[str, object]:
         async with AsyncConsumer(broker.url, "stall", heartbeat_s=0.2) as c:
-            time.sleep(2.0)  # (blocking the loop on purpose)
+            assert liveness.wait_ticks(12)  # (blocking the loop on purpose, through 12 looks)
             with Producer(broker.url, destination="stall", linger_ms=0) as p:
                 p.send_sync("after the stall")
             m = await c.receive(timeout=5)
@@ -348,8 +350,9 @@ def test_serve_gives_back_what_found_no_free_handler_in_time(broker) -> None:
 
 @pytest.mark.process
 def test_a_slow_handlers_lease_is_extended_not_redelivered(tmp_path: Path) -> None:
-    """A lease of 1 s, a handler that takes 3.5 s: its lease is renewed in the background, so
-    another consumer never gets the message, and it is acked once, delivered once."""
+    """A lease of 1 s, a handler that runs until another consumer has polled for the message
+    15 times in vain (3 s, three leases): its lease is renewed in the background, so the other
+    never gets it, and it is acked once, delivered once."""
     b = BrokerProcess(
         str(tmp_path / "data"), extra_args=["--set", "delivery.mark_interval_s=1"]
     ).launch()
@@ -363,18 +366,24 @@ def test_a_slow_handlers_lease_is_extended_not_redelivered(tmp_path: Path) -> No
             consumer = AsyncConsumer(b.url, "slow")
             await consumer.start()
 
+            polled_long_enough = asyncio.Event()
+
             async def handler(m: AsyncMessage) -> None:
                 counts.append(m.delivery_count)
-                await asyncio.sleep(3.5)
+                await polled_long_enough.wait()
                 await consumer.close()
 
             serving = asyncio.ensure_future(consumer.serve(handler))
             stolen: list[str] = []
             async with AsyncConsumer(b.url, "slow") as other:
+                polls = 0
                 while not serving.done():
                     m = await other.receive(timeout=0.2)
                     if m is not None:
                         stolen.append(m.text)
+                    polls += 1
+                    if polls >= 15 and counts:
+                        polled_long_enough.set()
             await serving
             return counts, stolen
 

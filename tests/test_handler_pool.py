@@ -115,8 +115,9 @@ def test_a_message_no_handler_took_in_time_goes_to_another_consumer(broker) -> N
 
 @pytest.mark.process
 def test_a_slow_handlers_lease_is_extended_while_it_runs(tmp_path: Path) -> None:
-    """A lease of 1 s and a handler that takes 3.5 s: nobody else gets its message meanwhile,
-    and it is delivered once."""
+    """A lease of 1 s and a handler that runs until another consumer has polled for its message
+    15 times in vain (3 s, three leases): nobody else gets it meanwhile, and it is delivered
+    once."""
     b = BrokerProcess(
         str(tmp_path / "data"), extra_args=["--set", "delivery.mark_interval_s=1"]
     ).launch()
@@ -126,10 +127,11 @@ def test_a_slow_handlers_lease_is_extended_while_it_runs(tmp_path: Path) -> None
             p.send_sync("job")
         counts: list[int] = []
         finished = threading.Event()
+        polled_long_enough = threading.Event()
 
         def handler(m) -> None:
             counts.append(m.delivery_count)
-            time.sleep(3.5)
+            assert polled_long_enough.wait(60)
             m.ack().result(10)
             finished.set()
 
@@ -137,10 +139,14 @@ def test_a_slow_handlers_lease_is_extended_while_it_runs(tmp_path: Path) -> None
         stolen = []
         try:
             with Consumer(b.url, "slow") as other:
+                polls = 0
                 while not finished.is_set():
                     m = other.receive(timeout=0.2)
                     if m is not None:
                         stolen.append(m.text)
+                    polls += 1
+                    if polls >= 15 and counts:
+                        polled_long_enough.set()
         finally:
             pooled.close()
         assert counts == [1] and stolen == []

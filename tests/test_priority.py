@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
-from spark_mq import Producer
+from spark_mq import Admin, Producer
 from tests.conftest import wait_for
 
 
@@ -38,7 +37,8 @@ def test_movers_and_the_delta_runtime_yield_to_the_loop(broker) -> None:
         timeout=10,
         what="the mover at nice 10",
     )
-    time.sleep(1.0)  # (a move of what was sent: delta-rs's threads exist by then)
+    with Admin(broker.url) as admin:  # (a move of what was sent: delta-rs's threads exist then)
+        wait_for(lambda: admin.stats("niced")["hot_tier_moves"] >= 1, timeout=30, what="a move")
     runtime = _nice_of("tokio-")
     assert runtime and set(runtime.values()) == {10}
     assert os.getpriority(os.PRIO_PROCESS, 0) == 0  # the rest of the process as it was
