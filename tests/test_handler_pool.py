@@ -34,6 +34,13 @@ def test_lanes_keep_a_group_with_one_handler_and_time_out_only_the_unstarted() -
     assert lanes.done(("a3", "a")) is None and len(lanes) == 0
 
 
+def test_a_pool_is_refused_clearly_when_it_cannot_be(broker) -> None:
+    with pytest.raises(ValueError, match="1 or more"):
+        Consumer(broker.url, "q", on_message=print, concurrency=0)
+    with pytest.raises(ValueError, match="on_message"):
+        Consumer(broker.url, "q", concurrency=4)
+
+
 def test_ten_handlers_run_at_once_and_each_group_keeps_its_order(broker) -> None:
     groups, per_group = 4, 10
     with Producer(broker.url, destination="pooled", linger_ms=0) as p:

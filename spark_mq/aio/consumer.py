@@ -16,6 +16,7 @@ deliveries fail (their leases were the old broker's), as with the synchronous co
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import json
@@ -93,7 +94,7 @@ class AsyncConsumer:
         self._welcome: asyncio.Future[None] | None = None
         self._queue: asyncio.Queue[object] | None = None
         self._decoding = False  # a batch is being decoded in a thread: frames wait behind it
-        self._backlog: list[tuple[int, wire.Body]] = []
+        self._backlog: collections.deque[tuple[int, wire.Body]] = collections.deque()
         self._settles: list[tuple[Verb, list[tuple[int, int]], asyncio.Future[None]]] = []
         self._requests: dict[int, list[tuple[list[int], asyncio.Future[None]]]] = {}
         self._request_ids = itertools.count(1)
@@ -101,8 +102,7 @@ class AsyncConsumer:
         self._keeper: asyncio.Task[None] | None = None
         self._reattaching: asyncio.Task[None] | None = None
         self._ended: asyncio.Future[None] | None = None  # the link's end, once asked (close)
-        self._serving: set[asyncio.Future[None]] = set()  # serve() calls running
-        self._handlers: set[asyncio.Task[None]] = set()  # their handler tasks
+        self._handlers: set[asyncio.Task[None]] = set()  # serve()'s handler tasks, running
         self._detaching: asyncio.Task[None] | None = None
         self._closing_reason: str | None = None
         self._closed = False
@@ -132,7 +132,8 @@ class AsyncConsumer:
     async def _attach(self) -> None:
         loop = asyncio.get_running_loop()
         self._welcome = loop.create_future()
-        self._decoding, self._backlog = False, []
+        self._decoding = False
+        self._backlog.clear()
         link = await open_link(
             self._broker, self._command, self._on_frame, self._on_lost, self._heartbeat_s
         )
@@ -249,7 +250,7 @@ class AsyncConsumer:
         try:
             self._deliver(done.result())
             while self._backlog and not self._decoding:
-                kind, body = self._backlog.pop(0)
+                kind, body = self._backlog.popleft()
                 self._handle(kind, body)
         except SparkMQError as exc:
             link.fail(exc)
@@ -459,8 +460,6 @@ class AsyncConsumer:
                     )
                     self._give_back(late)
 
-        done: asyncio.Future[None] = loop.create_future()
-        self._serving.add(done)
         workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
         self._handlers.update(workers)
         expirer = asyncio.ensure_future(expire(start_timeout_s)) if start_timeout_s else None
@@ -478,8 +477,6 @@ class AsyncConsumer:
                 await asyncio.gather(*workers)
             finally:
                 self._handlers.difference_update(workers)
-                self._serving.discard(done)
-                done.set_result(None)
 
     # -- closing -----------------------------------------------------------------------------------
     async def close(self) -> None:
@@ -498,10 +495,11 @@ class AsyncConsumer:
         await asyncio.shield(self._detaching)
 
     async def _detach(self) -> None:
-        if self._serving:
+        if self._handlers:  # running handlers finish (and settle) first
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._timeout_s):
-                    await asyncio.gather(*(asyncio.shield(s) for s in self._serving))
+                    running = [asyncio.shield(t) for t in self._handlers]
+                    await asyncio.gather(*running, return_exceptions=True)
         if self._reattaching is not None:
             self._reattaching.cancel()
         if self._keeper is not None:

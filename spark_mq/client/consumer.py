@@ -146,6 +146,8 @@ class Consumer:
         self._closed = False
         if (concurrency != 1 or start_timeout_s is not None) and on_message is None:
             raise ValueError("concurrency and start_timeout_s are for an on_message consumer")
+        if concurrency < 1:  # (said before connecting: nothing to let go of)
+            raise ValueError(f"concurrency must be 1 or more, got {concurrency}")
         self._on_message = on_message
         self._pool: HandlerPool | None = None
         self._close_when_read = False  # close() was called by on_message, on the reader thread
