@@ -154,13 +154,15 @@ def test_acks_and_replies_are_written_and_read_as_json_would(
 ) -> None:
     """Settle frames and replies are formatted and read without json (every ack makes both):
     the bytes must be those json.dumps writes, and read back the same either way."""
+    import dataclasses
     import json
 
     for frame in (
         protocol.Settle(verb, request_id, tuple(entries)),  # type: ignore[arg-type]
         protocol.Reply(request_id, tuple(ok)),
     ):
-        doc = {**vars(frame), "type": "settle" if isinstance(frame, protocol.Settle) else "reply"}
+        kind = "settle" if isinstance(frame, protocol.Settle) else "reply"
+        doc = {**dataclasses.asdict(frame), "type": kind}
         as_json = json.dumps(doc, separators=(",", ":")).encode()
         assert protocol.encode(frame) == as_json
         assert protocol.parse(as_json) == frame == protocol.parse(memoryview(as_json))

@@ -44,8 +44,8 @@ class LoopListener:
         self._later_at: asyncio.TimerHandle | None = None
         self.loop = asyncio.new_event_loop()
         self.loop_thread = 0  # its thread's ident, once running
-        self._thread = threading.Thread(target=self._run, name=f"{name}-loop", daemon=True)
-        self._thread.start()
+        self._worker = threading.Thread(target=self._run, name=f"{name}-loop", daemon=True)
+        self._worker.start()
         self.port = 0
 
     def listen(self, host: str, port: int, factory: Callable[[], asyncio.Protocol]) -> None:
@@ -72,7 +72,7 @@ class LoopListener:
 
     def _stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
+        self._worker.join()
         self.loop.close()
         self.core.close()
 

@@ -169,10 +169,10 @@ class DestinationWriter:
                 target=self._sync_loop, name=f"journal-sync-{destination}", daemon=True
             )
             self._syncer.start()
-        self._thread = threading.Thread(
+        self._worker = threading.Thread(
             target=self._run, name=f"journal-writer-{destination}", daemon=True
         )
-        self._thread.start()
+        self._worker.start()
 
     @property
     def next_offset(self) -> int:
@@ -277,7 +277,7 @@ class DestinationWriter:
                 self._messages = 0
                 self._pending_bytes = 0
             self._cond.notify_all()
-        self._thread.join()
+        self._worker.join()
         if self._syncer is not None:
             with self._mutex:
                 self._sync_stop = True

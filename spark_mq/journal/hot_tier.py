@@ -260,7 +260,7 @@ class HotTier:
                 with self.ship_lock:
                     refs = self._log.append(records, sync=sync)
                     self._shipped = replica.ship(
-                        self, refs[0].lsn, len(refs), self._log.last_written
+                        self, refs[0].lsn, len(refs), self._log.last_written or []
                     )
                 if sync:
                     replica.wait(self._shipped)

@@ -451,7 +451,7 @@ class SegmentLog:
 
     # -- replication (spark_mq.ha.replication) -------------------------------------------------
     keep_written = False  # a primary's log keeps each append's bytes for its backup
-    last_written: list[bytes | pa.Buffer] = []
+    last_written: list[bytes | pa.Buffer] | None = None
 
     def append_raw(self, first_lsn: int, data: bytes, count: int, *, sync: bool = True) -> int:
         """A backup's append: ``count`` records exactly as its primary wrote them (their lsns

@@ -538,13 +538,13 @@ class Audit(Protocol):
         self,
         event: str,
         *,
-        principal: str | None = ...,
-        verb: str | None = ...,
-        destination: str | None = ...,
-        peer: str = ...,
-        transport: str = ...,
-        detail: str = ...,
-        outcome: str = ...,
+        principal: str | None = None,
+        verb: str | None = None,
+        destination: str | None = None,
+        peer: str = "",
+        transport: str = "",
+        detail: str = "",
+        outcome: str = "",
     ) -> None: ...
 
 

@@ -116,9 +116,9 @@ class WireServer:
         self._inbox = bytearray(_READ_BYTES)
         self._inbox_view = memoryview(self._inbox)
         self._conns: set[WireConn] = set()
-        self._thread = threading.Thread(target=self._run, name="wire-loop", daemon=True)
+        self._worker = threading.Thread(target=self._run, name="wire-loop", daemon=True)
         self._ident: int | None = None
-        self._thread.start()
+        self._worker.start()
 
     # -- waking the loop ---------------------------------------------------------------------
     def mark(self, conn: WireConn) -> None:
@@ -164,7 +164,7 @@ class WireServer:
         self._poked = False
         with contextlib.suppress(OSError):
             self._wake_w.send(b"s")
-        self._thread.join()
+        self._worker.join()
         self.core.close()
         for s in (*self._listeners, self._wake_r, self._wake_w):
             s.close()
