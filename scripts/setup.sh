@@ -69,6 +69,12 @@ if [ ! -d tests/node/node_modules/stompit ] || [ ! -d tests/node/node_modules/ka
   touch tests/node/node_modules
 fi
 
+# the compiled build's test (tests/test_native.py) and SPARKMQ_COMPILE=1 below need a C compiler
+# and Python's headers
+if ! command -v cc >/dev/null 2>&1 || ! "$PY" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
+  apt_install "compiled build (mypyc)" gcc python3-dev
+fi
+
 if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   "$PY" -m venv .venv
@@ -79,4 +85,10 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -e '.[test,spark]'
   touch "$STAMP"
+fi
+
+# opt-in: the broker's per-message path compiled with mypyc (README, "Speed"); pure Python is
+# the default and undoes it: .venv/bin/python scripts/compile.py --clean
+if [ "${SPARKMQ_COMPILE:-0}" = 1 ]; then
+  .venv/bin/python scripts/compile.py --if-needed
 fi

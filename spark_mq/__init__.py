@@ -4,6 +4,8 @@ Producers and consumers talk to a broker over Arrow Flight; destinations are Del
 Spark reads with ``spark.readStream.format("sparkmq")`` (see ``spark_mq.connectors``).
 """
 
+# first: warns when an edited source is shadowed by an older compiled build of it
+from spark_mq import native  # noqa: F401
 from spark_mq.client import Admin, Consumer, Message, Producer, Transaction
 from spark_mq.errors import (
     BrokerUnavailable,

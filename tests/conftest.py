@@ -7,11 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from spark_mq import wire
+from spark_mq import native, wire
 from spark_mq.broker import Broker
 from spark_mq.clock import ManualClock
 from spark_mq.config import BrokerConfig, load_config
 from spark_mq.service import RunningBroker
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a compiled checkout (scripts/compile.py), the tests that patch the compiled path
+    cannot work: say so once, instead of letting them fail one by one."""
+    if native.compiled() and any(item.get_closest_marker("pure_python") for item in items):
+        raise pytest.UsageError(
+            f"this checkout runs {native.describe()}; tests marked pure_python replace parts of "
+            "it: deselect them (-m 'not pure_python') or run on pure Python "
+            "(python scripts/compile.py --clean)"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -220,6 +220,7 @@ def test_dead_letter_after_max_attempts_exactly_once_across_a_restart(
         broker.stop()
 
 
+@pytest.mark.pure_python
 def test_a_clean_shutdown_waits_for_a_dead_letter_move_under_way(
     data: Path, clock: ManualClock
 ) -> None:

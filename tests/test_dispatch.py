@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.subscription import Subscription
@@ -52,6 +53,7 @@ class RacyStore(MessageStore):
         return value
 
 
+@pytest.mark.pure_python
 def test_a_commit_racing_ingestion_is_delivered_once(clock: ManualClock) -> None:
     store = RacyStore()
     store.add(Messages.of(rows(0, 3)))

@@ -72,6 +72,7 @@ def test_records_written_apart_from_their_sync_are_durable_once_synced(tmp_path:
     assert _bodies(log) == [[b"a"], [big], [big], [b"d"]]
 
 
+@pytest.mark.pure_python
 def test_a_failed_sync_refuses_appends_until_what_it_may_have_lost_is_cut_off(
     tmp_path: Path,
 ) -> None:
@@ -127,6 +128,7 @@ def pipeline(tmp_path: Path):
     writer.close()
 
 
+@pytest.mark.pure_python
 def test_flushes_are_written_while_the_last_one_syncs_and_answered_in_order(pipeline) -> None:
     writer, tier, committed = pipeline
     tier.disk.hold.clear()  # the first sync waits
@@ -143,6 +145,7 @@ def test_flushes_are_written_while_the_last_one_syncs_and_answered_in_order(pipe
     assert tier.read_messages(0, None)["offset"].to_pylist() == list(range(22))
 
 
+@pytest.mark.pure_python
 def test_an_inline_commit_waits_behind_the_flushes_being_synced(pipeline) -> None:
     writer, tier, committed = pipeline
     tier.disk.hold.clear()
@@ -157,6 +160,7 @@ def test_an_inline_commit_waits_behind_the_flushes_being_synced(pipeline) -> Non
     assert [o for offsets in committed for o in offsets] == [0, 1]
 
 
+@pytest.mark.pure_python
 def test_a_failed_sync_fails_what_it_may_have_lost_and_leaves_no_gap(pipeline) -> None:
     writer, tier, committed = pipeline
     assert writer.submit(Messages.of(unoffset([b"kept"]))).result(10).first_offset == 0

@@ -137,6 +137,7 @@ def _kinds_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+@pytest.mark.pure_python
 def test_the_sdk_sends_plain_messages_as_plain_frames_and_others_as_columns(
     broker: RunningBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -156,6 +157,7 @@ def test_the_sdk_sends_plain_messages_as_plain_frames_and_others_as_columns(
         assert all(m.dedup_id for m in got)  # every SDK message has one, plain or not
 
 
+@pytest.mark.pure_python
 def test_send_without_linger_writes_a_plain_message_at_once_and_fails_through_its_future(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,6 +190,7 @@ def test_send_without_linger_writes_a_plain_message_at_once_and_fails_through_it
         running.stop()
 
 
+@pytest.mark.pure_python
 def test_a_broker_of_wire_version_1_gets_columns_frames_only(
     broker: RunningBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

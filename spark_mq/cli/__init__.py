@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import click
 
+from spark_mq import native
 from spark_mq.cli import data, destinations, kafka, messages, moving, serving, users
 
 
 @click.group()
-@click.version_option(package_name="sparkmq")
+@click.version_option(package_name="sparkmq", message=f"%(prog)s %(version)s ({native.describe()})")
 def main() -> None:
     """sparkmq: JMS-grade messaging on Delta tables, streamed by Spark."""
 

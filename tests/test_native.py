@@ -1,0 +1,116 @@
+"""The compiled build (scripts/compile.py, ``SPARKMQ_COMPILE=1 scripts/setup.sh``): built from a
+copy of the package with mypyc, it is what runs, it passes the broker's own tests, it says when
+an edited source is shadowed by its build, and ``--clean`` gives pure Python back."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from spark_mq.native import HOT_MODULES
+
+pytestmark = pytest.mark.process
+
+REPO = Path(__file__).resolve().parent.parent
+COMPILE = str(REPO / "scripts" / "compile.py")
+SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
+# the broker's tests run against the compiled copy: the direct wire end to end, plain and
+# columns frames, duplicate detection, delivery and dead-lettering (about 35 s)
+SUITE = ["test_wire.py", "test_plain_messages.py", "test_duplicates.py", "test_delivery.py"]
+
+
+def _copy(root: Path) -> None:
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "node_modules", ".hypothesis")
+    shutil.copytree(REPO / "spark_mq", root / "spark_mq", ignore=skip)
+    shutil.copytree(REPO / "tests", root / "tests", ignore=skip)
+    shutil.copy(REPO / "pyproject.toml", root)  # the suite's markers and settings
+
+
+def _python(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    # the copy first on the path: it, not the checkout's editable install, is imported (by the
+    # brokers the tests start too, which inherit the environment)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("compiled")
+    _copy(root)
+    # -O0: the C compiler's optimisations change how fast it runs, not what it does
+    built = _python(root, COMPILE, "--root", str(root), "--opt-level", "0", timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert f"compiled {len(HOT_MODULES)} modules" in built.stdout
+    return root
+
+
+def test_the_compiled_modules_are_what_runs_and_the_cli_says_so(compiled: Path) -> None:
+    probe = _python(
+        compiled,
+        "-c",
+        "import importlib\n"
+        "from spark_mq.native import HOT_MODULES\n"
+        "for m in HOT_MODULES: print(importlib.import_module(m).__file__)",
+    )
+    assert probe.returncode == 0, probe.stderr
+    files = probe.stdout.split()
+    assert len(files) == len(HOT_MODULES)
+    assert all(f.startswith(str(compiled)) and f.endswith(SUFFIX) for f in files), files
+    version = _python(compiled, "-m", "spark_mq", "--version")
+    assert version.returncode == 0, version.stderr
+    assert f"compiled with mypyc: {len(HOT_MODULES)} hot modules" in version.stdout
+
+
+def test_the_broker_s_tests_pass_on_the_compiled_build(compiled: Path) -> None:
+    lane = ["-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
+    tests = [f"tests/{name}" for name in SUITE]
+    suite = _python(compiled, *lane, "-m", "not pure_python and not spark", *tests, timeout=600)
+    summary = suite.stdout.strip().splitlines()[-1] if suite.stdout.strip() else ""
+    assert suite.returncode == 0, suite.stdout[-4000:] + suite.stderr[-2000:]
+    assert " passed" in summary and "failed" not in summary, summary
+    # ... and the tests that patch the compiled path are refused up front, not left to fail
+    patched = _python(compiled, *lane, "tests/test_dispatch.py")
+    assert patched.returncode != 0
+    assert "deselect them (-m 'not pure_python')" in patched.stdout + patched.stderr
+
+
+def test_an_edited_source_is_reported_and_clean_gives_pure_python_back(
+    compiled: Path, tmp_path: Path
+) -> None:
+    # on a copy of the build: the other tests keep theirs whatever the order
+    root = tmp_path / "tree"
+    shutil.copytree(compiled / "spark_mq", root / "spark_mq")
+    wire = root / "spark_mq" / "wire.py"
+    later = wire.with_name(f"wire{SUFFIX}").stat().st_mtime + 60
+    os.utime(wire, (later, later))  # edited after its build
+    edited = _python(root, "-W", "error::RuntimeWarning", "-c", "import spark_mq")
+    assert edited.returncode != 0
+    assert "spark_mq.wire changed after they were compiled" in edited.stderr
+    assert "python scripts/compile.py" in edited.stderr
+
+    cleaned = _python(root, COMPILE, "--root", str(root), "--clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert not list((root / "spark_mq").rglob(f"*{SUFFIX}"))
+    pure = _python(
+        root,
+        "-W",
+        "error::RuntimeWarning",
+        "-c",
+        "import spark_mq.wire, spark_mq.native as n; print(spark_mq.wire.__file__, n.describe())",
+    )
+    assert pure.returncode == 0, pure.stderr
+    assert pure.stdout.split()[0] == str(wire) and pure.stdout.endswith("pure Python\n")
