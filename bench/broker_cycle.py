@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from spark_mq import wire
+from spark_mq import native, wire
 from spark_mq.broker.core import Broker
 from spark_mq.commands import Attach, Settle
 from spark_mq.config import load_config
@@ -130,7 +130,7 @@ class Figures:
 
 
 def report(f: Figures, args: argparse.Namespace, label: str) -> None:
-    print(f"{f.n:,} messages, journal.sync={args.sync}, {label}")
+    print(f"{f.n:,} messages, journal.sync={args.sync}, {label}, {native.describe()}")
     print(f"cycle: {f.wall_us:.0f} us wall, {f.cpu_us:.0f} us CPU (all of the broker's threads)")
     for name, v in f.phases.items():
         p50, mean = statistics.median(v), statistics.mean(v)

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from broker_bench import paced_sends, timed_sends
 from floor_bench import pct
 
-from spark_mq import Admin, Consumer, Producer
+from spark_mq import Admin, Consumer, Producer, native
 from spark_mq.aio import AsyncConsumer, AsyncProducer
 from spark_mq.launch import BrokerProcess
 
@@ -390,7 +390,10 @@ def run(rounds: int, names: list[str], sends: int, backlog: int, data_dir: str |
                 f"p99 {la['p99']:.2f} p99.9 {la['p999']:.2f} ms",
                 flush=True,
             )
-    print(f"\nmedian of {rounds} round(s), 1 KiB persistent messages, one at a time:")
+    print(
+        f"\nmedian of {rounds} round(s), 1 KiB persistent messages, one at a time "
+        f"(sparkmq {native.describe()}):"
+    )
     head = (
         "sync/s",
         "broker us",
