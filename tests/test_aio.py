@@ -151,6 +151,41 @@ def test_sends_beyond_the_window_wait_and_a_cancelled_one_that_never_left_is_not
     assert bodies == ["warm", *(f"{i}" for i in range(200)), "c0", "c1", "c2"]
 
 
+def test_submit_returns_before_the_answer_waits_only_for_room_and_a_cancelled_one_is_not_sent(
+    broker,
+) -> None:
+    """``submit`` from one task, no task per message: 200 futures, never more than
+    ``max_in_flight`` (3) messages waiting to leave, all stored in order; of 3 more, one future
+    cancelled before the turn's end: only the other 2 stored."""
+
+    async def main() -> tuple[int, bool, list[int]]:
+        async with AsyncProducer(broker.url, destination="submitted", max_in_flight=3) as p:
+            await p.send("warm")
+            stream = p._streams["submitted"]
+            futures, most = [], 0
+            for i in range(200):
+                futures.append(await p.submit(f"{i}"))
+                most = max(most, len(stream._waiting))
+            answered_at_once = futures[-1].done()
+            offsets = await asyncio.gather(*futures)
+            # as many as may wait, so none has been written yet: the last one cancelled
+            late = [await p.submit(f"c{i}") for i in range(3)]
+            late[2].cancel()
+            await asyncio.gather(*late[:2])
+        return most, answered_at_once, offsets
+
+    most, answered_at_once, offsets = asyncio.run(main())
+    assert 1 <= most <= 3
+    assert not answered_at_once  # submit returned before its message was durable
+    assert offsets == list(range(1, 201))
+    bodies = []
+    with Consumer(broker.url, "submitted") as c:
+        while (m := c.receive(timeout=0.5)) is not None:
+            bodies.append(m.text)
+            m.ack()
+    assert bodies == ["warm", *(f"{i}" for i in range(200)), "c0", "c1"]
+
+
 async def _await(fut: asyncio.Future) -> None:
     await fut
 
@@ -408,7 +443,7 @@ def test_async_for_lives_through_a_sigkill_and_failover(tmp_path: Path) -> None:
         urls = [a.url, b.url]
         with Admin(urls) as admin:
             admin.create_queue("ha")
-        n = 300
+        n, extra = 300, 20
 
         async def main() -> tuple[list[int], set[str]]:
             got: set[str] = set()
@@ -419,18 +454,23 @@ def test_async_for_lives_through_a_sigkill_and_failover(tmp_path: Path) -> None:
             ):
 
                 async def produce() -> None:
+                    burst: list[asyncio.Future[int]] = []
                     for i in range(n):
                         offsets.append(await p.send(f"{i}", dedup_id=f"ha-{i}"))
                         if i == n // 2:
                             assert a.process is not None
                             a.process.kill()
+                            # submitted at once, some onto the dead connection: sent again
+                            for j in range(extra):
+                                burst.append(await p.submit(f"b{j}", dedup_id=f"hb-{j}"))
                         await asyncio.sleep(0.005)
+                    offsets.extend(await asyncio.gather(*burst))
 
                 async def consume() -> None:
                     async for m in c:
                         got.add(m.text)
                         m.ack()
-                        if len(got) == n:
+                        if len(got) == n + extra:
                             return
 
                 await asyncio.wait_for(asyncio.gather(produce(), consume()), 120)
@@ -438,8 +478,8 @@ def test_async_for_lives_through_a_sigkill_and_failover(tmp_path: Path) -> None:
 
         started = time.monotonic()
         offsets, got = asyncio.run(main())
-        assert got == {f"{i}" for i in range(n)}
-        assert len(set(offsets)) == n  # each stored once (a resend found its dedup id)
+        assert got == {f"{i}" for i in range(n)} | {f"b{j}" for j in range(extra)}
+        assert len(set(offsets)) == n + extra  # each stored once (a resend found its dedup id)
         assert time.monotonic() - started < 120
     finally:
         for m in (a, b):
