@@ -175,7 +175,7 @@ async def _aio(url: str, pid: int, body: bytes, sends: int, backlog: int) -> dic
     async with AsyncProducer(url, destination="backlog") as p:
         await p.send(body)
         with Measured(pid) as m:
-            # submit: a future each, no task each (a task each awaiting send() costs ~6 us more)
+            # submit: a future each, no task each (a task each awaiting send() cost 8-11 us more)
             futures = [await p.submit(body) for _ in range(backlog)]
             await asyncio.gather(*futures)
         del futures  # (as above)
