@@ -3,7 +3,7 @@
 ``scripts/compile.py`` (``SPARKMQ_COMPILE=1 scripts/setup.sh``) builds :data:`HOT_MODULES` with
 mypyc into C extensions beside their sources; Python then imports the extensions. Pure Python
 is the default and stays complete: the compiled modules are the same code, only faster (the
-README's "Speed" section has the figures). This module imports nothing of sparkmq's, so the
+README's "How fast" has the figures). This module imports nothing of sparkmq's, so the
 build script can read the list before anything is built.
 """
 
@@ -14,10 +14,13 @@ import warnings
 from pathlib import Path
 
 # The broker's work per message, from reading a frame to answering it: the frames and their
-# codec, the message and its records, the session's checks, the group commit and the segment
+# codec, the message and its records, the session's guard, the group commit and the segment
 # log, duplicate detection, the registry, dispatch and settling. Chosen by profile (py-spy and
-# cProfile of a broker under one-at-a-time sends); each must keep to what mypyc compiles
-# (no class attributes read as defaults of instance attributes, no patching of its functions).
+# cProfile of a broker under one-at-a-time sends); each must keep to what mypyc compiles (no
+# vars() of its objects, no class attribute read as an instance's default, no interpreted
+# subclass, no patching of its functions). Left out: session.session (sessions are tracked by
+# weak reference, which mypyc's classes lack) and the STOMP and Kafka listeners' base classes
+# (interpreted subclasses).
 HOT_MODULES: tuple[str, ...] = (
     "spark_mq.wire",
     "spark_mq.protocol",
