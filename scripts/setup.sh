@@ -69,6 +69,10 @@ if [ ! -d tests/node/node_modules/stompit ] || [ ! -d tests/node/node_modules/ka
   touch tests/node/node_modules
 fi
 
+# the cluster's tests start a real ZooKeeper (Debian's, run from its jars)
+if [ ! -f /usr/share/java/zookeeper.jar ]; then
+  apt_install "cluster tests' ZooKeeper" zookeeper
+fi
 # the compiled build's test (tests/test_native.py) and SPARKMQ_COMPILE=1 below need a C compiler
 # and Python's headers
 if ! command -v cc >/dev/null 2>&1 || ! "$PY" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then

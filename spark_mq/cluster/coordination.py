@@ -1,0 +1,371 @@
+"""Members and placement on ZooKeeper (through kazoo): who is in the cluster, which member owns
+which destination, and how healthy the member's own ZooKeeper session is.
+
+ZooKeeper decides who *should* own what; the Delta log stays the final arbiter of who *may*
+commit (per-destination epochs, :mod:`spark_mq.ha.ownership`): a member that lost its session
+and has not noticed yet cannot commit past a newer owner's fence.
+
+The znodes, under ``/sparkmq/<cluster>``:
+
+- ``members/<id>``: ephemeral, one per live member (its endpoint, host, pid, start time). It
+  goes when the member stops, or when its session expires (the member died or was cut off for
+  longer than ``session_timeout_s``).
+- ``leader/n_<seq>``: ephemeral sequential; the member holding the lowest is the leader, the one
+  that writes placements (ZooKeeper's leader recipe, read without blocking a thread).
+- ``destinations/<name>``: what exists (its load, a weight); ``pins/<name>``: an operator's pin.
+- ``assignments``: one znode, the whole placement as JSON (destination → member and epoch)
+  with a counter of epochs; written with the version it was read at, so two members who both
+  think they lead cannot interleave: one write fails and is made again from what is there.
+
+A destination's epoch grows each time it changes hands; the new owner fences the destination's
+tables with it before serving (the Delta half, outside this module).
+
+When ZooKeeper is away, sessions are *suspended*: members keep what they own and nothing moves
+(no leader can write); when it returns within the session timeout, nothing has changed. A
+member whose session *expired* (``lost``) has been given up by the others: it must step aside
+for everything it owned, and joins again as a newcomer (a new session).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+
+from spark_mq.cluster.placement import moves, place
+from spark_mq.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+Health = Literal["connected", "suspended", "lost", "stopped"]
+# the longest a member's change (a join, a leave, a new destination) waits for the leader's
+# next look when a watch was missed (they are not: this is a backstop)
+RESCAN_S = 5.0
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A destination's owner, and the epoch it owns it with (greater at each hand-over)."""
+
+    member: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Member:
+    id: str
+    endpoint: str
+    host: str = ""
+    pid: int = 0
+    since_ms: int = 0
+
+
+class Coordinator:
+    """One member's view of, and part in, a cluster on ZooKeeper.
+
+    ``on_change(assignments)`` is called (on the coordinator's own thread) with the whole
+    placement each time this member sees it change; ``on_health(state)`` (on kazoo's thread, or
+    the coordinator's) when the session's health changes. Neither may block for long.
+    """
+
+    def __init__(
+        self,
+        hosts: str,
+        member_id: str,
+        endpoint: str,
+        *,
+        cluster: str = "sparkmq",
+        session_timeout_s: float = 10.0,
+        on_change: Callable[[dict[str, Assignment]], None] | None = None,
+        on_health: Callable[[Health], None] | None = None,
+    ) -> None:
+        if not member_id or "/" in member_id:
+            raise ConfigError(f"a cluster member's id must be a name without '/': {member_id!r}")
+        self.member_id = member_id
+        self.endpoint = endpoint
+        self.root = f"/sparkmq/{cluster}"
+        self.session_timeout_s = session_timeout_s
+        self._client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        self._client.add_listener(self._on_state)
+        self._on_change = on_change
+        self._on_health = on_health
+        self._health: Health = "stopped"
+        self._assignments: dict[str, Assignment] = {}
+        self._members: dict[str, Member] = {}
+        self._leader_node: str | None = None
+        self._leader: str | None = None
+        self._wake = threading.Event()
+        self._rejoin = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # -- life ----------------------------------------------------------------------------------
+    def start(self, timeout_s: float = 15.0) -> None:
+        """Connect, join (the member's ephemeral node, a place in the leader election) and read
+        the placement. Raises :class:`ConfigError` when ZooKeeper cannot be reached."""
+        try:
+            self._client.start(timeout=timeout_s)
+        except KazooTimeoutError as exc:
+            raise ConfigError(
+                f"cannot reach ZooKeeper at {self._client.hosts} within {timeout_s:g} s: is it "
+                "running, and is cluster.zookeeper right?"
+            ) from exc
+        for path in ("members", "leader", "destinations", "pins"):
+            self._client.ensure_path(f"{self.root}/{path}")
+        # a member restarted at once finds its old session's node until that session expires
+        deadline = time.monotonic() + self.session_timeout_s + 2
+        while True:
+            try:
+                self._join()
+                break
+            except ConfigError:
+                if time.monotonic() >= deadline:
+                    self._client.stop()
+                    self._client.close()
+                    raise
+                time.sleep(0.2)
+        self._watch()
+        self._health = "connected"
+        self._thread = threading.Thread(target=self._run, name="cluster-coordinator", daemon=True)
+        self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Leave: the member's nodes go at once (not after a session timeout)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        try:
+            self._client.stop()
+        finally:
+            self._client.close()
+            self._set_health("stopped")
+
+    def _join(self) -> None:
+        me = {
+            "endpoint": self.endpoint,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since_ms": int(time.time() * 1000),
+        }
+        path = f"{self.root}/members/{self.member_id}"
+        try:
+            self._client.create(path, json.dumps(me).encode(), ephemeral=True)
+        except NodeExistsError as exc:
+            stat = self._client.exists(path)
+            if stat is None or stat.ephemeralOwner != self._client.client_id[0]:
+                raise ConfigError(
+                    f"a member named {self.member_id!r} is already in cluster {self.root!r}: "
+                    "give each member its own broker_id"
+                ) from exc  # (else: this session's own, from a join that was cut short)
+        leader = self._leader_node
+        if leader is None or not self._ours(leader):
+            self._leader_node = self._client.create(
+                f"{self.root}/leader/n_", self.member_id.encode(), ephemeral=True, sequence=True
+            )
+
+    def _ours(self, path: str) -> bool:
+        stat = self._client.exists(path)
+        return stat is not None and stat.ephemeralOwner == self._client.client_id[0]
+
+    def _watch(self) -> None:
+        # (kazoo sets them again after a reconnection, a new session's too)
+        self._client.ChildrenWatch(f"{self.root}/members", self._changed)
+        self._client.ChildrenWatch(f"{self.root}/leader", self._changed)
+        self._client.ChildrenWatch(f"{self.root}/destinations", self._changed)
+        self._client.ChildrenWatch(f"{self.root}/pins", self._changed)
+        self._client.DataWatch(f"{self.root}/assignments", self._changed_data)
+
+    def _changed(self, _children: list[str]) -> bool:
+        self._wake.set()
+        return not self._stop.is_set()  # (False ends the watch)
+
+    def _changed_data(self, _data: bytes | None, _stat: Any) -> bool:
+        self._wake.set()
+        return not self._stop.is_set()
+
+    def _on_state(self, state: str) -> None:
+        # (kazoo's own thread: no ZooKeeper calls here)
+        if state == KazooState.SUSPENDED:
+            self._set_health("suspended")
+        elif state == KazooState.LOST:
+            self._rejoin = True  # its ephemeral nodes are gone: joins again once connected
+            self._set_health("lost")
+        elif state == KazooState.CONNECTED and not self._rejoin:
+            self._set_health("connected")
+        self._wake.set()
+
+    def _set_health(self, health: Health) -> None:
+        if health == self._health:
+            return
+        self._health = health
+        log.info("cluster member %s: ZooKeeper session %s", self.member_id, health)
+        if self._on_health is not None:
+            self._on_health(health)
+
+    # -- the coordinator's thread: read, lead, report ------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(RESCAN_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                if self._rejoin and self._client.state == KazooState.CONNECTED:
+                    self._join()  # (a new session: the old one's nodes are gone)
+                    self._rejoin = False
+                    self._set_health("connected")
+                if self._client.state != KazooState.CONNECTED:
+                    continue
+                self._look()
+            except (KazooException, KazooTimeoutError, ConfigError) as exc:
+                log.warning("cluster member %s: %s (trying again)", self.member_id, exc)
+                time.sleep(0.2)
+                self._wake.set()
+
+    def _look(self) -> None:
+        members = self._read_members()
+        contenders = sorted(self._client.get_children(f"{self.root}/leader"))
+        leader = None
+        if contenders:
+            data, _ = self._client.get(f"{self.root}/leader/{contenders[0]}")
+            leader = data.decode()
+        with self._lock:
+            self._members, self._leader = members, leader
+        if leader == self.member_id:
+            self._place(members)
+        assignments = self._read_assignments()[0]
+        with self._lock:
+            changed = assignments != self._assignments
+            self._assignments = assignments
+        if changed and self._on_change is not None:
+            self._on_change(dict(assignments))
+
+    def _read_members(self) -> dict[str, Member]:
+        out = {}
+        for name in self._client.get_children(f"{self.root}/members"):
+            try:
+                data, _ = self._client.get(f"{self.root}/members/{name}")
+            except NoNodeError:
+                continue  # (gone between the listing and the read)
+            doc = json.loads(data)
+            out[name] = Member(name, doc["endpoint"], doc["host"], doc["pid"], doc["since_ms"])
+        return out
+
+    def _read_assignments(self) -> tuple[dict[str, Assignment], int, int]:
+        """The placement, the counter of epochs, the znode's version (-1: none yet)."""
+        try:
+            data, stat = self._client.get(f"{self.root}/assignments")
+        except NoNodeError:
+            return {}, 0, -1
+        doc = json.loads(data)
+        owners = {n: Assignment(a["member"], a["epoch"]) for n, a in doc["owners"].items()}
+        return owners, doc["epoch"], stat.version
+
+    def _place(self, members: Mapping[str, Member]) -> None:
+        loads = {}
+        for name in self._client.get_children(f"{self.root}/destinations"):
+            try:
+                data, _ = self._client.get(f"{self.root}/destinations/{name}")
+            except NoNodeError:
+                continue
+            loads[name] = float(json.loads(data).get("load", 1.0))
+        pins = {}
+        for name in self._client.get_children(f"{self.root}/pins"):
+            try:
+                pins[name] = self._client.get(f"{self.root}/pins/{name}")[0].decode()
+            except NoNodeError:
+                continue
+        current, epoch, version = self._read_assignments()
+        owners = place(members, loads, {n: a.member for n, a in current.items()}, pins)
+        changed = moves({n: a.member for n, a in current.items() if n in loads}, owners)
+        if not changed and set(current) == set(owners):
+            return
+        placed = {}
+        for name, member in owners.items():
+            if name in changed:
+                epoch += 1
+                placed[name] = {"member": member, "epoch": epoch}
+            else:
+                placed[name] = {"member": member, "epoch": current[name].epoch}
+        body = json.dumps({"epoch": epoch, "owners": placed}, sort_keys=True).encode()
+        try:
+            if version < 0:
+                self._client.create(f"{self.root}/assignments", body)
+            else:
+                self._client.set(f"{self.root}/assignments", body, version=version)
+        except (BadVersionError, NodeExistsError):
+            self._wake.set()  # another wrote first: look again from what is there
+            return
+        for name, (old, new) in sorted(changed.items()):
+            log.info("cluster: %s moves from %s to %s", name, old or "nobody", new)
+
+    # -- what the broker and operators use ----------------------------------------------------
+    @property
+    def health(self) -> Health:
+        return self._health
+
+    @property
+    def leader(self) -> str | None:
+        """The member that places destinations (as last seen)."""
+        return self._leader
+
+    def members(self) -> dict[str, Member]:
+        with self._lock:
+            return dict(self._members)
+
+    def assignments(self) -> dict[str, Assignment]:
+        with self._lock:
+            return dict(self._assignments)
+
+    def owner_of(self, destination: str) -> Assignment | None:
+        with self._lock:
+            return self._assignments.get(destination)
+
+    def add_destination(self, name: str, load: float = 1.0) -> None:
+        """A destination to place (idempotent; a new load replaces the old)."""
+        path = f"{self.root}/destinations/{name}"
+        body = json.dumps({"load": load}).encode()
+        try:
+            self._client.create(path, body)
+        except NodeExistsError:
+            self._client.set(path, body)
+
+    def remove_destination(self, name: str) -> None:
+        for path in (f"{self.root}/destinations/{name}", f"{self.root}/pins/{name}"):
+            try:
+                self._client.delete(path)
+            except NoNodeError:
+                pass
+
+    def pin(self, name: str, member: str | None) -> None:
+        """Keep a destination on a member (an operator's move), or let placement decide again
+        (``None``)."""
+        path = f"{self.root}/pins/{name}"
+        if member is None:
+            try:
+                self._client.delete(path)
+            except NoNodeError:
+                pass
+            return
+        try:
+            self._client.create(path, member.encode())
+        except NodeExistsError:
+            self._client.set(path, member.encode())

@@ -1,0 +1,91 @@
+"""Which member owns which destination: a pure function of who is alive, what exists, who owns
+what now and what an operator pinned.
+
+The rules, in order:
+
+1. A destination pinned to a live member goes there (an operator's word wins); pinned to a
+   member that is gone, it is placed as any other until that member is back.
+2. A destination stays with its owner while the owner lives: every move costs a hand-over
+   (drain, fence, assign, redirect), so nothing moves without a reason.
+3. A destination without a live owner (new, or its owner gone) goes to the least loaded member.
+4. Then, while moving one destination from a more loaded member to the least loaded one makes
+   the two closer (its load is less than their difference), the smallest such one of the most
+   loaded member that has one moves (pinned destinations never do).
+   With equal loads this ends with member counts at most one apart; a member that joins takes
+   its share, and no more than its share moves.
+
+A destination's load is a weight (1.0 unless the caller knows better: a message rate, say); a
+topic is placed with all its subscriptions, as one destination. The function is deterministic
+(ties broken by name), so every member computing it from the same inputs gets the same answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+def place(
+    members: Iterable[str],
+    destinations: Mapping[str, float],
+    current: Mapping[str, str],
+    pins: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The owner of each destination in ``destinations`` (name → load), given the live
+    ``members``, the ``current`` owners (destination → member, any of them gone) and ``pins``
+    (destination → member). Empty when no member lives."""
+    live = sorted(set(members))
+    if not live:
+        return {}
+    pins = pins or {}
+    load = dict.fromkeys(live, 0.0)
+    owner: dict[str, str] = {}
+    fixed: set[str] = set()
+    for name in sorted(destinations):
+        pinned = pins.get(name)
+        if pinned in load:
+            owner[name] = pinned
+            fixed.add(name)
+        elif current.get(name) in load:
+            owner[name] = current[name]
+        else:
+            continue
+        load[owner[name]] += destinations[name]
+    # new and orphaned destinations, heaviest first, each to the least loaded member
+    orphans = [n for n in destinations if n not in owner]
+    for name in sorted(orphans, key=lambda n: (-destinations[n], n)):
+        to = min(live, key=lambda m: (load[m], m))
+        owner[name] = to
+        load[to] += destinations[name]
+    _balance(owner, load, destinations, fixed)
+    return owner
+
+
+def _balance(
+    owner: dict[str, str], load: dict[str, float], weights: Mapping[str, float], fixed: set[str]
+) -> None:
+    # each move lowers the sum of squared loads by 2w(gap - w) > 0, so this ends; the most
+    # loaded member with something movable gives (one whose load is all pinned gives nothing)
+    while True:
+        least = min(load, key=lambda m: (load[m], m))
+        for most in sorted(load, key=lambda m: (-load[m], m)):
+            gap = load[most] - load[least]
+            if gap <= 1e-9:
+                return
+            movable = [
+                n
+                for n, m in owner.items()
+                if m == most and n not in fixed and weights[n] < gap - 1e-9
+            ]
+            if movable:
+                name = min(movable, key=lambda n: (weights[n], n))
+                owner[name] = least
+                load[most] -= weights[name]
+                load[least] += weights[name]
+                break
+        else:
+            return
+
+
+def moves(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, tuple[str | None, str]]:
+    """What changed hands: destination → (old owner or None, new owner)."""
+    return {n: (before.get(n), m) for n, m in after.items() if before.get(n) != m}

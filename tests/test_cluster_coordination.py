@@ -1,0 +1,232 @@
+"""Members and placement on a real ZooKeeper (spark_mq.cluster.coordination): members see each
+other and share the destinations; a member that leaves, dies (SIGKILL) or is paused past its
+session has its destinations moved, and only those; a paused one steps aside and joins again;
+ZooKeeper stopped for a while moves nothing; pins; a member added takes its share."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from spark_mq.cluster.coordination import Assignment, Coordinator
+from spark_mq.errors import ConfigError
+from tests.conftest import wait_for
+from tests.zk_kit import ZooKeeper
+
+pytestmark = pytest.mark.process
+
+SESSION_S = 2.0  # short sessions: a dead member is noticed within seconds
+_clusters = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeper]:
+    zk = ZooKeeper(tmp_path_factory.mktemp("zookeeper"))
+    zk.start()
+    yield zk
+    zk.stop()
+
+
+@pytest.fixture
+def cluster(zookeeper: ZooKeeper) -> Iterator[Callable[..., Coordinator]]:
+    """Start members of a cluster of this test's own (a name of its own in the same ZooKeeper)."""
+    name = f"t{next(_clusters)}"
+    started: list[Coordinator] = []
+
+    def member(member_id: str, hosts: str | None = None) -> Coordinator:
+        c = Coordinator(
+            hosts or zookeeper.hosts,
+            member_id,
+            f"grpc://{member_id}:1",
+            cluster=name,
+            session_timeout_s=SESSION_S,
+        )
+        c.start()
+        started.append(c)
+        return c
+
+    yield member
+    for c in started:
+        if c.health != "stopped":
+            c.stop()
+
+
+def _member_process(hosts: str, cluster: str, member_id: str) -> subprocess.Popen[str]:
+    """A member in a process of its own (to be killed or paused); prints its health changes."""
+    code = textwrap.dedent(f"""
+        import sys, time
+        from spark_mq.cluster.coordination import Coordinator
+        c = Coordinator({hosts!r}, {member_id!r}, "grpc://{member_id}:1", cluster={cluster!r},
+                        session_timeout_s={SESSION_S},
+                        on_health=lambda h: print(h, flush=True))
+        c.start()
+        print("up", flush=True)
+        time.sleep(3600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def _balanced(c: Coordinator, names: set[str], members: set[str]) -> bool:
+    a = c.assignments()
+    if set(a) != names or {x.member for x in a.values()} != members:
+        return False
+    counts = Counter(x.member for x in a.values()).values()
+    return max(counts) - min(counts) <= 1
+
+
+def _steady(what: Callable[[], object], for_s: float) -> object:
+    """``what()`` does not change for ``for_s`` seconds (looked at every 0.1 s)."""
+    first = what()
+    deadline = time.monotonic() + for_s
+    while time.monotonic() < deadline:
+        assert what() == first, "it changed"
+        time.sleep(0.1)
+    return first
+
+
+def test_members_see_each_other_elect_one_leader_and_share_the_destinations(cluster) -> None:
+    a, b, c = cluster("a"), cluster("b"), cluster("c")
+    names = {f"d{i}" for i in range(9)}
+    for n in names:
+        a.add_destination(n)
+    for m in (a, b, c):
+        wait_for(lambda m=m: _balanced(m, names, {"a", "b", "c"}), 10, "a balanced placement")
+    assert a.assignments() == b.assignments() == c.assignments()
+    assert sorted(a.members()) == ["a", "b", "c"]
+    assert a.members()["b"].endpoint == "grpc://b:1"
+    assert a.leader == b.leader == c.leader == "a"  # the first to join
+    assert len({x.epoch for x in a.assignments().values()}) == 9  # each hand-over its own epoch
+
+
+def test_a_member_that_leaves_has_its_destinations_moved_and_no_other(cluster) -> None:
+    a, b, c = cluster("a"), cluster("b"), cluster("c")
+    names = {f"d{i}" for i in range(9)}
+    for n in names:
+        b.add_destination(n)
+    wait_for(lambda: _balanced(a, names, {"a", "b", "c"}), 10, "a balanced placement")
+    before = a.assignments()
+    started = time.monotonic()
+    c.stop()  # a planned leave: its node goes at once
+    wait_for(lambda: _balanced(a, names, {"a", "b"}), 10, "c's destinations placed again")
+    took = time.monotonic() - started
+    after = a.assignments()
+    for name, was in before.items():
+        if was.member == "c":
+            assert after[name].member in ("a", "b")
+            assert after[name].epoch > max(x.epoch for x in before.values())
+        else:
+            assert after[name] == was  # untouched: same owner, same epoch
+    assert took < 3
+
+
+def test_a_killed_member_is_replaced_after_its_session_and_a_paused_one_steps_aside(
+    cluster, zookeeper: ZooKeeper
+) -> None:
+    a = cluster("a")
+    name = a.root.rsplit("/", 1)[1]
+    killed = _member_process(zookeeper.hosts, name, "k")
+    paused = _member_process(zookeeper.hosts, name, "p")
+    try:
+        names = {f"d{i}" for i in range(6)}
+        for n in names:
+            a.add_destination(n)
+        wait_for(lambda: _balanced(a, names, {"a", "k", "p"}), 10, "a balanced placement")
+        started = time.monotonic()
+        killed.kill()  # SIGKILL: no goodbye; its session lapses after SESSION_S
+        wait_for(lambda: _balanced(a, names, {"a", "p"}), 15, "k's destinations placed again")
+        assert time.monotonic() - started < SESSION_S + 4
+
+        # paused past its session: the others give it up; resumed, it learns it was (lost) and
+        # joins again as a newcomer, with destinations under new epochs
+        before = a.assignments()
+        paused.send_signal(subprocess.signal.SIGSTOP)
+        wait_for(lambda: _balanced(a, names, {"a"}), 15, "p's destinations placed again")
+        paused.send_signal(subprocess.signal.SIGCONT)
+        assert paused.stdout is not None
+        seen: list[str] = []
+        while not ("lost" in seen and "connected" in seen[seen.index("lost") :]):
+            line = paused.stdout.readline().strip()
+            assert line, f"the paused member ended: {seen}"
+            seen.append(line)
+        assert "lost" in seen, seen  # it learnt it was given up, then joined again
+        wait_for(lambda: _balanced(a, names, {"a", "p"}), 15, "p back with a share")
+        top = max(x.epoch for x in before.values())
+        assert all(x.epoch > top for x in a.assignments().values() if x.member == "p")
+    finally:
+        for proc in (killed, paused):
+            proc.kill()
+            proc.wait(10)
+
+
+def test_zookeeper_stopped_for_a_while_moves_nothing_and_everyone_recovers(
+    tmp_path: Path,
+) -> None:
+    zk = ZooKeeper(tmp_path / "zk")
+    zk.start()
+    members: list[Coordinator] = []
+    try:
+        for m in ("a", "b"):
+            members.append(Coordinator(zk.hosts, m, f"grpc://{m}:1", session_timeout_s=SESSION_S))
+            members[-1].start()
+        a, b = members
+        names = {f"d{i}" for i in range(4)}
+        for n in names:
+            a.add_destination(n)
+        wait_for(lambda: _balanced(b, names, {"a", "b"}), 10, "a balanced placement")
+        before = b.assignments()
+        zk.stop()
+        wait_for(lambda: a.health == b.health == "suspended", 10, "both suspended")
+        # longer than a session: still nothing moves, and each keeps what it owns
+        assert _steady(b.assignments, 2 * SESSION_S) == before
+        zk.start()
+        wait_for(lambda: a.health == b.health == "connected", 20, "both connected again")
+        assert _steady(a.assignments, 1.0) == before == b.assignments()
+        assert sorted(a.members()) == ["a", "b"]
+    finally:
+        for m in members:
+            m.stop()
+        zk.stop()
+
+
+def test_a_pin_moves_a_destination_and_a_new_member_takes_its_share(cluster) -> None:
+    a, b = cluster("a"), cluster("b")
+    names = {f"d{i}" for i in range(8)}
+    for n in names:
+        a.add_destination(n)
+    wait_for(lambda: _balanced(a, names, {"a", "b"}), 10, "a balanced placement")
+    target = next(n for n, x in a.assignments().items() if x.member == "a")
+    old = a.assignments()[target]
+    b.pin(target, "b")
+    wait_for(lambda: a.owner_of(target) is not None and a.owner_of(target).member == "b", 10, "pin")
+    moved = a.owner_of(target)
+    assert isinstance(moved, Assignment) and moved.epoch > old.epoch
+
+    before = a.assignments()
+    cluster("c")
+    wait_for(lambda: _balanced(a, names, {"a", "b", "c"}), 10, "c given its share")
+    after = a.assignments()
+    changed = {n for n in names if after[n] != before[n]}
+    assert all(after[n].member == "c" for n in changed)  # moves only to the newcomer
+    assert len(changed) == 2  # 8 over three members: 3, 3, 2 (the pinned one stays with b)
+    assert after[target].member == "b"
+
+
+def test_a_second_member_of_the_same_name_and_an_unreachable_zookeeper_are_refused(
+    cluster,
+) -> None:
+    cluster("a")
+    with pytest.raises(ConfigError, match="already in cluster"):
+        cluster("a")
+    with pytest.raises(ConfigError, match="cannot reach ZooKeeper"):
+        Coordinator("127.0.0.1:9", "x", "grpc://x:1").start(timeout_s=1)
