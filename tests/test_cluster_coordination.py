@@ -73,7 +73,8 @@ def _member_process(hosts: str, cluster: str, member_id: str) -> subprocess.Pope
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "up"
+    while (line := proc.stdout.readline().strip()) != "up":  # (its health on the way)
+        assert line, "the member process ended before it was up"
     return proc
 
 

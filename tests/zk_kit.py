@@ -14,6 +14,9 @@ from pathlib import Path
 JARS = ["zookeeper.jar", "zookeeper-jute.jar", "slf4j-api.jar", "slf4j-simple.jar",
         "commons-io.jar", "metrics-core.jar"]  # fmt: skip
 JAVA_DIR = Path("/usr/share/java")
+# ZooKeeper's tick (3 s by default): sessions last 2 to 20 ticks, so short sessions need a
+# short tick (a dead member is then noticed within seconds)
+TICK_MS = 500
 
 
 def _free_port() -> int:
@@ -45,7 +48,7 @@ class ZooKeeper:
             self.process = subprocess.Popen(
                 ["java", "-Xmx256m", "-cp", classpath,
                  "org.apache.zookeeper.server.ZooKeeperServerMain",
-                 str(self.port), str(self.directory / "data")],
+                 str(self.port), str(self.directory / "data"), str(TICK_MS)],
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         deadline = time.monotonic() + timeout_s
