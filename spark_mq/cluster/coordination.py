@@ -100,7 +100,15 @@ class Coordinator:
         self.endpoint = endpoint
         self.root = f"/sparkmq/{cluster}"
         self.session_timeout_s = session_timeout_s
-        self._client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        # reconnect at once and keep trying (kazoo's default backs off to an hour between tries,
+        # so a member could miss ZooKeeper's return by far more than its session)
+        retry = {
+            "max_tries": -1,
+            "delay": 0.05,
+            "backoff": 2,
+            "max_delay": _retry_cap(session_timeout_s),
+        }
+        self._client = KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry)
         self._client.add_listener(self._on_state)
         self._on_change = on_change
         self._on_health = on_health
@@ -112,6 +120,7 @@ class Coordinator:
         self._wake = threading.Event()
         self._rejoin = False
         self._stop = threading.Event()
+        self._settle_until = 0.0  # see _place
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -209,6 +218,7 @@ class Coordinator:
             self._rejoin = True  # its ephemeral nodes are gone: joins again once connected
             self._set_health("lost")
         elif state == KazooState.CONNECTED and not self._rejoin:
+            self._settle()  # (the others may be reconnecting too)
             self._set_health("connected")
         self._wake.set()
 
@@ -221,9 +231,13 @@ class Coordinator:
             self._on_health(health)
 
     # -- the coordinator's thread: read, lead, report ------------------------------------------
+    def _settle(self) -> None:
+        self._settle_until = time.monotonic() + self.session_timeout_s
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(RESCAN_S)
+            settling = self._settle_until - time.monotonic()
+            self._wake.wait(min(RESCAN_S, settling) if settling > 0 else RESCAN_S)
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -231,6 +245,7 @@ class Coordinator:
                 if self._rejoin and self._client.state == KazooState.CONNECTED:
                     self._join()  # (a new session: the old one's nodes are gone)
                     self._rejoin = False
+                    self._settle()
                     self._set_health("connected")
                 if self._client.state != KazooState.CONNECTED:
                     continue
@@ -248,7 +263,9 @@ class Coordinator:
             data, _ = self._client.get(f"{self.root}/leader/{contenders[0]}")
             leader = data.decode()
         with self._lock:
-            self._members, self._leader = members, leader
+            self._members, self._leader, was = members, leader, self._leader
+        if leader == self.member_id and was != self.member_id:
+            self._settle()  # a new leader: members missing now may be reconnecting
         if leader == self.member_id:
             self._place(members)
         assignments = self._read_assignments()[0]
@@ -294,8 +311,19 @@ class Coordinator:
             except NoNodeError:
                 continue
         current, epoch, version = self._read_assignments()
-        owners = place(members, loads, {n: a.member for n, a in current.items()}, pins)
-        changed = moves({n: a.member for n, a in current.items() if n in loads}, owners)
+        before = {n: a.member for n, a in current.items()}
+        # settling (this member just became leader, or its session came back): destinations of
+        # members missing now stay where they are for a session's time, since those members
+        # may be reconnecting too (ZooKeeper restarted, say); then they are placed again
+        waiting = {n for n in loads if n in current and current[n].member not in members}
+        if waiting and time.monotonic() < self._settle_until:
+            owners = place(
+                members, {n: w for n, w in loads.items() if n not in waiting}, before, pins
+            )
+            owners.update({n: current[n].member for n in waiting})
+        else:
+            owners = place(members, loads, before, pins)
+        changed = moves({n: m for n, m in before.items() if n in loads}, owners)
         if not changed and set(current) == set(owners):
             return
         placed = {}
@@ -369,3 +397,8 @@ class Coordinator:
             self._client.create(path, member.encode())
         except NodeExistsError:
             self._client.set(path, member.encode())
+
+
+def _retry_cap(session_timeout_s: float) -> float:
+    """The longest wait between two tries to reach ZooKeeper: a few tries within a session."""
+    return max(0.2, min(1.0, session_timeout_s / 4))
