@@ -92,8 +92,9 @@ class Turn:
     @contextmanager
     def running(self) -> Iterator[InlineCommit | None]:
         """A turn: what is submitted inside with the yielded commit is durable at its end."""
-        if self.inline is not None:  # (nested: the outer turn commits)
-            yield self.inline
+        outer = self.inline  # (a local: mypyc trusts mypy's narrowing of self.inline below)
+        if outer is not None:  # (nested: the outer turn commits)
+            yield outer
             return
         inline = self.begin()
         try:
