@@ -62,14 +62,14 @@ def cluster(zookeeper: ZooKeeper) -> Iterator[Callable[..., Coordinator]]:
 def _member_process(hosts: str, cluster: str, member_id: str) -> subprocess.Popen[str]:
     """A member in a process of its own (to be killed or paused); prints its health changes."""
     code = textwrap.dedent(f"""
-        import sys, time
+        import threading
         from spark_mq.cluster.coordination import Coordinator
         c = Coordinator({hosts!r}, {member_id!r}, "grpc://{member_id}:1", cluster={cluster!r},
                         session_timeout_s={SESSION_S},
                         on_health=lambda h: print(h, flush=True))
         c.start()
         print("up", flush=True)
-        time.sleep(3600)
+        threading.Event().wait()  # a member until the test kills it
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
