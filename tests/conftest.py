@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +14,9 @@ from spark_mq.broker import Broker
 from spark_mq.clock import ManualClock
 from spark_mq.config import BrokerConfig, load_config
 from spark_mq.service import RunningBroker
+from tests.native_build import Build
+
+NATIVE_BUILD = pytest.StashKey[Build]()
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
@@ -24,6 +29,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "it: deselect them (-m 'not pure_python') or run on pure Python "
             "(python scripts/compile.py --clean)"
         )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """tests/test_native.py's build starts now, on the CPU's idle time (see native_build)."""
+    if any(item.nodeid.startswith("tests/test_native.py") for item in session.items):
+        root = Path(tempfile.mkdtemp(prefix="sparkmq-compiled-"))
+        session.config.stash[NATIVE_BUILD] = Build(root, idle=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    build = config.stash.get(NATIVE_BUILD, None)
+    if build is not None:
+        build.stop()
+        shutil.rmtree(build.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from spark_mq.native import HOT_MODULES
+from tests.conftest import NATIVE_BUILD
+from tests.native_build import COMPILE, Build, env_for
 
 pytestmark = pytest.mark.process
 
-REPO = Path(__file__).resolve().parent.parent
-COMPILE = str(REPO / "scripts" / "compile.py")
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 # the broker's tests run against the compiled copy: the direct wire end to end, and the wire's
 # verbs for every kind of caller, where a compiled turn once failed (mypyc trusted a narrowing
@@ -28,21 +28,11 @@ SUITE = ["test_wire.py", "test_security.py"]
 SUITE_FILTER = "not test_security or wire or what_a_user"
 
 
-def _copy(root: Path) -> None:
-    skip = shutil.ignore_patterns("__pycache__", "*.so", "node_modules", ".hypothesis")
-    shutil.copytree(REPO / "spark_mq", root / "spark_mq", ignore=skip)
-    shutil.copytree(REPO / "tests", root / "tests", ignore=skip)
-    shutil.copy(REPO / "pyproject.toml", root)  # the suite's markers and settings
-
-
 def _python(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    # the copy first on the path: it, not the checkout's editable install, is imported (by the
-    # brokers the tests start too, which inherit the environment)
-    env = {**os.environ, "PYTHONPATH": str(root)}
     return subprocess.run(
         [sys.executable, *args],
         cwd=root,
-        env=env,
+        env=env_for(root),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -51,14 +41,15 @@ def _python(root: Path, *args: str, timeout: float = 300) -> subprocess.Complete
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("compiled")
-    _copy(root)
-    # -O0: the C compiler's optimisations change how fast it runs, not what it does
-    built = _python(root, COMPILE, "--root", str(root), "--opt-level", "0", timeout=600)
-    assert built.returncode == 0, built.stdout + built.stderr
-    assert f"compiled {len(HOT_MODULES)} modules" in built.stdout
-    return root
+def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # started with the session by conftest.py (or here, when it was not)
+    build = request.config.stash.get(NATIVE_BUILD, None)
+    if build is None:
+        build = Build(tmp_path_factory.mktemp("compiled"), idle=False)
+    status, out = build.wait()
+    assert status == 0, out
+    assert f"compiled {len(HOT_MODULES)} modules" in out
+    return build.root
 
 
 def test_the_compiled_modules_are_what_runs_and_the_cli_says_so(compiled: Path) -> None:

@@ -301,8 +301,7 @@ def test_connections_are_bounded_and_garbage_gets_an_answer(secured: BrokerProce
     room (a connection that sends nothing holds a thread), and every probe is answered."""
     host, port = secured.http_url.removeprefix("http://").split(":")
     idle = [
-        socket.create_connection((host, int(port)), timeout=10)
-        for _ in range(MAX_CONNECTIONS + 6)
+        socket.create_connection((host, int(port)), timeout=10) for _ in range(MAX_CONNECTIONS + 6)
     ]
     try:
         assert [_get(secured.http_url + "/healthz") for _ in range(10)] == [200] * 10
