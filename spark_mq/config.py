@@ -271,6 +271,28 @@ class HASection(_Section):
     heartbeat_s: float = Field(0.5, gt=0, le=60)
 
 
+class ClusterSection(_Section):
+    """A cluster of brokers on one shared data root (see conf/broker.toml's [cluster])."""
+
+    # ZooKeeper's ensemble, as its clients write it: "host:port[,host:port...][/chroot]"
+    # ("" = no cluster: this broker serves every destination of its data_dir alone)
+    zookeeper: str = Field("", pattern=r"^\S*$")
+    # the cluster's name: its znodes live under /sparkmq/<name>; several clusters may share an
+    # ensemble
+    name: str = Field("sparkmq", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    # a member silent this long (s) is given up by the others, and its destinations move
+    session_timeout_s: float = Field(10.0, ge=2, le=600)
+    # the address clients are sent to for this member's destinations ("" = the Flight URL it
+    # listens on: broker.host and broker.port)
+    advertised_url: str = Field("", pattern=r"^$|^grpc(\+tls)?://\S+:\d{1,5}$")
+    # how long a request for a destination being placed (just created, or whose owner just
+    # left) waits for its owner before answering "not owned yet, try again" (s)
+    placement_wait_s: float = Field(5.0, ge=0, le=60)
+    # ZooKeeper's digest authentication ("user:password"; "" = none). With it, the cluster's
+    # znodes are readable and writable by that identity only
+    zookeeper_auth: str = ""
+
+
 class BrokerConfig(_Section):
     broker: BrokerSection = BrokerSection()
     journal: JournalSection = JournalSection()
@@ -281,6 +303,7 @@ class BrokerConfig(_Section):
     logging: LoggingSection = LoggingSection()
     security: SecuritySection = SecuritySection()
     ha: HASection = HASection()
+    cluster: ClusterSection = ClusterSection()
     # what delta-rs needs to reach an object-store data_dir: credentials, endpoint, region,
     # aws_allow_http... (delta-rs's storage option names); passed to every Delta call, never
     # logged. Also SPARKMQ_STORAGE__<NAME> in the environment (and delta-rs reads AWS_*,
@@ -309,14 +332,21 @@ class BrokerConfig(_Section):
             return path
         data = self.broker.data_dir
         base = Path(data) if "://" not in data else Path.cwd()
-        if self.ha.mode != "none":
+        if self.ha.mode != "none" or self.clustered:
             member = self.ha.broker_id or socket.gethostname()
             path = path.parent / member / path.name
         return base / path
 
+    @property
+    def clustered(self) -> bool:
+        """Whether this broker is a member of a cluster (``cluster.zookeeper``)."""
+        return bool(self.cluster.zookeeper)
+
     def hot_dir(self) -> str | None:
-        """The local root of the hot tier, or None when there is none (memory, or disabled)."""
-        if not self.journal.hot_tier:
+        """The local root of the hot tier, or None when there is none (memory, disabled, or a
+        cluster member: it acknowledges once a message is committed to Delta, where each
+        destination is fenced by its owner's epoch)."""
+        if not self.journal.hot_tier or self.clustered:
             return None
         return self.hot_dir_location()
 
@@ -428,4 +458,27 @@ def load_config(
             _format_validation(exc, BrokerConfig), setting=".".join(str(p) for p in first["loc"])
         ) from None
     config.hot_dir()  # settings that only make sense together
+    _check_cluster(config)
     return config
+
+
+def _check_cluster(config: BrokerConfig) -> None:
+    if not config.clustered:
+        return
+    if config.broker.persistence != "delta":
+        raise ConfigError(
+            'a cluster needs broker.persistence = "delta": its members share the data root',
+            setting="cluster.zookeeper",
+        )
+    if config.ha.mode != "none":
+        raise ConfigError(
+            f"ha.mode = {config.ha.mode!r} and cluster.zookeeper together are not supported: "
+            'a cluster\'s members replace each other (leave ha.mode = "none")',
+            setting="ha.mode",
+        )
+    if not config.ha.broker_id:
+        raise ConfigError(
+            "a cluster member needs a name of its own that stays the same across restarts: "
+            "set ha.broker_id (e.g. --set ha.broker_id=member-1)",
+            setting="ha.broker_id",
+        )

@@ -23,6 +23,10 @@
     ├── ProtocolError                 a malformed frame or command (``fault`` says whose)
     ├── JournalError                  durable storage failed (retriable: nothing was acked)
     ├── BrokerUnavailable             cannot reach the broker (retriable)
+    │   ├── Deposed                   another broker took this one's data over (a failover)
+    │   └── NotOwner                  a cluster member that does not own the destination:
+    │                                 names the one that does (``member``, ``endpoint``,
+    │                                 ``epoch``), or none yet (being placed: try again)
     └── OperationTimeout              no answer in time (retriable; the outcome is unknown)
 
 Every error carries structured fields (``destination``, ``offset``...) and a ``retriable`` flag.
@@ -151,6 +155,14 @@ class Deposed(BrokerUnavailable):
     failover). It acknowledges and commits nothing more; clients go to the new owner."""
 
     code = "deposed"
+
+
+class NotOwner(BrokerUnavailable):
+    """A cluster member was asked for a destination another member owns (``member``, its
+    ``endpoint`` and the ``epoch`` it owns it with), or one being placed or moved just now
+    (``member`` empty: ask again shortly). Clients that can follow go to ``endpoint``."""
+
+    code = "not_owner"
 
 
 class OperationTimeout(SparkMQError):

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from spark_mq.broker.core import Broker
+from spark_mq.cluster.member import ClusterMember
 from spark_mq.config import BrokerConfig
 from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import Listener
@@ -23,6 +24,7 @@ from spark_mq.errors import SparkMQError
 from spark_mq.ha import term
 from spark_mq.ha.ownership import Ownership
 from spark_mq.ha.replication import ChannelSecurity
+from spark_mq.journal.delta_store import DeltaStore
 from spark_mq.journal.dir_lock import StoppedWaiting
 from spark_mq.logs import setup_logging
 from spark_mq.ops.http import HttpListener, ServiceState
@@ -116,6 +118,19 @@ class RunningBroker:
         self.wire_port = self.wire.port if self.wire else None
         self.stomp_port = self.stomp.port if self.stomp else None
         self.kafka_port = self.kafka.port if self.kafka else None
+        # a cluster member: it joins once it listens (its endpoint is known), and serves what
+        # the placement gives it
+        self.member: ClusterMember | None = None
+        if config.clustered:
+            try:
+                self.member = _join_cluster(broker, config, self.url)
+            except BaseException:
+                for listener in self.listeners:
+                    listener.stop()
+                broker.close()
+                self.term.close()
+                self._close_security()
+                raise
         broker.phase = "serving"
 
     def _close_security(self) -> None:
@@ -165,6 +180,8 @@ class RunningBroker:
         exits)."""
         grace = self.broker.config.broker.shutdown_grace_s if grace_s is None else grace_s
         self.broker.phase = "stopping"
+        if self.member is not None:  # its destinations handed over first, its clients told
+            self.member.stop()
         started = time.monotonic()
         deadline = started + grace
         for listener in self.listeners:
@@ -208,6 +225,17 @@ class RunningBroker:
     def _waiting(self) -> str:
         parts = [w for listener in self.listeners if (w := listener.waiting_for())]
         return ", ".join(parts) or "nothing"
+
+
+def _join_cluster(broker: Broker, config: BrokerConfig, url: str) -> ClusterMember:
+    member = ClusterMember(broker, config, url)
+    broker.destinations.elsewhere = member
+    broker.cluster_state = member.state
+    store = broker.journal.store
+    if isinstance(store, DeltaStore):  # (a commit refused by a newer owner's fence)
+        store.on_deposed = member.deposed
+    member.start()
+    return member
 
 
 def replication_channel(security: Security) -> ChannelSecurity:

@@ -15,6 +15,7 @@ from spark_mq.clock import ManualClock
 from spark_mq.config import BrokerConfig, load_config
 from spark_mq.service import RunningBroker
 from tests.native_build import Build
+from tests.zk_kit import ZooKeeper
 
 NATIVE_BUILD = pytest.StashKey[Build]()
 
@@ -43,6 +44,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if build is not None:
         build.stop()
         shutil.rmtree(build.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeper]:
+    """A real ZooKeeper for the cluster's tests (each test's cluster has a name of its own);
+    a test that stops it starts it again on the same port."""
+    zk = ZooKeeper(tmp_path_factory.mktemp("zookeeper"))
+    zk.start()
+    yield zk
+    zk.stop()
 
 
 @pytest.fixture(scope="session")

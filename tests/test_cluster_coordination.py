@@ -27,14 +27,6 @@ SESSION_S = 2.0  # short sessions: a dead member is noticed within seconds
 _clusters = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeper]:
-    zk = ZooKeeper(tmp_path_factory.mktemp("zookeeper"))
-    zk.start()
-    yield zk
-    zk.stop()
-
-
 @pytest.fixture
 def cluster(zookeeper: ZooKeeper) -> Iterator[Callable[..., Coordinator]]:
     """Start members of a cluster of this test's own (a name of its own in the same ZooKeeper)."""

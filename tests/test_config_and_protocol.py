@@ -78,7 +78,7 @@ def test_invalid_settings_are_named(source: dict, setting: str) -> None:
             {"delivery.mark_intervl_s": 5},
             "did you mean 'mark_interval_s'? (valid settings here: default_prefetch,",
         ),
-        ({"brokr.port": 1}, "did you mean 'broker'? (the sections are broker, delivery,"),
+        ({"brokr.port": 1}, "did you mean 'broker'? (the sections are broker, cluster, delivery,"),
         ({"destinations.max_delivery_attempt": 3}, "did you mean 'max_delivery_attempts'?"),
     ],
 )

@@ -326,10 +326,12 @@ def test_connections_are_bounded_and_garbage_gets_an_answer(secured: BrokerProce
 
 def test_a_redacted_configuration_hides_secrets_however_deep() -> None:
     doc = {"storage": {"aws_secret_access_key": "AKIA-secret", "region": "eu-west-1"},
-           "security": {"users_file": "conf/users.toml", "password": "hunter22"}}  # fmt: skip
+           "security": {"users_file": "conf/users.toml", "password": "hunter22"},
+           "cluster": {"zookeeper": "zk:2181", "zookeeper_auth": "sparkmq:s3cret"}}  # fmt: skip
     shown = redacted(doc)
     assert shown["storage"] == {"aws_secret_access_key": "***", "region": "eu-west-1"}
     assert shown["security"] == {"users_file": "conf/users.toml", "password": "***"}
+    assert shown["cluster"] == {"zookeeper": "zk:2181", "zookeeper_auth": "***"}
 
 
 def test_json_logs_carry_destination_and_principal(tmp_path: Path) -> None:

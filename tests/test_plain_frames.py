@@ -205,7 +205,8 @@ def test_a_broker_of_wire_version_1_gets_columns_frames_only(
     seen = _kinds_read(monkeypatch)
     with Producer(broker.url, destination="q", transport="wire") as producer:
         # as a producer would find a broker from before wire versions (no "wire_version")
-        producer._address, producer._discovered = address._replace(version=1), True
+        producer._link.address = address._replace(version=1)
+        producer._link.discovered = True
         assert producer.send_sync(b"old broker") == 0
         stream = producer._streams["q"]
         assert isinstance(stream, WireProduceStream) and not stream.takes_plain

@@ -31,7 +31,7 @@ def one_frame(offset: int, body: bytes) -> bytes:
 
 class FakeWire:
     """A listening socket that plays the broker's direct wire for one consumer (to send what a
-    real broker never would); consumers reach it through the ``wire_address`` seam."""
+    real broker never would); consumers reach it through the ``discover`` seam."""
 
     def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -62,7 +62,7 @@ def fake_wire(broker: RunningBroker, monkeypatch: pytest.MonkeyPatch) -> Iterato
     fake = FakeWire()
     port = fake.listener.getsockname()[1]
     monkeypatch.setattr(
-        consumer_module, "wire_address", lambda *_: Address("127.0.0.1", port, None, 2)
+        consumer_module, "discover", lambda *_: (Address("127.0.0.1", port, None, 2), {})
     )
     try:
         yield fake

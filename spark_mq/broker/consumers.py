@@ -22,6 +22,7 @@ from spark_mq.broker.selector import Selector
 from spark_mq.broker.subscription import Subscription, Wakeup
 from spark_mq.commands import Refused, Settle, SettleReply
 from spark_mq.deliveries import DeliveryState, delivery_table
+from spark_mq.errors import SparkMQError
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.messages import Messages
 from spark_mq.schema import ints
@@ -61,6 +62,9 @@ class ConsumerSession:
         # set when there is something to send; a transport may bring its own (a loop's marker)
         self.wakeup: Wakeup = wakeup if wakeup is not None else threading.Event()
         self.closed = False
+        # why the broker closed it, when the consumer is to hear it (the destination moved to
+        # another cluster member: NotOwner); None: deleted, or detached by its own connection
+        self.ended_by: SparkMQError | None = None
         subscription.add_waiter(self.wakeup)
         self.wakeup.set()
 

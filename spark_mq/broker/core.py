@@ -60,7 +60,7 @@ from spark_mq.broker.transactions import Transactions
 from spark_mq.clock import Clock, SystemClock
 from spark_mq.commands import TransactionAck
 from spark_mq.config import BrokerConfig
-from spark_mq.errors import ConfigError, Deposed, NotAllowed
+from spark_mq.errors import ConfigError, Deposed, NotAllowed, NotOwner
 from spark_mq.journal import DestinationInfo, Journal, LogStore
 from spark_mq.journal.base import Kind
 from spark_mq.journal.dir_lock import DataDirLock, lock_dir
@@ -141,6 +141,10 @@ class Broker:
             d, journal, self.producing, self.limits, self.disk, self.clock
         )
         self.moves = Moves(d, self.consumers, self.transactions)
+        # a cluster member takes destinations on and lets them go one at a time; its state
+        # (members, owners, the session's health), for status (the service's member)
+        self._handing = threading.Lock()
+        self.cluster_state: Callable[[], dict[str, Any]] | None = None
 
     def _kept_as_offsets(self, name: str) -> None:
         """The consumer groups' offsets topic, with its retention (created, or set on it)."""
@@ -214,15 +218,20 @@ class Broker:
         return {"handing_over": True, "broker_id": self.broker_id, "epoch": self.epoch}
 
     def ha_state(self) -> dict[str, Any]:
-        """Role and epoch (and the replication's state), for ping and stats."""
+        """Role and epoch (and the replication's state), for ping and stats; a cluster
+        member's cluster (clients that see it follow the member that owns a destination)."""
         if self.tenure is not None:
-            return self.tenure.state()
-        return {
-            "ha_mode": self.config.ha.mode,
-            "role": "primary",
-            "broker_id": self.broker_id,
-            "epoch": None,
-        }
+            state = self.tenure.state()
+        else:
+            state = {
+                "ha_mode": self.config.ha.mode,
+                "role": "primary",
+                "broker_id": self.broker_id,
+                "epoch": None,
+            }
+        if self.config.clustered:
+            state["cluster"] = self.config.cluster.name
+        return state
 
     def status(self) -> dict[str, Any]:
         """What an operator asks first: version, phase, role, uptime, memory and disk."""
@@ -237,6 +246,7 @@ class Broker:
             **self.ha_state(),
             **self.memory.stats(),
             **self.disk.stats(),
+            **({"cluster": self.cluster_state()} if self.cluster_state is not None else {}),
         }
 
     def _release_dir(self) -> None:
@@ -247,6 +257,10 @@ class Broker:
     def _open(self) -> None:
         started = time.perf_counter()
         self._refuse_unmoved_segments()
+        if self.config.clustered:  # its destinations come as it is given them (acquire)
+            self.journal.open(shared=True)
+            self.disk.measure()
+            return
         infos = self.journal.open()
         self.disk.measure()
         now_us = int(self.clock.wall() * 1_000_000)
@@ -299,6 +313,73 @@ class Broker:
         self.unmoved = self.journal.close()
         self._release_dir()
         self.phase = "stopped"
+
+    # -- a cluster member's destinations (spark_mq.cluster.member) ------------------------------
+    def acquire(self, name: str, epoch: int) -> bool:
+        """Serve ``name`` from now on, owning it with ``epoch``: its tables fenced with it
+        first (a member that owned it before commits nothing more to it), then its state
+        recovered from the log as a restart would, with what a transaction left unapplied.
+        False when it is no longer recorded (deleted meanwhile). ``Deposed`` when a greater
+        epoch fenced it already (a newer owner)."""
+        with self._handing:
+            if self.destinations.find(name) is not None:
+                return True
+            started = time.perf_counter()
+            store = self.journal.store
+            store.fence_destination(name, epoch)
+            info = self.journal.adopt(name)
+            if info is None:
+                store.release_destination(name)
+                return False
+            now_us = int(self.clock.wall() * 1_000_000)
+            for record in transactions.unfinished(self.journal.read_transactions()):
+                if record.touches(name):
+                    transactions.replay(self.journal, record, now_us, only=name)
+            self._recover(info)
+            log.info(
+                "serving %s from now on (epoch %d), taken on in %.2fs",
+                name,
+                epoch,
+                time.perf_counter() - started,
+                extra={"destination": name},
+            )
+            return True
+
+    def serving(self) -> list[str]:
+        """The destinations served here (a temporary queue is its consumer's: not counted)."""
+        return [d.name for d in self.destinations.all() if not d.temporary]
+
+    def recorded(self) -> list[str]:
+        """Every destination of the data root (a cluster member's: whoever serves it)."""
+        return self.journal.recorded_names()
+
+    def forget_epoch(self, name: str) -> None:
+        """A cluster member deleted ``name``: its fence goes with it."""
+        self.journal.store.release_destination(name)
+
+    def release(self, name: str, owner: NotOwner) -> bool:
+        """Stop serving ``name`` (another member owns it now, as ``owner`` says): its consumers
+        are told so and detached (what they held is redelivered by the new owner), what was
+        taken is committed (refused, never acknowledged, once the new owner fenced it), and its
+        state goes. False when it was not served here."""
+        with self._handing:
+            dest = self.destinations.forget(name)
+            if dest is None:
+                return False
+            with dest.lock:
+                sessions = list(dest.sessions.values())
+                subs = list(dest.subscriptions.values())
+            for s in sessions:
+                s.ended_by = owner
+                s.close()
+            for sub in subs:
+                self.disposer.record_returns(dest, sub)
+            self.journal.release(name)
+            self.journal.store.release_destination(name)
+            log.info(
+                "not serving %s any more: %s", name, owner.message, extra={"destination": name}
+            )
+            return True
 
     def _recover(self, info: DestinationInfo) -> None:
         d = self.destinations

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,6 +29,24 @@ from spark_mq.schema import QUEUE_SUBSCRIPTION, ints
 log = logging.getLogger("spark_mq.broker.core")
 
 
+class Elsewhere(Protocol):
+    """A cluster member's answer for destinations it does not serve
+    (:class:`spark_mq.cluster.member.ClusterMember`)."""
+
+    def route(self, name: str) -> None:
+        """Raise ``NotOwner`` when another member owns ``name`` or it is being placed; return
+        when the cluster does not have it, or once this member serves it."""
+        ...
+
+    def created(self, name: str) -> None:
+        """``name`` was just recorded: it is to be placed."""
+        ...
+
+    def deleted(self, name: str) -> None:
+        """``name`` was deleted by this member, its owner."""
+        ...
+
+
 class Destinations:
     """Thread-safe: the map under its lock; a destination's own state under its ``lock``."""
 
@@ -38,6 +56,9 @@ class Destinations:
         self.journal = journal
         self._lock = threading.RLock()
         self._dests: dict[str, Destination] = {}
+        # a cluster member's: where the destinations it does not serve are (None: one broker
+        # serves them all)
+        self.elsewhere: Elsewhere | None = None
 
     # -- finding -------------------------------------------------------------------------------
     def get(self, name: str, *, kind: Kind | None = None) -> Destination:
@@ -45,6 +66,10 @@ class Destinations:
         for a missing one suggests creating."""
         with self._lock:
             dest = self._dests.get(name)
+        if dest is None and self.elsewhere is not None:
+            self.elsewhere.route(name)  # (NotOwner, unless it is served here now)
+            with self._lock:
+                dest = self._dests.get(name)
         if dest is None:
             maker = "create_topic" if kind == "topic" else "create_queue"
             raise DestinationNotFound(
@@ -63,6 +88,10 @@ class Destinations:
         when it does not exist and ``broker.auto_create_queues`` allows it."""
         with self._lock:
             dest = self._dests.get(name)
+        if dest is None and self.elsewhere is not None:
+            self.elsewhere.route(name)
+            with self._lock:
+                dest = self._dests.get(name)
         if dest is None and self.config.broker.auto_create_queues:
             validate_name(name)
             if self.create(name, "queue", {"auto_delete": True}):
@@ -128,6 +157,13 @@ class Destinations:
         """Record and build a queue or topic (``overrides``: checked settings); False when it
         existed."""
         overrides = overrides or {}
+        if self.journal.shared:  # a cluster member: it is placed, and served by its owner
+            _, created = self.journal.create_destination(name, kind, overrides)
+            if self.elsewhere is not None:
+                self.elsewhere.created(name)  # (idempotent: a create that was cut short)
+            if created:
+                log.info("created %s %s", kind, name, extra={"destination": name})
+            return created
         with self._lock:
             _, created = self.journal.create_destination(name, kind, overrides)
             if created:
@@ -157,6 +193,12 @@ class Destinations:
         with self._lock:
             self._dests[dest.name] = dest
 
+    def forget(self, name: str) -> Destination | None:
+        """A cluster member lets ``name`` go (another owns it now): out of the map, its logs
+        kept. (Its consumers are the caller's to close.)"""
+        with self._lock:
+            return self._dests.pop(name, None)
+
     def remove(
         self, name: str, *, internal: bool = False, only_if_end: int | None = None
     ) -> Destination | None:
@@ -168,6 +210,8 @@ class Destinations:
             if not self.journal.delete_destination(name, only_if_end=only_if_end):
                 return None
             del self._dests[name]
+        if self.elsewhere is not None and not dest.temporary:
+            self.elsewhere.deleted(name)
         return dest
 
     # -- building ------------------------------------------------------------------------------

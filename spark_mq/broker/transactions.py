@@ -62,6 +62,12 @@ class Record:
     acks: list[tuple[str, str, int]] = field(default_factory=list)  # dest, subscription, offset
     ends: dict[str, int] = field(default_factory=dict)
 
+    def touches(self, destination: str) -> bool:
+        return destination in self.messages or any(d == destination for d, _, _ in self.acks)
+
+    def destinations(self) -> set[str]:
+        return set(self.messages) | {d for d, _, _ in self.acks}
+
     def row(self, event: str, now_us: int) -> pa.Table:
         payload = None
         if event == COMMIT and self.messages:
@@ -121,9 +127,16 @@ def unfinished(rows: pa.Table) -> list[Record]:
     return out
 
 
-def replay(journal: Journal, record: Record, now_us: int) -> tuple[int, int]:
-    """Apply what a crash left unapplied of ``record``; returns (messages, acks) written."""
-    known = journal.destinations
+def replay(
+    journal: Journal, record: Record, now_us: int, *, only: str | None = None
+) -> tuple[int, int]:
+    """Apply what a crash left unapplied of ``record``; returns (messages, acks) written.
+
+    ``only``: a cluster member's part, the destination it takes on (the others' owners apply
+    theirs); the record is marked done once every destination it touches is served here."""
+    known = set(journal.destinations)
+    if only is not None:
+        known &= {only}
     futures = []
     appended = 0
     for dest, rows in record.messages.items():
@@ -144,7 +157,8 @@ def replay(journal: Journal, record: Record, now_us: int) -> tuple[int, int]:
         futures.append(journal.settle(dest, offsets, subscription=sub))
     for f in futures:
         f.result()
-    journal.record_transactions(record.row(DONE, now_us))
+    if only is None or record.destinations() <= set(journal.destinations):
+        journal.record_transactions(record.row(DONE, now_us))
     log.info(
         "transaction %s: recovered after a crash (%d message(s) and %d ack(s) re-applied)",
         record.txid,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from spark_mq.client._outcome import Outcome
 from spark_mq.client._pending import Pending, batch_of
-from spark_mq.errors import BrokerUnavailable, SparkMQError
+from spark_mq.errors import BrokerUnavailable, NotOwner, SparkMQError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,11 @@ class Resender:
         reconnect: Callable[[float, int], None],
         generation: Callable[[], int],
         timeout_s: float,
+        follow: Callable[[str, NotOwner], None] | None = None,
     ) -> None:
+        # a cluster: a batch refused because another member owns its destination goes there
+        # (the producer's _follow, on this thread before the batch is written again)
+        self._follow = follow
         self._stream_for = stream_for  # the producer's _stream(dest)
         self._reconnect = reconnect  # the producer's _reconnect(timeout_s, since generation)
         self._generation = generation  # how many times the producer has reconnected
@@ -153,11 +157,18 @@ class Resender:
 
     def _run(self) -> None:
         while (batch := self._next()) is not None:
+            tries = 0
             while True:
+                if isinstance(batch.error, NotOwner) and self._follow is not None:
+                    self._follow(batch.dest, batch.error)
+                    batch.error = None  # (followed once: a new refusal says where next)
                 generation = self._generation()
                 gone = self._write(batch, resending=True)
                 if gone is None:
                     break
+                tries += 1
+                if tries > 1:  # (the broker named may be the one gone: its cluster has not
+                    time.sleep(min(0.05 * tries, 0.5))  # noticed yet; not a busy loop)
                 started = batch.failed_at or time.monotonic()
                 left = self._timeout_s - (time.monotonic() - started)
                 if left <= 0:

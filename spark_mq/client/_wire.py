@@ -16,7 +16,7 @@ import sys
 import threading
 from collections import deque
 from concurrent.futures import Future
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -54,10 +54,21 @@ def wire_address(
     """
     if transport == "flight":
         return None
-    if transport not in ("auto", "wire"):
+    return discover(client, options, url, transport)[0]
+
+
+def discover(
+    client: fl.FlightClient, options: fl.FlightCallOptions, url: str, transport: Transport
+) -> tuple[Address | None, dict[str, Any]]:
+    """The broker's ``ping``: where its direct wire listens (None: use Flight, as
+    :func:`wire_address` says), and the whole answer (its version, role, and ``cluster`` when
+    it is a cluster member)."""
+    if transport not in ("auto", "wire", "flight"):
         raise ValueError(f"transport must be 'auto', 'wire' or 'flight', got {transport!r}")
     answer = call_action(client, options, "ping")
     answer = answer if isinstance(answer, dict) else {}
+    if transport == "flight":
+        return None, answer
     port, local = answer.get("wire_port"), answer.get("wire_local")
     if not port:
         if transport == "wire":
@@ -65,11 +76,11 @@ def wire_address(
                 "the broker does not offer the direct wire (broker.wire = false): "
                 "use transport='flight' or 'auto'"
             )
-        return None
+        return None, answer
     local = local if isinstance(local, str) and sys.platform.startswith("linux") else None
     version = answer.get("wire_version")
     version = version if isinstance(version, int) else 1  # brokers before versions: 1
-    return Address(urlparse(url).hostname or "127.0.0.1", int(port), local, version)
+    return Address(urlparse(url).hostname or "127.0.0.1", int(port), local, version), answer
 
 
 def broker_version(client: fl.FlightClient, options: fl.FlightCallOptions) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,7 +10,14 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq import protocol
-from spark_mq.client._transport import DEFAULT_URL, call_action, connect, translated
+from spark_mq.client._transport import (
+    DEFAULT_URL,
+    Connection,
+    call_action,
+    connect,
+    translated,
+)
+from spark_mq.errors import NotOwner
 from spark_mq.security.credentials import Auth
 
 
@@ -32,6 +40,8 @@ class Admin:
         auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
         conn = connect(url, timeout_s, auth)
         self._client, self._options = conn.client, conn.options
+        self._auth, self._timeout_s = auth, timeout_s
+        self._members: dict[str, Connection] = {}  # a cluster's other members, as followed
 
     def __enter__(self) -> Admin:
         return self
@@ -41,9 +51,29 @@ class Admin:
 
     def close(self) -> None:
         self._client.close()
+        for conn in self._members.values():
+            conn.client.close()
 
     def _call(self, action: str, /, **body: Any) -> Any:
-        return call_action(self._client, self._options, action, **body)
+        """The action's answer; in a cluster, from the member that owns the destination it
+        names (a member that does not says which does: asked there at once; one being placed
+        just now is asked about again shortly, up to ``timeout_s``)."""
+        deadline = time.monotonic() + self._timeout_s
+        client, options = self._client, self._options
+        while True:
+            try:
+                return call_action(client, options, action, **body)
+            except NotOwner as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                endpoint = exc.fields.get("endpoint")
+                if not isinstance(endpoint, str) or not endpoint:
+                    time.sleep(0.1)
+                    continue
+                conn = self._members.get(endpoint)
+                if conn is None:
+                    conn = self._members[endpoint] = connect(endpoint, self._timeout_s, self._auth)
+                client, options = conn.client, conn.options
 
     def ping(self) -> bool:
         return bool(self._call("ping")["ok"])

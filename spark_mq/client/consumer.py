@@ -73,11 +73,11 @@ from spark_mq.client._wire import (
     Transport,
     WireConsumeLink,
     broker_version,
+    discover,
     heartbeat_ms,
-    wire_address,
 )
 from spark_mq.client.message import Message, message_of_one, messages_of
-from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError
+from spark_mq.errors import BrokerUnavailable, NotOwner, ProtocolError, SparkMQError
 from spark_mq.names import validate_name
 from spark_mq.security.credentials import Auth
 
@@ -158,7 +158,11 @@ class Consumer:
         self._link: _FlightLink | WireConsumeLink | None = None
         self._turn: ReadTurn | None = None  # receivers read the wire link themselves
         self._urls, self._command, self._transport = broker_urls(url), command, transport
-        self._attach()
+        # a cluster: every member endpoint heard of (to start again from when the owner went
+        # away), and whether the broker is a member (NotOwner answers, or its ping says so)
+        self._known = dict.fromkeys(self._urls)
+        self._clustered = False
+        self._attach_following(time.monotonic() + timeout_s)
         if on_message is not None and (concurrency > 1 or start_timeout_s is not None):
             self._pool = HandlerPool(
                 on_message,
@@ -182,7 +186,8 @@ class Consumer:
         welcome; the reader thread is made, not started."""
         command, timeout_s = self._command, self._timeout_s
         try:
-            address = wire_address(self._client, self._options, self._conn.url, self._transport)
+            address, answer = discover(self._client, self._options, self._conn.url, self._transport)
+            self._clustered = self._clustered or bool(answer.get("cluster"))
             self._broker_version = address.version if address is not None else 1
             if address is not None:  # plain messages may come as ONE frames, one each
                 beat = heartbeat_ms(address.version, self._heartbeat_s)
@@ -208,9 +213,37 @@ class Consumer:
     def _new_reader(self) -> threading.Thread:
         return threading.Thread(target=self._read, name="consumer-read", daemon=True)
 
+    def _attach_following(self, deadline: float) -> None:
+        """Attach; refused by a cluster member that does not own the destination, attach
+        where the refusal says (one round trip), or, while it is being placed, again a moment
+        later, until ``deadline``."""
+        while True:
+            try:
+                self._attach()
+                return
+            except NotOwner as exc:
+                self._clustered = True
+                if self._closed or time.monotonic() >= deadline:
+                    raise
+                self._go_where(exc, deadline)
+
+    def _go_where(self, err: NotOwner, deadline: float) -> None:
+        """Connect to the owner ``err`` names (none named: stay, and ask again shortly)."""
+        endpoint = err.fields.get("endpoint")
+        if not isinstance(endpoint, str) or not endpoint or endpoint == self._conn.url:
+            time.sleep(0.1)
+            return
+        self._known.setdefault(endpoint, None)
+        old = self._conn
+        self._conn = connect(endpoint, max(deadline - time.monotonic(), 0.1), old.auth)
+        self._client, self._options = self._conn.client, self._conn.options
+        self._turn = None
+        with contextlib.suppress(Exception):
+            old.client.close()
+
     def _may_fail_over(self) -> bool:
         return (
-            len(self._urls) > 1
+            (len(self._urls) > 1 or self._clustered or isinstance(self.error, NotOwner))
             and not self._closed
             and not self._command.temporary  # a temporary queue goes with its broker
             and isinstance(self.error, BrokerUnavailable)
@@ -244,9 +277,14 @@ class Consumer:
                 raise BrokerUnavailable("the consumer was closed while attaching again")
             try:
                 left = max(deadline - time.monotonic(), 0.1)
-                self._conn = connect(self._urls, left, self._conn.auth)
-                self._client, self._options = self._conn.client, self._conn.options
-                self._turn = None
+                if isinstance(self.error, NotOwner):  # (its destination moved: go there)
+                    self._clustered = True
+                    self._go_where(self.error, deadline)
+                else:  # a cluster: any member it knows of (its owner may be the one gone)
+                    urls = list(self._known) if self._clustered else self._urls
+                    self._conn = connect(urls, left, self._conn.auth)
+                    self._client, self._options = self._conn.client, self._conn.options
+                    self._turn = None
                 self.error = None
                 self._attach()
                 return
@@ -343,10 +381,13 @@ class Consumer:
                     # backlog of 20,000 synchronous sends (ONE frames), two interleaved runs of
                     # three: 67-76k msg/s at 10.3-12.2 us of CPU a message before, 71-87k at
                     # 8.9-9.8 after
-                    while self._link.buffered:
-                        more = self._messages_in(self._link.read(0))
-                        if more:
-                            self._ready.extend(more)
+                    try:
+                        while self._link.buffered:
+                            more = self._messages_in(self._link.read(0))
+                            if more:
+                                self._ready.extend(more)
+                    except (OSError, SparkMQError) as exc:  # (the end came behind them)
+                        self._turn.fail(exc)
                     return True
             return None
         finally:

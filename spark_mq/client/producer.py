@@ -33,21 +33,16 @@ from spark_mq.client._options import check_options
 from spark_mq.client._outcome import Outcome
 from spark_mq.client._pending import PLAIN_OPTIONS, Pending, batch_of, column, plain_of
 from spark_mq.client._resend import Resender
+from spark_mq.client._routes import Link, Routes
 from spark_mq.client._transport import (
     DEFAULT_URL,
     broker_urls,
     connect,
 )
-from spark_mq.client._wire import (
-    Address,
-    Transport,
-    WireProduceStream,
-    broker_version,
-    heartbeat_ms,
-    wire_address,
-)
+from spark_mq.client._wire import Transport, WireProduceStream
 from spark_mq.errors import (
     BrokerUnavailable,
+    NotOwner,
     SparkMQError,
 )
 from spark_mq.names import validate_name
@@ -99,7 +94,6 @@ class Producer:
         # least this often; silent for four times that, it is taken for dead (paused, hung, cut
         # off): its batches fail, or go to the pair's other broker when given one (0: never)
         self._heartbeat_s = heartbeat_s
-        self._flight_heartbeat_ms = 0  # what a Flight stream asks for (the broker's version)
         if destination is not None:
             validate_name(destination)
         self.destination = destination
@@ -111,8 +105,9 @@ class Producer:
         self._conn = connect(self._urls, timeout_s, auth)
         self._client, self._options = self._conn.client, self._conn.options
         self._transport, self._timeout_s = transport, timeout_s
-        self._address: Address | None = None
-        self._discovered = False
+        self._link = Link(self._conn)  # what the broker's ping said, asked at the first stream
+        # a cluster: the members that own destinations this producer was sent to
+        self._routes = Routes(self._urls, auth, timeout_s)
         self._linger = linger_ms / 1000
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
@@ -137,7 +132,9 @@ class Producer:
         # several URLs (a primary and its backup): batches meeting a failover are sent again,
         # in order, to the broker that serves then (spark_mq.client._resend)
         self._resender = (
-            Resender(self._stream, self._reconnect, lambda: self._generation, timeout_s)
+            Resender(
+                self._stream, self._reconnect, lambda: self._generation, timeout_s, self._follow
+            )
             if len(self._urls) > 1
             else None
         )
@@ -250,7 +247,7 @@ class Producer:
         self.flush(dest)  # this thread writes it and reads its answer
         return fut.result()
 
-    def _failing_over(self, attempt: Callable[[], _T]) -> _T:
+    def _failing_over(self, dest: str, attempt: Callable[[], _T]) -> _T:
         """``attempt`` (a synchronous send whose messages carry their dedup ids), again on the
         broker that serves now when the one it reached is gone (a failover: the backup took
         over), for up to ``timeout_s``; the broker's duplicate detection stores each message
@@ -265,6 +262,9 @@ class Producer:
                 deadline = deadline or now + self._timeout_s
                 if now >= deadline:
                     raise
+                if isinstance(exc, NotOwner):
+                    self._follow(dest, exc)
+                    continue
                 log.info("producer: %s; finding the broker that serves now", exc.message)
                 self._reconnect(deadline - now, generation)
 
@@ -277,15 +277,36 @@ class Producer:
                 return
             streams, self._streams = list(self._streams.values()), {}
             old = self._conn
-            self._conn = connect(self._urls, timeout_s, self._conn.auth)
+            # a cluster: start again from any member it knows of (the one it used may be the
+            # one that went away); the owners are learned again
+            urls = list(self._routes.known) if self._link.clustered else self._urls
+            self._conn = connect(urls, timeout_s, self._conn.auth)
             self._client, self._options = self._conn.client, self._conn.options
-            self._address, self._discovered = None, False
+            self._link = Link(self._conn, answer=self._link.answer)
+            links = self._routes.forget()
             self._generation += 1
         for stream in streams:
             with contextlib.suppress(Exception):
                 stream.close()
         with contextlib.suppress(Exception):
             old.client.close()
+        for link in links:
+            link.close()
+
+    def _follow(self, dest: str, err: NotOwner) -> None:
+        """(The resender's thread.) A cluster member said another owns ``dest``: its next
+        stream goes there (one round trip: the refusal named it). Naming none (being placed
+        just now), the next stream asks again where it asked, a moment later."""
+        with self._stream_lock:
+            moved = self._routes.follow(dest, err, self._conn.url)
+            stream = (
+                self._streams.pop(dest, None) if moved or not err.fields.get("endpoint") else None
+            )
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.close()
+        if not err.fields.get("endpoint"):
+            time.sleep(0.1)
 
     def _send_plain_now(
         self, body: bytes | str, destination: str | None = None, dedup_id: str | None = None
@@ -327,6 +348,8 @@ class Producer:
                 if self._buffers.get(dest):
                     return None
             stream = self._stream(dest)
+            if self._resender is not None:  # (a cluster found at the first stream: kept batches)
+                return None
             if not isinstance(stream, WireProduceStream) or not stream.takes_plain:
                 return None
             dedup = (dedup_id or self.next_dedup_id()).encode()
@@ -411,8 +434,8 @@ class Producer:
             ids = cast(Column, pc.coalesce(table["dedup_id"], numbered_ids(self._prefix, first, n)))
             table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
         self.flush(dest)  # keep order with what send() buffered for this destination
-        if wait and len(self._urls) > 1:  # the ids are set: a resend is stored once
-            return self._failing_over(lambda: self._send_table(dest, table, True))
+        if wait and self._resender is not None:  # the ids are set: a resend is stored once
+            return self._failing_over(dest, lambda: self._send_table(dest, table, True))
         return self._send_table(dest, table, wait)
 
     def _send_table(self, dest: str, table: pa.Table, wait: bool) -> list[int] | Future:
@@ -461,6 +484,7 @@ class Producer:
         for s in streams:
             s.close()
         self._client.close()
+        self._routes.close()
 
     # -- internals ---------------------------------------------------------------------------
     def _flush_dest(self, dest: str, *, waited: bool = False) -> list[Pending]:
@@ -508,25 +532,33 @@ class Producer:
                 del self._streams[dest]
                 raise BrokerUnavailable(stream.cut_reason)
             if stream is None or not stream.usable():
-                if not self._discovered:  # asked once, when the first stream opens
-                    self._address = wire_address(
-                        self._client, self._options, self._conn.url, self._transport
+                link = self._routes.owner(dest) or self._link
+                link.discover(self._transport, self._heartbeat_s)  # (once a link)
+                if link.clustered and self._resender is None:
+                    # a cluster member: every batch is kept until answered, and one refused
+                    # because another member owns its destination goes there
+                    self._resender = Resender(
+                        self._stream,
+                        self._reconnect,
+                        lambda: self._generation,
+                        self._timeout_s,
+                        self._follow,
                     )
-                    if self._address is None and self._heartbeat_s > 0:
-                        version = broker_version(self._client, self._options)
-                        self._flight_heartbeat_ms = heartbeat_ms(version, self._heartbeat_s)
-                    self._discovered = True
-                if self._address is not None:
+                if link.address is not None:
                     stream = WireProduceStream(
-                        self._address, self._timeout_s, dest, self._window, self._conn,
+                        link.address, self._timeout_s, dest, self._window, link.conn,
                         self._heartbeat_s,
                     )  # fmt: skip
                 else:
-                    stream = PutStream(self._conn, dest, self._window, self._flight_heartbeat_ms)
+                    stream = PutStream(link.conn, dest, self._window, link.flight_heartbeat_ms)
                 self._streams[dest] = stream
             return stream
 
     def _send_now(self, dest: str, items: list[Pending], waited: bool) -> None:
+        if self._resender is None and not self._link.discovered:
+            # the first stream asks the broker what it is: a cluster member gets the resender
+            with contextlib.suppress(SparkMQError):  # (said below, through the futures)
+                self._stream(dest)
         if self._resender is not None:
             self._resender.send(dest, items)
             return

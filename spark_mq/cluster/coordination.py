@@ -12,6 +12,8 @@ The znodes, under ``/sparkmq/<cluster>``:
   longer than ``session_timeout_s``).
 - ``leader/n_<seq>``: ephemeral sequential; the member holding the lowest is the leader, the one
   that writes placements (ZooKeeper's leader recipe, read without blocking a thread).
+- ``leaving/<id>``: ephemeral, a member shutting down (planned): the leader places its
+  destinations on the others while it still serves them, and it leaves once they are gone.
 - ``destinations/<name>``: what exists (its load, a weight); ``pins/<name>``: an operator's pin.
 - ``assignments``: one znode, the whole placement as JSON (destination → member and epoch)
   with a counter of epochs; written with the version it was read at, so two members who both
@@ -46,6 +48,7 @@ from kazoo.exceptions import (
     NoNodeError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.security import make_digest_acl
 
 from spark_mq.cluster.placement import moves, place
 from spark_mq.errors import ConfigError
@@ -73,6 +76,7 @@ class Member:
     host: str = ""
     pid: int = 0
     since_ms: int = 0
+    leaving: bool = False  # shutting down: its destinations go to the others first
 
 
 class Coordinator:
@@ -93,6 +97,7 @@ class Coordinator:
         session_timeout_s: float = 10.0,
         on_change: Callable[[dict[str, Assignment]], None] | None = None,
         on_health: Callable[[Health], None] | None = None,
+        auth: str | None = None,
     ) -> None:
         if not member_id or "/" in member_id:
             raise ConfigError(f"a cluster member's id must be a name without '/': {member_id!r}")
@@ -108,13 +113,28 @@ class Coordinator:
             "backoff": 2,
             "max_delay": _retry_cap(session_timeout_s),
         }
-        self._client = KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry)
+        # digest authentication ("user:password"): the cluster's znodes are that identity's only
+        secured: dict[str, Any] = {}
+        if auth:
+            user, sep, password = auth.partition(":")
+            if not sep or not user:
+                raise ConfigError(
+                    "cluster.zookeeper_auth must be 'user:password'", setting="cluster"
+                )
+            secured = {
+                "auth_data": [("digest", auth)],
+                "default_acl": [make_digest_acl(user, password, all=True)],
+            }
+        self._client = KazooClient(
+            hosts=hosts, timeout=session_timeout_s, connection_retry=retry, **secured
+        )
         self._client.add_listener(self._on_state)
         self._on_change = on_change
         self._on_health = on_health
         self._health: Health = "stopped"
         self._assignments: dict[str, Assignment] = {}
         self._members: dict[str, Member] = {}
+        self._registered: frozenset[str] = frozenset()  # destinations/ (as last seen)
         self._leader_node: str | None = None
         self._leader: str | None = None
         self._wake = threading.Event()
@@ -135,7 +155,7 @@ class Coordinator:
                 f"cannot reach ZooKeeper at {self._client.hosts} within {timeout_s:g} s: is it "
                 "running, and is cluster.zookeeper right?"
             ) from exc
-        for path in ("members", "leader", "destinations", "pins"):
+        for path in ("members", "leader", "leaving", "destinations", "pins"):
             self._client.ensure_path(f"{self.root}/{path}")
         # a member restarted at once finds its old session's node until that session expires
         deadline = time.monotonic() + self.session_timeout_s + 2
@@ -198,13 +218,19 @@ class Coordinator:
         # (kazoo sets them again after a reconnection, a new session's too)
         self._client.ChildrenWatch(f"{self.root}/members", self._changed)
         self._client.ChildrenWatch(f"{self.root}/leader", self._changed)
-        self._client.ChildrenWatch(f"{self.root}/destinations", self._changed)
+        self._client.ChildrenWatch(f"{self.root}/leaving", self._changed)
+        self._client.ChildrenWatch(f"{self.root}/destinations", self._destinations_changed)
         self._client.ChildrenWatch(f"{self.root}/pins", self._changed)
         self._client.DataWatch(f"{self.root}/assignments", self._changed_data)
 
     def _changed(self, _children: list[str]) -> bool:
         self._wake.set()
         return not self._stop.is_set()  # (False ends the watch)
+
+    def _destinations_changed(self, children: list[str]) -> bool:
+        self._registered = frozenset(children)
+        self._wake.set()
+        return not self._stop.is_set()
 
     def _changed_data(self, _data: bytes | None, _stat: Any) -> bool:
         self._wake.set()
@@ -277,13 +303,16 @@ class Coordinator:
 
     def _read_members(self) -> dict[str, Member]:
         out = {}
+        leaving = set(self._client.get_children(f"{self.root}/leaving"))
         for name in self._client.get_children(f"{self.root}/members"):
             try:
                 data, _ = self._client.get(f"{self.root}/members/{name}")
             except NoNodeError:
                 continue  # (gone between the listing and the read)
             doc = json.loads(data)
-            out[name] = Member(name, doc["endpoint"], doc["host"], doc["pid"], doc["since_ms"])
+            out[name] = Member(
+                name, doc["endpoint"], doc["host"], doc["pid"], doc["since_ms"], name in leaving
+            )
         return out
 
     def _read_assignments(self) -> tuple[dict[str, Assignment], int, int]:
@@ -297,6 +326,9 @@ class Coordinator:
         return owners, doc["epoch"], stat.version
 
     def _place(self, members: Mapping[str, Member]) -> None:
+        # a member leaving (planned) is there still, but takes nothing and keeps nothing; the
+        # last one keeps what it has
+        staying = {n: m for n, m in members.items() if not m.leaving} or members
         loads = {}
         for name in self._client.get_children(f"{self.root}/destinations"):
             try:
@@ -318,11 +350,11 @@ class Coordinator:
         waiting = {n for n in loads if n in current and current[n].member not in members}
         if waiting and time.monotonic() < self._settle_until:
             owners = place(
-                members, {n: w for n, w in loads.items() if n not in waiting}, before, pins
+                staying, {n: w for n, w in loads.items() if n not in waiting}, before, pins
             )
             owners.update({n: current[n].member for n in waiting})
         else:
-            owners = place(members, loads, before, pins)
+            owners = place(staying, loads, before, pins)
         changed = moves({n: m for n, m in before.items() if n in loads}, owners)
         if not changed and set(current) == set(owners):
             return
@@ -344,6 +376,30 @@ class Coordinator:
             return
         for name, (old, new) in sorted(changed.items()):
             log.info("cluster: %s moves from %s to %s", name, old or "nobody", new)
+
+    def leave(self, timeout_s: float) -> bool:
+        """A planned shutdown: the leader places this member's destinations on the others
+        while it still serves them; returns once none is placed here (False: ``timeout_s``
+        passed first, or no other member is there to take them)."""
+        try:
+            self._client.create(f"{self.root}/leaving/{self.member_id}", b"", ephemeral=True)
+        except NodeExistsError:
+            pass
+        except (KazooException, KazooTimeoutError) as exc:
+            log.warning("cluster member %s: cannot say it is leaving: %s", self.member_id, exc)
+            return False
+        self._wake.set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                others = [m for m in self._members.values() if m.id != self.member_id]
+                mine = [n for n, a in self._assignments.items() if a.member == self.member_id]
+            if not mine:
+                return True
+            if not any(not m.leaving for m in others):
+                return False
+            time.sleep(0.05)
+        return False
 
     # -- what the broker and operators use ----------------------------------------------------
     @property
@@ -375,8 +431,27 @@ class Coordinator:
             self._client.create(path, body)
         except NodeExistsError:
             self._client.set(path, body)
+        self._registered = self._registered | {name}
+
+    def registered(self, name: str) -> bool:
+        """Whether ``name`` is among the destinations to place (as last seen)."""
+        return name in self._registered
+
+    def register(self, names: list[str]) -> None:
+        """Destinations to place, each added unless it is there already (its load kept)."""
+        for name in names:
+            if name in self._registered:
+                continue
+            try:
+                self._client.create(
+                    f"{self.root}/destinations/{name}", json.dumps({"load": 1.0}).encode()
+                )
+            except NodeExistsError:
+                pass
+        self._registered = self._registered | frozenset(names)
 
     def remove_destination(self, name: str) -> None:
+        self._registered = self._registered - {name}
         for path in (f"{self.root}/destinations/{name}", f"{self.root}/pins/{name}"):
             try:
                 self._client.delete(path)

@@ -35,6 +35,14 @@ class LogStore(Protocol):
 
     def create_logs(self, destination: str) -> None: ...
     def drop_logs(self, destination: str) -> None: ...
+    def fence_destination(self, destination: str, epoch: int) -> None:
+        """A cluster member owns ``destination`` with ``epoch`` from now on (``Deposed`` if a
+        greater one fenced it already)."""
+        ...
+
+    def release_destination(self, destination: str) -> None:
+        """A cluster member no longer owns ``destination``."""
+        ...
 
     def committed_end(self, destination: str) -> int:
         """One past the last committed offset (0 for an empty log)."""

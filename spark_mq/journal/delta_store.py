@@ -72,6 +72,7 @@ def _append(
     version: int | None,
     writer: WriterProperties | None = None,
     epoch: int | None = None,
+    destination: str | None = None,
 ) -> None:
     """Append idempotently, reloading the table when another writer's commit got in first.
 
@@ -87,7 +88,7 @@ def _append(
     props = CommitProperties(app_transactions=txns) if txns else None
     for attempt in range(COMMIT_ATTEMPTS):
         if epoch is not None:
-            _check_owner(dt, epoch)
+            _check_owner(dt, epoch, destination)
         if (
             app_id is not None
             and version is not None
@@ -111,10 +112,19 @@ def _append(
             dt.update_incremental()
 
 
-def _check_owner(dt: DeltaTable, epoch: int) -> None:
-    """``Deposed`` if a broker with a greater epoch has committed to ``dt``."""
+def _check_owner(dt: DeltaTable, epoch: int, destination: str | None = None) -> None:
+    """``Deposed`` if a broker with a greater epoch has committed to ``dt`` (a table of
+    ``destination``'s, when a cluster fences each destination with its own epoch)."""
     newer = dt.transaction_version(OWNER_APP_ID) or 0
     if newer > epoch:
+        if destination is not None:
+            raise Deposed(
+                f"another cluster member owns {destination!r} now (epoch {newer}; this "
+                f"member's is {epoch}): this member commits nothing more to it",
+                epoch=epoch,
+                owner_epoch=newer,
+                destination=destination,
+            )
         raise Deposed(
             f"another broker owns this data root now (epoch {newer}; this broker's is {epoch}): "
             "this broker commits nothing more",
@@ -148,6 +158,9 @@ class DeltaStore:
         self._lock = threading.Lock()
         self._bindings_lock = threading.Lock()
         self.epoch: int | None = None  # the ownership epoch every commit carries (None: unfenced)
+        # a cluster member's: each destination it owns fenced with its own epoch (see
+        # fence_destination); the root's epoch for the others
+        self._epochs: dict[str, int] = {}
         # told (once per refusal, from the committing thread) when a commit finds a newer owner
         self.on_deposed: Callable[[Deposed], None] | None = None
         self._fenced: set[str] = set()  # tables this epoch has been stamped on
@@ -163,8 +176,40 @@ class DeltaStore:
             self._tables.clear()
             self._commits.clear()
             self._readers.clear()
-        self._stamp(layout.bindings_uri(self.root), BINDING_SCHEMA)
-        self._stamp(layout.transactions_uri(self.root), TRANSACTION_SCHEMA)
+        self._stamp(layout.bindings_uri(self.root), BINDING_SCHEMA, epoch)
+        self._stamp(layout.transactions_uri(self.root), TRANSACTION_SCHEMA, epoch)
+
+    def fence_destination(self, destination: str, epoch: int) -> None:
+        """A cluster member takes ``destination`` over with ``epoch`` (its assignment's): its
+        tables are stamped with it now, before anything of it is read, and every later commit
+        to them carries it. ``Deposed`` when a table already holds a greater one (a newer owner
+        was assigned since)."""
+        uris = [
+            (layout.messages_uri(self.root, destination), MESSAGE_SCHEMA),
+            (layout.settlements_uri(self.root, destination), SETTLEMENT_SCHEMA),
+        ]
+        with self._lock:
+            self._epochs[destination] = epoch
+            for uri, _ in uris:
+                self._fenced.discard(uri)
+                self._tables.pop(uri, None)
+                self._commits.pop(uri, None)
+                self._readers.pop(uri, None)
+        for uri, schema in uris:
+            self._stamp(uri, schema, epoch, destination)
+
+    def release_destination(self, destination: str) -> None:
+        """This member no longer owns ``destination``: its epoch and cached tables go."""
+        uri = layout.destination_uri(self.root, destination)
+        with self._lock:
+            self._epochs.pop(destination, None)
+            for cache in (self._tables, self._commits, self._readers):
+                for key in [k for k in cache if k.startswith(uri + "/")]:
+                    del cache[key]
+            self._fenced.difference_update([k for k in self._fenced if k.startswith(uri + "/")])
+
+    def _epoch(self, destination: str) -> int | None:
+        return self._epochs.get(destination, self.epoch)
 
     def _append(
         self,
@@ -173,9 +218,13 @@ class DeltaStore:
         app_id: str | None,
         version: int | None,
         writer: WriterProperties | None = None,
+        *,
+        epoch: int | None,
+        destination: str | None = None,
     ) -> None:
+        fenced_alone = destination is not None and destination in self._epochs
         try:
-            _append(dt, rows, app_id, version, writer, self.epoch)
+            _append(dt, rows, app_id, version, writer, epoch, destination if fenced_alone else None)
         except Deposed as exc:
             if self.on_deposed is not None:
                 self.on_deposed(exc)
@@ -196,31 +245,43 @@ class DeltaStore:
                 (layout.settlements_uri(self.root, n), SETTLEMENT_SCHEMA),
             )
         ]
+        epoch = self.epoch
         with ThreadPoolExecutor(min(workers, len(tables)), "stamp-epoch") as pool:
-            for done in [pool.submit(self._stamp, uri, schema) for uri, schema in tables]:
+            for done in [pool.submit(self._stamp, uri, schema, epoch) for uri, schema in tables]:
                 done.result()
 
-    def _stamp(self, uri: str, schema: pa.Schema) -> None:
-        epoch = self.epoch
+    def _stamp(
+        self, uri: str, schema: pa.Schema, epoch: int | None, destination: str | None = None
+    ) -> None:
         if epoch is None or uri in self._fenced:
             return
-        with translate("stamping the ownership epoch"):
-            dt = self._open_or_create(uri, schema, stamp=False)
+        with translate("stamping the ownership epoch", destination):
+            dt = self._open_or_create(uri, schema, epoch, stamp=False)
             dt.update_incremental()
             if (dt.transaction_version(OWNER_APP_ID) or 0) < epoch:
-                self._append(dt, schema.empty_table(), None, None)
+                self._append(
+                    dt, schema.empty_table(), None, None, epoch=epoch, destination=destination
+                )
             else:
-                _check_owner(dt, epoch)
+                _check_owner(dt, epoch, destination)
         with self._lock:
             self._fenced.add(uri)
 
     # -- tables ------------------------------------------------------------------------------
-    def _open_or_create(self, uri: str, schema: pa.Schema, *, stamp: bool = True) -> DeltaTable:
+    def _open_or_create(
+        self,
+        uri: str,
+        schema: pa.Schema,
+        epoch: int | None,
+        *,
+        stamp: bool = True,
+        destination: str | None = None,
+    ) -> DeltaTable:
         with self._lock:
             dt = self._tables.get(uri)
-            stamped = self.epoch is None or uri in self._fenced
+            stamped = epoch is None or uri in self._fenced
         if stamp and not stamped:
-            self._stamp(uri, schema)
+            self._stamp(uri, schema, epoch, destination)
             with self._lock:
                 dt = self._tables.get(uri)
         if dt is not None:
@@ -266,8 +327,8 @@ class DeltaStore:
     def append_bindings(self, rows: pa.Table) -> None:
         uri = layout.bindings_uri(self.root)
         with self._bindings_lock, translate("writing the bindings log"):
-            dt = self._open_or_create(uri, BINDING_SCHEMA)
-            self._append(dt, rows, None, None)
+            dt = self._open_or_create(uri, BINDING_SCHEMA, self.epoch)
+            self._append(dt, rows, None, None, epoch=self.epoch)
             self._committed(uri)
 
     def read_transactions(self) -> pa.Table:
@@ -282,14 +343,14 @@ class DeltaStore:
     def append_transactions(self, rows: pa.Table) -> None:
         uri = layout.transactions_uri(self.root)
         with self._bindings_lock, translate("writing the transaction log"):
-            dt = self._open_or_create(uri, TRANSACTION_SCHEMA)
-            self._append(dt, rows, None, None)
+            dt = self._open_or_create(uri, TRANSACTION_SCHEMA, self.epoch)
+            self._append(dt, rows, None, None, epoch=self.epoch)
             self._committed(uri)
 
     def create_logs(self, destination: str) -> None:
         with translate("creating logs", destination):
-            self._open_or_create(layout.messages_uri(self.root, destination), MESSAGE_SCHEMA)
-            self._open_or_create(layout.settlements_uri(self.root, destination), SETTLEMENT_SCHEMA)
+            self._messages(destination)
+            self._settlements(destination)
 
     def drop_logs(self, destination: str) -> None:
         uri = layout.destination_uri(self.root, destination)
@@ -308,7 +369,12 @@ class DeltaStore:
 
     # -- message log -------------------------------------------------------------------------
     def _messages(self, destination: str) -> DeltaTable:
-        return self._open_or_create(layout.messages_uri(self.root, destination), MESSAGE_SCHEMA)
+        return self._open_or_create(
+            layout.messages_uri(self.root, destination),
+            MESSAGE_SCHEMA,
+            self._epoch(destination),
+            destination=destination,
+        )
 
     def committed_end(self, destination: str) -> int:
         with translate("reading the message log version", destination):
@@ -319,7 +385,15 @@ class DeltaStore:
     def commit_messages(self, destination: str, rows: pa.Table, end_offset: int) -> None:
         with translate("committing messages", destination):
             table = self._messages(destination)
-            self._append(table, rows, layout.MESSAGES_APP_ID, end_offset, MESSAGE_WRITER)
+            self._append(
+                table,
+                rows,
+                layout.MESSAGES_APP_ID,
+                end_offset,
+                MESSAGE_WRITER,
+                epoch=self._epoch(destination),
+                destination=destination,
+            )
             self._committed(layout.messages_uri(self.root, destination))
 
     def read_messages(self, destination: str, start: int, end: int | None) -> pa.Table:
@@ -363,7 +437,10 @@ class DeltaStore:
     # -- settlement log ----------------------------------------------------------------------
     def _settlements(self, destination: str) -> DeltaTable:
         return self._open_or_create(
-            layout.settlements_uri(self.root, destination), SETTLEMENT_SCHEMA
+            layout.settlements_uri(self.root, destination),
+            SETTLEMENT_SCHEMA,
+            self._epoch(destination),
+            destination=destination,
         )
 
     def settlements_version(self, destination: str) -> int:
@@ -376,7 +453,14 @@ class DeltaStore:
         self, destination: str, rows: pa.Table, version: int | None = None
     ) -> None:
         with translate("committing settlements", destination):
-            self._append(self._settlements(destination), rows, layout.SETTLEMENTS_APP_ID, version)
+            self._append(
+                self._settlements(destination),
+                rows,
+                layout.SETTLEMENTS_APP_ID,
+                version,
+                epoch=self._epoch(destination),
+                destination=destination,
+            )
             self._committed(layout.settlements_uri(self.root, destination))
 
     def read_settlements(self, destination: str) -> pa.Table:

@@ -106,8 +106,8 @@ class DataDirLock:
 def lock_dir(config: BrokerConfig) -> str | None:
     """The directory whose lock makes this broker its data's only one: a local data directory,
     else the hot tier's (a remote root's local state); None when there is neither."""
-    if config.broker.persistence != "delta":
-        return None
+    if config.broker.persistence != "delta" or config.clustered:
+        return None  # (a cluster's members share the root: each destination is fenced alone)
     if config.ha.mode == "replication":  # the data root is shared; the hot directory is its own
         if not config.journal.hot_dir:
             raise ConfigError(

@@ -93,16 +93,66 @@ class Journal:
         self._temporary: dict[str, MemoryStore] = {}  # never persisted, not in the bindings
         self._seq = 0
         self._opened = False
+        # a cluster member's (see open): the data root's destinations are many members', and
+        # this journal keeps, and writes, only those it was given (adopt / release)
+        self.shared = False
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def open(self) -> dict[str, DestinationInfo]:
-        """Replay the bindings and start a writer for every destination; returns them."""
+    def open(self, *, shared: bool = False) -> dict[str, DestinationInfo]:
+        """Replay the bindings and start a writer for every destination; returns them.
+
+        ``shared`` (a cluster member): other members own destinations of the same root, so
+        none is opened now; each is opened when this member is given it (:meth:`adopt`) and
+        let go when it is not any more (:meth:`release`)."""
         with self._lock:
-            self._dests, self._seq = bindings.replay(self.store.read_bindings())
+            self.shared = shared
+            dests, self._seq = bindings.replay(self.store.read_bindings())
+            self._dests = {} if shared else dests
             for name in self._dests:
                 self._start_writer(name)
             self._opened = True
             return dict(self._dests)
+
+    def _replay(self) -> dict[str, DestinationInfo]:
+        """(Under the lock.) The root's destinations as recorded now, by every member; the next
+        event this journal records follows the last recorded."""
+        dests, seq = bindings.replay(self.store.read_bindings())
+        self._seq = max(self._seq, seq)
+        return dests
+
+    def recorded(self, name: str) -> DestinationInfo | None:
+        """A destination of the data root as recorded now (a shared journal's, whichever member
+        owns it), or None."""
+        with self._lock:
+            return self._replay().get(name)
+
+    def recorded_names(self) -> list[str]:
+        """Every destination of the data root as recorded now (whichever member serves it)."""
+        with self._lock:
+            return sorted(self._replay())
+
+    def adopt(self, name: str) -> DestinationInfo | None:
+        """A shared journal takes ``name`` on (its store already fenced with this member's
+        epoch for it): its recorded state, and a writer from its log's end. None when it is not
+        recorded (deleted meanwhile)."""
+        with self._lock:
+            info = self._replay().get(name)
+            if info is None:
+                return None
+            if name not in self._writers:
+                self._start_writer(name)
+            self._dests[name] = info
+            return info
+
+    def release(self, name: str) -> None:
+        """A shared journal lets ``name`` go (another member owns it now): what was taken is
+        committed first (refused, and so never acknowledged, once the new owner fenced it)."""
+        with self._lock:
+            self._dests.pop(name, None)
+            writer = self._writers.pop(name, None)
+            self._tiers.pop(name, None)
+        if writer is not None:
+            writer.close(drain=True)  # (its sink too: a hot tier moves what it holds)
 
     def close(self) -> int:
         """Commit everything buffered, then stop the writers and the store. Returns how many
@@ -185,7 +235,7 @@ class Journal:
         if kind not in ("queue", "topic"):
             raise ValueError(f"kind must be 'queue' or 'topic', got {kind!r}")
         with self._lock:
-            existing = self._dests.get(name)
+            existing = self._replay().get(name) if self.shared else self._dests.get(name)
             if existing is not None:
                 if existing.kind != kind:
                     raise DestinationExists(
@@ -198,8 +248,9 @@ class Journal:
             self.store.create_logs(name)
             self._record(bindings.CREATE_DESTINATION, name, kind=kind, settings=settings)
             info = bindings.new_destination(name, kind, settings)
-            self._dests[name] = info
-            self._start_writer(name)
+            if not self.shared:  # (a shared journal's member serves it once given it: adopt)
+                self._dests[name] = info
+                self._start_writer(name)
             return info, True
 
     def configure_destination(self, name: str, settings: dict[str, Any]) -> None:

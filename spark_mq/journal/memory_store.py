@@ -94,5 +94,11 @@ class MemoryStore:
         with self._lock:
             return pa.concat_tables([SETTLEMENT_SCHEMA.empty_table(), *logs.settlements])
 
+    def fence_destination(self, destination: str, epoch: int) -> None:
+        pass  # (one process: nobody else commits)
+
+    def release_destination(self, destination: str) -> None:
+        pass
+
     def close(self) -> None:
         pass

@@ -9,12 +9,16 @@ import pyarrow as pa
 
 from spark_mq.commands import SettleReply
 from spark_mq.deliveries import DeliveryState
+from spark_mq.errors import SparkMQError
 from spark_mq.messages import Messages
 
 
 class ConsumerHandle(Protocol):
     consumer_id: int
     closed: bool  # detached (its session closed, its destination deleted)
+    # why the broker detached it, when the consumer is to hear it (its destination moved to
+    # another cluster member: NotOwner, naming where)
+    ended_by: SparkMQError | None
 
     @property
     def destination(self) -> str:

@@ -7,7 +7,9 @@ import re
 from typing import Any
 
 REDACTED = "***"
-_SECRET = re.compile(r"pass(word|phrase)?|secret|token|credential|private|access_key|sas", re.I)
+_SECRET = re.compile(
+    r"pass(word|phrase)?|secret|token|credential|private|access_key|sas|(^|_)auth$", re.I
+)
 
 
 def redacted(value: Any, key: str = "") -> Any:

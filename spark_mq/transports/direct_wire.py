@@ -54,7 +54,14 @@ from spark_mq.connection.core import Beat, Close, ConnState, Refuse
 from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import ListenerCore, pump
 from spark_mq.deliveries import DeliveryState, delivery_table
-from spark_mq.errors import ConfigError, MessageTooLarge, ProtocolError, SparkMQError, to_wire
+from spark_mq.errors import (
+    ConfigError,
+    MessageTooLarge,
+    NotOwner,
+    ProtocolError,
+    SparkMQError,
+    to_wire,
+)
 from spark_mq.messages import Messages
 from spark_mq.schema import PRODUCE_SCHEMA
 from spark_mq.security.tls import common_name
@@ -490,7 +497,9 @@ class WireServer:
         """Say why, then hang up once it is written (and the client had time to read it)."""
         if not conn.core.refuse(time.monotonic()):
             return
-        log.info("wire: refusing %s: %s", conn.peer, err.message)
+        # (a cluster member sending a client to another: routine, not news)
+        level = logging.DEBUG if isinstance(err, NotOwner) else logging.INFO
+        log.log(level, "wire: refusing %s: %s", conn.peer, err.message)
         conn.backlog.clear()
         conn.queue(wire.failure(err))
         self._write(conn)
@@ -636,6 +645,9 @@ class WireServer:
                         return
             for reply in consumer.replies():
                 conn.queue(wire.control(translate.reply_frame(reply)))
+            if consumer.closed and consumer.ended_by is not None:  # (moved to another member)
+                self._refuse(conn, consumer.ended_by)
+                return
             if conn.bye and not consumer.unanswered:
                 core.closing()
         waiting = conn.backlog or (conn.reader.one_at_a_time and conn.reader.buffered)

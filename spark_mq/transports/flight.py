@@ -385,6 +385,8 @@ class FlightService(fl.FlightServerBase):
             log.info("consumer %d detached", consumer.consumer_id)
         if session.revoked is not None:
             raise _flight_error(NotAuthenticated(session.revoked))
+        if consumer.ended_by is not None:  # (its destination moved to another cluster member)
+            raise _flight_error(consumer.ended_by)
         if problem:
             raise _flight_error(problem[0])
 

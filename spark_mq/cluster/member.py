@@ -1,0 +1,267 @@
+"""A broker as a cluster member: it serves the destinations the placement gives it, and tells
+clients where the others are.
+
+The member joins the cluster (:class:`~spark_mq.cluster.coordination.Coordinator`), and its
+own thread follows each new placement: a destination given to it is taken on (its tables
+fenced with the assignment's epoch, its state recovered from the shared root:
+``Broker.acquire``), one taken from it is let go (its consumers told where it went, what was
+taken committed: ``Broker.release``). One at a time, in the order the placements came.
+
+The broker asks the member about destinations it does not serve (:meth:`ClusterMember.route`):
+the answer is ``NotOwner`` naming the owner's endpoint and epoch (clients that can follow go
+there), or, for a destination just created or whose owner just left, a short wait for its
+placement. Creating a destination registers it for placement; deleting it (by its owner)
+removes it.
+
+A member whose ZooKeeper session expired (``lost``) has been given up: it lets go of
+everything at once (the others may own it already; their fences refuse its commits anyway),
+and takes its share again once it rejoined. While the session is only ``suspended``
+(ZooKeeper away), it keeps serving what it owns and nothing moves.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from spark_mq.cluster.coordination import Assignment, Coordinator, Health
+from spark_mq.config import BrokerConfig
+from spark_mq.errors import Deposed, NotOwner, SparkMQError
+
+log = logging.getLogger(__name__)
+
+
+class Served(Protocol):
+    """What the member needs of its broker (:class:`spark_mq.broker.core.Broker`)."""
+
+    broker_id: str
+
+    def acquire(self, name: str, epoch: int) -> bool: ...
+    def release(self, name: str, owner: NotOwner) -> bool: ...
+    def serving(self) -> list[str]: ...
+    def recorded(self) -> list[str]: ...
+    def forget_epoch(self, name: str) -> None: ...
+
+
+_STOP = object()
+
+
+class ClusterMember:
+    def __init__(self, broker: Served, config: BrokerConfig, endpoint: str) -> None:
+        settings = config.cluster
+        self.broker = broker
+        self.member_id = broker.broker_id
+        self.endpoint = settings.advertised_url or endpoint
+        self.placement_wait_s = settings.placement_wait_s
+        self.coordinator = Coordinator(
+            settings.zookeeper,
+            self.member_id,
+            self.endpoint,
+            cluster=settings.name,
+            session_timeout_s=settings.session_timeout_s,
+            on_change=self._placed,
+            on_health=self._health_changed,
+            auth=settings.zookeeper_auth or None,
+        )
+        self._work: queue.Queue[Any] = queue.Queue()
+        self._changed = threading.Condition()  # notified when what is served here changes
+        self._epochs: dict[str, int] = {}  # what this member serves, with its epoch
+        self._moves = 0  # destinations taken on or let go so far
+        self._worker: threading.Thread | None = None
+        self.on_health: Callable[[Health], None] | None = None  # (the service's, for status)
+
+    # -- life ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Join the cluster (``ConfigError`` when ZooKeeper cannot be reached or the member's
+        id is taken) and register the root's recorded destinations for placement (a root that
+        one broker served before, or a create cut short before it was registered)."""
+        self._worker = threading.Thread(target=self._run, name="cluster-member", daemon=True)
+        self._worker.start()
+        self.coordinator.start()
+        self.coordinator.register(self.broker.recorded())
+        log.info(
+            "cluster member %s joined %s (leader: %s)",
+            self.member_id,
+            self.coordinator.root,
+            self.coordinator.leader or "being chosen",
+        )
+
+    def stop(self, hand_over_s: float = 30.0) -> None:
+        """Leave, handing over first: the leader places this member's destinations on the
+        others while it still serves them (each let go here as it is placed there, its clients
+        told where), for up to ``hand_over_s``; what is left is let go, then the member's node
+        goes."""
+        started = time.monotonic()
+        if self._epochs and self.coordinator.health == "connected":
+            handed = self.coordinator.leave(hand_over_s)
+            log.info(
+                "cluster member %s: %s in %.2fs",
+                self.member_id,
+                "handed its destinations over"
+                if handed
+                else "leaving without handing over "
+                "everything (no other member, or it took too long)",
+                time.monotonic() - started,
+            )
+        self._work.put(("leave", None))
+        self._work.put(_STOP)
+        if self._worker is not None:
+            self._worker.join(timeout=60)
+        self.coordinator.stop()
+
+    # -- the coordinator's news (its threads: only queued here) -------------------------------
+    def _placed(self, assignments: dict[str, Assignment]) -> None:
+        self._work.put(("placed", assignments))
+
+    def _health_changed(self, health: Health) -> None:
+        if health == "lost":
+            self._work.put(("leave", None))
+        if self.on_health is not None:
+            self.on_health(health)
+
+    def deposed(self, err: Deposed) -> None:
+        """(A committing thread.) A commit to a destination was refused: a newer owner fenced
+        it. It is let go (on the member's thread: the committing one is the destination's)."""
+        name = err.fields.get("destination")
+        if isinstance(name, str):
+            self._work.put(("lost", name))
+
+    # -- the member's thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is _STOP:
+                return
+            what, arg = item
+            try:
+                if what == "placed":
+                    self._follow(arg)
+                elif what == "leave":
+                    for name in list(self._epochs):
+                        self._let_go(name, "this member left the cluster")
+                elif what == "lost":
+                    self._let_go(arg, "a newer owner fenced it")
+            except Exception:
+                log.exception("cluster member %s: following the placement failed", self.member_id)
+
+    def _follow(self, assignments: dict[str, Assignment]) -> None:
+        if self.coordinator.health == "lost":
+            return
+        mine = {n: a.epoch for n, a in assignments.items() if a.member == self.member_id}
+        for name in sorted(set(self._epochs) - set(mine)):
+            self._let_go(name, "placed on another member")
+        for name, epoch in sorted(mine.items()):
+            if self._epochs.get(name) == epoch:
+                continue
+            if name in self._epochs:  # (taken from it and given back meanwhile: a new epoch)
+                self._let_go(name, "placed again")
+            self._take(name, epoch)
+
+    def _take(self, name: str, epoch: int) -> None:
+        try:
+            served = self.broker.acquire(name, epoch)
+        except Deposed as exc:  # a newer placement gave it to another since: it will say so
+            log.info("cluster: not taking %s on: %s", name, exc.message)
+            return
+        except SparkMQError as exc:
+            log.error("cluster: cannot take %s on (epoch %d): %s", name, epoch, exc.message)
+            return
+        with self._changed:
+            if served:
+                self._epochs[name] = epoch
+                self._moves += 1
+            self._changed.notify_all()
+
+    def _let_go(self, name: str, why: str) -> None:
+        owner = self.not_owner(name, why)
+        self.broker.release(name, owner)
+        with self._changed:
+            if self._epochs.pop(name, None) is not None:
+                self._moves += 1
+            self._changed.notify_all()
+
+    # -- what the broker asks (any thread) ----------------------------------------------------
+    def route(self, name: str) -> None:
+        """``name`` is not served here: raise ``NotOwner`` naming its owner, or saying it is
+        being placed; return when the cluster has no such destination (the broker says so), or
+        once it is served here (the broker looks again). Waits up to ``placement_wait_s`` for a
+        destination being placed, or being taken on here."""
+        deadline = time.monotonic() + self.placement_wait_s
+        while True:
+            assignment = self.coordinator.owner_of(name)
+            if assignment is None and not self.coordinator.registered(name):
+                return  # (no such destination)
+            if (
+                assignment is not None
+                and assignment.member != self.member_id
+                and self.coordinator.members().get(assignment.member) is not None
+            ):
+                raise self.not_owner(name, "")
+            with self._changed:
+                if name in self._epochs:
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self.not_owner(name, "")
+                self._changed.wait(min(left, 0.05))
+
+    def not_owner(self, name: str, why: str) -> NotOwner:
+        """Where ``name`` is served, as an error a client can follow."""
+        assignment = self.coordinator.owner_of(name)
+        member = self.coordinator.members().get(assignment.member) if assignment else None
+        if assignment is None or member is None or assignment.member == self.member_id:
+            return NotOwner(
+                f"{name!r} is being placed on a cluster member just now"
+                + (f" ({why})" if why else "")
+                + ": try again shortly",
+                destination=name,
+                member="",
+                endpoint="",
+                epoch=0,
+            )
+        return NotOwner(
+            f"{name!r} is served by cluster member {member.id} at {member.endpoint} "
+            f"(epoch {assignment.epoch})" + (f": {why}" if why else ""),
+            destination=name,
+            member=member.id,
+            endpoint=member.endpoint,
+            epoch=assignment.epoch,
+        )
+
+    def created(self, name: str) -> None:
+        self.coordinator.add_destination(name)
+
+    def deleted(self, name: str) -> None:
+        with self._changed:
+            self._epochs.pop(name, None)
+        self.broker.forget_epoch(name)
+        self.coordinator.remove_destination(name)
+
+    # -- what operators see -------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The member, its session's health, the leader, the members and who owns what."""
+        assignments = self.coordinator.assignments()
+        with self._changed:
+            serving = dict(self._epochs)
+            moves = self._moves
+        return {
+            "cluster": self.coordinator.root.rsplit("/", 1)[-1],
+            "member_id": self.member_id,
+            "endpoint": self.endpoint,
+            "session": self.coordinator.health,
+            "leader": self.coordinator.leader,
+            "members": {
+                m.id: {"endpoint": m.endpoint, "host": m.host, "pid": m.pid}
+                for m in self.coordinator.members().values()
+            },
+            "serving": serving,
+            "moves": moves,
+            "owners": {n: {"member": a.member, "epoch": a.epoch} for n, a in assignments.items()},
+            "placing": sorted(
+                n for n, a in assignments.items() if a.member == self.member_id and n not in serving
+            ),
+        }

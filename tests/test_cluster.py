@@ -1,0 +1,416 @@
+"""A cluster of brokers on a real ZooKeeper, each member a broker process of its own on one
+shared data root (spark_mq.cluster.member): the SDK is served by any member (a member that
+does not own a destination names the one that does, and the client goes there); a member
+killed with SIGKILL under load has its destinations served again by the others with nothing
+acknowledged lost or stored twice and every group's order kept; a member paused past its
+session commits nothing after it was replaced and comes back with new epochs; a member added
+takes its share under load; ZooKeeper away moves nothing and stops nobody serving."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from spark_mq import Admin, Consumer, Producer
+from spark_mq.client._transport import call_action, connect
+from spark_mq.errors import ConfigError, NotOwner, SparkMQError
+from spark_mq.journal import layout
+from spark_mq.launch import BrokerProcess
+from tests.conftest import wait_for
+from tests.zk_kit import ZooKeeper
+
+pytestmark = pytest.mark.process
+
+SESSION_S = 2.0  # a dead member is given up within seconds
+_clusters = itertools.count()
+
+
+class Cluster:
+    """Members of one cluster (a name of its own in the shared ZooKeeper), on one data root."""
+
+    def __init__(self, zookeeper: ZooKeeper, base: Path) -> None:
+        self.zookeeper = zookeeper
+        self.name = f"c{next(_clusters)}-{os.getpid()}"
+        self.root = base / "root"
+        self.logs = base / "logs"
+        self.logs.mkdir()
+        self.members: dict[str, BrokerProcess] = {}
+
+    def start(self, member_id: str, **settings: object) -> BrokerProcess:
+        args = [
+            "--set", f"cluster.zookeeper={self.zookeeper.hosts}",
+            "--set", f"cluster.name={self.name}",
+            "--set", f"cluster.session_timeout_s={SESSION_S}",
+            "--set", f"ha.broker_id={member_id}",
+            "--set", f"logging.file={self.logs / f'{member_id}.log'}",
+        ]  # fmt: skip
+        for key, value in settings.items():
+            args += ["--set", f"{key}={value}"]
+        proc = BrokerProcess(
+            str(self.root), extra_args=args, log_file=str(self.logs / f"{member_id}.out")
+        ).start()
+        self.members[member_id] = proc
+        return proc
+
+    @property
+    def urls(self) -> list[str]:
+        return [p.url for p in self.members.values() if p.proc and p.proc.poll() is None]
+
+    def state(self, member_id: str) -> dict[str, Any]:
+        with Admin(self.members[member_id].url, timeout_s=5) as admin:
+            return dict(admin.status()["cluster"])
+
+    def owners(self, via: str) -> dict[str, str]:
+        return {n: o["member"] for n, o in self.state(via)["owners"].items()}
+
+    def serving(self, *only: str) -> dict[str, set[str]]:
+        """What each running member (or each of ``only``) serves."""
+        return {
+            m: set(self.state(m)["serving"])
+            for m, p in self.members.items()
+            if p.proc and p.proc.poll() is None and (not only or m in only)
+        }
+
+    def log(self, member_id: str) -> str:
+        path = self.logs / member_id / f"{member_id}.log"
+        path = path if path.exists() else self.logs / f"{member_id}.log"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self) -> None:
+        for proc in self.members.values():
+            proc.kill()
+
+
+@pytest.fixture
+def cluster(zookeeper: ZooKeeper, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(zookeeper, tmp_path)
+    yield c
+    c.stop()
+
+
+def _all_served(cluster: Cluster, names: set[str], members: set[str]) -> bool:
+    """Every destination served by exactly one of ``members``, each serving some."""
+    serving = cluster.serving()
+    if set(serving) != members or not all(serving.values()):
+        return False
+    held = [n for s in serving.values() for n in s]
+    return sorted(held) == sorted(names)
+
+
+def _drain(url: str | list[str], name: str, quiet_s: float = 0.5) -> list[Any]:
+    """Every message of ``name`` (each acked), read until it is quiet."""
+    got = []
+    with Consumer(url, name, prefetch=500) as consumer:
+        while batch := consumer.receive_many(500, timeout=quiet_s):
+            got += batch
+            consumer.ack(batch)
+    return got
+
+
+def test_any_member_serves_the_sdk_each_destination_from_its_owner(cluster: Cluster) -> None:
+    for m in ("a", "b", "c"):
+        cluster.start(m)
+    names = {f"q{i}" for i in range(9)}
+    with Admin(cluster.members["a"].url) as admin:
+        for n in sorted(names):
+            assert admin.create_queue(n)
+        assert not admin.create_queue("q0")  # (created once, whichever member is asked)
+    wait_for(lambda: _all_served(cluster, names, {"a", "b", "c"}), 20, "9 queues on 3 members")
+    assert all(len(s) == 3 for s in cluster.serving().values())
+    owners = cluster.owners("b")
+    assert owners == cluster.owners("c")
+
+    # a member that does not own a destination says which does, and where
+    elsewhere = next(n for n in sorted(names) if owners[n] != "a")
+    conn = connect(cluster.members["a"].url, 5)  # (the answer itself, past the SDK's following)
+    with pytest.raises(NotOwner) as refused:
+        call_action(conn.client, conn.options, "stats", name=elsewhere)
+    conn.client.close()
+    fields = refused.value.fields
+    assert fields["member"] == owners[elsewhere]
+    assert fields["endpoint"] == cluster.members[owners[elsewhere]].url
+    assert fields["epoch"] >= 1
+
+    # the SDK follows: one producer on member b sends to all nine, buffered and synchronous
+    with Producer(cluster.members["b"].url) as producer:
+        futures = [
+            producer.send(f"{n}-{i}", destination=n, group_id=f"g{i % 3}")
+            for i in range(100)
+            for n in sorted(names)
+        ]
+        offsets = [f.result(30) for f in futures]
+        for n in sorted(names):
+            assert producer.send_sync(f"{n}-sync", destination=n) == 100
+    assert len(offsets) == 900
+    # ... and each queue is read whole, in order, through member c
+    for n in sorted(names):
+        got = _drain(cluster.members["c"].url, n)
+        assert [m.body.decode() for m in got] == [f"{n}-{i}" for i in range(100)] + [f"{n}-sync"]
+    with Admin(cluster.members["c"].url) as admin:
+        assert all(admin.stats(n)["depth"] == 0 for n in names)  # (asked of each owner)
+
+
+class Load:
+    """Synchronous sends of numbered messages in groups to several queues, from a producer
+    given every member's URL; what each send was acknowledged with is kept."""
+
+    def __init__(self, urls: list[str], names: list[str]) -> None:
+        self.urls, self.names = urls, names
+        self.acked: dict[str, list[str]] = defaultdict(list)
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with Producer(self.urls, linger_ms=0, timeout_s=30) as producer:
+            for i in itertools.count():
+                if self._stop.is_set():
+                    return
+                name = self.names[i % len(self.names)]
+                body = f"{name}:g{i % 4}:{i}"
+                try:
+                    producer.send_sync(body, destination=name, group_id=f"g{i % 4}")
+                except SparkMQError as exc:
+                    self.errors.append(f"{body}: {exc}")
+                    continue
+                self.acked[name].append(body)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.acked.values())
+
+
+class Reading:
+    """A consumer on each queue from any member's URL, acking what it reads, in a thread."""
+
+    def __init__(self, urls: list[str], names: list[str]) -> None:
+        self.consumers = [Consumer(urls, n, prefetch=200) for n in names]
+        self.read: dict[str, list[str]] = defaultdict(list)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for consumer in self.consumers:
+                batch = consumer.receive_many(200, timeout=0.02)
+                if batch:
+                    consumer.ack(batch)
+                    self.read[consumer.destination] += [m.body.decode() for m in batch]
+
+    def __enter__(self) -> Reading:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for consumer in self.consumers:
+            consumer.close()
+
+
+def _check_nothing_lost(
+    load: Load, cluster: Cluster, read: dict[str, list[str]] | None = None
+) -> None:
+    """Every acknowledged message stored once and read, each group's in the order sent
+    (``read``: some already read, and acked, while destinations moved; what was delivered and
+    not acked then comes again, a redelivery)."""
+    for name in load.names:
+        stored = DeltaTable(layout.messages_uri(str(cluster.root), name)).to_pyarrow_table()
+        bodies = [b.decode() for b in stored["body"].to_pylist()]
+        assert len(bodies) == len(set(bodies)), f"{name}: stored twice"
+        earlier = (read or {}).get(name, [])
+        got = earlier + [m.body.decode() for m in _drain(cluster.urls, name)]
+        if earlier:
+            got = list(dict.fromkeys(got))
+        assert len(got) == len(set(got)), f"{name}: stored twice: {len(got) - len(set(got))}"
+        missing = set(load.acked[name]) - set(got)
+        assert not missing, f"{name}: acknowledged and lost: {sorted(missing)[:5]}"
+        for group in range(4):
+            mine = [int(b.rsplit(":", 1)[1]) for b in got if f":g{group}:" in b]
+            assert mine == sorted(mine), f"{name} g{group} out of order"
+
+
+def test_killed_members_destinations_are_served_again_nothing_acknowledged_lost(
+    cluster: Cluster,
+) -> None:
+    rounds = int(os.environ.get("SPARKMQ_CLUSTER_ROUNDS", "2"))
+    for m in ("a", "b", "c"):
+        cluster.start(m)
+    names = [f"k{i}" for i in range(6)]
+    with Admin(cluster.urls) as admin:
+        for n in names:
+            admin.create_queue(n)
+    wait_for(lambda: _all_served(cluster, set(names), {"a", "b", "c"}), 20, "placed")
+    served_again = []
+    with Load(cluster.urls, names) as load:
+        for r in range(rounds):
+            victim = "abc"[r % 3]
+            enough = 50 * (r + 1)
+            wait_for(lambda n=enough: load.count() > n, 30, "messages acknowledged")
+            lost = cluster.serving()[victim]
+            cluster.members[victim].kill()
+            killed_at = time.monotonic()
+            survivors = set(cluster.members) - {victim}
+            wait_for(
+                lambda s=survivors: _all_served(cluster, set(names), s),
+                SESSION_S + 15,
+                f"{victim}'s destinations served again",
+            )
+            served_again.append(time.monotonic() - killed_at)
+            assert lost  # (it owned some)
+            cluster.start(victim)  # back, with new epochs for what it is given
+            wait_for(lambda: _all_served(cluster, set(names), {"a", "b", "c"}), 20, "rebalanced")
+        before = load.count()
+        wait_for(lambda: load.count() > before + 30, 30, "sending after the last round")
+    served_again.sort()
+    print(f"served again after {served_again[len(served_again) // 2]:.2f} s (median), "
+          f"{served_again[-1]:.2f} s (max), over {rounds} kills")  # fmt: skip
+    assert served_again[-1] < SESSION_S + 4, served_again
+    _check_nothing_lost(load, cluster)
+
+
+def test_a_member_paused_past_its_session_commits_nothing_after_it_was_replaced(
+    cluster: Cluster,
+) -> None:
+    for m in ("a", "b"):
+        cluster.start(m)
+    names = {f"p{i}" for i in range(4)}
+    with Admin(cluster.urls) as admin:
+        for n in sorted(names):
+            admin.create_queue(n)
+    wait_for(lambda: _all_served(cluster, names, {"a", "b"}), 20, "placed")
+    paused = sorted(cluster.serving()["b"])
+    epochs = {n: cluster.state("a")["owners"][n]["epoch"] for n in paused}
+    target = paused[0]
+    # a send to b's destination, written to b just before it is paused: b takes it and stops
+    producer = Producer(cluster.members["b"].url, linger_ms=0)
+    producer.send_sync("before", destination=target)
+    os.kill(cluster.members["b"].proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+    try:
+        stuck = producer.send("while paused", destination=target)
+        wait_for(lambda: cluster.serving("a")["a"] == names, SESSION_S + 15, "a serves all")
+        new = {n: cluster.state("a")["owners"][n]["epoch"] for n in paused}
+        assert all(new[n] > epochs[n] for n in paused)
+    finally:
+        os.kill(cluster.members["b"].proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+    # b wakes: its commit is refused by a's fence (never acknowledged by b); the producer
+    # goes where it is served now, and the message is stored once
+    assert stuck.result(30) >= 1
+    producer.close()
+    table = DeltaTable(layout.messages_uri(str(cluster.root), target))
+    assert (table.transaction_version(layout.OWNER_APP_ID) or 0) >= new[target]
+    bodies = [m.body.decode() for m in _drain(cluster.members["a"].url, target)]
+    assert sorted(bodies) == ["before", "while paused"]
+    # b said so, stepped aside, joined again, and is given its share with newer epochs
+    wait_for(lambda: "ZooKeeper session lost" in cluster.log("b"), 10, "b lost its session")
+    wait_for(lambda: _all_served(cluster, names, {"a", "b"}), 30, "b has its share again")
+    again = cluster.owners("a")
+    assert all(
+        cluster.state("b")["owners"][n]["epoch"] > new.get(n, 0)
+        for n, m in again.items()
+        if m == "b" and n in new
+    )
+
+
+def test_a_member_added_takes_its_share_under_load_and_one_stopped_hands_over(
+    cluster: Cluster,
+) -> None:
+    cluster.start("a")
+    names = [f"j{i}" for i in range(6)]
+    with Admin(cluster.urls) as admin:
+        for n in names:
+            admin.create_queue(n)
+    wait_for(lambda: _all_served(cluster, set(names), {"a"}), 20, "placed on a")
+    # consumers read as their queues move to b and back: each follows its queue
+    with Load(cluster.urls, names) as load, Reading(cluster.urls, names) as reading:
+        wait_for(lambda: load.count() > 50, 30, "messages acknowledged")
+        cluster.start("b")
+        wait_for(lambda: _all_served(cluster, set(names), {"a", "b"}), 20, "b took its share")
+        assert len(cluster.serving()["b"]) == 3
+        before = load.count()
+        wait_for(lambda: load.count() > before + 50, 30, "messages acknowledged on both")
+        # a planned shutdown: b's destinations are placed on a while b still serves them
+        assert cluster.members["b"].stop() == 0
+        wait_for(lambda: _all_served(cluster, set(names), {"a"}), 20, "a serves everything")
+        before = load.count()
+        wait_for(lambda: load.count() > before + 50, 30, "messages acknowledged after")
+        wait_for(lambda: sum(map(len, reading.read.values())) > 100, 30, "messages read")
+    assert "handed its destinations over" in cluster.log("b")
+    moved = cluster.serving()  # (all on a again)
+    assert moved == {"a": set(names)}
+    _check_nothing_lost(load, cluster, reading.read)
+
+
+def test_zookeeper_away_moves_nothing_and_members_keep_serving(
+    cluster: Cluster, zookeeper: ZooKeeper
+) -> None:
+    for m in ("a", "b"):
+        cluster.start(m)
+    names = {f"z{i}" for i in range(4)}
+    with Admin(cluster.urls) as admin:
+        for n in sorted(names):
+            admin.create_queue(n)
+    wait_for(lambda: _all_served(cluster, names, {"a", "b"}), 20, "placed")
+    before = cluster.serving()
+    zookeeper.stop()
+    try:
+        wait_for(
+            lambda: {cluster.state(m)["session"] for m in ("a", "b")} == {"suspended"},
+            10,
+            "both suspended",
+        )
+        # for twice a session: each member serves what it owns, and nothing moves
+        deadline = time.monotonic() + 2 * SESSION_S
+        with Producer(cluster.urls) as producer:
+            while time.monotonic() < deadline:
+                for n in sorted(names):
+                    producer.send_sync("away", destination=n)
+                assert cluster.serving() == before
+    finally:
+        zookeeper.start()
+    wait_for(
+        lambda: {cluster.state(m)["session"] for m in ("a", "b")} == {"connected"},
+        20,
+        "both connected again",
+    )
+    assert cluster.serving() == before
+
+
+def test_cluster_settings_are_checked() -> None:
+    from spark_mq.config import load_config
+
+    with pytest.raises(ConfigError, match=r"ha\.broker_id"):
+        load_config(overrides={"cluster.zookeeper": "127.0.0.1:1"})
+    with pytest.raises(ConfigError, match=r"ha\.mode"):
+        load_config(
+            overrides={
+                "cluster.zookeeper": "127.0.0.1:1",
+                "ha.broker_id": "a",
+                "ha.mode": "shared-store",
+            }
+        )
+    with pytest.raises(ConfigError, match="persistence"):
+        load_config(
+            overrides={
+                "cluster.zookeeper": "127.0.0.1:1",
+                "ha.broker_id": "a",
+                "broker.persistence": "memory",
+            }
+        )
