@@ -76,6 +76,14 @@ class HandOver:
 
 
 @dataclass(frozen=True, slots=True)
+class PinDestination:
+    """A cluster's operator keeps ``name`` on ``member`` (``None``: placement decides again)."""
+
+    name: str
+    member: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerStatus:
     """The broker's state: version, role, phase, uptime, memory and disk."""
 
@@ -204,6 +212,7 @@ Command = (
     Ping
     | ReloadSecurity
     | HandOver
+    | PinDestination
     | BrokerStatus
     | ShowConfig
     | Move

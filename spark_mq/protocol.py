@@ -48,6 +48,7 @@ ADMIN_ACTIONS = (
     "ping",
     "reload_security",
     "promote",
+    "pin_destination",
     "broker_status",
     "show_config",
     "move",

@@ -230,7 +230,7 @@ class RunningBroker:
 def _join_cluster(broker: Broker, config: BrokerConfig, url: str) -> ClusterMember:
     member = ClusterMember(broker, config, url)
     broker.destinations.elsewhere = member
-    broker.cluster_state = member.state
+    broker.cluster = member
     store = broker.journal.store
     if isinstance(store, DeltaStore):  # (a commit refused by a newer owner's fence)
         store.on_deposed = member.deposed

@@ -9,8 +9,11 @@ takes its share under load; ZooKeeper away moves nothing and stops nobody servin
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -21,9 +24,9 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from spark_mq import Admin, Consumer, Producer
+from spark_mq import Admin, Consumer, Producer, Transaction
 from spark_mq.client._transport import call_action, connect
-from spark_mq.errors import ConfigError, NotOwner, SparkMQError
+from spark_mq.errors import ConfigError, NotAllowed, NotOwner, SparkMQError
 from spark_mq.journal import layout
 from spark_mq.launch import BrokerProcess
 from tests.conftest import wait_for
@@ -158,6 +161,47 @@ def test_any_member_serves_the_sdk_each_destination_from_its_owner(cluster: Clus
         assert [m.body.decode() for m in got] == [f"{n}-{i}" for i in range(100)] + [f"{n}-sync"]
     with Admin(cluster.members["c"].url) as admin:
         assert all(admin.stats(n)["depth"] == 0 for n in names)  # (asked of each owner)
+
+    # a transaction over destinations of two members is refused, saying why; on one, it commits
+    two = sorted(names, key=lambda n: owners[n])
+    far = next(n for n in two if owners[n] != owners[two[0]])
+    with Transaction(cluster.members[owners[two[0]]].url) as tx:
+        tx.send(two[0], "tx-1")
+        tx.send(far, "tx-2")
+        with pytest.raises(NotAllowed, match="must all be served by one cluster member"):
+            tx.commit()
+        tx.rollback()
+    with Transaction(cluster.members[owners[two[0]]].url) as tx:
+        tx.send(two[0], "tx-3")
+        assert tx.commit() == {two[0]: [101]}
+
+    # an operator's move, from the command line of any member: the destination goes to the
+    # member it is pinned to, under a new epoch, and its messages are there
+    moved, to = two[0], next(m for m in ("a", "b", "c") if m != owners[two[0]])
+    epoch = cluster.state("a")["owners"][moved]["epoch"]
+    cli = _cli("cluster", "pin", moved, to, url=cluster.members["c"].url)
+    assert cli.returncode == 0, cli.stderr
+    assert f"pinned {moved} to {to}" in cli.stdout
+    wait_for(lambda: moved in cluster.serving(to)[to], 20, "the pinned destination moved")
+    shown = _cli("cluster", "status", "--json", url=cluster.members["a"].url)
+    doc = json.loads(shown.stdout)
+    assert doc["owners"][moved]["member"] == to and doc["owners"][moved]["epoch"] > epoch
+    assert set(doc["members"]) == {"a", "b", "c"} and doc["session"] == "connected"
+    assert [m.body.decode() for m in _drain(cluster.urls, moved)] == ["tx-3"]
+    refused = _cli("cluster", "pin", moved, "nobody", url=cluster.members["a"].url)
+    assert refused.returncode != 0 and "no member 'nobody'" in refused.stderr
+
+
+def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "SPARKMQ_URL": url}
+    return subprocess.run(
+        [sys.executable, "-m", "spark_mq", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
 
 
 class Load:

@@ -1,7 +1,8 @@
 """Members and placement on a real ZooKeeper (spark_mq.cluster.coordination): members see each
 other and share the destinations; a member that leaves, dies (SIGKILL) or is paused past its
 session has its destinations moved, and only those; a paused one steps aside and joins again;
-ZooKeeper stopped for a while moves nothing; pins; a member added takes its share."""
+pins; a member added takes its share. (ZooKeeper stopped for a while, with brokers serving
+meanwhile, moves nothing: tests/test_cluster.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -76,16 +76,6 @@ def _balanced(c: Coordinator, names: set[str], members: set[str]) -> bool:
         return False
     counts = Counter(x.member for x in a.values()).values()
     return max(counts) - min(counts) <= 1
-
-
-def _steady(what: Callable[[], object], for_s: float) -> object:
-    """``what()`` does not change for ``for_s`` seconds (looked at every 0.1 s)."""
-    first = what()
-    deadline = time.monotonic() + for_s
-    while time.monotonic() < deadline:
-        assert what() == first, "it changed"
-        time.sleep(0.1)
-    return first
 
 
 def test_members_see_each_other_elect_one_leader_and_share_the_destinations(cluster) -> None:
@@ -160,36 +150,6 @@ def test_a_killed_member_is_replaced_after_its_session_and_a_paused_one_steps_as
         for proc in (killed, paused):
             proc.kill()
             proc.wait(10)
-
-
-def test_zookeeper_stopped_for_a_while_moves_nothing_and_everyone_recovers(
-    tmp_path: Path,
-) -> None:
-    zk = ZooKeeper(tmp_path / "zk")
-    zk.start()
-    members: list[Coordinator] = []
-    try:
-        for m in ("a", "b"):
-            members.append(Coordinator(zk.hosts, m, f"grpc://{m}:1", session_timeout_s=SESSION_S))
-            members[-1].start()
-        a, b = members
-        names = {f"d{i}" for i in range(4)}
-        for n in names:
-            a.add_destination(n)
-        wait_for(lambda: _balanced(b, names, {"a", "b"}), 10, "a balanced placement")
-        before = b.assignments()
-        zk.stop()
-        wait_for(lambda: a.health == b.health == "suspended", 10, "both suspended")
-        # longer than a session: still nothing moves, and each keeps what it owns
-        assert _steady(b.assignments, 2 * SESSION_S) == before
-        zk.start()
-        wait_for(lambda: a.health == b.health == "connected", 20, "both connected again")
-        assert _steady(a.assignments, 1.0) == before == b.assignments()
-        assert sorted(a.members()) == ["a", "b"]
-    finally:
-        for m in members:
-            m.stop()
-        zk.stop()
 
 
 def test_a_pin_moves_a_destination_and_a_new_member_takes_its_share(cluster) -> None:

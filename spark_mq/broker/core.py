@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -72,6 +72,13 @@ from spark_mq.version import __version__
 
 log = logging.getLogger(__name__)
 _CLOSE_MOVES_S = 30.0  # how long a clean shutdown waits for dead-letter and expiry moves
+
+
+class ClusterControl(Protocol):
+    """A cluster member's face to the broker's operators (:mod:`spark_mq.cluster.member`)."""
+
+    def state(self) -> dict[str, Any]: ...
+    def pin(self, name: str, member: str | None) -> dict[str, Any]: ...
 
 
 class Broker:
@@ -144,7 +151,7 @@ class Broker:
         # a cluster member takes destinations on and lets them go one at a time; its state
         # (members, owners, the session's health), for status (the service's member)
         self._handing = threading.Lock()
-        self.cluster_state: Callable[[], dict[str, Any]] | None = None
+        self.cluster: ClusterControl | None = None
 
     def _kept_as_offsets(self, name: str) -> None:
         """The consumer groups' offsets topic, with its retention (created, or set on it)."""
@@ -246,7 +253,7 @@ class Broker:
             **self.ha_state(),
             **self.memory.stats(),
             **self.disk.stats(),
-            **({"cluster": self.cluster_state()} if self.cluster_state is not None else {}),
+            **({"cluster": self.cluster.state()} if self.cluster is not None else {}),
         }
 
     def _release_dir(self) -> None:
@@ -344,6 +351,15 @@ class Broker:
                 extra={"destination": name},
             )
             return True
+
+    def pin(self, name: str, member: str | None) -> dict[str, Any]:
+        """An operator's move: keep ``name`` on ``member`` (None: placement decides again)."""
+        if self.cluster is None:
+            raise NotAllowed(
+                "this broker is not a cluster member (cluster.zookeeper): there is nowhere to "
+                "pin a destination to"
+            )
+        return self.cluster.pin(name, member)
 
     def serving(self) -> list[str]:
         """The destinations served here (a temporary queue is its consumer's: not counted)."""

@@ -37,7 +37,7 @@ from spark_mq.broker.producing import Producing
 from spark_mq.broker.registry import Destinations
 from spark_mq.clock import Clock
 from spark_mq.commands import TransactionAck as Ack
-from spark_mq.errors import LeaseError
+from spark_mq.errors import LeaseError, NotAllowed, NotOwner
 from spark_mq.journal import Journal, failpoints
 from spark_mq.journal.ipc_payloads import encode_table
 from spark_mq.messages import Messages
@@ -195,17 +195,30 @@ class Transactions:
         now = self.clock.wall()
         record = Record(txid)
         dests: dict[str, Destination] = {}
-        for name, batch in (split_by_destination(messages) if messages else {}).items():
-            dest = dests[name] = self.destinations.for_use(name)
-            self.disk.admit(name)
-            rows = self.producing.checked_rows(dest, batch, now)
-            n = rows.num_rows
-            ids = cast(Column, pc.coalesce(rows["dedup_id"], numbered_ids(f"tx:{txid}", 0, n, ":")))
-            rows = rows.set_column(rows.schema.get_field_index("dedup_id"), "dedup_id", ids)
-            self.limits.make_room(dest, rows.num_rows, rows["body"].nbytes)
-            record.messages[name] = rows
-            record.ends[name] = journal.end_offset(name)
-        begun = self._begin_acks(acks)
+        batches = split_by_destination(messages) if messages else {}
+        try:
+            for name, batch in batches.items():
+                dest = dests[name] = self.destinations.for_use(name)
+                self.disk.admit(name)
+                rows = self.producing.checked_rows(dest, batch, now)
+                n = rows.num_rows
+                numbered = numbered_ids(f"tx:{txid}", 0, n, ":")
+                ids = cast(Column, pc.coalesce(rows["dedup_id"], numbered))
+                rows = rows.set_column(rows.schema.get_field_index("dedup_id"), "dedup_id", ids)
+                self.limits.make_room(dest, rows.num_rows, rows["body"].nbytes)
+                record.messages[name] = rows
+                record.ends[name] = journal.end_offset(name)
+            begun = self._begin_acks(acks)
+        except NotOwner as exc:
+            names = set(batches) | {a[0] for a in acks}
+            if len(names) < 2:
+                raise  # (all of it elsewhere: the client may take it there)
+            raise NotAllowed(
+                "a transaction's destinations must all be served by one cluster member, and "
+                f"{', '.join(sorted(names))} are not ({exc.message}): commit them in separate "
+                "transactions, or pin them to one member (sparkmq cluster pin)",
+                destination=exc.fields.get("destination", ""),
+            ) from None
         try:
             record.acks = [(d, s, o) for (d, s, _), offsets in begun.items() for o in offsets]
             journal.record_transactions(record.row(COMMIT, int(now * 1e6)))

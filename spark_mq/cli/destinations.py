@@ -29,8 +29,8 @@ def status(target: Target, as_json: bool, show_config: bool) -> None:
     if show_config:
         for section, values in doc.items():
             pairs(values, title=f"[{section}]")
-    else:
-        pairs(doc, title="broker")
+    else:  # (a cluster member's view of its cluster: sparkmq cluster status)
+        pairs({k: v for k, v in doc.items() if k != "cluster"}, title="broker")
 
 
 # -- queues and topics ---------------------------------------------------------------------------

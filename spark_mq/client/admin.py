@@ -17,7 +17,7 @@ from spark_mq.client._transport import (
     connect,
     translated,
 )
-from spark_mq.errors import NotOwner
+from spark_mq.errors import NotAllowed, NotOwner
 from spark_mq.security.credentials import Auth
 
 
@@ -221,6 +221,19 @@ class Admin:
                 selector=selector,
             )
         )
+
+    def pin(self, name: str, member: str | None) -> dict[str, Any]:
+        """A cluster: keep destination ``name`` on ``member`` (moved there, with a new epoch),
+        or let the placement decide again (``None``). Needs the broker's ``admin``."""
+        return dict(self._call("pin_destination", name=name, member=member))
+
+    def cluster(self) -> dict[str, Any]:
+        """A cluster member's view: its id, the ZooKeeper session's health, the leader, the
+        members, who owns what with which epoch, and what it serves."""
+        status = self._call("broker_status")
+        if "cluster" not in status:
+            raise NotAllowed("this broker is not a cluster member (cluster.zookeeper is empty)")
+        return dict(status["cluster"])
 
     def status(self) -> dict[str, Any]:
         """The broker's version, phase, role, uptime, memory and disk state."""

@@ -434,6 +434,7 @@ class Producer:
             ids = cast(Column, pc.coalesce(table["dedup_id"], numbered_ids(self._prefix, first, n)))
             table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
         self.flush(dest)  # keep order with what send() buffered for this destination
+        self._discover()
         if wait and self._resender is not None:  # the ids are set: a resend is stored once
             return self._failing_over(dest, lambda: self._send_table(dest, table, True))
         return self._send_table(dest, table, wait)
@@ -534,16 +535,7 @@ class Producer:
             if stream is None or not stream.usable():
                 link = self._routes.owner(dest) or self._link
                 link.discover(self._transport, self._heartbeat_s)  # (once a link)
-                if link.clustered and self._resender is None:
-                    # a cluster member: every batch is kept until answered, and one refused
-                    # because another member owns its destination goes there
-                    self._resender = Resender(
-                        self._stream,
-                        self._reconnect,
-                        lambda: self._generation,
-                        self._timeout_s,
-                        self._follow,
-                    )
+                self._discovered(link)
                 if link.address is not None:
                     stream = WireProduceStream(
                         link.address, self._timeout_s, dest, self._window, link.conn,
@@ -554,11 +546,27 @@ class Producer:
                 self._streams[dest] = stream
             return stream
 
+    def _discovered(self, link: Link) -> None:
+        """What a broker's ping said: a cluster member gets the resender (every batch kept
+        until answered, and one refused because another member owns its destination goes
+        there)."""
+        if link.clustered and self._resender is None:
+            self._resender = Resender(
+                self._stream, self._reconnect, lambda: self._generation, self._timeout_s,
+                self._follow,
+            )  # fmt: skip
+
+    def _discover(self) -> None:
+        """Ask the broker what it is, once, before the first send chooses its way."""
+        if not self._link.discovered:
+            with self._stream_lock:
+                self._link.discover(self._transport, self._heartbeat_s)
+                self._discovered(self._link)
+
     def _send_now(self, dest: str, items: list[Pending], waited: bool) -> None:
-        if self._resender is None and not self._link.discovered:
-            # the first stream asks the broker what it is: a cluster member gets the resender
+        if not self._link.discovered:
             with contextlib.suppress(SparkMQError):  # (said below, through the futures)
-                self._stream(dest)
+                self._discover()
         if self._resender is not None:
             self._resender.send(dest, items)
             return

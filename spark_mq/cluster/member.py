@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from spark_mq.cluster.coordination import Assignment, Coordinator, Health
 from spark_mq.config import BrokerConfig
-from spark_mq.errors import Deposed, NotOwner, SparkMQError
+from spark_mq.errors import Deposed, DestinationNotFound, NotAllowed, NotOwner, SparkMQError
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +240,27 @@ class ClusterMember:
             self._epochs.pop(name, None)
         self.broker.forget_epoch(name)
         self.coordinator.remove_destination(name)
+
+    # -- what operators see and do ------------------------------------------------------------
+    def pin(self, name: str, member: str | None) -> dict[str, Any]:
+        """Keep ``name`` on ``member`` (the leader moves it there: a hand-over with a new
+        epoch), or let placement decide again (``None``)."""
+        if not self.coordinator.registered(name):
+            raise DestinationNotFound(f"the cluster has no destination {name!r}", destination=name)
+        if member is not None and member not in self.coordinator.members():
+            known = ", ".join(sorted(self.coordinator.members())) or "none"
+            raise NotAllowed(
+                f"no member {member!r} in the cluster now (its members: {known})",
+                destination=name,
+            )
+        self.coordinator.pin(name, member)
+        owner = self.coordinator.owner_of(name)
+        return {
+            "destination": name,
+            "pinned_to": member,
+            "owner": owner.member if owner else None,
+            "epoch": owner.epoch if owner else None,
+        }
 
     # -- what operators see -------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

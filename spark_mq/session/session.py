@@ -401,6 +401,9 @@ class ClientSession:
             case c.HandOver():
                 self._check("admin")
                 return b.hand_over()
+            case c.PinDestination(name=name, member=member):
+                self._check("admin")
+                return b.pin(name, member)
             case c.BrokerStatus():
                 status = b.status()
                 if not self.guard.allows(self.principal, "admin"):  # (not the broker's admin)
@@ -522,6 +525,7 @@ class ClientSession:
 _AUDITED = (
     c.ReloadSecurity,
     c.HandOver,
+    c.PinDestination,
     c.CreateDestination,
     c.ConfigureDestination,
     c.DeleteDestination,

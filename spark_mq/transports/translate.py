@@ -57,6 +57,8 @@ def action_command(name: str, body: bytes) -> c.Command:
             return c.ReloadSecurity()
         case "promote":
             return c.HandOver()
+        case "pin_destination":
+            return c.PinDestination(args.text("name"), args.optional_text("member"))
         case "broker_status":
             return c.BrokerStatus()
         case "show_config":
