@@ -84,10 +84,12 @@ def run_mode(mode: str, zk: ZooKeeper, a: argparse.Namespace, k: int) -> tuple[f
                 if len(owners) == len(names) and len({o["member"] for o in owners.values()}) > 1:
                     break
                 time.sleep(0.1)
-        out: mp.Queue = mp.Queue()
+        spawn = mp.get_context("spawn")  # (a fork would inherit this process's gRPC state)
+        out: mp.Queue = spawn.Queue()
         shares = [names[i :: a.clients] for i in range(a.clients)]
         workers = [
-            mp.Process(target=_client, args=(urls, s, a.messages, a.batch, out)) for s in shares
+            spawn.Process(target=_client, args=(urls, s, a.messages, a.batch, out))
+            for s in shares
         ]
         for w in workers:
             w.start()
