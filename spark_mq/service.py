@@ -107,11 +107,7 @@ class RunningBroker:
             )
             self.listeners.insert(0, self.service)
         except Exception:
-            for listener in self.listeners:
-                listener.stop()
-            broker.close()
-            self.term.close()
-            self._close_security()
+            self._abandon()
             raise
         self.host = host
         self.port = self.service.port
@@ -125,13 +121,17 @@ class RunningBroker:
             try:
                 self.member = _join_cluster(broker, config, self.url)
             except BaseException:
-                for listener in self.listeners:
-                    listener.stop()
-                broker.close()
-                self.term.close()
-                self._close_security()
+                self._abandon()
                 raise
         broker.phase = "serving"
+
+    def _abandon(self) -> None:
+        """Starting failed half way: what was started stops, in the order it started."""
+        for listener in self.listeners:
+            listener.stop()
+        self.broker.close()
+        self.term.close()
+        self._close_security()
 
     def _close_security(self) -> None:
         if self._owns_security:

@@ -188,19 +188,20 @@ class ClusterMember:
     def route(self, name: str) -> None:
         """``name`` is not served here: raise ``NotOwner`` naming its owner, or saying it is
         being placed; return when the cluster has no such destination (the broker says so), or
-        once it is served here (the broker looks again). Waits up to ``placement_wait_s`` for a
-        destination being placed, or being taken on here."""
+        once it is served here (the broker looks again). Waits up to ``placement_wait_s`` only
+        for a destination just created and not placed yet, or being taken on here (moments);
+        one whose owner is gone is said to be being placed at once."""
         deadline = time.monotonic() + self.placement_wait_s
         while True:
             assignment = self.coordinator.owner_of(name)
             if assignment is None and not self.coordinator.registered(name):
                 return  # (no such destination)
-            if (
-                assignment is not None
-                and assignment.member != self.member_id
-                and self.coordinator.members().get(assignment.member) is not None
-            ):
+            if assignment is not None and assignment.member != self.member_id:
+                # its owner, or (gone) none yet: said at once, not waited for on the caller's
+                # thread (a loop serving many clients): placing it elsewhere may take a
+                # session's time, and clients ask again
                 raise self.not_owner(name, "")
+            # just created and not placed yet, or placed here and being taken on: moments
             with self._changed:
                 if name in self._epochs:
                     return
