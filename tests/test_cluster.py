@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from deltalake import DeltaTable
+from prometheus_client.parser import text_string_to_metric_families
 
 from spark_mq import Admin, Consumer, Producer, Transaction
 from spark_mq.client._transport import call_action, connect
@@ -30,6 +31,7 @@ from spark_mq.errors import ConfigError, NotAllowed, NotOwner, SparkMQError
 from spark_mq.journal import layout
 from spark_mq.launch import BrokerProcess
 from tests.conftest import wait_for
+from tests.ops_kit import http
 from tests.zk_kit import ZooKeeper
 
 pytestmark = pytest.mark.process
@@ -417,6 +419,10 @@ def test_zookeeper_away_moves_nothing_and_members_keep_serving(
             10,
             "both suspended",
         )
+        # its metrics and readiness say so: still ready (it serves what it owns)
+        seen = _scrape(cluster.members["a"])
+        assert seen[("sparkmq_cluster_session", (("state", "suspended"),))] == 1.0
+        assert http(cluster.members["a"].http_url + "/readyz")[0] == 200
         # for twice a session: each member serves what it owns, and nothing moves
         deadline = time.monotonic() + 2 * SESSION_S
         with Producer(cluster.urls) as producer:
@@ -432,6 +438,24 @@ def test_zookeeper_away_moves_nothing_and_members_keep_serving(
         "both connected again",
     )
     assert cluster.serving() == before
+    seen = _scrape(cluster.members["a"])
+    assert seen[("sparkmq_cluster_session", (("state", "connected"),))] == 1.0
+    assert seen[("sparkmq_cluster_members", ())] == 2.0
+    assert seen[("sparkmq_cluster_destinations", ())] == 4.0
+    assert seen[("sparkmq_cluster_destinations_served", ())] == len(before["a"])
+    assert seen[("sparkmq_cluster_moves_total", ())] >= len(before["a"])
+    leaders = [_scrape(cluster.members[m])[("sparkmq_cluster_leader", ())] for m in "ab"]
+    assert sorted(leaders) == [0.0, 1.0]
+
+
+def _scrape(member: BrokerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    status, _, body = http(member.http_url + "/metrics")
+    assert status == 200, body
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
 
 
 def test_cluster_settings_are_checked() -> None:

@@ -53,7 +53,17 @@ class Readiness:
         checks["delta_reachable"] = delta_ok
         if not delta_ok and serving:
             checks["detail"] = f"the Delta root does not answer: {why}"
-        return serving and writable and delta_ok, checks
+        member = True
+        if broker.cluster is not None:  # a cluster member: in the cluster (ZooKeeper away:
+            session = broker.cluster.state()["session"]  # still serving what it owns)
+            member = session in ("connected", "suspended")
+            checks["cluster_session"] = session
+            if not member:
+                checks["detail"] = (
+                    f"its ZooKeeper session is {session}: the others took its destinations "
+                    "over; it joins again and gets a share"
+                )
+        return serving and writable and delta_ok and member, checks
 
     def _delta(self, broker: Broker) -> tuple[bool, str]:
         """The last probe's outcome; a stale one starts a new probe on a thread of its own, so

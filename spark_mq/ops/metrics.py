@@ -204,6 +204,8 @@ def _broker_families(b: Broker, s: Scrape) -> Iterator[Metric]:
         "1 while the journal's disk is below its minimum free.",
         state["disk_low"],
     )
+    if "cluster" in state:
+        yield from _cluster_families(state["cluster"])
     if "replication_lag_records" in state:
         yield GaugeMetricFamily(
             "sparkmq_replication_lag_records",
@@ -220,6 +222,38 @@ def _broker_families(b: Broker, s: Scrape) -> Iterator[Metric]:
             "1 while the backup is in sync (may take over).",
             1.0 if state["replication_state"] == "in_sync" else 0.0,
         )
+
+
+SESSION_STATES = ("connected", "suspended", "lost", "stopped")
+
+
+def _cluster_families(c: dict[str, Any]) -> Iterator[Metric]:
+    """A cluster member's: its ZooKeeper session, the members, what it serves, its moves."""
+    session = GaugeMetricFamily(
+        "sparkmq_cluster_session",
+        "1 for the state of the member's ZooKeeper session.",
+        labels=["state"],
+    )
+    for st in SESSION_STATES:
+        session.add_metric([st], 1.0 if c["session"] == st else 0.0)
+    yield session
+    yield GaugeMetricFamily(
+        "sparkmq_cluster_leader", "1 while this member places destinations.",
+        1.0 if c["leader"] == c["member_id"] else 0.0,
+    )  # fmt: skip
+    yield GaugeMetricFamily("sparkmq_cluster_members", "Members in the cluster.", len(c["members"]))
+    yield GaugeMetricFamily(
+        "sparkmq_cluster_destinations_served", "Destinations this member serves.",
+        len(c["serving"]),
+    )  # fmt: skip
+    yield GaugeMetricFamily(
+        "sparkmq_cluster_destinations", "Destinations placed in the cluster.", len(c["owners"])
+    )
+    yield CounterMetricFamily(
+        "sparkmq_cluster_moves",
+        "Destinations this member took on or let go (hand-overs).",
+        c["moves"],
+    )
 
 
 def _destination_families(dests: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -277,6 +311,17 @@ def _histogram(name: str, documentation: str, h: Buckets) -> HistogramMetricFami
 
 
 # every family /metrics may show (the Grafana dashboard may query only these)
+# a cluster member's only
+CLUSTER_METRICS = frozenset(
+    {
+        "sparkmq_cluster_session",
+        "sparkmq_cluster_leader",
+        "sparkmq_cluster_members",
+        "sparkmq_cluster_destinations_served",
+        "sparkmq_cluster_destinations",
+        "sparkmq_cluster_moves_total",
+    }
+)
 METRICS = frozenset(
     {
         "sparkmq_broker_info",
@@ -292,6 +337,7 @@ METRICS = frozenset(
         "sparkmq_replication_lag_records",
         "sparkmq_replication_lag_bytes",
         "sparkmq_replication_in_sync",
+        *CLUSTER_METRICS,
         *(n for n, _ in _SUB_GAUGES.values()),
         *(f"{n}_total" for n, _ in _SUB_COUNTERS.values()),
         *(n for n, _ in _DEST_GAUGES.values()),
