@@ -120,12 +120,6 @@ class Journal:
         self._seq = max(self._seq, seq)
         return dests
 
-    def recorded(self, name: str) -> DestinationInfo | None:
-        """A destination of the data root as recorded now (a shared journal's, whichever member
-        owns it), or None."""
-        with self._lock:
-            return self._replay().get(name)
-
     def recorded_names(self) -> list[str]:
         """Every destination of the data root as recorded now (whichever member serves it)."""
         with self._lock:
