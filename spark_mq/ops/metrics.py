@@ -12,7 +12,7 @@ principal sees the destinations it may use, as a listing does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -155,12 +155,10 @@ def _broker_families(b: Broker, s: Scrape) -> Iterator[Metric]:
         },
     )
     yield info
-    phase = GaugeMetricFamily(
-        "sparkmq_broker_phase", "1 for the phase the broker is in.", labels=["phase"]
-    )
-    for p in PHASES:
-        phase.add_metric([p], 1.0 if state["phase"] == p else 0.0)
-    yield phase
+    yield _one_of(
+        "sparkmq_broker_phase", "1 for the phase the broker is in.", "phase", PHASES,
+        state["phase"],
+    )  # fmt: skip
     yield GaugeMetricFamily(
         "sparkmq_broker_uptime_seconds", "Seconds since the broker started.", state["uptime_s"]
     )
@@ -178,14 +176,10 @@ def _broker_families(b: Broker, s: Scrape) -> Iterator[Metric]:
         "Failed logins (wrong password, bad token or certificate).",
         s.auth_failures(),
     )
-    memory = GaugeMetricFamily(
-        "sparkmq_memory_state",
-        "1 for the memory state (green, yellow, orange, red).",
-        labels=["state"],
-    )
-    for m in MEMORY_STATES:
-        memory.add_metric([m], 1.0 if state["memory_state"] == m else 0.0)
-    yield memory
+    yield _one_of(
+        "sparkmq_memory_state", "1 for the memory state (green, yellow, orange, red).", "state",
+        MEMORY_STATES, state["memory_state"],
+    )  # fmt: skip
     yield GaugeMetricFamily(
         "sparkmq_memory_used_bytes", "Message bytes held in memory.", state["memory_used_bytes"]
     )
@@ -227,16 +221,22 @@ def _broker_families(b: Broker, s: Scrape) -> Iterator[Metric]:
 SESSION_STATES = ("connected", "suspended", "lost", "stopped")
 
 
+def _one_of(
+    name: str, documentation: str, label: str, states: Iterable[str], current: str
+) -> GaugeMetricFamily:
+    """A state as a gauge per possible value: 1 for the one it is in, 0 for the others."""
+    family = GaugeMetricFamily(name, documentation, labels=[label])
+    for st in states:
+        family.add_metric([st], 1.0 if current == st else 0.0)
+    return family
+
+
 def _cluster_families(c: dict[str, Any]) -> Iterator[Metric]:
     """A cluster member's: its ZooKeeper session, the members, what it serves, its moves."""
-    session = GaugeMetricFamily(
-        "sparkmq_cluster_session",
-        "1 for the state of the member's ZooKeeper session.",
-        labels=["state"],
-    )
-    for st in SESSION_STATES:
-        session.add_metric([st], 1.0 if c["session"] == st else 0.0)
-    yield session
+    yield _one_of(
+        "sparkmq_cluster_session", "1 for the state of the member's ZooKeeper session.",
+        "state", SESSION_STATES, c["session"],
+    )  # fmt: skip
     yield GaugeMetricFamily(
         "sparkmq_cluster_leader", "1 while this member places destinations.",
         1.0 if c["leader"] == c["member_id"] else 0.0,
