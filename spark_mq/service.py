@@ -27,6 +27,7 @@ from spark_mq.ha.replication import ChannelSecurity
 from spark_mq.journal.delta_store import DeltaStore
 from spark_mq.journal.dir_lock import StoppedWaiting
 from spark_mq.logs import setup_logging
+from spark_mq.names import KAFKA_OFFSETS
 from spark_mq.ops.http import HttpListener, ServiceState
 from spark_mq.security.authenticate import Credentials
 from spark_mq.security.context import Security, check_protected, is_loopback
@@ -85,6 +86,9 @@ class RunningBroker:
             raise
         settings = config.broker
         self.gateway = gateway = Gateway(broker, self.security)
+        # a cluster member: made now (the Kafka listener asks it where things are), joined
+        # once every listener listens (its endpoints are known then)
+        self.member = ClusterMember(broker, config) if config.clustered else None
         self.wire: WireServer | None = None
         self.stomp: StompServer | None = None
         self.kafka: KafkaServer | None = None
@@ -96,11 +100,8 @@ class RunningBroker:
             if settings.stomp:
                 self.stomp = StompServer(gateway, host, settings.stomp_port)
                 self.listeners.append(self.stomp)
-            if settings.kafka and config.clustered:
-                # (its metadata and group offsets are one broker's: not built for a cluster yet)
-                log.warning("Kafka listener off: not available on a cluster member yet")
-            elif settings.kafka:
-                self.kafka = KafkaServer(gateway, host, settings.kafka_port)
+            if settings.kafka:
+                self.kafka = KafkaServer(gateway, host, settings.kafka_port, self.member)
                 self.listeners.append(self.kafka)
             self.service = FlightService(  # (its ping tells clients where the wire is)
                 gateway,
@@ -117,12 +118,11 @@ class RunningBroker:
         self.wire_port = self.wire.port if self.wire else None
         self.stomp_port = self.stomp.port if self.stomp else None
         self.kafka_port = self.kafka.port if self.kafka else None
-        # a cluster member: it joins once it listens (its endpoint is known), and serves what
-        # the placement gives it
-        self.member: ClusterMember | None = None
-        if config.clustered:
+        # a cluster member joins once it listens, and serves what the placement gives it
+        if self.member is not None:
+            kafka = self.kafka.advertised if self.kafka else None
             try:
-                self.member = _join_cluster(broker, config, self.url)
+                _join_cluster(broker, self.member, self.url, kafka)
             except BaseException:
                 self._abandon()
                 raise
@@ -142,9 +142,13 @@ class RunningBroker:
 
     def kafka_groups(self) -> list[dict[str, object]]:
         """The Kafka listener's consumer and share groups, with each consumer group's lag by
-        topic (end offset minus committed offset), for the metrics and the console."""
+        topic (end offset minus committed offset), for the metrics and the console. A cluster's
+        groups are its coordinator's (the member serving their offsets: the others list none),
+        their lag only of the topics it serves."""
         if self.kafka is None:
             return []
+        if self.member is not None and not self.broker.has_destination(KAFKA_OFFSETS):
+            return []  # (not its groups; nor does it create their offsets topic, as a scrape)
         groups = self.kafka.groups_now()
         committed: dict[str, dict[str, int]] = {}
         for name in self.broker.group_offsets.groups():
@@ -230,15 +234,15 @@ class RunningBroker:
         return ", ".join(parts) or "nothing"
 
 
-def _join_cluster(broker: Broker, config: BrokerConfig, url: str) -> ClusterMember:
-    member = ClusterMember(broker, config, url)
+def _join_cluster(
+    broker: Broker, member: ClusterMember, url: str, kafka: tuple[str, int] | None
+) -> None:
     broker.destinations.elsewhere = member
     broker.cluster = member
     store = broker.journal.store
     if isinstance(store, DeltaStore):  # (a commit refused by a newer owner's fence)
         store.on_deposed = member.deposed
-    member.start()
-    return member
+    member.start(url, kafka)
 
 
 def replication_channel(security: Security) -> ChannelSecurity:

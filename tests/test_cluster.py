@@ -448,6 +448,134 @@ def test_zookeeper_away_moves_nothing_and_members_keep_serving(
     assert sorted(leaders) == [0.0, 1.0]
 
 
+def test_kafka_clients_find_each_topic_on_its_owner_and_the_groups_on_the_offsets_owner(
+    cluster: Cluster,
+) -> None:
+    """librdkafka against any member: Metadata names each topic's owner as its leader (node
+    ids of the members), produces follow a topic's move, and a consumer group is coordinated
+    by the member serving the offsets topic, its offsets kept when that topic moves."""
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import Producer as KafkaProducer
+    from confluent_kafka.admin import AdminClient
+
+    from spark_mq.names import KAFKA_OFFSETS
+    from spark_mq.transports.kafka.nodes import node_id
+
+    _REJOIN = {
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.NOT_COORDINATOR,
+    }
+    topics = [f"k{i}" for i in range(4)]
+    for m in "abc":
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        for t in topics:
+            admin.create_topic(t)
+    wait_for(lambda: _all_served(cluster, set(topics), {"a", "b", "c"}), 20, "4 topics placed")
+    kafka = {m: f"127.0.0.1:{p.kafka_port}" for m, p in cluster.members.items()}
+    sent: dict[str, list[str]] = defaultdict(list)
+    failed: list[object] = []
+
+    def produce(p: KafkaProducer, names: list[str], n: int, tag: str) -> None:
+        for t in names:
+            for i in range(n):
+                value = f"{tag}-{i}"
+                p.produce(t, value=value.encode(), key=b"k")
+                sent[t].append(value)
+        assert p.flush(30) == 0
+        assert not failed, failed
+
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            failed.append(err)
+
+    producer = KafkaProducer(
+        {
+            "bootstrap.servers": kafka["c"],
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "on_delivery": delivered,
+        }
+    )
+    # a topic a Kafka producer names is created, placed, and then led by its owner
+    produce(producer, [*topics, "k-auto"], 30, "one")
+    all_topics = [*topics, "k-auto"]
+    owners = cluster.owners("a")
+    meta = AdminClient({"bootstrap.servers": kafka["a"]}).list_topics(timeout=10)
+    assert {b.id: f"{b.host}:{b.port}" for b in meta.brokers.values()} == {
+        node_id(m): kafka[m] for m in "abc"
+    }
+    for t in all_topics:
+        assert meta.topics[t].partitions[0].leader == node_id(owners[t]), t
+    assert meta.cluster_id == f"sparkmq-{cluster.name}"
+
+    # a topic moved under the producer: it is told NOT_LEADER_OR_FOLLOWER, and follows
+    moved, to = "k0", next(m for m in "abc" if m != owners["k0"])
+    with Admin(cluster.urls) as admin:
+        admin.pin(moved, to)
+    produce(producer, all_topics, 30, "two")
+    wait_for(lambda: moved in cluster.serving(to)[to], 20, "k0 moved")
+    produce(producer, all_topics, 10, "three")
+
+    def consume(member: str, count: int) -> dict[str, list[str]]:
+        c = KafkaConsumer(
+            {
+                "bootstrap.servers": kafka[member],
+                "group.id": "g",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 100,
+            }
+        )
+        got: dict[str, list[str]] = defaultdict(list)
+        read: dict[str, int] = {}
+        try:
+            c.subscribe(all_topics)
+            deadline = time.monotonic() + 60
+            while sum(map(len, got.values())) < count and time.monotonic() < deadline:
+                msg = c.poll(0.5)
+                if msg is not None and msg.error() is None:
+                    got[msg.topic()].append(msg.value().decode())
+                    read[msg.topic()] = msg.offset() + 1
+            c.commit(asynchronous=False)
+            # the groups' offsets moved to another member: the next commit finds it there
+            # (explicit offsets: librdkafka skips a commit of what it committed already, and
+            # forgets what was read when the group is assigned again)
+            offsets_owner = cluster.owners(member)[KAFKA_OFFSETS]
+            with Admin(cluster.urls) as admin:
+                admin.pin(KAFKA_OFFSETS, next(m for m in "abc" if m != offsets_owner))
+            wait_for(
+                lambda: cluster.owners(member)[KAFKA_OFFSETS] != offsets_owner, 20, "moved"
+            )
+            # the group's membership is the coordinator's, in memory: at the new one the
+            # members join again (librdkafka does, told UNKNOWN_MEMBER_ID), its offsets kept
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    done = [TopicPartition(t, 0, o) for t, o in read.items()]
+                    c.commit(offsets=done, asynchronous=False)
+                    break
+                except KafkaException as exc:
+                    assert exc.args[0].code() in _REJOIN, exc
+                    assert time.monotonic() < deadline, exc
+                    msg = c.poll(0.5)
+                    assert msg is None or msg.error() is not None, msg.value()  # (no repeat)
+        finally:
+            c.close()
+        return got
+
+    got = consume("a", 70 * len(all_topics))
+    assert {t: got[t] for t in all_topics} == {t: sent[t] for t in all_topics}
+    # a second consumer of the group, at another member, starts where the first committed
+    produce(producer, all_topics, 5, "four")
+    producer.flush(10)
+    got = consume("b", 5 * len(all_topics))
+    assert {t: got[t] for t in all_topics} == {t: sent[t][-5:] for t in all_topics}
+
+
 def _scrape(member: BrokerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     status, _, body = http(member.http_url + "/metrics")
     assert status == 200, body

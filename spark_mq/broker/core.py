@@ -68,6 +68,7 @@ from spark_mq.journal.hot_tier import has_segments
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.journal.timing import CommitTiming
 from spark_mq.messages import Messages
+from spark_mq.names import KAFKA_OFFSETS
 from spark_mq.version import __version__
 
 log = logging.getLogger(__name__)
@@ -392,6 +393,8 @@ class Broker:
                 self.disposer.record_returns(dest, sub)
             self.journal.release(name)
             self.journal.store.release_destination(name)
+            if name == KAFKA_OFFSETS:
+                self.group_offsets.forget()
             log.info(
                 "not serving %s any more: %s", name, owner.message, extra={"destination": name}
             )

@@ -114,7 +114,8 @@ class GroupOffsets:
             if self._groups is not None:
                 return self._groups
         groups: dict[str, dict[Key, Committed]] = {}
-        existed = self.destinations.has(OFFSETS_TOPIC)
+        # (a cluster member: NotOwner unless it serves the topic, which it may have just made)
+        existed = self.destinations.has(OFFSETS_TOPIC) or self.destinations.elsewhere is not None
         self._retained(OFFSETS_TOPIC)
         if existed:
             rows = self.journal.read_messages(OFFSETS_TOPIC, 0, None)
@@ -140,6 +141,12 @@ class GroupOffsets:
             self._groups = groups
         self.refresh()
         return groups
+
+    def forget(self) -> None:
+        """(A cluster member letting the offsets topic go.) What was loaded is dropped: read
+        again from the topic if it is served here again (others committed meanwhile)."""
+        with self._lock:
+            self._groups = None
 
     def refresh(self) -> Future | None:
         """Append the latest commit of every group, topic and partition again (what is

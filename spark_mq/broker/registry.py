@@ -64,12 +64,7 @@ class Destinations:
     def get(self, name: str, *, kind: Kind | None = None) -> Destination:
         """The destination ``name``; ``kind``: what the caller needs it to be, which the error
         for a missing one suggests creating."""
-        with self._lock:
-            dest = self._dests.get(name)
-        if dest is None and self.elsewhere is not None:
-            self.elsewhere.route(name)  # (NotOwner, unless it is served here now)
-            with self._lock:
-                dest = self._dests.get(name)
+        dest = self._served(name)
         if dest is None:
             maker = "create_topic" if kind == "topic" else "create_queue"
             raise DestinationNotFound(
@@ -79,6 +74,17 @@ class Destinations:
             )
         return dest
 
+    def _served(self, name: str) -> Destination | None:
+        """``name`` as served here; None when there is no such destination. A cluster member
+        asks where one it does not serve is: ``NotOwner``, unless it is served here now."""
+        with self._lock:
+            dest = self._dests.get(name)
+        if dest is None and self.elsewhere is not None:
+            self.elsewhere.route(name)
+            with self._lock:
+                dest = self._dests.get(name)
+        return dest
+
     def find(self, name: str) -> Destination | None:
         with self._lock:
             return self._dests.get(name)
@@ -86,12 +92,7 @@ class Destinations:
     def for_use(self, name: str) -> Destination:
         """The destination a producer or consumer names: created as an auto-deleting queue
         when it does not exist and ``broker.auto_create_queues`` allows it."""
-        with self._lock:
-            dest = self._dests.get(name)
-        if dest is None and self.elsewhere is not None:
-            self.elsewhere.route(name)
-            with self._lock:
-                dest = self._dests.get(name)
+        dest = self._served(name)
         if dest is None and self.config.broker.auto_create_queues:
             validate_name(name)
             if self.create(name, "queue", {"auto_delete": True}):
@@ -133,9 +134,9 @@ class Destinations:
             return name in self._dests
 
     def kind(self, name: str) -> Kind | None:
-        """``queue`` or ``topic``; None when there is no such destination."""
-        with self._lock:
-            dest = self._dests.get(name)
+        """``queue`` or ``topic``; None when there is no such destination (a cluster member:
+        ``NotOwner`` for one another member serves)."""
+        dest = self._served(name)
         return None if dest is None else dest.kind
 
     def names(self) -> list[str]:

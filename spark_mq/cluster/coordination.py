@@ -7,7 +7,7 @@ and has not noticed yet cannot commit past a newer owner's fence.
 
 The znodes, under ``/sparkmq/<cluster>``:
 
-- ``members/<id>``: ephemeral, one per live member (its endpoint, host, pid, start time). It
+- ``members/<id>``: ephemeral, one per live member (its endpoints, host, pid, start time). It
   goes when the member stops, or when its session expires (the member died or was cut off for
   longer than ``session_timeout_s``).
 - ``leader/n_<seq>``: ephemeral sequential; the member holding the lowest is the leader, the one
@@ -77,6 +77,7 @@ class Member:
     pid: int = 0
     since_ms: int = 0
     leaving: bool = False  # shutting down: its destinations go to the others first
+    kafka: str = ""  # its Kafka listener's advertised "host:port" ("": none)
 
 
 class Coordinator:
@@ -103,6 +104,7 @@ class Coordinator:
             raise ConfigError(f"a cluster member's id must be a name without '/': {member_id!r}")
         self.member_id = member_id
         self.endpoint = endpoint
+        self.kafka = ""  # its Kafka listener's advertised "host:port", when it has one
         self.root = f"/sparkmq/{cluster}"
         self.session_timeout_s = session_timeout_s
         # reconnect at once and keep trying (kazoo's default backs off to an hour between tries,
@@ -193,6 +195,7 @@ class Coordinator:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "since_ms": int(time.time() * 1000),
+            "kafka": self.kafka,
         }
         path = f"{self.root}/members/{self.member_id}"
         try:
@@ -311,7 +314,13 @@ class Coordinator:
                 continue  # (gone between the listing and the read)
             doc = json.loads(data)
             out[name] = Member(
-                name, doc["endpoint"], doc["host"], doc["pid"], doc["since_ms"], name in leaving
+                name,
+                doc["endpoint"],
+                doc["host"],
+                doc["pid"],
+                doc["since_ms"],
+                name in leaving,
+                doc.get("kafka", ""),
             )
         return out
 
@@ -436,6 +445,10 @@ class Coordinator:
     def registered(self, name: str) -> bool:
         """Whether ``name`` is among the destinations to place (as last seen)."""
         return name in self._registered
+
+    def destinations(self) -> list[str]:
+        """The destinations to place (as last seen)."""
+        return sorted(self._registered)
 
     def register(self, names: list[str]) -> None:
         """Destinations to place, each added unless it is there already (its load kept)."""

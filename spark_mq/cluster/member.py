@@ -51,11 +51,16 @@ _STOP = object()
 
 
 class ClusterMember:
-    def __init__(self, broker: Served, config: BrokerConfig, endpoint: str) -> None:
+    """Made before the broker's listeners (the Kafka listener asks it where things are),
+    started once they listen (:meth:`start`: its endpoints are known then)."""
+
+    def __init__(self, broker: Served, config: BrokerConfig) -> None:
         settings = config.cluster
         self.broker = broker
         self.member_id = broker.broker_id
-        self.endpoint = settings.advertised_url or endpoint
+        self.name = settings.name
+        self.advertised_url = settings.advertised_url
+        self.endpoint = ""  # (start's)
         self.placement_wait_s = settings.placement_wait_s
         self.coordinator = Coordinator(
             settings.zookeeper,
@@ -75,10 +80,15 @@ class ClusterMember:
         self.on_health: Callable[[Health], None] | None = None  # (the service's, for status)
 
     # -- life ----------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, endpoint: str, kafka: tuple[str, int] | None = None) -> None:
         """Join the cluster (``ConfigError`` when ZooKeeper cannot be reached or the member's
         id is taken) and register the root's recorded destinations for placement (a root that
-        one broker served before, or a create cut short before it was registered)."""
+        one broker served before, or a create cut short before it was registered).
+        ``endpoint``: where SDK clients reach it (``cluster.advertised_url`` first); ``kafka``:
+        where Kafka clients do, when it has a Kafka listener."""
+        self.endpoint = self.advertised_url or endpoint
+        self.coordinator.endpoint = self.endpoint
+        self.coordinator.kafka = f"{kafka[0]}:{kafka[1]}" if kafka else ""
         self._worker = threading.Thread(target=self._run, name="cluster-member", daemon=True)
         self._worker.start()
         self.coordinator.start()
@@ -242,6 +252,24 @@ class ClusterMember:
         self.broker.forget_epoch(name)
         self.coordinator.remove_destination(name)
 
+    # -- what the Kafka listener asks (any thread: what was last seen) ------------------------
+    def owner(self, name: str) -> tuple[str, int] | None:
+        """The member owning ``name`` and its epoch; None while it is not placed."""
+        assignment = self.coordinator.owner_of(name)
+        return None if assignment is None else (assignment.member, assignment.epoch)
+
+    def kafka_endpoints(self) -> dict[str, str]:
+        """The live members' Kafka listeners (``host:port``), by member id."""
+        return {m.id: m.kafka for m in self.coordinator.members().values() if m.kafka}
+
+    def destinations(self) -> list[str]:
+        """Every destination of the cluster (as last seen)."""
+        return self.coordinator.destinations()
+
+    @property
+    def leader(self) -> str | None:
+        return self.coordinator.leader
+
     # -- what operators see and do ------------------------------------------------------------
     def pin(self, name: str, member: str | None) -> dict[str, Any]:
         """Keep ``name`` on ``member`` (the leader moves it there: a hand-over with a new
@@ -277,7 +305,7 @@ class ClusterMember:
             "session": self.coordinator.health,
             "leader": self.coordinator.leader,
             "members": {
-                m.id: {"endpoint": m.endpoint, "host": m.host, "pid": m.pid}
+                m.id: {"endpoint": m.endpoint, "kafka": m.kafka, "host": m.host, "pid": m.pid}
                 for m in self.coordinator.members().values()
             },
             "serving": serving,

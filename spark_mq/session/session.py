@@ -36,6 +36,7 @@ durable unsubscribe       ``admin`` on the topic (removing any subscription)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -283,6 +284,16 @@ class ClientSession:
             return done
         self.counts["delete_offsets"] += 1
         return self.broker.group_offsets.commit(group, [(t, p, -1, None) for t, p in keys])
+
+    def offsets_placed(self) -> None:
+        """(A cluster member's Kafka listener, asked for the groups' coordinator before any
+        member had it.) The groups' offsets topic created, to be placed on a member, which
+        coordinates the groups from then on; its owner loads it. Nothing to say to the
+        client: it asks again."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
+        with contextlib.suppress(SparkMQError):  # (served elsewhere, or being placed)
+            self.broker.group_offsets.groups()
 
     def offset_groups(self) -> list[str]:
         """The consumer groups that committed offsets (those it may use)."""

@@ -24,7 +24,7 @@ from spark_mq.errors import DestinationExists, SparkMQError
 from spark_mq.session import ClientSession
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
-from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code, message_of, topic_id
+from spark_mq.transports.kafka.link import KafkaLink, error_code, message_of, topic_id
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,10 @@ class AdminRequests:
         self,
         link: KafkaLink,
         session: ClientSession,
-        cluster_id: str,
         topic_settings: dict[str, Any],
     ) -> None:
         self.link = link
         self.session = session
-        self.cluster_id = cluster_id
         self.topic_settings = topic_settings  # (a created topic's, unless its configs say)
 
     def handlers(self) -> dict[int, Callable[[Request, Any], None]]:
@@ -57,7 +55,7 @@ class AdminRequests:
 
     def _describe_cluster(self, r: Request, slot: Any) -> None:
         mod = codec.response_module(r.api_key, r.version)
-        host, port = self.link.advertised
+        nodes = self.link.nodes
         self.link.answer(
             slot,
             build(
@@ -67,17 +65,18 @@ class AdminRequests:
                 error_code=ErrorCode.none,
                 error_message=None,
                 endpoint_type=1,
-                cluster_id=self.cluster_id,
-                controller_id=NODE_ID,
-                brokers=(
+                cluster_id=nodes.cluster_id,
+                controller_id=nodes.controller(),
+                brokers=tuple(
                     build(
                         mod,
                         "DescribeClusterBroker",
-                        broker_id=NODE_ID,
-                        host=host,
-                        port=port,
+                        broker_id=n.node_id,
+                        host=n.host,
+                        port=n.port,
                         rack=None,
-                    ),
+                    )
+                    for n in nodes.brokers()
                 ),
                 cluster_authorized_operations=-(2**31),
             ),

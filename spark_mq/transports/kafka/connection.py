@@ -37,6 +37,7 @@ from spark_mq.session import Principal
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, KafkaProtocolError, Request, build
 from spark_mq.transports.kafka.groups import Coordinator
+from spark_mq.transports.kafka.nodes import Nodes
 from spark_mq.transports.kafka.requests import KafkaRequests
 from spark_mq.transports.kafka.share import ShareGroups
 
@@ -65,6 +66,7 @@ class KafkaHost(Protocol):
     @property
     def advertised(self) -> tuple[str, int]: ...
 
+    nodes: Nodes
     groups: Coordinator
     share_groups: ShareGroups
     sequences: dict[tuple[int, int, str], int]
@@ -167,7 +169,9 @@ class KafkaConnection(LoopConnection):
         key, version, correlation = codec.peek_header(frame)
         if key == codec.API_VERSIONS:
             return self._api_versions(frame, key, version, correlation)
-        if not codec.served(key, version):
+        if not codec.served(key, version) or (
+            key in codec.SHARE_APIS and self.server.nodes.clustered
+        ):
             raise KafkaProtocolError(
                 f"{codec.api_name(key)} v{version} is not served here (ApiVersions lists what "
                 "is): the client should not have sent it"
@@ -207,9 +211,12 @@ class KafkaConnection(LoopConnection):
         else:
             request = Request(key, 0, correlation, None, None, 0)
         mod = codec.response_module(key, request.version)
+        # share groups: one broker's (a cluster's members would each keep a part of a group)
+        clustered = self.server.nodes.clustered
         keys = tuple(
             build(mod, "ApiVersion", api_key=k, min_version=lo, max_version=hi)
             for k, (lo, hi) in sorted(codec.SERVED.items())
+            if not (clustered and k in codec.SHARE_APIS)
         )
         response = build(
             mod,
@@ -382,6 +389,10 @@ class KafkaConnection(LoopConnection):
     def advertised(self) -> tuple[str, int]:
         """Where Metadata tells clients this broker is."""
         return self.server.advertised
+
+    @property
+    def nodes(self) -> Nodes:
+        return self.server.nodes
 
     @property
     def outstanding(self) -> int:

@@ -20,12 +20,12 @@ from datetime import timedelta
 from typing import Any
 
 from spark_mq.connection.listener import ListenerCore
-from spark_mq.errors import SparkMQError
+from spark_mq.errors import Deposed, NotOwner, SparkMQError
 from spark_mq.session import ClientSession, Verb
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.groups import Coordinator, Joined, Synced
-from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code, group_refused
+from spark_mq.transports.kafka.link import KafkaLink, error_code, group_refused
 from spark_mq.transports.kafka.share import ShareGroups
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,13 @@ _NO_TRANSACTIONS = (
 # an OffsetFetch's answer for a group: its error, and each topic's (partition, offset,
 # metadata, error)
 _Fetched = tuple[str, ErrorCode, list[tuple[str, list[tuple[int, int, str | None, ErrorCode]]]]]
+
+
+def _group_error(exc: SparkMQError) -> ErrorCode:
+    """A group request's error: the offsets moved to another cluster member meanwhile (it
+    said so, or its fence refused the commit) is ``NOT_COORDINATOR``, not a topic's
+    ``NOT_LEADER_OR_FOLLOWER``."""
+    return ErrorCode.not_coordinator if isinstance(exc, (NotOwner, Deposed)) else error_code(exc)
 
 
 def _seconds(value: object, default: float) -> float:
@@ -61,6 +68,7 @@ class GroupRequests:
         self.session = session
         self.groups = coordinator
         self.share_groups = share_groups
+        self._placing: Future | None = None  # (a cluster's offsets topic, being created)
 
     def handlers(self) -> dict[int, Callable[[Request, Any], None]]:
         return {
@@ -83,22 +91,27 @@ class GroupRequests:
     def _module(self, r: Request) -> Any:
         return codec.response_module(r.api_key, r.version)
 
-    # -- FindCoordinator: this broker, for every group ----------------------------------------
+    # -- FindCoordinator: this broker, or the cluster member serving the offsets -----------
     def _find_coordinator(self, r: Request, slot: Any) -> None:
         body, mod = r.body, self._module(r)
-        host, port = self.link.advertised
         key_type = getattr(body, "key_type", 0)
+        node = self.link.nodes.coordinator()
         # a transaction's coordinator: none. Refused at once (not "not available", which a
         # client retries until its timeout), saying why
-        err = ErrorCode.none if key_type != 1 else ErrorCode.transactional_id_authorization_failed
-        message = None if key_type != 1 else _NO_TRANSACTIONS
+        err, message = ErrorCode.none, None
+        if key_type == 1:
+            err, message = ErrorCode.transactional_id_authorization_failed, _NO_TRANSACTIONS
+        elif node is None:  # (a cluster's offsets topic, being placed: clients ask again)
+            err, message = ErrorCode.coordinator_not_available, "being placed"
+            self._offsets_placed()
+        node_id, host, port = (node.node_id, node.host, node.port) if node else (-1, "", -1)
         if r.version >= 4:
             coordinators = tuple(
                 build(
                     mod,
                     "Coordinator",
                     key=k,
-                    node_id=NODE_ID,
+                    node_id=node_id,
                     host=host,
                     port=port,
                     error_code=err,
@@ -116,11 +129,24 @@ class GroupRequests:
                 throttle_time=_ZERO,
                 error_code=err,
                 error_message=message,
-                node_id=NODE_ID,
+                node_id=node_id,
                 host=host,
                 port=port,
             )
         self.link.answer(slot, response)
+
+    def _offsets_placed(self) -> None:
+        """(A cluster's.) The groups' offsets topic created, when it was not: it is placed on a
+        member, which coordinates every group from then on. Off the loop (it is recorded in
+        the journal and registered in ZooKeeper); whoever asks next is told where."""
+        if self._placing is not None and not self._placing.done():
+            return
+        self._placing = self.listener.run_blocking(self.session.offsets_placed)
+
+    def _not_coordinating(self) -> bool:
+        """A cluster member not serving the groups' offsets: it answers ``NOT_COORDINATOR``
+        (the client asks FindCoordinator again)."""
+        return not self.link.nodes.coordinating()
 
     # -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ----------------------------------------
     def _join(self, r: Request, slot: Any) -> None:
@@ -159,6 +185,9 @@ class GroupRequests:
         if self._refused(body.group_id):
             respond(Joined(ErrorCode.group_authorization_failed, body.member_id))
             return
+        if self._not_coordinating():
+            respond(Joined(ErrorCode.not_coordinator, body.member_id))
+            return
         self.groups.join(
             body.group_id,
             body.member_id,
@@ -192,28 +221,35 @@ class GroupRequests:
         if self._refused(body.group_id):
             respond(Synced(ErrorCode.group_authorization_failed))
             return
+        if self._not_coordinating():
+            respond(Synced(ErrorCode.not_coordinator))
+            return
         assignments = {a.member_id: bytes(a.assignment) for a in body.assignments}
         self.groups.sync(body.group_id, body.generation_id, body.member_id, assignments, respond)
 
     def _heartbeat(self, r: Request, slot: Any) -> None:
         body, mod = r.body, self._module(r)
-        err = (
-            ErrorCode.group_authorization_failed
-            if self._refused(body.group_id)
-            else self.groups.heartbeat(body.group_id, body.generation_id, body.member_id)
-        )
+        if self._refused(body.group_id):
+            err = ErrorCode.group_authorization_failed
+        elif self._not_coordinating():
+            err = ErrorCode.not_coordinator
+        else:
+            err = self.groups.heartbeat(body.group_id, body.generation_id, body.member_id)
         self.link.answer(slot, build(mod, "HeartbeatResponse", throttle_time=_ZERO, error_code=err))
 
     def _leave(self, r: Request, slot: Any) -> None:
         body, mod = r.body, self._module(r)
-        if self._refused(body.group_id):
+        refused = self._refused(body.group_id)
+        if refused or self._not_coordinating():
             self.link.answer(
                 slot,
                 build(
                     mod,
                     "LeaveGroupResponse",
                     throttle_time=_ZERO,
-                    error_code=ErrorCode.group_authorization_failed,
+                    error_code=ErrorCode.group_authorization_failed
+                    if refused
+                    else ErrorCode.not_coordinator,
                     members=(),
                 ),
             )
@@ -241,11 +277,14 @@ class GroupRequests:
     def _offset_commit(self, r: Request, slot: Any) -> None:
         body, mod = r.body, self._module(r)
         group = body.group_id
-        checked = (
-            ErrorCode.group_authorization_failed
-            if self._refused(group)
-            else self.groups.check_commit(group, body.generation_id_or_member_epoch, body.member_id)
-        )
+        if self._refused(group):
+            checked = ErrorCode.group_authorization_failed
+        elif self._not_coordinating():
+            checked = ErrorCode.not_coordinator
+        else:
+            checked = self.groups.check_commit(
+                group, body.generation_id_or_member_epoch, body.member_id
+            )
         asked = [
             (
                 t.name,
@@ -274,7 +313,7 @@ class GroupRequests:
                         )
                     )
                 except SparkMQError as exc:
-                    outcome[topic] = error_code(exc)
+                    outcome[topic] = _group_error(exc)
             return _waited(outcome, pending)
 
         def answer(outcome: dict[str, ErrorCode]) -> None:
@@ -308,6 +347,7 @@ class GroupRequests:
         else:
             asked = [(body.group_id, body.topics)]
         session = self.session
+        coordinating = not self._not_coordinating()
 
         def look() -> list[_Fetched]:
             out: list[_Fetched] = []
@@ -315,10 +355,13 @@ class GroupRequests:
                 if self._refused(group):
                     out.append((group, ErrorCode.group_authorization_failed, []))
                     continue
+                if not coordinating:
+                    out.append((group, ErrorCode.not_coordinator, []))
+                    continue
                 try:
                     committed = session.committed_offsets(group)
                 except SparkMQError as exc:
-                    out.append((group, error_code(exc), []))
+                    out.append((group, _group_error(exc), []))
                     continue
                 if topics is None:  # (every topic it committed)
                     names: dict[str, list[int]] = {}
@@ -601,5 +644,10 @@ def _waited(
     """``outcome`` with each pending key's result once its future is done (a helper thread)."""
     for key, fut in pending:
         failed = fut.exception()
-        outcome[key] = ErrorCode.none if failed is None else error_code(failed)
+        if failed is None:
+            outcome[key] = ErrorCode.none
+        elif isinstance(failed, SparkMQError):
+            outcome[key] = _group_error(failed)
+        else:
+            outcome[key] = error_code(failed)
     return outcome

@@ -21,9 +21,10 @@ from spark_mq.errors import (
 )
 from spark_mq.session import ClientSession, Verb
 from spark_mq.transports.kafka.codec import ErrorCode
+from spark_mq.transports.kafka.nodes import SINGLE_NODE, Nodes
 from spark_mq.transports.kafka.records import RecordError
 
-NODE_ID = 0  # this broker, in Metadata and FindCoordinator
+NODE_ID = SINGLE_NODE  # one broker (share groups are served by one broker only)
 _TOPIC_IDS = uuid.UUID("5b7a6f0e-2d1c-4c55-9a37-7d2f3b1e6a90")  # topic id = uuid5(this, name)
 
 
@@ -36,6 +37,9 @@ class KafkaLink(Protocol):
 
     @property
     def advertised(self) -> tuple[str, int]: ...
+
+    @property
+    def nodes(self) -> Nodes: ...
 
     def answer(self, slot: Any, response: Any) -> None: ...
     def answer_encoded(self, slot: Any, frame: bytes) -> None: ...

@@ -38,6 +38,7 @@ from spark_mq import commands as c
 from spark_mq.connection.listener import ListenerCore
 from spark_mq.errors import (
     DestinationNotFound,
+    NotOwner,
     SparkMQError,
 )
 from spark_mq.names import KAFKA_OFFSETS
@@ -47,7 +48,7 @@ from spark_mq.transports.kafka.admin_requests import AdminRequests, kafka_topic_
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.group_requests import GroupRequests
 from spark_mq.transports.kafka.groups import Coordinator
-from spark_mq.transports.kafka.link import NODE_ID, KafkaLink, error_code, message_of, topic_id
+from spark_mq.transports.kafka.link import KafkaLink, error_code, message_of, topic_id
 from spark_mq.transports.kafka.records import RecordError, produced, record_batch
 from spark_mq.transports.kafka.share import ShareGroups, ShareRequests
 
@@ -164,7 +165,6 @@ class KafkaRequests:
         self.auto_create = listener.settings.auto_create_queues
         # a topic a Kafka client creates is a log: kept for its readers (Kafka's retention)
         self.topic_settings = kafka_topic_settings(listener.settings.kafka_retention_s)
-        self.cluster_id = f"sparkmq-{listener.gateway.config.ha.broker_id or 'broker'}"
         self.fetches: set[_Fetch] = set()  # waiting for data
         self._told_queue: set[str] = set()  # queues it fetched as a log (logged once)
         self._read_ahead = _ReadAhead(session)
@@ -177,7 +177,7 @@ class KafkaRequests:
             codec.LIST_OFFSETS: self._list_offsets,
             codec.INIT_PRODUCER_ID: self._init_producer_id,
             **GroupRequests(link, listener, session, coordinator, share_groups).handlers(),
-            **AdminRequests(link, session, self.cluster_id, self.topic_settings).handlers(),
+            **AdminRequests(link, session, self.topic_settings).handlers(),
             **self.share.handlers(),
         }
 
@@ -196,13 +196,14 @@ class KafkaRequests:
     def _metadata(self, r: Request, slot: Any) -> None:
         body = r.body
         mod = codec.response_module(r.api_key, r.version)
+        nodes = self.link.nodes
         asked = body.topics
         if asked is None or (r.version == 0 and not asked):
             listed = self.session.execute(c.ListDestinations())
-            names = sorted(
-                d["name"] for d in listed if not d.get("temporary") and d["name"] != KAFKA_OFFSETS
-            )
-            errors = dict.fromkeys(names, ErrorCode.none)
+            names = {d["name"] for d in listed if not d.get("temporary")}
+            names.update(n for n in nodes.topics() if self.session.may_see(n))  # (a cluster's)
+            names.discard(KAFKA_OFFSETS)
+            errors = dict.fromkeys(sorted(names), ErrorCode.none)
         else:
             allow = getattr(body, "allow_auto_topic_creation", True)
             errors = {}
@@ -210,18 +211,22 @@ class KafkaRequests:
                 name = t.name or self._name_of_id(getattr(t, "topic_id", None))
                 if name:
                     errors[name] = self._topic_error(name, allow)
-        host, port = self.link.advertised
-        partition = build(
-            mod,
-            "MetadataResponsePartition",
-            error_code=ErrorCode.none,
-            partition_index=0,
-            leader_id=NODE_ID,
-            leader_epoch=0,
-            replica_nodes=(NODE_ID,),
-            isr_nodes=(NODE_ID,),
-            offline_replicas=(),
-        )
+
+        def partition(name: str) -> Any:
+            led = nodes.leader(name)  # (None: a cluster's, being placed)
+            leader, epoch = led if led is not None else (-1, -1)
+            return build(
+                mod,
+                "MetadataResponsePartition",
+                error_code=ErrorCode.none if led is not None else ErrorCode.leader_not_available,
+                partition_index=0,
+                leader_id=leader,
+                leader_epoch=epoch,
+                replica_nodes=(leader,) if led is not None else (),
+                isr_nodes=(leader,) if led is not None else (),
+                offline_replicas=(),
+            )
+
         topics = tuple(
             build(
                 mod,
@@ -230,21 +235,29 @@ class KafkaRequests:
                 name=name,
                 topic_id=topic_id(name),
                 is_internal=False,
-                partitions=(partition,) if err is ErrorCode.none else (),
+                partitions=(partition(name),) if err is ErrorCode.none else (),
                 topic_authorized_operations=_NO_OPERATIONS,
             )
             for name, err in errors.items()
         )
-        broker = build(
-            mod, "MetadataResponseBroker", node_id=NODE_ID, host=host, port=port, rack=None
+        brokers = tuple(
+            build(
+                mod,
+                "MetadataResponseBroker",
+                node_id=n.node_id,
+                host=n.host,
+                port=n.port,
+                rack=None,
+            )
+            for n in nodes.brokers()
         )
         response = build(
             mod,
             "MetadataResponse",
             throttle_time=_ZERO,
-            brokers=(broker,),
-            cluster_id=self.cluster_id,
-            controller_id=NODE_ID,
+            brokers=brokers,
+            cluster_id=nodes.cluster_id,
+            controller_id=nodes.controller(),
             topics=topics,
             cluster_authorized_operations=_NO_OPERATIONS,
         )
@@ -261,11 +274,15 @@ class KafkaRequests:
 
     def _topic_error(self, name: str, allow_create: bool) -> ErrorCode:
         try:
+            if self.link.nodes.registered(name) and self.session.may_see(name):
+                return ErrorCode.none  # (a cluster's: its leader may be another member)
             if self.session.kind(name) is not None:
                 return ErrorCode.none
             if not (allow_create and self.auto_create):
                 return ErrorCode.unknown_topic_or_partition
             self.session.open_named(name, "topic", self.topic_settings)
+            return ErrorCode.none
+        except NotOwner:  # (a cluster's, served by another member)
             return ErrorCode.none
         except SparkMQError as exc:
             return error_code(exc)
@@ -468,7 +485,7 @@ class KafkaRequests:
                         error_code=err,
                         timestamp=ts,
                         offset=offset,
-                        leader_epoch=0,
+                        leader_epoch=_epoch_of(self.link.nodes.leader(name)),
                         old_style_offsets=(offset,),
                     )
                 )
@@ -541,9 +558,13 @@ class KafkaRequests:
         if fetch.done or fetch.reading:
             return
         now = time.monotonic()
+        for p in fetch.parts:
+            if p.error is ErrorCode.none:
+                try:
+                    p.end = self.session.log_end(p.topic)
+                except SparkMQError as exc:  # (a cluster's topic moved away meanwhile)
+                    p.error = error_code(exc)
         readable = [p for p in fetch.parts if p.error is ErrorCode.none]
-        for p in readable:
-            p.end = self.session.log_end(p.topic)
         have = [p for p in readable if p.offset < p.end]
         errors = any(p.error is not ErrorCode.none for p in fetch.parts)
         if have and (errors or now >= fetch.deadline or self._enough(fetch, have)):
@@ -685,6 +706,10 @@ def _code_of(exc: BaseException) -> ErrorCode:
     if isinstance(exc, _OutOfOrder):
         return ErrorCode.out_of_order_sequence_number
     return error_code(exc)
+
+
+def _epoch_of(led: tuple[int, int] | None) -> int:
+    return -1 if led is None else led[1]
 
 
 def _first_offset(result: Any) -> int:

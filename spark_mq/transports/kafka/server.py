@@ -9,9 +9,10 @@ protocol adapter over the session layer: its SASL exchange logs in (off the loop
 (:mod:`~spark_mq.transports.kafka.requests`). Nothing here decides delivery.
 
 Every sparkmq destination is a Kafka topic of one partition, led by this broker (node 0, at
-``broker.kafka_advertised_host``/``_port``, or the address it listens on). The listener keeps
-what its connections share: the consumer-group coordinator, the share groups and idempotent
-producers' next sequences (all the loop's: no locks).
+``broker.kafka_advertised_host``/``_port``, or the address it listens on), or on a cluster by
+the member that owns it (:mod:`~spark_mq.transports.kafka.nodes`). The listener keeps what its
+connections share: the consumer-group coordinator, the share groups and idempotent producers'
+next sequences (all the loop's: no locks).
 """
 
 from __future__ import annotations
@@ -22,14 +23,19 @@ from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.loop_listener import LoopListener
 from spark_mq.transports.kafka.connection import KafkaConnection
 from spark_mq.transports.kafka.groups import Coordinator
+from spark_mq.transports.kafka.nodes import Nodes, Placement
 from spark_mq.transports.kafka.share import ShareGroups
 
 
 class KafkaServer(LoopListener):
     conns: set[KafkaConnection]
 
-    def __init__(self, gateway: Gateway, host: str, port: int) -> None:
+    def __init__(
+        self, gateway: Gateway, host: str, port: int, placement: Placement | None = None
+    ) -> None:
         super().__init__(gateway, "kafka", label="Kafka")
+        # where things are: this broker, or (``placement``: a cluster member's) its members
+        self.nodes = Nodes(lambda: self.advertised, gateway.config.ha.broker_id, placement)
         self.groups = Coordinator(
             self.loop, initial_delay_s=self.settings.kafka_group_initial_delay_ms / 1000
         )
