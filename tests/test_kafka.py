@@ -1353,3 +1353,8 @@ def test_kafka_admin_describes_and_alters_configs_and_the_cluster(
     cluster = admin.describe_cluster().result(10)
     assert cluster.cluster_id.startswith("sparkmq-") and len(cluster.nodes) == 1
     assert cluster.nodes[0].port == port
+    # every topic listed (librdkafka 2.16's Metadata v12 carries bytes past its fields, which
+    # Kafka's brokers leave, and so does this one)
+    listed = admin.list_topics(timeout=10)
+    assert q in listed.topics and "sparkmq.kafka-offsets" not in listed.topics
+    assert [b.port for b in listed.brokers.values()] == [port]
