@@ -18,6 +18,7 @@ import pyarrow as pa
 from spark_mq.broker.core import Broker
 from spark_mq.cluster.member import ClusterMember
 from spark_mq.config import BrokerConfig
+from spark_mq.connection.forwarding import Forwarding
 from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import Listener
 from spark_mq.errors import SparkMQError
@@ -89,6 +90,8 @@ class RunningBroker:
         # a cluster member: made now (the Kafka listener asks it where things are), joined
         # once every listener listens (its endpoints are known then)
         self.member = ClusterMember(broker, config) if config.clustered else None
+        if self.member is not None:  # (STOMP's clients are served at any member)
+            gateway.forwarding = Forwarding()
         self.wire: WireServer | None = None
         self.stomp: StompServer | None = None
         self.kafka: KafkaServer | None = None
@@ -224,6 +227,8 @@ class RunningBroker:
                     grace,
                     "; ".join(open_calls),
                 )
+        if self.gateway.forwarding is not None:  # (what its clients sent elsewhere: answered)
+            self.gateway.forwarding.close()
         self.broker.close()
         self.term.close()  # (the replication, then the data directory)
         self._close_security()

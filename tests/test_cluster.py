@@ -8,6 +8,7 @@ takes its share under load; ZooKeeper away moves nothing and stops nobody servin
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -446,6 +447,84 @@ def test_zookeeper_away_moves_nothing_and_members_keep_serving(
     assert seen[("sparkmq_cluster_moves_total", ())] >= len(before["a"])
     leaders = [_scrape(cluster.members[m])[("sparkmq_cluster_leader", ())] for m in "ab"]
     assert sorted(leaders) == [0.0, 1.0]
+
+
+def test_a_stomp_client_of_one_member_is_served_every_destination_forwarded_to_its_owner(
+    cluster: Cluster,
+) -> None:
+    """STOMP clients cannot follow a destination to its owner: the member they connected to
+    forwards their sends and subscriptions there, acks and redeliveries included, and a
+    subscription follows its destination when it moves."""
+    from tests.stomp_kit import connect as stomp_connect
+    from tests.stomp_kit import send_all
+
+    names = [f"s{i}" for i in range(4)]
+    _placed(cluster, "ab", names)
+    via, other = "a", "b"  # the STOMP client's member; the topic's (pinned: it stays there)
+    with Admin(cluster.urls) as admin:
+        admin.create_topic("news")
+        wait_for(lambda: "news" in cluster.owners("a"), 20, "the topic placed")
+        admin.pin("news", other)
+    wait_for(lambda: "news" in cluster.serving(other)[other], 20, "the topic on b")
+    owners = cluster.owners("a")
+    assert {owners[n] for n in names} == {"a", "b"}
+    conn, inbox = stomp_connect(cluster.members[via].stomp_port)
+    try:
+        # sends: to the member's own queues, and forwarded to the other's
+        for n in names:
+            bodies = [f"{n}-{i}".encode() for i in range(20)]
+            send_all(conn, inbox, f"/queue/{n}", bodies, **{"JMSXGroupID": "g", "tag": n})
+        # subscriptions: delivered in order with their headers, each acked by its own id
+        for n in names:
+            conn.subscribe(f"/queue/{n}", id=f"sub-{n}", ack="client-individual")
+        got = inbox.wait_messages(80)
+        by_queue: dict[str, list[bytes]] = defaultdict(list)
+        for frame in got:
+            assert frame.headers["tag"] == frame.headers["destination"].rsplit("/", 1)[-1]
+            by_queue[frame.headers["tag"]].append(frame.body)
+            conn.ack(frame.headers["ack"], receipt=f"a-{frame.headers['ack']}")
+        assert by_queue == {n: [f"{n}-{i}".encode() for i in range(20)] for n in names}
+        inbox.wait(lambda: len(inbox.receipts) >= 80 + 80, "every ack's receipt")
+        assert not inbox.errors
+        # a queue of this member moves to the other while 5 of its messages are unacked: the
+        # subscription follows it there, and those 5 come again (counted as redelivered)
+        local = next(n for n in names if owners[n] == via)
+        inbox.messages.clear()
+        send_all(conn, inbox, f"/queue/{local}", [f"late-{i}".encode() for i in range(5)])
+        unacked = inbox.wait_messages(5)
+        with Admin(cluster.urls) as admin:
+            admin.pin(local, other)
+        again = inbox.wait_messages(10, timeout=20)[5:]
+        assert [f.body for f in again] == [f.body for f in unacked]
+        assert all(f.headers["JMSXDeliveryCount"] == "2" for f in again), again
+        assert all(f.headers["redelivered"] == "true" for f in again)
+        conn.ack(unacked[0].headers["ack"], receipt="stale")  # (the first delivery's: moved)
+        inbox.wait_receipt("stale")
+        for f in again:
+            conn.ack(f.headers["ack"], receipt=f"r-{f.headers['ack']}")
+        inbox.wait(lambda: all(f"r-{f.headers['ack']}" in inbox.receipts for f in again), "acks")
+        # a topic another member serves, subscribed to here: what is published reaches it
+        news = "news"
+        conn.subscribe(f"/topic/{news}", id="sub-news", ack="auto")
+        inbox.messages.clear()
+        with Producer(cluster.urls) as producer:
+            for i in range(10):
+                producer.send_sync(f"n-{i}", destination=news)
+        assert [f.body for f in inbox.wait_messages(10)] == [f"n-{i}".encode() for i in range(10)]
+        # a transaction is one member's: one sending elsewhere is refused, saying where
+        remote = next(n for n in names if cluster.owners("a")[n] == other)
+        conn.begin("tx1")
+        conn.send(f"/queue/{remote}", b"in-tx", transaction="tx1")
+        conn.commit("tx1", headers={"receipt": "c-tx1"})
+        error = inbox.wait_error()
+        assert f"served by cluster member {other}".encode() in error.body, error.body
+        assert not inbox.errors[1:]
+    finally:
+        with contextlib.suppress(Exception):
+            conn.disconnect()
+    # every acked message is gone, every other one is still there
+    for n in names:
+        assert _drain(cluster.urls, n, expect=0) == [], n
 
 
 def test_kafka_clients_find_each_topic_on_its_owner_and_the_groups_on_the_offsets_owner(

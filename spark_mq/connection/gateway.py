@@ -10,6 +10,7 @@ from typing import Any
 
 from spark_mq.broker.core import Broker
 from spark_mq.config import BrokerConfig
+from spark_mq.connection.forwarding import Forwarding
 from spark_mq.security.authenticate import Credentials
 from spark_mq.security.context import Security
 from spark_mq.security.scram import ScramLogin
@@ -21,6 +22,9 @@ class Gateway:
     def __init__(self, broker: Broker, security: Security) -> None:
         self._broker = broker
         self.security = security
+        # a cluster member's: what clients that cannot follow a destination to its member do
+        # there is forwarded (the service's, for the listeners that ask: STOMP's)
+        self.forwarding: Forwarding | None = None
 
     @property
     def config(self) -> BrokerConfig:

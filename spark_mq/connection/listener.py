@@ -131,8 +131,12 @@ class ListenerCore:
         label: str,
         helper_threads: int = 4,
         defer_answers: bool = False,
+        forwards: bool = False,
     ) -> None:
         self.gateway = gateway
+        # its clients cannot follow a destination to the cluster member serving it (STOMP's):
+        # this member forwards what they do there (the gateway's forwarding, on a member)
+        self.forwards = forwards
         self.name = name
         self.label = label  # what people call its connections ("direct-wire", "STOMP")
         self.settings = gateway.config.broker
@@ -184,6 +188,8 @@ class ListenerCore:
 
     def open_session(self, conn: Connection, principal: Principal) -> ClientSession:
         session = self.gateway.session(principal, peer=conn.peer, transport=conn.transport)
+        if self.forwards:
+            session.forwarding = self.gateway.forwarding
         return conn.open(session)
 
     # -- producing ---------------------------------------------------------------------------

@@ -32,11 +32,11 @@ class LoopListener:
     name: str
     conns: set[Any]  # (its LoopConnections, typed by each protocol's listener)
 
-    def __init__(self, gateway: Gateway, name: str, *, label: str) -> None:
+    def __init__(self, gateway: Gateway, name: str, *, label: str, forwards: bool = False) -> None:
         self.name = name
         self.label = label
         self.gateway = gateway
-        self.core = ListenerCore(gateway, name, label=label)
+        self.core = ListenerCore(gateway, name, label=label, forwards=forwards)
         self.turn = self.core.turn
         self.settings = gateway.config.broker
         self.conns = set()

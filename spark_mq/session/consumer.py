@@ -3,13 +3,14 @@ broker's consumer is behind it; a transport never reaches the subscription or th
 
 from __future__ import annotations
 
-from typing import Protocol
+from concurrent.futures import Future
+from typing import Any, Protocol
 
 import pyarrow as pa
 
-from spark_mq.commands import SettleReply
+from spark_mq.commands import Attach, Settle, SettleReply
 from spark_mq.deliveries import DeliveryState
-from spark_mq.errors import SparkMQError
+from spark_mq.errors import NotOwner, SparkMQError
 from spark_mq.messages import Messages
 
 
@@ -61,3 +62,20 @@ class ConsumerHandle(Protocol):
     def replies(self) -> list[SettleReply]:
         """The answers to its settles that are ready (each once)."""
         ...
+
+
+class ForwardedConsumer(ConsumerHandle, Protocol):
+    """A consumer on the cluster member that serves its destination, for a client of this one
+    (:class:`Forwarder`)."""
+
+    def settle(self, cmd: Settle, inline: object = None) -> None: ...
+    def close(self) -> None: ...
+
+
+class Forwarder(Protocol):
+    """A cluster member's forwarding (:mod:`spark_mq.connection.forwarding`), for a session
+    whose clients cannot follow a destination to the member that serves it (STOMP): what they
+    do to it is done there. The session checks its principal first."""
+
+    def produce(self, owner: NotOwner, destination: str, messages: Messages) -> Future: ...
+    def attach(self, owner: NotOwner, cmd: Attach, wakeup: Any) -> ForwardedConsumer: ...

@@ -55,6 +55,7 @@ from spark_mq.errors import (
     DestinationNotFound,
     NotAuthenticated,
     NotAuthorized,
+    NotOwner,
     ProtocolError,
     SparkMQError,
 )
@@ -62,7 +63,7 @@ from spark_mq.journal.base import Kind
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.messages import Messages
 from spark_mq.schema import strings
-from spark_mq.session.consumer import ConsumerHandle
+from spark_mq.session.consumer import ConsumerHandle, ForwardedConsumer, Forwarder
 from spark_mq.session.guard import OPEN, Guard, Verb
 from spark_mq.session.principal import ANONYMOUS, Principal
 from spark_mq.session.redact import redacted
@@ -92,7 +93,7 @@ class ClientSession:
         self.peer = peer
         self.transport = transport
         self.counts: Counter[str] = Counter()  # commands taken, by kind
-        self._consumers: dict[int, ConsumerSession] = {}
+        self._consumers: dict[int, ConsumerSession | ForwardedConsumer] = {}
         self._producing: set[str] = set()  # destinations ``produce`` was allowed on
         self._reading: set[str] = set()  # destinations ``consume`` was allowed on, as a log
         self._groups_allowed: set[tuple[str, str]] = set()  # Kafka groups (verb, group) allowed
@@ -102,6 +103,9 @@ class ClientSession:
         # thread) so it can end the connection
         self.revoked: str | None = None
         self.on_revoke: Callable[[str], None] | None = None
+        # a cluster member's, for a transport whose clients cannot follow a destination to
+        # the member serving it (STOMP): what they do there is forwarded there
+        self.forwarding: Forwarder | None = None
         self._check("connect")
 
     def __repr__(self) -> str:
@@ -116,7 +120,12 @@ class ClientSession:
             raise NotAuthenticated(self.revoked)
         self._may_produce(destination)
         self.counts["produce"] += 1
-        return self.broker.produce(destination, messages, inline)
+        try:
+            return self.broker.produce(destination, messages, inline)
+        except NotOwner as elsewhere:
+            if self.forwarding is None:
+                raise
+            return self.forwarding.produce(elsewhere, destination, messages)
 
     def open_producer(self, destination: str) -> None:
         """A producer announces its destination (the direct wire's first frame): refused now
@@ -135,7 +144,12 @@ class ClientSession:
         a queue is left to the produce or attach that follows (``destination_for_use``)."""
         if self.revoked is not None:
             raise NotAuthenticated(self.revoked)
-        found = self.broker.destination_kind(destination)
+        try:
+            found = self.broker.destination_kind(destination)
+        except NotOwner:
+            if self.forwarding is None:
+                raise
+            return  # (another member serves it: what is done with it is forwarded there)
         if found == kind:
             return
         if found is not None:
@@ -187,20 +201,26 @@ class ClientSession:
         """Attach a consumer; it lives until :meth:`detach` or :meth:`close`."""
         if self.revoked is not None:
             raise NotAuthenticated(self.revoked)
+        consumer: ConsumerSession | ForwardedConsumer
         if cmd.temporary:
             self._check("create", TEMPORARY)
             consumer = self.broker.attach_temporary(cmd.prefetch, wakeup=wakeup)
         else:
             self._check("consume", cmd.destination)
             self._check_creating(cmd.destination)
-            consumer = self.broker.attach(
-                cmd.destination,
-                cmd.subscription,
-                cmd.prefetch,
-                selector=cmd.selector,
-                durable=cmd.durable,
-                wakeup=wakeup,
-            )
+            try:
+                consumer = self.broker.attach(
+                    cmd.destination,
+                    cmd.subscription,
+                    cmd.prefetch,
+                    selector=cmd.selector,
+                    durable=cmd.durable,
+                    wakeup=wakeup,
+                )
+            except NotOwner as elsewhere:
+                if self.forwarding is None:
+                    raise
+                consumer = self.forwarding.attach(elsewhere, cmd, wakeup)
         self.counts["attach"] += 1
         self._consumers[consumer.consumer_id] = consumer
         return consumer
@@ -343,10 +363,12 @@ class ClientSession:
     def detach(self, consumer: ConsumerHandle) -> None:
         """The consumer leaves: what it held unsettled goes back."""
         own = self._consumers.pop(consumer.consumer_id, None)
-        if own is not None:
+        if isinstance(own, ConsumerSession):
             self.broker.detach(own)
+        elif own is not None:
+            own.close()
 
-    def _own(self, consumer: ConsumerHandle) -> ConsumerSession:
+    def _own(self, consumer: ConsumerHandle) -> ConsumerSession | ForwardedConsumer:
         """The broker's consumer behind a handle this session gave (only its own)."""
         own = self._consumers.get(consumer.consumer_id)
         if own is None or own is not consumer:

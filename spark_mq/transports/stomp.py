@@ -29,7 +29,8 @@ class StompServer(LoopListener):
     conns: set[StompConnection]
 
     def __init__(self, gateway: Gateway, host: str, port: int) -> None:
-        super().__init__(gateway, "stomp", label="STOMP")
+        # (a cluster member forwards what clients do to destinations another member serves)
+        super().__init__(gateway, "stomp", label="STOMP", forwards=True)
         settings = self.settings
         body = gateway.config.limits.max_message_bytes
         self.limits = Limits(

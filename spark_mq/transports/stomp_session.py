@@ -31,7 +31,7 @@ from spark_mq import commands as c
 from spark_mq.connection.core import ConnState
 from spark_mq.connection.listener import ListenerCore, pump
 from spark_mq.deliveries import DeliveryState
-from spark_mq.errors import SparkMQError
+from spark_mq.errors import NotOwner, SparkMQError
 from spark_mq.messages import Messages
 from spark_mq.names import validate_name
 from spark_mq.session import ClientSession, ConsumerHandle
@@ -54,6 +54,7 @@ class _Sub:
     stored_as: str  # the sparkmq destination
     ack: str
     pending: OrderedDict[str, tuple[int, int]] = field(default_factory=OrderedDict)
+    attach: c.Attach | None = None  # how it was attached (None: a temporary queue's)
 
 
 @dataclass
@@ -115,6 +116,10 @@ class StompSession:
         self.message_ids: dict[str, str] = {}  # ...and the other way round, to forget it
         self.settling: dict[tuple[int, int], tuple[str, str | None, bool]] = {}
         self.txs: dict[str, _Tx] = {}
+        # ack ids of deliveries whose destination moved to another cluster member before they
+        # were acknowledged: the member serving it now delivers them again; an ack of one is
+        # answered and does nothing
+        self.moved: set[str] = set()
         self._tokens = itertools.count(1)
         self._requests = itertools.count(1)
 
@@ -245,7 +250,8 @@ class StompSession:
                 raise StompError(f"{text} is subscribed to already on this connection")
         elif target.kind == "queue":
             session.open_named(name, "queue")
-            consumer = session.attach(c.Attach(name, None, prefetch, selector), wakeup=self.conn)
+            cmd = c.Attach(name, None, prefetch, selector)
+            consumer = session.attach(cmd, wakeup=self.conn)
         else:
             session.open_named(name, "topic")
             if durable is not None:
@@ -259,7 +265,8 @@ class StompSession:
                 cmd = c.Attach(name, shared, prefetch, selector, durable=False)
             consumer = session.attach(cmd, wakeup=self.conn)
         stored_as = consumer.destination
-        self.subs[sub_id] = _Sub(sub_id, consumer, text or "", stored_as, ack)
+        attached = None if target.kind == "temp-queue" else cmd
+        self.subs[sub_id] = _Sub(sub_id, consumer, text or "", stored_as, ack, attach=attached)
         log.info("stomp: %s subscribed to %s as %r (%s acks)", self.conn.peer, text, sub_id, ack)
         self.conn.receipt(frame)
         self.conn.set()
@@ -300,6 +307,10 @@ class StompSession:
             given = _required(frame, "message-id")
             token = self.by_message_id.get(given, given)
         sub = self.acks.get(token)
+        if sub is None and token in self.moved:  # (redelivered by the member serving it now)
+            self.moved.discard(token)
+            self.conn.receipt(frame)
+            return
         if sub is None or token not in sub.pending:
             raise StompError(
                 f"{verb.upper()} of {token!r}: no message delivered on this connection awaits "
@@ -405,8 +416,30 @@ class StompSession:
             self.conn.maybe_finish()  # (not reading, or going: nothing more delivered)
             return
         for sub in list(self.subs.values()):
+            if sub.consumer.closed:
+                self._follow(sub)
             self._deliver(sub)
         self.conn.maybe_finish()
+
+    def _follow(self, sub: _Sub) -> None:
+        """A subscription whose destination moved to another cluster member (the broker
+        detached its consumer, saying where): attached again, forwarded there, the deliveries
+        it had not acknowledged given again by that member."""
+        moved = sub.consumer.ended_by
+        if sub.attach is None or not isinstance(moved, NotOwner) or self.session.forwarding is None:
+            return
+        try:
+            consumer = self.session.attach(sub.attach, wakeup=self.conn)
+        except SparkMQError as exc:  # (being placed just now: tried again at the next pump)
+            log.info("stomp: %s's subscription %r waits: %s", self.conn.peer, sub.id, exc.message)
+            return
+        tokens = list(sub.pending)
+        self._forget_tokens(tokens)
+        self.moved.update(tokens)
+        sub.pending.clear()
+        self.session.detach(sub.consumer)
+        sub.consumer = consumer
+        log.info("stomp: %s's subscription %r follows %s", self.conn.peer, sub.id, sub.stored_as)
 
     def _deliver(self, sub: _Sub) -> None:
         conn = self.conn

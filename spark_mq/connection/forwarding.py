@@ -1,0 +1,289 @@
+"""A cluster member serving clients that cannot follow a destination to its owner (STOMP): what
+such a client's session does to a destination another member serves is forwarded there, as
+Artemis bridges, through the SDK (which routes each destination to its owner and follows it
+when it moves).
+
+* A produce goes out through one SDK ``Producer`` of the member's; the client's future
+  resolves with the owner's answer (durable there), or its error.
+* A consumer attached is an SDK ``Consumer`` on the owner behind a
+  :class:`~spark_mq.session.consumer.ForwardedConsumer` (:class:`RemoteConsumer`): its deliveries
+  reach the transport as the broker's own consumer's do, with their offsets and delivery
+  counts, and the transport's acks, nacks and lease extensions go back to the owner, each
+  answered once the owner made it durable. Leases, redelivery, groups and dead-lettering stay
+  the owner's.
+
+Who may do what is checked here, by the client's session, before anything is forwarded (the
+client's login and the access rules are this member's, and its audit says what it did). The
+member logs in to the owner with its environment's credentials (``SPARKMQ_USERNAME`` /
+``SPARKMQ_PASSWORD``, or ``SPARKMQ_TOKEN``; ``SPARKMQ_TLS_CA_FILE`` with TLS), as an HA
+backup does: with security on, a user allowed to produce and consume every destination.
+
+A transaction stays one member's: acknowledging a forwarded delivery in one is refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+
+from spark_mq import commands as c
+from spark_mq.client.consumer import Consumer
+from spark_mq.client.message import Message
+from spark_mq.client.producer import Producer
+from spark_mq.deliveries import DeliveryState, delivery_table
+from spark_mq.errors import BrokerUnavailable, NotOwner, SparkMQError
+from spark_mq.messages import Messages
+from spark_mq.schema import MESSAGE_SCHEMA
+
+log = logging.getLogger(__name__)
+
+_IDS = itertools.count(-1, -1)  # forwarded consumers' ids (the broker's own count up from 1)
+
+
+class Forwarding:
+    """A member's forwarding: one producer for every forwarded produce, and the consumers
+    attached for its clients."""
+
+    def __init__(self, timeout_s: float = 30.0) -> None:
+        self.timeout_s = timeout_s
+        self._producer: Producer | None = None
+        self._lock = threading.Lock()
+        # produces go out in the order they came (one thread: the SDK keeps each
+        # destination's order from there)
+        self._sends = ThreadPoolExecutor(1, thread_name_prefix="forward-produce")
+        self.forwarded = 0  # produces and attaches so far (status)
+
+    def produce(self, owner: NotOwner, destination: str, messages: Messages) -> Future:
+        """``messages`` for ``destination``, sent to its owner (``owner``: where it was, the
+        SDK follows from there); the future resolves once durable there."""
+        self.forwarded += 1
+        table = _produce_table(messages)
+        out: Future = Future()
+
+        def send() -> None:
+            try:
+                sent = self._producer_for(owner).send_batch(
+                    table, destination=destination, wait=False
+                )
+            except SparkMQError as exc:
+                out.set_exception(exc)
+                return
+            assert isinstance(sent, Future)
+            sent.add_done_callback(lambda f: _copy(f, out))
+
+        self._sends.submit(send)
+        return out
+
+    def _producer_for(self, owner: NotOwner) -> Producer:
+        with self._lock:
+            if self._producer is None:
+                self._producer = Producer(_endpoint(owner), linger_ms=0, timeout_s=self.timeout_s)
+            return self._producer
+
+    def attach(self, owner: NotOwner, cmd: c.Attach, wakeup: Any) -> RemoteConsumer:
+        """A consumer of ``cmd``'s destination on its owner (connecting there: moments)."""
+        self.forwarded += 1
+        return RemoteConsumer(_endpoint(owner), cmd, wakeup, self.timeout_s)
+
+    def close(self) -> None:
+        self._sends.shutdown(wait=True)
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.close()
+
+
+class RemoteConsumer:
+    """A consumer on another member, as a transport sees the broker's own
+    (:class:`~spark_mq.session.consumer.ForwardedConsumer`)."""
+
+    def __init__(self, endpoint: str, cmd: c.Attach, wakeup: Any, timeout_s: float) -> None:
+        self.consumer_id = next(_IDS)
+        self.closed = False
+        self.ended_by: SparkMQError | None = None
+        self._cmd = cmd
+        self._wakeup = wakeup
+        self._lock = threading.Lock()
+        self._arrived: deque[Message] = deque()  # delivered by the owner, not yet handed on
+        self._held: dict[int, Message] = {}  # handed on, not yet settled, by offset
+        self._replies: list[c.SettleReply] = []
+        self._unanswered = 0
+        self._sdk = Consumer(
+            endpoint,
+            cmd.destination,
+            subscription=cmd.subscription,
+            selector=cmd.selector,
+            durable=cmd.durable,
+            prefetch=cmd.prefetch or 100,
+            timeout_s=timeout_s,
+            on_message=self._delivered,
+        )
+        log.info(
+            "forwarding a consumer of %s to %s (its owner)",
+            cmd.destination,
+            endpoint,
+            extra={"destination": cmd.destination},
+        )
+
+    # -- what the owner sends (the SDK consumer's reader thread) -------------------------------
+    def _delivered(self, message: Message) -> None:
+        with self._lock:
+            self._arrived.append(message)
+        self._wakeup.set()
+
+    # -- ConsumerHandle ------------------------------------------------------------------------
+    @property
+    def destination(self) -> str:
+        return self._sdk.destination
+
+    @property
+    def subscription_name(self) -> str:
+        return self._cmd.subscription or ""
+
+    @property
+    def durable(self) -> bool:
+        return self._cmd.durable
+
+    @property
+    def lease_s(self) -> float:
+        return self._sdk.lease_s or 30.0
+
+    @property
+    def unanswered(self) -> int:
+        return self._unanswered
+
+    def next_leased(self) -> tuple[Messages, list[DeliveryState]] | None:
+        with self._lock:
+            taken = list(self._arrived)
+            self._arrived.clear()
+            for m in taken:
+                self._held[m.offset] = m
+        if not taken:
+            if self._sdk.error is not None and not self.closed:  # (its owner is gone for good)
+                self.closed, self.ended_by = True, self._sdk.error
+            return None
+        return _as_leased(taken)
+
+    def next_delivery(self) -> pa.Table | None:
+        leased = self.next_leased()
+        return None if leased is None else delivery_table(*leased)
+
+    def forget(self, offsets: list[int]) -> None:
+        with self._lock:
+            for o in offsets:
+                self._held.pop(o, None)
+
+    def replies(self) -> list[c.SettleReply]:
+        with self._lock:
+            out, self._replies = self._replies, []
+        return out
+
+    def settle(self, cmd: c.Settle, inline: object = None) -> None:
+        """Settle deliveries at the owner; the reply comes through :meth:`replies`."""
+        with self._lock:
+            found = [self._held.get(o) for o, _ in cmd.entries]
+            if cmd.verb != "extend":
+                for o, _ in cmd.entries:
+                    self._held.pop(o, None)
+            self._unanswered += 1
+        missing = [
+            c.Refused(o, "not delivered to this consumer")
+            for (o, _), m in zip(cmd.entries, found, strict=True)
+            if m is None
+        ]
+        messages = [m for m in found if m is not None]
+        if not messages:
+            self._answered(c.SettleReply(cmd.request_id, (), tuple(missing)))
+            return
+        match cmd.verb:
+            case "ack":
+                fut = self._sdk.ack(messages)
+            case "nack":
+                fut = self._sdk.nack(messages)
+            case "extend":
+                fut = self._sdk.extend_lease(messages)
+            case _:
+                fut = self._sdk.nack(messages)  # (a release: back for another consumer)
+        offsets = tuple(m.offset for m in messages)
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            if exc is None:
+                reply = c.SettleReply(cmd.request_id, offsets, tuple(missing))
+            else:
+                why = exc.message if isinstance(exc, SparkMQError) else str(exc)
+                refused = tuple(c.Refused(o, why) for o in offsets)
+                reply = c.SettleReply(cmd.request_id, (), refused + tuple(missing))
+            self._answered(reply)
+
+        fut.add_done_callback(done)
+
+    def _answered(self, reply: c.SettleReply) -> None:
+        with self._lock:
+            self._replies.append(reply)
+            self._unanswered -= 1
+        self._wakeup.set()
+
+    def close(self) -> None:
+        """Detach at the owner (what it held unsettled goes back there): on a thread of its
+        own, the caller may be a loop serving others."""
+        if self.closed and self.ended_by is None:
+            return
+        self.closed = True
+        threading.Thread(target=self._sdk.close, name="forward-detach", daemon=True).start()
+
+
+def _endpoint(owner: NotOwner) -> str:
+    endpoint = owner.fields.get("endpoint")
+    if not isinstance(endpoint, str) or not endpoint:
+        raise BrokerUnavailable(f"{owner.message} (it is forwarded once it is placed)")
+    return endpoint
+
+
+def _copy(source: Future, target: Future) -> None:
+    exc = source.exception()
+    if exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
+
+
+def _produce_table(messages: Messages) -> pa.Table:
+    """A produce's messages as the SDK sends them (``PRODUCE_SCHEMA`` columns)."""
+    if messages.plain is not None:
+        return pa.table(
+            {
+                "body": pa.array([m.body for m in messages.plain], pa.binary()),
+                "dedup_id": pa.array([m.dedup_id for m in messages.plain], pa.string()),
+            }
+        )
+    return messages.table()
+
+
+def _as_leased(messages: list[Message]) -> tuple[Messages, list[DeliveryState]]:
+    """Messages delivered by the owner as the broker's own consumer leases them."""
+    rows = pa.Table.from_pylist(
+        [
+            {
+                "offset": m.offset,
+                "message_id": m.message_id,
+                "dedup_id": m.dedup_id,
+                "group_id": m.group_id,
+                "priority": m.priority,
+                "enqueue_time": m.enqueue_time,
+                "expiry_time": m.expiry_time,
+                "deliver_time": m.deliver_time,
+                "headers": list(m.headers.items()) or None,
+                "body": m.body,
+            }
+            for m in messages
+        ],
+        schema=MESSAGE_SCHEMA,
+    )
+    return Messages.of(rows), [(m.delivery_count, bool(m.group_first)) for m in messages]
