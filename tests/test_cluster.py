@@ -52,7 +52,9 @@ class Cluster:
         self.logs.mkdir()
         self.members: dict[str, BrokerProcess] = {}
 
-    def start(self, member_id: str, **settings: object) -> BrokerProcess:
+    def start(
+        self, member_id: str, env: dict[str, str] | None = None, **settings: object
+    ) -> BrokerProcess:
         args = [
             "--set", f"cluster.zookeeper={self.zookeeper.hosts}",
             "--set", f"cluster.name={self.name}",
@@ -63,7 +65,10 @@ class Cluster:
         for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
         proc = BrokerProcess(
-            str(self.root), extra_args=args, log_file=str(self.logs / f"{member_id}.out")
+            str(self.root),
+            extra_args=args,
+            log_file=str(self.logs / f"{member_id}.out"),
+            env=env,
         ).start()
         self.members[member_id] = proc
         return proc
@@ -525,6 +530,56 @@ def test_a_stomp_client_of_one_member_is_served_every_destination_forwarded_to_i
     # every acked message is gone, every other one is still there
     for n in names:
         assert _drain(cluster.urls, n, expect=0) == [], n
+
+
+def test_forwarding_checks_the_client_here_and_logs_in_there_as_the_member(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With security on, the member a STOMP client reached checks that client's rights, then
+    forwards with its own identity (its environment's credentials); a member without one is
+    refused by the owner, and its client is told so clearly."""
+    from tests.security_kit import PASSWORDS, security_settings
+    from tests.stomp_kit import connect as stomp_connect
+    from tests.stomp_kit import send_all
+
+    secure = {k: str(v).lower() if isinstance(v, bool) else v
+              for k, v in security_settings(tmp_path).items()}  # fmt: skip
+    # the test's SDK calls and member a log in as alice (an admin); member b has no identity
+    monkeypatch.setenv("SPARKMQ_USERNAME", "alice")
+    monkeypatch.setenv("SPARKMQ_PASSWORD", PASSWORDS["alice"])
+    cluster.start("a", **secure)
+    cluster.start("b", env={"SPARKMQ_USERNAME": "", "SPARKMQ_PASSWORD": ""}, **secure)
+    with Admin(cluster.urls) as admin:
+        for name, member in (("bob.q", "b"), ("other.q", "b"), ("bob.here", "a")):
+            admin.create_queue(name)
+            admin.pin(name, member)
+    wait_for(
+        lambda: cluster.serving() == {"a": {"bob.here"}, "b": {"bob.q", "other.q"}},
+        20,
+        "pinned",
+    )
+    conn, inbox = stomp_connect(cluster.members["a"].stomp_port, login="bob",
+                                passcode=PASSWORDS["bob"])  # fmt: skip
+    try:
+        send_all(conn, inbox, "/queue/bob.q", [b"forwarded"])  # (bob may; a forwards as alice)
+        conn.send("/queue/other.q", b"not-bob's", headers={"receipt": "no"})
+        assert b"'bob' may not produce on 'other.q'" in inbox.wait_error().body  # (here)
+    finally:
+        with contextlib.suppress(Exception):
+            conn.disconnect()
+    assert [m.body for m in _drain(cluster.urls, "bob.q", expect=1)] == [b"forwarded"]
+    assert _drain(cluster.urls, "other.q", expect=0) == []
+    conn, inbox = stomp_connect(cluster.members["b"].stomp_port, login="bob",
+                                passcode=PASSWORDS["bob"])  # fmt: skip
+    try:
+        conn.send("/queue/bob.here", b"lost-nothing", headers={"receipt": "r"})
+        error = inbox.wait_error()
+        assert b"refused this member's forwarding" in error.body, error.body
+    finally:
+        with contextlib.suppress(Exception):
+            conn.disconnect()
+    assert "SPARKMQ_USERNAME" in cluster.log("b")
+    assert _drain(cluster.urls, "bob.here", expect=0) == []
 
 
 def test_kafka_clients_find_each_topic_on_its_owner_and_the_groups_on_the_offsets_owner(

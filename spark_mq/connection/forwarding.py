@@ -37,7 +37,13 @@ from spark_mq.client.consumer import Consumer
 from spark_mq.client.message import Message
 from spark_mq.client.producer import Producer
 from spark_mq.deliveries import DeliveryState, delivery_table
-from spark_mq.errors import BrokerUnavailable, NotOwner, SparkMQError
+from spark_mq.errors import (
+    BrokerUnavailable,
+    NotAuthenticated,
+    NotAuthorized,
+    NotOwner,
+    SparkMQError,
+)
 from spark_mq.messages import Messages
 from spark_mq.schema import MESSAGE_SCHEMA
 
@@ -72,10 +78,10 @@ class Forwarding:
                     table, destination=destination, wait=False
                 )
             except SparkMQError as exc:
-                out.set_exception(exc)
+                out.set_exception(_as_forwarded(exc, owner))
                 return
             assert isinstance(sent, Future)
-            sent.add_done_callback(lambda f: _copy(f, out))
+            sent.add_done_callback(lambda f: _copy(f, out, owner))
 
         self._sends.submit(send)
         return out
@@ -89,7 +95,10 @@ class Forwarding:
     def attach(self, owner: NotOwner, cmd: c.Attach, wakeup: Any) -> RemoteConsumer:
         """A consumer of ``cmd``'s destination on its owner (connecting there: moments)."""
         self.forwarded += 1
-        return RemoteConsumer(_endpoint(owner), cmd, wakeup, self.timeout_s)
+        try:
+            return RemoteConsumer(_endpoint(owner), cmd, wakeup, self.timeout_s)
+        except SparkMQError as exc:
+            raise _as_forwarded(exc, owner) from None
 
     def close(self) -> None:
         self._sends.shutdown(wait=True)
@@ -246,12 +255,34 @@ def _endpoint(owner: NotOwner) -> str:
     return endpoint
 
 
-def _copy(source: Future, target: Future) -> None:
+def _copy(source: Future, target: Future, owner: NotOwner) -> None:
     exc = source.exception()
-    if exc is not None:
+    if isinstance(exc, SparkMQError):
+        target.set_exception(_as_forwarded(exc, owner))
+    elif exc is not None:
         target.set_exception(exc)
     else:
         target.set_result(source.result())
+
+
+def _as_forwarded(exc: SparkMQError, owner: NotOwner) -> SparkMQError:
+    """The owner refused this member's login or rights: the client asked nothing wrong (its
+    own rights were checked here), the member's forwarding identity is missing one."""
+    if not isinstance(exc, NotAuthenticated | NotAuthorized):
+        return exc
+    member = owner.fields.get("member") or "the member serving it"
+    log.error(
+        "forwarding to cluster member %s refused: %s (set SPARKMQ_USERNAME and "
+        "SPARKMQ_PASSWORD, or SPARKMQ_TOKEN, in this member's environment: a user allowed "
+        "to produce and consume every destination)",
+        member,
+        exc.message,
+    )
+    return BrokerUnavailable(
+        f"{owner.fields.get('destination')!r} is served by cluster member {member}, which "
+        f"refused this member's forwarding ({exc.message}); the operator is to give the "
+        "members a forwarding identity (see the broker's log)"
+    )
 
 
 def _produce_table(messages: Messages) -> pa.Table:
