@@ -681,9 +681,7 @@ def test_kafka_clients_find_each_topic_on_its_owner_and_the_groups_on_the_offset
             offsets_owner = cluster.owners(member)[KAFKA_OFFSETS]
             with Admin(cluster.urls) as admin:
                 admin.pin(KAFKA_OFFSETS, next(m for m in "abc" if m != offsets_owner))
-            wait_for(
-                lambda: cluster.owners(member)[KAFKA_OFFSETS] != offsets_owner, 20, "moved"
-            )
+            wait_for(lambda: cluster.owners(member)[KAFKA_OFFSETS] != offsets_owner, 20, "moved")
             # the group's membership is the coordinator's, in memory: at the new one the
             # members join again (librdkafka does, told UNKNOWN_MEMBER_ID), its offsets kept
             deadline = time.monotonic() + 30
