@@ -14,6 +14,7 @@ MAX_NAME_LENGTH = 200
 # fullmatch, not match with "$": "$" also matches before a final newline ("x\n" passed)
 # the internal topic holding Kafka consumer groups' committed offsets (the broker's own)
 KAFKA_OFFSETS = "sparkmq.kafka-offsets"
+TEMPORARY_PREFIX = "tmp."  # a temporary queue's name: this and 16 hex digits
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 

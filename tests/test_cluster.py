@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spark_mq import Admin, Consumer, Producer, Transaction
 from spark_mq.client._transport import call_action, connect
-from spark_mq.errors import ConfigError, NotAllowed, NotOwner, SparkMQError
+from spark_mq.errors import ConfigError, DestinationNotFound, NotAllowed, NotOwner, SparkMQError
 from spark_mq.journal import layout
 from spark_mq.launch import BrokerProcess
 from tests.conftest import wait_for
@@ -516,6 +516,20 @@ def test_a_stomp_client_of_one_member_is_served_every_destination_forwarded_to_i
             for i in range(10):
                 producer.send_sync(f"n-{i}", destination=news)
         assert [f.body for f in inbox.wait_messages(10)] == [f"n-{i}".encode() for i in range(10)]
+        # a temporary queue is its consumer's member's, reached from any member: the SDK
+        # follows there, STOMP is forwarded there; once its consumer is gone, it is gone
+        with Consumer(cluster.members[other].url, temporary=True) as replies:
+            with Producer(cluster.members[via].url) as producer:
+                producer.send_sync("via-sdk", destination=replies.destination)
+            send_all(conn, inbox, f"/queue/{replies.destination}", [b"via-stomp"])
+            got_replies = [replies.receive(10), replies.receive(10)]
+            assert [m.body for m in got_replies if m] == [b"via-sdk", b"via-stomp"]
+            replies.ack([m for m in got_replies if m])
+        with (
+            Producer(cluster.members[via].url) as producer,
+            pytest.raises(DestinationNotFound, match="its consumer has gone"),
+        ):
+            producer.send_sync("too late", destination=replies.destination)
         # a transaction is one member's: one sending elsewhere is refused, saying where
         remote = next(n for n in names if cluster.owners("a")[n] == other)
         conn.begin("tx1")

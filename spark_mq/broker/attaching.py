@@ -24,6 +24,7 @@ from spark_mq.errors import (
     SubscriptionNotFound,
 )
 from spark_mq.journal import Journal
+from spark_mq.names import TEMPORARY_PREFIX
 from spark_mq.schema import MESSAGE_SCHEMA, QUEUE_SUBSCRIPTION
 
 log = logging.getLogger("spark_mq.broker.core")
@@ -103,7 +104,7 @@ class Attachments:
     ) -> ConsumerSession:
         """A new temporary queue (memory only) and a consumer on it; the queue goes when that
         consumer does. Its name is ``session.subscription.destination``."""
-        name = f"tmp.{uuid.uuid4().hex[:16]}"
+        name = f"{TEMPORARY_PREFIX}{uuid.uuid4().hex[:16]}"
         self.destinations.create_temporary(name)
         session = self.attach(name, prefetch=prefetch, wakeup=wakeup)
         log.info(

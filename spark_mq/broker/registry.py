@@ -46,6 +46,12 @@ class Elsewhere(Protocol):
         """``name`` was deleted by this member, its owner."""
         ...
 
+    def created_temporary(self, name: str) -> None:
+        """A temporary queue of this member's (the others send to it here)."""
+        ...
+
+    def deleted_temporary(self, name: str) -> None: ...
+
 
 class Destinations:
     """Thread-safe: the map under its lock; a destination's own state under its ``lock``."""
@@ -187,6 +193,8 @@ class Destinations:
                 dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set(), durable=False
             )
             self._dests[name] = dest
+        if self.elsewhere is not None:
+            self.elsewhere.created_temporary(name)
         return dest
 
     def add(self, dest: Destination) -> None:
@@ -211,7 +219,9 @@ class Destinations:
             if not self.journal.delete_destination(name, only_if_end=only_if_end):
                 return None
             del self._dests[name]
-        if self.elsewhere is not None and not dest.temporary:
+        if self.elsewhere is not None and dest.temporary:
+            self.elsewhere.deleted_temporary(name)
+        elif self.elsewhere is not None:
             self.elsewhere.deleted(name)
         return dest
 

@@ -7,6 +7,8 @@ and has not noticed yet cannot commit past a newer owner's fence.
 
 The znodes, under ``/sparkmq/<cluster>``:
 
+- ``temporary/<queue>@<id>``: ephemeral, a temporary queue and the member serving it (its
+  consumer's: never placed, gone with that member's session).
 - ``members/<id>``: ephemeral, one per live member (its endpoints, host, pid, start time). It
   goes when the member stops, or when its session expires (the member died or was cut off for
   longer than ``session_timeout_s``).
@@ -137,6 +139,8 @@ class Coordinator:
         self._assignments: dict[str, Assignment] = {}
         self._members: dict[str, Member] = {}
         self._registered: frozenset[str] = frozenset()  # destinations/ (as last seen)
+        self._temporaries: dict[str, str] = {}  # temporary/: queue -> member (as last seen)
+        self._mine: set[str] = set()  # this member's temporary queues (again after a rejoin)
         self._leader_node: str | None = None
         self._leader: str | None = None
         self._wake = threading.Event()
@@ -157,7 +161,7 @@ class Coordinator:
                 f"cannot reach ZooKeeper at {self._client.hosts} within {timeout_s:g} s: is it "
                 "running, and is cluster.zookeeper right?"
             ) from exc
-        for path in ("members", "leader", "leaving", "destinations", "pins"):
+        for path in ("members", "leader", "leaving", "destinations", "pins", "temporary"):
             self._client.ensure_path(f"{self.root}/{path}")
         # a member restarted at once finds its old session's node until that session expires
         deadline = time.monotonic() + self.session_timeout_s + 2
@@ -207,6 +211,10 @@ class Coordinator:
                     f"a member named {self.member_id!r} is already in cluster {self.root!r}: "
                     "give each member its own broker_id"
                 ) from exc  # (else: this session's own, from a join that was cut short)
+        for name in list(self._mine):  # (ephemeral: gone with an expired session)
+            self._client.create_async(
+                f"{self.root}/temporary/{name}@{self.member_id}", ephemeral=True
+            )
         leader = self._leader_node
         if leader is None or not self._ours(leader):
             self._leader_node = self._client.create(
@@ -224,6 +232,7 @@ class Coordinator:
         self._client.ChildrenWatch(f"{self.root}/leaving", self._changed)
         self._client.ChildrenWatch(f"{self.root}/destinations", self._destinations_changed)
         self._client.ChildrenWatch(f"{self.root}/pins", self._changed)
+        self._client.ChildrenWatch(f"{self.root}/temporary", self._temporaries_changed)
         self._client.DataWatch(f"{self.root}/assignments", self._changed_data)
 
     def _changed(self, _children: list[str]) -> bool:
@@ -233,6 +242,14 @@ class Coordinator:
     def _destinations_changed(self, children: list[str]) -> bool:
         self._registered = frozenset(children)
         self._wake.set()
+        return not self._stop.is_set()
+
+    def _temporaries_changed(self, children: list[str]) -> bool:
+        found = {}
+        for child in children:  # "<queue>@<member>" ('@' is in no destination name)
+            name, _, member = child.partition("@")
+            found[name] = member
+        self._temporaries = found
         return not self._stop.is_set()
 
     def _changed_data(self, _data: bytes | None, _stat: Any) -> bool:
@@ -462,6 +479,21 @@ class Coordinator:
             except NodeExistsError:
                 pass
         self._registered = self._registered | frozenset(names)
+
+    # -- temporary queues: served by the member their consumer reached, never placed ----------
+    def add_temporary(self, name: str) -> None:
+        """A temporary queue of this member's, known to the others (they send to it here).
+        Asynchronous: its consumer does not wait for ZooKeeper (nor for its return)."""
+        self._mine.add(name)
+        self._client.create_async(f"{self.root}/temporary/{name}@{self.member_id}", ephemeral=True)
+
+    def remove_temporary(self, name: str) -> None:
+        self._mine.discard(name)
+        self._client.delete_async(f"{self.root}/temporary/{name}@{self.member_id}")
+
+    def temporary_owner(self, name: str) -> str | None:
+        """The member serving temporary queue ``name`` (as last seen); None: none has it."""
+        return self._temporaries.get(name)
 
     def remove_destination(self, name: str) -> None:
         self._registered = self._registered - {name}

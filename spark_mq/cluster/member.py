@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from spark_mq.cluster.coordination import Assignment, Coordinator, Health
 from spark_mq.config import BrokerConfig
 from spark_mq.errors import Deposed, DestinationNotFound, NotAllowed, NotOwner, SparkMQError
+from spark_mq.names import TEMPORARY_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,9 @@ class ClusterMember:
         once it is served here (the broker looks again). Waits up to ``placement_wait_s`` only
         for a destination just created and not placed yet, or being taken on here (moments);
         one whose owner is gone is said to be being placed at once."""
+        if name.startswith(TEMPORARY_PREFIX):  # (its consumer's member serves it)
+            self._route_temporary(name)
+            return
         deadline = time.monotonic() + self.placement_wait_s
         while True:
             assignment = self.coordinator.owner_of(name)
@@ -219,6 +223,24 @@ class ClusterMember:
                 if left <= 0:
                     raise self.not_owner(name, "")
                 self._changed.wait(min(left, 0.05))
+
+    def _route_temporary(self, name: str) -> None:
+        member_id = self.coordinator.temporary_owner(name)
+        member = self.coordinator.members().get(member_id or "")
+        if member is None or member_id == self.member_id:
+            raise DestinationNotFound(
+                f"temporary queue {name!r} does not exist: its consumer has gone (a temporary "
+                "queue lives as long as the consumer that made it)",
+                destination=name,
+            )
+        raise NotOwner(
+            f"temporary queue {name!r} is served by cluster member {member.id} at "
+            f"{member.endpoint} (its consumer's)",
+            destination=name,
+            member=member.id,
+            endpoint=member.endpoint,
+            epoch=0,
+        )
 
     def not_owner(self, name: str, why: str) -> NotOwner:
         """Where ``name`` is served, as an error a client can follow."""
@@ -245,6 +267,12 @@ class ClusterMember:
 
     def created(self, name: str) -> None:
         self.coordinator.add_destination(name)
+
+    def created_temporary(self, name: str) -> None:
+        self.coordinator.add_temporary(name)
+
+    def deleted_temporary(self, name: str) -> None:
+        self.coordinator.remove_temporary(name)
 
     def deleted(self, name: str) -> None:
         with self._changed:
