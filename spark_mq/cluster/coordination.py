@@ -485,14 +485,34 @@ class Coordinator:
         """A temporary queue of this member's, known to the others (they send to it here).
         Asynchronous: its consumer does not wait for ZooKeeper (nor for its return)."""
         self._mine.add(name)
-        self._client.create_async(f"{self.root}/temporary/{name}@{self.member_id}", ephemeral=True)
+        path = f"{self.root}/temporary/{name}@{self.member_id}"
+        if self._health == "connected":  # (done before its consumer hears its name)
+            try:
+                self._client.create(path, ephemeral=True)
+                return
+            except NodeExistsError:
+                return
+            except (KazooException, KazooTimeoutError):
+                pass  # (ZooKeeper went just now: when it is back)
+        self._client.create_async(path, ephemeral=True)
 
     def remove_temporary(self, name: str) -> None:
         self._mine.discard(name)
         self._client.delete_async(f"{self.root}/temporary/{name}@{self.member_id}")
 
     def temporary_owner(self, name: str) -> str | None:
-        """The member serving temporary queue ``name`` (as last seen); None: none has it."""
+        """The member serving temporary queue ``name``; None: none has it. One not seen yet
+        is looked for in ZooKeeper (its name may have reached a client before the watch
+        reached this member)."""
+        member = self._temporaries.get(name)
+        if member is not None or self._health != "connected":
+            return member
+        try:
+            path = f"{self.root}/temporary"
+            self._client.sync(path)  # (a read after every write done before it)
+            self._temporaries_changed(self._client.get_children(path))
+        except (KazooException, KazooTimeoutError):
+            pass
         return self._temporaries.get(name)
 
     def remove_destination(self, name: str) -> None:
