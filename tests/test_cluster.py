@@ -592,6 +592,16 @@ def test_forwarding_checks_the_client_here_and_logs_in_there_as_the_member(
     finally:
         with contextlib.suppress(Exception):
             conn.disconnect()
+    conn, inbox = stomp_connect(cluster.members["b"].stomp_port, login="bob",
+                                passcode=PASSWORDS["bob"])  # fmt: skip
+    try:  # (a subscription is attached there in the background: its end is told as it comes)
+        conn.subscribe("/queue/bob.here", id="s1")
+        error = inbox.wait_error()
+        assert b"subscription 's1' to /queue/bob.here ended" in error.body, error.body
+        assert b"refused this member's forwarding" in error.body, error.body
+    finally:
+        with contextlib.suppress(Exception):
+            conn.disconnect()
     assert "SPARKMQ_USERNAME" in cluster.log("b")
     assert _drain(cluster.urls, "bob.here", expect=0) == []
 

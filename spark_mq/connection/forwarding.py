@@ -95,10 +95,8 @@ class Forwarding:
     def attach(self, owner: NotOwner, cmd: c.Attach, wakeup: Any) -> RemoteConsumer:
         """A consumer of ``cmd``'s destination on its owner (connecting there: moments)."""
         self.forwarded += 1
-        try:
-            return RemoteConsumer(_endpoint(owner), cmd, wakeup, self.timeout_s)
-        except SparkMQError as exc:
-            raise _as_forwarded(exc, owner) from None
+        _endpoint(owner)  # (one being placed: said now)
+        return RemoteConsumer(owner, cmd, wakeup, self.timeout_s)
 
     def close(self) -> None:
         self._sends.shutdown(wait=True)
@@ -112,7 +110,7 @@ class RemoteConsumer:
     """A consumer on another member, as a transport sees the broker's own
     (:class:`~spark_mq.session.consumer.ForwardedConsumer`)."""
 
-    def __init__(self, endpoint: str, cmd: c.Attach, wakeup: Any, timeout_s: float) -> None:
+    def __init__(self, owner: NotOwner, cmd: c.Attach, wakeup: Any, timeout_s: float) -> None:
         self.consumer_id = next(_IDS)
         self.closed = False
         self.ended_by: SparkMQError | None = None
@@ -123,22 +121,51 @@ class RemoteConsumer:
         self._held: dict[int, Message] = {}  # handed on, not yet settled, by offset
         self._replies: list[c.SettleReply] = []
         self._unanswered = 0
-        self._sdk = Consumer(
-            endpoint,
-            cmd.destination,
-            subscription=cmd.subscription,
-            selector=cmd.selector,
-            durable=cmd.durable,
-            prefetch=cmd.prefetch or 100,
-            timeout_s=timeout_s,
-            on_message=self._delivered,
-        )
+        self._sdk: Consumer | None = None  # once attached at the owner
+        # attached on a thread of its own: the caller may be a loop serving many clients, and
+        # an owner that is paused answers nothing until the SDK's timeout
+        threading.Thread(
+            target=self._attach, args=(owner, timeout_s), name="forward-attach", daemon=True
+        ).start()
+
+    def _attach(self, owner: NotOwner, timeout_s: float) -> None:
+        cmd, endpoint = self._cmd, _endpoint(owner)
+        try:
+            sdk = Consumer(
+                endpoint,
+                cmd.destination,
+                subscription=cmd.subscription,
+                selector=cmd.selector,
+                durable=cmd.durable,
+                prefetch=cmd.prefetch or 100,
+                timeout_s=timeout_s,
+                on_message=self._delivered,
+            )
+        except SparkMQError as exc:
+            log.info("forwarding a consumer of %s to %s failed: %s", cmd.destination, endpoint,
+                     exc.message, extra={"destination": cmd.destination})  # fmt: skip
+            self._end(_as_forwarded(exc, owner))
+            return
+        with self._lock:
+            self._sdk = sdk
+            closing = self.closed
+        if closing:  # (detached while it attached)
+            sdk.close()
+            return
         log.info(
             "forwarding a consumer of %s to %s (its owner)",
             cmd.destination,
             endpoint,
             extra={"destination": cmd.destination},
         )
+
+    def _end(self, why: SparkMQError) -> None:
+        """The owner cannot serve it (refused, or gone for good): the transport hears why."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed, self.ended_by = True, why
+        self._wakeup.set()
 
     # -- what the owner sends (the SDK consumer's reader thread) -------------------------------
     def _delivered(self, message: Message) -> None:
@@ -149,7 +176,7 @@ class RemoteConsumer:
     # -- ConsumerHandle ------------------------------------------------------------------------
     @property
     def destination(self) -> str:
-        return self._sdk.destination
+        return self._cmd.destination
 
     @property
     def subscription_name(self) -> str:
@@ -161,7 +188,8 @@ class RemoteConsumer:
 
     @property
     def lease_s(self) -> float:
-        return self._sdk.lease_s or 30.0
+        sdk = self._sdk
+        return (sdk.lease_s if sdk is not None else None) or 30.0
 
     @property
     def unanswered(self) -> int:
@@ -174,8 +202,9 @@ class RemoteConsumer:
             for m in taken:
                 self._held[m.offset] = m
         if not taken:
-            if self._sdk.error is not None and not self.closed:  # (its owner is gone for good)
-                self.closed, self.ended_by = True, self._sdk.error
+            sdk = self._sdk
+            if sdk is not None and sdk.error is not None:  # (its owner is gone for good)
+                self._end(sdk.error)
             return None
         return _as_leased(taken)
 
@@ -207,18 +236,19 @@ class RemoteConsumer:
             if m is None
         ]
         messages = [m for m in found if m is not None]
-        if not messages:
+        sdk = self._sdk
+        if not messages or sdk is None:  # (none delivered through it: none to settle)
             self._answered(c.SettleReply(cmd.request_id, (), tuple(missing)))
             return
         match cmd.verb:
             case "ack":
-                fut = self._sdk.ack(messages)
+                fut = sdk.ack(messages)
             case "nack":
-                fut = self._sdk.nack(messages)
+                fut = sdk.nack(messages)
             case "extend":
-                fut = self._sdk.extend_lease(messages)
+                fut = sdk.extend_lease(messages)
             case _:
-                fut = self._sdk.nack(messages)  # (a release: back for another consumer)
+                fut = sdk.nack(messages)  # (a release: back for another consumer)
         offsets = tuple(m.offset for m in messages)
 
         def done(f: Future) -> None:
@@ -242,10 +272,13 @@ class RemoteConsumer:
     def close(self) -> None:
         """Detach at the owner (what it held unsettled goes back there): on a thread of its
         own, the caller may be a loop serving others."""
-        if self.closed and self.ended_by is None:
-            return
-        self.closed = True
-        threading.Thread(target=self._sdk.close, name="forward-detach", daemon=True).start()
+        with self._lock:
+            if self.closed and self.ended_by is None:
+                return
+            self.closed = True
+            sdk = self._sdk
+        if sdk is not None:  # (else it closes once attached)
+            threading.Thread(target=sdk.close, name="forward-detach", daemon=True).start()
 
 
 def _endpoint(owner: NotOwner) -> str:

@@ -426,6 +426,9 @@ class StompSession:
         detached its consumer, saying where): attached again, forwarded there, the deliveries
         it had not acknowledged given again by that member."""
         moved = sub.consumer.ended_by
+        if moved is not None and not isinstance(moved, NotOwner):  # (a forwarded one's end)
+            self.conn.error(f"subscription {sub.id!r} to {sub.destination} ended: {moved.message}")
+            return
         if sub.attach is None or not isinstance(moved, NotOwner) or self.session.forwarding is None:
             return
         try:
