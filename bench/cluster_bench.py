@@ -8,6 +8,7 @@ with acks. Each mode runs ``--rounds`` times; the median and the range are print
 ZooKeeper's jars (``apt-get install zookeeper``: scripts/setup.sh does).
 
     .venv/bin/python bench/cluster_bench.py [--destinations 16] [--messages 5000] [--rounds 3]
+    .venv/bin/python bench/cluster_bench.py --stomp   # what forwarding costs a STOMP client
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -88,8 +90,7 @@ def run_mode(mode: str, zk: ZooKeeper, a: argparse.Namespace, k: int) -> tuple[f
         out: mp.Queue = spawn.Queue()
         shares = [names[i :: a.clients] for i in range(a.clients)]
         workers = [
-            spawn.Process(target=_client, args=(urls, s, a.messages, a.batch, out))
-            for s in shares
+            spawn.Process(target=_client, args=(urls, s, a.messages, a.batch, out)) for s in shares
         ]
         for w in workers:
             w.start()
@@ -105,6 +106,93 @@ def run_mode(mode: str, zk: ZooKeeper, a: argparse.Namespace, k: int) -> tuple[f
             p.stop()
 
 
+def _stomp_round(port: int, q: str, n: int, sync_n: int) -> tuple[float, float, float]:
+    """One STOMP client's synchronous sends, pipelined sends, and reading with acks."""
+    import threading
+
+    import stomp  # (the bench extra's)
+
+    got: list[Any] = []
+    receipts: set[str] = set()
+    cond = threading.Condition()
+
+    class Inbox(stomp.ConnectionListener):
+        def on_message(self, frame: Any) -> None:
+            with cond:
+                got.append(frame)
+                cond.notify_all()
+
+        def on_receipt(self, frame: Any) -> None:
+            with cond:
+                receipts.add(frame.headers["receipt-id"])
+                cond.notify_all()
+
+    def receipt(name: str, timeout: float) -> None:
+        with cond:
+            if not cond.wait_for(lambda: name in receipts, timeout):
+                raise RuntimeError(f"{q}: no receipt {name}")
+
+    conn = stomp.Connection12([("127.0.0.1", port)], auto_decode=False)
+    conn.set_listener("bench", Inbox())
+    conn.connect(wait=True)
+    body = b"x" * 100
+    started = time.perf_counter()
+    for i in range(sync_n):  # one at a time: each waits for its receipt
+        conn.send(f"/queue/{q}", body, headers={"receipt": f"s{i}"})
+        receipt(f"s{i}", 30)
+    sync_rate = sync_n / (time.perf_counter() - started)
+    started = time.perf_counter()
+    for i in range(n):  # pipelined: a receipt on the last only
+        conn.send(f"/queue/{q}", body, headers={"receipt": "last"} if i == n - 1 else {})
+    receipt("last", 120)
+    send_rate = n / (time.perf_counter() - started)
+    started = time.perf_counter()
+    conn.subscribe(f"/queue/{q}", id="s", ack="client-individual")
+    acked = 0
+    while acked < n + sync_n:
+        with cond:
+            cond.wait_for(lambda: bool(got), 60)
+            batch, got[:] = list(got), []
+        if not batch:
+            raise RuntimeError(f"{q}: {n + sync_n - acked} messages never came")
+        for frame in batch:
+            conn.ack(frame.headers["ack"])
+        acked += len(batch)
+    read_rate = acked / (time.perf_counter() - started)
+    conn.disconnect()
+    return sync_rate, send_rate, read_rate
+
+
+def stomp_forwarding(zk: ZooKeeper, a: argparse.Namespace) -> None:
+    """What forwarding costs a STOMP client (stomp.py): the same sends and reads, through the
+    member that owns the queue and through the other one, which forwards them."""
+    root = Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-stomp-"))
+    procs = _members(zk, root, 2, "bench-stomp")
+    try:
+        with Admin([p.url for p in procs]) as admin:
+            for q, member in (("here", "m0"), ("there", "m1")):
+                admin.create_queue(q)
+                admin.pin(q, member)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                owners = {q: o["member"] for q, o in admin.cluster()["owners"].items()}
+                if owners == {"here": "m0", "there": "m1"}:
+                    break
+                time.sleep(0.1)
+        port = procs[0].stomp_port  # (m0's: "there" is forwarded to m1)
+        assert port is not None
+        for r in range(a.rounds):
+            for q, how in (("here", "to its owner"), ("there", "forwarded")):
+                sync, sent, read = _stomp_round(port, q, a.stomp_messages, a.stomp_sync)
+                print(
+                    f"round {r + 1} STOMP {how:>12}: synchronous sends {sync:6,.0f}/s  "
+                    f"pipelined sends {sent:8,.0f} msg/s  consume+ack {read:8,.0f} msg/s"
+                )
+    finally:
+        for p in procs:
+            p.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--destinations", type=int, default=16)
@@ -112,9 +200,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--stomp", action="store_true", help="only: what forwarding costs STOMP")
+    ap.add_argument("--stomp-messages", type=int, default=5000)
+    ap.add_argument("--stomp-sync", type=int, default=100)
     a = ap.parse_args()
     zk = ZooKeeper(Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-zk-")))
     zk.start()
+    if a.stomp:
+        try:
+            stomp_forwarding(zk, a)
+        finally:
+            zk.stop()
+        return
     modes = ["single broker", "1 member", "2 members"]
     figures: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     try:

@@ -118,13 +118,20 @@ def decode_request(frame: bytes | memoryview) -> Request:
     header_reader, body_reader = _readers(key, version)
     try:
         header, offset = header_reader(frame, 0)
-        body, _ = body_reader(frame, offset)
+        body, size = body_reader(frame, offset)
     except Exception as exc:  # (kio's DecodeError, a struct error, a bad enum value, ...)
         raise KafkaProtocolError(
             f"a malformed {api_name(key)} v{version} request: {type(exc).__name__}: {exc}"
         ) from None
-    # bytes past the request's fields are left, as Kafka's brokers leave them: librdkafka
-    # 2.16's Metadata v12 for every topic (its AdminClient's list_topics) carries three
+    # bytes past the request's fields: a frame that is not one request (a mangled length),
+    # refused; except a Metadata request's, which Kafka's brokers leave as this one does:
+    # librdkafka 2.16's Metadata v12 for every topic (its AdminClient's list_topics) carries
+    # three
+    if offset + size != len(frame) and key != METADATA:
+        raise KafkaProtocolError(
+            f"a {api_name(key)} v{version} request of {len(frame)} bytes holds "
+            f"{offset + size}: not one request"
+        )
     return Request(key, version, correlation, header.client_id, body, len(frame))
 
 
