@@ -24,7 +24,8 @@ from spark_mq import Admin, Consumer, Producer
 from spark_mq.launch import BrokerProcess
 from tests.conftest import receive_n, wait_for
 from tests.ops_kit import depth, launch
-from tests.security_kit import PASSWORDS
+from tests.security_kit import PASSWORDS, security_settings
+from tests.zk_kit import ZooKeeper
 
 pytestmark = pytest.mark.process
 
@@ -201,3 +202,64 @@ def test_a_user_sees_and_does_only_what_it_may(browser: WebDriver, broker: Broke
     browser.get(broker.http_url + "/#/config")
     assert "'bob' may not admin" in wait(browser, "#page-error")
     shot(browser, "denied")
+
+
+def test_the_console_shows_a_cluster_and_an_operator_moves_a_destination(
+    browser: WebDriver, zookeeper: ZooKeeper, tmp_path: Path
+) -> None:
+    """A cluster member's console: its session, the leader, the members, who owns what; a
+    destination pinned to another member from the page moves there."""
+    from selenium.webdriver.support.ui import Select
+
+    settings = {k: str(v).lower() if isinstance(v, bool) else v
+                for k, v in security_settings(tmp_path).items()}  # fmt: skip
+    settings |= {"cluster.zookeeper": zookeeper.hosts, "cluster.name": f"console-{os.getpid()}",
+                 "cluster.session_timeout_s": 2}  # fmt: skip
+    members = {}
+    try:
+        for m in "ab":
+            args = [a for k, v in {**settings, "ha.broker_id": m}.items()
+                    for a in ("--set", f"{k}={v}")]  # fmt: skip
+            members[m] = BrokerProcess(
+                str(tmp_path / "root"), extra_args=args, log_file=str(tmp_path / f"{m}.out")
+            ).start()
+        urls = [p.url for p in members.values()]
+        names = [f"c{i}" for i in range(4)]
+        with Admin(urls, **ALICE) as admin:
+            for n in names:
+                admin.create_queue(n)
+            wait_for(lambda: len(admin.cluster()["owners"]) == 4, 20, "placed")
+            owners = {n: o["member"] for n, o in admin.cluster()["owners"].items()}
+        browser.get(members["a"].http_url + "/#/cluster")
+        WebDriverWait(browser, 15).until(
+            lambda d: d.find_elements(By.ID, "login") or d.find_elements(By.ID, "cluster-member")
+        )
+        if browser.find_elements(By.ID, "login"):  # (another broker's cookie, or none)
+            browser.find_element(By.ID, "username").send_keys("alice")
+            browser.find_element(By.ID, "password").send_keys(PASSWORDS["alice"])
+            browser.find_element(By.ID, "login-submit").click()
+        assert wait(browser, "#cluster-member", "a") == "a"
+        assert wait(browser, "#cluster-session") == "connected"
+        assert wait(browser, "#cluster-members") == "2"
+        rows = wait(browser, "#member-table tbody", "b")
+        assert "a (this one)" in rows and members["b"].url in rows
+        for n in names:
+            assert wait(browser, f"tr[data-name='{n}'] td.owner") == owners[n]
+        shot(browser, "cluster")
+        # an operator's move, from the page: pinned to the member that does not own it
+        moved = names[0]
+        to = "b" if owners[moved] == "a" else "a"
+        Select(
+            browser.find_element(By.CSS_SELECTOR, f"tr[data-name='{moved}'] select")
+        ).select_by_value(to)
+        browser.find_element(By.CSS_SELECTOR, f"tr[data-name='{moved}'] button.pin").click()
+        wait(browser, f"tr[data-name='{moved}'] td.owner", to, timeout=20)
+        assert wait(browser, f"tr[data-name='{moved}'] td.placing", "pinned") == "pinned"
+        with Admin(urls, **ALICE) as admin:
+            wait_for(lambda: moved in admin.cluster()["serving"] or
+                     admin.cluster()["owners"][moved]["member"] == to, 20, "moved")  # fmt: skip
+            assert admin.cluster()["owners"][moved]["member"] == to
+        shot(browser, "cluster-moved")
+    finally:
+        for p in members.values():
+            p.kill()

@@ -281,6 +281,15 @@ def test_the_console_api_logs_in_and_guards_changes(secured: BrokerProcess) -> N
     assert http(url + "/api/no/such/call", headers=jar)[0] == 404
     status, _, body = http(url + "/api/destinations/api.q/messages?limit=x", headers=jar)
     assert status == 400 and b"limit" in body
+    # a broker of its own: no cluster to show, nowhere to pin to (bob may not pin at all)
+    assert json.loads(http(url + "/api/cluster", headers=jar)[2]) == {"cluster": None}
+    pin = url + "/api/cluster/pin"
+    status, _, body = http(pin, method="POST", body={"name": "api.q", "member": "x"}, headers=jar)
+    assert status == 409 and b"not a cluster member" in body, body
+    status, _, body = http(pin, method="POST", body={"name": "api.q", "member": "x"}, user="bob")
+    assert status == 403, body
+    status, _, body = http(pin, method="POST", body={"member": "x"}, headers=jar)
+    assert status == 400 and b"name the destination" in body, body
 
     assert http(url + "/api/logout", method="POST", headers=jar)[0] == 200
     assert http(url + "/api/whoami", headers=jar)[0] == 401  # the cookie is void now

@@ -140,6 +140,7 @@ class Coordinator:
         self._members: dict[str, Member] = {}
         self._registered: frozenset[str] = frozenset()  # destinations/ (as last seen)
         self._temporaries: dict[str, str] = {}  # temporary/: queue -> member (as last seen)
+        self._pinned: frozenset[str] = frozenset()  # pins/ (as last seen)
         self._mine: set[str] = set()  # this member's temporary queues (again after a rejoin)
         self._leader_node: str | None = None
         self._leader: str | None = None
@@ -231,7 +232,7 @@ class Coordinator:
         self._client.ChildrenWatch(f"{self.root}/leader", self._changed)
         self._client.ChildrenWatch(f"{self.root}/leaving", self._changed)
         self._client.ChildrenWatch(f"{self.root}/destinations", self._destinations_changed)
-        self._client.ChildrenWatch(f"{self.root}/pins", self._changed)
+        self._client.ChildrenWatch(f"{self.root}/pins", self._pins_changed)
         self._client.ChildrenWatch(f"{self.root}/temporary", self._temporaries_changed)
         self._client.DataWatch(f"{self.root}/assignments", self._changed_data)
 
@@ -243,6 +244,10 @@ class Coordinator:
         self._registered = frozenset(children)
         self._wake.set()
         return not self._stop.is_set()
+
+    def _pins_changed(self, children: list[str]) -> bool:
+        self._pinned = frozenset(children)
+        return self._changed(children)
 
     def _temporaries_changed(self, children: list[str]) -> bool:
         found = {}
@@ -466,6 +471,10 @@ class Coordinator:
     def destinations(self) -> list[str]:
         """The destinations to place (as last seen)."""
         return sorted(self._registered)
+
+    def pinned(self) -> list[str]:
+        """The destinations an operator pinned to a member (as last seen)."""
+        return sorted(self._pinned)
 
     def register(self, names: list[str]) -> None:
         """Destinations to place, each added unless it is there already (its load kept)."""

@@ -339,6 +339,7 @@ class ClusterMember:
             "serving": serving,
             "moves": moves,
             "owners": {n: {"member": a.member, "epoch": a.epoch} for n, a in assignments.items()},
+            "pinned": self.coordinator.pinned(),
             "placing": sorted(
                 n for n, a in assignments.items() if a.member == self.member_id and n not in serving
             ),

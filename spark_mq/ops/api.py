@@ -57,6 +57,14 @@ def handle(
             )
         case "GET", ["config"]:
             return session.execute(c.ShowConfig())
+        case "GET", ["cluster"]:  # (a cluster member's view; "cluster": None for one broker)
+            return session.execute(c.BrokerStatus()).get("cluster") or {"cluster": None}
+        case "POST", ["cluster", "pin"]:
+            pinned = _text_or_none(body.get("name"), "name")
+            if pinned is None:
+                raise ProtocolError("name the destination to pin (name)")
+            member = _text_or_none(body.get("member"), "member")
+            return session.execute(c.PinDestination(pinned, member))
     raise NoSuchCall(f"no such API call: {method} /api/{'/'.join(parts)}")
 
 

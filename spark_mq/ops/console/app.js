@@ -260,6 +260,64 @@ async function refreshKafka() {
       Object.entries(g.lag).map(([t, n]) => t + ": " + fmt(n)).join(", ") || "–"])));
 }
 
+// -- a cluster's members and who owns what --------------------------------------------------------
+async function cluster() {
+  app().replaceChildren(el("h1", {}, "Cluster"), el("div", { id: "cluster" }));
+  await refreshCluster();
+  timer = setInterval(() => refreshCluster().catch(() => {}), POLL_MS);
+}
+
+async function refreshCluster() {
+  const c = await call("GET", "/api/cluster");
+  const box = document.getElementById("cluster");
+  if (!c.cluster) {
+    box.replaceChildren(el("p", { id: "not-a-cluster" }, "This broker is not a cluster member (cluster.zookeeper is empty)."));
+    return;
+  }
+  const members = Object.keys(c.members).sort();
+  const placing = new Set(c.placing);
+  const pinned = new Set(c.pinned || []);
+  const owners = Object.entries(c.owners).sort(([a], [b]) => a.localeCompare(b));
+  const pinRow = (name, owner) => {
+    const pick = el("select", { class: "pin-to", "aria-label": "pin " + name + " to" },
+      el("option", { value: "" }, "unpinned: placement decides"),
+      ...members.map((m) => el("option", { value: m }, m)));
+    pick.value = pinned.has(name) && members.includes(owner) ? owner : "";
+    const go = el("button", { class: "pin" }, "Pin");
+    go.addEventListener("click", async () => {
+      go.disabled = true;
+      try {
+        await call("POST", "/api/cluster/pin", { name, member: pick.value || null });
+        await refreshCluster();
+      } catch (err) { box.prepend(el("p", { class: "error", id: "pin-error" }, err.message)); }
+    });
+    return el("td", {}, pick, " ", go);
+  };
+  box.replaceChildren(
+    el("div", { class: "cards" },
+      card("Member", c.member_id, "cluster-member"),
+      card("Session", c.session, "cluster-session", c.session === "connected" ? "" : "state-red"),
+      card("Leader", c.leader || "being chosen", "cluster-leader"),
+      card("Members", String(members.length), "cluster-members"),
+      card("Serving here", String(Object.keys(c.serving).length), "cluster-serving"),
+      card("Moves", fmt(c.moves), "cluster-moves")),
+    el("h2", {}, "Members"),
+    table("member-table", ["Member", "Endpoint", "Kafka", "Host", "PID"], members.map((m) => {
+      const d = c.members[m];
+      return [m + (m === c.member_id ? " (this one)" : ""), d.endpoint, d.kafka || "–", d.host, String(d.pid)];
+    })),
+    el("h2", {}, "Who owns what"),
+    el("table", { id: "owner-table" },
+      el("thead", {}, el("tr", {}, ["Destination", "Owner", "Epoch", "", "Move"].map((h, i) => el("th", { class: i === 2 ? "num" : "" }, h)))),
+      el("tbody", {}, ...owners.map(([name, o]) => el("tr", { "data-name": name },
+        el("td", {}, name),
+        el("td", { class: "owner" }, o.member),
+        el("td", { class: "num epoch" }, String(o.epoch)),
+        el("td", { class: "placing" }, placing.has(name) ? "being taken on" : pinned.has(name) ? "pinned" : ""),
+        pinRow(name, o.member))))),
+  );
+}
+
 // -- configuration -----------------------------------------------------------------------------
 async function config() {
   const doc = await call("GET", "/api/config");
@@ -274,6 +332,7 @@ async function route() {
     if (hash.startsWith("#/d/")) await destination(decodeURIComponent(hash.slice(4)));
     else if (hash === "#/config") await config();
     else if (hash === "#/kafka") await kafka();
+    else if (hash === "#/cluster") await cluster();
     else await overview();
   } catch (err) {
     if (!document.getElementById("login")) app().replaceChildren(el("p", { class: "error", id: "page-error" }, err.message));
