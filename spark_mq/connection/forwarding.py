@@ -27,12 +27,13 @@ import itertools
 import logging
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import pyarrow as pa
 
 from spark_mq import commands as c
+from spark_mq.client._flight_put import conform_produce
 from spark_mq.client.consumer import Consumer
 from spark_mq.client.message import Message
 from spark_mq.client.producer import Producer
@@ -45,7 +46,7 @@ from spark_mq.errors import (
     SparkMQError,
 )
 from spark_mq.messages import Messages
-from spark_mq.schema import MESSAGE_SCHEMA
+from spark_mq.schema import MESSAGE_SCHEMA, PRODUCE_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -60,31 +61,67 @@ class Forwarding:
         self.timeout_s = timeout_s
         self._producer: Producer | None = None
         self._lock = threading.Lock()
-        # produces go out in the order they came (one thread: the SDK keeps each
-        # destination's order from there)
-        self._sends = ThreadPoolExecutor(1, thread_name_prefix="forward-produce")
+        # produces waiting to go out, by destination, in the order they came: one thread takes
+        # all that waits and sends each destination's as one batch (as a group commit does:
+        # a STOMP client's pipelined sends share round trips); the SDK keeps the order
+        self._waiting: dict[str, list[tuple[NotOwner, pa.Table, Future]]] = {}
+        self._wake = threading.Condition(self._lock)
+        self._closed = False
+        self._sender = threading.Thread(target=self._send_loop, name="forward-produce", daemon=True)
+        self._sender.start()
         self.forwarded = 0  # produces and attaches so far (status)
 
     def produce(self, owner: NotOwner, destination: str, messages: Messages) -> Future:
         """``messages`` for ``destination``, sent to its owner (``owner``: where it was, the
         SDK follows from there); the future resolves once durable there."""
-        self.forwarded += 1
-        table = _produce_table(messages)
         out: Future = Future()
-
-        def send() -> None:
-            try:
-                sent = self._producer_for(owner).send_batch(
-                    table, destination=destination, wait=False
-                )
-            except SparkMQError as exc:
-                out.set_exception(_as_forwarded(exc, owner))
-                return
-            assert isinstance(sent, Future)
-            sent.add_done_callback(lambda f: _copy(f, out, owner))
-
-        self._sends.submit(send)
+        table = _produce_table(messages)
+        with self._wake:
+            if self._closed:
+                out.set_exception(BrokerUnavailable("the broker is stopping"))
+                return out
+            self.forwarded += 1
+            self._waiting.setdefault(destination, []).append((owner, table, out))
+            self._wake.notify()
         return out
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._waiting and not self._closed:
+                    self._wake.wait()
+                if not self._waiting:
+                    return
+                taken, self._waiting = self._waiting, {}
+            for destination, items in taken.items():
+                self._send(destination, items)
+
+    def _send(self, destination: str, items: list[tuple[NotOwner, pa.Table, Future]]) -> None:
+        owner = items[-1][0]
+        try:
+            # one schema (PRODUCE_SCHEMA); one chunk, or each produce would travel alone
+            table = pa.concat_tables([t for _, t, _ in items]).combine_chunks()
+            sent = self._producer_for(owner).send_batch(table, destination=destination, wait=False)
+        except SparkMQError as exc:
+            for _, _, out in items:
+                out.set_exception(_as_forwarded(exc, owner))
+            return
+        assert isinstance(sent, Future)
+        sizes = [t.num_rows for _, t, _ in items]
+
+        def answered(f: Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                err = _as_forwarded(exc, owner) if isinstance(exc, SparkMQError) else exc
+                for _, _, out in items:
+                    out.set_exception(err)
+                return
+            offsets, at = f.result(), 0
+            for (_, _, out), n in zip(items, sizes, strict=True):
+                out.set_result(offsets[at : at + n])  # (each produce's own offsets)
+                at += n
+
+        sent.add_done_callback(answered)
 
     def _producer_for(self, owner: NotOwner) -> Producer:
         with self._lock:
@@ -99,7 +136,11 @@ class Forwarding:
         return RemoteConsumer(owner, cmd, wakeup, self.timeout_s)
 
     def close(self) -> None:
-        self._sends.shutdown(wait=True)
+        """What waits is sent (and answered), then the producer goes."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._sender.join(timeout=self.timeout_s)
         with self._lock:
             producer, self._producer = self._producer, None
         if producer is not None:
@@ -288,16 +329,6 @@ def _endpoint(owner: NotOwner) -> str:
     return endpoint
 
 
-def _copy(source: Future, target: Future, owner: NotOwner) -> None:
-    exc = source.exception()
-    if isinstance(exc, SparkMQError):
-        target.set_exception(_as_forwarded(exc, owner))
-    elif exc is not None:
-        target.set_exception(exc)
-    else:
-        target.set_result(source.result())
-
-
 def _as_forwarded(exc: SparkMQError, owner: NotOwner) -> SparkMQError:
     """The owner refused this member's login or rights: the client asked nothing wrong (its
     own rights were checked here), the member's forwarding identity is missing one."""
@@ -319,15 +350,20 @@ def _as_forwarded(exc: SparkMQError, owner: NotOwner) -> SparkMQError:
 
 
 def _produce_table(messages: Messages) -> pa.Table:
-    """A produce's messages as the SDK sends them (``PRODUCE_SCHEMA`` columns)."""
-    if messages.plain is not None:
-        return pa.table(
-            {
-                "body": pa.array([m.body for m in messages.plain], pa.binary()),
-                "dedup_id": pa.array([m.dedup_id for m in messages.plain], pa.string()),
-            }
-        )
-    return messages.table()
+    """A produce's messages as the SDK sends them, in ``PRODUCE_SCHEMA`` (one schema: a
+    batch of many produces is their concatenation, conformed once by the SDK)."""
+    plain = messages.plain
+    if plain is None:
+        rows = messages.table()  # (STOMP's are PRODUCE_SCHEMA already)
+        return rows if rows.schema.equals(PRODUCE_SCHEMA) else conform_produce(rows)
+    n = len(plain)
+    columns = {
+        name: pa.nulls(n, field.type)
+        for name, field in zip(PRODUCE_SCHEMA.names, PRODUCE_SCHEMA, strict=True)
+    }
+    columns["body"] = pa.array([m.body for m in plain], pa.binary())
+    columns["dedup_id"] = pa.array([m.dedup_id for m in plain], pa.string())
+    return pa.table(columns, schema=PRODUCE_SCHEMA)
 
 
 def _as_leased(messages: list[Message]) -> tuple[Messages, list[DeliveryState]]:
