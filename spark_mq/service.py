@@ -118,6 +118,8 @@ class RunningBroker:
             raise
         self.host = host
         self.port = self.service.port
+        if gateway.forwarding is not None:
+            gateway.forwarding.home = self.url
         self.wire_port = self.wire.port if self.wire else None
         self.stomp_port = self.stomp.port if self.stomp else None
         self.kafka_port = self.kafka.port if self.kafka else None

@@ -263,6 +263,69 @@ class Load:
         return sum(len(v) for v in self.acked.values())
 
 
+class StompLoad:
+    """Receipted sends from a STOMP client to the same queues, through a member the client
+    picks among the running ones, and another when that one goes: each send carries a dedup
+    id, so one whose receipt never came is sent again and stored once. A member that does not
+    own a queue forwards the send to its owner."""
+
+    def __init__(self, cluster: Cluster, names: list[str]) -> None:
+        self.cluster, self.names = cluster, names
+        self.acked: dict[str, list[str]] = defaultdict(list)
+        self.reconnects = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from tests.stomp_kit import connect as stomp_connect
+
+        i = 0
+        while not self._stop.is_set():
+            live = [p for p in self.cluster.members.values() if p.proc and p.proc.poll() is None]
+            try:
+                conn, inbox = stomp_connect(live[i % len(live)].stomp_port or 0)
+            except Exception:
+                time.sleep(0.1)
+                continue
+            try:
+                while not self._stop.is_set():
+                    name = self.names[i % len(self.names)]
+                    body = f"{name}:s:{i}"
+                    receipt = f"r{i}"
+                    headers = {"receipt": receipt, "sparkmq-dedup-id": f"stomp-{i}",
+                               "JMSXGroupID": "s"}  # fmt: skip
+                    conn.send(f"/queue/{name}", body.encode(), headers=headers)
+                    box = inbox
+                    box.wait(
+                        lambda r=receipt, box=box: (
+                            r in box.receipts or bool(box.errors) or box.disconnected.is_set()
+                        ),
+                        "a receipt",
+                        30,
+                    )
+                    if receipt not in inbox.receipts:
+                        break  # (its member went, or refused: again, elsewhere)
+                    self.acked[name].append(body)
+                    i += 1
+            except Exception:
+                pass  # (the connection broke mid-send: again, elsewhere)
+            finally:
+                self.reconnects += 1
+                with contextlib.suppress(Exception):
+                    conn.disconnect()
+
+    def __enter__(self) -> StompLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.acked.values())
+
+
 class Reading:
     """A consumer on each queue from any member's URL, acking what it reads, in a thread."""
 
@@ -292,7 +355,10 @@ class Reading:
 
 
 def _check_nothing_lost(
-    load: Load, cluster: Cluster, read: dict[str, list[str]] | None = None
+    load: Load,
+    cluster: Cluster,
+    read: dict[str, list[str]] | None = None,
+    stomp: StompLoad | None = None,
 ) -> None:
     """Every acknowledged message stored once and read, each group's in the order sent
     (``read``: some already read, and acked, while destinations moved; what was delivered and
@@ -308,10 +374,12 @@ def _check_nothing_lost(
             got = list(dict.fromkeys(got))
         assert len(got) == len(set(got)), f"{name}: stored twice: {len(got) - len(set(got))}"
         missing = set(load.acked[name]) - set(got)
+        if stomp is not None:  # (receipted STOMP sends, through members that forwarded them)
+            missing |= set(stomp.acked[name]) - set(got)
         assert not missing, f"{name}: acknowledged and lost: {sorted(missing)[:5]}"
-        for group in range(4):
-            mine = [int(b.rsplit(":", 1)[1]) for b in got if f":g{group}:" in b]
-            assert mine == sorted(mine), f"{name} g{group} out of order"
+        for group in ("g0", "g1", "g2", "g3", "s"):
+            mine = [int(b.rsplit(":", 1)[1]) for b in got if f":{group}:" in b]
+            assert mine == sorted(mine), f"{name} {group} out of order"
 
 
 def test_killed_members_destinations_are_served_again_nothing_acknowledged_lost(
@@ -322,7 +390,7 @@ def test_killed_members_destinations_are_served_again_nothing_acknowledged_lost(
     names = [f"k{i}" for i in range(6)]
     _placed(cluster, "abc", names)
     served_again = []
-    with Load(cluster.urls, names) as load:
+    with Load(cluster.urls, names) as load, StompLoad(cluster, names) as stomp:
         for r in range(rounds):
             victim = "abc"[r % 3]
             enough = 50 * (r + 1)
@@ -340,13 +408,17 @@ def test_killed_members_destinations_are_served_again_nothing_acknowledged_lost(
             assert lost  # (it owned some)
             cluster.start(victim)  # back, with new epochs for what it is given
             wait_for(lambda: _all_served(cluster, set(names), {"a", "b", "c"}), 20, "rebalanced")
-        before = load.count()
+        before, before_stomp = load.count(), stomp.count()
         wait_for(lambda: load.count() > before + 30, 30, "sending after the last round")
+        wait_for(lambda: stomp.count() > before_stomp + 30, 30, "STOMP sending after it")
     served_again.sort()
     print(f"served again after {served_again[len(served_again) // 2]:.2f} s (median), "
-          f"{served_again[-1]:.2f} s (max), over {rounds} kills")  # fmt: skip
+          f"{served_again[-1]:.2f} s (max), over {rounds} kills; {load.count()} SDK and "
+          f"{stomp.count()} STOMP sends acknowledged, STOMP connected {stomp.reconnects} "
+          "time(s)")  # fmt: skip
     assert served_again[-1] < SESSION_S + 4, served_again
-    _check_nothing_lost(load, cluster)
+    assert stomp.count() > 60
+    _check_nothing_lost(load, cluster, stomp=stomp)
 
 
 def test_a_member_paused_past_its_session_commits_nothing_after_it_was_replaced(

@@ -27,7 +27,7 @@ import itertools
 import logging
 import threading
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -59,6 +59,9 @@ class Forwarding:
 
     def __init__(self, timeout_s: float = 30.0) -> None:
         self.timeout_s = timeout_s
+        # this member's own URL (the service's, once it listens): the forwarding producer
+        # starts there, which outlives any owner, and is sent on to each destination's owner
+        self.home = ""
         self._producer: Producer | None = None
         self._lock = threading.Lock()
         # produces waiting to go out, by destination, in the order they came: one thread takes
@@ -67,6 +70,7 @@ class Forwarding:
         self._waiting: dict[str, list[tuple[NotOwner, pa.Table, Future]]] = {}
         self._wake = threading.Condition(self._lock)
         self._closed = False
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="forward-produce")
         self._sender = threading.Thread(target=self._send_loop, name="forward-produce", daemon=True)
         self._sender.start()
         self.forwarded = 0  # produces and attaches so far (status)
@@ -93,40 +97,37 @@ class Forwarding:
                 if not self._waiting:
                     return
                 taken, self._waiting = self._waiting, {}
-            for destination, items in taken.items():
-                self._send(destination, items)
+            # each destination's batch at once, one a destination at a time (its order):
+            # what comes meanwhile waits for the next round, and goes in one batch then
+            sending = [self._pool.submit(self._send, d, items) for d, items in taken.items()]
+            for f in sending:
+                f.result()
 
     def _send(self, destination: str, items: list[tuple[NotOwner, pa.Table, Future]]) -> None:
+        """One destination's waiting produces as one batch, waited for: the SDK sends it
+        again where the destination is served now when its owner fails or moves meanwhile
+        (each row has a dedup id by then: stored once)."""
         owner = items[-1][0]
         try:
             # one schema (PRODUCE_SCHEMA); one chunk, or each produce would travel alone
             table = pa.concat_tables([t for _, t, _ in items]).combine_chunks()
-            sent = self._producer_for(owner).send_batch(table, destination=destination, wait=False)
+            offsets = self._producer_for(owner).send_batch(table, destination=destination)
+            assert isinstance(offsets, list)  # (waited for)
         except SparkMQError as exc:
+            err = _as_forwarded(exc, owner)
             for _, _, out in items:
-                out.set_exception(_as_forwarded(exc, owner))
+                out.set_exception(err)
             return
-        assert isinstance(sent, Future)
-        sizes = [t.num_rows for _, t, _ in items]
-
-        def answered(f: Future) -> None:
-            exc = f.exception()
-            if exc is not None:
-                err = _as_forwarded(exc, owner) if isinstance(exc, SparkMQError) else exc
-                for _, _, out in items:
-                    out.set_exception(err)
-                return
-            offsets, at = f.result(), 0
-            for (_, _, out), n in zip(items, sizes, strict=True):
-                out.set_result(offsets[at : at + n])  # (each produce's own offsets)
-                at += n
-
-        sent.add_done_callback(answered)
+        at = 0
+        for _, t, out in items:
+            out.set_result(offsets[at : at + t.num_rows])  # (each produce's own offsets)
+            at += t.num_rows
 
     def _producer_for(self, owner: NotOwner) -> Producer:
         with self._lock:
             if self._producer is None:
-                self._producer = Producer(_endpoint(owner), linger_ms=0, timeout_s=self.timeout_s)
+                urls = [u for u in (self.home, _endpoint(owner)) if u]
+                self._producer = Producer(urls, linger_ms=0, timeout_s=self.timeout_s)
             return self._producer
 
     def attach(self, owner: NotOwner, cmd: c.Attach, wakeup: Any) -> RemoteConsumer:
@@ -141,6 +142,7 @@ class Forwarding:
             self._closed = True
             self._wake.notify()
         self._sender.join(timeout=self.timeout_s)
+        self._pool.shutdown(wait=False)
         with self._lock:
             producer, self._producer = self._producer, None
         if producer is not None:
