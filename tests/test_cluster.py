@@ -326,6 +326,58 @@ class StompLoad:
         return sum(len(v) for v in self.acked.values())
 
 
+class KafkaLoad:
+    """An idempotent librdkafka producer bootstrapped with every member's Kafka port, sending
+    numbered records to the same queues (each topic's leader: its owner); what each delivery
+    report acknowledged is kept."""
+
+    def __init__(self, cluster: Cluster, names: list[str]) -> None:
+        from confluent_kafka import Producer as KafkaProducer
+
+        ports = [p.kafka_port for p in cluster.members.values()]
+        self.names = names
+        self.acked: dict[str, list[str]] = defaultdict(list)
+        self.failed: list[str] = []
+        self._producer = KafkaProducer(
+            {
+                "bootstrap.servers": ",".join(f"127.0.0.1:{port}" for port in ports),
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "message.timeout.ms": 60_000,
+            }
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.failed.append(str(err))
+        else:
+            self.acked[msg.topic()].append(msg.value().decode())
+
+    def _run(self) -> None:
+        for i in itertools.count():
+            if self._stop.is_set():
+                return
+            name = self.names[i % len(self.names)]
+            self._producer.produce(
+                name, value=f"{name}:k:{i}".encode(), key=b"k", on_delivery=self._delivered
+            )
+            self._producer.poll(0.01)  # (about the others' pace)
+
+    def __enter__(self) -> KafkaLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        assert self._producer.flush(60) == 0
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.acked.values())
+
+
 class Reading:
     """A consumer on each queue from any member's URL, acking what it reads, in a thread."""
 
@@ -359,6 +411,7 @@ def _check_nothing_lost(
     cluster: Cluster,
     read: dict[str, list[str]] | None = None,
     stomp: StompLoad | None = None,
+    kafka: KafkaLoad | None = None,
 ) -> None:
     """Every acknowledged message stored once and read, each group's in the order sent
     (``read``: some already read, and acked, while destinations moved; what was delivered and
@@ -376,8 +429,10 @@ def _check_nothing_lost(
         missing = set(load.acked[name]) - set(got)
         if stomp is not None:  # (receipted STOMP sends, through members that forwarded them)
             missing |= set(stomp.acked[name]) - set(got)
+        if kafka is not None:  # (Kafka records a delivery report acknowledged)
+            missing |= set(kafka.acked[name]) - set(got)
         assert not missing, f"{name}: acknowledged and lost: {sorted(missing)[:5]}"
-        for group in ("g0", "g1", "g2", "g3", "s"):
+        for group in ("g0", "g1", "g2", "g3", "s", "k"):
             mine = [int(b.rsplit(":", 1)[1]) for b in got if f":{group}:" in b]
             assert mine == sorted(mine), f"{name} {group} out of order"
 
@@ -390,7 +445,11 @@ def test_killed_members_destinations_are_served_again_nothing_acknowledged_lost(
     names = [f"k{i}" for i in range(6)]
     _placed(cluster, "abc", names)
     served_again = []
-    with Load(cluster.urls, names) as load, StompLoad(cluster, names) as stomp:
+    with (
+        Load(cluster.urls, names) as load,
+        StompLoad(cluster, names) as stomp,
+        KafkaLoad(cluster, names) as kafka,
+    ):
         for r in range(rounds):
             victim = "abc"[r % 3]
             enough = 50 * (r + 1)
@@ -411,14 +470,16 @@ def test_killed_members_destinations_are_served_again_nothing_acknowledged_lost(
         before, before_stomp = load.count(), stomp.count()
         wait_for(lambda: load.count() > before + 30, 30, "sending after the last round")
         wait_for(lambda: stomp.count() > before_stomp + 30, 30, "STOMP sending after it")
+        before_kafka = kafka.count()
+        wait_for(lambda: kafka.count() > before_kafka + 30, 30, "Kafka producing after it")
     served_again.sort()
     print(f"served again after {served_again[len(served_again) // 2]:.2f} s (median), "
           f"{served_again[-1]:.2f} s (max), over {rounds} kills; {load.count()} SDK and "
-          f"{stomp.count()} STOMP sends acknowledged, STOMP connected {stomp.reconnects} "
-          "time(s)")  # fmt: skip
+          f"{stomp.count()} STOMP sends and {kafka.count()} Kafka records acknowledged, "
+          f"STOMP connected {stomp.reconnects} time(s)")  # fmt: skip
     assert served_again[-1] < SESSION_S + 4, served_again
-    assert stomp.count() > 60
-    _check_nothing_lost(load, cluster, stomp=stomp)
+    assert stomp.count() > 60 and kafka.count() > 60 and not kafka.failed, kafka.failed[:3]
+    _check_nothing_lost(load, cluster, stomp=stomp, kafka=kafka)
 
 
 def test_a_member_paused_past_its_session_commits_nothing_after_it_was_replaced(
