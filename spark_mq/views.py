@@ -37,6 +37,7 @@ def summary(d: dict[str, Any]) -> dict[str, Any]:
         "dead_lettered": figures.get("dead_lettered", 0),
         "delta_lag_messages": d.get("delta_lag_messages", 0),
         "delta_lag_ms": d.get("delta_lag_ms", 0.0),
+        **({"member": d["member"]} if "member" in d else {}),  # (a cluster's: who serves it)
     }
 
 

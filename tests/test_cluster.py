@@ -212,6 +212,16 @@ def test_any_member_serves_the_sdk_each_destination_from_its_owner(cluster: Clus
     assert [m.body.decode() for m in _drain(cluster.urls, moved, expect=1)] == ["tx-3"]
     refused = _cli("cluster", "pin", moved, "nobody", url=cluster.members["a"].url)
     assert refused.returncode != 0 and "no member 'nobody'" in refused.stderr
+    # a listing asked of any member is the cluster's: every member's destinations, each row
+    # naming the member serving it
+    owners = cluster.owners("a")
+    listed = _cli("queue", "list", "--json", url=cluster.members["b"].url)
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert {n: r["member"] for n, r in rows.items()} == {n: owners[n] for n in names}
+    assert rows[moved]["depth"] == 0 and all(rows[n]["produced"] >= 101 for n in names)
+    table = _cli("queue", "list", url=cluster.members["c"].url)
+    assert "MEMBER" in table.stdout and all(n in table.stdout for n in names)
 
 
 def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:

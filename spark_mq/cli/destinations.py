@@ -56,13 +56,15 @@ def _kind_group(kind: str) -> click.Group:
         columns = ["NAME", "DEPTH", "IN-FLIGHT", "CONSUMERS", "PRODUCED", "ACKED", "DEAD-LETTERED"]
         if kind == "topic":
             columns.insert(1, "SUBSCRIPTIONS")
+        clustered = any("member" in r for r in rows)  # (a cluster's: who serves each)
         table(
-            [*columns, "DELTA-LAG"],
+            [*columns, "DELTA-LAG", *(["MEMBER"] if clustered else [])],
             (
                 [r["name"]]
                 + ([r["subscriptions"]] if kind == "topic" else [])
                 + [r["depth"], r["in_flight"], r["consumers"], r["produced"], r["acked"]]
                 + [r["dead_lettered"], r["delta_lag_messages"]]
+                + ([r.get("member", "")] if clustered else [])
                 for r in rows
             ),
         )

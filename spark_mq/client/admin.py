@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -17,8 +18,10 @@ from spark_mq.client._transport import (
     connect,
     translated,
 )
-from spark_mq.errors import NotAllowed, NotOwner
+from spark_mq.errors import BrokerUnavailable, NotAllowed, NotOwner
 from spark_mq.security.credentials import Auth
+
+log = logging.getLogger(__name__)
 
 
 class Admin:
@@ -70,9 +73,7 @@ class Admin:
                 if not isinstance(endpoint, str) or not endpoint:
                     time.sleep(0.1)
                     continue
-                conn = self._members.get(endpoint)
-                if conn is None:
-                    conn = self._members[endpoint] = connect(endpoint, self._timeout_s, self._auth)
+                conn = self._member(endpoint)
                 client, options = conn.client, conn.options
 
     def ping(self) -> bool:
@@ -103,7 +104,33 @@ class Admin:
         self._call("delete_destination", name=name)
 
     def list_destinations(self) -> list[dict[str, Any]]:
-        return list(self._call("list_destinations"))
+        """Every destination with its statistics. A cluster's are asked of each member (as
+        Kafka's admin clients list from every broker), each row saying which serves it
+        (``member``); a member that does not answer is left out, saying so in the log."""
+        here = list(call_action(self._client, self._options, "list_destinations"))
+        cluster = call_action(self._client, self._options, "broker_status").get("cluster")
+        if not cluster:
+            return here
+        me = cluster["member_id"]
+        rows = [{**d, "member": me} for d in here]
+        for member_id, member in sorted(cluster["members"].items()):
+            if member_id == me:
+                continue
+            conn = self._member(member["endpoint"])
+            try:
+                listed = call_action(conn.client, conn.options, "list_destinations")
+            except BrokerUnavailable as exc:
+                log.warning("cluster member %s did not list its destinations: %s", member_id,
+                            exc.message)  # fmt: skip
+                continue
+            rows += [{**d, "member": member_id} for d in listed]
+        return sorted(rows, key=lambda d: str(d["name"]))
+
+    def _member(self, endpoint: str) -> Connection:
+        conn = self._members.get(endpoint)
+        if conn is None:
+            conn = self._members[endpoint] = connect(endpoint, self._timeout_s, self._auth)
+        return conn
 
     def create_subscription(self, topic: str, name: str, *, selector: str | None = None) -> bool:
         """A durable subscription: it keeps every message published from now on until acked
