@@ -20,7 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 from deltalake import DeltaTable
@@ -236,16 +236,39 @@ def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-class Load:
-    """Synchronous sends of numbered messages in groups to several queues, from a producer
-    given every member's URL; what each send was acknowledged with is kept."""
+class _Sending:
+    """Sends in a thread of its own while the ``with`` block lasts; what each send was
+    acknowledged with is kept, by queue."""
 
-    def __init__(self, urls: list[str], names: list[str]) -> None:
-        self.urls, self.names = urls, names
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
         self.acked: dict[str, list[str]] = defaultdict(list)
-        self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.acked.values())
+
+
+class Load(_Sending):
+    """Synchronous sends of numbered messages in groups to several queues, from a producer
+    given every member's URL."""
+
+    def __init__(self, urls: list[str], names: list[str]) -> None:
+        super().__init__(names)
+        self.urls = urls
+        self.errors: list[str] = []
 
     def _run(self) -> None:
         with Producer(self.urls, linger_ms=0, timeout_s=30) as producer:
@@ -261,30 +284,17 @@ class Load:
                     continue
                 self.acked[name].append(body)
 
-    def __enter__(self) -> Load:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def count(self) -> int:
-        return sum(len(v) for v in self.acked.values())
-
-
-class StompLoad:
+class StompLoad(_Sending):
     """Receipted sends from a STOMP client to the same queues, through a member the client
     picks among the running ones, and another when that one goes: each send carries a dedup
     id, so one whose receipt never came is sent again and stored once. A member that does not
     own a queue forwards the send to its owner."""
 
     def __init__(self, cluster: Cluster, names: list[str]) -> None:
-        self.cluster, self.names = cluster, names
-        self.acked: dict[str, list[str]] = defaultdict(list)
+        super().__init__(names)
+        self.cluster = cluster
         self.reconnects = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         from tests.stomp_kit import connect as stomp_connect
@@ -305,9 +315,8 @@ class StompLoad:
                     headers = {"receipt": receipt, "sparkmq-dedup-id": f"stomp-{i}",
                                "JMSXGroupID": "s"}  # fmt: skip
                     conn.send(f"/queue/{name}", body.encode(), headers=headers)
-                    box = inbox
-                    box.wait(
-                        lambda r=receipt, box=box: (
+                    inbox.wait(
+                        lambda r=receipt, box=inbox: (
                             r in box.receipts or bool(box.errors) or box.disconnected.is_set()
                         ),
                         "a receipt",
@@ -324,19 +333,8 @@ class StompLoad:
                 with contextlib.suppress(Exception):
                     conn.disconnect()
 
-    def __enter__(self) -> StompLoad:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def count(self) -> int:
-        return sum(len(v) for v in self.acked.values())
-
-
-class KafkaLoad:
+class KafkaLoad(_Sending):
     """An idempotent librdkafka producer bootstrapped with every member's Kafka port, sending
     numbered records to the same queues (each topic's leader: its owner); what each delivery
     report acknowledged is kept."""
@@ -344,9 +342,8 @@ class KafkaLoad:
     def __init__(self, cluster: Cluster, names: list[str]) -> None:
         from confluent_kafka import Producer as KafkaProducer
 
+        super().__init__(names)
         ports = [p.kafka_port for p in cluster.members.values()]
-        self.names = names
-        self.acked: dict[str, list[str]] = defaultdict(list)
         self.failed: list[str] = []
         self._producer = KafkaProducer(
             {
@@ -356,8 +353,6 @@ class KafkaLoad:
                 "message.timeout.ms": 60_000,
             }
         )
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -375,17 +370,9 @@ class KafkaLoad:
             )
             self._producer.poll(0.01)  # (about the others' pace)
 
-    def __enter__(self) -> KafkaLoad:
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
+        super().__exit__(*exc)
         assert self._producer.flush(60) == 0
-
-    def count(self) -> int:
-        return sum(len(v) for v in self.acked.values())
 
 
 class Reading:
