@@ -291,6 +291,14 @@ class ClusterSection(_Section):
     # ZooKeeper's digest authentication ("user:password"; "" = none). With it, the cluster's
     # znodes are readable and writable by that identity only
     zookeeper_auth: str = ""
+    # TLS to ZooKeeper (its secureClientPort): the server's certificate is checked against
+    # zookeeper_tls_ca_file ("" = the system's CAs) and must name the host in
+    # cluster.zookeeper; a certificate and key of the member's own when the ensemble asks for
+    # one (ssl.clientAuth)
+    zookeeper_tls: bool = False
+    zookeeper_tls_ca_file: str = ""
+    zookeeper_tls_cert_file: str = ""
+    zookeeper_tls_key_file: str = ""
 
 
 class BrokerConfig(_Section):
@@ -482,3 +490,24 @@ def _check_cluster(config: BrokerConfig) -> None:
             "set ha.broker_id (e.g. --set ha.broker_id=member-1)",
             setting="ha.broker_id",
         )
+    c = config.cluster
+    files = {
+        "cluster.zookeeper_tls_ca_file": c.zookeeper_tls_ca_file,
+        "cluster.zookeeper_tls_cert_file": c.zookeeper_tls_cert_file,
+        "cluster.zookeeper_tls_key_file": c.zookeeper_tls_key_file,
+    }
+    given = {k: v for k, v in files.items() if v}
+    if given and not c.zookeeper_tls:
+        raise ConfigError(
+            f"{', '.join(given)} given with cluster.zookeeper_tls = false: set it to true "
+            "(ZooKeeper's secureClientPort)",
+            setting="cluster.zookeeper_tls",
+        )
+    if bool(c.zookeeper_tls_cert_file) != bool(c.zookeeper_tls_key_file):
+        raise ConfigError(
+            "cluster.zookeeper_tls_cert_file and cluster.zookeeper_tls_key_file go together",
+            setting="cluster.zookeeper_tls_cert_file",
+        )
+    for setting, path in given.items():
+        if not Path(path).is_file():
+            raise ConfigError(f"{setting}: no file {path}", setting=setting)

@@ -872,7 +872,42 @@ def _scrape(member: BrokerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...
     }
 
 
-def test_cluster_settings_are_checked() -> None:
+def test_members_reach_zookeeper_over_tls_with_their_own_certificates(tmp_path: Path) -> None:
+    """ZooKeeper on its secureClientPort, asking each client for a certificate: a member with
+    the cluster's CA and a certificate of its own joins and serves."""
+    from tests.security_kit import Authority
+
+    ca = Authority(tmp_path)
+    server = ca.issue("zookeeper", server=True)
+    keystore = tmp_path / "zookeeper-keystore.pem"  # (ZooKeeper reads its key and chain here)
+    keystore.write_bytes(server.key_file.read_bytes() + server.cert_file.read_bytes())
+    member = ca.issue("member-a", server=False)
+    secure_zk = ZooKeeper(tmp_path / "zk", tls=(keystore, ca.cert_file))
+    secure_zk.start()
+    cluster = Cluster(secure_zk, tmp_path)
+    try:
+        cluster.start(
+            "a",
+            **{
+                "cluster.zookeeper_tls": "true",
+                "cluster.zookeeper_tls_ca_file": str(ca.cert_file),
+                "cluster.zookeeper_tls_cert_file": str(member.cert_file),
+                "cluster.zookeeper_tls_key_file": str(member.key_file),
+            },
+        )
+        with Admin(cluster.urls) as admin:
+            admin.create_queue("over-tls")
+        wait_for(lambda: cluster.serving("a")["a"] == {"over-tls"}, 20, "served")
+        assert cluster.state("a")["session"] == "connected"
+        with Producer(cluster.urls) as producer:
+            producer.send_sync("secret", destination="over-tls")
+        assert [m.body for m in _drain(cluster.urls, "over-tls", expect=1)] == [b"secret"]
+    finally:
+        cluster.stop()
+        secure_zk.stop()
+
+
+def test_cluster_settings_are_checked(tmp_path: Path) -> None:
     from spark_mq.config import load_config
 
     with pytest.raises(ConfigError, match=r"ha\.broker_id"):
@@ -893,3 +928,16 @@ def test_cluster_settings_are_checked() -> None:
                 "broker.persistence": "memory",
             }
         )
+    member = {"cluster.zookeeper": "127.0.0.1:1", "ha.broker_id": "a",
+              "broker.data_dir": str(tmp_path)}  # fmt: skip
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-")
+    with pytest.raises(ConfigError, match="zookeeper_tls = false"):
+        load_config(overrides={**member, "cluster.zookeeper_tls_ca_file": str(ca)})
+    with pytest.raises(ConfigError, match="go together"):
+        load_config(overrides={**member, "cluster.zookeeper_tls": True,
+                               "cluster.zookeeper_tls_cert_file": str(ca)})  # fmt: skip
+    nowhere = str(tmp_path / "nope.pem")
+    with pytest.raises(ConfigError, match="no file"):
+        load_config(overrides={**member, "cluster.zookeeper_tls": True,
+                               "cluster.zookeeper_tls_ca_file": nowhere})  # fmt: skip

@@ -64,6 +64,16 @@ RESCAN_S = 5.0
 
 
 @dataclass(frozen=True)
+class Tls:
+    """TLS to ZooKeeper: the CA its certificate chains to ("": the system's), and the
+    member's own certificate and key (when the ensemble asks for one)."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+
+@dataclass(frozen=True)
 class Assignment:
     """A destination's owner, and the epoch it owns it with (greater at each hand-over)."""
 
@@ -101,6 +111,7 @@ class Coordinator:
         on_change: Callable[[dict[str, Assignment]], None] | None = None,
         on_health: Callable[[Health], None] | None = None,
         auth: str | None = None,
+        tls: Tls | None = None,
     ) -> None:
         if not member_id or "/" in member_id:
             raise ConfigError(f"a cluster member's id must be a name without '/': {member_id!r}")
@@ -128,6 +139,15 @@ class Coordinator:
             secured = {
                 "auth_data": [("digest", auth)],
                 "default_acl": [make_digest_acl(user, password, all=True)],
+            }
+        if tls is not None:  # (the host name checked against the server's certificate)
+            secured |= {
+                "use_ssl": True,
+                "verify_certs": True,
+                "check_hostname": True,
+                "ca": tls.ca_file or None,
+                "certfile": tls.cert_file or None,
+                "keyfile": tls.key_file or None,
             }
         self._client = KazooClient(
             hosts=hosts, timeout=session_timeout_s, connection_retry=retry, **secured
@@ -160,7 +180,9 @@ class Coordinator:
         except KazooTimeoutError as exc:
             raise ConfigError(
                 f"cannot reach ZooKeeper at {self._client.hosts} within {timeout_s:g} s: is it "
-                "running, and is cluster.zookeeper right?"
+                "running, and is cluster.zookeeper right? (with TLS: its secureClientPort, "
+                "cluster.zookeeper_tls_ca_file, and the member's certificate if it asks for "
+                "one; the log says what the handshake met)"
             ) from exc
         for path in ("members", "leader", "leaving", "destinations", "pins", "temporary"):
             self._client.ensure_path(f"{self.root}/{path}")

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from spark_mq.cluster.coordination import Assignment, Coordinator, Health
+from spark_mq.cluster.coordination import Assignment, Coordinator, Health, Tls
 from spark_mq.config import BrokerConfig
 from spark_mq.errors import Deposed, DestinationNotFound, NotAllowed, NotOwner, SparkMQError
 from spark_mq.names import TEMPORARY_PREFIX
@@ -72,6 +72,13 @@ class ClusterMember:
             on_change=self._placed,
             on_health=self._health_changed,
             auth=settings.zookeeper_auth or None,
+            tls=Tls(
+                settings.zookeeper_tls_ca_file,
+                settings.zookeeper_tls_cert_file,
+                settings.zookeeper_tls_key_file,
+            )
+            if settings.zookeeper_tls
+            else None,
         )
         self._work: queue.Queue[Any] = queue.Queue()
         self._changed = threading.Condition()  # notified when what is served here changes
