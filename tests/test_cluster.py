@@ -368,7 +368,7 @@ class KafkaLoad(_Sending):
             self._producer.produce(
                 name, value=f"{name}:k:{i}".encode(), key=b"k", on_delivery=self._delivered
             )
-            self._producer.poll(0.01)  # (about the others' pace)
+            self._producer.poll(0.03)  # (about the others' pace)
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
