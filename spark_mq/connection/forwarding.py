@@ -63,6 +63,7 @@ class Forwarding:
         # starts there, which outlives any owner, and is sent on to each destination's owner
         self.home = ""
         self._producer: Producer | None = None
+        self._producer_lock = threading.Lock()  # (held while it connects: not the loop's)
         self._lock = threading.Lock()
         # produces waiting to go out, by destination, in the order they came: one thread takes
         # all that waits and sends each destination's as one batch (as a group commit does:
@@ -113,8 +114,12 @@ class Forwarding:
             table = pa.concat_tables([t for _, t, _ in items]).combine_chunks()
             offsets = self._producer_for(owner).send_batch(table, destination=destination)
             assert isinstance(offsets, list)  # (waited for)
-        except SparkMQError as exc:
-            err = _as_forwarded(exc, owner)
+        except Exception as exc:  # (whatever it was, its clients hear it; the thread goes on)
+            if isinstance(exc, SparkMQError):
+                err: BaseException = _as_forwarded(exc, owner)
+            else:
+                log.exception("forwarding to %s failed", destination)
+                err = BrokerUnavailable(f"forwarding to {destination!r} failed: {exc}")
             for _, _, out in items:
                 out.set_exception(err)
             return
@@ -124,7 +129,7 @@ class Forwarding:
             at += t.num_rows
 
     def _producer_for(self, owner: NotOwner) -> Producer:
-        with self._lock:
+        with self._producer_lock:
             if self._producer is None:
                 urls = [u for u in (self.home, _endpoint(owner)) if u]
                 self._producer = Producer(urls, linger_ms=0, timeout_s=self.timeout_s)
@@ -143,7 +148,7 @@ class Forwarding:
             self._wake.notify()
         self._sender.join(timeout=self.timeout_s)
         self._pool.shutdown(wait=False)
-        with self._lock:
+        with self._producer_lock:
             producer, self._producer = self._producer, None
         if producer is not None:
             producer.close()
