@@ -66,15 +66,16 @@ class Forwarding:
         self._producer_lock = threading.Lock()  # (held while it connects: not the loop's)
         self._lock = threading.Lock()
         # produces waiting to go out, by destination, in the order they came: one thread takes
-        # all that waits and sends each destination's as one batch (as a group commit does:
-        # a STOMP client's pipelined sends share round trips); the SDK keeps the order
+        # all that waits for a destination and sends it as one batch (as a group commit does:
+        # a STOMP client's pipelined sends share round trips), one batch a destination at a
+        # time (its order); a destination whose owner is slow to answer holds up no other
         self._waiting: dict[str, list[tuple[NotOwner, pa.Table, Future]]] = {}
+        self._sending: set[str] = set()  # destinations with a batch on its way
         self._wake = threading.Condition(self._lock)
         self._closed = False
-        self._pool = ThreadPoolExecutor(4, thread_name_prefix="forward-produce")
+        self._pool = ThreadPoolExecutor(16, thread_name_prefix="forward-produce")
         self._sender = threading.Thread(target=self._send_loop, name="forward-produce", daemon=True)
         self._sender.start()
-        self.forwarded = 0  # produces and attaches so far (status)
 
     def produce(self, owner: NotOwner, destination: str, messages: Messages) -> Future:
         """``messages`` for ``destination``, sent to its owner (``owner``: where it was, the
@@ -85,7 +86,6 @@ class Forwarding:
             if self._closed:
                 out.set_exception(BrokerUnavailable("the broker is stopping"))
                 return out
-            self.forwarded += 1
             self._waiting.setdefault(destination, []).append((owner, table, out))
             self._wake.notify()
         return out
@@ -93,16 +93,22 @@ class Forwarding:
     def _send_loop(self) -> None:
         while True:
             with self._wake:
-                while not self._waiting and not self._closed:
+                while not (ready := [d for d in self._waiting if d not in self._sending]):
+                    if self._closed and not self._waiting and not self._sending:
+                        return
                     self._wake.wait()
-                if not self._waiting:
-                    return
-                taken, self._waiting = self._waiting, {}
-            # each destination's batch at once, one a destination at a time (its order):
-            # what comes meanwhile waits for the next round, and goes in one batch then
-            sending = [self._pool.submit(self._send, d, items) for d, items in taken.items()]
-            for f in sending:
-                f.result()
+                taken = {d: self._waiting.pop(d) for d in ready}
+                self._sending.update(taken)
+            for destination, items in taken.items():
+                self._pool.submit(self._send_one, destination, items)
+
+    def _send_one(self, destination: str, items: list[tuple[NotOwner, pa.Table, Future]]) -> None:
+        try:
+            self._send(destination, items)
+        finally:  # (what came for it meanwhile goes next, as one batch)
+            with self._wake:
+                self._sending.discard(destination)
+                self._wake.notify()
 
     def _send(self, destination: str, items: list[tuple[NotOwner, pa.Table, Future]]) -> None:
         """One destination's waiting produces as one batch, waited for: the SDK sends it
@@ -137,7 +143,6 @@ class Forwarding:
 
     def attach(self, owner: NotOwner, cmd: c.Attach, wakeup: Any) -> RemoteConsumer:
         """A consumer of ``cmd``'s destination on its owner (connecting there: moments)."""
-        self.forwarded += 1
         _endpoint(owner)  # (one being placed: said now)
         return RemoteConsumer(owner, cmd, wakeup, self.timeout_s)
 
