@@ -153,6 +153,14 @@ class Stats:
 
 
 @dataclass(frozen=True, slots=True)
+class Partitions:
+    """How many partitions ``name`` has (1: it is not partitioned), and its kind (None: there
+    is no such destination): what a producer asks before it places messages."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class Browse:
     """Waiting messages in delivery order, not leased."""
 
@@ -224,6 +232,7 @@ Command = (
     | DeleteSubscription
     | Purge
     | Stats
+    | Partitions
     | Browse
     | Claim
     | ClaimedRows

@@ -19,6 +19,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spark_mq.errors import ConfigError
+from spark_mq.names import MAX_PARTITIONS
 
 ENV_PREFIX = "SPARKMQ_"
 MiB = 1024 * 1024
@@ -173,6 +174,9 @@ class DestinationSettings(_Section):
     # or not: what a log's readers (Kafka consumers, format("sparkmq")) may read again
     # (Kafka's retention.ms). 0: kept while a subscription owes them (JMS topics)
     retention_s: float = Field(0.0, ge=0)
+    # set at creation only: the destination is this many destinations (its partitions), each
+    # placed on its own; producers spread messages over them by group id (Kafka's partitions)
+    partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
 
     def redelivery_delay_s(self, delivery_count: int) -> float:
         """The wait before redelivering a message that was delivered ``delivery_count`` times."""
@@ -467,6 +471,13 @@ def load_config(
         ) from None
     config.hot_dir()  # settings that only make sense together
     _check_cluster(config)
+    if config.destinations.partitions != 1:
+        raise ConfigError(
+            "destinations.partitions: a destination's partitions are set when it is created "
+            "(Admin.create_queue(name, partitions=N), sparkmq queue create --partitions N), not "
+            "as a default for all",
+            setting="destinations.partitions",
+        )
     return config
 
 

@@ -165,6 +165,14 @@ class NotOwner(BrokerUnavailable):
     code = "not_owner"
 
 
+class Partitioned(SparkMQError):
+    """``destination`` has ``partitions`` partitions: a client that knows partitions (the SDK)
+    sends to and consumes from each (``<destination>~<index>``), and no broker does it for it
+    over the one connection (they may be on several cluster members)."""
+
+    code = "partitioned"
+
+
 class OperationTimeout(SparkMQError):
     code = "timeout"
     retriable = True

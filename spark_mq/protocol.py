@@ -45,6 +45,7 @@ ADMIN_ACTIONS = (
     "ack_claims",
     "release_claims",
     "stats",
+    "partitions",
     "ping",
     "reload_security",
     "promote",

@@ -62,6 +62,7 @@ def test_precedence_file_then_env_then_cli(tmp_path: Path) -> None:
         ({"environ": {"SPARKMQ_LIMITS__MAX_MESSAGE_BYTES": "lots"}}, "limits.max_message_bytes"),
         ({"overrides": {"journal.sync": "sometimes"}}, "journal.sync"),
         ({"overrides": {"broker.data_dir": "s3://bucket/mq"}}, "journal.hot_dir"),
+        ({"overrides": {"destinations.partitions": 4}}, "destinations.partitions"),
     ],
 )
 def test_invalid_settings_are_named(source: dict, setting: str) -> None:

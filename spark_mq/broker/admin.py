@@ -12,9 +12,10 @@ from spark_mq.broker.memory import MemoryMonitor
 from spark_mq.broker.registry import Destinations
 from spark_mq.broker.selector import compile_selector
 from spark_mq.config import BrokerConfig
-from spark_mq.errors import ConfigError
+from spark_mq.errors import ConfigError, DestinationExists
 from spark_mq.journal import Journal
 from spark_mq.journal.base import Kind
+from spark_mq.names import partition_name, validate_name
 from spark_mq.schema import QUEUE_SUBSCRIPTION
 
 log = logging.getLogger("spark_mq.broker.core")
@@ -40,14 +41,39 @@ class DestinationAdmin:
     def create_destination(
         self, name: str, kind: Kind, settings: dict[str, Any] | None = None
     ) -> bool:
-        """Create a queue or topic (``settings``: overrides of ``[destinations]``)."""
+        """Create a queue or topic (``settings``: overrides of ``[destinations]``); with
+        ``partitions`` N above 1, its N partitions (``<name>~0`` to ``<name>~<N-1>``), each a
+        destination of its own with the same settings. False when it existed as asked."""
+        validate_name(name)
         checked = self._checked_settings(settings)
         retention = self.config.destinations.retention_s
         if retention and "retention_s" not in checked:
             # kept with the destination: the compaction job, which reads no broker config,
             # keeps its rows that long
             checked["retention_s"] = retention
-        return self.destinations.create(name, kind, checked)
+        partitions = int(checked.get("partitions", 1))
+        existing = self.destinations.partitioned(name)
+        if existing is None and partitions == 1:
+            return self.destinations.create(name, kind, checked)
+        if existing is not None and ("partitions" not in checked or partitions == existing[1]):
+            partitions = existing[1]  # (a create cut short is completed)
+        elif existing is not None:
+            raise DestinationExists(
+                f"{name!r} exists with {existing[1]} partitions, not {partitions} (the count "
+                "is set at creation)",
+                destination=name,
+            )
+        elif self.journal.recorded(name) is not None:
+            raise DestinationExists(
+                f"{name!r} exists without partitions: delete it first to make it partitioned",
+                destination=name,
+            )
+        checked["partitions"] = partitions
+        created = False
+        # partition 0 last: it says the destination exists, and with how many partitions
+        for index in [*range(1, partitions), 0]:
+            created = self.destinations.create(partition_name(name, index), kind, checked) or created
+        return created
 
     def _checked_settings(self, settings: dict[str, Any] | None) -> dict[str, Any]:
         """Validated overrides, as given (so later changes of the defaults still apply)."""
@@ -62,7 +88,14 @@ class DestinationAdmin:
         """Change some settings of a destination; returns all of them (effective)."""
         dest = self.destinations.administrable(name)
         with dest.lock:
-            overrides = {**dest.overrides, **self._checked_settings(settings)}
+            changes = self._checked_settings(settings)
+            if changes.get("partitions", dest.settings.partitions) != dest.settings.partitions:
+                raise ConfigError(
+                    f"{name!r} has {dest.settings.partitions} partition(s): the count is set "
+                    "when a destination is created",
+                    setting="partitions",
+                )
+            overrides = {**dest.overrides, **changes}
             effective = self.config.destinations.with_overrides(overrides)
             self.journal.configure_destination(name, overrides)
             dest.overrides, dest.settings = overrides, effective

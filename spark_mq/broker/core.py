@@ -547,6 +547,14 @@ class Broker:
     def stats(self, name: str) -> dict[str, Any]:
         return self.admin.stats(name)
 
+    def partitions(self, name: str) -> dict[str, Any]:
+        """``{"partitions", "kind"}`` of a partitioned destination; ``{"partitions": 1}`` for
+        any other name (a destination, or none: whichever member is asked answers)."""
+        parts = self.destinations.partitioned(name)
+        if parts is not None:
+            return {"kind": parts[0], "partitions": parts[1]}
+        return {"partitions": 1}
+
     def has_destination(self, name: str) -> bool:
         return self.destinations.has(name)
 

@@ -19,11 +19,11 @@ from spark_mq.broker.selector import Selector
 from spark_mq.broker.subscription import Subscription
 from spark_mq.clock import Clock
 from spark_mq.config import BrokerConfig, DestinationSettings
-from spark_mq.errors import DestinationNotFound, NotAllowed, SubscriptionNotFound
+from spark_mq.errors import DestinationNotFound, NotAllowed, Partitioned, SubscriptionNotFound
 from spark_mq.journal import Journal
 from spark_mq.journal.base import Kind
 from spark_mq.messages import Messages
-from spark_mq.names import validate_name
+from spark_mq.names import partition_name, validate_name
 from spark_mq.schema import QUEUE_SUBSCRIPTION, ints
 
 log = logging.getLogger("spark_mq.broker.core")
@@ -52,6 +52,10 @@ class Elsewhere(Protocol):
 
     def deleted_temporary(self, name: str) -> None: ...
 
+    def has(self, name: str) -> bool:
+        """Whether the cluster has ``name`` (as last seen: quick)."""
+        ...
+
 
 class Destinations:
     """Thread-safe: the map under its lock; a destination's own state under its ``lock``."""
@@ -65,6 +69,9 @@ class Destinations:
         # a cluster member's: where the destinations it does not serve are (None: one broker
         # serves them all)
         self.elsewhere: Elsewhere | None = None
+        # a cluster member's partitioned destinations none of whose partition 0 it serves:
+        # their kind and partition count, as recorded (read once: they never change)
+        self._partitioned: dict[str, tuple[Kind, int]] = {}
 
     # -- finding -------------------------------------------------------------------------------
     def get(self, name: str, *, kind: Kind | None = None) -> Destination:
@@ -72,6 +79,7 @@ class Destinations:
         for a missing one suggests creating."""
         dest = self._served(name)
         if dest is None:
+            self._refuse_partitioned(name)
             maker = "create_topic" if kind == "topic" else "create_queue"
             raise DestinationNotFound(
                 f"{kind or 'destination'} {name!r} does not exist (create it first, e.g. "
@@ -91,6 +99,42 @@ class Destinations:
                 dest = self._dests.get(name)
         return dest
 
+    def partitioned(self, name: str) -> tuple[Kind, int] | None:
+        """``name``'s kind and partition count when it is a partitioned destination (its
+        partitions are the destinations ``<name>~<index>``); else None."""
+        first = partition_name(name, 0)
+        with self._lock:
+            dest = self._dests.get(first)
+            if dest is not None:
+                return dest.kind, dest.settings.partitions
+            if self.elsewhere is None or not self.elsewhere.has(first):
+                self._partitioned.pop(name, None)
+                return None
+            known = self._partitioned.get(name)
+        if known is None:
+            info = self.journal.recorded(first)
+            if info is None:
+                return None
+            known = info.kind, int(info.settings.get("partitions", 1))
+            with self._lock:
+                self._partitioned[name] = known
+        return known
+
+    def _refuse_partitioned(self, name: str) -> None:
+        """A partitioned destination's own name is no destination: say which its are."""
+        parts = self.partitioned(name)
+        if parts is None:
+            return
+        kind, n = parts
+        raise Partitioned(
+            f"{name!r} is a {kind} of {n} partitions, {partition_name(name, 0)} to "
+            f"{partition_name(name, n - 1)}: send to it and consume from it with a client that "
+            "knows partitions (the Python SDK, Kafka clients, STOMP sends), or name a partition",
+            destination=name,
+            kind=kind,
+            partitions=n,
+        )
+
     def find(self, name: str) -> Destination | None:
         with self._lock:
             return self._dests.get(name)
@@ -99,6 +143,8 @@ class Destinations:
         """The destination a producer or consumer names: created as an auto-deleting queue
         when it does not exist and ``broker.auto_create_queues`` allows it."""
         dest = self._served(name)
+        if dest is None:
+            self._refuse_partitioned(name)
         if dest is None and self.config.broker.auto_create_queues:
             validate_name(name)
             if self.create(name, "queue", {"auto_delete": True}):
@@ -143,7 +189,10 @@ class Destinations:
         """``queue`` or ``topic``; None when there is no such destination (a cluster member:
         ``NotOwner`` for one another member serves)."""
         dest = self._served(name)
-        return None if dest is None else dest.kind
+        if dest is None:
+            parts = self.partitioned(name)
+            return None if parts is None else parts[0]
+        return dest.kind
 
     def names(self) -> list[str]:
         with self._lock:

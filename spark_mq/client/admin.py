@@ -18,7 +18,8 @@ from spark_mq.client._transport import (
     connect,
     translated,
 )
-from spark_mq.errors import BrokerUnavailable, NotAllowed, NotOwner
+from spark_mq.errors import BrokerUnavailable, NotAllowed, NotOwner, Partitioned
+from spark_mq.names import partition_name
 from spark_mq.security.credentials import Auth
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,20 @@ class Admin:
                 conn = self._member(endpoint)
                 client, options = conn.client, conn.options
 
+    def _each_partition(self, action: str, key: str, /, **body: Any) -> list[Any]:
+        """The action's answer, in a list; of a partitioned destination (``body[key]``), the
+        answer of each of its partitions (each asked where it is served), partition 0's last
+        (it is what says the destination exists)."""
+        try:
+            return [self._call(action, **body)]
+        except Partitioned as exc:
+            n = int(exc.fields.get("partitions", 1))
+            name = body[key]
+            return [
+                self._call(action, **{**body, key: partition_name(name, index)})
+                for index in [*range(1, n), 0]
+            ]
+
     def ping(self) -> bool:
         return bool(self._call("ping")["ok"])
 
@@ -98,10 +113,12 @@ class Admin:
 
     def configure(self, name: str, **settings: Any) -> dict[str, Any]:
         """Change some settings of a destination; returns all its settings now in effect."""
-        return dict(self._call("configure_destination", name=name, settings=settings))
+        return dict(self._each_partition("configure_destination", "name", name=name,
+                                         settings=settings)[-1])  # fmt: skip
 
     def delete_destination(self, name: str) -> None:
-        self._call("delete_destination", name=name)
+        """Delete a destination (a partitioned one: all its partitions) and its messages."""
+        self._each_partition("delete_destination", "name", name=name)
 
     def list_destinations(self) -> list[dict[str, Any]]:
         """Every destination with its statistics. A cluster's are asked of each member (as
@@ -135,19 +152,19 @@ class Admin:
     def create_subscription(self, topic: str, name: str, *, selector: str | None = None) -> bool:
         """A durable subscription: it keeps every message published from now on until acked
         (with ``selector``, only those it selects)."""
-        return bool(
-            self._call("create_subscription", destination=topic, name=name, selector=selector)[
-                "created"
-            ]
+        answers = self._each_partition(
+            "create_subscription", "destination", destination=topic, name=name, selector=selector
         )
+        return any(a["created"] for a in answers)
 
     def delete_subscription(self, topic: str, name: str) -> None:
-        self._call("delete_subscription", destination=topic, name=name)
+        self._each_partition("delete_subscription", "destination", destination=topic, name=name)
 
     def purge(self, name: str, subscription: str | None = None) -> int:
         """Remove every waiting message of a queue (or a topic's subscription); leased ones
         stay. Returns how many went."""
-        return int(self._call("purge", name=name, subscription=subscription)["purged"])
+        answers = self._each_partition("purge", "name", name=name, subscription=subscription)
+        return sum(int(a["purged"]) for a in answers)
 
     def browse(
         self,
@@ -223,7 +240,26 @@ class Admin:
         )
 
     def stats(self, name: str) -> dict[str, Any]:
-        return dict(self._call("stats", name=name))
+        """A destination's statistics. A partitioned one's: each partition's (``partitions``,
+        in order), and their message counts added up (a queue's, or each subscription's)."""
+        answers = self._each_partition("stats", "name", name=name)
+        if len(answers) == 1:
+            return dict(answers[0])
+        parts = [answers[-1], *answers[:-1]]  # (partition 0 was asked last)
+        out: dict[str, Any] = {
+            "name": name,
+            "kind": parts[0]["kind"],
+            "settings": parts[0]["settings"],
+            "partitions": parts,
+            **_added(parts),
+        }
+        if out["kind"] == "topic":
+            names = {s for p in parts for s in p.get("subscriptions", {})}
+            out["subscriptions"] = {
+                s: _added([p["subscriptions"][s] for p in parts if s in p["subscriptions"]])
+                for s in sorted(names)
+            }
+        return out
 
     def move(
         self,
@@ -285,3 +321,14 @@ class Admin:
         """A planned switchover: the primary this admin reached hands over to its backup (it
         stops serving as a shutdown does, lets go of the data and waits as the backup)."""
         return dict(self._call("promote"))
+
+
+# what a partitioned destination's statistics add up over its partitions
+_COUNTS = (
+    "produced", "consumers", "depth", "waiting", "in_flight", "scheduled", "delivered", "acked",
+    "nacked", "redelivered", "dead_lettered", "expired", "removed", "duplicates",
+)  # fmt: skip
+
+
+def _added(parts: list[dict[str, Any]]) -> dict[str, int]:
+    return {k: sum(int(p[k]) for p in parts) for k in _COUNTS if all(k in p for p in parts)}

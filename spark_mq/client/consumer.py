@@ -77,8 +77,9 @@ from spark_mq.client._wire import (
     heartbeat_ms,
 )
 from spark_mq.client.message import Message, message_of_one, messages_of
-from spark_mq.errors import BrokerUnavailable, NotOwner, ProtocolError, SparkMQError
-from spark_mq.names import validate_name
+from spark_mq.client._partitioned import PartitionConsumers
+from spark_mq.errors import BrokerUnavailable, NotOwner, Partitioned, ProtocolError, SparkMQError
+from spark_mq.names import validate_name, validate_stored_name
 from spark_mq.security.credentials import Auth
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class Consumer:
         self._heartbeat_s = heartbeat_s
         # temporary: a new queue only this consumer reads, gone when it closes (for replies);
         # its name is self.destination once connected
-        self.destination = destination if temporary else validate_name(destination)
+        self.destination = destination if temporary else validate_stored_name(destination)
         if subscription is not None:
             validate_name(subscription, "subscription")
         self.subscription = subscription
@@ -162,7 +163,43 @@ class Consumer:
         # away), and whether the broker is a member (NotOwner answers, or its ping says so)
         self._known = dict.fromkeys(self._urls)
         self._clustered = False
-        self._attach_following(time.monotonic() + timeout_s)
+        # a partitioned destination's: a consumer of each partition, this one their front
+        self._partitions: PartitionConsumers | None = None
+        self._broker_version = 1
+        try:
+            self._attach_following(time.monotonic() + timeout_s)
+        except Partitioned as exc:
+            self._closed = True  # (this one's own stream: never opened)
+            self._partitions = PartitionConsumers(
+                lambda part, handler: Consumer(
+                    url,
+                    part,
+                    subscription=subscription,
+                    selector=selector,
+                    durable=durable,
+                    prefetch=prefetch,
+                    settle_linger_ms=settle_linger_ms,
+                    settle_batch=settle_batch,
+                    timeout_s=timeout_s,
+                    transport=transport,
+                    on_message=handler,
+                    concurrency=concurrency,
+                    start_timeout_s=start_timeout_s,
+                    heartbeat_s=heartbeat_s,
+                    username=username,
+                    password=password,
+                    token=token,
+                    tls_ca_file=tls_ca_file,
+                    tls_cert_file=tls_cert_file,
+                    tls_key_file=tls_key_file,
+                ),
+                self.destination,
+                int(exc.fields.get("partitions", 1)),
+                on_message,
+            )
+            first = self._partitions.parts[0]
+            self.lease_s, self._broker_version = first.lease_s, first._broker_version
+            return
         if on_message is not None and (concurrency > 1 or start_timeout_s is not None):
             self._pool = HandlerPool(
                 on_message,
@@ -294,6 +331,19 @@ class Consumer:
                     raise
                 time.sleep(0.2)
 
+    @property
+    def partitions(self) -> list[Consumer] | None:
+        """A partitioned destination's consumer: the consumer of each of its partitions
+        (``on_message`` is called on each one's reader thread); None for any other."""
+        return None if self._partitions is None else list(self._partitions.parts)
+
+    @property
+    def serving(self) -> bool:
+        """Whether its stream is open, or being attached again (False once it ended)."""
+        if self._partitions is not None:
+            return all(p.serving for p in self._partitions.parts)
+        return self._reader_thread.is_alive()
+
     def __enter__(self) -> Consumer:
         return self
 
@@ -308,6 +358,8 @@ class Consumer:
 
     def receive_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
         """Up to ``max_messages``: waits ``timeout`` for the first, then takes what is there."""
+        if self._partitions is not None:
+            return self._partitions.receive_many(max_messages, timeout)
         if self._on_message is not None:
             raise RuntimeError(
                 "this consumer hands its messages to its on_message callback; receive() is for "
@@ -401,6 +453,8 @@ class Consumer:
         """Block until the stream ends: False if ``timeout`` seconds passed first, True once it
         was closed; if it broke (the broker went away), raise why. What an ``on_message``
         consumer's owner calls to serve until then."""
+        if self._partitions is not None:
+            return self._partitions.wait(timeout)
         if threading.current_thread() is self._reader_thread:
             raise RuntimeError("wait() from on_message would wait for itself: call close()")
         if self._turn is not None:
@@ -428,6 +482,8 @@ class Consumer:
         return self._settle("release" if self._broker_version >= 4 else "nack", messages)
 
     def _settle(self, verb: Verb, messages: Message | Iterable[Message]) -> Future:
+        if self._partitions is not None:
+            return self._partitions.settle(verb, messages)
         msgs = [messages] if isinstance(messages, Message) else list(messages)
         fut: Future = Future()
         if self._closed or self.error is not None:
@@ -592,6 +648,9 @@ class Consumer:
 
     def close(self) -> None:
         """Send pending settles, then detach; unacked messages go back to the broker."""
+        if self._partitions is not None:
+            self._partitions.close()
+            return
         if self._closed:
             return
         if self._pool is not None:  # running handlers finish (and settle) first

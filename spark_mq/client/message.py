@@ -10,6 +10,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 import pyarrow as pa
 
 from spark_mq import wire
+from spark_mq.names import partition_of
 from spark_mq.schema import TS, ints
 
 
@@ -175,7 +176,15 @@ class Message:
 
     @property
     def offset(self) -> int:
+        """Its offset in its destination (a partitioned one's: in its partition)."""
         return self._offset
+
+    @property
+    def partition(self) -> int | None:
+        """Which partition of a partitioned destination it came from (its ``destination`` is
+        that partition, ``<name>~<index>``); None for a destination without partitions."""
+        parts = partition_of(self._destination)
+        return None if parts is None else parts[1]
 
     @property
     def body(self) -> bytes:

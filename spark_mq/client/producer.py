@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import logging
 import threading
 import time
@@ -36,6 +37,7 @@ from spark_mq.client._resend import Resender
 from spark_mq.client._routes import Link, Routes
 from spark_mq.client._transport import (
     DEFAULT_URL,
+    call_action,
     broker_urls,
     connect,
 )
@@ -45,7 +47,7 @@ from spark_mq.errors import (
     NotOwner,
     SparkMQError,
 )
-from spark_mq.names import validate_name
+from spark_mq.names import choose_partition, partition_name, partition_of, validate_stored_name
 from spark_mq.schema import Column, fill_null, numbered_ids
 from spark_mq.security.credentials import Auth
 
@@ -95,7 +97,7 @@ class Producer:
         # off): its batches fail, or go to the pair's other broker when given one (0: never)
         self._heartbeat_s = heartbeat_s
         if destination is not None:
-            validate_name(destination)
+            validate_stored_name(destination)
         self.destination = destination
         # messages sent without a group id get this one (autogroup: a random one, as Artemis)
         self.group_id = group_id or (f"auto-{uuid.uuid4().hex}" if autogroup else None)
@@ -120,7 +122,9 @@ class Producer:
         self._buffer_bytes: dict[str, int] = {}
         self._first_at: dict[str, float] = {}
         self._streams: dict[str, PutStream | WireProduceStream] = {}
-        self._valid_names: set[str] = set()  # destinations validate_name has passed
+        # destinations whose names were checked, and how many partitions each has (1: none)
+        self._names: dict[str, int] = {}
+        self._turn = itertools.count()  # the round robin over partitions
         self._stream_lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._closed = False
@@ -145,13 +149,33 @@ class Producer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _dest(self, destination: str | None) -> str:
+    def _dest(self, destination: str | None, key: str | None = None) -> str:
+        """Where a message for ``destination`` goes: the destination, or, when it has
+        partitions, the one ``key`` (its group id, else its dedup id) places it in, round robin
+        without one (:func:`~spark_mq.names.choose_partition`)."""
         dest = destination or self.destination
         if dest is None:
             raise ValueError("no destination: pass destination= here or to Producer()")
-        if type(dest) is not str or dest not in self._valid_names:
-            self._valid_names.add(validate_name(dest))
-        return dest
+        partitions = self._names.get(dest) if type(dest) is str else None
+        if partitions is None:
+            partitions = self._names[validate_stored_name(dest)] = self._partitions_of(dest)
+        if partitions == 1:
+            return dest
+        return partition_name(dest, choose_partition(key, partitions, next(self._turn)))
+
+    def _partitions_of(self, dest: str) -> int:
+        """How many partitions ``dest`` has (asked once: a count is set at creation). A broker
+        that cannot say (one before partitions, or a refusal the send will report) is taken to
+        say one."""
+        if partition_of(dest) is not None:
+            return 1  # (a partition named: sent to as it is)
+        try:
+            answer = call_action(self._client, self._options, "partitions", name=dest)
+        except BrokerUnavailable:
+            raise
+        except SparkMQError:
+            return 1
+        return int(answer.get("partitions", 1)) if isinstance(answer, dict) else 1
 
     def _reserve(self, n: int) -> int:
         with self._seq_lock:
@@ -335,7 +359,7 @@ class Producer:
         linger): the stream and the message's future. None when it cannot go so (a Flight
         stream, a body too big for one frame, or messages buffered for the destination, which go
         first). ``waited``: the caller reads the answer (else the stream's reader thread does)."""
-        dest = self._dest(destination)
+        dest = self._dest(destination, dedup_id)
         if isinstance(body, str):
             body = body.encode()
         if type(body) is not bytes:
@@ -377,7 +401,8 @@ class Producer:
         """Add one message to its destination's buffer: its destination, its future, and
         whether the buffer is full. ``waiting``: the caller flushes it at once (the linger
         thread need not be woken)."""
-        dest = self._dest(destination)
+        group_id = group_id or self.group_id
+        dest = self._dest(destination, group_id or dedup_id)
         check_options(priority, ttl_s, delay_s, dest)
         fut: Future = Future()
         item = Pending.of(
@@ -385,7 +410,7 @@ class Producer:
             dedup_id or self.next_dedup_id(),
             fut,
             message_id=message_id,
-            group_id=group_id or self.group_id,
+            group_id=group_id,
             priority=priority,
             headers=headers,
             ttl_s=ttl_s,
@@ -416,9 +441,16 @@ class Producer:
         """Send many messages as one batch (columns as in ``PRODUCE_SCHEMA``, at least ``body``).
 
         Returns their offsets once durable; with ``wait=False``, one future of that list at once
-        (batches beyond ``batch_size`` rows travel separately but resolve together).
+        (batches beyond ``batch_size`` rows travel separately but resolve together). To a
+        partitioned destination, each message goes to the partition its group id (else its
+        dedup id) places it in, and its offset is its partition's.
         """
-        dest = self._dest(destination)
+        dest = destination or self.destination
+        if dest is None:
+            raise ValueError("no destination: pass destination= here or to Producer()")
+        if self._dest(dest) != dest:  # (partitioned: each message placed by its own key)
+            return self._send_partitioned(dest, bodies, wait)
+
         if isinstance(bodies, pa.Table | pa.RecordBatch):
             table = pa.table(bodies) if isinstance(bodies, pa.RecordBatch) else bodies
         else:
@@ -438,6 +470,48 @@ class Producer:
         if wait and self._resender is not None:  # the ids are set: a resend is stored once
             return self._failing_over(dest, lambda: self._send_table(dest, table, True))
         return self._send_table(dest, table, wait)
+
+    def _send_partitioned(
+        self, dest: str, bodies: Iterable[bytes | str] | pa.Table | pa.RecordBatch, wait: bool
+    ) -> list[int] | Future:
+        """``send_batch`` to a partitioned destination: a batch to each partition its messages
+        go to; the offsets in the messages' order."""
+        if isinstance(bodies, pa.Table | pa.RecordBatch):
+            table = pa.table(bodies) if isinstance(bodies, pa.RecordBatch) else bodies
+        else:
+            table = pa.table({"body": column(list(bodies), pa.binary())})
+        table = conform_produce(table)
+        groups = table["group_id"].to_pylist()
+        dedups = table["dedup_id"].to_pylist()
+        rows: dict[str, list[int]] = {}
+        for row, (group, dedup) in enumerate(zip(groups, dedups, strict=True)):
+            rows.setdefault(self._dest(dest, group or self.group_id or dedup), []).append(row)
+        sent = [
+            (indices, self.send_batch(table.take(indices), destination=part, wait=False))
+            for part, indices in rows.items()
+        ]
+        joined: Future = Future()
+
+        def gather(_: Future) -> None:
+            if joined.done() or not all(f.done() for _, f in sent):  # type: ignore[union-attr]
+                return
+            offsets = [0] * table.num_rows
+            try:
+                for indices, f in sent:
+                    for row, offset in zip(indices, f.result(), strict=True):  # type: ignore[union-attr]
+                        offsets[row] = offset
+            except BaseException as exc:  # noqa: BLE001 (reported through the future)
+                with contextlib.suppress(Exception):
+                    joined.set_exception(exc)
+                return
+            with contextlib.suppress(Exception):
+                joined.set_result(offsets)
+
+        if not sent:
+            joined.set_result([])
+        for _, f in sent:
+            f.add_done_callback(gather)  # type: ignore[union-attr]
+        return joined.result() if wait else joined
 
     def _send_table(self, dest: str, table: pa.Table, wait: bool) -> list[int] | Future:
         parts: list[Future] = []

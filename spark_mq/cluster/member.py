@@ -272,6 +272,9 @@ class ClusterMember:
             epoch=assignment.epoch,
         )
 
+    def has(self, name: str) -> bool:
+        return self.coordinator.registered(name)
+
     def created(self, name: str) -> None:
         self.coordinator.add_destination(name)
 

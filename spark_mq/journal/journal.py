@@ -36,7 +36,7 @@ from spark_mq.journal.settlements import Settlement
 from spark_mq.journal.sinks import CommitSink, DirectSink
 from spark_mq.journal.timing import CommitTiming
 from spark_mq.messages import Messages
-from spark_mq.names import validate_name
+from spark_mq.names import validate_name, validate_stored_name
 from spark_mq.schema import UNOFFSET_SCHEMA
 
 DEFAULT_BUFFER_TIMEOUT_S = 0.001
@@ -124,6 +124,11 @@ class Journal:
         """Every destination of the data root as recorded now (whichever member serves it)."""
         with self._lock:
             return sorted(self._replay())
+
+    def recorded(self, name: str) -> DestinationInfo | None:
+        """``name`` as recorded now (a shared journal: whichever member serves it)."""
+        with self._lock:
+            return (self._replay() if self.shared else self._dests).get(name)
 
     def adopt(self, name: str) -> DestinationInfo | None:
         """A shared journal takes ``name`` on (its store already fenced with this member's
@@ -225,7 +230,7 @@ class Journal:
 
         ``settings`` (already validated by the caller) are recorded with it.
         """
-        validate_name(name)
+        validate_stored_name(name)
         if kind not in ("queue", "topic"):
             raise ValueError(f"kind must be 'queue' or 'topic', got {kind!r}")
         with self._lock:

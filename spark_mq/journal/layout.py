@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from spark_mq.names import validate_name
+from spark_mq.names import validate_stored_name
 
 MESSAGES_APP_ID = "sparkmq.messages"  # app-transaction id; its version is the log's end offset
 SETTLEMENTS_APP_ID = "sparkmq.settlements"  # its version: the last hot-tier record moved
@@ -85,7 +85,7 @@ def transactions_uri(root: str) -> str:
 
 
 def destination_uri(root: str, name: str) -> str:
-    return join(root, "destinations", validate_name(name))
+    return join(root, "destinations", validate_stored_name(name))
 
 
 def messages_uri(root: str, name: str) -> str:
@@ -97,4 +97,4 @@ def settlements_uri(root: str, name: str) -> str:
 
 
 def hot_uri(hot_root: str, name: str) -> str:
-    return os.path.join(hot_root, validate_name(name))
+    return os.path.join(hot_root, validate_stored_name(name))

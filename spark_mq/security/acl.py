@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import tomllib
 
 from spark_mq.errors import ConfigError, NotAuthorized
+from spark_mq.names import PARTITION_MARK, logical_name
 from spark_mq.session.guard import VERBS, Verb
 from spark_mq.session.principal import Principal
 
@@ -162,8 +163,11 @@ class AccessRules:
         return True, f"{len(rules)} rule(s) from {self.path}"
 
     def allows(self, principal: Principal, verb: Verb, destination: str | None = None) -> bool:
+        """(A partition is its destination's: ``orders~2`` is allowed what ``orders`` is.)"""
         with self._lock:
             rules = self._rules
+        if destination is not None and PARTITION_MARK in destination:
+            destination = logical_name(destination)
         return any(r.matches(principal, verb, destination) for r in rules)
 
     def allows_group(self, principal: Principal, verb: Verb, group: str) -> bool:

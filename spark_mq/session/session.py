@@ -487,6 +487,10 @@ class ClientSession:
                 if not self.guard.allows(self.principal, "consume", name):
                     self._check("admin", name)
                 return b.stats(name)
+            case c.Partitions(name=name):
+                if not self.may_see(name):
+                    self._check("produce", name)  # (raises, audited)
+                return b.partitions(name)
             case c.Browse():
                 self._check("browse", cmd.destination)
                 return b.browse(

@@ -100,6 +100,8 @@ def action_command(name: str, body: bytes) -> c.Command:
             return c.Purge(args.text("name"), args.optional_text("subscription"))
         case "stats":
             return c.Stats(args.text("name"))
+        case "partitions":
+            return c.Partitions(args.text("name"))
         case "claim":
             return c.Claim(
                 args.text("destination"),

@@ -1,0 +1,174 @@
+"""Partitioned destinations on one broker: created with ``partitions = N``, placed by group id,
+consumed as one, administered as one, kept across a restart. (Across cluster members:
+test_cluster.py; through Kafka clients: test_kafka.py; Spark: test_spark_source.py.)"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import pyarrow as pa
+import pytest
+
+from spark_mq import Admin, Consumer, Producer
+from spark_mq.errors import ConfigError, DestinationExists, Partitioned
+from spark_mq.names import choose_partition, partition_of
+from spark_mq.service import RunningBroker
+from tests.conftest import Restartable, receive_n
+
+
+def by_group(messages: list) -> dict[str, list[int]]:
+    seen: dict[str, list[int]] = defaultdict(list)
+    for m in messages:
+        seen[m.group_id].append(int(m.body))
+    return seen
+
+
+def test_a_partitioned_queue_spreads_groups_and_keeps_each_groups_order(
+    broker: RunningBroker,
+) -> None:
+    with Admin(broker.url) as admin:
+        assert admin.create_queue("orders", partitions=4, max_delivery_attempts=3)
+        assert not admin.create_queue("orders", partitions=4)  # idempotent
+        assert not admin.create_queue("orders")  # (it exists: the count need not be said)
+        with pytest.raises(DestinationExists, match="4 partitions, not 2"):
+            admin.create_queue("orders", partitions=2)
+        with pytest.raises(DestinationExists, match="as a queue"):
+            admin.create_topic("orders", partitions=4)
+        listed = sorted(d["name"] for d in admin.list_destinations())
+        assert listed == ["orders~0", "orders~1", "orders~2", "orders~3"]
+    groups = [f"g{i}" for i in range(12)]
+    with Producer(broker.url, linger_ms=1) as producer:
+        futures = [
+            producer.send(str(i).encode(), destination="orders", group_id=groups[i % 12])
+            for i in range(240)
+        ]
+        producer.flush()
+        assert all(f.result(timeout=10) >= 0 for f in futures)
+        # a batch is split by group too, and its offsets come back in the rows' order
+        table = pa.table(
+            {"body": [str(i).encode() for i in range(240, 300)],
+             "group_id": [groups[i % 12] for i in range(240, 300)]}
+        )  # fmt: skip
+        offsets = producer.send_batch(table, destination="orders")
+        assert len(offsets) == 60
+    with Consumer(broker.url, "orders") as consumer:
+        assert consumer.partitions is not None and len(consumer.partitions) == 4
+        got = receive_n(consumer, 300)
+        consumer.ack(got).result(timeout=10)
+        assert consumer.receive(timeout=0.3) is None
+    for m in got:  # each group in the one partition its id places it in
+        assert m.partition == choose_partition(m.group_id, 4, 0)
+        assert partition_of(m.destination) == ("orders", m.partition)
+    seen = by_group(got)
+    assert sorted(seen) == sorted(groups)
+    for group, bodies in seen.items():
+        assert bodies == sorted(bodies), group  # per-group order kept
+    spread = {m.partition for m in got}
+    assert spread == {0, 1, 2, 3}
+    with Admin(broker.url) as admin:
+        stats = admin.stats("orders")
+        assert stats["produced"] == 300 and len(stats["partitions"]) == 4
+        assert stats["acked"] == 300 and stats["depth"] == 0
+        assert stats["settings"]["max_delivery_attempts"] == 3
+        assert stats["settings"]["partitions"] == 4
+        assert [p["name"] for p in stats["partitions"]] == [f"orders~{i}" for i in range(4)]
+
+
+def test_messages_without_a_group_go_round_robin_and_a_dedup_id_keeps_its_partition(
+    broker: RunningBroker,
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("spread", partitions=3)
+    with Producer(broker.url) as producer:
+        for i in range(30):
+            producer.send_sync(str(i).encode(), destination="spread")
+        # a resend of the same dedup id lands in the same partition, so it is caught
+        first = producer.send_sync(b"once", destination="spread", dedup_id="order-17")
+        again = producer.send_sync(b"once", destination="spread", dedup_id="order-17")
+        assert first == again
+    with Admin(broker.url) as admin:
+        counts = [p["produced"] for p in admin.stats("spread")["partitions"]]
+    assert sum(counts) == 31
+    assert sorted(counts) == [10, 10, 11]
+
+
+def test_the_partitioned_name_itself_is_refused_where_a_partition_is_meant(
+    broker: RunningBroker,
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("parted", partitions=2)
+        with pytest.raises(Partitioned, match="2 partitions, parted~0 to parted~1"):
+            admin.browse("parted")
+        with pytest.raises(ConfigError, match="the count is set when a destination is created"):
+            admin.configure("parted", partitions=3)
+        # configured as one: each partition gets the setting
+        assert admin.configure("parted", max_delivery_attempts=7)["max_delivery_attempts"] == 7
+        assert {p["settings"]["max_delivery_attempts"] for p in admin.stats("parted")["partitions"]} == {7}
+        admin.create_queue("plain")
+        with pytest.raises(DestinationExists, match="exists without partitions"):
+            admin.create_queue("plain", partitions=2)
+    # a partition may be named: a producer or consumer of one partition only
+    with Producer(broker.url) as producer:
+        producer.send_sync(b"direct", destination="parted~1")
+    with Consumer(broker.url, "parted~1") as only:
+        assert only.partitions is None
+        (m,) = receive_n(only, 1)
+        assert (m.body, m.partition) == (b"direct", 1)
+        m.ack().result(timeout=5)
+    with Admin(broker.url) as admin:
+        admin.delete_destination("parted")
+        assert [d["name"] for d in admin.list_destinations()] == ["plain"]
+
+
+def test_a_partitioned_topic_has_its_subscriptions_on_every_partition(
+    broker: RunningBroker,
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_topic("events", partitions=2)
+        assert admin.create_subscription("events", "audit")
+        assert not admin.create_subscription("events", "audit")
+    received: list = []
+    done = threading.Event()
+
+    def handle(m) -> None:
+        received.append(m)
+        m.ack()
+        if len(received) == 20:
+            done.set()
+
+    with Consumer(broker.url, "events", subscription="audit", on_message=handle) as consumer:
+        with Producer(broker.url) as producer:
+            producer.send_batch(
+                pa.table({"body": [b"%d" % i for i in range(20)],
+                          "group_id": [f"k{i % 5}" for i in range(20)]}),
+                destination="events",
+            )  # fmt: skip
+        assert done.wait(10)
+        with pytest.raises(RuntimeError, match="on_message"):
+            consumer.receive(timeout=0.1)
+    assert {m.partition for m in received} == {0, 1}
+    for bodies in by_group(received).values():
+        assert bodies == sorted(bodies)
+    with Admin(broker.url) as admin:
+        assert admin.stats("events")["subscriptions"]["audit"]["acked"] == 20
+        admin.delete_subscription("events", "audit")
+        assert admin.stats("events")["subscriptions"] == {}
+
+
+def test_partitions_are_kept_across_a_restart(restartable: Restartable) -> None:
+    with Admin(restartable.url) as admin:
+        admin.create_queue("kept", partitions=3)
+    with Producer(restartable.url) as producer:
+        producer.send_batch(
+            pa.table({"body": [b"%d" % i for i in range(30)],
+                      "group_id": [f"k{i % 6}" for i in range(30)]}),
+            destination="kept",
+        )  # fmt: skip
+    restartable.restart()
+    with Consumer(restartable.url, "kept") as consumer:
+        got = receive_n(consumer, 30)
+        consumer.ack(got).result(timeout=10)
+    assert sorted(int(m.body) for m in got) == list(range(30))
+    with Admin(restartable.url) as admin:
+        assert len(admin.stats("kept")["partitions"]) == 3
