@@ -224,6 +224,52 @@ def test_any_member_serves_the_sdk_each_destination_from_its_owner(cluster: Clus
     assert "MEMBER" in table.stdout and all(n in table.stdout for n in names)
 
 
+def test_a_partitioned_destination_spreads_over_the_members_and_is_read_whole(
+    cluster: Cluster,
+) -> None:
+    """A destination of four partitions on two members: two partitions each; a producer
+    reaching one member sends each message to its partition's owner, a consumer reaching the
+    other reads every partition from its owner, each group in order; a partition moved under
+    them is followed."""
+    for m in ("a", "b"):
+        cluster.start(m)
+    with Admin(cluster.members["a"].url) as admin:
+        assert admin.create_queue("hot", partitions=4)
+    parts = {f"hot~{i}" for i in range(4)}
+    wait_for(lambda: _all_served(cluster, parts, {"a", "b"}), 20, "4 partitions on 2 members")
+    assert sorted(len(s) for s in cluster.serving().values()) == [2, 2]
+    groups = [f"g{i}" for i in range(8)]
+    with Producer(cluster.members["b"].url) as producer:
+        futures = [
+            producer.send(f"{i}", destination="hot", group_id=groups[i % 8]) for i in range(400)
+        ]
+        assert all(f.result(30) >= 0 for f in futures)
+        # one partition moved to the other member while the producer goes on
+        moved = "hot~0"
+        to = "b" if cluster.owners("a")[moved] == "a" else "a"
+        with Admin(cluster.urls) as admin:
+            admin.pin(moved, to)
+        wait_for(lambda: moved in cluster.serving(to)[to], 20, "the pinned partition moved")
+        more = [
+            producer.send(f"{i}", destination="hot", group_id=groups[i % 8])
+            for i in range(400, 600)
+        ]
+        assert all(f.result(30) >= 0 for f in more)
+    got = _drain(cluster.members["a"].url, "hot", expect=600)
+    assert len(got) == 600
+    seen: dict[str, list[int]] = defaultdict(list)
+    for msg in got:
+        seen[msg.group_id].append(int(msg.body))
+    for group, bodies in seen.items():
+        assert bodies == sorted(bodies) and len(bodies) == 75, group
+    with Admin(cluster.members["b"].url) as admin:  # (each partition's asked of its owner)
+        stats = admin.stats("hot")
+        assert stats["produced"] == 600 and stats["depth"] == 0
+        assert sorted(p["name"] for p in stats["partitions"]) == sorted(parts)
+        admin.delete_destination("hot")
+    wait_for(lambda: not any(cluster.serving().values()), 20, "the partitions deleted")
+
+
 def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "SPARKMQ_URL": url}
     return subprocess.run(

@@ -90,3 +90,25 @@ def test_weighted_loads_end_within_one_destination_of_each_other(
 def test_no_member_no_placement_and_ties_break_by_name() -> None:
     assert place([], {"a": 1.0}, {}) == {}
     assert place(["b", "a"], {"x": 1.0, "y": 1.0}, {}) == {"x": "a", "y": "b"}
+
+
+@given(
+    st.lists(st.sampled_from([f"m{i}" for i in range(4)]), min_size=2, unique=True),
+    st.integers(2, 12),
+    st.lists(st.text("xyz", min_size=1, max_size=3), unique=True, max_size=8),
+)
+def test_a_new_destinations_partitions_spread_over_the_members(
+    members: list[str], partitions: int, others: list[str]
+) -> None:
+    """Placed on members that are equally loaded, a destination's partitions are within one of
+    each other on each member (partitions are what spreads one destination's load)."""
+    first = place(members, dict.fromkeys(others, 1.0), {})
+    balanced = max(_counts(first, members)) == min(_counts(first, members))
+    parts = {f"orders~{i}": 1.0 for i in range(partitions)}
+    owner = place(members, {**dict.fromkeys(others, 1.0), **parts}, first)
+    per_member = [sum(1 for n in parts if owner[n] == m) for m in members]
+    assert max(_counts(owner, members)) - min(_counts(owner, members)) <= 1
+    if balanced:
+        assert max(per_member) - min(per_member) <= 1, (per_member, first)
+    else:  # (the least loaded takes more, but never all of them while another could)
+        assert sum(1 for c in per_member if c) >= min(len(members), 2) or partitions < 2

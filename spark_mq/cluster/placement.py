@@ -7,7 +7,9 @@ The rules, in order:
    member that is gone, it is placed as any other until that member is back.
 2. A destination stays with its owner while the owner lives: every move costs a hand-over
    (drain, fence, assign, redirect), so nothing moves without a reason.
-3. A destination without a live owner (new, or its owner gone) goes to the least loaded member.
+3. A destination without a live owner (new, or its owner gone) goes to the least loaded member;
+   a partition counts the partitions of its destination a member has as load too, so that a
+   destination's partitions spread over the members (what partitioning a destination is for).
 4. Then, while moving one destination from a more loaded member to the least loaded one makes
    the two closer (its load is less than their difference), the smallest such one of the most
    loaded member that has one moves (pinned destinations never do).
@@ -22,6 +24,8 @@ topic is placed with all its subscriptions, as one destination. The function is 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+
+from spark_mq.names import logical_name
 
 
 def place(
@@ -52,10 +56,16 @@ def place(
         load[owner[name]] += destinations[name]
     # new and orphaned destinations, heaviest first, each to the least loaded member
     orphans = [n for n in destinations if n not in owner]
+    siblings: dict[tuple[str, str], int] = {}  # (destination, member) → its partitions there
+    for name, member in owner.items():
+        key = (logical_name(name), member)
+        siblings[key] = siblings.get(key, 0) + 1
     for name in sorted(orphans, key=lambda n: (-destinations[n], n)):
-        to = min(live, key=lambda m: (load[m], m))
+        base = logical_name(name)
+        to = min(live, key=lambda m: (load[m] + siblings.get((base, m), 0), m))
         owner[name] = to
         load[to] += destinations[name]
+        siblings[(base, to)] = siblings.get((base, to), 0) + 1
     _balance(owner, load, destinations, fixed)
     return owner
 
