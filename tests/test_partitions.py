@@ -104,7 +104,8 @@ def test_the_partitioned_name_itself_is_refused_where_a_partition_is_meant(
             admin.configure("parted", partitions=3)
         # configured as one: each partition gets the setting
         assert admin.configure("parted", max_delivery_attempts=7)["max_delivery_attempts"] == 7
-        assert {p["settings"]["max_delivery_attempts"] for p in admin.stats("parted")["partitions"]} == {7}
+        parts = admin.stats("parted")["partitions"]
+        assert {p["settings"]["max_delivery_attempts"] for p in parts} == {7}
         admin.create_queue("plain")
         with pytest.raises(DestinationExists, match="exists without partitions"):
             admin.create_queue("plain", partitions=2)

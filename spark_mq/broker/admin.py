@@ -72,7 +72,8 @@ class DestinationAdmin:
         created = False
         # partition 0 last: it says the destination exists, and with how many partitions
         for index in [*range(1, partitions), 0]:
-            created = self.destinations.create(partition_name(name, index), kind, checked) or created
+            made = self.destinations.create(partition_name(name, index), kind, checked)
+            created = made or created
         return created
 
     def _checked_settings(self, settings: dict[str, Any] | None) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from spark_mq import protocol, wire
 from spark_mq.client import _liveness as liveness
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._outcome import refusals, settle_refusal
+from spark_mq.client._partitioned import PartitionConsumers
 from spark_mq.client._pool import HandlerPool
 from spark_mq.client._transport import (
     DEFAULT_URL,
@@ -77,7 +78,6 @@ from spark_mq.client._wire import (
     heartbeat_ms,
 )
 from spark_mq.client.message import Message, message_of_one, messages_of
-from spark_mq.client._partitioned import PartitionConsumers
 from spark_mq.errors import BrokerUnavailable, NotOwner, Partitioned, ProtocolError, SparkMQError
 from spark_mq.names import validate_name, validate_stored_name
 from spark_mq.security.credentials import Auth

@@ -37,8 +37,8 @@ from spark_mq.client._resend import Resender
 from spark_mq.client._routes import Link, Routes
 from spark_mq.client._transport import (
     DEFAULT_URL,
-    call_action,
     broker_urls,
+    call_action,
     connect,
 )
 from spark_mq.client._wire import Transport, WireProduceStream
@@ -500,7 +500,7 @@ class Producer:
                 for indices, f in sent:
                     for row, offset in zip(indices, f.result(), strict=True):  # type: ignore[union-attr]
                         offsets[row] = offset
-            except BaseException as exc:  # noqa: BLE001 (reported through the future)
+            except BaseException as exc:
                 with contextlib.suppress(Exception):
                     joined.set_exception(exc)
                 return
