@@ -9,6 +9,12 @@ ZooKeeper's jars (``apt-get install zookeeper``: scripts/setup.sh does).
 
     .venv/bin/python bench/cluster_bench.py [--destinations 16] [--messages 5000] [--rounds 3]
     .venv/bin/python bench/cluster_bench.py --stomp   # what forwarding costs a STOMP client
+    .venv/bin/python bench/cluster_bench.py --partitions 4   # one hot destination, 1 vs 4
+
+``--partitions N``: one destination on two members, made of one partition and of N, in
+interleaved rounds; the client processes send ``--messages`` each to it (batches pipelined)
+and then read it together (competing consumers, each attached to every partition) until all
+are read.
 """
 
 from __future__ import annotations
@@ -47,6 +53,98 @@ def _client(urls: list[str], names: list[str], n: int, batch: int, out: mp.Queue
                 consumer.ack(got)
                 left -= len(got)
     out.put((produced - started, time.perf_counter() - produced))
+
+
+def _hot_client(urls: list[str], n: int, batch: int, total: int, read: Any, out: mp.Queue) -> None:
+    """Send ``n`` to "hot" (batches pipelined, 8 on their way at most: a throughput load), then
+    read it with the others until ``total`` were read by all."""
+    body = b"x" * 100
+    started = time.perf_counter()
+    with Producer(urls, timeout_s=60) as producer:
+        waiting: list[Any] = []
+        for _ in range(n // batch):
+            waiting.append(producer.send_batch([body] * batch, destination="hot", wait=False))
+            if len(waiting) >= 8:
+                waiting.pop(0).result(60)
+        for f in waiting:
+            f.result(60)
+    produced = time.perf_counter()
+    out.put(("produced", produced - started))
+    with Consumer(urls, "hot", prefetch=2000) as consumer:
+        while read.value < total:
+            got = consumer.receive_many(2000, timeout=0.2)
+            if got:
+                consumer.ack(got)
+                with read.get_lock():
+                    read.value += len(got)
+    out.put(("consumed", time.perf_counter() - produced))
+
+
+def run_partitioned(zk: ZooKeeper, a: argparse.Namespace, k: int, partitions: int) -> Any:
+    """(produce, consume) msg/s of one destination of ``partitions`` on two members."""
+    root = Path(tempfile.mkdtemp(prefix=f"sparkmq-cluster-bench-p{partitions}-"))
+    procs = _members(zk, root, 2, f"bench{k}")
+    urls = [p.url for p in procs]
+    try:
+        with Admin(urls) as admin:
+            admin.create_queue("hot", partitions=partitions)
+        want = {"hot"} if partitions == 1 else {f"hot~{i}" for i in range(partitions)}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # (placed before the clock starts)
+            with Admin(urls) as admin:
+                owners = admin.cluster()["owners"]
+            if want <= set(owners):
+                break
+            time.sleep(0.1)
+        spawn = mp.get_context("spawn")
+        out: mp.Queue = spawn.Queue()
+        total = a.messages * a.clients
+        read = spawn.Value("q", 0)
+        workers = [
+            spawn.Process(target=_hot_client, args=(urls, a.messages, a.batch, total, read, out))
+            for _ in range(a.clients)
+        ]
+        for w in workers:
+            w.start()
+        times: dict[str, list[float]] = {"produced": [], "consumed": []}
+        for _ in range(2 * a.clients):
+            what, t = out.get(timeout=600)
+            times[what].append(t)
+        for w in workers:
+            w.join()
+        # consuming starts when each client's sends are done: the slowest client's time
+        return total / max(times["produced"]), total / max(times["consumed"])
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def partitioned(zk: ZooKeeper, a: argparse.Namespace) -> None:
+    counts = [1, a.partitions]
+    figures: dict[int, list[tuple[float, float]]] = {c: [] for c in counts}
+    k = 1000
+    for r in range(a.rounds):  # (interleaved: this machine's speed moves within an hour)
+        for c in counts:
+            k += 1
+            figures[c].append(run_partitioned(zk, a, k, c))
+            p, s = figures[c][-1]
+            print(f"round {r + 1} {c} partition(s): produce {p:9,.0f} msg/s  consume+ack {s:9,.0f}")
+    print(
+        f"\none destination on 2 members; {a.clients} client processes x {a.messages} messages "
+        f"of 100 bytes, batches of {a.batch}; median (min-max) of {a.rounds} rounds"
+    )
+    base = None
+    for c in counts:
+        ps = [f[0] for f in figures[c]]
+        cs = [f[1] for f in figures[c]]
+        both = [2 / (1 / p + 1 / s) for p, s in figures[c]]
+        med = statistics.median(both)
+        base = base or med
+        print(
+            f"{c:>3} partition(s): produce {statistics.median(ps):9,.0f} ({min(ps):,.0f}-"
+            f"{max(ps):,.0f})  consume+ack {statistics.median(cs):9,.0f} ({min(cs):,.0f}-"
+            f"{max(cs):,.0f})  both {med:9,.0f}  x{med / base:.2f}"
+        )
 
 
 def _members(zk: ZooKeeper, root: Path, count: int, name: str) -> list[BrokerProcess]:
@@ -203,9 +301,16 @@ def main() -> None:
     ap.add_argument("--stomp", action="store_true", help="only: what forwarding costs STOMP")
     ap.add_argument("--stomp-messages", type=int, default=5000)
     ap.add_argument("--stomp-sync", type=int, default=100)
+    ap.add_argument("--partitions", type=int, default=0, help="only: one destination, 1 vs N")
     a = ap.parse_args()
     zk = ZooKeeper(Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-zk-")))
     zk.start()
+    if a.partitions:
+        try:
+            partitioned(zk, a)
+        finally:
+            zk.stop()
+        return
     if a.stomp:
         try:
             stomp_forwarding(zk, a)

@@ -28,7 +28,7 @@ from spark_mq.ha.replication import ChannelSecurity
 from spark_mq.journal.delta_store import DeltaStore
 from spark_mq.journal.dir_lock import StoppedWaiting
 from spark_mq.logs import setup_logging
-from spark_mq.names import KAFKA_OFFSETS
+from spark_mq.names import KAFKA_OFFSETS, partition_name
 from spark_mq.ops.http import HttpListener, ServiceState
 from spark_mq.security.authenticate import Credentials
 from spark_mq.security.context import Security, check_protected, is_loopback
@@ -155,20 +155,24 @@ class RunningBroker:
         if self.member is not None and not self.broker.has_destination(KAFKA_OFFSETS):
             return []  # (not its groups; nor does it create their offsets topic, as a scrape)
         groups = self.kafka.groups_now()
-        committed: dict[str, dict[str, int]] = {}
+        committed: dict[str, dict[tuple[str, int], int]] = {}
         for name in self.broker.group_offsets.groups():
-            for (topic, _), done in self.broker.group_offsets.fetch(name).items():
-                committed.setdefault(name, {})[topic] = done.offset
+            for key, done in self.broker.group_offsets.fetch(name).items():
+                committed.setdefault(name, {})[key] = done.offset
         known = {g["group"] for g in groups if g["kind"] == "consumer"}
         for name in committed:
             if name not in known:  # (offsets kept, no members since the start)
                 groups.append({"kind": "consumer", "group": name, "state": "Empty",
                                "generation": 0, "members": []})  # fmt: skip
         for g in groups:
-            lag = {}
-            for topic, offset in committed.get(str(g["group"]), {}).items():
-                if self.broker.has_destination(topic):
-                    lag[topic] = max(self.broker.log.end(topic) - offset, 0)
+            lag: dict[str, int] = {}
+            for (topic, partition), offset in committed.get(str(g["group"]), {}).items():
+                # (a partitioned topic's: each partition's, added up)
+                dest = partition_name(topic, partition) if partition else topic
+                if not self.broker.has_destination(dest):
+                    dest = partition_name(topic, 0)
+                if self.broker.has_destination(dest):
+                    lag[topic] = lag.get(topic, 0) + max(self.broker.log.end(dest) - offset, 0)
             g["lag"] = lag
         return groups
 

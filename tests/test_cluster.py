@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from prometheus_client.parser import text_string_to_metric_families
@@ -255,16 +256,34 @@ def test_a_partitioned_destination_spreads_over_the_members_and_is_read_whole(
             for i in range(400, 600)
         ]
         assert all(f.result(30) >= 0 for f in more)
-    got = _drain(cluster.members["a"].url, "hot", expect=600)
-    assert len(got) == 600
+        # pipelined batches too (each partition's kept until answered), one moved under them
+        back = "a" if to == "b" else "b"
+        batches = []
+        for start in range(600, 1000, 50):
+            if start == 800:
+                with Admin(cluster.urls) as admin:
+                    admin.pin(moved, back)
+            rows = range(start, start + 50)
+            batches.append(
+                producer.send_batch(
+                    pa.table({"body": [f"{i}".encode() for i in rows],
+                              "group_id": [groups[i % 8] for i in rows]}),
+                    destination="hot",
+                    wait=False,
+                )
+            )  # fmt: skip
+        assert all(len(f.result(30)) == 50 for f in batches)
+    wait_for(lambda: moved in cluster.serving(back)[back], 20, "moved back")
+    got = _drain(cluster.members["a"].url, "hot", expect=1000)
+    assert len(got) == 1000
     seen: dict[str, list[int]] = defaultdict(list)
     for msg in got:
         seen[msg.group_id].append(int(msg.body))
     for group, bodies in seen.items():
-        assert bodies == sorted(bodies) and len(bodies) == 75, group
+        assert bodies == sorted(bodies) and len(bodies) == 125, group
     with Admin(cluster.members["b"].url) as admin:  # (each partition's asked of its owner)
         stats = admin.stats("hot")
-        assert stats["produced"] == 600 and stats["depth"] == 0
+        assert stats["produced"] == 1000 and stats["depth"] == 0
         assert sorted(p["name"] for p in stats["partitions"]) == sorted(parts)
         admin.delete_destination("hot")
     wait_for(lambda: not any(cluster.serving().values()), 20, "the partitions deleted")

@@ -746,32 +746,52 @@ def test_sasl_oauthbearer_logs_in_with_a_bearer_token(secure: BrokerProcess) -> 
 def test_kafka_admin_creates_queues_and_topics_and_deletes_them(
     broker: BrokerProcess, port: int
 ) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewTopic,
+    )
 
     admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
-    q, t, bad = _name("made-queue"), _name("made-topic"), _name("four-partitions")
+    q, t, four = _name("made-queue"), _name("made-topic"), _name("four-partitions")
     futures = admin.create_topics(
         [
             NewTopic(
                 q, 1, 1, config={"sparkmq.kind": "queue", "sparkmq.max_delivery_attempts": "3"}
             ),
             NewTopic(t, -1, -1, config={"cleanup.policy": "delete"}),
-            NewTopic(bad, 4, 1),
+            NewTopic(four, 4, 1, config={"sparkmq.max_delivery_attempts": "4"}),
         ]
     )
     futures[q].result(10)
     futures[t].result(10)
-    with pytest.raises(Exception, match="one partition"):
-        futures[bad].result(10)
+    futures[four].result(10)
     with pytest.raises(Exception, match="exists"):
         admin.create_topics([NewTopic(t, 1, 1)])[t].result(10)
     with Admin(broker.url) as sdk:
         assert sdk.stats(q)["kind"] == "queue"
         assert sdk.stats(q)["settings"]["max_delivery_attempts"] == 3
         assert sdk.stats(t)["kind"] == "topic"
-    admin.delete_topics([q])[q].result(10)
+    # a partitioned topic's configs are its partitions', altered and deleted together
+    described = admin.describe_configs([ConfigResource("topic", four)])
+    configs = next(iter(described.values())).result(10)
+    assert configs["sparkmq.max_delivery_attempts"].value == "4"
+    assert configs["sparkmq.partitions"].value == "4"
+    altered = admin.incremental_alter_configs([ConfigResource(
+        "topic", four, incremental_configs=[ConfigEntry(
+            "sparkmq.max_delivery_attempts", "6",
+            incremental_operation=AlterConfigOpType.SET)])])  # fmt: skip
+    next(iter(altered.values())).result(10)
     with Admin(broker.url) as sdk:
-        assert q not in {d["name"] for d in sdk.list_destinations()}
+        parts = sdk.stats(four)["partitions"]
+        assert {p["settings"]["max_delivery_attempts"] for p in parts} == {6}
+    for deleted in admin.delete_topics([q, four]).values():
+        deleted.result(10)
+    with Admin(broker.url) as sdk:
+        names = {d["name"] for d in sdk.list_destinations()}
+    assert q not in names and not any(n.startswith(four) for n in names)
 
 
 def _fuzz_cases(rng: random.Random) -> list[bytes]:
@@ -1358,3 +1378,71 @@ def test_kafka_admin_describes_and_alters_configs_and_the_cluster(
     listed = admin.list_topics(timeout=10)
     assert q in listed.topics and "sparkmq.kafka-offsets" not in listed.topics
     assert [b.port for b in listed.brokers.values()] == [port]
+
+
+def test_a_partitioned_topic_is_n_kafka_partitions_read_by_a_group(
+    broker: BrokerProcess, port: int
+) -> None:
+    """A topic of four partitions: CreateTopics makes it, Metadata lists four partitions,
+    librdkafka's producer places keys itself, a group of two shares the partitions (each one
+    member's), and the SDK reads the same messages as one destination."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic, group = _name("parted"), _name("pgroup")
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    admin.create_topics([NewTopic(topic, num_partitions=4)])[topic].result(10)
+    refused = admin.create_topics([NewTopic(_name("toomany"), num_partitions=5000)])
+    with pytest.raises(Exception, match="1 to 1024 partitions"):
+        next(iter(refused.values())).result(10)
+    listed = admin.list_topics(topic, timeout=10).topics[topic]
+    assert sorted(listed.partitions) == [0, 1, 2, 3]
+    p = producer(port)
+    keys = [f"k{i}".encode() for i in range(12)]
+    placed: dict[bytes, set[int]] = {}
+
+    def delivered(err: Any, msg: Any) -> None:
+        assert err is None, err
+        placed.setdefault(msg.key(), set()).add(msg.partition())
+
+    for i in range(240):
+        p.produce(topic, f"{i}".encode(), key=keys[i % 12], on_delivery=delivered)
+    # a partition named outright, and one that is not there
+    p.produce(topic, b"direct", partition=3, on_delivery=delivered)
+    assert p.flush(15) == 0
+    assert all(len(parts) == 1 for parts in placed.values())  # a key keeps its partition
+    assert len({next(iter(s)) for s in placed.values()}) > 1  # ... and keys are spread
+    with Admin(broker.url) as sdk:
+        stats = sdk.stats(topic)
+    assert stats["produced"] == 241 and len(stats["partitions"]) == 4
+    by_partition = {i: s["produced"] for i, s in enumerate(stats["partitions"])}
+    members = [_group_consumer(port, group) for _ in range(2)]
+    for c in members:
+        c.subscribe([topic])
+    got: dict[int, list[Any]] = {0: [], 1: []}
+    try:
+        deadline = time.monotonic() + 30
+        while sum(len(g) for g in got.values()) < 241 and time.monotonic() < deadline:
+            for i, c in enumerate(members):
+                m = c.poll(0.05)
+                if m is not None and m.error() is None:
+                    got[i].append(m)
+        assert sum(len(g) for g in got.values()) == 241
+        for c in members:
+            assert len(c.assignment()) == 2  # the range assignor's two each
+        parts = [{m.partition() for m in g} for g in got.values()]
+        assert not parts[0] & parts[1] and parts[0] | parts[1] == {0, 1, 2, 3}
+        for i in range(4):  # each partition's offsets dense from 0, in order
+            offsets = [m.offset() for g in got.values() for m in g if m.partition() == i]
+            assert offsets == list(range(by_partition[i]))
+        for key in keys:  # each key in order
+            values = [int(m.value()) for g in got.values() for m in g if m.key() == key]
+            assert values == sorted(values) and len(values) == 20
+        for c in members:
+            c.commit(asynchronous=False)
+        committed = members[0].committed([TopicPartition(topic, i) for i in range(4)], timeout=10)
+        assert [tp.offset for tp in committed] == [by_partition[i] for i in range(4)]
+    finally:
+        for c in members:
+            c.close()
+    with Consumer(broker.url, topic, subscription=None, durable=False) as sdk_reader:
+        assert sdk_reader.partitions is not None and len(sdk_reader.partitions) == 4

@@ -73,11 +73,11 @@ def groups(bootstrap: str, username: str | None, tls_ca_file: str | None, as_jso
     rows = []
     for g in listed:
         name = g["group_id"]
-        lag = {
-            tp.topic: max(ends[TopicPartition(tp.topic, tp.partition)].offset - om.offset, 0)
-            for tp, om in committed.get(name, {}).items()
-            if TopicPartition(tp.topic, tp.partition) in ends
-        }
+        lag: dict[str, int] = {}  # (a topic's partitions' added up)
+        for tp, om in committed.get(name, {}).items():
+            end = ends.get(TopicPartition(tp.topic, tp.partition))
+            if end is not None:
+                lag[tp.topic] = lag.get(tp.topic, 0) + max(end.offset - om.offset, 0)
         rows.append(
             {
                 "group": name,

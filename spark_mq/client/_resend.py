@@ -1,5 +1,6 @@
 """A producer's batches that met a failover, sent again in their order to the broker that
-serves now (a producer given several URLs: a primary and its backup).
+serves now (a producer given several URLs: a primary and its backup; a cluster's members,
+when a destination moved). Buffered sends' batches and ``send_batch(wait=False)`` tables alike.
 
 Every batch gets a sequence number when it is first written and stays *unresolved* until the
 broker answers it. One whose broker went away (``BrokerUnavailable``: the connection broke,
@@ -21,6 +22,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
 
 from spark_mq.client._outcome import Outcome
 from spark_mq.client._pending import Pending, batch_of
@@ -31,11 +35,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(order=True)
 class _Batch:
+    """Messages ``send`` buffered (``items``, a future each), or a table ``send_batch`` gave
+    (``table``, in chunks of ``chunk`` rows, one future for its offsets: ``whole``)."""
+
     seq: int
     dest: str = field(compare=False)
     items: list[Pending] = field(compare=False)
     failed_at: float | None = field(default=None, compare=False)
     error: SparkMQError | None = field(default=None, compare=False)
+    table: pa.Table | None = field(default=None, compare=False)
+    chunk: int = field(default=0, compare=False)
+    whole: Future | None = field(default=None, compare=False)
 
 
 class Resender:
@@ -64,7 +74,16 @@ class Resender:
 
     def send(self, dest: str, items: list[Pending]) -> None:
         """Write a new batch, or queue it behind batches waiting to go again."""
-        batch = _Batch(next(self._seqs), dest, items)
+        self._send(_Batch(next(self._seqs), dest, items))
+
+    def send_table(self, dest: str, table: pa.Table, chunk: int) -> Future:
+        """``send`` of a table (its messages carry their dedup ids): the future of its
+        offsets."""
+        whole: Future = Future()
+        self._send(_Batch(next(self._seqs), dest, [], table=table, chunk=chunk, whole=whole))
+        return whole
+
+    def _send(self, batch: _Batch) -> None:
         with self._cond:
             self._unresolved[batch.seq] = batch
             if self._waiting or self._busy:  # older ones go first
@@ -76,11 +95,18 @@ class Resender:
     def _write(self, batch: _Batch, *, resending: bool = False) -> BrokerUnavailable | None:
         """Write ``batch``; its answer comes through its futures. Resending, a broker that is
         not there to write to is returned (the resender reconnects), not queued again."""
-        inner: list[Future] = [Future() for _ in batch.items]
+        inner: list[Future]
         try:
-            stream = self._stream_for(batch.dest)
-            rows = batch_of(batch.items, every_column=stream.every_column)  # type: ignore[attr-defined]
-            stream.write(rows, Outcome(len(inner), per_message=inner), waited=False)  # type: ignore[attr-defined]
+            stream: Any = self._stream_for(batch.dest)
+            if batch.table is not None:
+                chunks = batch.table.to_batches(max_chunksize=batch.chunk)
+                inner = [Future() for _ in chunks]
+                for rows, f in zip(chunks, inner, strict=True):
+                    stream.write(rows, Outcome(rows.num_rows, whole=f), waited=False)
+            else:
+                inner = [Future() for _ in batch.items]
+                rows = batch_of(batch.items, every_column=stream.every_column)
+                stream.write(rows, Outcome(len(inner), per_message=inner), waited=False)
         except SparkMQError as exc:
             if resending and isinstance(exc, BrokerUnavailable):
                 return exc
@@ -97,6 +123,8 @@ class Resender:
             errors = [f.exception() for f in inner if f.exception() is not None]
             if errors:
                 self._answered(batch, None, errors[0])
+            elif batch.table is not None:  # (a future a chunk, each of its offsets)
+                self._answered(batch, [o for f in inner for o in f.result()], None)
             else:
                 self._answered(batch, [f.result() for f in inner], None)
 
@@ -111,6 +139,10 @@ class Resender:
             with self._cond:
                 self._unresolved.pop(batch.seq, None)
                 self._cond.notify_all()
+            if batch.whole is not None:
+                if not batch.whole.done():
+                    batch.whole.set_result(offsets)
+                return
             for item, offset in zip(batch.items, offsets, strict=True):
                 if not item.future.done():
                     item.future.set_result(offset)
@@ -128,9 +160,12 @@ class Resender:
         with self._cond:
             self._unresolved.pop(batch.seq, None)
             self._cond.notify_all()
+        failure = error or BrokerUnavailable("the broker went away")
+        if batch.whole is not None and not batch.whole.done():
+            batch.whole.set_exception(failure)
         for item in batch.items:
             if not item.future.done():
-                item.future.set_exception(error or BrokerUnavailable("the broker went away"))
+                item.future.set_exception(failure)
 
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():

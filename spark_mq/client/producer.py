@@ -158,10 +158,17 @@ class Producer:
             raise ValueError("no destination: pass destination= here or to Producer()")
         partitions = self._names.get(dest) if type(dest) is str else None
         if partitions is None:
-            partitions = self._names[validate_stored_name(dest)] = self._partitions_of(dest)
+            partitions = self._partitions_of_named(dest)
         if partitions == 1:
             return dest
         return partition_name(dest, choose_partition(key, partitions, next(self._turn)))
+
+    def _partitions_of_named(self, dest: str) -> int:
+        """(``dest`` checked the first time.) How many partitions it has."""
+        partitions = self._names.get(dest)
+        if partitions is None:
+            partitions = self._names[validate_stored_name(dest)] = self._partitions_of(dest)
+        return partitions
 
     def _partitions_of(self, dest: str) -> int:
         """How many partitions ``dest`` has (asked once: a count is set at creation). A broker
@@ -448,9 +455,7 @@ class Producer:
         dest = destination or self.destination
         if dest is None:
             raise ValueError("no destination: pass destination= here or to Producer()")
-        if self._dest(dest) != dest:  # (partitioned: each message placed by its own key)
-            return self._send_partitioned(dest, bodies, wait)
-
+        partitions = self._partitions_of_named(dest)
         if isinstance(bodies, pa.Table | pa.RecordBatch):
             table = pa.table(bodies) if isinstance(bodies, pa.RecordBatch) else bodies
         else:
@@ -460,45 +465,55 @@ class Producer:
             i = table.schema.get_field_index("group_id")
             groups = fill_null(table["group_id"], self.group_id)
             table = table.set_column(i, "group_id", groups)
+        # (what places a message in a partition: its group id, else the dedup id it was given)
+        keys = pc.coalesce(table["group_id"], table["dedup_id"]) if partitions > 1 else None
         if table["dedup_id"].null_count:  # each message an id of its own: resent, stored once
             n = table.num_rows
             first = self._reserve(n)
             ids = cast(Column, pc.coalesce(table["dedup_id"], numbered_ids(self._prefix, first, n)))
             table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
+        if keys is not None:
+            return self._send_partitioned(dest, partitions, table, keys.to_pylist(), wait)
+        return self._send_prepared(dest, table, wait)
+
+    def _send_prepared(self, dest: str, table: pa.Table, wait: bool) -> list[int] | Future:
+        """``send_batch`` of a table whose every message has its dedup id."""
         self.flush(dest)  # keep order with what send() buffered for this destination
         self._discover()
-        if wait and self._resender is not None:  # the ids are set: a resend is stored once
+        if self._resender is not None:  # the ids are set: a resend is stored once
+            if not wait:  # (kept until answered, sent again where it is served now)
+                with self._send_lock:
+                    return self._resender.send_table(dest, table, self._batch_size)
             return self._failing_over(dest, lambda: self._send_table(dest, table, True))
         return self._send_table(dest, table, wait)
 
     def _send_partitioned(
-        self, dest: str, bodies: Iterable[bytes | str] | pa.Table | pa.RecordBatch, wait: bool
+        self, dest: str, partitions: int, table: pa.Table, keys: list[str | None], wait: bool
     ) -> list[int] | Future:
         """``send_batch`` to a partitioned destination: a batch to each partition its messages
-        go to; the offsets in the messages' order."""
-        if isinstance(bodies, pa.Table | pa.RecordBatch):
-            table = pa.table(bodies) if isinstance(bodies, pa.RecordBatch) else bodies
-        else:
-            table = pa.table({"body": column(list(bodies), pa.binary())})
-        table = conform_produce(table)
-        groups = table["group_id"].to_pylist()
-        dedups = table["dedup_id"].to_pylist()
-        rows: dict[str, list[int]] = {}
-        for row, (group, dedup) in enumerate(zip(groups, dedups, strict=True)):
-            rows.setdefault(self._dest(dest, group or self.group_id or dedup), []).append(row)
-        sent = [
-            (indices, self.send_batch(table.take(indices), destination=part, wait=False))
-            for part, indices in rows.items()
-        ]
+        go to (by ``keys``: each one's group id, else the dedup id it was given; in turn
+        without one), all at once; the offsets in the messages' order."""
+        turn = self._turn
+        index = [choose_partition(key, partitions, next(turn)) for key in keys]
+        order = sorted(range(len(index)), key=index.__getitem__)  # (stable: in order in each)
+        ordered = table.take(order)
+        sent: list[tuple[list[int], Future]] = []
+        start = 0
+        for partition, run in itertools.groupby(order, key=index.__getitem__):
+            n = sum(1 for _ in run)
+            part = partition_name(dest, partition)
+            f = self._send_prepared(part, ordered.slice(start, n), False)
+            sent.append((order[start : start + n], cast(Future, f)))
+            start += n
         joined: Future = Future()
 
         def gather(_: Future) -> None:
-            if joined.done() or not all(f.done() for _, f in sent):  # type: ignore[union-attr]
+            if joined.done() or not all(f.done() for _, f in sent):
                 return
             offsets = [0] * table.num_rows
             try:
-                for indices, f in sent:
-                    for row, offset in zip(indices, f.result(), strict=True):  # type: ignore[union-attr]
+                for rows, done in sent:
+                    for row, offset in zip(rows, done.result(), strict=True):
                         offsets[row] = offset
             except BaseException as exc:
                 with contextlib.suppress(Exception):
@@ -510,7 +525,7 @@ class Producer:
         if not sent:
             joined.set_result([])
         for _, f in sent:
-            f.add_done_callback(gather)  # type: ignore[union-attr]
+            f.add_done_callback(gather)
         return joined.result() if wait else joined
 
     def _send_table(self, dest: str, table: pa.Table, wait: bool) -> list[int] | Future:

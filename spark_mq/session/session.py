@@ -235,6 +235,12 @@ class ClientSession:
             self._check("consume", destination)  # (raises, audited)
         return self.broker.destination_kind(destination)
 
+    def partitions(self, destination: str) -> int:
+        """How many partitions ``destination`` has (1: none, or no such destination); what a
+        protocol that names partitions (Kafka) maps them with. Asked after the access checks
+        of what it is for."""
+        return int(self.broker.partitions(destination)["partitions"])
+
     def log_end(self, destination: str) -> int:
         """One past its last durable offset (quick: the loops may ask)."""
         self._may_read(destination)

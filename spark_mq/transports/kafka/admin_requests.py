@@ -8,7 +8,8 @@ any other ``sparkmq.<setting>`` config is that destination setting (``sparkmq.ma
 attempts=5``, ``sparkmq.dead_letter=...``: the settings of ``conf/broker.toml``'s
 ``[destinations]``). Kafka's own topic configs (``cleanup.policy``, ``retention.ms``, ...) are
 accepted and ignored: a sparkmq destination keeps what its semantics say. A topic has one
-partition: more is refused with ``INVALID_PARTITIONS``.
+partition unless created with more (``num_partitions``: its partitions are destinations of their
+own, ``<topic>~<i>``, which deleting, describing and altering the topic deal with together).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from spark_mq import commands as c
 from spark_mq.commands import Kind
 from spark_mq.errors import DestinationExists, SparkMQError
+from spark_mq.names import MAX_PARTITIONS, partition_name
 from spark_mq.session import ClientSession
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
@@ -82,6 +84,20 @@ class AdminRequests:
             ),
         )
 
+    def _each_partition(
+        self, command: Callable[..., c.Command], name: str, *args: Any
+    ) -> list[Any]:
+        """The session's answers to ``command`` for topic ``name``: one, or a partitioned
+        topic's for each of its partitions, partition 0's last (the one that says the topic
+        exists). A cluster's partitions another member serves are refused (``NotOwner``), as
+        a broker that is not the controller refuses."""
+        n = self.session.partitions(name)
+        if n == 1:
+            return [self.session.execute(command(name, *args))]
+        return [
+            self.session.execute(command(partition_name(name, i), *args)) for i in [*range(1, n), 0]
+        ]
+
     def _describe_configs(self, r: Request, slot: Any) -> None:
         mod = codec.response_module(r.api_key, r.version)
         results = []
@@ -89,7 +105,7 @@ class AdminRequests:
             err, message, configs = ErrorCode.none, None, []
             if res.resource_type == _TOPIC:
                 try:
-                    stats = self.session.execute(c.Stats(res.resource_name))
+                    stats = self._each_partition(c.Stats, res.resource_name)[-1]
                     values = {"sparkmq.kind": str(stats["kind"])}
                     retention = stats["settings"].get("retention_s") or 0
                     values[RETENTION_MS] = str(int(retention * 1000) if retention else -1)
@@ -155,7 +171,7 @@ class AdminRequests:
                         )
                     settings[key] = entry.value
                 if settings and not r.body.validate_only:
-                    self.session.execute(c.ConfigureDestination(res.resource_name, settings))
+                    self._each_partition(c.ConfigureDestination, res.resource_name, settings)
             except _BadConfig as exc:
                 err, message = ErrorCode.invalid_config, str(exc)
             except SparkMQError as exc:
@@ -187,11 +203,17 @@ class AdminRequests:
                 kind, settings = _kind_and_settings(t.configs)
                 if kind == "topic":
                     settings = {**self.topic_settings, **settings}
-                if t.num_partitions not in (-1, 1) or t.assignments:
+                if t.num_partitions > 1:
+                    settings = {**settings, "partitions": t.num_partitions}
+                count = t.num_partitions
+                if t.assignments or not (count == -1 or 1 <= count <= MAX_PARTITIONS):
                     err = ErrorCode.invalid_partitions
                     message = (
-                        f"a sparkmq topic has one partition, not {t.num_partitions} "
-                        "(partitioned destinations are to come)"
+                        "a sparkmq topic's partitions are placed on cluster members by the "
+                        "cluster, not by replica assignments"
+                        if t.assignments
+                        else f"a sparkmq topic has 1 to {MAX_PARTITIONS} partitions, not "
+                        f"{t.num_partitions}"
                     )
                 elif getattr(body, "validate_only", False):
                     if self.session.kind(t.name) is not None:
@@ -213,7 +235,7 @@ class AdminRequests:
                     error_code=err,
                     error_message=message,
                     topic_config_error_code=0,
-                    num_partitions=1 if err is ErrorCode.none else -1,
+                    num_partitions=max(t.num_partitions, 1) if err is ErrorCode.none else -1,
                     replication_factor=1 if err is ErrorCode.none else -1,
                     configs=(),
                 )
@@ -234,7 +256,7 @@ class AdminRequests:
                 err, message = ErrorCode.unknown_topic_id, "name the topic: ids are not served"
             else:
                 try:
-                    self.session.execute(c.DeleteDestination(name))
+                    self._each_partition(c.DeleteDestination, name)
                 except SparkMQError as exc:
                     err, message = error_code(exc), message_of(exc)
             results.append(

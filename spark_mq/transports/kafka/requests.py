@@ -1,10 +1,11 @@
 """What a Kafka connection's requests mean: each one as calls of its ``ClientSession``
 (:mod:`spark_mq.session`), answered with Kafka's own error codes. Nothing here decides delivery.
 
-* **Metadata**: every destination the principal may see is a topic of one partition (0), led by
-  this broker (node 0). A topic a client names that does not exist is created (a sparkmq
-  topic) when ``broker.auto_create_queues`` is on and the client allows it, as Kafka's
-  ``auto.create.topics.enable`` does.
+* **Metadata**: every destination the principal may see is a topic, of one partition (0), or,
+  created with ``partitions = N``, of N: partition ``i`` is the destination ``<topic>~<i>``,
+  each led by the member that owns it (one broker: node 0 leads all). A topic a client names
+  that does not exist is created (a sparkmq topic) when ``broker.auto_create_queues`` is on
+  and the client allows it, as Kafka's ``auto.create.topics.enable`` does.
 * **Produce**: a partition's record batch (:mod:`~spark_mq.transports.kafka.records`) is one
   produce of the session; ``acks=1`` and ``acks=all`` are answered once it is durable (every
   sparkmq acknowledgement is), ``acks=0`` never. A produce that must wait for room holds the
@@ -41,7 +42,7 @@ from spark_mq.errors import (
     NotOwner,
     SparkMQError,
 )
-from spark_mq.names import KAFKA_OFFSETS
+from spark_mq.names import KAFKA_OFFSETS, logical_name, partition_name
 from spark_mq.session import ClientSession
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.admin_requests import AdminRequests, kafka_topic_settings
@@ -128,6 +129,7 @@ class _Part:
     partition: int
     offset: int
     max_bytes: int
+    source: str = ""  # the destination it reads: the topic, or its partition's
     error: ErrorCode = ErrorCode.none
     end: int = -1
     records: bytes = b""
@@ -202,6 +204,7 @@ class KafkaRequests:
             listed = self.session.execute(c.ListDestinations())
             names = {d["name"] for d in listed if not d.get("temporary")}
             names.update(n for n in nodes.topics() if self.session.may_see(n))  # (a cluster's)
+            names = {logical_name(n) for n in names}  # (a partition's: its topic)
             names.discard(KAFKA_OFFSETS)
             errors = dict.fromkeys(sorted(names), ErrorCode.none)
         else:
@@ -212,14 +215,14 @@ class KafkaRequests:
                 if name:
                     errors[name] = self._topic_error(name, allow)
 
-        def partition(name: str) -> Any:
-            led = nodes.leader(name)  # (None: a cluster's, being placed)
-            leader, epoch = led if led is not None else (-1, -1)
+        def partition(name: str, index: int, count: int) -> Any:
+            led = nodes.leader(partition_name(name, index) if count > 1 else name)
+            leader, epoch = led if led is not None else (-1, -1)  # (None: being placed)
             return build(
                 mod,
                 "MetadataResponsePartition",
                 error_code=ErrorCode.none if led is not None else ErrorCode.leader_not_available,
-                partition_index=0,
+                partition_index=index,
                 leader_id=leader,
                 leader_epoch=epoch,
                 replica_nodes=(leader,) if led is not None else (),
@@ -235,10 +238,11 @@ class KafkaRequests:
                 name=name,
                 topic_id=topic_id(name),
                 is_internal=False,
-                partitions=(partition(name),) if err is ErrorCode.none else (),
+                partitions=tuple(partition(name, i, n) for i in range(n)),
                 topic_authorized_operations=_NO_OPERATIONS,
             )
             for name, err in errors.items()
+            for n in [self._count(name) if err is ErrorCode.none else 0]
         )
         brokers = tuple(
             build(
@@ -263,13 +267,41 @@ class KafkaRequests:
         )
         self.link.answer(slot, response)
 
+    def _count(self, name: str) -> int:
+        """How many partitions topic ``name`` has (1 when it cannot be said: a cluster's being
+        placed)."""
+        try:
+            return self.session.partitions(name)
+        except SparkMQError:
+            return 1
+
+    def _target(self, topic: str, index: int) -> str:
+        """The destination partition ``index`` of ``topic`` is: the topic itself (partition 0
+        of a destination without partitions), or its partition's."""
+        n = self.session.partitions(topic)
+        if 0 <= index < n and n > 1:
+            return partition_name(topic, index)
+        if index == 0 and n == 1:
+            return topic
+        raise DestinationNotFound(
+            f"{topic} has {n} partition(s), 0 to {n - 1}; not {index}", destination=topic
+        )
+
+    def _leader(self, topic: str, index: int) -> tuple[int, int] | None:
+        """The node leading partition ``index`` of ``topic``, and its epoch."""
+        try:
+            return self.link.nodes.leader(self._target(topic, index))
+        except SparkMQError:
+            return None
+
     def _name_of_id(self, tid: Any) -> str | None:
         """The destination a topic id stands for (ids are derived from names: ``topic_id``)."""
         if tid is None:
             return None
         for d in self.session.execute(c.ListDestinations()):
-            if topic_id(d["name"]) == tid:
-                return str(d["name"])
+            name = logical_name(str(d["name"]))
+            if topic_id(name) == tid:
+                return name
         return None
 
     def _topic_error(self, name: str, allow_create: bool) -> ErrorCode:
@@ -326,8 +358,6 @@ class KafkaRequests:
         self, body: Any, name: str, part: Any, holding: list[Future]
     ) -> Future | BaseException:
         try:
-            if part.index != 0:
-                raise DestinationNotFound(f"{name} has one partition, 0; not {part.index}")
             if body.transactional_id is not None:
                 raise _Unsupported(
                     "transactional producers are not served yet: produce without transactional.id"
@@ -336,13 +366,14 @@ class KafkaRequests:
                 raise RecordError("a Produce partition without records", corrupt=True)
             if self.session.kind(name) is None:
                 self.session.open_named(name, "topic", self.topic_settings)
+            dest = self._target(name, part.index)
             rows = produced(bytes(part.records), self.max_body)
             if rows.transactional:
                 raise _Unsupported("transactional record batches are not served yet")
             if rows.producer_id >= 0 and rows.base_sequence >= 0:
-                self._in_sequence(name, rows.producer_id, rows.producer_epoch,
+                self._in_sequence(dest, rows.producer_id, rows.producer_epoch,
                                   rows.base_sequence, rows.messages.num_rows)  # fmt: skip
-            fut, waits = self.listener.produce(self.session, name, rows.messages, rows.nbytes)
+            fut, waits = self.listener.produce(self.session, dest, rows.messages, rows.nbytes)
             if waits:
                 holding.append(fut)
             return fut
@@ -454,9 +485,8 @@ class KafkaRequests:
             out: list[tuple[str, int, ErrorCode, int, int]] = []
             for name, index, ts in asked:
                 try:
-                    if index != 0:
-                        raise DestinationNotFound(f"{name} has one partition, 0")
-                    end = session.log_end(name)
+                    dest = self._target(name, index)
+                    end = session.log_end(dest)
                     if ts == -1:  # latest
                         out.append((name, index, ErrorCode.none, -1, end))
                     elif ts == -2:  # earliest
@@ -464,7 +494,7 @@ class KafkaRequests:
                     elif ts == -3:  # the largest timestamp's
                         out.append((name, index, ErrorCode.none, -1, max(end - 1, 0)))
                     else:
-                        at = session.offset_at(name, ts * 1000)
+                        at = session.offset_at(dest, ts * 1000)
                         if at is None:  # (nothing enqueued since: -1, as Kafka answers)
                             out.append((name, index, ErrorCode.none, -1, -1))
                         else:
@@ -485,7 +515,7 @@ class KafkaRequests:
                         error_code=err,
                         timestamp=ts,
                         offset=offset,
-                        leader_epoch=_epoch_of(self.link.nodes.leader(name)),
+                        leader_epoch=_epoch_of(self._leader(name, index)),
                         old_style_offsets=(offset,),
                     )
                 )
@@ -530,8 +560,6 @@ class KafkaRequests:
 
     def _fetch_check(self, part: _Part) -> ErrorCode:
         try:
-            if part.partition != 0:
-                raise DestinationNotFound(f"{part.topic} has one partition, 0")
             kind = self.session.kind(part.topic)
             if kind is None:
                 raise DestinationNotFound(f"there is no topic {part.topic!r}")
@@ -546,7 +574,8 @@ class KafkaRequests:
                     part.topic,
                 )
                 return ErrorCode.invalid_topic_exception
-            part.end = self.session.log_end(part.topic)
+            part.source = self._target(part.topic, part.partition)
+            part.end = self.session.log_end(part.source)
         except SparkMQError as exc:
             return error_code(exc)
         if part.offset < 0 or part.offset > part.end:
@@ -561,7 +590,7 @@ class KafkaRequests:
         for p in fetch.parts:
             if p.error is ErrorCode.none:
                 try:
-                    p.end = self.session.log_end(p.topic)
+                    p.end = self.session.log_end(p.source)
                 except SparkMQError as exc:  # (a cluster's topic moved away meanwhile)
                     p.error = error_code(exc)
         readable = [p for p in fetch.parts if p.error is ErrorCode.none]
@@ -606,7 +635,7 @@ class KafkaRequests:
             if budget <= 0:
                 break
             records = self._read_ahead.records(
-                p.topic, p.offset, min(p.max_bytes, budget), p.end, recent=recent
+                p.source, p.offset, min(p.max_bytes, budget), p.end, recent=recent
             )
             if records is None:
                 for q in have:
@@ -629,8 +658,8 @@ class KafkaRequests:
     def _wait(self, fetch: _Fetch, readable: list[_Part]) -> None:
         if not fetch.unwatch:
             self.fetches.add(fetch)
-            for topic in {p.topic for p in readable}:
-                fetch.unwatch.append(self.session.watch_log(topic, partial(self._woken, fetch)))
+            for source in {p.source for p in readable}:
+                fetch.unwatch.append(self.session.watch_log(source, partial(self._woken, fetch)))
             fetch.timer = self.link.loop.call_at(
                 _loop_time(self.link.loop, fetch.deadline), self._fetch_step, fetch
             )
