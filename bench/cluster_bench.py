@@ -10,6 +10,7 @@ ZooKeeper's jars (``apt-get install zookeeper``: scripts/setup.sh does).
     .venv/bin/python bench/cluster_bench.py [--destinations 16] [--messages 5000] [--rounds 3]
     .venv/bin/python bench/cluster_bench.py --stomp   # what forwarding costs a STOMP client
     .venv/bin/python bench/cluster_bench.py --partitions 4   # one hot destination, 1 vs 4
+    .venv/bin/python bench/cluster_bench.py --partitions 4 --kafka   # ... with librdkafka
 
 ``--partitions N``: one destination on two members, made of one partition and of N, in
 interleaved rounds; the client processes send ``--messages`` each to it (batches pipelined)
@@ -80,6 +81,45 @@ def _hot_client(urls: list[str], n: int, batch: int, total: int, read: Any, out:
     out.put(("consumed", time.perf_counter() - produced))
 
 
+def _hot_kafka_client(
+    bootstrap: str, n: int, batch: int, total: int, read: Any, out: mp.Queue
+) -> None:
+    """:func:`_hot_client` with librdkafka: an idempotent producer (``acks=all``, batches of
+    ``linger.ms=5``), then a consumer of the group "bench" (partitions shared by the
+    assignor)."""
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import Producer as KafkaProducer
+
+    body = b"x" * 100
+    producer = KafkaProducer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                              "batch.num.messages": batch, "enable.idempotence": True})  # fmt: skip
+    started = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                producer.produce("hot", body)
+                break
+            except BufferError:  # (the client's queue is full: let it send)
+                producer.poll(0.01)
+        if i % 1000 == 0:
+            producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError("messages were not delivered")
+    produced = time.perf_counter()
+    out.put(("produced", produced - started))
+    consumer = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "bench",
+                              "auto.offset.reset": "earliest", "enable.auto.commit": True,
+                              "fetch.wait.max.ms": 50})  # fmt: skip
+    consumer.subscribe(["hot"])
+    while read.value < total:
+        got = consumer.consume(2000, timeout=0.2)
+        if got:
+            with read.get_lock():
+                read.value += sum(1 for m in got if m.error() is None)
+    consumer.close()
+    out.put(("consumed", time.perf_counter() - produced))
+
+
 def run_partitioned(zk: ZooKeeper, a: argparse.Namespace, k: int, partitions: int) -> Any:
     """(produce, consume) msg/s of one destination of ``partitions`` on two members."""
     root = Path(tempfile.mkdtemp(prefix=f"sparkmq-cluster-bench-p{partitions}-"))
@@ -87,7 +127,10 @@ def run_partitioned(zk: ZooKeeper, a: argparse.Namespace, k: int, partitions: in
     urls = [p.url for p in procs]
     try:
         with Admin(urls) as admin:
-            admin.create_queue("hot", partitions=partitions)
+            if a.kafka:  # (a topic: Kafka's consumers read logs; kept while the bench runs)
+                admin.create_topic("hot", partitions=partitions, retention_s=3600)
+            else:
+                admin.create_queue("hot", partitions=partitions)
         want = {"hot"} if partitions == 1 else {f"hot~{i}" for i in range(partitions)}
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # (placed before the clock starts)
@@ -100,10 +143,13 @@ def run_partitioned(zk: ZooKeeper, a: argparse.Namespace, k: int, partitions: in
         out: mp.Queue = spawn.Queue()
         total = a.messages * a.clients
         read = spawn.Value("q", 0)
-        workers = [
-            spawn.Process(target=_hot_client, args=(urls, a.messages, a.batch, total, read, out))
-            for _ in range(a.clients)
-        ]
+        if a.kafka:
+            bootstrap = ",".join(f"127.0.0.1:{p.kafka_port}" for p in procs)
+            target: Any = _hot_kafka_client
+            args: tuple[Any, ...] = (bootstrap, a.messages, a.batch, total, read, out)
+        else:
+            target, args = _hot_client, (urls, a.messages, a.batch, total, read, out)
+        workers = [spawn.Process(target=target, args=args) for _ in range(a.clients)]
         for w in workers:
             w.start()
         times: dict[str, list[float]] = {"produced": [], "consumed": []}
@@ -130,8 +176,9 @@ def partitioned(zk: ZooKeeper, a: argparse.Namespace) -> None:
             p, s = figures[c][-1]
             print(f"round {r + 1} {c} partition(s): produce {p:9,.0f} msg/s  consume+ack {s:9,.0f}")
     print(
-        f"\none destination on 2 members; {a.clients} client processes x {a.messages} messages "
-        f"of 100 bytes, batches of {a.batch}; median (min-max) of {a.rounds} rounds"
+        f"\none destination on 2 members; {a.clients} {'librdkafka' if a.kafka else 'SDK'} "
+        f"client processes x {a.messages} messages of 100 bytes, batches of {a.batch}; median "
+        f"(min-max) of {a.rounds} rounds"
     )
     base = None
     for c in counts:
@@ -302,6 +349,7 @@ def main() -> None:
     ap.add_argument("--stomp-messages", type=int, default=5000)
     ap.add_argument("--stomp-sync", type=int, default=100)
     ap.add_argument("--partitions", type=int, default=0, help="only: one destination, 1 vs N")
+    ap.add_argument("--kafka", action="store_true", help="--partitions with librdkafka clients")
     a = ap.parse_args()
     zk = ZooKeeper(Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-zk-")))
     zk.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Iterator
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +19,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from spark_mq.errors import DestinationNotFound
 from spark_mq.journal import bindings, layout
+from spark_mq.names import logical_name, partition_name, partition_of
 from spark_mq.schema import MESSAGE_SCHEMA, TS, ints, schema_of, strings
 
 SOURCE_SCHEMA = pa.schema([pa.field("destination", pa.string()), *MESSAGE_SCHEMA])
@@ -44,12 +45,14 @@ KAFKA_COLUMNS: list[pa.Field] = [
     pa.field("key", pa.binary()),
     pa.field("value", pa.binary()),
     pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
     pa.field("timestamp", TS),
 ]
 _KAFKA_DDL = {
     "key": "binary",
     "value": "binary",
     "topic": "string",
+    "partition": "int",
     "timestamp": "timestamp",
     "headers": "array<struct<key:string,value:binary>>",
 }
@@ -70,8 +73,9 @@ def source_ddl(include_headers: bool, kafka: bool = False) -> str:
 
 def kafka_shaped(table: pa.Table) -> pa.Table:
     """A batch of ``SOURCE_SCHEMA`` with Kafka's columns added: ``key`` (the group id as UTF-8
-    bytes), ``value`` (the body), ``topic`` (the destination), ``timestamp`` (enqueue time),
-    and the headers as Kafka's list of (key, binary value)."""
+    bytes), ``value`` (the body), ``topic`` (the destination; a partition's, its destination),
+    ``partition`` (a partition's index; 0 for a destination without partitions), ``timestamp``
+    (enqueue time), and the headers as Kafka's list of (key, binary value)."""
     if "headers" in table.column_names:
         maps = cast(pa.MapArray, table["headers"].combine_chunks())
         entries = pa.StructArray.from_arrays(
@@ -82,11 +86,17 @@ def kafka_shaped(table: pa.Table) -> pa.Table:
         table = table.set_column(
             table.schema.get_field_index("headers"), pa.field("headers", KAFKA_HEADERS), lists
         )
+    names = cast(pa.DictionaryArray, pc.dictionary_encode(table["destination"].combine_chunks()))
+    parts = [partition_of(str(n)) for n in names.dictionary.to_pylist()]
+    topics = pa.array([p[0] if p else str(n) for p, n in zip(parts, names.dictionary.to_pylist(),
+                                                            strict=True)], pa.string())  # fmt: skip
+    indices = pa.array([p[1] if p else 0 for p in parts], pa.int32())
     return (
         table.append_column(KAFKA_COLUMNS[0], table["group_id"].cast(pa.binary()))
         .append_column(KAFKA_COLUMNS[1], table["body"])
-        .append_column(KAFKA_COLUMNS[2], table["destination"])
-        .append_column(KAFKA_COLUMNS[3], table["enqueue_time"])
+        .append_column(KAFKA_COLUMNS[2], topics.take(names.indices))
+        .append_column(KAFKA_COLUMNS[3], indices.take(names.indices))
+        .append_column(KAFKA_COLUMNS[4], table["enqueue_time"])
     )
 
 
@@ -104,18 +114,36 @@ def _table(root: str, destination: str) -> DeltaTable:
         ) from None
 
 
-def matching_destinations(root: str, pattern: str) -> list[str]:
-    """Destinations whose whole name matches ``pattern``, sorted."""
+def recorded(root: str) -> dict[str, Any]:
+    """The root's destinations as its bindings record them now (none: no bindings yet)."""
     try:
         bindings_log = DeltaTable(
             layout.bindings_uri(root), storage_options=layout.storage_options(root)
         )
         rows = bindings_log.to_pyarrow_table()
     except TableNotFoundError:
-        return []
+        return {}
     infos, _ = bindings.replay(pa.table(rows))
+    return infos
+
+
+def matching_destinations(root: str, pattern: str) -> list[str]:
+    """Destinations whose whole name matches ``pattern``, sorted (a partitioned destination's
+    partitions, ``<name>~<i>``, when its name matches)."""
     rx = re.compile(pattern)
-    return sorted(n for n in infos if rx.fullmatch(n))
+    return sorted(n for n in recorded(root) if rx.fullmatch(logical_name(n)))
+
+
+def partitions_of(root: str, name: str) -> list[str] | None:
+    """What reading ``name`` reads: itself, or a partitioned destination's partitions (in
+    order); None when the root has no such destination (yet)."""
+    infos = recorded(root)
+    if name in infos:
+        return [name]
+    first = infos.get(partition_name(name, 0))
+    if first is None:
+        return None
+    return [partition_name(name, i) for i in range(int(first.settings.get("partitions", 1)))]
 
 
 def end_offset(root: str, destination: str) -> int:

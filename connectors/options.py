@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 
 from spark_mq.errors import ConfigError
 from spark_mq.journal.layout import normalize_root, with_options
-from spark_mq.names import validate_name
+from spark_mq.names import MAX_PARTITIONS, partition_name, validate_name, validate_stored_name
 
 DEFAULT_MAX_MESSAGES_PER_PARTITION = 100_000
 EARLIEST, LATEST = -2, -1  # in JSON offsets, as Kafka's source spells them
@@ -291,7 +291,7 @@ def _destinations(opts: Mapping[str, str]) -> tuple[tuple[str, ...], str | None]
         raise ConfigError("option 'destination' names no destination", setting="destination")
     for n in names:
         try:
-            validate_name(n)
+            validate_stored_name(n)
         except Exception as exc:
             raise ConfigError(f"option 'destination': {exc}", setting="destination") from None
     if len(set(names)) != len(names):
@@ -326,21 +326,26 @@ def _offsets(
 
 
 class PartitionError(ValueError):
-    """Kafka's per-partition JSON naming a partition other than 0."""
+    """Kafka's per-partition JSON naming a partition that cannot be one."""
 
 
 def _per_destination(doc: object) -> object:
-    """Kafka's ``{"topic": {"0": value}}`` as ``{"topic": value}`` (a destination is one
-    partition); sparkmq's flat form as it is. Another partition than 0 is a ``ValueError``."""
+    """Kafka's ``{"topic": {"0": value, "1": value}}`` as ``{"topic": value, "topic~1":
+    value}`` (partition 0 is the topic's own name: a destination without partitions is one
+    partition, 0; a partitioned one's partitions are ``<topic>~<i>``, and the reader takes
+    ``<topic>`` for ``<topic>~0``); sparkmq's flat form as it is."""
     if not isinstance(doc, dict):
         return doc
     out = {}
     for k, v in doc.items():
-        if isinstance(v, dict):
-            if set(v) != {"0"}:
-                raise PartitionError(f"{k}: a sparkmq destination has one partition, 0")
-            v = v["0"]
-        out[k] = v
+        if not isinstance(v, dict):
+            out[k] = v
+            continue
+        for index, value in v.items():
+            if not (isinstance(index, str) and index.isdigit() and int(index) < MAX_PARTITIONS):
+                raise PartitionError(f"{k}: {index!r} is not a partition (0 to "
+                                     f"{MAX_PARTITIONS - 1})")  # fmt: skip
+            out[k if int(index) == 0 else partition_name(k, int(index))] = value
     return out
 
 

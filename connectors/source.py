@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -37,9 +38,11 @@ from pyspark.sql.types import StructType
 from spark_mq.connectors import delta_read as dr
 from spark_mq.connectors.options import EARLIEST, LATEST, SourceOptions
 from spark_mq.errors import ConfigError, DataLoss
+from spark_mq.names import partition_of
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
 Offsets = dict[str, int]
 Spans = list[tuple[str, int, int, int]]  # a destination's data files: (uri, min, max, rows)
 
@@ -82,11 +85,25 @@ class ReadPlanner:
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
+        # what each destination named reads: itself, or a partitioned one's partitions (asked
+        # of the bindings once: a destination's partitions are set when it is made)
+        self._reads: dict[str, list[str]] = {}
 
     def destinations(self) -> list[str]:
+        """The destinations read: those named (or matching the pattern), a partitioned one's
+        partitions in its place (``<name>~<i>``, each with offsets of its own)."""
         if self.opts.pattern is not None:
             return dr.matching_destinations(self.opts.root, self.opts.pattern)
-        return list(self.opts.destinations)
+        out: list[str] = []
+        for name in self.opts.destinations:
+            reads = self._reads.get(name)
+            if reads is None:
+                found = dr.partitions_of(self.opts.root, name)
+                reads = found or [name]  # (none yet: read as named, which says it is missing)
+                if found is not None:
+                    self._reads[name] = found
+            out += reads
+        return out
 
     def start_of(self, dest: str) -> int:
         """Where reading ``dest`` begins the first time the query sees it."""
@@ -94,11 +111,12 @@ class ReadPlanner:
         if self.opts.starting_timestamp_ms is not None:
             return dr.offset_at_timestamp(root, dest, self.opts.starting_timestamp_ms)
         by_time = self.opts.starting_timestamps or {}
-        if dest in by_time:  # (Kafka's startingOffsetsByTimestamp: before startingOffsets)
-            return dr.offset_at_timestamp(root, dest, by_time[dest])
+        at = self.given(by_time, dest, None)
+        if at is not None:  # (Kafka's startingOffsetsByTimestamp: before startingOffsets)
+            return dr.offset_at_timestamp(root, dest, at)
         starting = self.opts.starting
         wanted = (
-            starting.get(dest, EARLIEST)
+            self.given(starting, dest, EARLIEST)
             if isinstance(starting, dict)
             else {"earliest": EARLIEST, "latest": LATEST}[starting]
         )
@@ -107,6 +125,18 @@ class ReadPlanner:
         if wanted == LATEST:
             return dr.end_offset(root, dest)
         return min(wanted, dr.end_offset(root, dest))
+
+    @staticmethod
+    def given(per_destination: dict[str, int], dest: str, default: _T) -> int | _T:
+        """What an option's JSON gives ``dest``: its own entry; a partitioned destination's
+        partition 0 may be given by the destination's name (Kafka's ``{"orders": {"0": 5}}``
+        reads so)."""
+        if dest in per_destination:
+            return per_destination[dest]
+        parts = partition_of(dest)
+        if parts is not None and parts[1] == 0 and parts[0] in per_destination:
+            return per_destination[parts[0]]
+        return default
 
     def check_missing(self, ranges: dict[str, tuple[int, int]]) -> None:
         """Offsets compaction removed that the ranges need: an error, or a warning when
@@ -291,7 +321,7 @@ class BatchReader(DataSourceReader):
         for dest in self.plan.destinations():
             end = dr.end_offset(opts.root, dest)
             if isinstance(opts.ending, dict):
-                wanted = opts.ending.get(dest, LATEST)
+                wanted = self.plan.given(opts.ending, dest, LATEST)
                 end = end if wanted in (LATEST, EARLIEST) else min(wanted, end)
             self.ranges[dest] = (self.plan.start_of(dest), end)
 

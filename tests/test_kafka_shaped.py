@@ -64,8 +64,11 @@ def test_kafka_option_mistakes_are_named_with_a_suggestion() -> None:
         SourceOptions.parse({**base, "startingOffset": "earliest"})
     with pytest.raises(ConfigError, match="say the same thing"):
         SourceOptions.parse({"root": "/d", "destination": "a", "subscribe": "a"})
-    with pytest.raises(ConfigError, match="one partition"):
-        SourceOptions.parse({**base, "startingOffsets": '{"t": {"0": 1, "1": 5}}'})
+    with pytest.raises(ConfigError, match="'x' is not a partition"):
+        SourceOptions.parse({**base, "startingOffsets": '{"t": {"0": 1, "x": 5}}'})
+    # a partitioned destination's partitions: partition 0 by the name, the others <name>~<i>
+    parsed = SourceOptions.parse({**base, "startingOffsets": '{"t": {"0": 1, "1": 5}}'})
+    assert parsed.starting == {"t": 1, "t~1": 5}
     with pytest.raises(ConfigError, match="ISO-8601"):
         SourceOptions.parse({**base, "startingTimestamp": "yesterday"})
     with pytest.raises(ConfigError, match="maxTriggerDelay"):

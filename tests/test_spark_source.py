@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
@@ -158,3 +160,57 @@ def test_bad_options_are_named(spark, topic_with_messages, tmp_path: Path) -> No
         spark.read.format("sparkmq").option("root", str(tmp_path)).option(
             "destination", "nothing"
         ).load().count()
+
+
+@pytest.mark.parametrize("fmt", ["sparkmq", "sparkmq_python"])
+def test_a_partitioned_destination_is_read_whole_with_offsets_per_partition(
+    spark, broker: RunningBroker, fmt: str
+) -> None:
+    """A destination of three partitions is read as one: every partition's messages, each with
+    offsets of its own (the query's offsets name each partition), Kafka's ``topic`` and
+    ``partition`` columns, and Kafka's per-partition starting offsets."""
+    name = f"clicks_{fmt}"
+    with Admin(broker.url) as admin:
+        admin.create_topic(name, partitions=3, retention_s=3600)
+    with Producer(broker.url, destination=name) as producer:
+        producer.send_batch(
+            pa.table({"body": [b"c%02d" % i for i in range(90)],
+                      "group_id": [f"user{i % 9}" for i in range(90)]})
+        )  # fmt: skip
+    assert broker.broker.journal.move(timeout=60)
+    root = broker.broker.config.broker.data_dir
+    reader = (
+        spark.readStream.format(fmt)
+        .option("root", root)
+        .option("subscribe", name)
+        .option("kafkaColumns", "true")
+        .load()
+    )
+    query = run_available_now(spark, reader, f"parts_{fmt}")
+    out = spark.table(f"parts_{fmt}")
+    rows = out.select("destination", "topic", "partition", "offset", "key", "value").collect()
+    assert sorted(r.value for r in rows) == [b"c%02d" % i for i in range(90)]
+    assert {r.topic for r in rows} == {name}
+    assert {r.destination for r in rows} == {f"{name}~{i}" for i in range(3)}
+    for i in range(3):
+        offsets = sorted(r.offset for r in rows if r.partition == i)
+        assert offsets == list(range(len(offsets))) and offsets  # dense from 0, each its own
+        assert all(r.destination == f"{name}~{i}" for r in rows if r.partition == i)
+    groups: dict[bytes, set[int]] = {}
+    for r in rows:
+        groups.setdefault(bytes(r.key), set()).add(r.partition)
+    assert all(len(p) == 1 for p in groups.values())  # a group in one partition
+    end = query.lastProgress["sources"][0]["endOffset"]
+    assert sorted(json.loads(end) if isinstance(end, str) else end) == sorted(
+        f"{name}~{i}" for i in range(3)
+    )
+    counts = {i: sum(1 for r in rows if r.partition == i) for i in range(3)}
+    # Kafka's per-partition JSON: partition 0 from 2 on, the others from their starts
+    batch = (
+        spark.read.format(fmt)
+        .option("root", root)
+        .option("destination", name)
+        .option("startingOffsets", json.dumps({name: {"0": 2, "1": -2, "2": -2}}))
+        .load()
+    )
+    assert batch.count() == 90 - min(2, counts[0])

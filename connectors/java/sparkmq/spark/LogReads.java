@@ -53,7 +53,7 @@ final class LogReads {
 
   // the columns a read computes rather than finds in the files
   private static final java.util.Set<String> KAFKA =
-      java.util.Set.of("destination", "key", "value", "topic", "timestamp");
+      java.util.Set.of("destination", "key", "value", "topic", "partition", "timestamp");
   private static final MapType HEADERS_MAP =
       new MapType(DataTypes.StringType, DataTypes.StringType, true);
 
@@ -147,8 +147,11 @@ final class LogReads {
   private static Column column(StructField f, String destination) {
     switch (f.name()) {
       case "destination":
-      case "topic":
         return lit(destination).as(f.name());
+      case "topic": // a partition's (<topic>~<index>) is its topic's
+        return lit(topicOf(destination)).as(f.name());
+      case "partition":
+        return lit(partitionOf(destination)).as(f.name());
       case "key":
         return col("group_id").cast(DataTypes.BinaryType).as("key");
       case "value":
@@ -165,6 +168,29 @@ final class LogReads {
       default:
         return col(f.name());
     }
+  }
+
+  /** The topic of a partition's destination name (any other name: itself). */
+  static String topicOf(String destination) {
+    int mark = destination.lastIndexOf('~');
+    return mark > 0 && partitionOf(destination) >= 0 && mark < destination.length() - 1
+        ? destination.substring(0, mark)
+        : destination;
+  }
+
+  /** A partition's index (0: a destination without partitions). */
+  static int partitionOf(String destination) {
+    int mark = destination.lastIndexOf('~');
+    if (mark <= 0 || mark == destination.length() - 1) {
+      return 0;
+    }
+    String index = destination.substring(mark + 1);
+    for (int i = 0; i < index.length(); i++) {
+      if (!Character.isDigit(index.charAt(i))) {
+        return 0;
+      }
+    }
+    return Integer.parseInt(index);
   }
 
   private static String[] paths(JsonNode scan) {
