@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from spark_mq import Admin
 from spark_mq.client import Consumer, Producer
 from spark_mq.launch import BrokerProcess
+from spark_mq.names import choose_partition
 from tests.ops_kit import depth, http
 from tests.stomp_kit import connect, send_all
 
@@ -415,3 +416,46 @@ def test_stomp_connections_show_in_the_metrics_and_the_log(broker: BrokerProcess
         conn.disconnect()
     log = Path(broker.data_dir).parent / "broker.log"
     assert f"STOMP on port {broker.stomp_port}" in log.read_text()
+
+
+def test_sends_to_a_partitioned_queue_are_placed_by_group_and_a_partition_is_subscribed_to(
+    broker: BrokerProcess, port: int
+) -> None:
+    """STOMP clients do not place messages: the broker places each as the SDK would (by its
+    JMSXGroupID, else in turn). A subscription names a partition; the destination's own name
+    is refused, saying what its partitions are."""
+    q = _name("parted")
+    with Admin(broker.url) as admin:
+        admin.create_queue(q, partitions=3)
+    conn, inbox = connect(port)
+    for i in range(30):
+        conn.send(f"/queue/{q}", f"{i}".encode(),
+                  headers={"JMSXGroupID": f"g{i % 5}", "receipt": f"r{i}"})  # fmt: skip
+    send_all(conn, inbox, f"/queue/{q}", [b"x", b"y", b"z"])  # (no group: in turn)
+    inbox.wait_receipt("r29")
+    assert not inbox.errors
+    with Consumer(broker.url, q) as consumer:
+        got = _receive(consumer, 33)
+        consumer.ack(got)
+    for m in got:
+        if m.group_id is not None:
+            assert m.partition == choose_partition(m.group_id, 3, 0)
+    assert {m.partition for m in got if m.group_id is None} == {0, 1, 2}
+    by_group: dict[str, list[int]] = {}
+    for m in got:
+        if m.group_id is not None:
+            by_group.setdefault(m.group_id, []).append(int(m.body))
+    assert all(v == sorted(v) and len(v) == 6 for v in by_group.values())
+    # a subscription to one partition; the destination's own name is refused, saying why
+    with Producer(broker.url) as producer:
+        producer.send_sync(b"to-1", destination=f"{q}~1")
+    conn.subscribe(f"/queue/{q}~1", id="one", ack="client-individual")
+    (frame,) = inbox.wait_messages(1)
+    assert frame.body == b"to-1"
+    conn.ack(frame.headers["ack"], receipt="acked")
+    inbox.wait_receipt("acked")
+    refused, refused_inbox = connect(port)
+    refused.subscribe(f"/queue/{q}", id="all")
+    error = refused_inbox.wait_error()
+    assert "3 partitions" in error.headers["message"] + error.body.decode()
+    conn.disconnect()

@@ -135,7 +135,8 @@ class ListenerCore:
     ) -> None:
         self.gateway = gateway
         # its clients cannot follow a destination to the cluster member serving it (STOMP's):
-        # this member forwards what they do there (the gateway's forwarding, on a member)
+        # this member forwards what they do there (the gateway's forwarding, on a member), and
+        # places what they send to a partitioned destination in its partitions
         self.forwards = forwards
         self.name = name
         self.label = label  # what people call its connections ("direct-wire", "STOMP")
@@ -190,6 +191,7 @@ class ListenerCore:
         session = self.gateway.session(principal, peer=conn.peer, transport=conn.transport)
         if self.forwards:
             session.forwarding = self.gateway.forwarding
+            session.places = True
         return conn.open(session)
 
     # -- producing ---------------------------------------------------------------------------

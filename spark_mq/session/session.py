@@ -37,6 +37,7 @@ durable unsubscribe       ``admin`` on the topic (removing any subscription)
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -53,15 +54,18 @@ from spark_mq.broker.subscription import Wakeup
 from spark_mq.errors import (
     DestinationExists,
     DestinationNotFound,
+    MessageRejected,
     NotAuthenticated,
     NotAuthorized,
     NotOwner,
+    Partitioned,
     ProtocolError,
     SparkMQError,
 )
 from spark_mq.journal.base import Kind
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.messages import Messages
+from spark_mq.names import choose_partition, partition_name
 from spark_mq.schema import strings
 from spark_mq.session.consumer import ConsumerHandle, ForwardedConsumer, Forwarder
 from spark_mq.session.guard import OPEN, Guard, Verb
@@ -106,6 +110,10 @@ class ClientSession:
         # a cluster member's, for a transport whose clients cannot follow a destination to
         # the member serving it (STOMP): what they do there is forwarded there
         self.forwarding: Forwarder | None = None
+        # for a transport whose clients do not place messages in a partitioned destination's
+        # partitions (STOMP): the session places each as the SDK would
+        self.places = False
+        self._turn = itertools.count()  # (the round robin over partitions)
         self._check("connect")
 
     def __repr__(self) -> str:
@@ -126,6 +134,36 @@ class ClientSession:
             if self.forwarding is None:
                 raise
             return self.forwarding.produce(elsewhere, destination, messages)
+        except Partitioned as parted:
+            if not self.places:
+                raise
+            partition = self._placed(destination, int(parted.fields["partitions"]), messages)
+            return self.produce(partition, messages, inline)
+
+    def _placed(self, destination: str, partitions: int, messages: Messages) -> str:
+        """The partition of ``destination`` its messages go to: by the group id, else the
+        dedup id, else in turn (:func:`~spark_mq.names.choose_partition`, as the SDK places
+        them). Messages that would go to several are refused: a client that sends many at
+        once places them itself (the SDK, Kafka's)."""
+        keys: list[str | None]
+        if messages.plain is not None:  # (their table is made once they have offsets)
+            keys = [m.dedup_id for m in messages.plain]
+        else:
+            table = messages.table()
+            keys = [None] * table.num_rows
+            for column in ("dedup_id", "group_id"):  # (the group id wins)
+                if column in table.column_names:
+                    given = table[column].to_pylist()
+                    keys = [k or was for k, was in zip(given, keys, strict=True)]
+        turn = next(self._turn)
+        chosen = {choose_partition(k, partitions, turn) for k in keys}
+        if len(chosen) != 1:
+            raise MessageRejected(
+                f"{destination!r} has {partitions} partitions and these {messages.num_rows} "
+                "messages go to several: send them one at a time, or name a partition",
+                destination=destination,
+            )
+        return partition_name(destination, chosen.pop())
 
     def open_producer(self, destination: str) -> None:
         """A producer announces its destination (the direct wire's first frame): refused now

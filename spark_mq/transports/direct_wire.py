@@ -58,6 +58,7 @@ from spark_mq.errors import (
     ConfigError,
     MessageTooLarge,
     NotOwner,
+    Partitioned,
     ProtocolError,
     SparkMQError,
     to_wire,
@@ -497,8 +498,9 @@ class WireServer:
         """Say why, then hang up once it is written (and the client had time to read it)."""
         if not conn.core.refuse(time.monotonic()):
             return
-        # (a cluster member sending a client to another: routine, not news)
-        level = logging.DEBUG if isinstance(err, NotOwner) else logging.INFO
+        # (a cluster member sending a client to another, or an SDK client told a destination
+        # has partitions, which it then uses: routine, not news)
+        level = logging.DEBUG if isinstance(err, NotOwner | Partitioned) else logging.INFO
         log.log(level, "wire: refusing %s: %s", conn.peer, err.message)
         conn.backlog.clear()
         conn.queue(wire.failure(err))

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from spark_mq.errors import InvalidNameError
 from spark_mq.messages import Messages, PlainMessage
-from spark_mq.names import validate_name
+from spark_mq.names import validate_name, validate_stored_name
 from spark_mq.schema import DEFAULT_PRIORITY, PRODUCE_SCHEMA
 from spark_mq.transports.stomp_codec import Frame, StompError
 
@@ -76,7 +76,10 @@ def target_of(text: str | None, what: str = "destination") -> Target:
         if text.startswith(prefix):
             name = text[len(prefix) :]
             try:
-                validate_name(name, "temporary queue" if kind == "temp-queue" else kind)
+                if kind == "temp-queue":
+                    validate_name(name, "temporary queue")
+                else:  # (a partition may be named: /queue/orders~2)
+                    validate_stored_name(name, kind)
             except InvalidNameError as exc:  # (its message says what is allowed)
                 raise StompError(f"{what} {text!r}: {exc}") from None
             return Target(kind, name)
