@@ -287,6 +287,65 @@ def test_a_partitioned_destination_spreads_over_the_members_and_is_read_whole(
         assert sorted(p["name"] for p in stats["partitions"]) == sorted(parts)
         admin.delete_destination("hot")
     wait_for(lambda: not any(cluster.serving().values()), 20, "the partitions deleted")
+    _kafka_reads_a_partitioned_topic_from_each_partitions_owner(cluster)
+
+
+def _kafka_reads_a_partitioned_topic_from_each_partitions_owner(cluster: Cluster) -> None:
+    """librdkafka: a topic of four partitions made through one member's Kafka listener; its
+    Metadata at the other names each partition's owner as its leader; keyed produces land on
+    the owners, and a group of two reads every partition, each key in order."""
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import Producer as KafkaProducer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from spark_mq.transports.kafka.nodes import node_id
+
+    kafka = {m: f"127.0.0.1:{cluster.members[m].kafka_port}" for m in ("a", "b")}
+    admin = AdminClient({"bootstrap.servers": kafka["a"]})
+    admin.create_topics([NewTopic("ktop", num_partitions=4)])["ktop"].result(20)
+    parts = {f"ktop~{i}" for i in range(4)}
+    wait_for(lambda: parts <= set(cluster.owners("a")), 20, "the topic's partitions placed")
+    wait_for(lambda: _all_served(cluster, parts, {"a", "b"}), 20, "placed on both")
+
+    def leaders() -> dict[int, int]:
+        meta = AdminClient({"bootstrap.servers": kafka["b"]}).list_topics("ktop", timeout=10)
+        return {i: p.leader for i, p in meta.topics["ktop"].partitions.items()}
+
+    owners = cluster.owners("b")
+    expected = {i: node_id(owners[f"ktop~{i}"]) for i in range(4)}
+    wait_for(lambda: leaders() == expected, 20, "each partition led by its owner")
+    assert len(set(expected.values())) == 2  # (two members lead)
+    producer = KafkaProducer({"bootstrap.servers": kafka["b"], "enable.idempotence": True,
+                              "linger.ms": 5})  # fmt: skip
+    keys = [f"key{i}".encode() for i in range(10)]
+    for i in range(400):
+        producer.produce("ktop", f"{i}".encode(), key=keys[i % 10])
+    assert producer.flush(30) == 0
+    consumers = [
+        KafkaConsumer({"bootstrap.servers": ",".join(kafka.values()), "group.id": "kparts",
+                       "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+                       "heartbeat.interval.ms": 500})  # fmt: skip
+        for _ in range(2)
+    ]
+    got: list[Any] = []
+    try:
+        for c in consumers:
+            c.subscribe(["ktop"])
+        deadline = time.monotonic() + 60
+        while len(got) < 400 and time.monotonic() < deadline:
+            for c in consumers:
+                m = c.poll(0.1)
+                if m is not None and m.error() is None:
+                    got.append(m)
+    finally:
+        for c in consumers:
+            c.close()
+    assert len(got) == 400
+    assert {m.partition() for m in got} == {0, 1, 2, 3}
+    for key in keys:
+        values = [int(m.value()) for m in got if m.key() == key]
+        assert values == sorted(values) and len(values) == 40
+        assert len({m.partition() for m in got if m.key() == key}) == 1
 
 
 def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
