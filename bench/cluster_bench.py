@@ -85,19 +85,21 @@ def _hot_kafka_client(
     bootstrap: str, n: int, batch: int, total: int, read: Any, out: mp.Queue
 ) -> None:
     """:func:`_hot_client` with librdkafka: an idempotent producer (``acks=all``, batches of
-    ``linger.ms=5``), then a consumer of the group "bench" (partitions shared by the
-    assignor)."""
+    ``linger.ms=5``) of messages keyed by 64 keys (without keys librdkafka's sticky partitioner
+    sends a while to one partition, then another), then a consumer of the group "bench"
+    (partitions shared by the assignor)."""
     from confluent_kafka import Consumer as KafkaConsumer
     from confluent_kafka import Producer as KafkaProducer
 
     body = b"x" * 100
+    keys = [f"key-{i}".encode() for i in range(64)]
     producer = KafkaProducer({"bootstrap.servers": bootstrap, "linger.ms": 5,
                               "batch.num.messages": batch, "enable.idempotence": True})  # fmt: skip
     started = time.perf_counter()
     for i in range(n):
         while True:
             try:
-                producer.produce("hot", body)
+                producer.produce("hot", body, key=keys[i % 64])
                 break
             except BufferError:  # (the client's queue is full: let it send)
                 producer.poll(0.01)

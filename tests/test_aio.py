@@ -485,3 +485,57 @@ def test_async_for_lives_through_a_sigkill_and_failover(tmp_path: Path) -> None:
         for m in (a, b):
             if m.process is not None:
                 m.process.stop()
+
+
+def test_a_partitioned_destination_through_the_asyncio_sdk(broker) -> None:
+    """The asyncio producer places each message in its partition by group id (as the
+    synchronous SDK does); the asyncio consumer reads every partition as one, `async for` and
+    `serve` alike, each message settled by its partition's consumer."""
+    from spark_mq.names import choose_partition
+
+    with Admin(broker.url) as admin:
+        admin.create_queue("aparts", partitions=3)
+
+    async def main() -> tuple[list[AsyncMessage], list[AsyncMessage]]:
+        async with AsyncProducer(broker.url, destination="aparts") as p:
+            for i in range(60):
+                await p.send(f"{i}", group_id=f"g{i % 6}")
+            done = await p.submit("sub", group_id="g0")
+            await done
+            offsets = await p.send_batch([b"a", b"b", b"c"])
+            assert len(offsets) == 3
+        got: list[AsyncMessage] = []
+        async with AsyncConsumer(broker.url, "aparts") as consumer:
+            assert consumer.partitions is not None and len(consumer.partitions) == 3
+            async for m in consumer:
+                got.append(m)
+                if len(got) == 40:
+                    break
+            await consumer.ack(got)
+        served: list[AsyncMessage] = []
+        consumer = AsyncConsumer(broker.url, "aparts")
+        await consumer.start()
+
+        async def handler(m: AsyncMessage) -> None:
+            served.append(m)
+            if len(served) == 24:
+                asyncio.ensure_future(consumer.close())
+
+        await asyncio.wait_for(consumer.serve(handler, concurrency=4), 30)
+        return got, served
+
+    got, served = asyncio.run(main())
+    everything = got + served
+    assert sorted(m.body for m in everything) == sorted(
+        [f"{i}".encode() for i in range(60)] + [b"sub", b"a", b"b", b"c"]
+    )
+    for m in everything:
+        if m.group_id is not None:
+            assert m.partition == choose_partition(m.group_id, 3, 0)
+    by_group: dict[str, list[int]] = collections.defaultdict(list)
+    for m in sorted(everything, key=lambda m: (m.partition, m.offset)):
+        if m.group_id is not None and m.body != b"sub":
+            by_group[m.group_id].append(int(m.body))
+    assert all(v == sorted(v) and len(v) == 10 for v in by_group.values())
+    with Consumer(broker.url, "aparts") as c:
+        assert c.receive(timeout=0.3) is None  # all acked (serve acks what it handled)

@@ -322,9 +322,15 @@ def _kafka_reads_a_partitioned_topic_from_each_partitions_owner(cluster: Cluster
         producer.produce("ktop", f"{i}".encode(), key=keys[i % 10])
     assert producer.flush(30) == 0
     consumers = [
-        KafkaConsumer({"bootstrap.servers": ",".join(kafka.values()), "group.id": "kparts",
-                       "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
-                       "heartbeat.interval.ms": 500})  # fmt: skip
+        KafkaConsumer(
+            {
+                "bootstrap.servers": ",".join(kafka.values()),
+                "group.id": "kparts",
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 500,
+            }
+        )  # fmt: skip
         for _ in range(2)
     ]
     got: list[Any] = []

@@ -27,7 +27,7 @@ from typing import Any
 
 from spark_mq import protocol, wire
 from spark_mq.client import _liveness as liveness
-from spark_mq.client._transport import Connection, broker_urls, connect
+from spark_mq.client._transport import Connection, broker_urls, call_action, connect
 from spark_mq.client._wire import Address, heartbeat_ms, wire_address
 from spark_mq.errors import BrokerUnavailable, SparkMQError
 from spark_mq.security.credentials import Auth
@@ -86,6 +86,22 @@ class Broker:
                 "SDK needs 3 or later (upgrade the broker, or use the synchronous SDK)"
             )
         return conn, address
+
+    async def partitions(self, name: str) -> int:
+        """How many partitions destination ``name`` has (1: none). A broker that cannot say
+        (one before partitions, or a refusal the send will report) is taken to say one."""
+        await self.find()
+        conn = self.conn
+        assert conn is not None
+        try:
+            answer = await asyncio.to_thread(
+                call_action, conn.client, conn.options, "partitions", name=name
+            )
+        except BrokerUnavailable:
+            raise
+        except SparkMQError:
+            return 1
+        return int(answer.get("partitions", 1)) if isinstance(answer, dict) else 1
 
     def close(self) -> None:
         if self.conn is not None:

@@ -34,11 +34,12 @@ from spark_mq.client._transport import DEFAULT_URL
 from spark_mq.client.message import Message, Settler, message_of_one, messages_of
 from spark_mq.errors import (
     BrokerUnavailable,
+    Partitioned,
     ProtocolError,
     SparkMQError,
     from_wire,
 )
-from spark_mq.names import validate_name
+from spark_mq.names import partition_name, validate_name, validate_stored_name
 from spark_mq.schema import DELIVERY_SCHEMA
 from spark_mq.security.credentials import Auth
 
@@ -74,7 +75,7 @@ class AsyncConsumer:
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         decode_in_thread_bytes: int = DECODE_IN_THREAD_BYTES,
     ) -> None:
-        self.destination = destination if temporary else validate_name(destination)
+        self.destination = destination if temporary else validate_stored_name(destination)
         if subscription is not None:
             validate_name(subscription, "subscription")
         self.subscription = subscription
@@ -107,6 +108,17 @@ class AsyncConsumer:
         self._closing_reason: str | None = None
         self._closed = False
         self._started = False
+        # a partitioned destination's: a consumer of each partition, and the tasks that move
+        # their messages into this one's queue
+        self._parts: list[AsyncConsumer] = []
+        self._pumps: list[asyncio.Task[None]] = []
+        self._make_part = lambda part: AsyncConsumer(
+            url, part, subscription=subscription, selector=selector, durable=durable,
+            prefetch=prefetch, timeout_s=timeout_s, username=username, password=password,
+            token=token, tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file, heartbeat_s=heartbeat_s,
+            decode_in_thread_bytes=decode_in_thread_bytes,
+        )  # fmt: skip
 
     # -- attaching -------------------------------------------------------------------------------
     async def __aenter__(self) -> AsyncConsumer:
@@ -124,6 +136,8 @@ class AsyncConsumer:
         self._queue = asyncio.Queue()
         try:
             await self._attach()
+        except Partitioned as exc:
+            await self._attach_partitions(int(exc.fields.get("partitions", 1)))
         except BaseException:
             self._started, self._queue, self._link = False, None, None  # (may be tried again)
             self.error = None
@@ -150,6 +164,46 @@ class AsyncConsumer:
         except BaseException:
             link.abort()
             raise
+
+    async def _attach_partitions(self, n: int) -> None:
+        """A partitioned destination: a consumer of each partition, their messages moved into
+        this one's queue as they come (order holds within a partition, so within a group);
+        each message is settled through the consumer that delivered it."""
+        # its own link was refused: nothing of it stays (its end was told to the queue)
+        self._link, self.error, self._queue = None, None, asyncio.Queue()
+        await asyncio.to_thread(self._broker.close)
+        try:
+            for index in range(n):
+                part = self._make_part(partition_name(self.destination, index))
+                await part.start()
+                self._parts.append(part)
+        except BaseException:
+            for part in self._parts:
+                await part.close()
+            self._parts.clear()
+            raise
+        first = self._parts[0]
+        self.lease_s, self.consumer_id = first.lease_s, first.consumer_id
+        self._pumps = [asyncio.ensure_future(self._pump(p)) for p in self._parts]
+
+    async def _pump(self, part: AsyncConsumer) -> None:
+        assert self._queue is not None
+        try:
+            while True:
+                got = await part.get_many(1000)
+                if not got:
+                    break
+                for message in got:
+                    self._queue.put_nowait(message)
+        except SparkMQError as exc:  # (the partition's consumer broke for good)
+            self.error = exc
+            self._queue.put_nowait(_END)
+
+    @property
+    def partitions(self) -> list[AsyncConsumer] | None:
+        """A partitioned destination's consumer: the consumer of each partition (None for
+        any other)."""
+        return list(self._parts) if self._parts else None
 
     def _on_lost(self, err: SparkMQError) -> None:
         if self._welcome is not None and not self._welcome.done():
@@ -357,6 +411,13 @@ class AsyncConsumer:
 
     def _settle(self, verb: Verb, messages: Message | Iterable[Message]) -> asyncio.Future[None]:
         msgs = [messages] if isinstance(messages, Message) else list(messages)
+        if self._parts:  # (each by the partition's consumer that delivered it)
+            by_part: dict[int, tuple[AsyncConsumer, list[Message]]] = {}
+            for m in msgs:
+                owner = cast(AsyncConsumer, m._owner())
+                by_part.setdefault(id(owner), (owner, []))[1].append(m)
+            settled = [owner._settle(verb, ms) for owner, ms in by_part.values()]
+            return cast("asyncio.Future[None]", asyncio.ensure_future(_all_of(settled)))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         fut.add_done_callback(_logged)
@@ -389,11 +450,17 @@ class AsyncConsumer:
     # -- leases kept while a message is handled --------------------------------------------------
     def keep_leased(self, message: Message) -> None:
         """Extend ``message``'s lease in the background until :meth:`release_lease`."""
+        if self._parts:
+            cast(AsyncConsumer, message._owner()).keep_leased(message)
+            return
         self._kept[id(message)] = message
         if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.ensure_future(self._keep())
 
     def release_lease(self, message: Message) -> None:
+        if self._parts:
+            cast(AsyncConsumer, message._owner()).release_lease(message)
+            return
         self._kept.pop(id(message), None)
 
     async def _keep(self) -> None:
@@ -500,6 +567,11 @@ class AsyncConsumer:
                 async with asyncio.timeout(self._timeout_s):
                     running = [asyncio.shield(t) for t in self._handlers]
                     await asyncio.gather(*running, return_exceptions=True)
+        if self._parts:
+            for pump in self._pumps:
+                pump.cancel()
+            await asyncio.gather(*(p.close() for p in self._parts), return_exceptions=True)
+            return
         if self._reattaching is not None:
             self._reattaching.cancel()
         if self._keeper is not None:
@@ -523,3 +595,10 @@ def _logged(fut: asyncio.Future[Any]) -> None:
     """A settle nobody awaited that failed is logged (not "never retrieved")."""
     if not fut.cancelled() and (exc := fut.exception()) is not None:
         log.debug("a settle failed: %s", exc)
+
+
+async def _all_of(settled: list[asyncio.Future[None]]) -> None:
+    """Every partition's settle; the first failure raised."""
+    for outcome in await asyncio.gather(*settled, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome

@@ -36,7 +36,7 @@ from spark_mq.client._options import check_options
 from spark_mq.client._pending import Pending, batch_of, plain_of
 from spark_mq.client._transport import DEFAULT_URL
 from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError, from_wire
-from spark_mq.names import validate_name
+from spark_mq.names import choose_partition, partition_name, partition_of, validate_stored_name
 from spark_mq.security.credentials import Auth
 
 _FRAME_MESSAGES = 1000  # the most messages one frame carries
@@ -67,7 +67,7 @@ class AsyncProducer:
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     ) -> None:
         if destination is not None:
-            validate_name(destination)
+            validate_stored_name(destination)
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be 1 or more, got {max_in_flight}")
         self.destination = destination
@@ -81,7 +81,9 @@ class AsyncProducer:
         self._numbers = itertools.count()
         self._streams: dict[str, _Stream] = {}
         self._opening: dict[str, asyncio.Future[_Stream]] = {}
-        self._valid: set[str] = set()
+        # destinations whose names were checked, and how many partitions each has (1: none)
+        self._partitions: dict[str, int] = {}
+        self._turn = itertools.count()  # (the round robin over partitions)
         self._closed = False
 
     async def __aenter__(self) -> AsyncProducer:
@@ -102,9 +104,22 @@ class AsyncProducer:
         dest = destination or self.destination
         if dest is None:
             raise ValueError("no destination: pass destination= here or to AsyncProducer()")
-        if dest not in self._valid:
-            self._valid.add(validate_name(dest))
+        if dest not in self._partitions:
+            validate_stored_name(dest)
         return dest
+
+    async def _count(self, dest: str) -> int:
+        """How many partitions ``dest`` has (asked once: the count is set at creation)."""
+        n = self._partitions.get(dest)
+        if n is None:
+            n = 1 if partition_of(dest) is not None else await self._broker.partitions(dest)
+            self._partitions[dest] = n
+        return n
+
+    def _placed(self, dest: str, n: int, key: str | None) -> str:
+        """The partition a message goes to, as the synchronous SDK places it (by group id,
+        else the dedup id given, else in turn)."""
+        return dest if n == 1 else partition_name(dest, choose_partition(key, n, next(self._turn)))
 
     async def send(
         self,
@@ -122,8 +137,12 @@ class AsyncProducer:
         deliver_at: datetime | None = None,
     ) -> int:
         """Send one message; returns its offset once it is durable. Options as
-        :meth:`spark_mq.Producer.send`'s."""
+        :meth:`spark_mq.Producer.send`'s; to a partitioned destination, to the partition its
+        group id (else dedup id) places it in."""
         dest = self._dest(destination)
+        n = self._partitions.get(dest) or await self._count(dest)
+        if n > 1:
+            dest = self._placed(dest, n, group_id or self.group_id or dedup_id)
         item = self._item(
             body, dest, headers, group_id, priority, dedup_id, message_id, ttl_s, expiry_time,
             delay_s, deliver_at,
@@ -161,6 +180,9 @@ class AsyncProducer:
         less this way than a task each awaiting :meth:`send`. Cancelling the future before the
         message left keeps it from being sent; failover and options as :meth:`send`'s."""
         dest = self._dest(destination)
+        n = self._partitions.get(dest) or await self._count(dest)
+        if n > 1:
+            dest = self._placed(dest, n, group_id or self.group_id or dedup_id)
         item = self._item(
             body, dest, headers, group_id, priority, dedup_id, message_id, ttl_s, expiry_time,
             delay_s, deliver_at,
@@ -234,10 +256,27 @@ class AsyncProducer:
     async def send_batch(
         self, bodies: Iterable[bytes | str], *, destination: str | None = None
     ) -> list[int]:
-        """Send many plain messages at once; their offsets once every one is durable."""
+        """Send many plain messages at once; their offsets once every one is durable (to a
+        partitioned destination, each to its partition: by the producer's group id, else in
+        turn)."""
         dest = self._dest(destination)
         items = [Pending.of(b, self.next_dedup_id(), None, group_id=self.group_id) for b in bodies]
-        return await self._send(dest, items) if items else []
+        if not items:
+            return []
+        n = await self._count(dest)
+        if n == 1:
+            return await self._send(dest, items)
+        rows: dict[str, list[int]] = {}
+        for row in range(len(items)):
+            rows.setdefault(self._placed(dest, n, self.group_id), []).append(row)
+        sent = await asyncio.gather(
+            *(self._send(part, [items[r] for r in taken]) for part, taken in rows.items())
+        )
+        offsets = [0] * len(items)
+        for taken, got in zip(rows.values(), sent, strict=True):
+            for row, offset in zip(taken, got, strict=True):
+                offsets[row] = offset
+        return offsets
 
     async def _send(self, dest: str, items: list[Pending]) -> list[int]:
         loop = asyncio.get_running_loop()

@@ -473,7 +473,10 @@ class Producer:
             ids = cast(Column, pc.coalesce(table["dedup_id"], numbered_ids(self._prefix, first, n)))
             table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
         if keys is not None:
-            return self._send_partitioned(dest, partitions, table, keys.to_pylist(), wait)
+            keyed = keys.null_count < len(keys)
+            return self._send_partitioned(
+                dest, partitions, table, keys.to_pylist() if keyed else None, wait
+            )
         return self._send_prepared(dest, table, wait)
 
     def _send_prepared(self, dest: str, table: pa.Table, wait: bool) -> list[int] | Future:
@@ -488,23 +491,40 @@ class Producer:
         return self._send_table(dest, table, wait)
 
     def _send_partitioned(
-        self, dest: str, partitions: int, table: pa.Table, keys: list[str | None], wait: bool
+        self,
+        dest: str,
+        partitions: int,
+        table: pa.Table,
+        keys: list[str | None] | None,
+        wait: bool,
     ) -> list[int] | Future:
         """``send_batch`` to a partitioned destination: a batch to each partition its messages
         go to (by ``keys``: each one's group id, else the dedup id it was given; in turn
-        without one), all at once; the offsets in the messages' order."""
-        turn = self._turn
-        index = [choose_partition(key, partitions, next(turn)) for key in keys]
-        order = sorted(range(len(index)), key=index.__getitem__)  # (stable: in order in each)
-        ordered = table.take(order)
-        sent: list[tuple[list[int], Future]] = []
-        start = 0
-        for partition, run in itertools.groupby(order, key=index.__getitem__):
-            n = sum(1 for _ in run)
-            part = partition_name(dest, partition)
-            f = self._send_prepared(part, ordered.slice(start, n), False)
-            sent.append((order[start : start + n], cast(Future, f)))
-            start += n
+        without one), all at once; the offsets in the messages' order. A batch without any
+        key is cut in runs, one a partition in turn (no reordering copy)."""
+        sent: list[tuple[range | list[int], Future]] = []
+        n = table.num_rows
+        if keys is None:  # (nothing to keep together: runs of rows, no copy)
+            first = next(self._turn)
+            for k in range(min(partitions, n)):
+                start, stop = k * n // partitions, (k + 1) * n // partitions
+                if start == stop:
+                    continue
+                part = partition_name(dest, (first + k) % partitions)
+                f = self._send_prepared(part, table.slice(start, stop - start), False)
+                sent.append((range(start, stop), cast(Future, f)))
+        else:
+            turn = self._turn
+            index = [choose_partition(key, partitions, next(turn)) for key in keys]
+            order = sorted(range(n), key=index.__getitem__)  # (stable: in order in each)
+            ordered = table.take(order)
+            start = 0
+            for partition, run in itertools.groupby(order, key=index.__getitem__):
+                count = sum(1 for _ in run)
+                part = partition_name(dest, partition)
+                f = self._send_prepared(part, ordered.slice(start, count), False)
+                sent.append((order[start : start + count], cast(Future, f)))
+                start += count
         joined: Future = Future()
 
         def gather(_: Future) -> None:
