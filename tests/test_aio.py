@@ -513,15 +513,17 @@ def test_a_partitioned_destination_through_the_asyncio_sdk(broker) -> None:
                     break
             await consumer.ack(got)
         served: list[AsyncMessage] = []
+        closing: list[asyncio.Future] = []
         consumer = AsyncConsumer(broker.url, "aparts")
         await consumer.start()
 
         async def handler(m: AsyncMessage) -> None:
             served.append(m)
-            if len(served) == 24:
-                asyncio.ensure_future(consumer.close())
+            if len(served) == 24:  # (not awaited here: close lets running handlers finish)
+                closing.append(asyncio.ensure_future(consumer.close()))
 
         await asyncio.wait_for(consumer.serve(handler, concurrency=4), 30)
+        await asyncio.gather(*closing)
         return got, served
 
     got, served = asyncio.run(main())

@@ -330,7 +330,7 @@ def _kafka_reads_a_partitioned_topic_from_each_partitions_owner(cluster: Cluster
                 "session.timeout.ms": 6000,
                 "heartbeat.interval.ms": 500,
             }
-        )  # fmt: skip
+        )
         for _ in range(2)
     ]
     got: list[Any] = []
