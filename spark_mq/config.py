@@ -474,8 +474,8 @@ def load_config(
     if config.destinations.partitions != 1:
         raise ConfigError(
             "destinations.partitions: a destination's partitions are set when it is created "
-            "(Admin.create_queue(name, partitions=N), sparkmq queue create --partitions N), not "
-            "as a default for all",
+            "(Admin.create_queue(name, partitions=N), sparkmq queue create NAME --set "
+            "partitions=N), not as a default for all",
             setting="destinations.partitions",
         )
     return config

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from spark_mq import Admin, Consumer, Producer
-from spark_mq.errors import ConfigError, DestinationExists, Partitioned
+from spark_mq.errors import ConfigError, DestinationExists, DestinationNotFound, Partitioned
 from spark_mq.names import choose_partition, partition_of
 from spark_mq.service import RunningBroker
 from tests.conftest import Restartable, receive_n
@@ -117,6 +117,8 @@ def test_the_partitioned_name_itself_is_refused_where_a_partition_is_meant(
         (m,) = receive_n(only, 1)
         assert (m.body, m.partition) == (b"direct", 1)
         m.ack().result(timeout=5)
+    with Producer(broker.url) as producer, pytest.raises(DestinationNotFound, match="parted~7"):
+        producer.send_sync(b"nowhere", destination="parted~7")  # (not made by a send)
     with Admin(broker.url) as admin:
         admin.delete_destination("parted")
         assert [d["name"] for d in admin.list_destinations()] == ["plain"]

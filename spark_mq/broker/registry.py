@@ -23,7 +23,7 @@ from spark_mq.errors import DestinationNotFound, NotAllowed, Partitioned, Subscr
 from spark_mq.journal import Journal
 from spark_mq.journal.base import Kind
 from spark_mq.messages import Messages
-from spark_mq.names import partition_name, validate_name
+from spark_mq.names import partition_name, partition_of, validate_name
 from spark_mq.schema import QUEUE_SUBSCRIPTION, ints
 
 log = logging.getLogger("spark_mq.broker.core")
@@ -145,7 +145,9 @@ class Destinations:
         dest = self._served(name)
         if dest is None:
             self._refuse_partitioned(name)
-        if dest is None and self.config.broker.auto_create_queues:
+        # (a partition that is not there is not made: only its destination makes partitions)
+        auto = self.config.broker.auto_create_queues and partition_of(name) is None
+        if dest is None and auto:
             validate_name(name)
             if self.create(name, "queue", {"auto_delete": True}):
                 log.info("auto-created queue %s", name, extra={"destination": name})

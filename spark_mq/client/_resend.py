@@ -46,6 +46,9 @@ class _Batch:
     table: pa.Table | None = field(default=None, compare=False)
     chunk: int = field(default=0, compare=False)
     whole: Future | None = field(default=None, compare=False)
+    stream: object = field(default=None, compare=False)  # what it was last written to
+    # written to a stream another batch failed on: it may fail too, and go again first
+    doomed: bool = field(default=False, compare=False)
 
 
 class Resender:
@@ -69,7 +72,8 @@ class Resender:
         self._unresolved: dict[int, _Batch] = {}
         self._waiting: list[_Batch] = []  # a heap, by sequence
         self._closed = False
-        self._busy = False  # the resender holds a batch it took from the heap, not yet written
+        # the destination of the batch the resender took from the heap and has not written yet
+        self._busy: str | None = None
         self._thread: threading.Thread | None = None
 
     def send(self, dest: str, items: list[Pending]) -> None:
@@ -86,7 +90,14 @@ class Resender:
     def _send(self, batch: _Batch) -> None:
         with self._cond:
             self._unresolved[batch.seq] = batch
-            if self._waiting or self._busy:  # older ones go first
+            # older ones of its destination go first, those to go again and those that may
+            # yet fail (other destinations' do not hold it up)
+            dest = batch.dest
+            if (
+                self._busy == dest
+                or any(b.dest == dest for b in self._waiting)
+                or any(b.doomed and b.dest == dest for b in self._unresolved.values())
+            ):
                 heapq.heappush(self._waiting, batch)
                 self._cond.notify_all()
                 return
@@ -98,6 +109,7 @@ class Resender:
         inner: list[Future]
         try:
             stream: Any = self._stream_for(batch.dest)
+            batch.stream, batch.doomed = stream, False
             if batch.table is not None:
                 chunks = batch.table.to_batches(max_chunksize=batch.chunk)
                 inner = [Future() for _ in chunks]
@@ -153,6 +165,10 @@ class Resender:
             batch.error = error
             if now - batch.failed_at < self._timeout_s:
                 with self._cond:
+                    dead, batch.stream = batch.stream, None
+                    for other in self._unresolved.values():  # (they may fail too)
+                        if dead is not None and other.stream is dead:
+                            other.doomed = True
                     heapq.heappush(self._waiting, batch)
                     self._start()
                     self._cond.notify_all()
@@ -173,8 +189,10 @@ class Resender:
             self._thread.start()
 
     def _next(self) -> _Batch | None:
-        """The next batch to write again, once every older one in flight has been answered
-        (each broken stream fails all it held, but one callback at a time)."""
+        """The next batch to write again: the oldest waiting of a destination none of whose
+        older batches is still on its way on a stream a batch failed on (each broken stream
+        fails all it held, but one callback at a time: those go again first). Batches written
+        since, to the stream that serves now, hold nothing up: that stream keeps their order."""
         with self._cond:
             while True:
                 if not self._waiting:
@@ -182,13 +200,29 @@ class Resender:
                         return None
                     self._cond.wait(1.0)
                     continue
-                head = self._waiting[0]
-                waiting = {b.seq for b in self._waiting}
-                if any(s < head.seq and s not in waiting for s in self._unresolved):
+                chosen = self._eligible()
+                if chosen is None:
                     self._cond.wait(0.02)
                     continue
-                self._busy = True
-                return heapq.heappop(self._waiting)
+                self._waiting.remove(chosen)
+                heapq.heapify(self._waiting)
+                self._busy = chosen.dest
+                return chosen
+
+    def _eligible(self) -> _Batch | None:
+        """(Under the condition's lock.)"""
+        seen: set[str] = set()
+        waiting = {b.seq for b in self._waiting}
+        for head in sorted(self._waiting):
+            if head.dest in seen:
+                continue  # (an older one of its destination goes first)
+            seen.add(head.dest)
+            if not any(
+                b.doomed and b.dest == head.dest and b.seq < head.seq and b.seq not in waiting
+                for b in self._unresolved.values()
+            ):
+                return head
+        return None
 
     def _run(self) -> None:
         while (batch := self._next()) is not None:
@@ -220,7 +254,7 @@ class Resender:
                     self._answered(batch, None, exc)
                     break
             with self._cond:
-                self._busy = False
+                self._busy = None
                 self._cond.notify_all()
 
     def wait_all(self, timeout: float | None = None) -> bool:
