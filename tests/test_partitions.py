@@ -10,7 +10,7 @@ from collections import defaultdict
 import pyarrow as pa
 import pytest
 
-from spark_mq import Admin, Consumer, Producer
+from spark_mq import Admin, Consumer, Producer, Transaction
 from spark_mq.errors import ConfigError, DestinationExists, DestinationNotFound, Partitioned
 from spark_mq.names import choose_partition, partition_of
 from spark_mq.service import RunningBroker
@@ -175,3 +175,24 @@ def test_partitions_are_kept_across_a_restart(restartable: Restartable) -> None:
     assert sorted(int(m.body) for m in got) == list(range(30))
     with Admin(restartable.url) as admin:
         assert len(admin.stats("kept")["partitions"]) == 3
+
+
+def test_a_transaction_places_its_sends_in_partitions(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("txparts", partitions=2)
+        admin.create_queue("txsource")
+    with Producer(broker.url) as producer:
+        producer.send_sync(b"in", destination="txsource")
+    with Consumer(broker.url, "txsource") as consumer, Transaction(broker.url) as tx:
+        (m,) = receive_n(consumer, 1)
+        for i in range(6):
+            tx.send("txparts", f"{i}", group_id=f"g{i % 3}")
+        tx.ack(m)
+        offsets = tx.commit()
+    assert set(offsets) <= {"txparts~0", "txparts~1"}
+    assert sum(len(v) for v in offsets.values()) == 6
+    with Consumer(broker.url, "txparts") as consumer:
+        got = receive_n(consumer, 6)
+        consumer.ack(got).result(timeout=10)
+    for msg in got:
+        assert msg.partition == choose_partition(msg.group_id, 2, 0)

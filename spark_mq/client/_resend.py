@@ -165,9 +165,19 @@ class Resender:
             batch.error = error
             if now - batch.failed_at < self._timeout_s:
                 with self._cond:
+                    # what may fail too, and so go again before the batches behind it: what
+                    # is on the same stream, and its destination's older batches on their way
+                    # (a batch that failed before it was written names no stream)
                     dead, batch.stream = batch.stream, None
-                    for other in self._unresolved.values():  # (they may fail too)
-                        if dead is not None and other.stream is dead:
+                    for other in self._unresolved.values():
+                        if (
+                            other is not batch
+                            and other.stream is not None
+                            and (
+                                other.stream is dead
+                                or (other.dest == batch.dest and other.seq < batch.seq)
+                            )
+                        ):
                             other.doomed = True
                     heapq.heappush(self._waiting, batch)
                     self._start()

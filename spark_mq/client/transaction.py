@@ -19,6 +19,7 @@ and releases the transaction's connection.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -27,10 +28,10 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq.client._options import check_options
-from spark_mq.client._transport import DEFAULT_URL, connect, translated
+from spark_mq.client._transport import DEFAULT_URL, call_action, connect, translated
 from spark_mq.client.message import Message
-from spark_mq.errors import SparkMQError
-from spark_mq.names import validate_name
+from spark_mq.errors import BrokerUnavailable, SparkMQError
+from spark_mq.names import choose_partition, partition_name, partition_of, validate_stored_name
 from spark_mq.protocol import Ack, encode_commit
 from spark_mq.schema import PRODUCE_SCHEMA
 from spark_mq.security.credentials import Auth
@@ -54,6 +55,8 @@ class Transaction:
         auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
         conn = connect(url, timeout_s, auth)
         self._client, self._options = conn.client, conn.options
+        self._partitions: dict[str, int] = {}  # destinations' partition counts, once asked
+        self._turn = itertools.count()
         self._rows: list[dict[str, Any]] = []
         self._acked: list[Message] = []
         self.closed = False  # committed or rolled back
@@ -96,9 +99,15 @@ class Transaction:
         ttl_s: float | None = None,
         delay_s: float | None = None,
     ) -> None:
-        """Add a message to send at commit."""
+        """Add a message to send at commit (to a partitioned destination: to the partition its
+        group id, else its dedup id, places it in, as the producer places it; the commit's
+        offsets then name that partition)."""
         self._open()
-        check_options(priority, ttl_s, delay_s, validate_name(destination))
+        check_options(priority, ttl_s, delay_s, validate_stored_name(destination))
+        n = self._partitions.get(destination) or self._count(destination)
+        if n > 1:
+            index = choose_partition(group_id or dedup_id, n, next(self._turn))
+            destination = partition_name(destination, index)
         self._rows.append(
             {
                 "destination": destination,
@@ -112,6 +121,21 @@ class Transaction:
                 "delay_ms": None if delay_s is None else int(delay_s * 1000),
             }
         )
+
+    def _count(self, destination: str) -> int:
+        """How many partitions ``destination`` has (asked once; 1 when the broker cannot
+        say: the commit reports what is wrong)."""
+        n = 1
+        if partition_of(destination) is None:
+            try:
+                answer = call_action(self._client, self._options, "partitions", name=destination)
+                n = int(answer.get("partitions", 1)) if isinstance(answer, dict) else 1
+            except BrokerUnavailable:
+                raise
+            except SparkMQError:
+                n = 1
+        self._partitions[destination] = n
+        return n
 
     def ack(self, messages: Message | Iterable[Message]) -> None:
         """Add received messages to settle at commit."""
