@@ -192,6 +192,11 @@ def test_health_through_start_a_backups_wait_takeover_and_shutdown(tmp_path: Pat
     try:
         assert _get(a + "/readyz") == 200
         wait_for(lambda: _get(b + "/healthz") == 200, what="the backup's liveness")
+        # (alive while still "starting", before it finds the lock held and waits as a backup)
+        wait_for(
+            lambda: json.loads(http(b + "/readyz")[2]).get("phase") != "starting",
+            what="the backup past its start",
+        )
         status, _, body = http(b + "/readyz")
         doc = json.loads(body)
         assert status == 503 and doc["phase"] == "backup" and doc["status"] == "not ready"
