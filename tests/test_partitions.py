@@ -196,3 +196,32 @@ def test_a_transaction_places_its_sends_in_partitions(broker: RunningBroker) -> 
         consumer.ack(got).result(timeout=10)
     for msg in got:
         assert msg.partition == choose_partition(msg.group_id, 2, 0)
+
+
+def test_a_partitions_dead_letters_go_to_its_destinations_queue(broker: RunningBroker) -> None:
+    """Every partition dead-letters into the destination's one DLQ, saying which partition a
+    message came from; a topic's statistics carry what the command line's tables show."""
+    from spark_mq.views import summary
+
+    with Admin(broker.url) as admin:
+        admin.create_queue("doomed", partitions=2, max_delivery_attempts=1)
+    with Producer(broker.url) as producer:
+        for i in range(4):
+            producer.send_sync(f"{i}".encode(), destination="doomed")  # (in turn: both)
+    with Consumer(broker.url, "doomed") as consumer:
+        got = receive_n(consumer, 4)
+        consumer.nack(got).result(timeout=10)
+    with Consumer(broker.url, "DLQ.doomed") as dlq:
+        dead = receive_n(dlq, 4)
+        dlq.ack(dead).result(timeout=10)
+    assert sorted(m.body for m in dead) == [b"0", b"1", b"2", b"3"]
+    assert {m.headers["sparkmq.original_destination"] for m in dead} == {"doomed~0", "doomed~1"}
+    with Admin(broker.url) as admin:
+        names = {d["name"] for d in admin.list_destinations()}
+        assert "DLQ.doomed" in names and not any(n.startswith("DLQ.doomed~") for n in names)
+        assert admin.stats("doomed")["dead_lettered"] == 4
+        admin.create_topic("watched", partitions=2)
+        admin.create_subscription("watched", "audit")
+        stats = admin.stats("watched")
+    assert {"groups_owned", "depth", "acked"} <= set(stats["subscriptions"]["audit"])
+    assert "delta_lag_messages" in stats and summary(stats)["subscriptions"] == 1

@@ -28,6 +28,7 @@ from spark_mq.broker.registry import Destinations
 from spark_mq.broker.subscription import Subscription
 from spark_mq.errors import SparkMQError
 from spark_mq.journal import Journal
+from spark_mq.names import logical_name
 from spark_mq.schema import HEADERS, ints
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,13 @@ class Copy:
 
 
 def side_queue(destination: str, why: str, *, dead_letter: bool, expiry: str) -> str | None:
-    """The queue a doomed message is copied to, or None when it is only dropped."""
+    """The queue a doomed message is copied to, or None when it is only dropped. A partition's
+    is its destination's (``DLQ.orders`` for ``orders~2``: one dead-letter queue, as one
+    destination; the copy's headers name the partition it came from)."""
     if why == "dead" and dead_letter:
-        return DLQ_PREFIX + destination
+        return DLQ_PREFIX + logical_name(destination)
     if why == "expired" and expiry == "queue":
-        return EXPIRY_PREFIX + destination
+        return EXPIRY_PREFIX + logical_name(destination)
     return None
 
 

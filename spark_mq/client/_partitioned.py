@@ -132,7 +132,8 @@ class PartitionConsumers(Generic[Consumer]):
         self._ready.put(_CLOSED)
 
 
-_VERBS = {"ack": "ack", "nack": "nack", "extend": "extend_lease"}
+# (a release, a nack for another consumer, is a nack here: each partition's consumer decides)
+_VERBS = {"ack": "ack", "nack": "nack", "extend": "extend_lease", "release": "nack"}
 
 
 def _all(futures: list[Future]) -> Future:

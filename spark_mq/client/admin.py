@@ -327,6 +327,7 @@ class Admin:
 _COUNTS = (
     "produced", "consumers", "depth", "waiting", "in_flight", "scheduled", "delivered", "acked",
     "nacked", "redelivered", "dead_lettered", "expired", "removed", "duplicates",
+    "groups_owned", "delta_lag_messages",
 )  # fmt: skip
 
 
