@@ -17,6 +17,7 @@ from spark_mq.client import _liveness
 from spark_mq.errors import BrokerUnavailable
 from spark_mq.launch import BrokerProcess
 from spark_mq.service import RunningBroker
+from tests.conftest import wait_for
 
 
 @pytest.mark.process
@@ -43,6 +44,8 @@ def test_a_paused_broker_fails_sends_and_receives_within_seconds(
             assert m is not None
             m.ack().result(10)
             process.proc.send_signal(signal.SIGSTOP)
+            pid = process.proc.pid  # (stopped before the send: a signal lands when it lands)
+            wait_for(lambda: _state(pid) == "T", timeout=10, what="the broker stopped")
             started = time.monotonic()
             with pytest.raises(BrokerUnavailable, match="taken for dead"):
                 producer.send_sync("while paused")
@@ -54,6 +57,12 @@ def test_a_paused_broker_fails_sends_and_receives_within_seconds(
     finally:
         process.proc.send_signal(signal.SIGCONT)
         process.stop()
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (``T``: stopped by a signal)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_a_client_that_reads_nothing_for_a_while_keeps_its_connection(
