@@ -133,14 +133,7 @@ def run_partitioned(zk: ZooKeeper, a: argparse.Namespace, k: int, partitions: in
                 admin.create_topic("hot", partitions=partitions, retention_s=3600)
             else:
                 admin.create_queue("hot", partitions=partitions)
-        want = {"hot"} if partitions == 1 else {f"hot~{i}" for i in range(partitions)}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # (placed before the clock starts)
-            with Admin(urls) as admin:
-                owners = admin.cluster()["owners"]
-            if want <= set(owners):
-                break
-            time.sleep(0.1)
+        _wait_served(urls, {"hot"} if partitions == 1 else {f"hot~{i}" for i in range(partitions)})
         spawn = mp.get_context("spawn")
         out: mp.Queue = spawn.Queue()
         total = a.messages * a.clients
@@ -196,6 +189,21 @@ def partitioned(zk: ZooKeeper, a: argparse.Namespace) -> None:
         )
 
 
+def _wait_served(urls: list[str], want: set[str]) -> None:
+    """Until every destination of ``want`` is served by a member (taken on, not only placed:
+    the clock starts after that)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        served: set[str] = set()
+        for url in urls:
+            with Admin(url) as admin:
+                served |= set(admin.cluster()["serving"])
+        if want <= served:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"not served within 60 s: {sorted(want - served)}")
+
+
 def _members(zk: ZooKeeper, root: Path, count: int, name: str) -> list[BrokerProcess]:
     procs = []
     for i in range(count):
@@ -225,14 +233,8 @@ def run_mode(mode: str, zk: ZooKeeper, a: argparse.Namespace, k: int) -> tuple[f
         with Admin(urls) as admin:
             for n in names:
                 admin.create_queue(n)
-        if len(procs) > 1:  # (placed before the clock starts)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                with Admin(urls) as admin:
-                    owners = admin.cluster()["owners"]
-                if len(owners) == len(names) and len({o["member"] for o in owners.values()}) > 1:
-                    break
-                time.sleep(0.1)
+        if mode != "single broker":
+            _wait_served(urls, set(names))
         spawn = mp.get_context("spawn")  # (a fork would inherit this process's gRPC state)
         out: mp.Queue = spawn.Queue()
         shares = [names[i :: a.clients] for i in range(a.clients)]

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from spark_mq.errors import DestinationExists, DestinationNotFound, SchemaMismatch
 from spark_mq.journal import DeltaStore, bindings, layout
 from spark_mq.journal.base import DestinationInfo, SubscriptionInfo
-from spark_mq.journal.hot_tier import has_segments
+from spark_mq.journal.sealing import has_segments
 from spark_mq.names import validate_name
 from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, Column, conform, equal_to
 

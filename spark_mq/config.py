@@ -355,12 +355,22 @@ class BrokerConfig(_Section):
         return bool(self.cluster.zookeeper)
 
     def hot_dir(self) -> str | None:
-        """The local root of the hot tier, or None when there is none (memory, disabled, or a
-        cluster member: it acknowledges once a message is committed to Delta, where each
-        destination is fenced by its owner's epoch)."""
-        if not self.journal.hot_tier or self.clustered:
+        """The root of the hot tier, or None when there is none (memory, or disabled).
+
+        A cluster member's is shared by every member (spark_mq.journal.sealing): under the
+        data root when it is a file system, else ``journal.hot_dir`` (which must then be on a
+        file system every member mounts). A member whose data root is an object store and
+        that has no ``journal.hot_dir`` has no hot tier: it acknowledges once a message is
+        committed to Delta."""
+        if not self.journal.hot_tier:
+            return None
+        if self.clustered and not self.journal.hot_dir and self._remote_data():
             return None
         return self.hot_dir_location()
+
+    def _remote_data(self) -> bool:
+        data = self.broker.data_dir
+        return "://" in data and not data.startswith("file://")
 
     def hot_dir_location(self) -> str | None:
         """Where the hot tier lives (or would), whether or not it is enabled."""

@@ -64,8 +64,8 @@ from spark_mq.errors import ConfigError, Deposed, NotAllowed, NotOwner
 from spark_mq.journal import DestinationInfo, Journal, LogStore
 from spark_mq.journal.base import Kind
 from spark_mq.journal.dir_lock import DataDirLock, lock_dir
-from spark_mq.journal.hot_tier import has_segments
 from spark_mq.journal.inline_commit import InlineCommit
+from spark_mq.journal.sealing import has_segments
 from spark_mq.journal.timing import CommitTiming
 from spark_mq.messages import Messages
 from spark_mq.names import KAFKA_OFFSETS
@@ -278,20 +278,23 @@ class Broker:
             self._recover(info)
         log.info("recovered %d destination(s) in %.2fs", len(infos), time.perf_counter() - started)
 
-    def _refuse_unmoved_segments(self) -> None:
-        """Delta-only over a hot tier a crash left behind would ignore acknowledged messages."""
+    def _refuse_unmoved_segments(self, name: str | None = None) -> None:
+        """Delta-only over a hot tier a crash left behind would ignore acknowledged messages
+        (``name``: a cluster member taking that destination on, whose earlier owner may have
+        had a hot tier)."""
         if self.config.journal.hot_tier or not self.journal.store.durable:
             return
         try:
             location = self.config.hot_dir_location()
         except ConfigError:
             return  # a remote data_dir without hot_dir: there never was a local hot tier
-        left = has_segments(location) if location else []
+        left = has_segments(location, name) if location else []
         if left:
             raise ConfigError(
                 f"journal.hot_tier is false, but {location} still holds hot-tier segments of "
                 f"{', '.join(left)} that may not be in Delta yet: start once with "
-                "journal.hot_tier = true and stop cleanly (SIGTERM moves them), then switch",
+                "journal.hot_tier = true and stop cleanly (SIGTERM moves them), then switch "
+                "(every member of a cluster must have the same journal.hot_tier)",
                 setting="journal.hot_tier",
             )
 
@@ -334,8 +337,14 @@ class Broker:
                 return True
             started = time.perf_counter()
             store = self.journal.store
-            store.fence_destination(name, epoch)
-            info = self.journal.adopt(name)
+            self._refuse_unmoved_segments(name)
+            self.journal.claim(name, epoch)  # (its hot tier's directory: before the fence)
+            try:
+                store.fence_destination(name, epoch)
+            except Deposed:
+                self.journal.unclaim(name, epoch)
+                raise
+            info = self.journal.adopt(name, epoch)
             if info is None:
                 store.release_destination(name)
                 return False

@@ -74,6 +74,7 @@ def hot_tier_settings(config: BrokerConfig) -> HotTierSettings | None:
         move_max_bytes=j.move_max_bytes,
         max_bytes=j.hot_max_bytes,
         mover_nice=j.mover_nice,
+        shared=config.clustered,
     )
 
 

@@ -86,6 +86,9 @@ class HotTierSettings:
     move_max_bytes: int = 128 * 1024 * 1024
     max_bytes: int = 1024 * 1024 * 1024
     mover_nice: int = 10  # the movers' priority (spark_mq.journal.priority; 0: as the loop's)
+    # a cluster member's: each owner writes a directory of its own, which the next owner seals
+    # (spark_mq.journal.sealing); a write is acknowledged only while it is still there
+    shared: bool = False
 
 
 @dataclass(slots=True)
@@ -151,7 +154,10 @@ class HotTier:
         self._mover: threading.Thread | None = None
         self._quarantined = 0
         self.disk_full = False  # the last append failed for want of space
-        self.quarantine_dir = quarantine_dir(os.path.dirname(directory), destination)
+        self.quarantine_dir = quarantine_dir(settings.directory, destination)
+        # a member's: the directory whose presence says this member still owns the destination
+        self._sealed_by_rename = directory if settings.shared else None
+        self._told_deposed = False
         # replication (spark_mq.ha.replication): whom each write is shipped to, under this
         # lock (so the backup's copy of this destination never misses a write), and the
         # sequence number of the last one shipped (what a sync waits for the backup to have)
@@ -165,7 +171,9 @@ class HotTier:
         with translate("opening the hot tier", self.destination):
             self._delta_end = self._store.committed_end(self.destination)
             self._settled_version = self._store.settlements_version(self.destination)
-            refs = self._log.open(first_lsn=self._settled_version + 1)
+            refs = self._log.open(
+                first_lsn=self._settled_version + 1, create=self._sealed_by_rename is None
+            )
             now = time.monotonic()
             end = self._delta_end
             for ref in refs:
@@ -286,7 +294,34 @@ class HotTier:
         if self.disk_full:
             self.disk_full = False
             log.warning("hot tier %s: there is space again: writes resume", self.destination)
+        if sync and (sealed := self._sealed()) is not None:
+            return sealed
         return Written(refs, [rows for _, _, rows in records])
+
+    def _sealed(self) -> SparkMQError | None:
+        """(After a sync.) A member's directory sealed by a newer owner: ``Deposed``, and what
+        was just synced is acknowledged to no one (spark_mq.journal.sealing)."""
+        if self._sealed_by_rename is None:
+            return None
+        try:
+            os.stat(self._sealed_by_rename)
+            return None
+        except FileNotFoundError:
+            err = Deposed(
+                f"{self.destination}: another member took it over (it sealed this member's "
+                "hot tier): nothing more is acknowledged here",
+                destination=self.destination,
+            )
+        except OSError as exc:
+            return as_journal_error(translated(exc, "looking at the hot tier", self.destination),
+                                    self.destination)  # fmt: skip
+        if not self._told_deposed:  # (the member lets the destination go)
+            self._told_deposed = True
+            log.warning("hot tier %s: %s", self.destination, err.message)
+            on_deposed = getattr(self._store, "on_deposed", None)
+            if on_deposed is not None:
+                on_deposed(err)
+        return err
 
     def sync(self) -> tuple[int, SparkMQError | None]:
         """Make every record written so far durable: the lsn durable through, and the error
@@ -304,6 +339,8 @@ class HotTier:
             except Exception as exc:  # (deposed): durable here, but acknowledged to no one
                 err = translated(exc, "replicating the hot tier", self.destination)
                 return before, as_journal_error(err, self.destination)
+        if (sealed := self._sealed()) is not None:
+            return before, sealed
         return lsn, None
 
     def drop_unsynced(self) -> None:
@@ -586,6 +623,11 @@ class HotTier:
 
     # -- closing -----------------------------------------------------------------------------
     @property
+    def deposed(self) -> bool:
+        """Whether a newer owner refused this tier's moves (its mover stopped)."""
+        return self._deposed
+
+    @property
     def unmoved(self) -> int:
         """Records durable in the segments and not (yet) in Delta."""
         with self._mutex:
@@ -623,14 +665,3 @@ def _no_space(exc: BaseException) -> bool:
 
 _LET_GO_EACH = 32
 _LET_GO_REST_S = 0.001
-
-
-def has_segments(hot_root: str) -> list[str]:
-    """Destinations under ``hot_root`` whose segments may hold records not yet in Delta."""
-    if not os.path.isdir(hot_root):
-        return []
-    return sorted(
-        name
-        for name in os.listdir(hot_root)
-        if any(f.startswith("segment-") for f in os.listdir(os.path.join(hot_root, name)))
-    )

@@ -26,7 +26,7 @@ from spark_mq.errors import (
     SchemaMismatch,
     SubscriptionNotFound,
 )
-from spark_mq.journal import bindings, layout
+from spark_mq.journal import bindings, layout, sealing
 from spark_mq.journal.base import DestinationInfo, Kind, LogStore, SubscriptionInfo
 from spark_mq.journal.group_commit import DestinationWriter, OnCommit, WriterStats
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats, Replica
@@ -130,16 +130,33 @@ class Journal:
         with self._lock:
             return (self._replay() if self.shared else self._dests).get(name)
 
-    def adopt(self, name: str) -> DestinationInfo | None:
+    def claim(self, name: str, epoch: int) -> None:
+        """A shared journal is about to fence ``name`` with ``epoch``: its hot tier's directory
+        for this owner is made first (see :mod:`spark_mq.journal.sealing`)."""
+        if self._hot is not None and self.shared:
+            sealing.claim(self._hot_dir(name), epoch)
+
+    def unclaim(self, name: str, epoch: int) -> None:
+        """The fence of :meth:`claim` failed: its directory goes again."""
+        if self._hot is not None and self.shared:
+            sealing.unclaim(self._hot_dir(name), epoch)
+
+    def adopt(self, name: str, epoch: int) -> DestinationInfo | None:
         """A shared journal takes ``name`` on (its store already fenced with this member's
-        epoch for it): its recorded state, and a writer from its log's end. None when it is not
+        ``epoch`` for it, after :meth:`claim`): its recorded state, what earlier owners' hot
+        tiers hold moved to Delta, and a writer from its log's end. None when it is not
         recorded (deleted meanwhile)."""
+        if self._hot is not None and name not in self._writers:
+            if self.recorded(name) is None:
+                return None
+            # (outside the lock: the moves are Delta commits)
+            sealing.absorb(self.store, name, self._hot_dir(name), self._hot, epoch)
         with self._lock:
             info = self._replay().get(name)
             if info is None:
                 return None
             if name not in self._writers:
-                self._start_writer(name)
+                self._start_writer(name, epoch)
             self._dests[name] = info
             return info
 
@@ -175,10 +192,19 @@ class Journal:
             return False
         return self._hot is not None or not self.store.durable
 
-    def _start_writer(self, name: str) -> None:
+    def _start_writer(self, name: str, epoch: int | None = None) -> None:
+        """``epoch``: a shared journal's, the epoch it owns ``name`` with (its earlier owners'
+        hot tiers already absorbed: :meth:`adopt`)."""
         sink: CommitSink
         if self._hot is not None:
-            tier = HotTier(self.store, name, self._hot_dir(name), self._hot)
+            root = self._hot_dir(name)
+            if self.shared:
+                assert epoch is not None, "a shared journal's writer is its epoch's"
+                directory = sealing.owner_dir(root, epoch)
+            else:  # (a root a cluster served before: what its members' tiers hold moves first)
+                sealing.absorb(self.store, name, root, self._hot, None)
+                directory = root
+            tier = HotTier(self.store, name, directory, self._hot)
             if self.replica is not None:
                 tier.attach_replica(self.replica)
             next_offset = tier.open()
@@ -304,7 +330,7 @@ class Journal:
             tier = self._tiers.pop(name, None)
         writer.close(drain=False)
         if tier is not None:
-            shutil.rmtree(tier.directory, ignore_errors=True)
+            shutil.rmtree(self._hot_dir(name), ignore_errors=True)
             if self.replica is not None:
                 self.replica.dropped(name)
         self.store.drop_logs(name)

@@ -129,12 +129,16 @@ class SegmentLog:
         self._sync_failed = False  # until drop_unsynced: a failed sync may have lost anything since
 
     # -- opening and recovery ----------------------------------------------------------------
-    def open(self, first_lsn: int = 1) -> list[RecordRef]:
+    def open(self, first_lsn: int = 1, *, create: bool = True) -> list[RecordRef]:
         """Scan every segment, truncate a torn tail, and return the valid records in lsn order.
 
         ``first_lsn`` is used when no segment holds a record (numbering continues from there).
+        ``create``: make the directory if it is not there (else ``FileNotFoundError``: a
+        cluster member's, which must never make again a directory another member sealed; see
+        :mod:`spark_mq.journal.sealing`).
         """
-        os.makedirs(self.directory, exist_ok=True)
+        if create:
+            os.makedirs(self.directory, exist_ok=True)
         self._drop_spares()
         seqs = sorted(
             s for n in os.listdir(self.directory) if (s := _parse_segment_name(n)) is not None
