@@ -191,3 +191,43 @@ def test_an_inline_commit_can_leave_the_futures_for_the_caller_to_resolve_after(
         assert later.result(10).first_offset == 4 and resolving == []
     finally:
         writer.close()
+
+
+def test_a_writer_closing_waits_for_an_inline_commit_under_way_before_its_sink_closes() -> None:
+    """A loop committing inline while the destination is let go (a cluster member's release):
+    the sink (a hot tier, which deletes its directory when all is moved) closes only after the
+    commit, not under it; else a write it acknowledged was deleted with the directory."""
+    store = MemoryStore()
+    store.create_logs("q")
+    events: list[str] = []
+    in_commit, go_on = threading.Event(), threading.Event()
+
+    class SlowSink(DirectSink):
+        def commit(self, messages, end_offset, settlements):  # type: ignore[no-untyped-def]
+            in_commit.set()
+            assert go_on.wait(10)
+            events.append("committed")
+            return super().commit(messages, end_offset, settlements)
+
+        def close(self, *, drain: bool) -> None:
+            events.append("sink closed")
+
+    writer = DestinationWriter(
+        SlowSink(store, "q"), "q", 0, buffer_timeout_s=0.0, buffer_size_bytes=1 << 20,
+        max_pending_bytes=1 << 30,
+    )  # fmt: skip
+    rows = Messages.of(pa.table({f.name: null_column(2, f.type) for f in UNOFFSET_SCHEMA}))
+    inline = InlineCommit()
+    fut = writer.submit(rows, inline)
+    loop = threading.Thread(target=inline.commit)
+    loop.start()
+    assert in_commit.wait(10)  # the loop took the records and is writing them
+    closing = threading.Thread(target=writer.close)
+    closing.start()
+    time.sleep(0.2)  # (long enough for a close that does not wait to close the sink)
+    assert events == []
+    go_on.set()
+    loop.join(10)
+    closing.join(10)
+    assert events == ["committed", "sink closed"]
+    assert fut.result(0).first_offset == 0

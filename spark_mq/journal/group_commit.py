@@ -283,6 +283,12 @@ class DestinationWriter:
                 self._sync_stop = True
                 self._cond.notify_all()
             self._syncer.join()
+        # an inline commit under way (a loop's, which took its records before the worker saw
+        # them) ends before the sink closes: a hot tier closing under a write it then
+        # acknowledged deleted its directory, and the record with it (a cluster member letting
+        # a destination go while serving it). No new one starts: nothing is taken any more.
+        with self._commit_lock:
+            pass
         self._sink.close(drain=drain)
 
     # -- the writer thread -------------------------------------------------------------------
