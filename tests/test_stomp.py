@@ -418,12 +418,12 @@ def test_stomp_connections_show_in_the_metrics_and_the_log(broker: BrokerProcess
     assert f"STOMP on port {broker.stomp_port}" in log.read_text()
 
 
-def test_sends_to_a_partitioned_queue_are_placed_by_group_and_a_partition_is_subscribed_to(
+def test_sends_to_a_partitioned_queue_are_placed_by_group_and_subscriptions_read_it_whole(
     broker: BrokerProcess, port: int
 ) -> None:
     """STOMP clients do not place messages: the broker places each as the SDK would (by its
-    JMSXGroupID, else in turn). A subscription names a partition; the destination's own name
-    is refused, saying what its partitions are."""
+    JMSXGroupID, else in turn). A subscription names a partition, or the destination: then
+    its partitions are read under the one subscription."""
     q = _name("parted")
     with Admin(broker.url) as admin:
         admin.create_queue(q, partitions=3)
@@ -454,8 +454,21 @@ def test_sends_to_a_partitioned_queue_are_placed_by_group_and_a_partition_is_sub
     assert frame.body == b"to-1"
     conn.ack(frame.headers["ack"], receipt="acked")
     inbox.wait_receipt("acked")
-    refused, refused_inbox = connect(port)
-    refused.subscribe(f"/queue/{q}", id="all")
-    error = refused_inbox.wait_error()
-    assert "3 partitions" in error.headers["message"] + error.body.decode()
     conn.disconnect()
+    # the destination's own name: one subscription over its 3 partitions, whose cumulative
+    # ACK covers what every partition delivered before it
+    with Producer(broker.url) as producer:
+        producer.send_batch([f"w{i}".encode() for i in range(12)], destination=q)
+    whole, whole_inbox = connect(port)
+    whole.subscribe(f"/queue/{q}", id="all", ack="client")
+    frames = whole_inbox.wait_messages(12)
+    assert sorted(f.body for f in frames) == sorted(f"w{i}".encode() for i in range(12))
+    assert {f.headers["subscription"] for f in frames} == {"all"}
+    assert {f.headers["destination"] for f in frames} == {f"/queue/{q}"}
+    assert len({f.headers["message-id"].rsplit(":", 1)[0] for f in frames}) == 3  # (partitions)
+    whole.ack(frames[-1].headers["ack"], receipt="all-acked")
+    whole_inbox.wait_receipt("all-acked")
+    assert not whole_inbox.errors
+    whole.disconnect()
+    with Consumer(broker.url, q) as consumer:  # every partition's messages were acked
+        assert consumer.receive_many(20, timeout=1) == []

@@ -10,7 +10,9 @@ the broker's, as for the SDK.
 * SUBSCRIBE: a consumer attached through the session; ``ack`` ``auto`` (acknowledged once
   written), ``client`` (an ACK covers every earlier message of the subscription) or
   ``client-individual``. Unacknowledged messages stay this client's while it is connected: their
-  leases are extended (:meth:`StompSession.extend_leases`).
+  leases are extended (:meth:`StompSession.extend_leases`). A subscription to a partitioned
+  destination is one *part* (a consumer) per partition under the one id; their deliveries are
+  interleaved as they come, and a ``client`` ACK covers every earlier message of every part.
 * ACK / NACK: settles, answered (the receipt) once durable; NACK gives the message back for
   redelivery, counted towards dead-lettering.
 * BEGIN / COMMIT / ABORT: sends and acks of a transaction, committed as one broker transaction
@@ -31,9 +33,9 @@ from spark_mq import commands as c
 from spark_mq.connection.core import ConnState
 from spark_mq.connection.listener import ListenerCore, pump
 from spark_mq.deliveries import DeliveryState
-from spark_mq.errors import NotOwner, SparkMQError
+from spark_mq.errors import NotOwner, Partitioned, SparkMQError
 from spark_mq.messages import Messages
-from spark_mq.names import validate_name
+from spark_mq.names import partition_name, validate_name
 from spark_mq.session import ClientSession, ConsumerHandle
 from spark_mq.transports import stomp_headers as h
 from spark_mq.transports.stomp_codec import Frame, StompError, encode
@@ -48,13 +50,25 @@ SHARED = "sparkmq-shared-subscription"
 
 @dataclass
 class _Sub:
+    """One consumer of a subscription: the subscription's only one, or one partition's."""
+
     id: str
     consumer: ConsumerHandle
     destination: str  # as the client named it
-    stored_as: str  # the sparkmq destination
+    stored_as: str  # the sparkmq destination (a partition's, for a part)
     ack: str
+    # ack id -> (offset, delivery count), in delivery order: shared by a subscription's parts
+    # (a cumulative ACK covers what any of them delivered before)
     pending: OrderedDict[str, tuple[int, int]] = field(default_factory=OrderedDict)
     attach: c.Attach | None = None  # how it was attached (None: a temporary queue's)
+
+
+@dataclass
+class _Receipt:
+    """A receipt owed once every part's settle of one ACK or NACK is durable."""
+
+    receipt: str | None
+    waiting: int
 
 
 @dataclass
@@ -108,13 +122,13 @@ class StompSession:
         self.session = session
         self.client_id = client_id
         self.pending_ops = 0  # sends and settles whose answer is to come
-        self.subs: dict[str, _Sub] = {}
+        self.subs: dict[str, list[_Sub]] = {}  # id -> its parts (one, or one a partition)
         self.retired: list[ConsumerHandle] = []  # unsubscribed, settles still to answer
         self.temps: dict[str, ConsumerHandle] = {}  # /temp-queue/<name> -> its consumer
         self.acks: dict[str, _Sub] = {}  # ack id -> the subscription it was delivered on
         self.by_message_id: dict[str, str] = {}  # 1.0/1.1 acks name the message id
         self.message_ids: dict[str, str] = {}  # ...and the other way round, to forget it
-        self.settling: dict[tuple[int, int], tuple[str, str | None, bool]] = {}
+        self.settling: dict[tuple[int, int], tuple[str, _Receipt, bool]] = {}
         self.txs: dict[str, _Tx] = {}
         # ack ids of deliveries whose destination moved to another cluster member before they
         # were acknowledged: the member serving it now delivers them again; an ack of one is
@@ -158,19 +172,24 @@ class StompSession:
         """Messages delivered and not yet acknowledged stay this client's while it is
         connected (a JMS broker's rule; an SDK consumer extends its leases itself): their
         leases are extended; returns when to do it next (s from now)."""
-        held: dict[str, list[tuple[int, int]]] = {
-            k: list(s.pending.values()) for k, s in self.subs.items()
+        held: dict[int, tuple[_Sub, list[tuple[int, int]]]] = {
+            id(part): (part, []) for part in self._parts()
         }
+        for parts in self.subs.values():  # (a subscription's parts share what is pending)
+            for token, entry in parts[0].pending.items():
+                owner = held.get(id(self.acks.get(token)))
+                if owner is not None:
+                    owner[1].append(entry)
         for tx in self.txs.values():  # acked in a transaction: leased until it ends
             for sub, entries in tx.acked:
-                if sub.id in held and self.subs[sub.id] is sub:
-                    held[sub.id] += entries
-        for sub_id, entries in held.items():
+                if id(sub) in held:  # (still subscribed)
+                    held[id(sub)][1].extend(entries)
+        for part, entries in held.values():
             if entries:
-                self._settle_now(self.subs[sub_id], "extend", entries, None, strict=False)
+                self._settle_now(part, "extend", entries, None, strict=False)
         if not self.subs:
             return 0.1  # (a subscription may come any moment; nothing to do meanwhile)
-        return min(s.consumer.lease_s for s in self.subs.values()) / 3
+        return min(s.consumer.lease_s for s in self._parts()) / 3
 
     # -- SEND --------------------------------------------------------------------------------
     def _send(self, frame: Frame) -> None:
@@ -244,30 +263,51 @@ class StompSession:
         prefetch = h.integer(frame, PREFETCH, 1, 100_000)
         durable = h.first(frame, DURABLE)
         name = target.name
-        if target.kind == "temp-queue":
-            consumer = self._temp(name, prefetch)
-            if any(s.consumer is consumer for s in self.subs.values()):
-                raise StompError(f"{text} is subscribed to already on this connection")
-        elif target.kind == "queue":
-            session.open_named(name, "queue")
-            cmd = c.Attach(name, None, prefetch, selector)
-            consumer = session.attach(cmd, wakeup=self.conn)
-        else:
-            session.open_named(name, "topic")
-            if durable is not None:
-                subscription = self._durable_name(durable)
-                session.subscribe_durable(name, subscription, selector)
-                cmd = c.Attach(name, subscription, prefetch, selector)
+
+        def attach(name: str) -> tuple[ConsumerHandle, c.Attach | None]:
+            if target.kind == "temp-queue":
+                consumer = self._temp(name, prefetch)
+                if any(s.consumer is consumer for s in self._parts()):
+                    raise StompError(f"{text} is subscribed to already on this connection")
+                return consumer, None
+            if target.kind == "queue":
+                session.open_named(name, "queue")
+                cmd = c.Attach(name, None, prefetch, selector)
             else:
-                shared = frame.header(SHARED) or None
-                if shared is not None:
-                    validate_name(shared, "subscription")
-                cmd = c.Attach(name, shared, prefetch, selector, durable=False)
-            consumer = session.attach(cmd, wakeup=self.conn)
-        stored_as = consumer.destination
-        attached = None if target.kind == "temp-queue" else cmd
-        self.subs[sub_id] = _Sub(sub_id, consumer, text or "", stored_as, ack, attach=attached)
-        log.info("stomp: %s subscribed to %s as %r (%s acks)", self.conn.peer, text, sub_id, ack)
+                session.open_named(name, "topic")
+                if durable is not None:
+                    subscription = self._durable_name(durable)
+                    session.subscribe_durable(name, subscription, selector)
+                    cmd = c.Attach(name, subscription, prefetch, selector)
+                else:
+                    shared = frame.header(SHARED) or None
+                    if shared is not None:
+                        validate_name(shared, "subscription")
+                    cmd = c.Attach(name, shared, prefetch, selector, durable=False)
+            return session.attach(cmd, wakeup=self.conn), cmd
+
+        try:
+            attached = [attach(name)]
+        except Partitioned as parted:  # a part for each partition, under this one id
+            if target.kind == "temp-queue":
+                raise
+            attached = []
+            try:
+                for i in range(int(parted.fields["partitions"])):
+                    attached.append(attach(partition_name(name, i)))
+            except BaseException:
+                for consumer, _ in attached:
+                    session.detach(consumer)
+                raise
+        pending: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self.subs[sub_id] = [
+            _Sub(sub_id, consumer, text or "", consumer.destination, ack, pending, cmd)
+            for consumer, cmd in attached
+        ]
+        log.info(
+            "stomp: %s subscribed to %s as %r (%s acks%s)", self.conn.peer, text, sub_id, ack,
+            f", {len(attached)} partitions" if len(attached) > 1 else "",
+        )  # fmt: skip
         self.conn.receipt(frame)
         self.conn.set()
 
@@ -284,20 +324,24 @@ class StompSession:
         )
         if not sub_id:
             raise StompError("UNSUBSCRIBE needs an id header")
-        sub = self.subs.pop(sub_id, None)
-        if sub is None:
+        parts = self.subs.pop(sub_id, None)
+        if parts is None:
             raise StompError(f"there is no subscription {sub_id!r} on this connection")
-        self._forget_tokens(list(sub.pending))
+        self._forget_tokens(list(parts[0].pending))
         session = self.session
-        session.detach(sub.consumer)  # what it held unacknowledged goes back
-        self.retired.append(sub.consumer)
-        for name, consumer in list(self.temps.items()):
-            if consumer is sub.consumer:
-                del self.temps[name]
         durable = h.first(frame, DURABLE)
-        if durable is not None:  # the durable subscription itself ends only when asked
-            session.unsubscribe_durable(sub.stored_as, self._durable_name(durable))
+        for sub in parts:
+            session.detach(sub.consumer)  # what it held unacknowledged goes back
+            self.retired.append(sub.consumer)
+            for name, consumer in list(self.temps.items()):
+                if consumer is sub.consumer:
+                    del self.temps[name]
+            if durable is not None:  # the durable subscription itself ends only when asked
+                session.unsubscribe_durable(sub.stored_as, self._durable_name(durable))
         self.conn.receipt(frame)
+
+    def _parts(self) -> list[_Sub]:
+        return [sub for parts in self.subs.values() for sub in parts]
 
     # -- ACK, NACK, transactions -------------------------------------------------------------
     def _settle(self, frame: Frame, verb: str) -> None:
@@ -321,25 +365,31 @@ class StompSession:
             tokens = [*itertools.takewhile(lambda t: t != token, sub.pending), token]
         else:
             tokens = [token]
-        entries = [sub.pending.pop(t) for t in tokens]
+        by_part: dict[int, tuple[_Sub, list[tuple[int, int]]]] = {}  # (its parts' in turn)
+        for t in tokens:
+            part = self.acks[t]
+            by_part.setdefault(id(part), (part, []))[1].append(sub.pending.pop(t))
         self._forget_tokens(tokens)
         tx_name = frame.header("transaction")
         if tx_name is None:
-            self._settle_now(sub, verb, entries, frame.header("receipt"), strict=True)
+            owed = _Receipt(frame.header("receipt"), len(by_part))
+            for part, entries in by_part.values():
+                self._settle_now(part, verb, entries, owed, strict=True)
             return
         tx = self._tx(frame)
-        if verb == "nack":
-            tx.nacked.append((sub, entries))
-        elif not sub.consumer.durable:
-            raise StompError(
-                "only messages of queues and durable subscriptions can be acknowledged in a "
-                "transaction"
-            )
-        else:
-            sub_name = sub.consumer.subscription_name
-            cid = sub.consumer.consumer_id
-            tx.acks += [(sub.stored_as, sub_name, cid, o, n) for o, n in entries]
-            tx.acked.append((sub, entries))
+        for part, entries in by_part.values():
+            if verb == "nack":
+                tx.nacked.append((part, entries))
+            elif not part.consumer.durable:
+                raise StompError(
+                    "only messages of queues and durable subscriptions can be acknowledged in "
+                    "a transaction"
+                )
+            else:
+                sub_name = part.consumer.subscription_name
+                cid = part.consumer.consumer_id
+                tx.acks += [(part.stored_as, sub_name, cid, o, n) for o, n in entries]
+                tx.acked.append((part, entries))
         self.conn.receipt(frame)
 
     def _forget_tokens(self, tokens: list[str]) -> None:
@@ -354,26 +404,29 @@ class StompSession:
         sub: _Sub,
         verb: str,
         entries: list[tuple[int, int]],
-        receipt: str | None,
+        receipt: _Receipt | None,
         *,
         strict: bool,
     ) -> None:
         request = next(self._requests)
-        self.settling[(sub.consumer.consumer_id, request)] = (verb, receipt, strict)
+        owed = receipt or _Receipt(None, 1)
+        self.settling[(sub.consumer.consumer_id, request)] = (verb, owed, strict)
         self.pending_ops += 1
         cmd = c.Settle(verb, request, tuple(entries))  # type: ignore[arg-type]
         self.session.settle(sub.consumer, cmd, self.listener.turn.inline)
 
     def _settled(self, consumer: ConsumerHandle, reply: c.SettleReply) -> None:
-        verb, receipt, strict = self.settling.pop((consumer.consumer_id, reply.request_id))
+        verb, owed, strict = self.settling.pop((consumer.consumer_id, reply.request_id))
         self.pending_ops -= 1
+        owed.waiting -= 1
         if reply.refused and strict:
             why = "; ".join(f"offset {r.offset}: {r.reason}" for r in reply.refused[:3])
-            self.conn.error(f"{verb.upper()} refused: {why}", receipt=receipt)
+            self.conn.error(f"{verb.upper()} refused: {why}", receipt=owed.receipt)
             return
         if reply.refused:
             log.info("stomp: %s's %s refused: %s", self.conn.peer, verb, reply.refused[:3])
-        self.conn.reply(receipt)
+        if owed.waiting == 0:  # (every part's settle durable)
+            self.conn.reply(owed.receipt)
 
     def _commit(self, frame: Frame, tx: _Tx) -> None:
         receipt = frame.header("receipt")
@@ -405,7 +458,7 @@ class StompSession:
     # -- deliveries ---------------------------------------------------------------------------
     def pump(self) -> None:
         """Answer settles that became durable, and deliver what the prefetch windows take."""
-        for consumer in [s.consumer for s in self.subs.values()] + self.retired:
+        for consumer in [s.consumer for s in self._parts()] + self.retired:
             for reply in consumer.replies():
                 self._settled(consumer, reply)
                 if self.conn.state.ended:
@@ -415,7 +468,7 @@ class StompSession:
         if self.conn.paused_writing or state.ended or state is ConnState.CLOSING:
             self.conn.maybe_finish()  # (not reading, or going: nothing more delivered)
             return
-        for sub in list(self.subs.values()):
+        for sub in self._parts():
             if sub.consumer.closed:
                 self._follow(sub)
             self._deliver(sub)
@@ -436,10 +489,11 @@ class StompSession:
         except SparkMQError as exc:  # (being placed just now: tried again at the next pump)
             log.info("stomp: %s's subscription %r waits: %s", self.conn.peer, sub.id, exc.message)
             return
-        tokens = list(sub.pending)
+        tokens = [t for t in sub.pending if self.acks.get(t) is sub]  # (this part's)
         self._forget_tokens(tokens)
         self.moved.update(tokens)
-        sub.pending.clear()
+        for t in tokens:
+            del sub.pending[t]
         self.session.detach(sub.consumer)
         sub.consumer = consumer
         log.info("stomp: %s's subscription %r follows %s", self.conn.peer, sub.id, sub.stored_as)
