@@ -4,10 +4,13 @@ real ZooKeeper), beside one broker of its own (no cluster, its hot tier on) for 
 
 Client processes (``--clients``) each take a share of the destinations: they send
 ``--messages`` to each in batches (``send_batch``, waiting for each), then read them all back
-with acks. Each mode runs ``--rounds`` times; the median and the range are printed. Needs
-ZooKeeper's jars (``apt-get install zookeeper``: scripts/setup.sh does).
+with acks. Each mode runs ``--rounds`` times; the median and the range are printed, and what
+CPU the brokers and the clients used while they ran (this machine has two cores for all of
+them). 20,000 messages a destination by default: with 5,000, opening a consumer for each
+destination (a round trip or two, and a redirection to its owner) took a third of the clients'
+reading time. Needs ZooKeeper's jars (``apt-get install zookeeper``: scripts/setup.sh does).
 
-    .venv/bin/python bench/cluster_bench.py [--destinations 16] [--messages 5000] [--rounds 3]
+    .venv/bin/python bench/cluster_bench.py [--destinations 16] [--messages 20000] [--rounds 3]
     .venv/bin/python bench/cluster_bench.py --stomp   # what forwarding costs a STOMP client
     .venv/bin/python bench/cluster_bench.py --partitions 4   # one hot destination, 1 vs 4
     .venv/bin/python bench/cluster_bench.py --partitions 4 --kafka   # ... with librdkafka
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import tempfile
@@ -36,8 +40,21 @@ from spark_mq.launch import BrokerProcess
 from tests.zk_kit import ZooKeeper
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid`` has used (user and system), from /proc."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pid(proc: BrokerProcess) -> int:
+    assert proc.proc is not None
+    return proc.proc.pid
+
+
 def _client(urls: list[str], names: list[str], n: int, batch: int, out: mp.Queue) -> None:
     body = b"x" * 100
+    cpu = time.process_time()
     started = time.perf_counter()
     with Producer(urls, timeout_s=60) as producer:
         for name in names:
@@ -53,7 +70,7 @@ def _client(urls: list[str], names: list[str], n: int, batch: int, out: mp.Queue
                     raise RuntimeError(f"{name}: {left} messages never came")
                 consumer.ack(got)
                 left -= len(got)
-    out.put((produced - started, time.perf_counter() - produced))
+    out.put((produced - started, time.perf_counter() - produced, time.process_time() - cpu))
 
 
 def _hot_client(urls: list[str], n: int, batch: int, total: int, read: Any, out: mp.Queue) -> None:
@@ -221,7 +238,7 @@ def _single(root: Path) -> list[BrokerProcess]:
     return [BrokerProcess(str(root / "data"), extra_args=args).start()]
 
 
-def run_mode(mode: str, zk: ZooKeeper, a: argparse.Namespace, k: int) -> tuple[float, float]:
+def run_mode(mode: str, zk: ZooKeeper, a: argparse.Namespace, k: int) -> tuple[float, float, str]:
     root = Path(tempfile.mkdtemp(prefix=f"sparkmq-cluster-bench-{mode}-"))
     if mode == "single broker":
         procs = _single(root)
@@ -241,15 +258,22 @@ def run_mode(mode: str, zk: ZooKeeper, a: argparse.Namespace, k: int) -> tuple[f
         workers = [
             spawn.Process(target=_client, args=(urls, s, a.messages, a.batch, out)) for s in shares
         ]
+        brokers_cpu = sum(_cpu_s(_pid(p)) for p in procs)
         for w in workers:
             w.start()
         times = [out.get(timeout=600) for _ in workers]
         for w in workers:
             w.join()
+        brokers_cpu = sum(_cpu_s(_pid(p)) for p in procs) - brokers_cpu
         total = a.messages * a.destinations
         produce = total / max(t[0] for t in times)
         consume = total / max(t[1] for t in times)
-        return produce, consume
+        wall = max(t[0] + t[1] for t in times)
+        cpu = (
+            f"cpu: brokers {brokers_cpu:.1f} s, clients {sum(t[2] for t in times):.1f} s, in "
+            f"{wall:.1f} s (x2 cores: {2 * wall:.1f})"
+        )
+        return produce, consume, cpu
     finally:
         for p in procs:
             p.stop()
@@ -345,7 +369,7 @@ def stomp_forwarding(zk: ZooKeeper, a: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--destinations", type=int, default=16)
-    ap.add_argument("--messages", type=int, default=5000, help="per destination")
+    ap.add_argument("--messages", type=int, default=20000, help="per destination")
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
@@ -376,9 +400,12 @@ def main() -> None:
         for r in range(a.rounds):  # (interleaved: this machine's speed moves within an hour)
             for mode in modes:
                 k += 1
-                figures[mode].append(run_mode(mode, zk, a, k))
-                p, c = figures[mode][-1]
-                print(f"round {r + 1} {mode:>13}: produce {p:9,.0f} msg/s  consume+ack {c:9,.0f}")
+                p, c, cpu = run_mode(mode, zk, a, k)
+                figures[mode].append((p, c))
+                print(
+                    f"round {r + 1} {mode:>13}: produce {p:9,.0f} msg/s  consume+ack {c:9,.0f}"
+                    f"  ({cpu})"
+                )
     finally:
         zk.stop()
     print(

@@ -16,6 +16,7 @@ import contextlib
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Generic, Protocol, TypeVar, cast
@@ -40,6 +41,20 @@ class Part(Protocol):
     def close(self) -> None: ...
 
 
+class Batches:
+    """An ``on_message`` that takes each delivery batch whole (``fn(messages)``): how a
+    partition's consumer hands its messages to the merged stream, one queue operation a batch
+    rather than two a message (those doubled a merged consumer's CPU per message)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[list[Message]], object]) -> None:
+        self.fn = fn
+
+    def __call__(self, message: Message) -> object:
+        return self.fn([message])
+
+
 Consumer = TypeVar("Consumer", bound=Part)
 _CLOSED = object()
 _SLICE_S = 0.25  # how often a blocked receive looks whether a partition's consumer broke
@@ -56,11 +71,12 @@ class PartitionConsumers(Generic[Consumer]):
         partitions: int,
         on_message: Callable[[Message], object] | None,
     ) -> None:
-        self._ready: queue.Queue[object] = queue.Queue()
+        self._ready: queue.Queue[object] = queue.Queue()  # delivery batches, then _CLOSED
+        self._held: deque[Message] = deque()  # taken from a batch, not yet received
         self._receiving = on_message is None
         self._lock = threading.Lock()  # receivers in several threads take turns
         self.parts: list[Consumer] = []
-        handler = on_message or self._ready.put
+        handler = on_message or Batches(self._ready.put)
         try:
             for index in range(partitions):
                 self.parts.append(make(partition_name(name, index), handler))
@@ -75,21 +91,22 @@ class PartitionConsumers(Generic[Consumer]):
                 "consumers made without one"
             )
         deadline = None if timeout is None else time.monotonic() + timeout
+        held = self._held
         with self._lock:
-            while True:
+            while not held:
                 left = _SLICE_S if deadline is None else min(deadline - time.monotonic(), _SLICE_S)
                 try:
                     first = self._ready.get(timeout=max(left, 0.0))
-                    break
                 except queue.Empty:
                     self._raise_broken()
                     if deadline is not None and time.monotonic() >= deadline:
                         return []
-            if first is _CLOSED:
-                self._ready.put(_CLOSED)
-                return []
-            got = [first]
-            while len(got) < max_messages:
+                    continue
+                if first is _CLOSED:
+                    self._ready.put(_CLOSED)
+                    return []
+                held.extend(cast("list[Message]", first))
+            while len(held) < max_messages:
                 try:
                     more = self._ready.get_nowait()
                 except queue.Empty:
@@ -97,8 +114,8 @@ class PartitionConsumers(Generic[Consumer]):
                 if more is _CLOSED:
                     self._ready.put(_CLOSED)
                     break
-                got.append(more)
-        return got  # type: ignore[return-value]
+                held.extend(cast("list[Message]", more))
+            return [held.popleft() for _ in range(min(max_messages, len(held)))]
 
     def _raise_broken(self) -> None:
         """A partition's consumer that broke for good (it could not attach again): its error."""

@@ -59,7 +59,7 @@ from spark_mq import protocol, wire
 from spark_mq.client import _liveness as liveness
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._outcome import refusals, settle_refusal
-from spark_mq.client._partitioned import PartitionConsumers
+from spark_mq.client._partitioned import Batches, PartitionConsumers
 from spark_mq.client._pool import HandlerPool
 from spark_mq.client._transport import (
     DEFAULT_URL,
@@ -623,6 +623,9 @@ class Consumer:
         assert self._on_message is not None
         if self._pool is not None:
             self._pool.put(messages)
+            return
+        if type(self._on_message) is Batches:  # (a merged consumer's partition: whole batches)
+            self._on_message.fn(messages)
             return
         for m in messages:
             if self._closed:  # the rest go back to the broker when the consumer detaches
