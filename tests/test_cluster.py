@@ -338,7 +338,7 @@ def _kafka_reads_a_partitioned_topic_from_each_partitions_owner(cluster: Cluster
         for c in consumers:
             c.subscribe(["ktop"])
         deadline = time.monotonic() + 60
-        while len(got) < 400 and time.monotonic() < deadline:
+        while len({m.value() for m in got}) < 400 and time.monotonic() < deadline:
             for c in consumers:
                 m = c.poll(0.1)
                 if m is not None and m.error() is None:
@@ -346,10 +346,12 @@ def _kafka_reads_a_partitioned_topic_from_each_partitions_owner(cluster: Cluster
     finally:
         for c in consumers:
             c.close()
-    assert len(got) == 400
+    # every record; one read again is Kafka's at-least-once across the group's rebalance (a
+    # partition handed to the second consumer before the first's offsets were committed)
+    assert len({m.value() for m in got}) == 400 and len(got) <= 420, len(got)
     assert {m.partition() for m in got} == {0, 1, 2, 3}
     for key in keys:
-        values = [int(m.value()) for m in got if m.key() == key]
+        values = list(dict.fromkeys(int(m.value()) for m in got if m.key() == key))
         assert values == sorted(values) and len(values) == 40
         assert len({m.partition() for m in got if m.key() == key}) == 1
 
