@@ -143,6 +143,37 @@ def _drain(url: str | list[str], name: str, expect: int | None = None) -> list[A
             consumer.ack(batch)
 
 
+def test_members_creating_one_destination_at_once_take_turns(cluster: Cluster) -> None:
+    """Two members asked to create the same destinations at the same moment (Kafka groups at
+    two members make the offsets topic so): each is created once, by one of them, and served.
+    Without the turns the second took the first's new tables for a deletion's leftovers and
+    dropped them while their owner stamped them, and the destination was never served."""
+    for m in "ab":
+        cluster.start(m)
+    names = [f"race{i}" for i in range(6)]
+    together = threading.Barrier(2)
+    made: dict[tuple[str, str], bool] = {}
+
+    def create(member: str) -> None:
+        with Admin(cluster.members[member].url) as admin:
+            for n in names:
+                together.wait(10)
+                made[(member, n)] = admin.create_queue(n)
+
+    threads = [threading.Thread(target=create, args=(m,)) for m in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all([made[(m, n)] for m in "ab"].count(True) == 1 for n in names), made
+    wait_for(lambda: _all_served(cluster, set(names), {"a", "b"}), 30, "each served")
+    with Producer(cluster.urls) as producer:
+        for n in names:
+            producer.send_sync(n, destination=n)
+    for n in names:
+        assert [m.body.decode() for m in _drain(cluster.urls, n, expect=1)] == [n]
+
+
 def test_any_member_serves_the_sdk_each_destination_from_its_owner(cluster: Cluster) -> None:
     for m in ("a", "b", "c"):
         cluster.start(m)

@@ -5,8 +5,10 @@ none holds the map itself."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
 
 import pyarrow as pa
@@ -36,6 +38,10 @@ class Elsewhere(Protocol):
     def route(self, name: str) -> None:
         """Raise ``NotOwner`` when another member owns ``name`` or it is being placed; return
         when the cluster does not have it, or once this member serves it."""
+        ...
+
+    def creating(self, name: str) -> AbstractContextManager[None]:
+        """Held while ``name`` is created here: no other member creates it meanwhile."""
         ...
 
     def created(self, name: str) -> None:
@@ -216,9 +222,11 @@ class Destinations:
         existed."""
         overrides = overrides or {}
         if self.journal.shared:  # a cluster member: it is placed, and served by its owner
-            _, created = self.journal.create_destination(name, kind, overrides)
-            if self.elsewhere is not None:
-                self.elsewhere.created(name)  # (idempotent: a create that was cut short)
+            elsewhere = self.elsewhere
+            with elsewhere.creating(name) if elsewhere is not None else contextlib.nullcontext():
+                _, created = self.journal.create_destination(name, kind, overrides)
+                if elsewhere is not None:
+                    elsewhere.created(name)  # (idempotent: a create that was cut short)
             if created:
                 log.info("created %s %s", kind, name, extra={"destination": name})
             return created

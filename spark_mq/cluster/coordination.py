@@ -32,13 +32,14 @@ for everything it owned, and joins again as a newcomer (a new session).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -53,7 +54,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import make_digest_acl
 
 from spark_mq.cluster.placement import moves, place
-from spark_mq.errors import ConfigError
+from spark_mq.errors import BrokerUnavailable, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -485,6 +486,32 @@ class Coordinator:
         except NodeExistsError:
             self._client.set(path, body)
         self._registered = self._registered | {name}
+
+    @contextlib.contextmanager
+    def creating(self, name: str, timeout_s: float = 30.0) -> Iterator[None]:
+        """Held while this member creates ``name``: members creating one destination at once
+        take turns (each reads the bindings afresh under it; without it, the second took the
+        first's tables for a deletion's leftovers and dropped them under its new owner)."""
+        path = f"{self.root}/creating/{name}"
+        lock = self._client.Lock(path, self.member_id)
+        try:
+            got = lock.acquire(timeout=timeout_s)
+        except (KazooException, KazooTimeoutError) as exc:
+            raise BrokerUnavailable(
+                f"cannot create {name!r} now: ZooKeeper did not answer ({exc}); try again"
+            ) from exc
+        if not got:
+            raise BrokerUnavailable(
+                f"cannot create {name!r} now: another member has been creating it for "
+                f"{timeout_s:g} s; try again"
+            )
+        try:
+            yield
+        finally:
+            with contextlib.suppress(KazooException, KazooTimeoutError):
+                lock.release()
+            with contextlib.suppress(KazooException, KazooTimeoutError):
+                self._client.delete(path)  # (NotEmpty while another waits: it deletes it)
 
     def registered(self, name: str) -> bool:
         """Whether ``name`` is among the destinations to place (as last seen)."""

@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from spark_mq.cluster.coordination import Assignment, Coordinator, Health, Tls
@@ -274,6 +275,9 @@ class ClusterMember:
 
     def has(self, name: str) -> bool:
         return self.coordinator.registered(name)
+
+    def creating(self, name: str) -> AbstractContextManager[None]:
+        return self.coordinator.creating(name)
 
     def created(self, name: str) -> None:
         self.coordinator.add_destination(name)
