@@ -59,6 +59,29 @@ def test_a_paused_broker_fails_sends_and_receives_within_seconds(
         process.stop()
 
 
+@pytest.mark.process
+def test_a_flight_producer_closes_within_its_timeout_while_its_broker_is_paused(
+    tmp_path: Path,
+) -> None:
+    """Nothing in flight, so no watchdog cuts the stream: closing it waits for the broker to end
+    its answers, and a paused broker never does. The close gives up after ``timeout_s`` (it
+    waited 300 s once, in the test above)."""
+    process = BrokerProcess(str(tmp_path / "data")).start()
+    assert process.proc is not None
+    try:
+        producer = Producer(process.url, destination="q", transport="flight", timeout_s=2)
+        producer.send_sync("before")
+        process.proc.send_signal(signal.SIGSTOP)
+        pid = process.proc.pid
+        wait_for(lambda: _state(pid) == "T", timeout=10, what="the broker stopped")
+        started = time.monotonic()
+        producer.close()
+        assert time.monotonic() - started < 8
+    finally:
+        process.proc.send_signal(signal.SIGCONT)
+        process.stop()
+
+
 def _state(pid: int) -> str:
     """A process's state letter (``T``: stopped by a signal)."""
     with open(f"/proc/{pid}/stat") as fh:

@@ -154,7 +154,10 @@ class PutStream:
                 cut = self.cut_reason
                 self._fail(BrokerUnavailable(cut) if cut else translate_flight_error(exc))
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for the broker to end the stream (every batch answered), for up to ``timeout``
+        seconds: with nothing in flight the watchdog does not look, and a paused broker never
+        ends it (a close waited 300 s). After that the stream is left to its reader thread."""
         liveness.forget(self)
         with self._lock:
             if self.broken is None:
@@ -164,7 +167,10 @@ class PutStream:
                     pass  # the reader thread reports what happened to every batch
         if self.cut_reason is not None:
             return  # its broker is silent: neither its reader nor its stream is waited for
-        self._reader.join()
+        self._reader.join(timeout)
+        if self._reader.is_alive():
+            self.cut(f"the broker did not end the produce stream within {timeout:g} s of its close")
+            return
         with self._lock:
             if self._closed_writer:
                 return

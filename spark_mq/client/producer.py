@@ -592,7 +592,7 @@ class Producer:
         with self._stream_lock:
             streams, self._streams = list(self._streams.values()), {}
         for s in streams:
-            s.close()
+            s.close(self._timeout_s) if isinstance(s, PutStream) else s.close()
         self._client.close()
         self._routes.close()
 
