@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 from pathlib import Path
 
@@ -17,10 +18,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+MEMBERS: list[Member] = []  # every one made, in order (conftest stops a test's own at its end)
+
+
+def stop_launched(since: int) -> None:
+    """Kill the brokers of the members made since the first ``since`` that still run (a test
+    that failed half way left its pair running for the rest of the suite)."""
+    for member in MEMBERS[since:]:
+        proc = member.process.proc if member.process is not None else None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # (a paused one dies too)
+            proc.kill()
+            proc.wait(30)
+    del MEMBERS[since:]
+
+
 class Member:
     """One broker of a replicating pair: its own ports, hot directory and log."""
 
     def __init__(self, name: str, root: Path, base: Path) -> None:
+        MEMBERS.append(self)
         self.name, self.root = name, root
         self.hot = base / f"hot-{name}"
         self.logs = base / "logs"
