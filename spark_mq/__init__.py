@@ -6,7 +6,7 @@ Spark reads with ``spark.readStream.format("sparkmq")`` (see ``spark_mq.connecto
 
 # first: warns when an edited source is shadowed by an older compiled build of it
 from spark_mq import native  # noqa: F401
-from spark_mq.client import Admin, Consumer, Message, Producer, Transaction
+from spark_mq.client import Admin, Consumer, Message, MessageBatch, Producer, Transaction
 from spark_mq.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -46,6 +46,7 @@ __all__ = [
     "JournalError",
     "LeaseError",
     "Message",
+    "MessageBatch",
     "MessageRejected",
     "MessageTooLarge",
     "NotAllowed",

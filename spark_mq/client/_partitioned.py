@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Generic, Protocol, TypeVar, cast
 
-from spark_mq.client.message import Message
+from spark_mq.client.message import Message, MessageBatch
 from spark_mq.errors import SparkMQError
 from spark_mq.names import partition_name
 
@@ -42,17 +42,18 @@ class Part(Protocol):
 
 
 class Batches:
-    """An ``on_message`` that takes each delivery batch whole (``fn(messages)``): how a
-    partition's consumer hands its messages to the merged stream, one queue operation a batch
-    rather than two a message (those doubled a merged consumer's CPU per message)."""
+    """An ``on_message`` that takes each delivery whole, as a :class:`MessageBatch`
+    (``fn(batch)``): how a partition's consumer hands its messages to the merged stream, one
+    queue operation a batch rather than two a message (those doubled a merged consumer's CPU
+    per message), and no Python object a message unless the receiver asks for messages."""
 
     __slots__ = ("fn",)
 
-    def __init__(self, fn: Callable[[list[Message]], object]) -> None:
+    def __init__(self, fn: Callable[[MessageBatch], object]) -> None:
         self.fn = fn
 
     def __call__(self, message: Message) -> object:
-        return self.fn([message])
+        return self.fn(MessageBatch(message.destination, None, message._consumer, [message]))
 
 
 Consumer = TypeVar("Consumer", bound=Part)
@@ -72,9 +73,10 @@ class PartitionConsumers(Generic[Consumer]):
         on_message: Callable[[Message], object] | None,
     ) -> None:
         self._ready: queue.Queue[object] = queue.Queue()  # delivery batches, then _CLOSED
-        self._held: deque[Message] = deque()  # taken from a batch, not yet received
+        self._held: deque[MessageBatch] = deque()  # taken from _ready, not yet received
         self._receiving = on_message is None
         self._lock = threading.Lock()  # receivers in several threads take turns
+        self._closing = False  # the queue's end was read
         self.parts: list[Consumer] = []
         handler = on_message or Batches(self._ready.put)
         try:
@@ -85,37 +87,66 @@ class PartitionConsumers(Generic[Consumer]):
             raise
 
     def receive_many(self, max_messages: int, timeout: float | None) -> list[Message]:
+        held: deque[MessageBatch] = self._held
+        got: list[Message] = []
+        with self._lock:
+            if not self._wait_held(timeout):
+                return []
+            while True:
+                batch = held[0]
+                want = max_messages - len(got)
+                if len(batch) > want:
+                    head, held[0] = batch._split(want)
+                    got.extend(head)
+                    return got
+                got.extend(batch)
+                held.popleft()
+                if len(got) == max_messages or not (held or self._take(None, block=False)):
+                    return got
+
+    def receive_batch(self, max_messages: int, timeout: float | None) -> MessageBatch | None:
+        """The next delivery (one partition's), up to ``max_messages`` of it."""
+        held = self._held
+        with self._lock:
+            if not self._wait_held(timeout):
+                return None
+            batch = held.popleft()
+            if len(batch) > max_messages:
+                batch, rest = batch._split(max_messages)
+                held.appendleft(rest)
+            return batch
+
+    def _wait_held(self, timeout: float | None) -> bool:
+        """Whether a delivery is held, waiting up to ``timeout`` for one (the lock held)."""
         if not self._receiving:
             raise RuntimeError(
                 "this consumer hands its messages to its on_message callback; receive() is for "
                 "consumers made without one"
             )
         deadline = None if timeout is None else time.monotonic() + timeout
-        held = self._held
-        with self._lock:
-            while not held:
-                left = _SLICE_S if deadline is None else min(deadline - time.monotonic(), _SLICE_S)
-                try:
-                    first = self._ready.get(timeout=max(left, 0.0))
-                except queue.Empty:
-                    self._raise_broken()
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return []
-                    continue
-                if first is _CLOSED:
-                    self._ready.put(_CLOSED)
-                    return []
-                held.extend(cast("list[Message]", first))
-            while len(held) < max_messages:
-                try:
-                    more = self._ready.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _CLOSED:
-                    self._ready.put(_CLOSED)
-                    break
-                held.extend(cast("list[Message]", more))
-            return [held.popleft() for _ in range(min(max_messages, len(held)))]
+        while not self._held:
+            left = _SLICE_S if deadline is None else min(deadline - time.monotonic(), _SLICE_S)
+            if self._take(max(left, 0.0)):
+                return True
+            if self._closing:
+                return False
+            self._raise_broken()
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        return True
+
+    def _take(self, timeout: float | None, *, block: bool = True) -> bool:
+        """Move the next delivery from the partitions' queue to ``_held``."""
+        try:
+            item = self._ready.get(block, timeout)
+        except queue.Empty:
+            return False
+        if item is _CLOSED:
+            self._ready.put(_CLOSED)
+            self._closing = True
+            return False
+        self._held.append(cast("MessageBatch", item))
+        return True
 
     def _raise_broken(self) -> None:
         """A partition's consumer that broke for good (it could not attach again): its error."""
@@ -133,6 +164,8 @@ class PartitionConsumers(Generic[Consumer]):
 
     def settle(self, verb: str, messages: Message | Iterable[Message]) -> Future:
         """Each message settled by the consumer that delivered it; one future for them all."""
+        if type(messages) is MessageBatch:  # (all of one partition's)
+            return cast("Future", getattr(messages._owner(), _VERBS[verb])(messages))
         msgs = [messages] if isinstance(messages, Message) else list(messages)
         by_part: dict[int, tuple[Consumer, list[Message]]] = {}
         for m in msgs:

@@ -50,7 +50,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Literal
+from typing import Literal, cast
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -77,7 +77,7 @@ from spark_mq.client._wire import (
     discover,
     heartbeat_ms,
 )
-from spark_mq.client.message import Message, message_of_one, messages_of
+from spark_mq.client.message import Message, MessageBatch, message_of_one, messages_of
 from spark_mq.errors import BrokerUnavailable, NotOwner, Partitioned, ProtocolError, SparkMQError
 from spark_mq.names import validate_name, validate_stored_name
 from spark_mq.security.credentials import Auth
@@ -86,6 +86,9 @@ log = logging.getLogger(__name__)
 
 Verb = Literal["ack", "nack", "extend", "release"]
 _CLOSED = object()
+# what _ready holds, in delivery order: a delivery's record batch (made messages when received),
+# or messages (ONE frames', or the rest of a delivery a receive_many took part of)
+_Chunk = pa.RecordBatch | list[Message]
 
 
 class Consumer:
@@ -131,13 +134,15 @@ class Consumer:
         command = protocol.Consume(
             destination, subscription, prefetch, selector, durable, temporary
         )
-        # whole delivery batches travel through the queue; receive() takes from _ready
+        # whole delivery batches travel through the queue (a delivery's record batch, or ONE
+        # frames' messages); receive() takes from _ready, the batches taken from it in order
         self._messages: queue.Queue[object] = queue.Queue()
-        self._ready: deque[Message] = deque()
+        self._ready: deque[_Chunk] = deque()
         self._receive_lock = threading.Lock()  # receivers in several threads take turns
         self._write_lock = threading.Lock()
         self._settle_cond = threading.Condition()
-        self._settles: list[tuple[Verb, list[tuple[int, int]], Future]] = []
+        # (verb, offsets, (offset, delivery count) pairs, future)
+        self._settles: list[tuple[Verb, list[int], list[tuple[int, int]], Future]] = []
         self._queued = 0  # settle entries in _settles
         self._linger = settle_linger_ms / 1000
         self._timeout_s = timeout_s
@@ -366,17 +371,80 @@ class Consumer:
                 "consumers made without one"
             )
         with self._receive_lock:
-            if not self._ready and not self._fill(timeout):
-                if self._may_fail_over():
-                    self._reattach(time.monotonic() + self._timeout_s)
-                    return []  # (the caller asks again: deliveries come from the new broker)
-                if self.error is not None and not self._closed:
-                    raise self.error
+            if not self._wait_ready(timeout):
                 return []
-            while len(self._ready) < max_messages and self._fill(None, block=False):
-                pass
-            n = min(max_messages, len(self._ready))
-            return [self._ready.popleft() for _ in range(n)]
+            ready, got = self._ready, cast("list[Message]", [])
+            while True:
+                first = ready[0]
+                chunk = (
+                    messages_of(self.destination, first, self)
+                    if isinstance(first, pa.RecordBatch)
+                    else first
+                )
+                want = max_messages - len(got)
+                if len(chunk) > want:
+                    got.extend(chunk[:want])
+                    ready[0] = chunk[want:]
+                    return got
+                got.extend(chunk)
+                ready.popleft()
+                if len(got) == max_messages or not (ready or self._fill(None, block=False)):
+                    return got
+
+    def receive_batch(self, max_messages: int, timeout: float | None = None) -> MessageBatch | None:
+        """Up to ``max_messages`` as one :class:`MessageBatch` (an Arrow record batch), or None
+        after ``timeout`` seconds: waits for the first, then takes what is there. The way to
+        read many messages with little CPU a message: no Python object is made for a message
+        unless it is asked for, and ``batch.ack()`` settles them all at once. A partitioned
+        destination's batches each hold one partition's messages."""
+        if self._partitions is not None:
+            return self._partitions.receive_batch(max_messages, timeout)
+        if self._on_message is not None:
+            raise RuntimeError(
+                "this consumer hands its messages to its on_message callback; receive() is for "
+                "consumers made without one"
+            )
+        with self._receive_lock:
+            if not self._wait_ready(timeout):
+                return None
+            ready = self._ready
+            if type(ready[0]) is not pa.RecordBatch:  # ONE frames' messages, or left over
+                messages: list[Message] = []
+                while ready and type(ready[0]) is list and len(messages) < max_messages:
+                    chunk = cast("list[Message]", ready.popleft())
+                    want = max_messages - len(messages)
+                    if len(chunk) > want:
+                        ready.appendleft(chunk[want:])
+                    messages.extend(chunk[:want])
+                    if not ready:
+                        self._fill(None, block=False)
+                return MessageBatch(self.destination, None, self, messages)
+            batches: list[pa.RecordBatch] = []
+            rows = 0
+            while ready and type(ready[0]) is pa.RecordBatch and rows < max_messages:
+                batch = cast("pa.RecordBatch", ready.popleft())
+                want = max_messages - rows
+                if batch.num_rows > want:
+                    ready.appendleft(batch.slice(want))
+                    batch = batch.slice(0, want)
+                batches.append(batch)
+                rows += batch.num_rows
+                if not ready:
+                    self._fill(None, block=False)
+            arrow = batches[0] if len(batches) == 1 else pa.concat_batches(batches)  # type: ignore[attr-defined]
+            return MessageBatch(self.destination, arrow, self)
+
+    def _wait_ready(self, timeout: float | None) -> bool:
+        """Whether something is ready to receive, waiting ``timeout`` for it (the receive
+        lock held); False after attaching again or at the end (raising why if it broke)."""
+        if self._ready or self._fill(timeout):
+            return True
+        if self._may_fail_over():
+            self._reattach(time.monotonic() + self._timeout_s)
+            return False  # (the caller asks again: deliveries come from the new broker)
+        if self.error is not None and not self._closed:
+            raise self.error
+        return False
 
     def _fill(self, timeout: float | None, *, block: bool = True) -> bool:
         """Move one delivered batch into ``_ready``; False when none came (or the stream ended)."""
@@ -397,7 +465,7 @@ class Consumer:
         if item is _CLOSED:
             self._messages.put(_CLOSED)
             return False
-        self._ready.extend(item)  # type: ignore[arg-type]
+        self._ready.append(item)  # type: ignore[arg-type]
         return True
 
     def _read_link(self, timeout: float | None) -> bool | None:
@@ -427,7 +495,7 @@ class Consumer:
                     self._turn.summon()  # the reader thread reads the end and reports it
                     return None
                 if messages:
-                    self._ready.extend(messages)
+                    self._ready.append(messages)
                     # and the frames already read in (ONE frames bring a message each): one
                     # turn for them all, not a turn each. Iterating with an ack each over a
                     # backlog of 20,000 synchronous sends (ONE frames), two interleaved runs of
@@ -437,7 +505,7 @@ class Consumer:
                         while self._link.buffered:
                             more = self._messages_in(self._link.read(0))
                             if more:
-                                self._ready.extend(more)
+                                self._ready.append(more)
                     except (OSError, SparkMQError) as exc:  # (the end came behind them)
                         self._turn.fail(exc)
                     return True
@@ -484,14 +552,18 @@ class Consumer:
     def _settle(self, verb: Verb, messages: Message | Iterable[Message]) -> Future:
         if self._partitions is not None:
             return self._partitions.settle(verb, messages)
-        msgs = [messages] if isinstance(messages, Message) else list(messages)
         fut: Future = Future()
         if self._closed or self.error is not None:
             fut.set_exception(self.error or BrokerUnavailable("the consumer is closed"))
             return fut
-        entries = [(m.offset, m.delivery_count) for m in msgs]
+        if type(messages) is MessageBatch:
+            offsets, entries = messages._entries()
+        else:
+            msgs = [messages] if isinstance(messages, Message) else list(messages)
+            offsets = [m.offset for m in msgs]
+            entries = list(zip(offsets, [m.delivery_count for m in msgs], strict=True))
         with self._settle_cond:
-            self._settles.append((verb, entries, fut))
+            self._settles.append((verb, offsets, entries, fut))
             self._queued += len(entries)
             if self._queued >= self._settle_batch or len(self._settles) == 1:
                 self._settle_cond.notify()
@@ -510,14 +582,17 @@ class Consumer:
                 self._queued = 0
             self._send_settles(work)
 
-    def _send_settles(self, work: list[tuple[Verb, list[tuple[int, int]], Future]]) -> None:
-        by_verb: dict[Verb, list[tuple[list[tuple[int, int]], Future]]] = {}
-        for verb, entries, fut in work:
-            by_verb.setdefault(verb, []).append((entries, fut))
+    def _send_settles(
+        self, work: list[tuple[Verb, list[int], list[tuple[int, int]], Future]]
+    ) -> None:
+        by_verb: dict[Verb, list[tuple[list[int], list[tuple[int, int]], Future]]] = {}
+        for verb, offsets, entries, fut in work:
+            by_verb.setdefault(verb, []).append((offsets, entries, fut))
         for verb, items in by_verb.items():
             request_id = next(self._request_ids)
-            self._requests[request_id] = [([o for o, _ in es], f) for es, f in items]
-            frame = protocol.Settle(verb, request_id, tuple(e for es, _ in items for e in es))
+            self._requests[request_id] = [(os, f) for os, _, f in items]
+            pairs = items[0][1] if len(items) == 1 else [e for _, es, _ in items for e in es]
+            frame = protocol.Settle(verb, request_id, tuple(pairs))
             try:
                 with self._write_lock:
                     self._link.send(frame)  # type: ignore[union-attr]
@@ -554,9 +629,10 @@ class Consumer:
             case _:
                 raise ProtocolError(f"unexpected frame from the broker: {frame}", fault="remote")
 
-    def _messages_in(self, item: pa.RecordBatch | wire.One | bytes | None) -> list[Message] | None:
-        """What ``item``, read from the link, delivers (replies are handled here); None at the
-        end of the stream."""
+    def _messages_in(self, item: pa.RecordBatch | wire.One | bytes | None) -> _Chunk | None:
+        """What ``item``, read from the link, delivers (replies are handled here): a delivery's
+        record batch as it came (made messages when received, or by :meth:`_dispatch`), a ONE
+        frame's message; None at the end of the stream."""
         if item is None:
             return None
         if isinstance(item, bytes):
@@ -564,7 +640,7 @@ class Consumer:
             return []
         if isinstance(item, wire.One):
             return [message_of_one(self.destination, item, self)]
-        return messages_of(self.destination, item, self) if item.num_rows else []
+        return item if item.num_rows else []
 
     def _read_next(self) -> bool:
         """Read and hand on the link's next item (the reader thread); False at the end."""
@@ -618,14 +694,22 @@ class Consumer:
             if self._close_when_read:
                 self._release_link()
 
-    def _dispatch(self, messages: list[Message]) -> None:
+    def _dispatch(self, chunk: _Chunk) -> None:
         """Hand each message to the callback (on the reader thread); nack those it raises on."""
         assert self._on_message is not None
+        if type(self._on_message) is Batches:  # (a merged consumer's partition: whole batches)
+            if isinstance(chunk, pa.RecordBatch):
+                self._on_message.fn(MessageBatch(self.destination, chunk, self))
+            else:
+                self._on_message.fn(MessageBatch(self.destination, None, self, chunk))
+            return
+        messages = (
+            messages_of(self.destination, chunk, self)
+            if type(chunk) is pa.RecordBatch
+            else cast("list[Message]", chunk)
+        )
         if self._pool is not None:
             self._pool.put(messages)
-            return
-        if type(self._on_message) is Batches:  # (a merged consumer's partition: whole batches)
-            self._on_message.fn(messages)
             return
         for m in messages:
             if self._closed:  # the rest go back to the broker when the consumer detaches

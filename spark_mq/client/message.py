@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from datetime import datetime, timedelta, timezone
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 import pyarrow as pa
 
 from spark_mq import wire
 from spark_mq.names import partition_of
-from spark_mq.schema import TS, ints
+from spark_mq.schema import DELIVERY_SCHEMA, TS, ints
 
 
 class Settler(Protocol):
@@ -232,3 +232,119 @@ class Message:
     def extend_lease(self) -> Future:
         """Keep it invisible to other consumers for another mark interval."""
         return self._owner().extend_lease(self)
+
+
+class MessageBatch(Sequence[Message]):
+    """Messages delivered together, as one Arrow record batch (``Consumer.receive_batch``).
+
+    What a consumer that works on batches reads without a Python object a message: ``arrow``
+    holds the delivery's columns (those of ``Message``: ``offset``, ``body``,
+    ``delivery_count``, ``headers``, ...), and ``ack()``, ``nack()`` and ``extend_lease()``
+    settle every message of it in one go. It is a sequence of :class:`Message` too, made on
+    first use. All its messages came through one consumer (one partition of a partitioned
+    destination: ``partition``).
+    """
+
+    __slots__ = ("_arrow", "_consumer", "_destination", "_messages")
+
+    def __init__(
+        self,
+        destination: str,
+        arrow: pa.RecordBatch | None,
+        consumer: Settler | None,
+        messages: list[Message] | None = None,
+    ) -> None:
+        # one of arrow (a delivery) and messages (ONE frames' messages, or some left over from
+        # a receive_many) is given; the other is made from it when asked for
+        self._destination, self._arrow, self._consumer = destination, arrow, consumer
+        self._messages = messages
+
+    @property
+    def destination(self) -> str:
+        return self._destination
+
+    @property
+    def partition(self) -> int | None:
+        parts = partition_of(self._destination)
+        return None if parts is None else parts[1]
+
+    @property
+    def arrow(self) -> pa.RecordBatch:
+        """The messages as a record batch of the delivery's columns (``DELIVERY_SCHEMA``)."""
+        if self._arrow is None:
+            rows = [_row_of(m) for m in self._messages or ()]
+            self._arrow = pa.RecordBatch.from_pylist(rows, schema=DELIVERY_SCHEMA)
+        return self._arrow
+
+    @property
+    def bodies(self) -> list[bytes]:
+        if self._messages is not None:
+            return [m.body for m in self._messages]
+        return cast("list[bytes]", self.arrow.column("body").to_pylist())
+
+    @property
+    def offsets(self) -> list[int]:
+        if self._messages is not None:
+            return [m.offset for m in self._messages]
+        return ints(self.arrow.column("offset"))
+
+    def _entries(self) -> tuple[list[int], list[tuple[int, int]]]:
+        """Its offsets, and (offset, delivery count) pairs: what settling it sends."""
+        if self._messages is not None:
+            offsets = [m.offset for m in self._messages]
+            counts = [m.delivery_count for m in self._messages]
+            return offsets, list(zip(offsets, counts, strict=True))
+        offsets = ints(self.arrow.column("offset"))
+        return offsets, list(zip(offsets, ints(self.arrow.column("delivery_count")), strict=True))
+
+    def _split(self, n: int) -> tuple[MessageBatch, MessageBatch]:
+        """Its first ``n`` messages, and the rest."""
+        d, c = self._destination, self._consumer
+        if self._messages is not None:
+            return MessageBatch(d, None, c, self._messages[:n]), MessageBatch(
+                d, None, c, self._messages[n:]
+            )
+        arrow = self.arrow
+        return MessageBatch(d, arrow.slice(0, n), c), MessageBatch(d, arrow.slice(n), c)
+
+    def _as_messages(self) -> list[Message]:
+        if self._messages is None:
+            self._messages = messages_of(self._destination, self.arrow, self._consumer)
+        return self._messages
+
+    def __len__(self) -> int:
+        return len(self._messages) if self._messages is not None else self.arrow.num_rows
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+        return self._as_messages()[index]
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self._as_messages())
+
+    def __repr__(self) -> str:
+        return f"MessageBatch(destination={self._destination!r}, messages={len(self)})"
+
+    def _owner(self) -> Settler:
+        if self._consumer is None:
+            raise RuntimeError("this batch was not received through a Consumer")
+        return self._consumer
+
+    def ack(self) -> Future:
+        """Settle them all: never delivered again. The future resolves once that is durable."""
+        return self._owner().ack(self)
+
+    def nack(self) -> Future:
+        """Give them all back for immediate redelivery."""
+        return self._owner().nack(self)
+
+    def extend_lease(self) -> Future:
+        """Keep them all invisible to other consumers for another mark interval."""
+        return self._owner().extend_lease(self)
+
+
+def _row_of(m: Message) -> dict[str, Any]:
+    return {name: getattr(m, name) for name in DELIVERY_SCHEMA.names}
