@@ -22,6 +22,7 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -241,6 +242,38 @@ def encode(frame: Frame) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+# the most messages one settle frame written as runs may name (a run of a few bytes names many:
+# the broker makes an entry of each). A frame of more is written entry by entry, as before runs
+MAX_RUN_ENTRIES = 100_000
+
+
+def encode_settle_runs(frame: Settle) -> bytes:
+    """``frame`` with its entries as runs (wire version 5): ``[first offset, count, delivery
+    count]`` for consecutive offsets delivered as often, a few bytes for a delivery batch's
+    thousands of messages (the broker read each entry of the other form with a regular
+    expression: a tenth of its CPU consuming with batch acks). More than
+    :data:`MAX_RUN_ENTRIES` entries, or fewer than two, are written the other way (one entry,
+    the usual ack of a message, is read quickest so)."""
+    entries = frame.entries
+    if not 1 < len(entries) <= MAX_RUN_ENTRIES:
+        return encode(frame)
+    runs = []
+    first, count = entries[0]
+    n = 1
+    for offset, delivered in entries[1:]:
+        if offset == first + n and delivered == count:
+            n += 1
+        else:
+            runs.append(b"[%d,%d,%d]" % (first, n, count))
+            first, count, n = offset, delivered, 1
+    runs.append(b"[%d,%d,%d]" % (first, n, count))
+    return b'{"verb":"%s","request_id":%d,"runs":[%s],"type":"settle"}' % (
+        frame.verb.encode(),
+        frame.request_id,
+        b",".join(runs),
+    )
+
+
 def _int(doc: dict[str, Any], key: str, *, optional: bool = False) -> int | None:
     value = doc.get(key)
     if value is None and optional:
@@ -289,6 +322,24 @@ _SETTLE = re.compile(
     + rb'\])*)?))\],"type":"settle"\}'
 )
 _VERBS: dict[bytes, SettleVerb] = {b"ack": "ack", b"nack": "nack", b"extend": "extend"}
+_RUN = re.compile(rb"\[(" + _N + rb"),(" + _N + rb"),(" + _N + rb")\]")
+_SETTLE_RUNS = re.compile(
+    rb'\{"verb":"(ack|nack|extend)","request_id":('
+    + _N
+    + rb'),"runs":\[((?:\['
+    + _N
+    + rb","
+    + _N
+    + rb","
+    + _N
+    + rb"\](?:,\["
+    + _N
+    + rb","
+    + _N
+    + rb","
+    + _N
+    + rb'\])*)?)\],"type":"settle"\}'
+)
 _REPLY = re.compile(
     rb'\{"request_id":('
     + _N
@@ -316,6 +367,13 @@ def parse(data: bytes | memoryview | None) -> Frame:
         if any(c >= 2**31 for _, c in entries):  # (18 digits: offsets are below 2**63)
             return _parse_json(data)  # which says what is wrong
         return Settle(_VERBS[verb], int(request_id), entries)
+    if (settle := _SETTLE_RUNS.fullmatch(data)) is not None:
+        verb, request_id, runs = settle.groups()
+        if runs is not None:
+            triples = [(int(o), int(n), int(c)) for o, n, c in _RUN.findall(runs)]
+            if all(c < 2**31 and n >= 1 and o + n <= 2**63 for o, n, c in triples):
+                return Settle(_VERBS[verb], int(request_id), _expand(triples))
+        return _parse_json(data)  # (which says what is wrong)
     if (reply := _REPLY.fullmatch(data)) is not None:
         request_id, ok = reply.groups()
         return Reply(int(request_id), tuple(map(int, ok.split(b","))) if ok else ())
@@ -386,7 +444,9 @@ def _parse_json(data: bytes | memoryview) -> Frame:
             verb = doc.get("verb")
             if verb not in ("ack", "nack", "extend", "release"):
                 raise ProtocolError(f"unknown settle verb {verb!r}", fault="remote")
-            return Settle(verb, _int(doc, "request_id"), _entries(doc.get("entries")))  # type: ignore[arg-type]
+            runs = doc.get("runs")
+            entries = _entries(doc.get("entries")) if runs is None else _expand(_runs(runs))
+            return Settle(verb, _int(doc, "request_id"), entries)  # type: ignore[arg-type]
         case "bye":
             return Bye()
         case "closing":
@@ -459,6 +519,49 @@ def _entries(value: object) -> tuple[tuple[int, int], ...]:
                 fault="remote",
             )
         out.append((item[0], item[1]))
+    return tuple(out)
+
+
+def _runs(value: object) -> list[tuple[int, int, int]]:
+    if not isinstance(value, list) or not value:
+        raise ProtocolError("settle.runs must be a list of one run or more", fault="remote")
+    out = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 3
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in item)
+        ):
+            raise ProtocolError(
+                f"each settle run must be [first offset, count, delivery_count], got {item!r}",
+                fault="remote",
+            )
+        first, n, count = item
+        if not (first >= 0 and n >= 1 and first + n <= 2**63 and 0 <= count < 2**31):
+            raise ProtocolError(
+                f"a settle run's offsets must be 0 to 2**63-1, its count 1 or more and its "
+                f"delivery count 0 to 2**31-1, got {item!r}",
+                fault="remote",
+            )
+        out.append((first, n, count))
+    return out
+
+
+def _expand(runs: list[tuple[int, int, int]]) -> tuple[tuple[int, int], ...]:
+    """Runs as the entries they stand for; :data:`MAX_RUN_ENTRIES` at most."""
+    if not runs:
+        raise ProtocolError("settle.runs must be a list of one run or more", fault="remote")
+    if sum(n for _, n, _ in runs) > MAX_RUN_ENTRIES:
+        raise ProtocolError(
+            f"a settle frame's runs may name {MAX_RUN_ENTRIES:,} messages at most",
+            fault="remote",
+        )
+    if len(runs) == 1:
+        first, n, count = runs[0]
+        return tuple(zip(range(first, first + n), repeat(count, n), strict=True))
+    out: list[tuple[int, int]] = []
+    for first, n, count in runs:
+        out.extend(zip(range(first, first + n), repeat(count, n), strict=True))
     return tuple(out)
 
 

@@ -58,8 +58,8 @@ CONTROL, BATCH, COLUMNS, PLAIN, ONE = 1, 2, 3, 4, 5
 Body: TypeAlias = "bytes | pa.Buffer"
 PRODUCE_KINDS = (BATCH, COLUMNS, PLAIN)  # the frames that carry a producer's messages
 # 1: CONTROL, BATCH, COLUMNS; 2: and PLAIN, ONE; 3: and heartbeats (on Flight too); 4: and the
-# settle verb "release"
-VERSION = 4
+# settle verb "release"; 5: and settle frames with their entries as runs
+VERSION = 5
 MASK = struct.Struct("<H")
 PLAIN_HEAD = struct.Struct("<II")  # sequence number, message count
 _ONE_PLAIN = struct.Struct("<IBIIiiii")  # a one-message PLAIN frame up to its id: all but data
@@ -91,8 +91,11 @@ class TooLarge:
     size: int
 
 
-def control(frame: protocol.Frame | Failure) -> bytes:
-    if isinstance(frame, Failure):
+def control(frame: protocol.Frame | Failure, *, runs: bool = False) -> bytes:
+    """A control frame; ``runs``: a settle frame's entries as runs (wire version 5)."""
+    if runs and type(frame) is protocol.Settle:
+        body = protocol.encode_settle_runs(frame)
+    elif isinstance(frame, Failure):
         doc = {"type": "failure", "error": frame.error}
         body = json.dumps(doc, separators=(",", ":")).encode()
     else:

@@ -171,6 +171,57 @@ def test_acks_and_replies_are_written_and_read_as_json_would(
         assert protocol.parse(json.dumps(doc).encode()) == frame
 
 
+@given(
+    st.sampled_from(["ack", "nack", "extend", "release"]),
+    _OFFSETS,
+    st.lists(
+        st.tuples(_OFFSETS, st.integers(min_value=1, max_value=50), st.integers(0, 3)),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_settle_entries_written_as_runs_read_back_as_the_same_entries(
+    verb: str, request_id: int, spans: list[tuple[int, int, int]]
+) -> None:
+    """A settle frame's entries as runs (wire version 5) read back as the entries themselves,
+    whatever they are (runs of consecutive offsets delivered as often, gaps, repeats), and
+    json reads the same frame to the same entries."""
+    import json
+
+    entries = tuple((first + i, count) for first, n, count in spans for i in range(n))
+    frame = protocol.Settle(verb, request_id, entries)  # type: ignore[arg-type]
+    data = protocol.encode_settle_runs(frame)
+    assert (b'"runs":' in data) is (len(entries) > 1)  # (one entry: the usual ack's form)
+    assert protocol.parse(data) == frame
+    assert protocol.parse(json.dumps(json.loads(data)).encode()) == frame  # (json's way)
+    assert len(json.loads(data).get("runs", [1])) <= len(spans)  # (a run each at most)
+
+
+def test_settle_runs_are_checked_and_bounded() -> None:
+    batch = protocol.Settle("ack", 1, tuple((o, 1) for o in range(100, 2100)))
+    assert protocol.encode_settle_runs(batch) == (
+        b'{"verb":"ack","request_id":1,"runs":[[100,2000,1]],"type":"settle"}'
+    )
+    # more than a frame of runs may name: written entry by entry, read as before
+    big = protocol.Settle("ack", 2, tuple((o, 1) for o in range(protocol.MAX_RUN_ENTRIES + 1)))
+    assert b'"entries":' in protocol.encode_settle_runs(big)
+    too_many = b'{"verb":"ack","request_id":1,"runs":[[0,%d,1]],"type":"settle"}' % (
+        protocol.MAX_RUN_ENTRIES + 1
+    )
+    with pytest.raises(ProtocolError, match="may name 100,000 messages at most"):
+        protocol.parse(too_many)
+    for bad, says in [
+        (b"[[1,0,1]]", "its count 1 or more"),
+        (b"[[1,2]]", r"must be \[first offset, count, delivery_count\]"),
+        (b"[[1,2,2147483648]]", "delivery count 0 to 2"),
+        (b"[]", "one run or more"),
+        (b"[[9223372036854775807,2,1]]", "offsets must be 0 to 2"),
+    ]:
+        data = b'{"verb":"ack","request_id":1,"runs":%s,"type":"settle"}' % bad
+        with pytest.raises(ProtocolError, match=says):
+            protocol.parse(data)
+
+
 @pytest.mark.parametrize(
     "data",
     [

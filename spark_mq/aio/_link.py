@@ -127,6 +127,7 @@ class Link(asyncio.Protocol):
         # meanwhile, and that silence is not the broker's (the watchdog asks, expecting())
         self._loop_seen = time.monotonic()
         self._ticking: asyncio.TimerHandle | None = None
+        self.runs = False  # the broker reads settle entries as runs (wire version 5)
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -168,7 +169,7 @@ class Link(asyncio.Protocol):
         self._transport.writelines(parts)
 
     def send(self, frame: protocol.Frame) -> None:
-        self.write([wire.control(frame)])
+        self.write([wire.control(frame, runs=self.runs)])
 
     async def drain(self) -> None:
         """Wait while the socket's buffer is over its high-water mark (the loop's flow
@@ -265,6 +266,7 @@ async def open_link(
             f"{exc or 'no answer in time'}"
         ) from exc
     beat = heartbeat_ms(address.version, heartbeat_s)
+    link.runs = address.version >= 5
     login = conn.auth.login_frame()
     frames = [wire.control(login)] if login is not None else []
     frames.append(wire.control(dataclasses.replace(first, heartbeat_ms=beat)))

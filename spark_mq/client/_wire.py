@@ -442,6 +442,7 @@ class WireConsumeLink:
         self._poll_either.register(self._sock, select.POLLIN)
         self._poll_either.register(self._wake_r, select.POLLIN)
         self._recv_timeout: float | None = None  # the socket's SO_RCVTIMEO (None: none)
+        self._runs = address.version >= 5  # settle entries as runs
         self.cut_reason: str | None = None  # why the liveness watchdog cut the connection
         self._blocked = 0  # threads in a read or a poll of the link
         try:
@@ -539,7 +540,7 @@ class WireConsumeLink:
     def send(self, frame: protocol.Frame) -> None:
         try:
             with self._send_lock:
-                self._sock.sendall(wire.control(frame))
+                self._sock.sendall(wire.control(frame, runs=self._runs))
         except OSError as exc:
             raise BrokerUnavailable(f"the connection to the broker broke: {exc}") from exc
 

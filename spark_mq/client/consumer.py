@@ -88,7 +88,7 @@ Verb = Literal["ack", "nack", "extend", "release"]
 _CLOSED = object()
 # what _ready holds, in delivery order: a delivery's record batch (made messages when received),
 # or messages (ONE frames', or the rest of a delivery a receive_many took part of)
-_Chunk = pa.RecordBatch | list[Message]
+_Chunk = pa.RecordBatch | deque[Message]
 
 
 class Consumer:
@@ -375,16 +375,12 @@ class Consumer:
                 return []
             ready, got = self._ready, cast("list[Message]", [])
             while True:
-                first = ready[0]
-                chunk = (
-                    messages_of(self.destination, first, self)
-                    if isinstance(first, pa.RecordBatch)
-                    else first
-                )
+                chunk = ready[0]
+                if isinstance(chunk, pa.RecordBatch):  # (made messages, taken one by one)
+                    chunk = ready[0] = deque(messages_of(self.destination, chunk, self))
                 want = max_messages - len(got)
                 if len(chunk) > want:
-                    got.extend(chunk[:want])
-                    ready[0] = chunk[want:]
+                    got.extend([chunk.popleft() for _ in range(want)])
                     return got
                 got.extend(chunk)
                 ready.popleft()
@@ -410,12 +406,14 @@ class Consumer:
             ready = self._ready
             if type(ready[0]) is not pa.RecordBatch:  # ONE frames' messages, or left over
                 messages: list[Message] = []
-                while ready and type(ready[0]) is list and len(messages) < max_messages:
-                    chunk = cast("list[Message]", ready.popleft())
+                while ready and type(ready[0]) is deque and len(messages) < max_messages:
+                    chunk = ready[0]
                     want = max_messages - len(messages)
                     if len(chunk) > want:
-                        ready.appendleft(chunk[want:])
-                    messages.extend(chunk[:want])
+                        messages.extend([chunk.popleft() for _ in range(want)])
+                        break
+                    messages.extend(chunk)
+                    ready.popleft()
                     if not ready:
                         self._fill(None, block=False)
                 return MessageBatch(self.destination, None, self, messages)
@@ -637,10 +635,10 @@ class Consumer:
             return None
         if isinstance(item, bytes):
             self._handle_metadata(item)
-            return []
+            return deque()
         if isinstance(item, wire.One):
-            return [message_of_one(self.destination, item, self)]
-        return item if item.num_rows else []
+            return deque((message_of_one(self.destination, item, self),))
+        return item if item.num_rows else deque()
 
     def _read_next(self) -> bool:
         """Read and hand on the link's next item (the reader thread); False at the end."""
@@ -701,12 +699,12 @@ class Consumer:
             if isinstance(chunk, pa.RecordBatch):
                 self._on_message.fn(MessageBatch(self.destination, chunk, self))
             else:
-                self._on_message.fn(MessageBatch(self.destination, None, self, chunk))
+                self._on_message.fn(MessageBatch(self.destination, None, self, list(chunk)))
             return
         messages = (
             messages_of(self.destination, chunk, self)
-            if type(chunk) is pa.RecordBatch
-            else cast("list[Message]", chunk)
+            if isinstance(chunk, pa.RecordBatch)
+            else list(chunk)
         )
         if self._pool is not None:
             self._pool.put(messages)
