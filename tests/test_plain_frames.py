@@ -138,11 +138,15 @@ def _kinds_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.mark.pure_python
+@pytest.mark.parametrize("urls", [1, 2], ids=["one broker", "a pair: batches kept to resend"])
 def test_the_sdk_sends_plain_messages_as_plain_frames_and_others_as_columns(
-    broker: RunningBroker, monkeypatch: pytest.MonkeyPatch
+    broker: RunningBroker, monkeypatch: pytest.MonkeyPatch, urls: int
 ) -> None:
     seen = _kinds_read(monkeypatch)
-    with Producer(broker.url, destination="q", transport="wire", linger_ms=0) as producer:
+    # (given two URLs, a producer keeps every batch until answered, to send it again after a
+    # failover: its plain messages go as PLAIN frames all the same)
+    url = [broker.url] * urls if urls > 1 else broker.url
+    with Producer(url, destination="q", transport="wire", linger_ms=0) as producer:
         producer.send_sync(b"plain")
         producer.send_sync(b"with a header", headers={"k": "v"})
         producer.send_sync(b"with a priority", priority=7)

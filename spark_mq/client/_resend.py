@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from spark_mq.client._outcome import Outcome
-from spark_mq.client._pending import Pending, batch_of
+from spark_mq.client._pending import Pending, batch_of, plain_of
 from spark_mq.errors import BrokerUnavailable, NotOwner, SparkMQError
 
 log = logging.getLogger(__name__)
@@ -117,8 +117,12 @@ class Resender:
                     stream.write(rows, Outcome(rows.num_rows, whole=f), waited=False)
             else:
                 inner = [Future() for _ in batch.items]
-                rows = batch_of(batch.items, every_column=stream.every_column)
-                stream.write(rows, Outcome(len(inner), per_message=inner), waited=False)
+                # plain messages as a PLAIN frame where the broker takes one, as the producer
+                # writes them without a resender: built as an Arrow batch, a member's
+                # synchronous send cost the client twice a single broker's CPU
+                plain = plain_of(batch.items) if getattr(stream, "takes_plain", False) else None
+                frame = plain or batch_of(batch.items, every_column=stream.every_column)
+                stream.write(frame, Outcome(len(inner), per_message=inner), waited=False)
         except SparkMQError as exc:
             if resending and isinstance(exc, BrokerUnavailable):
                 return exc
