@@ -365,11 +365,6 @@ class Consumer:
         """Up to ``max_messages``: waits ``timeout`` for the first, then takes what is there."""
         if self._partitions is not None:
             return self._partitions.receive_many(max_messages, timeout)
-        if self._on_message is not None:
-            raise RuntimeError(
-                "this consumer hands its messages to its on_message callback; receive() is for "
-                "consumers made without one"
-            )
         with self._receive_lock:
             if not self._wait_ready(timeout):
                 return []
@@ -395,11 +390,6 @@ class Consumer:
         destination's batches each hold one partition's messages."""
         if self._partitions is not None:
             return self._partitions.receive_batch(max_messages, timeout)
-        if self._on_message is not None:
-            raise RuntimeError(
-                "this consumer hands its messages to its on_message callback; receive() is for "
-                "consumers made without one"
-            )
         with self._receive_lock:
             if not self._wait_ready(timeout):
                 return None
@@ -435,6 +425,11 @@ class Consumer:
     def _wait_ready(self, timeout: float | None) -> bool:
         """Whether something is ready to receive, waiting ``timeout`` for it (the receive
         lock held); False after attaching again or at the end (raising why if it broke)."""
+        if self._on_message is not None:
+            raise RuntimeError(
+                "this consumer hands its messages to its on_message callback; receive() is for "
+                "consumers made without one"
+            )
         if self._ready or self._fill(timeout):
             return True
         if self._may_fail_over():

@@ -217,9 +217,7 @@ class Message:
         )
 
     def _owner(self) -> Settler:
-        if self._consumer is None:
-            raise RuntimeError("this message was not received through a Consumer")
-        return self._consumer
+        return _owner(self._consumer)
 
     def ack(self) -> Future:
         """Settle: never delivered again. The future resolves once the ack is durable."""
@@ -232,6 +230,12 @@ class Message:
     def extend_lease(self) -> Future:
         """Keep it invisible to other consumers for another mark interval."""
         return self._owner().extend_lease(self)
+
+
+def _owner(consumer: Settler | None) -> Settler:
+    if consumer is None:
+        raise RuntimeError("this was not received through a Consumer")
+    return consumer
 
 
 class MessageBatch(Sequence[Message]):
@@ -329,20 +333,18 @@ class MessageBatch(Sequence[Message]):
         return f"MessageBatch(destination={self._destination!r}, messages={len(self)})"
 
     def _owner(self) -> Settler:
-        if self._consumer is None:
-            raise RuntimeError("this batch was not received through a Consumer")
-        return self._consumer
+        return _owner(self._consumer)
 
     def ack(self) -> Future:
-        """Settle them all: never delivered again. The future resolves once that is durable."""
+        """Settle them all (:meth:`Message.ack`), in one frame."""
         return self._owner().ack(self)
 
     def nack(self) -> Future:
-        """Give them all back for immediate redelivery."""
+        """Give them all back (:meth:`Message.nack`)."""
         return self._owner().nack(self)
 
     def extend_lease(self) -> Future:
-        """Keep them all invisible to other consumers for another mark interval."""
+        """Extend all their leases (:meth:`Message.extend_lease`)."""
         return self._owner().extend_lease(self)
 
 
