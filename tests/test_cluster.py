@@ -814,7 +814,10 @@ def test_a_stomp_client_of_one_member_is_served_every_destination_forwarded_to_i
         inbox.wait(lambda: all(f"r-{f.headers['ack']}" in inbox.receipts for f in again), "acks")
         # a topic another member serves, subscribed to here: what is published reaches it
         news = "news"
-        conn.subscribe(f"/topic/{news}", id="sub-news", ack="auto")
+        # (its receipt comes once the subscription exists on the topic's member: what is
+        # published from then on reaches it)
+        conn.subscribe(f"/topic/{news}", id="sub-news", ack="auto", headers={"receipt": "s-n"})
+        inbox.wait_receipt("s-n")
         inbox.messages.clear()
         with Producer(cluster.urls) as producer:
             for i in range(10):
@@ -845,7 +848,22 @@ def test_a_stomp_client_of_one_member_is_served_every_destination_forwarded_to_i
     finally:
         with contextlib.suppress(Exception):
             conn.disconnect()
-    # every acked message is gone, every other one is still there
+    # a destination the other member serves is of the kind recorded: a send naming the other
+    # kind is refused here, saying which, as the owner would (nothing is forwarded)
+    for wrong, says in [
+        (f"/topic/{remote}", f"use /queue/{remote}"),
+        ("/queue/news", "use /topic/news"),
+    ]:
+        conn, inbox = stomp_connect(cluster.members[via].stomp_port)
+        try:
+            conn.send(wrong, b"of the wrong kind", headers={"receipt": "wrong"})
+            error = inbox.wait_error()
+            assert says.encode() in error.body, error.body
+            assert "wrong" not in inbox.receipts
+        finally:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+    # every acked message is gone, every other one is still there (none of the wrong kind)
     for n in names:
         assert _drain(cluster.urls, n, expect=0) == [], n
 

@@ -92,6 +92,21 @@ def test_members_see_each_other_elect_one_leader_and_share_the_destinations(clus
     assert len({x.epoch for x in a.assignments().values()}) == 9  # each hand-over its own epoch
 
 
+def test_every_member_reads_a_destinations_kind_as_registered(cluster) -> None:
+    """What a member checks a STOMP destination's kind against when another serves it: read
+    once from ZooKeeper, forgotten once the destination goes."""
+    a, b = cluster("a"), cluster("b")
+    a.add_destination("orders", kind="queue")
+    a.register({"news": "topic", "orders": "topic"})  # (registered already: kept as it was)
+    b.add_destination("old")  # (an older member's registration: no kind)
+    wait_for(lambda: {"orders", "news", "old"} <= set(b.destinations()), 10, "registrations")
+    assert (b.kind_of("orders"), b.kind_of("news"), b.kind_of("old")) == ("queue", "topic", None)
+    assert a.kind_of("orders") == "queue" and a.kind_of("missing") is None
+    a.remove_destination("orders")
+    wait_for(lambda: "orders" not in b.destinations(), 10, "the deletion seen")
+    assert b.kind_of("orders") is None  # (not kept past its registration)
+
+
 def test_a_member_that_leaves_has_its_destinations_moved_and_no_other(cluster) -> None:
     a, b, c = cluster("a"), cluster("b"), cluster("c")
     names = {f"d{i}" for i in range(9)}

@@ -375,9 +375,10 @@ class Broker:
         """The destinations served here (a temporary queue is its consumer's: not counted)."""
         return [d.name for d in self.destinations.all() if not d.temporary]
 
-    def recorded(self) -> list[str]:
-        """Every destination of the data root (a cluster member's: whoever serves it)."""
-        return self.journal.recorded_names()
+    def recorded_kinds(self) -> dict[str, Kind]:
+        """Every destination of the data root and its kind (a cluster member's: whoever
+        serves it)."""
+        return self.journal.recorded_kinds()
 
     def forget_epoch(self, name: str) -> None:
         """A cluster member deleted ``name``: its fence goes with it."""
@@ -569,6 +570,9 @@ class Broker:
 
     def destination_kind(self, name: str) -> Kind | None:
         return self.destinations.kind(name)
+
+    def kind_elsewhere(self, name: str) -> Kind | None:
+        return self.destinations.kind_elsewhere(name)
 
     def destination_for_use(self, name: str) -> Destination:
         return self.destinations.for_use(name)

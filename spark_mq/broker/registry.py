@@ -44,8 +44,12 @@ class Elsewhere(Protocol):
         """Held while ``name`` is created here: no other member creates it meanwhile."""
         ...
 
-    def created(self, name: str) -> None:
+    def created(self, name: str, kind: Kind) -> None:
         """``name`` was just recorded: it is to be placed."""
+        ...
+
+    def kind_of(self, name: str) -> Kind | None:
+        """``name``'s kind, as the cluster registered it (None: not known)."""
         ...
 
     def deleted(self, name: str) -> None:
@@ -125,6 +129,13 @@ class Destinations:
             with self._lock:
                 self._partitioned[name] = known
         return known
+
+    def kind_elsewhere(self, name: str) -> Kind | None:
+        """The kind of ``name``, which another cluster member serves, as the cluster registered
+        it; None when it has no such destination or cannot say now (a protocol that names a
+        kind checks it here before what it does is forwarded to the owner: quick, a loop may
+        ask; the bindings log's read took 110 ms)."""
+        return None if self.elsewhere is None else self.elsewhere.kind_of(name)
 
     def _refuse_partitioned(self, name: str) -> None:
         """A partitioned destination's own name is no destination: say which its are."""
@@ -226,7 +237,7 @@ class Destinations:
             with elsewhere.creating(name) if elsewhere is not None else contextlib.nullcontext():
                 _, created = self.journal.create_destination(name, kind, overrides)
                 if elsewhere is not None:
-                    elsewhere.created(name)  # (idempotent: a create that was cut short)
+                    elsewhere.created(name, kind)  # (idempotent: a create that was cut short)
             if created:
                 log.info("created %s %s", kind, name, extra={"destination": name})
             return created

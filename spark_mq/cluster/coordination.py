@@ -160,6 +160,7 @@ class Coordinator:
         self._assignments: dict[str, Assignment] = {}
         self._members: dict[str, Member] = {}
         self._registered: frozenset[str] = frozenset()  # destinations/ (as last seen)
+        self._kinds: dict[str, str] = {}  # their kinds, as read (kept while registered)
         self._temporaries: dict[str, str] = {}  # temporary/: queue -> member (as last seen)
         self._pinned: frozenset[str] = frozenset()  # pins/ (as last seen)
         self._mine: set[str] = set()  # this member's temporary queues (again after a rejoin)
@@ -265,6 +266,8 @@ class Coordinator:
 
     def _destinations_changed(self, children: list[str]) -> bool:
         self._registered = frozenset(children)
+        if any(name not in self._registered for name in self._kinds):
+            self._kinds = {k: v for k, v in self._kinds.items() if k in self._registered}
         self._wake.set()
         return not self._stop.is_set()
 
@@ -477,10 +480,10 @@ class Coordinator:
         with self._lock:
             return self._assignments.get(destination)
 
-    def add_destination(self, name: str, load: float = 1.0) -> None:
-        """A destination to place (idempotent; a new load replaces the old)."""
+    def add_destination(self, name: str, load: float = 1.0, kind: str | None = None) -> None:
+        """A destination to place (idempotent; a new load replaces the old), and its kind."""
         path = f"{self.root}/destinations/{name}"
-        body = json.dumps({"load": load}).encode()
+        body = json.dumps({"load": load, "kind": kind}).encode()
         try:
             self._client.create(path, body)
         except NodeExistsError:
@@ -525,18 +528,37 @@ class Coordinator:
         """The destinations an operator pinned to a member (as last seen)."""
         return sorted(self._pinned)
 
-    def register(self, names: list[str]) -> None:
-        """Destinations to place, each added unless it is there already (its load kept)."""
-        for name in names:
+    def register(self, kinds: Mapping[str, str]) -> None:
+        """Destinations to place (their kinds), each added unless it is there already (its
+        load kept)."""
+        for name, kind in kinds.items():
             if name in self._registered:
                 continue
             try:
                 self._client.create(
-                    f"{self.root}/destinations/{name}", json.dumps({"load": 1.0}).encode()
+                    f"{self.root}/destinations/{name}",
+                    json.dumps({"load": 1.0, "kind": kind}).encode(),
                 )
             except NodeExistsError:
                 pass
-        self._registered = self._registered | frozenset(names)
+        self._registered = self._registered | frozenset(kinds)
+
+    def kind_of(self, name: str) -> str | None:
+        """``name``'s kind, as registered: read once (a ZooKeeper read, up to 2 s), kept while
+        it is registered (a name's kind never changes while it exists). None when it is not
+        registered, ZooKeeper cannot be asked now, or its registration says none."""
+        known = self._kinds.get(name)
+        if known is not None or name not in self._registered or self._health != "connected":
+            return known
+        try:
+            data, _ = self._client.get_async(f"{self.root}/destinations/{name}").get(timeout=2)
+            kind = json.loads(data).get("kind")
+        except (KazooException, KazooTimeoutError, ValueError, AttributeError):
+            return None
+        if kind in ("queue", "topic"):
+            self._kinds[name] = kind
+            return str(kind)
+        return None
 
     # -- temporary queues: served by the member their consumer reached, never placed ----------
     def add_temporary(self, name: str) -> None:
@@ -575,6 +597,7 @@ class Coordinator:
 
     def remove_destination(self, name: str) -> None:
         self._registered = self._registered - {name}
+        self._kinds.pop(name, None)
         for path in (f"{self.root}/destinations/{name}", f"{self.root}/pins/{name}"):
             try:
                 self._client.delete(path)

@@ -27,11 +27,12 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from spark_mq.cluster.coordination import Assignment, Coordinator, Health, Tls
 from spark_mq.config import BrokerConfig
 from spark_mq.errors import Deposed, DestinationNotFound, NotAllowed, NotOwner, SparkMQError
+from spark_mq.journal.base import Kind
 from spark_mq.names import TEMPORARY_PREFIX
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class Served(Protocol):
     def acquire(self, name: str, epoch: int) -> bool: ...
     def release(self, name: str, owner: NotOwner) -> bool: ...
     def serving(self) -> list[str]: ...
-    def recorded(self) -> list[str]: ...
+    def recorded_kinds(self) -> dict[str, Kind]: ...
     def forget_epoch(self, name: str) -> None: ...
 
 
@@ -101,7 +102,7 @@ class ClusterMember:
         self._worker = threading.Thread(target=self._run, name="cluster-member", daemon=True)
         self._worker.start()
         self.coordinator.start()
-        self.coordinator.register(self.broker.recorded())
+        self.coordinator.register(self.broker.recorded_kinds())
         log.info(
             "cluster member %s joined %s (leader: %s)",
             self.member_id,
@@ -279,8 +280,11 @@ class ClusterMember:
     def creating(self, name: str) -> AbstractContextManager[None]:
         return self.coordinator.creating(name)
 
-    def created(self, name: str) -> None:
-        self.coordinator.add_destination(name)
+    def created(self, name: str, kind: Kind) -> None:
+        self.coordinator.add_destination(name, kind=kind)
+
+    def kind_of(self, name: str) -> Kind | None:
+        return cast("Kind | None", self.coordinator.kind_of(name))
 
     def created_temporary(self, name: str) -> None:
         self.coordinator.add_temporary(name)

@@ -175,6 +175,8 @@ class RemoteConsumer:
         self._replies: list[c.SettleReply] = []
         self._unanswered = 0
         self._sdk: Consumer | None = None  # once attached at the owner
+        # done once it is attached there (True), or could not be (False: it ended, saying why)
+        self.attached: Future = Future()
         # attached on a thread of its own: the caller may be a loop serving many clients, and
         # an owner that is paused answers nothing until the SDK's timeout
         threading.Thread(
@@ -198,12 +200,14 @@ class RemoteConsumer:
             log.info("forwarding a consumer of %s to %s failed: %s", cmd.destination, endpoint,
                      exc.message, extra={"destination": cmd.destination})  # fmt: skip
             self._end(_as_forwarded(exc, owner))
+            self.attached.set_result(False)
             return
         with self._lock:
             self._sdk = sdk
             closing = self.closed
         if closing:  # (detached while it attached)
             sdk.close()
+            self.attached.set_result(False)
             return
         log.info(
             "forwarding a consumer of %s to %s (its owner)",
@@ -211,6 +215,7 @@ class RemoteConsumer:
             endpoint,
             extra={"destination": cmd.destination},
         )
+        self.attached.set_result(True)
 
     def _end(self, why: SparkMQError) -> None:
         """The owner cannot serve it (refused, or gone for good): the transport hears why."""

@@ -120,10 +120,11 @@ class Journal:
         self._seq = max(self._seq, seq)
         return dests
 
-    def recorded_names(self) -> list[str]:
-        """Every destination of the data root as recorded now (whichever member serves it)."""
+    def recorded_kinds(self) -> dict[str, Kind]:
+        """Every destination of the data root as recorded now (whichever member serves it), and
+        its kind."""
         with self._lock:
-            return sorted(self._replay())
+            return {name: info.kind for name, info in self._replay().items()}
 
     def recorded(self, name: str) -> DestinationInfo | None:
         """``name`` as recorded now (a shared journal: whichever member serves it)."""

@@ -68,6 +68,10 @@ class ForwardedConsumer(ConsumerHandle, Protocol):
     """A consumer on the cluster member that serves its destination, for a client of this one
     (:class:`Forwarder`)."""
 
+    # done once it is attached there (True), or could not be (False): a protocol that answers
+    # a subscription (a STOMP receipt) answers then, as the subscription then exists
+    attached: Future
+
     def settle(self, cmd: Settle, inline: object = None) -> None: ...
     def close(self) -> None: ...
 

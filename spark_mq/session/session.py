@@ -187,7 +187,11 @@ class ClientSession:
         except NotOwner:
             if self.forwarding is None:
                 raise
-            return  # (another member serves it: what is done with it is forwarded there)
+            # another member serves it (what is done with it is forwarded there): of the kind
+            # recorded, or it does not exist yet (created by what follows, or not at all)
+            found = self.broker.kind_elsewhere(destination)
+            if found is None or found == kind:
+                return
         if found == kind:
             return
         if found is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -308,8 +309,24 @@ class StompSession:
             "stomp: %s subscribed to %s as %r (%s acks%s)", self.conn.peer, text, sub_id, ack,
             f", {len(attached)} partitions" if len(attached) > 1 else "",
         )  # fmt: skip
-        self.conn.receipt(frame)
+        # one forwarded to the member that serves it is attached there on a thread of its own:
+        # its receipt waits for that (a receipt says the subscription exists: what is published
+        # after it reaches it)
+        forwarded = [f for c, _ in attached if (f := getattr(c, "attached", None)) is not None]
+        if any(not f.done() for f in forwarded):
+            self.pending_ops += 1
+            joined = _all_done(forwarded)
+            receipt = frame.header("receipt")
+            joined.add_done_callback(lambda _: self.conn.threadsafe(self._subscribed, receipt))
+        else:
+            self.conn.receipt(frame)
         self.conn.set()
+
+    def _subscribed(self, receipt: str | None) -> None:
+        """A forwarded subscription was attached at its owner (or ended: then it says so)."""
+        self.pending_ops -= 1
+        self.conn.reply(receipt)
+        self.conn.maybe_finish()
 
     def _durable_name(self, name: str) -> str:
         """A durable subscription is the client id's and the name's (JMS's), when there is a
@@ -538,3 +555,21 @@ def _required(frame: Frame, name: str) -> str:
     if not value:
         raise StompError(f"{frame.command} needs a {name} header")
     return value
+
+
+def _all_done(futures: list[Future]) -> Future:
+    """One future, done (with None) once every one of ``futures`` is, however each ended."""
+    joined: Future = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            joined.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(one_done)
+    return joined
