@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_mq.errors import Deposed, SparkMQError
+from spark_mq.errors import Deposed
 from spark_mq.journal import DeltaStore, Journal
 from spark_mq.journal.hot_tier import HotTierSettings
 from spark_mq.journal.sealing import has_segments
@@ -88,8 +88,9 @@ def test_an_owner_replaced_before_it_opened_its_log_cannot_write_where_no_one_lo
         a.claim("q", 1)
         a.store.fence_destination("q", 1)  # type: ignore[attr-defined]
         take(b, "q", 2)  # before a adopted it: b seals a's (empty) directory all the same
-        with pytest.raises(SparkMQError):
-            a.adopt("q", 1)  # a's own directory is gone, and a does not make it again
+        # a's own directory is gone, and a does not make it again: it was taken over
+        with pytest.raises(Deposed, match="another member took it over before this one opened"):
+            a.adopt("q", 1)
         assert sorted(os.listdir(tmp_path / "_hot" / "q")) == ["e2"]
         assert send(b, "q", b"only b") == [0]
     finally:

@@ -171,9 +171,18 @@ class HotTier:
         with translate("opening the hot tier", self.destination):
             self._delta_end = self._store.committed_end(self.destination)
             self._settled_version = self._store.settlements_version(self.destination)
-            refs = self._log.open(
-                first_lsn=self._settled_version + 1, create=self._sealed_by_rename is None
-            )
+            try:
+                refs = self._log.open(
+                    first_lsn=self._settled_version + 1, create=self._sealed_by_rename is None
+                )
+            except FileNotFoundError:
+                if self._sealed_by_rename is None:
+                    raise
+                raise Deposed(  # (placed on it, then elsewhere at once: the other took it)
+                    f"{self.destination}: another member took it over before this one opened "
+                    "it (it sealed this member's hot tier)",
+                    destination=self.destination,
+                ) from None
             now = time.monotonic()
             end = self._delta_end
             for ref in refs:
