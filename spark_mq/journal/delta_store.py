@@ -10,6 +10,7 @@ way. Every ``deltalake`` / OS error is translated to :class:`JournalError` (``bo
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -43,6 +44,8 @@ from spark_mq.schema import (
     conform,
 )
 
+log = logging.getLogger(__name__)
+
 COMMIT_ATTEMPTS = 5  # per append, each after reloading the table's latest version
 # A DeltaTable object appended to again and again holds more memory with every commit and
 # commits more slowly (delta-rs 1.x): 2,000 appends of 1,000 rows through one object took the
@@ -50,6 +53,11 @@ COMMIT_ATTEMPTS = 5  # per append, each after reloading the table's latest versi
 # every 50 (measured here). So a cached table is dropped after this many commits through it,
 # and opened again at its next use (a few milliseconds, from its last checkpoint).
 REOPEN_AFTER_COMMITS = 50
+# the bindings and transaction logs take a small file a commit, and are read whole at every
+# start and by a cluster member at every takeover: with 200 destinations a read of the bindings
+# took 220-260 ms (200 files), and grew with them. Each time one reaches a multiple of this many
+# versions it is compacted into one file and checkpointed: 9-15 ms after (measured).
+COMPACT_SMALL_LOGS_EVERY = 50
 # A message's body is opaque: min/max statistics of it skip nothing (readers select by offset)
 # and took a fifth of a move's time (130,000 random 1 KiB bodies: 194-231 ms against 224-311,
 # four runs each; 72-87 against 82-93 for one body repeated). Snappy, as without properties.
@@ -305,6 +313,18 @@ class DeltaStore:
             self._commits.pop(uri, None)
             self._tables.pop(uri, None)
 
+    @staticmethod
+    def _compact_small_log(dt: DeltaTable, what: str) -> None:
+        """See ``COMPACT_SMALL_LOGS_EVERY``. (Rows are read in no file order: each carries its
+        sequence.) A compaction that meets another writer's commit is left to the next time."""
+        if dt.version() % COMPACT_SMALL_LOGS_EVERY:
+            return
+        try:
+            dt.optimize.compact()
+            dt.create_checkpoint()
+        except DeltaError as exc:
+            log.info("the %s log was not compacted this time: %s", what, exc)
+
     def read_bindings(self) -> pa.Table:
         uri = layout.bindings_uri(self.root)
         with translate("reading the bindings log"):
@@ -329,6 +349,7 @@ class DeltaStore:
         with self._bindings_lock, translate("writing the bindings log"):
             dt = self._open_or_create(uri, BINDING_SCHEMA, self.epoch)
             self._append(dt, rows, None, None, epoch=self.epoch)
+            self._compact_small_log(dt, "bindings")
             self._committed(uri)
 
     def read_transactions(self) -> pa.Table:
@@ -345,6 +366,7 @@ class DeltaStore:
         with self._bindings_lock, translate("writing the transaction log"):
             dt = self._open_or_create(uri, TRANSACTION_SCHEMA, self.epoch)
             self._append(dt, rows, None, None, epoch=self.epoch)
+            self._compact_small_log(dt, "transaction")
             self._committed(uri)
 
     def create_logs(self, destination: str) -> None:
