@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from spark_mq import Admin, Consumer, Producer
@@ -541,3 +542,59 @@ def test_a_partitioned_destination_through_the_asyncio_sdk(broker) -> None:
     assert all(v == sorted(v) and len(v) == 10 for v in by_group.values())
     with Consumer(broker.url, "aparts") as c:
         assert c.receive(timeout=0.3) is None  # all acked (serve acks what it handled)
+
+
+def test_get_batch_hands_deliveries_over_whole_in_order_and_settles_each_in_one_go(
+    broker,
+) -> None:
+    """``get_batch`` gives a delivery as its record batch (an AsyncMessageBatch), taken in
+    turn with ``get_many`` in delivery order; ``await batch.ack()`` settles it whole; over a
+    partitioned destination each batch is one partition's."""
+    from spark_mq.aio import AsyncMessageBatch
+    from spark_mq.names import choose_partition
+
+    with Admin(broker.url) as admin:
+        admin.create_queue("bparts", partitions=2)
+    with Producer(broker.url) as p:
+        p.send_batch([b"%d" % i for i in range(30)], destination="bq")
+        p.send_batch(
+            pa.table({"body": [b"%d" % i for i in range(20)], "group_id": ["g1", "g2"] * 10}),
+            destination="bparts",
+        )
+
+    async def main() -> None:
+        async with AsyncConsumer(broker.url, "bq", prefetch=100) as c:
+            taken: list[bytes] = []
+            first = await c.get_many(4, timeout=10)
+            taken += [m.body for m in first]
+            rest = await c.get_batch(6, timeout=10)  # (the rest of the first delivery's)
+            assert isinstance(rest, AsyncMessageBatch) and len(rest) == 6
+            taken += rest.bodies
+            while len(taken) < 30:
+                batch = await c.get_batch(7, timeout=10)
+                assert batch is not None and 0 < len(batch) <= 7
+                assert batch.arrow.column("delivery_count").to_pylist() == [1] * len(batch)
+                taken += batch.bodies
+                await batch.ack()
+            assert taken == [b"%d" % i for i in range(30)]
+            await c.ack(first)
+            await rest.nack()  # (delivered again: the last six of those first ten)
+            again = await c.get_batch(100, timeout=10)
+            assert again is not None and again.bodies == taken[4:10]
+            assert all(m.redelivered for m in again)
+            await again.ack()
+            assert await c.get_batch(10, timeout=0.3) is None
+        async with AsyncConsumer(broker.url, "bparts") as c:
+            got = 0
+            while got < 20:
+                batch = await c.get_batch(100, timeout=10)
+                assert batch is not None and batch.partition is not None
+                for group in batch.arrow.column("group_id").to_pylist():
+                    assert choose_partition(group, 2, 0) == batch.partition
+                got += len(batch)
+                await batch.ack()
+            assert await c.get_batch(10, timeout=0.3) is None
+
+    asyncio.run(main())
+    with Admin(broker.url) as admin:
+        assert admin.stats("bq")["acked"] == 30 and admin.stats("bparts")["acked"] == 20

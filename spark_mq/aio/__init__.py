@@ -6,7 +6,7 @@ synchronous SDK's (:mod:`spark_mq.errors`)."""
 
 from spark_mq.aio.admin import AsyncAdmin
 from spark_mq.aio.consumer import AsyncConsumer
-from spark_mq.aio.message import AsyncMessage
+from spark_mq.aio.message import AsyncMessage, AsyncMessageBatch
 from spark_mq.aio.producer import AsyncProducer
 
-__all__ = ["AsyncAdmin", "AsyncConsumer", "AsyncMessage", "AsyncProducer"]
+__all__ = ["AsyncAdmin", "AsyncConsumer", "AsyncMessage", "AsyncMessageBatch", "AsyncProducer"]

@@ -1,11 +1,14 @@
 """The asyncio consumer: ``async for message in consumer``, ``receive``, ``get_many``, awaitable
 settles, ``message.process()``, and ``serve``: a pool of handler tasks.
 
-Deliveries come on the consumer's direct-wire connection and are cut and made messages in the
-loop's read callback (a one-message ``ONE`` frame costs no Arrow). A delivery batch of
+Deliveries come on the consumer's direct-wire connection and are cut in the loop's read
+callback (a one-message ``ONE`` frame costs no Arrow). A delivery batch of
 ``decode_in_thread_bytes`` or more is decoded in a worker thread, so a big backlog does not
-hold the loop; frames after it wait for it, in order. The broker sends at most ``prefetch``
-messages not yet settled (the credit); settling one lets another come.
+hold the loop; frames after it wait for it, in order. A delivery waits as its record batch:
+``get_many`` makes messages of it, ``get_batch`` hands it over whole (an
+:class:`~spark_mq.aio.AsyncMessageBatch`, settled in one frame); a big delivery's messages
+are made in the worker thread too once ``get_many`` was called. The broker sends at most
+``prefetch`` messages not yet settled (the credit); settling one lets another come.
 
 Acks, nacks and extends issued in one turn of the loop travel in one frame. Given a primary and
 its backup, a consumer whose broker went away attaches again to whichever serves then:
@@ -26,12 +29,12 @@ from typing import Any, Literal, cast
 
 from spark_mq import protocol, wire
 from spark_mq.aio._link import Broker, Link, open_link
-from spark_mq.aio.message import AsyncMessage
+from spark_mq.aio.message import AsyncMessage, AsyncMessageBatch
 from spark_mq.client._lanes import Lanes
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._outcome import refusals, settle_refusal
 from spark_mq.client._transport import DEFAULT_URL
-from spark_mq.client.message import Message, Settler, message_of_one, messages_of
+from spark_mq.client.message import Message, MessageBatch, Settler, message_of_one
 from spark_mq.errors import (
     BrokerUnavailable,
     Partitioned,
@@ -93,7 +96,15 @@ class AsyncConsumer:
         self.error: SparkMQError | None = None
         self._link: Link | None = None
         self._welcome: asyncio.Future[None] | None = None
+        # deliveries in order, each an AsyncMessageBatch (a record batch, or a ONE frame's
+        # message), then _END; _held: taken from the queue, not yet received (a batch, or the
+        # messages left of one a get_many took part of)
         self._queue: asyncio.Queue[object] | None = None
+        self._held: collections.deque[AsyncMessageBatch | collections.deque[AsyncMessage]] = (
+            collections.deque()
+        )
+        self._wants_messages = False  # get_many was called: big deliveries' messages are made
+        # in the worker thread that decodes them
         self._decoding = False  # a batch is being decoded in a thread: frames wait behind it
         self._backlog: collections.deque[tuple[int, wire.Body]] = collections.deque()
         self._settles: list[tuple[Verb, list[tuple[int, int]], asyncio.Future[None]]] = []
@@ -190,11 +201,10 @@ class AsyncConsumer:
         assert self._queue is not None
         try:
             while True:
-                got = await part.get_many(1000)
-                if not got:
+                got = await part.get_batch(1_000_000)  # (a delivery whole: one partition's)
+                if got is None:
                     break
-                for message in got:
-                    self._queue.put_nowait(message)
+                self._queue.put_nowait(got)
         except SparkMQError as exc:  # (the partition's consumer broke for good)
             self.error = exc
             self._queue.put_nowait(_END)
@@ -235,6 +245,7 @@ class AsyncConsumer:
         log.info("consumer: %s; attaching again where the data is served now", err)
         queue = self._queue
         assert queue is not None
+        self._held.clear()
         while not queue.empty():  # delivered by the old broker: its leases went with it
             if queue.get_nowait() is _END:
                 queue.put_nowait(_END)
@@ -274,7 +285,8 @@ class AsyncConsumer:
     def _handle(self, kind: int, body: wire.Body) -> None:
         if kind == wire.ONE:
             one = wire.read_one(body)
-            self._deliver([message_of_one(self.destination, one, self._settler, AsyncMessage)])
+            message = message_of_one(self.destination, one, self._settler, AsyncMessage)
+            self._deliver(self._batch(None, [message]))
         elif kind == wire.BATCH:
             if len(body) < self._decode_in_thread:
                 self._deliver(self._decode(body))
@@ -282,7 +294,7 @@ class AsyncConsumer:
             self._decoding = True
             link = self._link
             loop = asyncio.get_running_loop()
-            decoding = loop.run_in_executor(None, self._decode, body)
+            decoding = loop.run_in_executor(None, self._decode_off_loop, body)
             decoding.add_done_callback(lambda done: self._decoded(link, done))
         elif kind == wire.CONTROL:
             self._control(wire.control_bytes(body))
@@ -293,11 +305,22 @@ class AsyncConsumer:
     def _settler(self) -> Settler:
         return cast("Settler", self)  # (its verbs return asyncio futures: AsyncMessage's)
 
-    def _decode(self, body: wire.Body) -> list[Message]:
-        batch = wire.read_batch(body, DELIVERY_SCHEMA)[1]
-        return messages_of(self.destination, batch, self._settler, AsyncMessage)
+    def _batch(self, arrow: Any, messages: list[Message] | None = None) -> AsyncMessageBatch:
+        return AsyncMessageBatch(self.destination, arrow, self._settler, messages, AsyncMessage)
 
-    def _decoded(self, link: Link | None, done: asyncio.Future[list[Message]]) -> None:
+    def _decode(self, body: wire.Body) -> AsyncMessageBatch:
+        # (its messages are made when received: get_many, or never: get_batch)
+        return self._batch(wire.read_batch(body, DELIVERY_SCHEMA)[1])
+
+    def _decode_off_loop(self, body: wire.Body) -> AsyncMessageBatch:
+        """A big delivery, in a worker thread: its messages are made here too once this
+        consumer has been asked for messages (get_many), not on the loop."""
+        batch = self._decode(body)
+        if self._wants_messages:
+            batch._as_messages()
+        return batch
+
+    def _decoded(self, link: Link | None, done: asyncio.Future[AsyncMessageBatch]) -> None:
         if link is not self._link or link is None or link.lost is not None:
             return  # (the link it came on is gone: so are its leases)
         self._decoding = False
@@ -311,11 +334,11 @@ class AsyncConsumer:
         except Exception as exc:
             link.fail(ProtocolError(f"an unreadable delivery: {exc}", fault="remote"))
 
-    def _deliver(self, messages: list[Message]) -> None:
+    def _deliver(self, batch: AsyncMessageBatch) -> None:
         queue = self._queue
         assert queue is not None
-        for m in messages:
-            queue.put_nowait(m)
+        if len(batch):
+            queue.put_nowait(batch)
 
     def _control(self, data: bytes) -> None:
         if data.startswith(b'{"type":"failure"'):
@@ -362,27 +385,79 @@ class AsyncConsumer:
 
     async def get_many(self, max_messages: int, timeout: float | None = None) -> list[AsyncMessage]:
         """Up to ``max_messages``: waits ``timeout`` for the first, then takes what is here."""
+        self._wants_messages = True
+        if not await self._wait_held(timeout):
+            return []
+        held, out = self._held, cast("list[AsyncMessage]", [])
+        while True:
+            chunk = held[0]
+            if isinstance(chunk, MessageBatch):  # (made messages, taken one by one)
+                chunk = held[0] = collections.deque(cast("list[AsyncMessage]", list(chunk)))
+            want = max_messages - len(out)
+            if len(chunk) > want:
+                out.extend([chunk.popleft() for _ in range(want)])
+                return out
+            out.extend(chunk)
+            held.popleft()
+            if len(out) == max_messages or not (held or self._hold_next()):
+                return out
+
+    async def get_batch(
+        self, max_messages: int, timeout: float | None = None
+    ) -> AsyncMessageBatch | None:
+        """Up to ``max_messages`` of one delivery as an :class:`AsyncMessageBatch` (its Arrow
+        record batch; ``await batch.ack()`` settles it whole), or None after ``timeout``
+        seconds: as ``Consumer.receive_batch``, with no Python object made for a message
+        unless asked for. A partitioned destination's batches each hold one partition's."""
+        if not await self._wait_held(timeout):
+            return None
+        held = self._held
+        chunk = held[0]
+        if isinstance(chunk, AsyncMessageBatch):
+            if len(chunk) <= max_messages:
+                return cast(AsyncMessageBatch, held.popleft())
+            head, rest = chunk._split(max_messages)
+            held[0] = cast(AsyncMessageBatch, rest)
+            return cast(AsyncMessageBatch, head)
+        messages: list[Message] = [chunk.popleft() for _ in range(min(max_messages, len(chunk)))]
+        if not chunk:
+            held.popleft()
+        first = messages[0]
+        return AsyncMessageBatch(first.destination, None, first._consumer, messages, AsyncMessage)
+
+    async def _wait_held(self, timeout: float | None) -> bool:
+        """Whether a delivery is held, waiting ``timeout`` for one; False at the end (raising
+        why if the stream broke for good)."""
         if self._queue is None:
             await self.start()
+        if self._held:
+            return True
         queue = self._queue
         assert queue is not None
         try:
             async with asyncio.timeout(timeout):
-                first = await queue.get()
+                item = await queue.get()
         except TimeoutError:
-            return []
-        out: list[AsyncMessage] = []
-        item = first
-        while True:
-            if item is _END:
-                queue.put_nowait(_END)  # (for every other receiver too)
-                if not out and self.error is not None and not self._closed:
-                    raise self.error
-                return out
-            out.append(cast(AsyncMessage, item))
-            if len(out) >= max_messages or queue.empty():
-                return out
-            item = queue.get_nowait()
+            return False
+        if item is _END:
+            queue.put_nowait(_END)  # (for every other receiver too)
+            if self.error is not None and not self._closed:
+                raise self.error
+            return False
+        self._held.append(cast(AsyncMessageBatch, item))
+        return True
+
+    def _hold_next(self) -> bool:
+        """Take the next delivery from the queue, if one is there now (not the end)."""
+        queue = self._queue
+        if queue is None or queue.empty():
+            return False
+        item = queue.get_nowait()
+        if item is _END:
+            queue.put_nowait(_END)
+            return False
+        self._held.append(cast(AsyncMessageBatch, item))
+        return True
 
     def __aiter__(self) -> AsyncConsumer:
         return self
@@ -410,6 +485,12 @@ class AsyncConsumer:
         return self._settle("release" if address and address.version >= 4 else "nack", messages)
 
     def _settle(self, verb: Verb, messages: Message | Iterable[Message]) -> asyncio.Future[None]:
+        if isinstance(messages, MessageBatch):  # (one delivery's: its columns, no messages)
+            owner = cast(AsyncConsumer, messages._owner())
+            if owner is not self:  # (a partition's)
+                return owner._settle(verb, messages)
+            entries = messages._entries()[1]
+            return self._settle_entries(verb, entries)
         msgs = [messages] if isinstance(messages, Message) else list(messages)
         if self._parts:  # (each by the partition's consumer that delivered it)
             by_part: dict[int, tuple[AsyncConsumer, list[Message]]] = {}
@@ -418,6 +499,9 @@ class AsyncConsumer:
                 by_part.setdefault(id(owner), (owner, []))[1].append(m)
             settled = [owner._settle(verb, ms) for owner, ms in by_part.values()]
             return cast("asyncio.Future[None]", asyncio.ensure_future(_all_of(settled)))
+        return self._settle_entries(verb, [(m.offset, m.delivery_count) for m in msgs])
+
+    def _settle_entries(self, verb: Verb, entries: list[tuple[int, int]]) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         fut.add_done_callback(_logged)
@@ -427,7 +511,7 @@ class AsyncConsumer:
             return fut
         if not self._settles:
             loop.call_soon(self._send_settles)
-        self._settles.append((verb, [(m.offset, m.delivery_count) for m in msgs], fut))
+        self._settles.append((verb, entries, fut))
         return fut
 
     def _send_settles(self) -> None:

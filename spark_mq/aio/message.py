@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol, cast
 
-from spark_mq.client.message import Message
+from spark_mq.client.message import Message, MessageBatch
 
 
 class AsyncSettler(Protocol):
@@ -60,3 +60,24 @@ class AsyncMessage(Message):
             raise
         consumer.release_lease(self)
         await consumer.ack(self)
+
+
+class AsyncMessageBatch(MessageBatch):
+    """A delivery as one Arrow record batch (:class:`~spark_mq.MessageBatch`), from
+    ``AsyncConsumer.get_batch``: its messages are :class:`AsyncMessage`\\ s, and ``ack()``,
+    ``nack()`` and ``extend_lease()`` settle them all in one frame and return a future to
+    ``await``."""
+
+    __slots__ = ()
+
+    def _async_owner(self) -> AsyncSettler:
+        return cast(AsyncSettler, self._owner())
+
+    def ack(self) -> asyncio.Future[None]:  # type: ignore[override]
+        return self._async_owner().ack(self)
+
+    def nack(self) -> asyncio.Future[None]:  # type: ignore[override]
+        return self._async_owner().nack(self)
+
+    def extend_lease(self) -> asyncio.Future[None]:  # type: ignore[override]
+        return self._async_owner().extend_lease(self)

@@ -249,7 +249,7 @@ class MessageBatch(Sequence[Message]):
     destination: ``partition``).
     """
 
-    __slots__ = ("_arrow", "_consumer", "_destination", "_messages")
+    __slots__ = ("_arrow", "_consumer", "_destination", "_kind", "_messages")
 
     def __init__(
         self,
@@ -257,11 +257,13 @@ class MessageBatch(Sequence[Message]):
         arrow: pa.RecordBatch | None,
         consumer: Settler | None,
         messages: list[Message] | None = None,
+        kind: type[Message] | None = None,
     ) -> None:
         # one of arrow (a delivery) and messages (ONE frames' messages, or some left over from
-        # a receive_many) is given; the other is made from it when asked for
+        # a receive_many) is given; the other is made from it when asked for (messages of
+        # ``kind``: the asyncio SDK's are AsyncMessages)
         self._destination, self._arrow, self._consumer = destination, arrow, consumer
-        self._messages = messages
+        self._messages, self._kind = messages, kind
 
     @property
     def destination(self) -> str:
@@ -303,17 +305,15 @@ class MessageBatch(Sequence[Message]):
 
     def _split(self, n: int) -> tuple[MessageBatch, MessageBatch]:
         """Its first ``n`` messages, and the rest."""
-        d, c = self._destination, self._consumer
+        d, c, k, cls = self._destination, self._consumer, self._kind, type(self)
         if self._messages is not None:
-            return MessageBatch(d, None, c, self._messages[:n]), MessageBatch(
-                d, None, c, self._messages[n:]
-            )
+            return cls(d, None, c, self._messages[:n], k), cls(d, None, c, self._messages[n:], k)
         arrow = self.arrow
-        return MessageBatch(d, arrow.slice(0, n), c), MessageBatch(d, arrow.slice(n), c)
+        return cls(d, arrow.slice(0, n), c, None, k), cls(d, arrow.slice(n), c, None, k)
 
     def _as_messages(self) -> list[Message]:
         if self._messages is None:
-            self._messages = messages_of(self._destination, self.arrow, self._consumer)
+            self._messages = messages_of(self._destination, self.arrow, self._consumer, self._kind)
         return self._messages
 
     def __len__(self) -> int:
