@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol, cast
 
-from spark_mq.client.message import Message, MessageBatch
+from spark_mq.client.message import Message, MessageBatch, Settled
 
 
 class AsyncSettler(Protocol):
@@ -22,11 +22,10 @@ class AsyncSettler(Protocol):
     def release_lease(self, message: Message) -> None: ...
 
 
-class AsyncMessage(Message):
-    """A delivered message (read-only, as :class:`~spark_mq.Message`). ``ack()``, ``nack()``
-    and ``extend_lease()`` return a future to ``await`` (resolved once the broker made the
-    settle durable) or to leave: a settle left alone still happens, and a failure of it is
-    logged, not raised."""
+class AsyncSettled(Settled):
+    """:class:`~spark_mq.client.message.Settled` whose verbs return a future to ``await``
+    (resolved once the broker made the settle durable) or to leave: a settle left alone still
+    happens, and a failure of it is logged, not raised."""
 
     __slots__ = ()
 
@@ -35,15 +34,22 @@ class AsyncMessage(Message):
 
     def ack(self) -> asyncio.Future[None]:  # type: ignore[override]
         """Settle: never delivered again."""
-        return self._async_owner().ack(self)
+        return self._async_owner().ack(self)  # type: ignore[arg-type]
 
     def nack(self) -> asyncio.Future[None]:  # type: ignore[override]
         """Give back for redelivery (dead-lettered after ``max_delivery_attempts``)."""
-        return self._async_owner().nack(self)
+        return self._async_owner().nack(self)  # type: ignore[arg-type]
 
     def extend_lease(self) -> asyncio.Future[None]:  # type: ignore[override]
         """Keep it invisible to other consumers for another lease."""
-        return self._async_owner().extend_lease(self)
+        return self._async_owner().extend_lease(self)  # type: ignore[arg-type]
+
+
+class AsyncMessage(AsyncSettled, Message):
+    """A delivered message (read-only, as :class:`~spark_mq.Message`), settled as
+    :class:`AsyncSettled` says."""
+
+    __slots__ = ()
 
     @contextlib.asynccontextmanager
     async def process(self) -> AsyncIterator[AsyncMessage]:
@@ -62,22 +68,9 @@ class AsyncMessage(Message):
         await consumer.ack(self)
 
 
-class AsyncMessageBatch(MessageBatch):
+class AsyncMessageBatch(AsyncSettled, MessageBatch):
     """A delivery as one Arrow record batch (:class:`~spark_mq.MessageBatch`), from
     ``AsyncConsumer.get_batch``: its messages are :class:`AsyncMessage`\\ s, and ``ack()``,
-    ``nack()`` and ``extend_lease()`` settle them all in one frame and return a future to
-    ``await``."""
+    ``nack()`` and ``extend_lease()`` settle them all in one frame (:class:`AsyncSettled`)."""
 
     __slots__ = ()
-
-    def _async_owner(self) -> AsyncSettler:
-        return cast(AsyncSettler, self._owner())
-
-    def ack(self) -> asyncio.Future[None]:  # type: ignore[override]
-        return self._async_owner().ack(self)
-
-    def nack(self) -> asyncio.Future[None]:  # type: ignore[override]
-        return self._async_owner().nack(self)
-
-    def extend_lease(self) -> asyncio.Future[None]:  # type: ignore[override]
-        return self._async_owner().extend_lease(self)

@@ -150,7 +150,32 @@ class _Field(Generic[T]):
         return message._rest.get(self._name)[message._row]
 
 
-class Message:
+class Settled:
+    """What is settled through the consumer it came by: a :class:`Message`, or a
+    :class:`MessageBatch` (all of it, in one frame)."""
+
+    __slots__ = ()
+    _consumer: Settler | None
+
+    def _owner(self) -> Settler:
+        if self._consumer is None:
+            raise RuntimeError("this was not received through a Consumer")
+        return self._consumer
+
+    def ack(self) -> Future:
+        """Settle: never delivered again. The future resolves once the ack is durable."""
+        return self._owner().ack(self)  # type: ignore[arg-type]
+
+    def nack(self) -> Future:
+        """Give back for immediate redelivery, with a higher delivery count."""
+        return self._owner().nack(self)  # type: ignore[arg-type]
+
+    def extend_lease(self) -> Future:
+        """Keep it invisible to other consumers for another mark interval."""
+        return self._owner().extend_lease(self)  # type: ignore[arg-type]
+
+
+class Message(Settled):
     """A delivered message. ``delivery_count`` starts at 1; ``redelivered`` is ``count > 1``;
     ``group_first`` marks the first message of a group since this consumer became its owner
     (the JMSXGroupFirstForConsumer of Artemis). Read-only."""
@@ -216,29 +241,8 @@ class Message:
             f"{'...' if len(self.body) > 64 else ''})"
         )
 
-    def _owner(self) -> Settler:
-        return _owner(self._consumer)
 
-    def ack(self) -> Future:
-        """Settle: never delivered again. The future resolves once the ack is durable."""
-        return self._owner().ack(self)
-
-    def nack(self) -> Future:
-        """Give back for immediate redelivery, with a higher delivery count."""
-        return self._owner().nack(self)
-
-    def extend_lease(self) -> Future:
-        """Keep it invisible to other consumers for another mark interval."""
-        return self._owner().extend_lease(self)
-
-
-def _owner(consumer: Settler | None) -> Settler:
-    if consumer is None:
-        raise RuntimeError("this was not received through a Consumer")
-    return consumer
-
-
-class MessageBatch(Sequence[Message]):
+class MessageBatch(Sequence[Message], Settled):
     """Messages delivered together, as one Arrow record batch (``Consumer.receive_batch``).
 
     What a consumer that works on batches reads without a Python object a message: ``arrow``
@@ -331,21 +335,6 @@ class MessageBatch(Sequence[Message]):
 
     def __repr__(self) -> str:
         return f"MessageBatch(destination={self._destination!r}, messages={len(self)})"
-
-    def _owner(self) -> Settler:
-        return _owner(self._consumer)
-
-    def ack(self) -> Future:
-        """Settle them all (:meth:`Message.ack`), in one frame."""
-        return self._owner().ack(self)
-
-    def nack(self) -> Future:
-        """Give them all back (:meth:`Message.nack`)."""
-        return self._owner().nack(self)
-
-    def extend_lease(self) -> Future:
-        """Extend all their leases (:meth:`Message.extend_lease`)."""
-        return self._owner().extend_lease(self)
 
 
 def _row_of(m: Message) -> dict[str, Any]:
