@@ -269,12 +269,16 @@ class Consumer:
                     raise
                 self._go_where(exc, deadline)
 
-    def _go_where(self, err: NotOwner, deadline: float) -> None:
-        """Connect to the owner ``err`` names (none named: stay, and ask again shortly)."""
+    def _go_where(self, err: NotOwner, deadline: float, *, released: bool = False) -> None:
+        """Connect to the owner ``err`` names (none named: stay, and ask again shortly).
+        ``released``: the client was closed (a relink): staying connects to the same member
+        again."""
         endpoint = err.fields.get("endpoint")
         if not isinstance(endpoint, str) or not endpoint or endpoint == self._conn.url:
             time.sleep(0.1)
-            return
+            if not released:
+                return
+            endpoint = self._conn.url
         self._known.setdefault(endpoint, None)
         old = self._conn
         self._conn = connect(endpoint, max(deadline - time.monotonic(), 0.1), old.auth)
@@ -321,7 +325,7 @@ class Consumer:
                 left = max(deadline - time.monotonic(), 0.1)
                 if isinstance(self.error, NotOwner):  # (its destination moved: go there)
                     self._clustered = True
-                    self._go_where(self.error, deadline)
+                    self._go_where(self.error, deadline, released=True)
                 else:  # a cluster: any member it knows of (its owner may be the one gone)
                     urls = list(self._known) if self._clustered else self._urls
                     self._conn = connect(urls, left, self._conn.auth)

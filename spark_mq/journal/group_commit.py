@@ -156,6 +156,7 @@ class DestinationWriter:
         self._first_at = 0.0
         self._last_message_at = float("-inf")
         self._closing = False
+        self._gone: SparkMQError | None = None  # (close's: what a late submit is told)
         self._flush_requested = False
         self.stats = WriterStats()
         # a sink that can (the hot tier) gets its flushes written by the writer thread and
@@ -196,7 +197,7 @@ class DestinationWriter:
                 finally:
                     self._blocked -= 1
             if self._closing:
-                raise DestinationNotFound(
+                raise self._gone or DestinationNotFound(
                     f"destination {self.destination!r} is closing", destination=self.destination
                 )
             now = time.monotonic()
@@ -263,9 +264,11 @@ class DestinationWriter:
         for f in futures:
             f.exception()
 
-    def close(self, *, drain: bool = True) -> None:
-        """Stop the writer; with ``drain`` everything buffered is committed first."""
+    def close(self, *, drain: bool = True, gone: SparkMQError | None = None) -> None:
+        """Stop the writer; with ``drain`` everything buffered is committed first. ``gone``:
+        what a submit made from now on is refused with (else ``DestinationNotFound``)."""
         with self._mutex:
+            self._gone = gone
             self._closing = True
             if not drain:
                 err = DestinationNotFound(

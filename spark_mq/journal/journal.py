@@ -23,6 +23,7 @@ import pyarrow as pa
 from spark_mq.errors import (
     DestinationExists,
     DestinationNotFound,
+    NotOwner,
     SchemaMismatch,
     SubscriptionNotFound,
 )
@@ -96,6 +97,7 @@ class Journal:
         # a cluster member's (see open): the data root's destinations are many members', and
         # this journal keeps, and writes, only those it was given (adopt / release)
         self.shared = False
+        self._let_go: set[str] = set()  # (shared) released here: another member serves them
 
     # -- lifecycle ---------------------------------------------------------------------------
     def open(self, *, shared: bool = False) -> dict[str, DestinationInfo]:
@@ -159,6 +161,7 @@ class Journal:
             if name not in self._writers:
                 self._start_writer(name, epoch)
             self._dests[name] = info
+            self._let_go.discard(name)
             return info
 
     def release(self, name: str) -> None:
@@ -168,8 +171,9 @@ class Journal:
             self._dests.pop(name, None)
             writer = self._writers.pop(name, None)
             self._tiers.pop(name, None)
-        if writer is not None:
-            writer.close(drain=True)  # (its sink too: a hot tier moves what it holds)
+            self._let_go.add(name)
+        if writer is not None:  # (its sink too: a hot tier moves what it holds)
+            writer.close(drain=True, gone=_let_go(name))
 
     def close(self) -> int:
         """Commit everything buffered, then stop the writers and the store. Returns how many
@@ -225,6 +229,8 @@ class Journal:
         try:
             return self._writers[name]
         except KeyError:
+            if name in self._let_go:  # (a request that found it just before it was let go)
+                raise _let_go(name) from None
             raise DestinationNotFound(
                 f"destination {name!r} does not exist", destination=name
             ) from None
@@ -475,3 +481,15 @@ class Journal:
         self._writer(destination)
         tier = self._tiers.get(destination)
         return tier.stats() if tier is not None else None
+
+
+def _let_go(name: str) -> NotOwner:
+    """What a request for a destination a shared journal let go just now is told (it found it
+    before it was let go): ask the member again, which says where it is served now."""
+    return NotOwner(
+        f"{name!r} was let go by this member just now (another serves it): ask again where it is",
+        destination=name,
+        member="",
+        endpoint="",
+        epoch=0,
+    )
