@@ -14,16 +14,23 @@ reading time. Needs ZooKeeper's jars (``apt-get install zookeeper``: scripts/set
     .venv/bin/python bench/cluster_bench.py --stomp   # what forwarding costs a STOMP client
     .venv/bin/python bench/cluster_bench.py --partitions 4   # one hot destination, 1 vs 4
     .venv/bin/python bench/cluster_bench.py --partitions 4 --kafka   # ... with librdkafka
+    .venv/bin/python bench/cluster_bench.py --moves 10   # what moving a destination costs
 
 ``--partitions N``: one destination on two members, made of one partition and of N, in
 interleaved rounds; the client processes send ``--messages`` each to it (batches pipelined)
 and then read it together (competing consumers, each attached to every partition) until all
 are read.
+
+``--moves N``: one queue on two members, moved from one to the other N times (an operator's
+pin) while a client sends to it synchronously and another reads and acks it: how long each
+move takes (from the pin to the new owner serving it), the longest a send waited across it,
+and the sends and acks a fence refused on the way (the old owner's log).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing as mp
 import os
 import statistics
@@ -390,6 +397,89 @@ def stomp_forwarding(zk: ZooKeeper, a: argparse.Namespace) -> None:
             p.stop()
 
 
+def _moving_sender(url: list[str], stop: Any, times: list[float], errors: list[str]) -> None:
+    with Producer(url, linger_ms=0, timeout_s=30) as producer:
+        i = 0
+        while not stop.is_set():
+            try:
+                producer.send_sync(f"m{i}", destination="mv", group_id=f"g{i % 4}")
+                times.append(time.monotonic())
+            except Exception as exc:  # (counted: a move should cost none)
+                errors.append(repr(exc))
+            i += 1
+
+
+def _moving_reader(url: list[str], stop: Any, errors: list[str]) -> None:
+    try:
+        with Consumer(url, "mv", prefetch=200) as consumer:
+            while not stop.is_set():
+                batch = consumer.receive_many(200, timeout=0.05)
+                if batch:
+                    consumer.ack(batch)
+    except Exception as exc:
+        errors.append(repr(exc))
+
+
+def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
+    """What moving a destination costs its clients (see the module)."""
+    import threading
+
+    root = Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-moves-"))
+    procs = _members(zk, root, 2, f"bench-moves-{os.getpid()}")
+    urls = [p.url for p in procs]
+    stop = threading.Event()
+    times: list[float] = []
+    errors: list[str] = []
+    try:
+        with Admin(urls) as admin:
+            admin.create_queue("mv")
+        _wait_served(urls, {"mv"})
+        threads = [
+            threading.Thread(target=_moving_sender, args=(urls, stop, times, errors)),
+            threading.Thread(target=_moving_reader, args=(urls, stop, errors)),
+        ]
+        for t in threads:
+            t.start()
+        took, stalls = [], []
+        with Admin(urls) as admin:
+            for _ in range(a.moves):
+                time.sleep(1.0)  # (sending at its pace between moves)
+                owner = admin.cluster()["owners"]["mv"]["member"]
+                target = "m1" if owner == "m0" else "m0"
+                url = urls[int(target[1])]
+                started = time.monotonic()
+                admin.pin("mv", target)
+                while True:
+                    with Admin(url) as there:
+                        if "mv" in there.cluster()["serving"]:
+                            break
+                    time.sleep(0.005)
+                took.append(time.monotonic() - started)
+                time.sleep(0.5)
+                window = [t for t in times if t >= started - 0.2]
+                stalls.append(max((b - x for x, b in itertools.pairwise(window)), default=0.0))
+        stop.set()
+        for t in threads:
+            t.join(60)
+    finally:
+        for p in procs:
+            p.stop()
+        zk.stop()
+    logs = "".join((root / f"m{i}.log").read_text() for i in range(2))
+    refused = logs.count("another member took it over") + logs.count("a newer owner fenced it")
+    took.sort()
+    stalls.sort()
+    print(
+        f"{a.moves} moves under synchronous sends ({len(times)} acknowledged) and a reader:\n"
+        f"  pin to served at the new owner: median {statistics.median(took) * 1000:.0f} ms, "
+        f"max {took[-1] * 1000:.0f} ms\n"
+        f"  longest wait between two acknowledged sends across a move: median "
+        f"{statistics.median(stalls) * 1000:.0f} ms, max {stalls[-1] * 1000:.0f} ms\n"
+        f"  refused by a fence (old owner's log): {refused}; client errors: {len(errors)}"
+        + (f" ({errors[0]})" if errors else "")
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--destinations", type=int, default=16)
@@ -409,9 +499,13 @@ def main() -> None:
     ap.add_argument("--stomp-sync", type=int, default=100)
     ap.add_argument("--partitions", type=int, default=0, help="only: one destination, 1 vs N")
     ap.add_argument("--kafka", action="store_true", help="--partitions with librdkafka clients")
+    ap.add_argument("--moves", type=int, default=0, help="only: what moving a destination costs")
     a = ap.parse_args()
     zk = ZooKeeper(Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-zk-")))
     zk.start()
+    if a.moves:
+        moves(zk, a)
+        return
     if a.partitions:
         try:
             partitioned(zk, a)

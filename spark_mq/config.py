@@ -292,6 +292,9 @@ class ClusterSection(_Section):
     # how long a request for a destination being placed (just created, or whose owner just
     # left) waits for its owner before answering "not owned yet, try again" (s)
     placement_wait_s: float = Field(5.0, ge=0, le=60)
+    # a member given a destination waits this long (s) at most for the member it moves from to
+    # let it go (commit what it took, tell its clients) before fencing it anyway
+    hand_over_wait_s: float = Field(5.0, ge=0, le=60)
     # ZooKeeper's digest authentication ("user:password"; "" = none). With it, the cluster's
     # znodes are readable and writable by that identity only
     zookeeper_auth: str = ""

@@ -142,8 +142,12 @@ def test_a_killed_member_is_replaced_after_its_session_and_a_paused_one_steps_as
         wait_for(lambda: _balanced(a, names, {"a", "k", "p"}), 10, "a balanced placement")
         started = time.monotonic()
         killed.kill()  # SIGKILL: no goodbye; its session lapses after SESSION_S
+        placed = a.assignments()
         wait_for(lambda: _balanced(a, names, {"a", "p"}), 15, "k's destinations placed again")
         assert time.monotonic() - started < SESSION_S + 4
+        # (k is gone: nobody is waited for to let its destinations go)
+        moved = [x for n, x in a.assignments().items() if placed[n].member == "k"]
+        assert moved and all(x.previous == "" for x in moved), moved
 
         # paused past its session: the others give it up; resumed, it learns it was (lost) and
         # joins again as a newcomer, with destinations under new epochs
@@ -179,6 +183,19 @@ def test_a_pin_moves_a_destination_and_a_new_member_takes_its_share(cluster) -> 
     wait_for(lambda: a.owner_of(target) is not None and a.owner_of(target).member == "b", 10, "pin")
     moved = a.owner_of(target)
     assert isinstance(moved, Assignment) and moved.epoch > old.epoch
+    # a hand-over's first phase: a (alive) is named as the member it moves from, and b may
+    # fence it once a said it let it go for b's epoch (an earlier epoch's word is not enough)
+    assert moved.previous == "a"
+    assert not b.handed_over(target, moved.epoch)
+    a.handed(target, moved.epoch - 1)
+    assert not b.handed_over(target, moved.epoch)
+    a.handed(target, moved.epoch)
+    assert b.handed_over(target, moved.epoch) and not b.handed_over(target, moved.epoch + 1)
+    # pinned elsewhere again: moved at once, not at the leader's next rescan (5 s on; a leader
+    # settling after its election looks again sooner, so the test waits that out first)
+    wait_for(lambda: time.monotonic() > a._settle_until + 0.3, 10, "the leader settled")
+    b.pin(target, "a")
+    wait_for(lambda: a.owner_of(target).member == "a", 1, "pinned to a again")  # type: ignore[union-attr]
 
     before = a.assignments()
     cluster("c")
@@ -186,8 +203,8 @@ def test_a_pin_moves_a_destination_and_a_new_member_takes_its_share(cluster) -> 
     after = a.assignments()
     changed = {n for n in names if after[n] != before[n]}
     assert all(after[n].member == "c" for n in changed)  # moves only to the newcomer
-    assert len(changed) == 2  # 8 over three members: 3, 3, 2 (the pinned one stays with b)
-    assert after[target].member == "b"
+    assert len(changed) == 2  # 8 over three members: 3, 3, 2 (the pinned one stays with a)
+    assert after[target].member == "a"
 
 
 def test_a_second_member_of_the_same_name_and_an_unreachable_zookeeper_are_refused(

@@ -17,12 +17,16 @@ The znodes, under ``/sparkmq/<cluster>``:
 - ``leaving/<id>``: ephemeral, a member shutting down (planned): the leader places its
   destinations on the others while it still serves them, and it leaves once they are gone.
 - ``destinations/<name>``: what exists (its load, a weight); ``pins/<name>``: an operator's pin.
-- ``assignments``: one znode, the whole placement as JSON (destination → member and epoch)
-  with a counter of epochs; written with the version it was read at, so two members who both
-  think they lead cannot interleave: one write fails and is made again from what is there.
+- ``assignments``: one znode, the whole placement as JSON (destination → member, epoch, and
+  the live member it moves from) with a counter of epochs; written with the version it was read
+  at, so two members who both think they lead cannot interleave: one write fails and is made
+  again from what is there.
+- ``handed/<name>``: the epoch a destination's last owner let it go for (a hand-over's first
+  phase: what it took committed, its clients told where it goes).
 
 A destination's epoch grows each time it changes hands; the new owner fences the destination's
-tables with it before serving (the Delta half, outside this module).
+tables with it before serving (the Delta half, outside this module), once the member it moves
+from has let it go (``handed/``), or is gone, or a bounded wait has passed.
 
 When ZooKeeper is away, sessions are *suspended*: members keep what they own and nothing moves
 (no leader can write); when it returns within the session timeout, nothing has changed. A
@@ -76,10 +80,12 @@ class Tls:
 
 @dataclass(frozen=True)
 class Assignment:
-    """A destination's owner, and the epoch it owns it with (greater at each hand-over)."""
+    """A destination's owner, the epoch it owns it with (greater at each hand-over), and the
+    member it moves from ("": none alive when it was placed), which lets it go first."""
 
     member: str
     epoch: int
+    previous: str = ""
 
 
 @dataclass(frozen=True)
@@ -186,7 +192,7 @@ class Coordinator:
                 "cluster.zookeeper_tls_ca_file, and the member's certificate if it asks for "
                 "one; the log says what the handshake met)"
             ) from exc
-        for path in ("members", "leader", "leaving", "destinations", "pins", "temporary"):
+        for path in ("members", "leader", "leaving", "destinations", "pins", "temporary", "handed"):
             self._client.ensure_path(f"{self.root}/{path}")
         # a member restarted at once finds its old session's node until that session expires
         deadline = time.monotonic() + self.session_timeout_s + 2
@@ -257,6 +263,7 @@ class Coordinator:
         self._client.ChildrenWatch(f"{self.root}/leaving", self._changed)
         self._client.ChildrenWatch(f"{self.root}/destinations", self._destinations_changed)
         self._client.ChildrenWatch(f"{self.root}/pins", self._pins_changed)
+        self._client.DataWatch(f"{self.root}/pins", self._changed_data)  # (a pin moved: pin)
         self._client.ChildrenWatch(f"{self.root}/temporary", self._temporaries_changed)
         self._client.DataWatch(f"{self.root}/assignments", self._changed_data)
 
@@ -379,7 +386,10 @@ class Coordinator:
         except NoNodeError:
             return {}, 0, -1
         doc = json.loads(data)
-        owners = {n: Assignment(a["member"], a["epoch"]) for n, a in doc["owners"].items()}
+        owners = {
+            n: Assignment(a["member"], a["epoch"], a.get("from", ""))
+            for n, a in doc["owners"].items()
+        }
         return owners, doc["epoch"], stat.version
 
     def _place(self, members: Mapping[str, Member]) -> None:
@@ -415,13 +425,18 @@ class Coordinator:
         changed = moves({n: m for n, m in before.items() if n in loads}, owners)
         if not changed and set(current) == set(owners):
             return
-        placed = {}
+        placed: dict[str, dict[str, Any]] = {}
         for name, member in owners.items():
             if name in changed:
                 epoch += 1
                 placed[name] = {"member": member, "epoch": epoch}
+                old = changed[name][0]
+                if old is not None and old in members:  # (alive: it lets go first)
+                    placed[name]["from"] = old
             else:
                 placed[name] = {"member": member, "epoch": current[name].epoch}
+                if current[name].previous:
+                    placed[name]["from"] = current[name].previous
         body = json.dumps({"epoch": epoch, "owners": placed}, sort_keys=True).encode()
         try:
             if version < 0:
@@ -595,10 +610,38 @@ class Coordinator:
             pass
         return self._temporaries.get(name)
 
+    # -- a hand-over's two phases: the old owner lets go, then the new one fences -------------
+    def handed(self, name: str, epoch: int) -> None:
+        """This member has let ``name`` go for its owner of ``epoch``: it may fence it now."""
+        path = f"{self.root}/handed/{name}"
+        body = json.dumps({"epoch": epoch, "member": self.member_id}).encode()
+        try:
+            self._client.set(path, body)
+        except NoNodeError:
+            try:
+                self._client.create(path, body)
+            except NodeExistsError:
+                self._client.set(path, body)
+
+    def handed_over(self, name: str, epoch: int) -> bool:
+        """Whether ``name``'s last owner has let it go for its owner of ``epoch`` (or a later
+        one). A ZooKeeper read; False when ZooKeeper cannot be asked now."""
+        try:
+            data, _ = self._client.get(f"{self.root}/handed/{name}")
+            return int(json.loads(data).get("epoch", 0)) >= epoch
+        except NoNodeError:
+            return False
+        except (KazooException, KazooTimeoutError, ValueError, AttributeError):
+            return False
+
     def remove_destination(self, name: str) -> None:
         self._registered = self._registered - {name}
         self._kinds.pop(name, None)
-        for path in (f"{self.root}/destinations/{name}", f"{self.root}/pins/{name}"):
+        for path in (
+            f"{self.root}/destinations/{name}",
+            f"{self.root}/pins/{name}",
+            f"{self.root}/handed/{name}",
+        ):
             try:
                 self._client.delete(path)
             except NoNodeError:
@@ -618,6 +661,9 @@ class Coordinator:
             self._client.create(path, member.encode())
         except NodeExistsError:
             self._client.set(path, member.encode())
+            # (a pin's new member changes no child of pins/, so its watch says nothing: the
+            # leader watches pins/ itself too, and would otherwise see it at its next rescan)
+            self._client.set(f"{self.root}/pins", name.encode())
 
 
 def _retry_cap(session_timeout_s: float) -> float:

@@ -2,10 +2,15 @@
 clients where the others are.
 
 The member joins the cluster (:class:`~spark_mq.cluster.coordination.Coordinator`), and its
-own thread follows each new placement: a destination given to it is taken on (its tables
-fenced with the assignment's epoch, its state recovered from the shared root:
-``Broker.acquire``), one taken from it is let go (its consumers told where it went, what was
-taken committed: ``Broker.release``). One at a time, in the order the placements came.
+own thread follows each new placement: a destination taken from it is let go (its consumers
+told where it went, what was taken committed, its hot tier moved to Delta: ``Broker.release``)
+and it says so (``handed/<name>``); a destination given to it is taken on once the member it
+moves from said so, or is gone, or ``cluster.hand_over_wait_s`` passed (its tables fenced with
+the assignment's epoch, its state recovered from the shared root: ``Broker.acquire``). So a
+move drains before it fences: nothing the old owner took is refused by the new owner's fence.
+One at a time, in the order the placements came; a member waiting for a hand-over lets go
+meanwhile of what was asked of it (two members swapping destinations do not wait for each
+other).
 
 The broker asks the member about destinations it does not serve (:meth:`ClusterMember.route`):
 the answer is ``NotOwner`` naming the owner's endpoint and epoch (clients that can follow go
@@ -28,6 +33,9 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
+
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 
 from spark_mq.cluster.coordination import Assignment, Coordinator, Health, Tls
 from spark_mq.config import BrokerConfig
@@ -65,6 +73,7 @@ class ClusterMember:
         self.advertised_url = settings.advertised_url
         self.endpoint = ""  # (start's)
         self.placement_wait_s = settings.placement_wait_s
+        self.hand_over_wait_s = settings.hand_over_wait_s
         self.coordinator = Coordinator(
             settings.zookeeper,
             self.member_id,
@@ -85,6 +94,8 @@ class ClusterMember:
         self._work: queue.Queue[Any] = queue.Queue()
         self._changed = threading.Condition()  # notified when what is served here changes
         self._epochs: dict[str, int] = {}  # what this member serves, with its epoch
+        self._awaiting: set[str] = set()  # given to it, its last owner not done letting go
+        self._handed: dict[str, int] = {}  # let go here, for its owner of that epoch
         self._moves = 0  # destinations taken on or let go so far
         self._worker: threading.Thread | None = None
         self.on_health: Callable[[Health], None] | None = None  # (the service's, for status)
@@ -171,15 +182,92 @@ class ClusterMember:
     def _follow(self, assignments: dict[str, Assignment]) -> None:
         if self.coordinator.health == "lost":
             return
-        mine = {n: a.epoch for n, a in assignments.items() if a.member == self.member_id}
-        for name in sorted(set(self._epochs) - set(mine)):
-            self._let_go(name, "placed on another member")
-        for name, epoch in sorted(mine.items()):
-            if self._epochs.get(name) == epoch:
+        self._let_go_moved(assignments)
+        mine = {n: a for n, a in assignments.items() if a.member == self.member_id}
+        for name, assignment in sorted(mine.items()):
+            if self._epochs.get(name) == assignment.epoch:
                 continue
             if name in self._epochs:  # (taken from it and given back meanwhile: a new epoch)
                 self._let_go(name, "placed again")
-            self._take(name, epoch)
+            if self._handed_over(name, assignment):
+                self._take(name, assignment.epoch)
+
+    def _let_go_moved(self, assignments: dict[str, Assignment]) -> None:
+        """Let go of what is placed elsewhere now, and say so to its new owners (the first
+        phase of their hand-overs), what this member never served too (it was given, then
+        placed elsewhere before it had taken it on)."""
+        for name in sorted(self._epochs):
+            assignment = assignments.get(name)
+            if assignment is None or assignment.member != self.member_id:
+                self._let_go(name, "placed on another member")
+        for name, assignment in sorted(assignments.items()):
+            if (
+                assignment.previous == self.member_id
+                and assignment.member != self.member_id
+                and self._handed.get(name) != assignment.epoch
+            ):
+                try:
+                    self.coordinator.handed(name, assignment.epoch)
+                except (KazooException, KazooTimeoutError) as exc:
+                    log.warning(
+                        "cluster: cannot say %s was let go (%s): its new owner takes it on "
+                        "after cluster.hand_over_wait_s",
+                        name,
+                        exc,
+                    )
+                    continue
+                self._handed[name] = assignment.epoch
+                log.info(
+                    "cluster: handed %s over to %s (epoch %d)",
+                    name,
+                    assignment.member,
+                    assignment.epoch,
+                    extra={"destination": name},
+                )
+
+    def _handed_over(self, name: str, assignment: Assignment) -> bool:
+        """(Before taking ``name`` on.) Wait for the member it moves from to let it go; True
+        once it has, or is gone, or ``hand_over_wait_s`` passed (its fence then refuses what
+        that member still commits); False when ``name`` was placed again meanwhile (the newer
+        placement is followed instead)."""
+        previous = assignment.previous
+        if not previous or previous == self.member_id:
+            return True
+        started = time.monotonic()
+        with self._changed:
+            self._awaiting.add(name)
+        try:
+            while True:
+                if self.coordinator.owner_of(name) != assignment:
+                    return False
+                if self.coordinator.handed_over(name, assignment.epoch):
+                    log.info(
+                        "cluster: taking %s on (epoch %d) after its owner handed it over (%.0f ms)",
+                        name,
+                        assignment.epoch,
+                        (time.monotonic() - started) * 1000,
+                        extra={"destination": name},
+                    )
+                    return True
+                if previous not in self.coordinator.members():
+                    log.info("cluster: taking %s on: %s, its owner, is gone", name, previous)
+                    return True
+                if time.monotonic() - started >= self.hand_over_wait_s:
+                    log.warning(
+                        "cluster: %s has not handed %s over within %g s "
+                        "(cluster.hand_over_wait_s): taking it on (its fence refuses what %s "
+                        "still commits)",
+                        previous,
+                        name,
+                        self.hand_over_wait_s,
+                        previous,
+                    )
+                    return True
+                self._let_go_moved(self.coordinator.assignments())
+                time.sleep(0.02)
+        finally:
+            with self._changed:
+                self._awaiting.discard(name)
 
     def _take(self, name: str, epoch: int) -> None:
         try:
@@ -228,6 +316,8 @@ class ClusterMember:
             with self._changed:
                 if name in self._epochs:
                     return
+                if name in self._awaiting:  # (its last owner letting it go: not waited for)
+                    raise self.not_owner(name, "")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise self.not_owner(name, "")
