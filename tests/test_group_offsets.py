@@ -94,3 +94,37 @@ def test_a_refresh_waits_while_a_commit_is_on_its_way(tmp_path: Path, clock: Man
         assert [json.loads(v)["offset"] for v in last["body"].to_pylist()] == [2]
     finally:
         b.close()
+
+
+def test_group_memberships_are_kept_read_back_and_emptied(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    b = _broker(tmp_path / "data", clock)
+    try:
+        offsets = b.group_offsets
+        offsets.commit("g", [("t", 0, 5, None)]).result(10)
+        offsets.keep_membership("g", {"generation": 4, "members": [{"id": "m1"}]}).result(10)
+        offsets.keep_membership("h", {"generation": 1, "members": [{"id": "x"}]}).result(10)
+        offsets.keep_membership("h", None).result(10)  # (empty now)
+        term, kept = offsets.memberships()
+        assert kept == {"g": {"generation": 4, "members": [{"id": "m1"}]}}
+        offsets.forget()  # (let go: another member coordinates; read again when back)
+        assert offsets.term == term + 1
+        assert offsets.memberships()[1] == kept
+        # a membership row is not a commit: the offsets are as they were
+        assert offsets.fetch("g")[("t", 0)].offset == 5 and offsets.groups() == ["g"]
+    finally:
+        b.close()
+    again = _broker(tmp_path / "data", clock)
+    try:
+        assert again.group_offsets.memberships()[1] == kept
+
+        # the refresh at the start appends it again too (the retention never takes it): the
+        # three rows kept above, and g's again (h, empty, is not)
+        def kept_rows() -> list[str]:
+            headers = again.journal.read_messages(OFFSETS_TOPIC, 0, None)["headers"]
+            return [dict(h)["group"] for h in headers.to_pylist() if dict(h).get("membership")]
+
+        wait_for(lambda: kept_rows() == ["g", "h", "h", "g"], 10, "the membership refreshed")
+    finally:
+        again.close()

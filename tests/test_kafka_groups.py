@@ -215,3 +215,40 @@ def test_every_member_leaving_empties_the_group_and_a_standalone_commit_is_allow
     assert c.groups["g"].state is State.EMPTY
     assert c.check_commit("g", -1, "") is ErrorCode.none
     assert c.forget("g") is ErrorCode.none and "g" not in c.groups
+
+
+def test_a_stable_groups_membership_restored_elsewhere_carries_on_in_its_generation(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # (a cluster's coordinator moving: the membership kept as JSON beside the offsets, read
+    # back by the next coordinator) its members heartbeat, sync and commit as they were
+    import json
+
+    c = _coordinator(loop)
+    members = [Member(c, "g", f"m{i}") for i in range(2)]
+    for m in members:
+        m.join()
+    assert c.snapshot("g") is None  # (not stable yet: nothing to keep)
+    leader = _settle(loop, members)
+    kept = json.loads(json.dumps({"g": c.snapshot("g")}))
+    other = _coordinator(loop)
+    other.restore(kept, term=3)
+    assert other.term == 3 and other.groups["g"].state is State.STABLE
+    for m in members:
+        m.c = other
+        assert m.heartbeat() is ErrorCode.none
+        assert other.check_commit("g", m.last.generation, m.id) is ErrorCode.none
+        m.sync()
+        assert m.synced[-1].assignment == m.name.encode()  # (its assignment, as it was)
+    assert other.groups["g"].leader == leader.id
+    assert other.heartbeat("g", members[0].last.generation - 1, members[0].id) is (
+        ErrorCode.illegal_generation
+    )
+    # restored again (the offsets came back after another coordinated): what this one held
+    # goes, a join waiting on it is told to find the coordinator again
+    newcomer = Member(other, "g", "late")
+    newcomer.join()
+    newcomer.join()  # (again with the id it was given: waits for the rebalance)
+    other.restore({}, term=4)
+    assert newcomer.last.error is ErrorCode.not_coordinator
+    assert other.groups == {} and members[0].heartbeat() is ErrorCode.unknown_member_id

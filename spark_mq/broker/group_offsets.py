@@ -8,6 +8,13 @@ latest commit of each group, topic and partition is kept in memory, read back fr
 at first use after a start (the last one wins). Deleting a group's offsets appends tombstones
 (offset -1).
 
+A cluster's group coordinator also keeps each group's membership there (a message with a
+``membership`` header, its body the group as it last became stable: generation, leader,
+protocol, members and their assignments; ``{}`` once it is empty), so the member that
+coordinates the groups after the topic moved carries on with them: their members keep their ids
+and generation, and nothing is rebalanced (Kafka's ``__consumer_offsets`` keeps group metadata
+so). ``term`` grows each time the topic is let go, so the coordinator knows to read them again.
+
 The topic grows by one message per commit, and is kept as a Kafka broker keeps its offsets:
 it has a retention (``broker.kafka_retention_s``, a week), so the compaction job drops commits
 older than that, and the latest commit of every group, topic and partition is appended again
@@ -63,6 +70,8 @@ class GroupOffsets:
         self._clock = clock
         self._lock = threading.Lock()
         self._groups: dict[str, dict[Key, Committed]] | None = None  # loaded at first use
+        self._members: dict[str, dict[str, object]] = {}  # groups' memberships (loaded with)
+        self.term = 0  # grows each time the topic is let go here (forget)
         self._refreshed = 0.0  # (clock) when the live commits were last appended again
         self._in_flight = 0  # commits appended, not yet durable
 
@@ -109,11 +118,53 @@ class GroupOffsets:
         with self._lock:
             return sorted(groups)
 
+    def keep_membership(self, group: str, membership: dict[str, object] | None) -> Future:
+        """Keep ``group``'s membership as it became stable (None: it is empty now); durable
+        when the future resolves."""
+        self._loaded()
+        doc = membership or {}
+        row = pa.table(
+            [
+                pa.array([json.dumps(doc, sort_keys=True).encode()], pa.binary()),
+                pa.array([[("group", group), ("membership", "1")]], HEADERS),
+            ],
+            schema=_ROWS,
+        )
+        with self._lock:
+            self._in_flight += 1
+            stored = self._store(OFFSETS_TOPIC, row)
+        out: Future = Future()
+
+        def durable(f: Future) -> None:
+            with self._lock:
+                self._in_flight -= 1
+                if f.exception() is None:
+                    if doc:
+                        self._members[group] = doc
+                    else:
+                        self._members.pop(group, None)
+            exc = f.exception()
+            if exc is not None:
+                out.set_exception(exc)
+            else:
+                out.set_result(None)
+
+        stored.add_done_callback(durable)
+        return out
+
+    def memberships(self) -> tuple[int, dict[str, dict[str, object]]]:
+        """The term, and every group's membership as kept (read from the topic at first use)."""
+        term = self.term  # (before reading: a forget meanwhile makes the caller read again)
+        self._loaded()
+        with self._lock:
+            return term, dict(self._members)
+
     def _loaded(self) -> dict[str, dict[Key, Committed]]:
         with self._lock:
             if self._groups is not None:
                 return self._groups
         groups: dict[str, dict[Key, Committed]] = {}
+        members: dict[str, dict[str, object]] = {}
         # (a cluster member: NotOwner unless it serves the topic, which it may have just made)
         existed = self.destinations.has(OFFSETS_TOPIC) or self.destinations.elsewhere is not None
         self._retained(OFFSETS_TOPIC)
@@ -123,6 +174,12 @@ class GroupOffsets:
                 rows["body"].to_pylist(), rows["headers"].to_pylist(), strict=True
             ):
                 h = dict(headers or [])
+                if h.get("membership") and h.get("group"):  # (a group's membership)
+                    try:
+                        members[h["group"]] = json.loads(body or b"")
+                    except ValueError:
+                        continue
+                    continue
                 try:
                     value = json.loads(body or b"")
                     key = (h["topic"], int(h["partition"]))
@@ -135,10 +192,12 @@ class GroupOffsets:
                 else:
                     mine[key] = Committed(int(value["offset"]), value.get("metadata"))
             groups = {g: m for g, m in groups.items() if m}
+            members = {g: m for g, m in members.items() if isinstance(m, dict) and m}
         with self._lock:
             if self._groups is not None:
                 return self._groups
             self._groups = groups
+            self._members = members
         self.refresh()
         return groups
 
@@ -147,6 +206,8 @@ class GroupOffsets:
         again from the topic if it is served here again (others committed meanwhile)."""
         with self._lock:
             self._groups = None
+            self._members = {}
+            self.term += 1
 
     def refresh(self) -> Future | None:
         """Append the latest commit of every group, topic and partition again (what is
@@ -163,9 +224,29 @@ class GroupOffsets:
                 for g, mine in (self._groups or {}).items()
                 for (t, p), c in mine.items()
             ]
-            if not live:
+            if not live and not self._members:
                 return None
-            return self._store(OFFSETS_TOPIC, _rows(live))
+            rows = _rows(live)
+            if self._members:  # (memberships too: the retention never takes them either)
+                kept = list(self._members.items())
+                rows = pa.concat_tables(
+                    [
+                        rows,
+                        pa.table(
+                            [
+                                pa.array(
+                                    [json.dumps(d, sort_keys=True).encode() for _, d in kept],
+                                    pa.binary(),
+                                ),
+                                pa.array(
+                                    [[("group", g), ("membership", "1")] for g, _ in kept], HEADERS
+                                ),
+                            ],
+                            schema=_ROWS,
+                        ),
+                    ]
+                )
+            return self._store(OFFSETS_TOPIC, rows)
 
     def refresh_due(self) -> None:
         """(The broker's timers.) A refresh, when one is due and the offsets are in use."""

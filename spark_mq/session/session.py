@@ -363,6 +363,25 @@ class ClientSession:
         with contextlib.suppress(SparkMQError):  # (served elsewhere, or being placed)
             self.broker.group_offsets.groups()
 
+    def keep_group_membership(self, group: str, membership: dict[str, object] | None) -> Future:
+        """(A cluster member's Kafka listener, coordinating.) Keep ``group``'s membership as it
+        became stable (None: empty now) beside its offsets, so the member coordinating after
+        a move carries on with it: ``consume`` on the group."""
+        self.check_group("consume", group)
+        return self.broker.group_offsets.keep_membership(group, membership)
+
+    def group_memberships(self) -> tuple[int, dict[str, dict[str, object]]]:
+        """(A cluster member's Kafka listener, now coordinating.) The groups' memberships as
+        kept, and the term they were read in (a read: off the loops)."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
+        return self.broker.group_offsets.memberships()
+
+    def groups_term(self) -> int:
+        """How many times the groups' offsets were let go here (a cluster member's): a Kafka
+        listener reads the memberships again when it changed."""
+        return self.broker.group_offsets.term
+
     def offset_groups(self) -> list[str]:
         """The consumer groups that committed offsets (those it may use)."""
         if self.revoked is not None:

@@ -13,6 +13,7 @@ topic). ListGroups lists the groups the principal may use.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -148,6 +149,64 @@ class GroupRequests:
         (the client asks FindCoordinator again)."""
         return not self.link.nodes.coordinating()
 
+    # -- a cluster's: memberships read back when the offsets came here ----------------------
+    def _deferred(self, again: Callable[[], None]) -> bool:
+        """(A cluster member coordinating.) True when the groups' memberships kept beside
+        their offsets are being read back (the offsets topic came here since they were last
+        read): ``again()`` (the request, handled anew) runs once they are. A read that fails
+        (the topic moved on meanwhile) is tried again shortly; the request then says
+        ``NOT_COORDINATOR`` if it is not here any more."""
+        if not self.link.nodes.clustered:
+            return False
+        groups = self.groups
+        if not groups.loading and groups.term == self.session.groups_term():
+            return False
+        groups.waiting.append(again)
+        if groups.loading:
+            return True
+        groups.loading = True
+        loop = groups.loop
+        fut = self.listener.run_blocking(self.session.group_memberships)
+
+        def read() -> None:
+            groups.loading = False
+            waiting, groups.waiting = groups.waiting, []
+            exc = fut.exception()
+            if exc is None:
+                term, memberships = fut.result()
+                groups.restore(memberships, term)
+                for handle in waiting:
+                    handle()
+                return
+            log.info("kafka: reading the groups' memberships failed (%s): trying again", exc)
+            for handle in waiting:
+                loop.call_later(0.2, handle)
+
+        fut.add_done_callback(lambda _: loop.call_soon_threadsafe(read))
+        return True
+
+    def _keep(self, group: str) -> None:
+        """(A cluster member coordinating.) ``group``'s membership kept beside its offsets as it
+        is now (stable, or empty), off the loop and after the one kept before (in order); a
+        failure is only logged (its members join again after a move, as before)."""
+        if not self.link.nodes.clustered:
+            return
+        snapshot, session, before = self.groups.snapshot(group), self.session, self.groups.kept
+
+        def keep() -> None:
+            if before is not None:
+                with contextlib.suppress(Exception):
+                    before.result(timeout=30)
+            session.keep_group_membership(group, snapshot).result(timeout=30)
+
+        def kept(f: Future) -> None:
+            exc = f.exception()
+            if exc is not None and not isinstance(exc, NotOwner | Deposed):
+                log.warning("kafka: keeping group %s's membership failed: %s", group, exc)
+
+        self.groups.kept = fut = self.listener.run_blocking(keep)
+        fut.add_done_callback(kept)
+
     # -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ----------------------------------------
     def _join(self, r: Request, slot: Any) -> None:
         body, mod = r.body, self._module(r)
@@ -188,6 +247,8 @@ class GroupRequests:
         if self._not_coordinating():
             respond(Joined(ErrorCode.not_coordinator, body.member_id))
             return
+        if self._deferred(lambda: self._join(r, slot)):
+            return
         self.groups.join(
             body.group_id,
             body.member_id,
@@ -224,8 +285,13 @@ class GroupRequests:
         if self._not_coordinating():
             respond(Synced(ErrorCode.not_coordinator))
             return
+        if self._deferred(lambda: self._sync(r, slot)):
+            return
         assignments = {a.member_id: bytes(a.assignment) for a in body.assignments}
-        self.groups.sync(body.group_id, body.generation_id, body.member_id, assignments, respond)
+        if self.groups.sync(
+            body.group_id, body.generation_id, body.member_id, assignments, respond
+        ):
+            self._keep(body.group_id)
 
     def _heartbeat(self, r: Request, slot: Any) -> None:
         body, mod = r.body, self._module(r)
@@ -233,6 +299,8 @@ class GroupRequests:
             err = ErrorCode.group_authorization_failed
         elif self._not_coordinating():
             err = ErrorCode.not_coordinator
+        elif self._deferred(lambda: self._heartbeat(r, slot)):
+            return
         else:
             err = self.groups.heartbeat(body.group_id, body.generation_id, body.member_id)
         self.link.answer(slot, build(mod, "HeartbeatResponse", throttle_time=_ZERO, error_code=err))
@@ -254,6 +322,8 @@ class GroupRequests:
                 ),
             )
             return
+        if self._deferred(lambda: self._leave(r, slot)):
+            return
         if r.version >= 3:
             ids = [m.member_id for m in body.members]
             errors = self.groups.leave(body.group_id, ids)
@@ -271,6 +341,8 @@ class GroupRequests:
         else:
             (err,) = self.groups.leave(body.group_id, [body.member_id])
             response = build(mod, "LeaveGroupResponse", throttle_time=_ZERO, error_code=err)
+        if self.groups.snapshot(body.group_id) is None:  # (empty now: kept so)
+            self._keep(body.group_id)
         self.link.answer(slot, response)
 
     # -- OffsetCommit, OffsetFetch -------------------------------------------------------------
@@ -281,6 +353,8 @@ class GroupRequests:
             checked = ErrorCode.group_authorization_failed
         elif self._not_coordinating():
             checked = ErrorCode.not_coordinator
+        elif self._deferred(lambda: self._offset_commit(r, slot)):
+            return
         else:
             checked = self.groups.check_commit(
                 group, body.generation_id_or_member_epoch, body.member_id
@@ -539,6 +613,8 @@ class GroupRequests:
                 first[g] = ErrorCode.group_authorization_failed
             else:
                 first[g] = self.groups.forget(g)
+                if first[g] is ErrorCode.none:
+                    self._keep(g)  # (its membership, if one was kept: none now)
         session = self.session
 
         def delete() -> dict[str, ErrorCode]:

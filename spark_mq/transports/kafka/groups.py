@@ -5,9 +5,12 @@ leader's assignor); the broker only gathers the members, fences old generations 
 leader's assignments out. Committed offsets are the broker's
 (:mod:`spark_mq.broker.group_offsets`), checked here against the generation.
 
-Every call runs on the Kafka listener's loop: no locks. Membership is kept in memory, as Kafka
-keeps it: after a restart or a failover the members join again (their committed offsets are
-durable).
+Every call runs on the Kafka listener's loop: no locks. Membership is kept in memory: after a
+restart or a failover the members join again (their committed offsets are durable). On a
+cluster, a group's membership is also kept beside its offsets each time it becomes stable
+(:meth:`Coordinator.snapshot`) and read back by the member that coordinates the groups after
+the offsets topic moved (:meth:`Coordinator.restore`), so the members carry on with their ids,
+generation and assignments, as Kafka's do when a coordinator moves.
 
 A group's life (Kafka's states): ``Empty`` → a member joins → ``PreparingRebalance`` (the
 members known must join again, within their rebalance timeout; a new group waits
@@ -23,10 +26,12 @@ rebalance; a member of an older generation is told ``ILLEGAL_GENERATION``, an un
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -125,6 +130,12 @@ class Coordinator:
         self.initial_delay_s = initial_delay_s
         self.clock = clock
         self.groups: dict[str, Group] = {}
+        # (a cluster's) the term of the groups' offsets the memberships were read back in, and
+        # the requests waiting while they are read
+        self.term: int | None = None
+        self.loading = False
+        self.waiting: list[Callable[[], None]] = []
+        self.kept: Future | None = None  # the last membership being kept (in order)
 
     # -- JoinGroup ---------------------------------------------------------------------------
     def join(
@@ -190,22 +201,23 @@ class Coordinator:
         member_id: str,
         assignments: dict[str, bytes],
         respond: Callable[[Synced], None],
-    ) -> None:
+    ) -> bool:
+        """True when this (the leader's) made the group stable."""
         g = self.groups.get(group_id)
         member = g.members.get(member_id) if g is not None else None
         if g is None or member is None:
             respond(Synced(ErrorCode.unknown_member_id))
-            return
+            return False
         if generation != g.generation:
             respond(Synced(ErrorCode.illegal_generation))
-            return
+            return False
         if g.state is State.PREPARING:
             respond(Synced(ErrorCode.rebalance_in_progress))
-            return
+            return False
         member.last_heard = self.clock()
         if g.state is State.STABLE:
             respond(self._synced(g, member))
-            return
+            return False
         member.sync = respond  # (COMPLETING: until the leader's assignments)
         if member_id == g.leader:
             for m in g.members.values():
@@ -221,6 +233,8 @@ class Coordinator:
                 waiting, m.sync = m.sync, None
                 if waiting is not None:
                     waiting(self._synced(g, m))
+            return True
+        return False
 
     def _synced(self, g: Group, m: Member) -> Synced:
         return Synced(ErrorCode.none, g.protocol_type, g.protocol, m.assignment)
@@ -271,6 +285,81 @@ class Coordinator:
         if g is not None and any(e is ErrorCode.none for e in out):
             self._rebalance_after_loss(g)
         return out
+
+    # -- a cluster's: memberships kept beside the offsets, read back after a move -------------
+    def snapshot(self, group_id: str) -> dict[str, object] | None:
+        """A stable group's membership, as kept beside its offsets; None when it has no
+        members (or is not stable: what was kept before stands until it is again)."""
+        g = self.groups.get(group_id)
+        if g is None or not g.members or g.state is not State.STABLE:
+            return None
+        return {
+            "generation": g.generation,
+            "protocol_type": g.protocol_type,
+            "protocol": g.protocol,
+            "leader": g.leader,
+            "members": [
+                {
+                    "id": m.id,
+                    "client_id": m.client_id,
+                    "host": m.host,
+                    "session_timeout_s": m.session_timeout_s,
+                    "rebalance_timeout_s": m.rebalance_timeout_s,
+                    "protocols": [[n, base64.b64encode(b).decode()] for n, b in m.protocols],
+                    "assignment": base64.b64encode(m.assignment).decode(),
+                }
+                for m in g.members.values()
+            ],
+        }
+
+    def restore(self, memberships: dict[str, dict[str, object]], term: int) -> None:
+        """(Now coordinating, the offsets' ``term``.) The groups become the memberships kept:
+        each stable, its members heard from now. What this listener held from an earlier
+        term is dropped (another coordinated meanwhile): requests waiting on it are told
+        ``NOT_COORDINATOR`` (they ask again, here)."""
+        for g in self.groups.values():
+            if g.timer is not None:
+                g.timer.cancel()
+            for m in g.members.values():
+                if m.join is not None:
+                    m.join(Joined(ErrorCode.not_coordinator, m.id))
+                if m.sync is not None:
+                    m.sync(Synced(ErrorCode.not_coordinator))
+        self.groups = {}
+        now = self.clock()
+        for group_id, doc in memberships.items():
+            try:
+                g = Group(
+                    group_id,
+                    State.STABLE,
+                    int(doc["generation"]),  # type: ignore[call-overload]
+                    doc.get("protocol_type"),  # type: ignore[arg-type]
+                    doc.get("protocol"),  # type: ignore[arg-type]
+                    doc.get("leader"),  # type: ignore[arg-type]
+                )
+                for m in doc["members"]:  # type: ignore[attr-defined]
+                    g.members[m["id"]] = Member(
+                        m["id"],
+                        m["client_id"],
+                        m["host"],
+                        float(m["session_timeout_s"]),
+                        float(m["rebalance_timeout_s"]),
+                        [(n, base64.b64decode(b)) for n, b in m["protocols"]],
+                        now,
+                        base64.b64decode(m["assignment"]),
+                    )
+            except (KeyError, TypeError, ValueError) as exc:  # (unreadable: its members join)
+                log.warning("kafka: group %s's kept membership cannot be read: %r", group_id, exc)
+                continue
+            if g.members:
+                self.groups[group_id] = g
+        self.term = term
+        if self.groups:
+            log.info(
+                "kafka: coordinating %d group(s) as they were kept (%d member(s))",
+                len(self.groups),
+                sum(len(g.members) for g in self.groups.values()),
+            )
 
     # -- time ----------------------------------------------------------------------------------
     def sweep(self) -> None:
