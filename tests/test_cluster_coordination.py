@@ -101,6 +101,11 @@ def test_every_member_reads_a_destinations_kind_as_registered(cluster) -> None:
     b.add_destination("old")  # (an older member's registration: no kind)
     wait_for(lambda: {"orders", "news", "old"} <= set(b.destinations()), 10, "registrations")
     assert (b.kind_of("orders"), b.kind_of("news"), b.kind_of("old")) == ("queue", "topic", None)
+    # a member starting registers what it finds recorded: the kind an older member left out is
+    # added (and what was registered with one is kept)
+    b.register({"old": "topic", "orders": "topic"})
+    wait_for(lambda: a.kind_of("old") == "topic", 10, "the older registration's kind")
+    assert a.kind_of("orders") == "queue"
     assert a.kind_of("orders") == "queue" and a.kind_of("missing") is None
     a.remove_destination("orders")
     wait_for(lambda: "orders" not in b.destinations(), 10, "the deletion seen")

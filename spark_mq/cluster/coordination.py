@@ -545,7 +545,22 @@ class Coordinator:
 
     def register(self, kinds: Mapping[str, str]) -> None:
         """Destinations to place (their kinds), each added unless it is there already (its
-        load kept)."""
+        load kept; its kind added when an older member registered it without one)."""
+        older = {
+            name: self._client.get_async(f"{self.root}/destinations/{name}")
+            for name in kinds
+            if name in self._registered
+        }
+        for name, reading in older.items():
+            try:
+                data, stat = reading.get(timeout=5)
+                doc = json.loads(data)
+                if doc.get("kind") is None:
+                    doc["kind"] = kinds[name]
+                    path = f"{self.root}/destinations/{name}"
+                    self._client.set_async(path, json.dumps(doc).encode(), version=stat.version)
+            except (KazooException, KazooTimeoutError, ValueError, AttributeError):
+                continue  # (gone, changed meanwhile, or unreadable: left as it is)
         for name, kind in kinds.items():
             if name in self._registered:
                 continue
