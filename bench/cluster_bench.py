@@ -397,12 +397,14 @@ def stomp_forwarding(zk: ZooKeeper, a: argparse.Namespace) -> None:
             p.stop()
 
 
-def _moving_sender(url: list[str], stop: Any, times: list[float], errors: list[str]) -> None:
+def _moving_sender(
+    url: list[str], stop: Any, times: list[float], errors: list[str], dest: str = "mv"
+) -> None:
     with Producer(url, linger_ms=0, timeout_s=30) as producer:
         i = 0
         while not stop.is_set():
             try:
-                producer.send_sync(f"m{i}", destination="mv", group_id=f"g{i % 4}")
+                producer.send_sync(f"m{i}", destination=dest, group_id=f"g{i % 4}")
                 times.append(time.monotonic())
             except Exception as exc:  # (counted: a move should cost none)
                 errors.append(repr(exc))
@@ -433,14 +435,18 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
     try:
         with Admin(urls) as admin:
             admin.create_queue("mv")
-        _wait_served(urls, {"mv"})
+            admin.create_queue("still")  # (another queue, on m0 throughout)
+            admin.pin("still", "m0")
+        _wait_served(urls, {"mv", "still"})
+        still: list[float] = []
         threads = [
             threading.Thread(target=_moving_sender, args=(urls, stop, times, errors)),
             threading.Thread(target=_moving_reader, args=(urls, stop, errors)),
+            threading.Thread(target=_moving_sender, args=(urls, stop, still, errors, "still")),
         ]
         for t in threads:
             t.start()
-        took, stalls = [], []
+        took, stalls, others = [], [], []
         with Admin(urls) as admin:
             for _ in range(a.moves):
                 time.sleep(1.0)  # (sending at its pace between moves)
@@ -458,6 +464,9 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
                 time.sleep(0.5)
                 window = [t for t in times if t >= started - 0.2]
                 stalls.append(max((b - x for x, b in itertools.pairwise(window)), default=0.0))
+                if target == "m0":  # (moved to the member serving the other queue)
+                    window = [t for t in still if t >= started - 0.2]
+                    others.append(max((b - x for x, b in itertools.pairwise(window)), default=0))
         stop.set()
         for t in threads:
             t.join(60)
@@ -469,12 +478,16 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
     refused = logs.count("another member took it over") + logs.count("a newer owner fenced it")
     took.sort()
     stalls.sort()
+    gap = statistics.median([b - x for x, b in itertools.pairwise(still)])
     print(
         f"{a.moves} moves under synchronous sends ({len(times)} acknowledged) and a reader:\n"
         f"  pin to served at the new owner: median {statistics.median(took) * 1000:.0f} ms, "
         f"max {took[-1] * 1000:.0f} ms\n"
         f"  longest wait between two acknowledged sends across a move: median "
         f"{statistics.median(stalls) * 1000:.0f} ms, max {stalls[-1] * 1000:.0f} ms\n"
+        f"  longest wait of a synchronous send to another queue of the member it moved to: "
+        f"median {statistics.median(others) * 1000:.0f} ms, max {max(others) * 1000:.0f} ms "
+        f"(its median gap {gap * 1000:.1f} ms)\n"
         f"  refused by a fence (old owner's log): {refused}; client errors: {len(errors)}"
         + (f" ({errors[0]})" if errors else "")
     )

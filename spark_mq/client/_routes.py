@@ -22,6 +22,11 @@ from spark_mq.client._wire import Address, Transport, broker_version, discover, 
 from spark_mq.errors import NotOwner
 from spark_mq.security.credentials import Auth
 
+# a destination being placed just now (created, moving, its owner gone): asked about again after
+# this long (s). A member answers at once rather than hold up the other clients of its loop, and
+# taking a destination on takes 50-300 ms: a few tries, each a round trip
+PLACING_RETRY_S = 0.03
+
 
 @dataclass
 class Link:

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq import protocol
+from spark_mq.client._routes import PLACING_RETRY_S
 from spark_mq.client._transport import (
     DEFAULT_URL,
     Connection,
@@ -72,7 +73,7 @@ class Admin:
                     raise
                 endpoint = exc.fields.get("endpoint")
                 if not isinstance(endpoint, str) or not endpoint:
-                    time.sleep(0.1)
+                    time.sleep(PLACING_RETRY_S)
                     continue
                 conn = self._member(endpoint)
                 client, options = conn.client, conn.options

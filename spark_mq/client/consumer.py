@@ -61,6 +61,7 @@ from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._outcome import refusals, settle_refusal
 from spark_mq.client._partitioned import Batches, PartitionConsumers
 from spark_mq.client._pool import HandlerPool
+from spark_mq.client._routes import PLACING_RETRY_S
 from spark_mq.client._transport import (
     DEFAULT_URL,
     Connection,
@@ -269,15 +270,12 @@ class Consumer:
                     raise
                 self._go_where(exc, deadline)
 
-    def _go_where(self, err: NotOwner, deadline: float, *, released: bool = False) -> None:
-        """Connect to the owner ``err`` names (none named: stay, and ask again shortly).
-        ``released``: the client was closed (a relink): staying connects to the same member
-        again."""
+    def _go_where(self, err: NotOwner, deadline: float) -> None:
+        """Connect to the owner ``err`` names (none named: stay, and ask again shortly; a
+        failed attach closed its client, so staying connects to the same member again)."""
         endpoint = err.fields.get("endpoint")
         if not isinstance(endpoint, str) or not endpoint or endpoint == self._conn.url:
-            time.sleep(0.1)
-            if not released:
-                return
+            time.sleep(PLACING_RETRY_S)
             endpoint = self._conn.url
         self._known.setdefault(endpoint, None)
         old = self._conn
@@ -325,7 +323,7 @@ class Consumer:
                 left = max(deadline - time.monotonic(), 0.1)
                 if isinstance(self.error, NotOwner):  # (its destination moved: go there)
                     self._clustered = True
-                    self._go_where(self.error, deadline, released=True)
+                    self._go_where(self.error, deadline)
                 else:  # a cluster: any member it knows of (its owner may be the one gone)
                     urls = list(self._known) if self._clustered else self._urls
                     self._conn = connect(urls, left, self._conn.auth)

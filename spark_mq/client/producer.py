@@ -34,7 +34,7 @@ from spark_mq.client._options import check_options
 from spark_mq.client._outcome import Outcome
 from spark_mq.client._pending import PLAIN_OPTIONS, Pending, batch_of, column, plain_of
 from spark_mq.client._resend import Resender
-from spark_mq.client._routes import Link, Routes
+from spark_mq.client._routes import PLACING_RETRY_S, Link, Routes
 from spark_mq.client._transport import (
     DEFAULT_URL,
     broker_urls,
@@ -337,7 +337,7 @@ class Producer:
             with contextlib.suppress(Exception):
                 stream.close()
         if not err.fields.get("endpoint"):
-            time.sleep(0.1)
+            time.sleep(PLACING_RETRY_S)
 
     def _send_plain_now(
         self, body: bytes | str, destination: str | None = None, dedup_id: str | None = None

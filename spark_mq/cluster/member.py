@@ -37,6 +37,7 @@ from typing import Any, Protocol, cast
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from spark_mq import serving_threads
 from spark_mq.cluster.coordination import Assignment, Coordinator, Health, Tls
 from spark_mq.config import BrokerConfig
 from spark_mq.errors import Deposed, DestinationNotFound, NotAllowed, NotOwner, SparkMQError
@@ -312,11 +313,12 @@ class ClusterMember:
                 # thread (a loop serving many clients): placing it elsewhere may take a
                 # session's time, and clients ask again
                 raise self.not_owner(name, "")
-            # just created and not placed yet, or placed here and being taken on: moments
+            # just created and not placed yet, or placed here and being taken on: moments,
+            # not waited for on a loop whose clients ask again (it serves many)
             with self._changed:
                 if name in self._epochs:
                     return
-                if name in self._awaiting:  # (its last owner letting it go: not waited for)
+                if name in self._awaiting or not serving_threads.may_wait():
                     raise self.not_owner(name, "")
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -202,6 +202,13 @@ class RemoteConsumer:
             self._end(_as_forwarded(exc, owner))
             self.attached.set_result(False)
             return
+        except Exception as exc:  # (a defect: its client hears it, not a silent subscription)
+            log.exception("forwarding a consumer of %s to %s failed", cmd.destination, endpoint)
+            self._end(
+                BrokerUnavailable(f"forwarding a consumer of {cmd.destination!r} failed: {exc}")
+            )
+            self.attached.set_result(False)
+            return
         with self._lock:
             self._sdk = sdk
             closing = self.closed

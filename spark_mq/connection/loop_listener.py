@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from spark_mq import serving_threads
 from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import ListenerCore
 from spark_mq.errors import ConfigError
@@ -67,6 +68,8 @@ class LoopListener:
 
     def _run(self) -> None:
         self.loop_thread = threading.get_ident()
+        if not self.core.forwards:  # (clients that follow a cluster's answers: Kafka's)
+            serving_threads.clients_ask_again()
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 

@@ -49,7 +49,7 @@ from typing import Any, cast
 
 import pyarrow as pa
 
-from spark_mq import protocol, wire
+from spark_mq import protocol, serving_threads, wire
 from spark_mq.connection.core import Beat, Close, ConnState, Refuse
 from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import ListenerCore, pump
@@ -195,6 +195,7 @@ class WireServer:
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
         self._ident = threading.get_ident()
+        serving_threads.clients_ask_again()  # (SDK clients: they follow a cluster's answers)
         drain_begun = False
         turn = self.turn
         while not self._stopping:
