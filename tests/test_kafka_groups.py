@@ -175,11 +175,13 @@ def test_silent_members_are_out_after_their_session_timeout(
     clock.now += 6
     assert a.heartbeat() is ErrorCode.none  # a is heard; b is not
     clock.now += 6
-    c.sweep()
+    assert c.sweep() == []  # (a is left: the group is not empty)
     assert set(c.groups["g"].members) == {a.id}
     assert a.heartbeat() is ErrorCode.rebalance_in_progress
     a.join()
     _settle(loop, [a])
+    clock.now += 11
+    assert c.sweep() == ["g"] and c.empty("g")  # (emptied: a cluster's keeps it so)
 
 
 def test_a_leader_lost_before_it_syncs_sends_the_others_round_again(
@@ -228,7 +230,7 @@ def test_a_stable_groups_membership_restored_elsewhere_carries_on_in_its_generat
     members = [Member(c, "g", f"m{i}") for i in range(2)]
     for m in members:
         m.join()
-    assert c.snapshot("g") is None  # (not stable yet: nothing to keep)
+    assert c.snapshot("g") is None and not c.empty("g")  # (not stable yet: nothing to keep)
     leader = _settle(loop, members)
     kept = json.loads(json.dumps({"g": c.snapshot("g")}))
     other = _coordinator(loop)

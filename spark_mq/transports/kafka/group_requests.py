@@ -206,6 +206,10 @@ class GroupRequests:
 
         self.groups.kept = fut = self.listener.run_blocking(keep)
         fut.add_done_callback(kept)
+        if snapshot is None:
+            self.groups.keepers.pop(group, None)
+        else:  # (a group the sweep empties is kept so through this connection's session)
+            self.groups.keepers[group] = self._keep
 
     # -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ----------------------------------------
     def _join(self, r: Request, slot: Any) -> None:
@@ -341,7 +345,7 @@ class GroupRequests:
         else:
             (err,) = self.groups.leave(body.group_id, [body.member_id])
             response = build(mod, "LeaveGroupResponse", throttle_time=_ZERO, error_code=err)
-        if self.groups.snapshot(body.group_id) is None:  # (empty now: kept so)
+        if self.groups.empty(body.group_id):  # (kept so; the others' rebalance keeps theirs)
             self._keep(body.group_id)
         self.link.answer(slot, response)
 

@@ -136,6 +136,9 @@ class Coordinator:
         self.loading = False
         self.waiting: list[Callable[[], None]] = []
         self.kept: Future | None = None  # the last membership being kept (in order)
+        # how each group's membership is kept (the session of the connection that kept it
+        # last): a group the sweep empties is kept so with it
+        self.keepers: dict[str, Callable[[str], None]] = {}
 
     # -- JoinGroup ---------------------------------------------------------------------------
     def join(
@@ -312,6 +315,11 @@ class Coordinator:
             ],
         }
 
+    def empty(self, group_id: str) -> bool:
+        """Whether ``group_id`` has no members (or is not known)."""
+        g = self.groups.get(group_id)
+        return g is None or not g.members
+
     def restore(self, memberships: dict[str, dict[str, object]], term: int) -> None:
         """(Now coordinating, the offsets' ``term``.) The groups become the memberships kept:
         each stable, its members heard from now. What this listener held from an earlier
@@ -362,10 +370,11 @@ class Coordinator:
             )
 
     # -- time ----------------------------------------------------------------------------------
-    def sweep(self) -> None:
+    def sweep(self) -> list[str]:
         """(A few times a second.) Members silent past their session timeout are out; member
-        ids handed out and never used lapse."""
+        ids handed out and never used lapse. Returns the groups it left without members."""
         now = self.clock()
+        emptied = []
         for g in list(self.groups.values()):
             g.awaited = {m: t for m, t in g.awaited.items() if t > now}
             lost = [
@@ -377,6 +386,9 @@ class Coordinator:
                 self._remove(g, member_id, "was not heard from within its session timeout")
             if lost:
                 self._rebalance_after_loss(g)
+                if not g.members:
+                    emptied.append(g.id)
+        return emptied
 
     # -- listings ------------------------------------------------------------------------------
     def describe(self, group_id: str) -> dict[str, object] | None:

@@ -52,7 +52,10 @@ class KafkaServer(LoopListener):
         return s.kafka_advertised_host or self._host, s.kafka_advertised_port or self.port
 
     def swept(self, now: float) -> None:
-        self.groups.sweep()  # (members silent past their session timeout)
+        for group in self.groups.sweep():  # (members silent past their session timeout)
+            keep = self.groups.keepers.pop(group, None)
+            if keep is not None:  # (a cluster's: kept empty, or its ghosts come back)
+                keep(group)
         self.share_groups.sweep()
 
     def groups_now(self, timeout: float = 5.0) -> list[dict[str, object]]:
