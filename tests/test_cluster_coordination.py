@@ -33,12 +33,14 @@ def cluster(zookeeper: ZooKeeper) -> Iterator[Callable[..., Coordinator]]:
     name = f"t{next(_clusters)}"
     started: list[Coordinator] = []
 
-    def member(member_id: str, hosts: str | None = None) -> Coordinator:
+    def member(
+        member_id: str, hosts: str | None = None, cluster_name: str | None = None
+    ) -> Coordinator:
         c = Coordinator(
             hosts or zookeeper.hosts,
             member_id,
             f"grpc://{member_id}:1",
-            cluster=name,
+            cluster=cluster_name or name,
             session_timeout_s=SESSION_S,
         )
         c.start()
@@ -174,6 +176,35 @@ def test_a_killed_member_is_replaced_after_its_session_and_a_paused_one_steps_as
         for proc in (killed, paused):
             proc.kill()
             proc.wait(10)
+
+
+def test_a_killed_leaders_destinations_are_placed_by_the_next_leader_at_once(
+    cluster, zookeeper: ZooKeeper
+) -> None:
+    # the next leader has been a member for longer than a session: the dead leader's
+    # destinations are placed as soon as its session expires, not a session later (a leader
+    # that has just joined waits that long: a cluster starting again, its members one by one)
+    name = f"t{next(_clusters)}"
+    leader = _member_process(zookeeper.hosts, name, "l")
+    try:
+        a = cluster("a", cluster_name=name)
+        b = cluster("b", cluster_name=name)
+        names = {f"d{i}" for i in range(6)}
+        for n in names:
+            a.add_destination(n)
+        wait_for(lambda: _balanced(a, names, {"l", "a", "b"}), 10, "a balanced placement")
+        assert a.leader == "l"
+        wait_for(lambda: time.monotonic() - b._joined_at > SESSION_S, 10, "b long a member")
+        started = time.monotonic()
+        leader.kill()
+        wait_for(lambda: _balanced(a, names, {"a", "b"}), 15, "l's destinations placed again")
+        took = time.monotonic() - started
+        assert a.leader == "a"
+        # its session (2 s) and ZooKeeper's expiry tick (0.5 s), and no more than moments
+        assert took < SESSION_S + 1.5, took
+    finally:
+        leader.kill()
+        leader.wait(10)
 
 
 def test_a_pin_moves_a_destination_and_a_new_member_takes_its_share(cluster) -> None:

@@ -176,6 +176,7 @@ class Coordinator:
         self._rejoin = False
         self._stop = threading.Event()
         self._settle_until = 0.0  # see _place
+        self._joined_at = 0.0  # (monotonic) when this member's session last joined
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -207,6 +208,7 @@ class Coordinator:
                     raise
                 time.sleep(0.2)
         self._watch()
+        self._joined_at = time.monotonic()
         self._health = "connected"
         self._thread = threading.Thread(target=self._run, name="cluster-coordinator", daemon=True)
         self._thread.start()
@@ -329,6 +331,7 @@ class Coordinator:
                 if self._rejoin and self._client.state == KazooState.CONNECTED:
                     self._join()  # (a new session: the old one's nodes are gone)
                     self._rejoin = False
+                    self._joined_at = time.monotonic()
                     self._settle()
                     self._set_health("connected")
                 if self._client.state != KazooState.CONNECTED:
@@ -348,8 +351,16 @@ class Coordinator:
             leader = data.decode()
         with self._lock:
             self._members, self._leader, was = members, leader, self._leader
-        if leader == self.member_id and was != self.member_id:
-            self._settle()  # a new leader: members missing now may be reconnecting
+        if (
+            leader == self.member_id
+            and was != self.member_id
+            and time.monotonic() - self._joined_at < self.session_timeout_s
+        ):
+            # a leader that just joined (a cluster starting again, members one by one): the
+            # members missing now may be starting too. A member leading because the leader's
+            # session expired places its destinations at once: the others are connected (a
+            # ZooKeeper away and back made every member settle as it reconnected)
+            self._settle()
         if leader == self.member_id:
             self._place(members)
         assignments = self._read_assignments()[0]
