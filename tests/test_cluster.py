@@ -606,6 +606,44 @@ def _check_nothing_lost(
             assert mine == sorted(mine), f"{name} {group} out of order"
 
 
+def test_a_hand_over_its_old_owner_does_not_make_in_time_is_fenced_anyway(
+    cluster: Cluster,
+) -> None:
+    # the old owner is paused (for less than its session) when its queue is pinned elsewhere:
+    # the new owner waits cluster.hand_over_wait_s for it to let go, then fences it anyway and
+    # serves; the old owner, resumed, lets it go and loses nothing it acknowledged
+    for m in "ab":
+        cluster.start(m, **{"cluster.hand_over_wait_s": 0.5})
+    owner, other = "b", "a"  # (a, the first, leads: it places while b is paused)
+    with Admin(cluster.urls) as admin:
+        admin.create_queue("w0")
+        admin.pin("w0", owner)
+    wait_for(lambda: "w0" in cluster.serving(owner)[owner], 20, "w0 on b")
+    assert cluster.state("a")["leader"] == other
+    with Producer(cluster.members[owner].url, linger_ms=0) as producer:
+        for i in range(20):
+            producer.send_sync(f"before-{i}", destination="w0")
+    paused = cluster.members[owner].proc
+    assert paused is not None
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        with Admin(cluster.members[other].url) as admin:
+            admin.pin("w0", other)
+        # (served within its hand-over wait and a take-on: before the paused one's session ends)
+        wait_for(lambda: "w0" in cluster.serving(other)[other], SESSION_S - 0.2, "w0 served")
+        status = cluster.state(other)
+        assert status["hand_overs_timed_out"] == 1 and status["awaiting_hand_over"] == []
+        seen = _scrape(cluster.members[other])
+        assert seen[("sparkmq_cluster_hand_over_timeouts_total", ())] == 1.0
+        assert seen[("sparkmq_cluster_destinations_placing", ())] == 0.0
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    assert f"{owner} has not handed w0 over within 0.5 s" in cluster.log(other)
+    wait_for(lambda: "w0" not in cluster.serving(owner)[owner], 20, "the old owner let go")
+    bodies = [m.body.decode() for m in _drain(cluster.urls, "w0", expect=20)]
+    assert bodies == [f"before-{i}" for i in range(20)]
+
+
 def test_killed_members_destinations_are_served_again_nothing_acknowledged_lost(
     cluster: Cluster,
 ) -> None:

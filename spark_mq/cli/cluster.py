@@ -24,10 +24,11 @@ def cluster_status(target: Target, as_json: bool) -> None:
         doc = admin.cluster()
     if as_json:
         return emit_json(doc)
-    pairs(
-        {k: doc[k] for k in ("cluster", "member_id", "endpoint", "session", "leader", "moves")},
-        title="this member",
-    )
+    mine = {k: doc[k] for k in ("cluster", "member_id", "endpoint", "session", "leader", "moves")}
+    mine["placing"] = ", ".join(doc.get("placing", [])) or "-"  # (moves to it in progress)
+    mine["awaiting_hand_over"] = ", ".join(doc.get("awaiting_hand_over", [])) or "-"
+    mine["hand_overs_timed_out"] = doc.get("hand_overs_timed_out", 0)
+    pairs(mine, title="this member")
     owned: dict[str, int] = {}
     for owner in doc["owners"].values():
         owned[owner["member"]] = owned.get(owner["member"], 0) + 1

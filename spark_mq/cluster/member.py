@@ -98,6 +98,7 @@ class ClusterMember:
         self._awaiting: set[str] = set()  # given to it, its last owner not done letting go
         self._handed: dict[str, int] = {}  # let go here, for its owner of that epoch
         self._moves = 0  # destinations taken on or let go so far
+        self._fenced_unhanded = 0  # hand-overs its old owner did not make in time (fenced so)
         self._worker: threading.Thread | None = None
         self.on_health: Callable[[Health], None] | None = None  # (the service's, for status)
 
@@ -254,6 +255,7 @@ class ClusterMember:
                     log.info("cluster: taking %s on: %s, its owner, is gone", name, previous)
                     return True
                 if time.monotonic() - started >= self.hand_over_wait_s:
+                    self._fenced_unhanded += 1
                     log.warning(
                         "cluster: %s has not handed %s over within %g s "
                         "(cluster.hand_over_wait_s): taking it on (its fence refuses what %s "
@@ -436,6 +438,7 @@ class ClusterMember:
         with self._changed:
             serving = dict(self._epochs)
             moves = self._moves
+            awaiting = sorted(self._awaiting)
         return {
             "cluster": self.coordinator.root.rsplit("/", 1)[-1],
             "member_id": self.member_id,
@@ -453,4 +456,7 @@ class ClusterMember:
             "placing": sorted(
                 n for n, a in assignments.items() if a.member == self.member_id and n not in serving
             ),
+            # (of those placing) waiting for the member they move from to let them go
+            "awaiting_hand_over": awaiting,
+            "hand_overs_timed_out": self._fenced_unhanded,
         }

@@ -254,6 +254,18 @@ def _cluster_families(c: dict[str, Any]) -> Iterator[Metric]:
         "Destinations this member took on or let go (hand-overs).",
         c["moves"],
     )
+    yield GaugeMetricFamily(
+        "sparkmq_cluster_destinations_placing",
+        "Destinations placed on this member and not served yet (being taken on, or waiting "
+        "for the member they move from to let them go).",
+        len(c.get("placing", ())),
+    )
+    yield CounterMetricFamily(
+        "sparkmq_cluster_hand_over_timeouts",
+        "Destinations this member fenced because the member they moved from had not let them "
+        "go within cluster.hand_over_wait_s.",
+        c.get("hand_overs_timed_out", 0),
+    )
 
 
 def _destination_families(dests: list[dict[str, Any]]) -> Iterator[Metric]:
