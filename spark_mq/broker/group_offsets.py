@@ -123,27 +123,19 @@ class GroupOffsets:
         when the future resolves."""
         self._loaded()
         doc = membership or {}
-        row = pa.table(
-            [
-                pa.array([json.dumps(doc, sort_keys=True).encode()], pa.binary()),
-                pa.array([[("group", group), ("membership", "1")]], HEADERS),
-            ],
-            schema=_ROWS,
-        )
         with self._lock:
             self._in_flight += 1
-            stored = self._store(OFFSETS_TOPIC, row)
+            stored = self._store(OFFSETS_TOPIC, _membership_rows([(group, doc)]))
         out: Future = Future()
 
         def durable(f: Future) -> None:
+            exc = f.exception()
             with self._lock:
                 self._in_flight -= 1
-                if f.exception() is None:
-                    if doc:
-                        self._members[group] = doc
-                    else:
-                        self._members.pop(group, None)
-            exc = f.exception()
+                if exc is None and doc:
+                    self._members[group] = doc
+                elif exc is None:
+                    self._members.pop(group, None)
             if exc is not None:
                 out.set_exception(exc)
             else:
@@ -226,26 +218,8 @@ class GroupOffsets:
             ]
             if not live and not self._members:
                 return None
-            rows = _rows(live)
-            if self._members:  # (memberships too: the retention never takes them either)
-                kept = list(self._members.items())
-                rows = pa.concat_tables(
-                    [
-                        rows,
-                        pa.table(
-                            [
-                                pa.array(
-                                    [json.dumps(d, sort_keys=True).encode() for _, d in kept],
-                                    pa.binary(),
-                                ),
-                                pa.array(
-                                    [[("group", g), ("membership", "1")] for g, _ in kept], HEADERS
-                                ),
-                            ],
-                            schema=_ROWS,
-                        ),
-                    ]
-                )
+            # (memberships too: the retention never takes them either)
+            rows = pa.concat_tables([_rows(live), _membership_rows(list(self._members.items()))])
             return self._store(OFFSETS_TOPIC, rows)
 
     def refresh_due(self) -> None:
@@ -268,6 +242,17 @@ def _rows(entries: list[tuple[str, str, int, int, str | None]]) -> pa.Table:
                 [[("group", g), ("topic", t), ("partition", str(p))] for g, t, p, _, _ in entries],
                 HEADERS,
             ),
+        ],
+        schema=_ROWS,
+    )
+
+
+def _membership_rows(kept: list[tuple[str, dict[str, object]]]) -> pa.Table:
+    """Groups' memberships ``(group, membership)`` (``{}``: empty now) as the topic's messages."""
+    return pa.table(
+        [
+            pa.array([json.dumps(d, sort_keys=True).encode() for _, d in kept], pa.binary()),
+            pa.array([[("group", g), ("membership", "1")] for g, _ in kept], HEADERS),
         ],
         schema=_ROWS,
     )
