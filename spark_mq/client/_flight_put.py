@@ -15,7 +15,7 @@ import pyarrow.flight as fl
 
 from spark_mq import protocol
 from spark_mq.client import _liveness as liveness
-from spark_mq.client._outcome import Outcome
+from spark_mq.client._outcome import Outcome, refused_for_a_move
 from spark_mq.client._transport import Connection, translate_flight_error, translated
 from spark_mq.errors import BrokerUnavailable, SchemaMismatch, SparkMQError
 from spark_mq.schema import PRODUCE_SCHEMA
@@ -66,6 +66,7 @@ class PutStream:
         self._closed_writer = False
         self.received = 0  # answers and heartbeats read (the liveness watchdog looks)
         self.cut_reason: str | None = None
+        self.moved = False  # a batch was refused NotOwner: the rest are too (a new stream)
         self._reader = threading.Thread(target=self._read_acks, name="producer-acks", daemon=True)
         self._reader.start()
         if heartbeat_ms:
@@ -110,7 +111,7 @@ class PutStream:
             f.exception()
 
     def usable(self) -> bool:
-        return self.broken is None
+        return self.broken is None and not self.moved
 
     def _fail(self, err: SparkMQError) -> None:
         self.broken = err
@@ -136,6 +137,8 @@ class PutStream:
                         continue
                     outcome = self._in_flight.popleft()
                 self._window.release()
+                if refused_for_a_move(frame):
+                    self.moved = True
                 outcome.answer(frame)
             # the stream ended early: the broker's reason (if any) surfaces on close()
             with self._lock:

@@ -5,12 +5,18 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from spark_mq import protocol
-from spark_mq.errors import LeaseError, ProtocolError, SparkMQError, from_wire
+from spark_mq.errors import LeaseError, NotOwner, ProtocolError, SparkMQError, from_wire
 
 
 def refusals(reply: protocol.Reply) -> dict[int, str]:
     """The offsets a settle's reply refused, and why."""
     return {e["offset"]: e.get("reason", "refused") for e in reply.errors if "offset" in e}
+
+
+def refused_for_a_move(frame: protocol.Frame) -> bool:
+    """Whether a produce's answer is ``NotOwner``: its stream refuses every batch after it too
+    (:mod:`spark_mq.connection.produce_order`), so the producer opens a new one."""
+    return isinstance(frame, protocol.PutFailed) and frame.error.get("code") == NotOwner.code
 
 
 def settle_refusal(

@@ -74,6 +74,9 @@ class Resender:
         self._closed = False
         # the destination of the batch the resender took from the heap and has not written yet
         self._busy: str | None = None
+        # each destination's stream its last batch was written to: batches of it still on
+        # their way on another (refused for a move, or broken) go before any after them
+        self._current: dict[str, object] = {}
         self._thread: threading.Thread | None = None
 
     def send(self, dest: str, items: list[Pending]) -> None:
@@ -109,7 +112,16 @@ class Resender:
         inner: list[Future]
         try:
             stream: Any = self._stream_for(batch.dest)
-            batch.stream, batch.doomed = stream, False
+            with self._cond:
+                self._current[batch.dest] = stream
+                if self._behind_another_stream(batch, stream):
+                    # (the stream its older batches are on was given up just now, before
+                    # their refusal was heard: they may go again, and this one after them)
+                    heapq.heappush(self._waiting, batch)
+                    self._start()
+                    self._cond.notify_all()
+                    return None
+                batch.stream, batch.doomed = stream, False
             if batch.table is not None:
                 chunks = batch.table.to_batches(max_chunksize=batch.chunk)
                 inner = [Future() for _ in chunks]
@@ -147,6 +159,15 @@ class Resender:
         for f in inner:
             f.add_done_callback(one_done)
         return None
+
+    def _behind_another_stream(self, batch: _Batch, stream: object) -> bool:
+        """(Under the condition's lock.) Whether an older batch of ``batch``'s destination is
+        still on its way on a stream other than ``stream``."""
+        return any(
+            o.dest == batch.dest and o.seq < batch.seq and o.stream is not None
+            and o.stream is not stream
+            for o in self._unresolved.values()
+        )  # fmt: skip
 
     def _answered(
         self, batch: _Batch, offsets: list[int] | None, error: BaseException | None
@@ -224,17 +245,21 @@ class Resender:
                 return chosen
 
     def _eligible(self) -> _Batch | None:
-        """(Under the condition's lock.)"""
+        """(Under the condition's lock.) Not one with an older batch of its destination on
+        its way that may yet fail: on a stream another batch failed on, or on one given up
+        (its destination's batches are written to another now)."""
         seen: set[str] = set()
         waiting = {b.seq for b in self._waiting}
         for head in sorted(self._waiting):
             if head.dest in seen:
                 continue  # (an older one of its destination goes first)
             seen.add(head.dest)
+            current = self._current.get(head.dest)
             if not any(
-                b.doomed and b.dest == head.dest and b.seq < head.seq and b.seq not in waiting
+                b.dest == head.dest and b.seq < head.seq and b.seq not in waiting
+                and (b.doomed or (b.stream is not None and b.stream is not current))
                 for b in self._unresolved.values()
-            ):
+            ):  # fmt: skip
                 return head
         return None
 

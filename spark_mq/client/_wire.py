@@ -25,7 +25,7 @@ import pyarrow.flight as fl
 from spark_mq import protocol, wire
 from spark_mq.client import _liveness as liveness
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
-from spark_mq.client._outcome import Outcome
+from spark_mq.client._outcome import Outcome, refused_for_a_move
 from spark_mq.client._transport import Connection, call_action
 from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError, from_wire
 from spark_mq.schema import DELIVERY_SCHEMA
@@ -253,6 +253,7 @@ class WireProduceStream:
         self._reader: threading.Thread | None = None
         self.broken: SparkMQError | None = None
         self.cut_reason: str | None = None  # why the liveness watchdog cut the connection
+        self.moved = False  # a batch was refused NotOwner: the rest are too (a new stream)
         heartbeat = heartbeat_ms(address.version, heartbeat_s)
         try:
             self._sock.sendall(wire.control(protocol.Produce(destination, heartbeat)))
@@ -343,7 +344,7 @@ class WireProduceStream:
                     peeked = None
                 if peeked == b"":
                     self._fail(BrokerUnavailable("the broker closed the produce connection"))
-            return self.broken is None
+            return self.broken is None and not self.moved
 
     def _start_reader(self) -> None:
         """Answers nobody waits for need a reader thread (caller has the lock)."""
@@ -387,6 +388,8 @@ class WireProduceStream:
                     self._fail(exc)
             return False
         self._window.release()
+        if refused_for_a_move(frame):
+            self.moved = True
         outcome.answer(frame)
         return True
 

@@ -592,9 +592,16 @@ class Producer:
         with self._stream_lock:
             streams, self._streams = list(self._streams.values()), {}
         for s in streams:
-            s.close(self._timeout_s) if isinstance(s, PutStream) else s.close()
+            self._close_stream(s)
         self._client.close()
         self._routes.close()
+
+    def _close_stream(self, stream: PutStream | WireProduceStream) -> None:
+        stream.close(self._timeout_s) if isinstance(stream, PutStream) else stream.close()
+
+    def _close_quietly(self, stream: PutStream | WireProduceStream) -> None:
+        with contextlib.suppress(Exception):  # (what it failed with, its batches said)
+            self._close_stream(stream)
 
     # -- internals ---------------------------------------------------------------------------
     def _flush_dest(self, dest: str, *, waited: bool = False) -> list[Pending]:
@@ -642,6 +649,12 @@ class Producer:
                 del self._streams[dest]
                 raise BrokerUnavailable(stream.cut_reason)
             if stream is None or not stream.usable():
+                if stream is not None:  # (broken, or refusing for a move: its answers come
+                    # promptly; closed on a thread of its own, as nothing here waits for them)
+                    threading.Thread(
+                        target=self._close_quietly, args=(stream,), name="producer-stream-close",
+                        daemon=True,
+                    ).start()  # fmt: skip
                 link = self._routes.owner(dest) or self._link
                 link.discover(self._transport, self._heartbeat_s)  # (once a link)
                 self._discovered(link)

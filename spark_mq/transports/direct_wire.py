@@ -524,10 +524,12 @@ class WireServer:
             messages = Messages.of(batch)
         conn.submitted += 1
         try:
+            conn.order.check()
             fut, waits = self.core.produce(
                 self._session(conn), conn.destination, messages, len(body)
             )
         except SparkMQError as exc:
+            conn.order.refused(exc)
             self._answer(conn, protocol.PutFailed(seq, json.loads(to_wire(exc))))
             return
         if waits:

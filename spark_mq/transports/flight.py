@@ -28,6 +28,7 @@ from spark_mq import commands, protocol, wire
 from spark_mq.arrow_checks import checked
 from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import pump
+from spark_mq.connection.produce_order import ProduceOrder
 from spark_mq.deliveries import delivery_table
 from spark_mq.errors import NotAuthenticated, ProtocolError, SparkMQError, to_wire
 from spark_mq.messages import Messages
@@ -246,6 +247,7 @@ class FlightService(fl.FlightServerBase):
             answered.callback(session.close)
             answered.callback(self._produce_streams.discard, acks)
             answered.callback(acks.drain)  # what came before an error is answered first
+            order = ProduceOrder()  # once a batch is refused for a move, the rest are too
             for chunk in _chunks(reader, "produce stream"):
                 if session.revoked is not None:  # (its user's login no longer holds)
                     raise NotAuthenticated(session.revoked)
@@ -253,10 +255,12 @@ class FlightService(fl.FlightServerBase):
                     continue
                 try:
                     batch = checked(chunk.data, f"batch {acks.next_seq}")
+                    order.check()
                     result: Future | SparkMQError = session.produce(
                         cmd.destination, Messages.of(batch)
                     )
                 except SparkMQError as exc:
+                    order.refused(exc)
                     result = exc
                 acks.add(result)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from spark_mq import wire
 from spark_mq.connection.core import Connection, ConnState
+from spark_mq.connection.produce_order import ProduceOrder
 from spark_mq.session import ConsumerHandle
 
 log = logging.getLogger("spark_mq.transports.direct_wire")
@@ -56,6 +57,7 @@ class WireConn:
         self.answers: deque[bytes] = deque()  # filled by commit callbacks (any thread)
         self.submitted = self.answered = 0  # produce frames taken, answers written
         self.waiting_on: Future | None = None  # a produce on a helper thread (it waits for it)
+        self.order = ProduceOrder()  # once a batch is refused for a move, the rest are too
         # consuming
         self.consumer: ConsumerHandle | None = None
         self.compact = False  # plain messages (and a message alone) go as ONE frames

@@ -1,0 +1,222 @@
+"""A producer's batches keep their order when their destination moves (a cluster): once a
+produce stream has a batch refused ``NotOwner`` (another member owns the destination, or it is
+being placed just now), every later batch on that stream is refused too and none is stored
+(spark_mq.connection.produce_order), and the SDK sends them again, in order, on a new stream
+(spark_mq.client._resend). Without it a batch written behind the refused one, arriving once the
+member had taken the destination on, was stored first: a group's order broken (the cluster's
+partitioned-destination test found it).
+
+Kafka's idempotent producers keep their order by their sequence numbers instead: see
+tests/test_kafka_sequences.py.
+
+The broker is real; its refusal is made by wrapping its ``produce`` (a seam of our own). The
+resender's streams are stand-ins (its ``stream_for`` seam), so the race is played in order.
+librdkafka across real moves is in tests/test_cluster.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from spark_mq import Admin, Consumer, protocol, wire
+from spark_mq.client._flight_put import PutStream
+from spark_mq.client._outcome import Outcome
+from spark_mq.client._resend import Resender
+from spark_mq.client._transport import connect
+from spark_mq.errors import NotOwner
+from spark_mq.schema import PRODUCE_SCHEMA
+from spark_mq.service import RunningBroker
+from tests.conftest import raw_wire, receive_n
+
+
+def _refusing_once(broker: RunningBroker) -> Iterator[list[str]]:
+    """The broker's ``produce`` refuses its first call ``NotOwner`` (being placed), then
+    serves; the list records each call's outcome."""
+    real = broker.broker.produce
+    calls: list[str] = []
+
+    def produce(destination: str, messages: Any, inline: Any = None) -> Future:
+        if not calls:
+            calls.append("refused")
+            raise NotOwner("q is being placed: ask again shortly", member="", endpoint="", epoch=0)
+        calls.append("stored")
+        return real(destination, messages, inline)
+
+    broker.broker.produce = produce  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        broker.broker.produce = real  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def refusing_once(broker: RunningBroker) -> Iterator[list[str]]:
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    yield from _refusing_once(broker)
+
+
+def _bodies(broker: RunningBroker, n: int) -> list[bytes]:
+    with Consumer(broker.url, "q", prefetch=10) as consumer:
+        got = receive_n(consumer, n, timeout=10)
+        consumer.ack(got)
+        return [m.body for m in got]
+
+
+def _produced(broker: RunningBroker, bodies: list[bytes]) -> list[protocol.Frame]:
+    """Send ``bodies`` on one new produce connection, one batch each, none waiting for the
+    one before; their answers."""
+    with raw_wire(broker) as sock:
+        sock.sendall(wire.control(protocol.Produce("q")))
+        for seq, body in enumerate(bodies):
+            plain = wire.Plain([b"id-%d" % seq], [body])
+            sock.sendall(b"".join(bytes(p) for p in plain.parts(seq)))
+        reader, answers = wire.FrameReader(), []
+        while len(answers) < len(bodies):
+            answers += [wire.parse_control(body) for _, body in reader.feed(sock.recv(65536))]
+    return answers
+
+
+def test_the_direct_wire_refuses_every_batch_after_one_refused_for_a_move(
+    broker: RunningBroker, refusing_once: list[str]
+) -> None:
+    answers = _produced(broker, [b"first", b"second", b"third"])  # (pipelined)
+    assert [type(a) for a in answers] == [protocol.PutFailed] * 3
+    assert all(a.error["code"] == NotOwner.code for a in answers)  # type: ignore[attr-defined]
+    assert "a batch before this one" in answers[1].error["message"]  # type: ignore[attr-defined]
+    assert refusing_once == ["refused"]  # (the later ones never reached the broker)
+    # a new stream is served, in order: what a producer sends again
+    answers = _produced(broker, [b"first", b"second"])
+    assert [type(a) for a in answers] == [protocol.PutAck] * 2
+    assert _bodies(broker, 2) == [b"first", b"second"]
+
+
+def test_a_flight_stream_refuses_every_batch_after_one_refused_for_a_move(
+    broker: RunningBroker, refusing_once: list[str]
+) -> None:
+    conn = connect(broker.url, 10)
+    try:
+        stream = PutStream(conn, "q", window=8)
+        futures: list[Future] = []
+        for i in range(3):
+            futures.append(Future())
+            rows = pa.table({"body": [b"m%d" % i], "dedup_id": [f"id-{i}"]})
+            batch = pa.table(
+                {f.name: rows[f.name] if f.name in rows.column_names else pa.nulls(1, f.type)
+                 for f in PRODUCE_SCHEMA}, schema=PRODUCE_SCHEMA,
+            ).to_batches()[0]  # fmt: skip
+            stream.write(batch, Outcome(1, whole=futures[-1]))
+        errors = [f.exception(10) for f in futures]
+        assert all(isinstance(e, NotOwner) for e in errors), errors
+        assert not stream.usable()  # (the producer opens a new stream for what it sends again)
+        stream.close(5)
+    finally:
+        conn.client.close()
+    assert refusing_once == ["refused"]
+
+
+# -- the SDK's side: the resender ------------------------------------------------------------
+class _Stream:
+    """A stand-in produce stream: records what is written; answers when the test says."""
+
+    every_column = True
+    takes_plain = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.written: list[tuple[Any, Outcome]] = []
+        self.moved = False
+        self.broken = None
+
+    def write(self, batch: Any, outcome: Outcome, *, waited: bool = False) -> None:
+        self.written.append((batch, outcome))
+
+    def usable(self) -> bool:
+        return not self.moved
+
+    def bodies(self) -> list[bytes]:
+        return [b for batch, _ in self.written for b in batch.column("body").to_pylist()]
+
+
+def _table(i: int) -> pa.Table:
+    return pa.table({"body": [b"%d" % i], "dedup_id": [f"id-{i}"]})
+
+
+def _resender(streams: list[_Stream]) -> Resender:
+    """A resender whose destination is served by the first usable stream of ``streams``."""
+
+    def stream_for(dest: str) -> _Stream:
+        return next(s for s in streams if s.usable())
+
+    def follow(dest: str, err: NotOwner) -> None:
+        pass
+
+    def reconnect(timeout_s: float, since: int) -> None:
+        raise AssertionError("a refusal for a move is followed, not reconnected")
+
+    return Resender(stream_for, reconnect, lambda: 0, 10.0, follow)
+
+
+def _answer_in_order(stream: _Stream, done: int, answer: Callable[[int, Outcome], None]) -> int:
+    """Answer what ``stream`` was written from ``done`` on; how many it has answered."""
+    for i, (_, outcome) in enumerate(stream.written[done:], start=done):
+        answer(i, outcome)
+    return len(stream.written)
+
+
+def test_a_batch_written_once_its_stream_was_given_up_waits_for_the_older_ones() -> None:
+    """The race: the old stream has batches 0..2 on their way; it refuses 0, and is given up
+    (not usable) before the resender hears of it; batch 3 is written just then. It must not go
+    to the new stream before 0..2 are sent there again."""
+    old, new = _Stream("old"), _Stream("new")
+    resender = _resender([old, new])
+    try:
+        futures = [resender.send_table("q", _table(i), 100) for i in range(3)]
+        assert old.bodies() == [b"0", b"1", b"2"]
+        old.moved = True  # (the reader saw the refusal; its callbacks have not run yet)
+        futures.append(resender.send_table("q", _table(3), 100))
+        refusal = NotOwner("q moved", member="b", endpoint="grpc://b", epoch=2)
+        for _, outcome in old.written:  # the old stream refuses them all, in order
+            outcome.fail(refusal)
+        done = 0
+        deadline = threading.Event()
+        for _ in range(200):  # the new stream acknowledges what it is sent, as it comes
+            done = _answer_in_order(new, done, lambda i, o: o.resolve(i))
+            if all(f.done() for f in futures):
+                break
+            deadline.wait(0.02)
+        assert [f.result(0) for f in futures] == [[0], [1], [2], [3]]
+        assert new.bodies() == [b"0", b"1", b"2", b"3"]  # in the order they were sent
+    finally:
+        resender.close()
+
+
+def test_batches_refused_for_a_move_go_again_in_order_before_newer_ones() -> None:
+    """The stream refuses batch 1 and (as a member now does) every one after it; batch 0 was
+    stored. The refused ones go again on a new stream in their order, and one sent meanwhile
+    goes after them."""
+    old, new = _Stream("old"), _Stream("new")
+    resender = _resender([old, new])
+    try:
+        futures = [resender.send_table("q", _table(i), 100) for i in range(4)]
+        old.written[0][1].resolve(0)
+        refusal = NotOwner("q is being placed", member="", endpoint="", epoch=0)
+        old.moved = True
+        for _, outcome in old.written[1:]:
+            outcome.fail(refusal)
+        futures.append(resender.send_table("q", _table(4), 100))
+        done = 0
+        for _ in range(200):
+            done = _answer_in_order(new, done, lambda i, o: o.resolve(i + 1))
+            if all(f.done() for f in futures):
+                break
+            threading.Event().wait(0.02)
+        assert [f.result(0) for f in futures] == [[0], [1], [2], [3], [4]]
+        assert new.bodies() == [b"1", b"2", b"3", b"4"]
+    finally:
+        resender.close()
