@@ -1235,3 +1235,90 @@ def test_a_move_is_drained_by_the_old_owner_before_the_new_one_fences(
         assert "a newer owner fenced it" not in text
         assert "has not handed" not in text  # (a hand-over that timed out)
     _check_nothing_lost(load, cluster, reading.read)
+
+
+def test_an_idempotent_kafka_producer_keeps_its_order_across_moves_back_and_forth(
+    cluster: Cluster,
+) -> None:
+    """librdkafka, idempotent, five requests in flight, sending all along while its topic is
+    moved from member to member and back: every message stored once and in the order sent,
+    and none failed. A batch refused while the topic is being placed makes those behind it
+    wait (OUT_OF_ORDER_SEQUENCE_NUMBER: the client sends them again after it), and what a
+    member expected of the producer before the topic went away is not held against it when
+    the topic comes back (before, that was a fatal error for the producer)."""
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka import Producer as KafkaProducer
+
+    for m in ("a", "b"):
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        admin.create_topic("ordered")
+    wait_for(lambda: any("ordered" in s for s in cluster.serving().values()), 20, "placed")
+    kafka = {m: f"127.0.0.1:{p.kafka_port}" for m, p in cluster.members.items()}
+    failed: list[object] = []
+    sent: list[bytes] = []
+    stop = threading.Event()
+
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            failed.append(err)
+
+    producer = KafkaProducer(
+        {
+            "bootstrap.servers": kafka["a"],
+            "enable.idempotence": True,
+            "max.in.flight.requests.per.connection": 5,
+            "linger.ms": 2,
+            "on_delivery": delivered,
+        }
+    )
+
+    def send() -> None:
+        i = 0
+        while not stop.is_set():
+            value = b"%d" % i
+            try:
+                producer.produce("ordered", value=value, key=b"k")
+            except KafkaException as exc:  # (a fatal error: the producer is done)
+                failed.append(exc)
+                return
+            sent.append(value)
+            producer.poll(0)
+            i += 1
+            time.sleep(0.0005)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        owner = cluster.owners("a")["ordered"]
+        for _ in range(4):  # there, back, there again, back again
+            time.sleep(0.5)
+            owner = "b" if owner == "a" else "a"
+            with Admin(cluster.urls) as admin:
+                admin.pin("ordered", owner)
+            wait_for(lambda o=owner: "ordered" in cluster.serving(o)[o], 20, "moved")
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        sender.join()
+    assert producer.flush(30) == 0
+    assert not failed, failed[:3]
+    consumer = KafkaConsumer(
+        {"bootstrap.servers": kafka["b"], "group.id": "reader", "enable.auto.commit": False}
+    )
+    got: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition("ordered", 0, 0)])
+        deadline = time.monotonic() + 60
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+        time.sleep(0.2)
+        extra = consumer.poll(0.5)
+        assert extra is None or extra.error() is not None, extra.value()  # (nothing twice)
+    finally:
+        consumer.close()
+    assert len(sent) > 1000
+    assert got == sent

@@ -39,6 +39,7 @@ from spark_mq.transports.kafka.codec import ErrorCode, KafkaProtocolError, Reque
 from spark_mq.transports.kafka.groups import Coordinator
 from spark_mq.transports.kafka.nodes import Nodes
 from spark_mq.transports.kafka.requests import KafkaRequests
+from spark_mq.transports.kafka.sequences import Sequences
 from spark_mq.transports.kafka.share import ShareGroups
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class KafkaHost(Protocol):
     nodes: Nodes
     groups: Coordinator
     share_groups: ShareGroups
-    sequences: dict[tuple[int, int, str], int]
+    sequences: Sequences
 
     def committed(self) -> None: ...
 

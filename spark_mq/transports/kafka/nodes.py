@@ -112,6 +112,16 @@ class Nodes:
         owner = self.placement.owner(KAFKA_OFFSETS)
         return owner is not None and owner[0] == self.placement.member_id
 
+    def term(self, topic: str) -> int | None:
+        """The epoch this member holds ``topic`` with (served here, or placed here and being
+        taken on); None when it is another member's or not placed. One broker: 0."""
+        if self.placement is None:
+            return 0
+        owner = self.placement.owner(topic)
+        if owner is None or owner[0] != self.placement.member_id:
+            return None
+        return owner[1]
+
     def registered(self, topic: str) -> bool:
         """Whether a cluster has ``topic`` (one broker: asks its session instead)."""
         return self.placement is not None and self.placement.owner(topic) is not None

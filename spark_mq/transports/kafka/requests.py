@@ -51,6 +51,7 @@ from spark_mq.transports.kafka.group_requests import GroupRequests
 from spark_mq.transports.kafka.groups import Coordinator
 from spark_mq.transports.kafka.link import KafkaLink, error_code, message_of, topic_id
 from spark_mq.transports.kafka.records import RecordError, produced, record_batch
+from spark_mq.transports.kafka.sequences import OutOfOrder, Sequences
 from spark_mq.transports.kafka.share import ShareGroups, ShareRequests
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,6 @@ log = logging.getLogger(__name__)
 _ZERO = timedelta(0)
 _NO_OPERATIONS = -(2**31)  # "authorized operations were not asked for"
 _READ_AHEAD = 8_192  # rows read at once for a consumer going through a backlog (kept per topic)
-_SEQUENCES = 2**31  # idempotent producers' sequence numbers wrap here
-_PRODUCERS_KEPT = 100_000  # idempotent producers whose next sequence is kept
 _BATCH_ROWS, _BATCH_BYTES = 512, 256 * 1024  # a record batch of a fetch holds at most these
 _INLINE_ROWS = 512  # a woken fetch's tail of at most this many rows is read on the loop,
 _INLINE_BYTES = 1024 * 1024  # and of at most this many bytes of bodies
@@ -158,7 +157,7 @@ class KafkaRequests:
         session: ClientSession,
         coordinator: Coordinator,
         share_groups: ShareGroups,
-        sequences: dict[tuple[int, int, str], int],
+        sequences: Sequences,
     ) -> None:
         self.link = link
         self.listener = listener
@@ -171,7 +170,7 @@ class KafkaRequests:
         self._told_queue: set[str] = set()  # queues it fetched as a log (logged once)
         self._read_ahead = _ReadAhead(session)
         self.share = ShareRequests(link, session, share_groups)
-        self.sequences = sequences  # (pid, epoch, topic) -> the next sequence (the listener's)
+        self.sequences = sequences  # idempotent producers' (the listener's)
         self._handlers: dict[int, Callable[[Request, Any], None]] = {
             codec.METADATA: self._metadata,
             codec.PRODUCE: self._produce,
@@ -371,37 +370,31 @@ class KafkaRequests:
             if rows.transactional:
                 raise _Unsupported("transactional record batches are not served yet")
             if rows.producer_id >= 0 and rows.base_sequence >= 0:
-                self._in_sequence(dest, rows.producer_id, rows.producer_epoch,
-                                  rows.base_sequence, rows.messages.num_rows)  # fmt: skip
+                return self._produce_sequenced(dest, rows, holding)
             fut, waits = self.listener.produce(self.session, dest, rows.messages, rows.nbytes)
             if waits:
                 holding.append(fut)
             return fut
-        except (SparkMQError, RecordError, _Unsupported, _OutOfOrder) as exc:
+        except (SparkMQError, RecordError, _Unsupported, OutOfOrder) as exc:
             return exc
 
-    def _in_sequence(self, topic: str, pid: int, epoch: int, first: int, count: int) -> None:
-        """An idempotent producer's batch must come in order: a sequence past the next one
-        expected (a batch before it was lost) is refused, as Kafka refuses it; one at or
-        before it is a retry, stored once by the dedup ids. What is expected is kept for the
-        listener's life (after a restart the first batch sets it)."""
-        key = (pid, epoch, topic)
-        expected = self.sequences.get(key)
-        if (
-            expected is not None
-            and first != expected
-            and (first - expected) % _SEQUENCES < (_SEQUENCES // 2)
-        ):
-            raise _OutOfOrder(
-                f"producer {pid} (epoch {epoch}) sent sequence {first} to {topic}; the next "
-                f"expected is {expected}: a batch before it was not stored"
-            )
-        end = (first + count) % _SEQUENCES
-        if expected is None or (end - expected) % _SEQUENCES < _SEQUENCES // 2:
-            self.sequences.pop(key, None)  # (kept in the order last used)
-            self.sequences[key] = end
-            if len(self.sequences) > _PRODUCERS_KEPT:  # the one unused longest goes
-                del self.sequences[next(iter(self.sequences))]
+    def _produce_sequenced(self, dest: str, rows: Any, holding: list[Future]) -> Future:
+        """An idempotent producer's batch: in sequence, or refused (:mod:`.sequences`)."""
+        pid, epoch, first = rows.producer_id, rows.producer_epoch, rows.base_sequence
+        term = self.link.nodes.term(dest)
+        self.sequences.check(dest, pid, epoch, first, term)
+        try:
+            fut, waits = self.listener.produce(self.session, dest, rows.messages, rows.nbytes)
+        except NotOwner:  # (sent again once it is served: the batches behind it wait)
+            self.sequences.refused_for_a_move(dest, pid, epoch, first, term)
+            raise
+        except SparkMQError:  # (refused for what it holds: not expected again)
+            self.sequences.taken(dest, pid, epoch, first, rows.messages.num_rows, term)
+            raise
+        self.sequences.taken(dest, pid, epoch, first, rows.messages.num_rows, term)
+        if waits:
+            holding.append(fut)
+        return fut
 
     def _produce_response(
         self, r: Request, results: list[tuple[str, int, Future | BaseException]]
@@ -717,12 +710,6 @@ class KafkaRequests:
         self.link.answer(fetch.slot, response)
 
 
-class _OutOfOrder(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
 class _Unsupported(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -732,7 +719,7 @@ class _Unsupported(Exception):
 def _code_of(exc: BaseException) -> ErrorCode:
     if isinstance(exc, _Unsupported):
         return ErrorCode.invalid_request
-    if isinstance(exc, _OutOfOrder):
+    if isinstance(exc, OutOfOrder):
         return ErrorCode.out_of_order_sequence_number
     return error_code(exc)
 

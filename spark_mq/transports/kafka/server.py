@@ -24,6 +24,7 @@ from spark_mq.connection.loop_listener import LoopListener
 from spark_mq.transports.kafka.connection import KafkaConnection
 from spark_mq.transports.kafka.groups import Coordinator
 from spark_mq.transports.kafka.nodes import Nodes, Placement
+from spark_mq.transports.kafka.sequences import Sequences
 from spark_mq.transports.kafka.share import ShareGroups
 
 
@@ -40,8 +41,7 @@ class KafkaServer(LoopListener):
             self.loop, initial_delay_s=self.settings.kafka_group_initial_delay_ms / 1000
         )
         self.share_groups = ShareGroups()
-        # idempotent producers' next sequence, by (producer id, epoch, topic)
-        self.sequences: dict[tuple[int, int, str], int] = {}
+        self.sequences = Sequences()  # idempotent producers' next sequences
         self._host = host
         self.listen(host, port, lambda: KafkaConnection(self))
 

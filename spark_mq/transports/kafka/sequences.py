@@ -1,0 +1,98 @@
+"""Idempotent Kafka producers' sequence numbers, as one listener has seen them.
+
+An idempotent producer (a producer id and epoch from InitProducerId) numbers its records per
+partition. A batch must start where the one before it ended: one past that was sent after a
+batch the broker never stored, and is refused ``OUT_OF_ORDER_SEQUENCE_NUMBER`` as Kafka refuses
+it. The client then sends the missing batch again, and the refused ones after it, in order
+(librdkafka drains what it has in flight and bumps the epoch; the Java client does likewise).
+A batch at or before the next expected one is a retry; the dedup ids its records are given
+(``kafka-<producer id>-<epoch>-<sequence>``) store it once.
+
+A batch refused because its topic is another cluster member's, or being placed here just now
+(``NotOwner``), is not stored either: the next expected stays its first sequence. Before, a
+batch already in flight behind it, arriving once this member had taken the topic on, was
+stored ahead of it.
+
+What is expected is kept with the **term** it was seen in: the epoch the cluster gave this
+member the topic with (one broker: always 0). When the topic goes to another member and later
+comes back, what was expected before is stale (the producer has sent on, elsewhere) and the
+next batch starts afresh; a batch refused while the topic was being placed here counts for
+the term that follows, since the same assignment is being taken on.
+"""
+
+from __future__ import annotations
+
+_SEQUENCES = 2**31  # a producer's sequence numbers wrap at int32's end
+_PRODUCERS_KEPT = 100_000  # producer and topic pairs whose next sequence is kept
+
+
+class OutOfOrder(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Sequences:
+    """The next sequence expected of each (producer id, epoch, topic), and the term it holds
+    for. The Kafka listener's loop alone uses it (no lock)."""
+
+    def __init__(self, kept: int = _PRODUCERS_KEPT) -> None:
+        self._next: dict[tuple[int, int, str], tuple[int, int]] = {}
+        self._kept = kept
+
+    def __len__(self) -> int:
+        return len(self._next)
+
+    def check(self, topic: str, pid: int, epoch: int, first: int, term: int | None) -> None:
+        """Raise ``OutOfOrder`` if a batch starting at ``first`` skips sequences expected in
+        ``term`` (None: the topic is not this member's; nothing is expected of it here)."""
+        if term is None:
+            return
+        expected = self._expected(topic, pid, epoch, term)
+        if (
+            expected is not None
+            and first != expected
+            and (first - expected) % _SEQUENCES < (_SEQUENCES // 2)
+        ):
+            raise OutOfOrder(
+                f"producer {pid} (epoch {epoch}) sent sequence {first} to {topic}; the next "
+                f"expected is {expected}: a batch before it was not stored"
+            )
+
+    def taken(
+        self, topic: str, pid: int, epoch: int, first: int, count: int, term: int | None
+    ) -> None:
+        """A batch was taken to be stored: the next expected is past it (a retry of an older
+        one leaves it where it is)."""
+        if term is None:
+            return
+        end = (first + count) % _SEQUENCES
+        expected = self._expected(topic, pid, epoch, term)
+        if expected is None or (end - expected) % _SEQUENCES < _SEQUENCES // 2:
+            self._set((pid, epoch, topic), end, term)
+
+    def refused_for_a_move(
+        self, topic: str, pid: int, epoch: int, first: int, term: int | None
+    ) -> None:
+        """A batch starting at ``first`` was refused ``NotOwner``: the batches after it must
+        wait for it. Refused because another member has the topic (``term`` None), nothing is
+        expected here any more."""
+        key = (pid, epoch, topic)
+        if term is None:
+            self._next.pop(key, None)
+            return
+        expected = self._expected(topic, pid, epoch, term)
+        if expected is None or (first - expected) % _SEQUENCES < _SEQUENCES // 2:
+            self._set(key, first, term)
+
+    def _expected(self, topic: str, pid: int, epoch: int, term: int) -> int | None:
+        kept = self._next.get((pid, epoch, topic))
+        if kept is None or kept[1] != term:
+            return None  # (none yet, or from an earlier term: the producer sent on elsewhere)
+        return kept[0]
+
+    def _set(self, key: tuple[int, int, str], expected: int, term: int) -> None:
+        self._next.pop(key, None)  # (kept in the order last used)
+        self._next[key] = (expected, term)
+        if len(self._next) > self._kept:  # the one unused longest goes
+            del self._next[next(iter(self._next))]
