@@ -254,3 +254,24 @@ def test_a_stable_groups_membership_restored_elsewhere_carries_on_in_its_generat
     other.restore({}, term=4)
     assert newcomer.last.error is ErrorCode.not_coordinator
     assert other.groups == {} and members[0].heartbeat() is ErrorCode.unknown_member_id
+
+
+def test_a_kept_membership_that_cannot_be_read_is_skipped_and_its_members_join_again(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    import json
+
+    c = _coordinator(loop)
+    members = [Member(c, g, "m") for g in ("good", "bad", "worse")]
+    for m in members:
+        m.join()
+        _settle(loop, [m])
+    kept = json.loads(json.dumps({g: c.snapshot(g) for g in ("good", "bad", "worse")}))
+    kept["bad"]["protocol"] = 7  # (not text)
+    del kept["worse"]["members"][0]["assignment"]
+    other = _coordinator(loop)
+    other.restore(kept, term=2)
+    assert set(other.groups) == {"good"}
+    members[0].c = members[1].c = other
+    assert members[0].heartbeat() is ErrorCode.none
+    assert members[1].heartbeat() is ErrorCode.unknown_member_id  # (it joins again)

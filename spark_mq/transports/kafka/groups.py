@@ -30,10 +30,11 @@ import base64
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from kio.schema.consumer_protocol_subscription.v0 import ConsumerProtocolSubscription
 from kio.schema.errors import ErrorCode
@@ -320,7 +321,7 @@ class Coordinator:
         g = self.groups.get(group_id)
         return g is None or not g.members
 
-    def restore(self, memberships: dict[str, dict[str, object]], term: int) -> None:
+    def restore(self, memberships: Mapping[str, Mapping[str, Any]], term: int) -> None:
         """(Now coordinating, the offsets' ``term``.) The groups become the memberships kept:
         each stable, its members heard from now. What this listener held from an earlier
         term is dropped (another coordinated meanwhile): requests waiting on it are told
@@ -337,25 +338,7 @@ class Coordinator:
         now = self.clock()
         for group_id, doc in memberships.items():
             try:
-                g = Group(
-                    group_id,
-                    State.STABLE,
-                    int(doc["generation"]),  # type: ignore[call-overload]
-                    doc.get("protocol_type"),  # type: ignore[arg-type]
-                    doc.get("protocol"),  # type: ignore[arg-type]
-                    doc.get("leader"),  # type: ignore[arg-type]
-                )
-                for m in doc["members"]:  # type: ignore[attr-defined]
-                    g.members[m["id"]] = Member(
-                        m["id"],
-                        m["client_id"],
-                        m["host"],
-                        float(m["session_timeout_s"]),
-                        float(m["rebalance_timeout_s"]),
-                        [(n, base64.b64decode(b)) for n, b in m["protocols"]],
-                        now,
-                        base64.b64decode(m["assignment"]),
-                    )
+                g = _kept_group(group_id, doc, now)
             except (KeyError, TypeError, ValueError) as exc:  # (unreadable: its members join)
                 log.warning("kafka: group %s's kept membership cannot be read: %r", group_id, exc)
                 continue
@@ -544,3 +527,35 @@ def subscription_topics(metadata: bytes) -> tuple[str, ...]:
         return tuple(subscription.topics)
     except Exception:  # (a client's own bytes: unreadable means no topics, not a failure)
         return ()
+
+
+def _kept_group(group_id: str, doc: Mapping[str, Any], now: float) -> Group:
+    """A group as :meth:`Coordinator.snapshot` kept it (JSON), stable, its members heard from
+    ``now``; ``KeyError``, ``TypeError`` or ``ValueError`` when it cannot be read."""
+    g = Group(
+        group_id,
+        State.STABLE,
+        int(doc["generation"]),
+        _text_or_none(doc, "protocol_type"),
+        _text_or_none(doc, "protocol"),
+        _text_or_none(doc, "leader"),
+    )
+    for m in doc["members"]:
+        g.members[m["id"]] = Member(
+            str(m["id"]),
+            str(m["client_id"]),
+            str(m["host"]),
+            float(m["session_timeout_s"]),
+            float(m["rebalance_timeout_s"]),
+            [(str(n), base64.b64decode(b)) for n, b in m["protocols"]],
+            now,
+            base64.b64decode(m["assignment"]),
+        )
+    return g
+
+
+def _text_or_none(doc: Mapping[str, Any], key: str) -> str | None:
+    value = doc.get(key)
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{key} is {type(value).__name__}, not text")
+    return value
