@@ -147,6 +147,10 @@ def _table(i: int) -> pa.Table:
     return pa.table({"body": [b"%d" % i], "dedup_id": [f"id-{i}"]})
 
 
+def _no_reconnect(timeout_s: float, since: int) -> None:
+    raise AssertionError("a refusal for a move is followed, not reconnected")
+
+
 def _resender(streams: list[_Stream]) -> Resender:
     """A resender whose destination is served by the first usable stream of ``streams``."""
 
@@ -156,10 +160,7 @@ def _resender(streams: list[_Stream]) -> Resender:
     def follow(dest: str, err: NotOwner) -> None:
         pass
 
-    def reconnect(timeout_s: float, since: int) -> None:
-        raise AssertionError("a refusal for a move is followed, not reconnected")
-
-    return Resender(stream_for, reconnect, lambda: 0, 10.0, follow)
+    return Resender(stream_for, _no_reconnect, lambda: 0, 10.0, follow)
 
 
 def _answer_in_order(stream: _Stream, done: int, answer: Callable[[int, Outcome], None]) -> int:
@@ -219,4 +220,59 @@ def test_batches_refused_for_a_move_go_again_in_order_before_newer_ones() -> Non
         assert [f.result(0) for f in futures] == [[0], [1], [2], [3], [4]]
         assert new.bodies() == [b"1", b"2", b"3", b"4"]
     finally:
+        resender.close()
+
+
+def test_a_new_batch_never_overtakes_one_being_written_again_on_the_new_stream() -> None:
+    """The race the partitioned test's CI run found: a new batch (1) passes its checks while
+    batch 0 is still on its way on the old stream; 0 is refused and written again on the new
+    stream; 1, written on that same new stream just then, must not go first."""
+    old = _Stream("old")
+    slow_choice, slow_write = threading.Event(), threading.Event()
+    order: list[bytes] = []
+    caller_choosing = threading.Event()
+
+    class _Slow(_Stream):
+        def write(self, batch: Any, outcome: Outcome, *, waited: bool = False) -> None:
+            if batch.column("body")[0].as_py() == b"0":
+                slow_write.wait(5)  # (the resender's write of 0, slow to reach the socket)
+            order.extend(batch.column("body").to_pylist())
+            super().write(batch, outcome, waited=waited)
+
+    new = _Slow("new")
+    main = threading.current_thread()
+
+    def stream_for(dest: str) -> _Stream:
+        if threading.current_thread() is not main and old.moved and not caller_choosing.is_set():
+            caller_choosing.set()
+            slow_choice.wait(5)  # (the caller of batch 1, between its checks and its write)
+        return next(s for s in (old, new) if s.usable())
+
+    resender = Resender(stream_for, _no_reconnect, lambda: 0, 10.0, lambda d, e: None)
+    try:
+        first = resender.send_table("q", _table(0), 100)
+        old.moved = True
+        second: list[Future] = []
+        sender = threading.Thread(
+            target=lambda: second.append(resender.send_table("q", _table(1), 100))
+        )
+        sender.start()
+        assert caller_choosing.wait(5)
+        old.written[0][1].fail(NotOwner("q moved", member="b", endpoint="grpc://b", epoch=2))
+        threading.Event().wait(0.2)  # (the resender takes 0 and writes it again meanwhile)
+        slow_choice.set()
+        threading.Event().wait(0.2)
+        slow_write.set()
+        sender.join(5)
+        done = 0
+        for _ in range(200):
+            done = _answer_in_order(new, done, lambda i, o: o.resolve(i))
+            if first.done() and second and second[0].done():
+                break
+            threading.Event().wait(0.02)
+        assert order == [b"0", b"1"]
+        assert first.result(0) == [0] and second[0].result(0) == [1]
+    finally:
+        slow_choice.set()
+        slow_write.set()
         resender.close()

@@ -77,6 +77,7 @@ class Resender:
         # each destination's stream its last batch was written to: batches of it still on
         # their way on another (refused for a move, or broken) go before any after them
         self._current: dict[str, object] = {}
+        self._dest_locks: dict[str, threading.Lock] = {}  # (see _writing)
         self._thread: threading.Thread | None = None
 
     def send(self, dest: str, items: list[Pending]) -> None:
@@ -91,20 +92,40 @@ class Resender:
         return whole
 
     def _send(self, batch: _Batch) -> None:
+        """Write a new batch, or queue it behind batches of its destination waiting to go
+        again, those on their way that may yet fail, and one being written again."""
+        with self._writing(batch.dest):
+            with self._cond:
+                self._unresolved[batch.seq] = batch
+            self._write(batch)
+
+    def _writing(self, dest: str) -> threading.Lock:
+        """``dest``'s write lock: held from the choice of a batch's stream until it is written
+        on it, so no batch of the destination is written between (two threads each choosing
+        the same new stream wrote in either order)."""
         with self._cond:
-            self._unresolved[batch.seq] = batch
-            # older ones of its destination go first, those to go again and those that may
-            # yet fail (other destinations' do not hold it up)
-            dest = batch.dest
-            if (
-                self._busy == dest
-                or any(b.dest == dest for b in self._waiting)
-                or any(b.doomed and b.dest == dest for b in self._unresolved.values())
-            ):
-                heapq.heappush(self._waiting, batch)
-                self._cond.notify_all()
-                return
-        self._write(batch)
+            lock = self._dest_locks.get(dest)
+            if lock is None:
+                lock = self._dest_locks[dest] = threading.Lock()
+            return lock
+
+    def _must_wait(self, batch: _Batch, stream: object, resending: bool) -> bool:
+        """(Under the condition's lock.) Whether ``batch`` goes after others of its
+        destination: a new one after those waiting to go again, one being written again, and
+        those on their way that may yet fail; any, after older ones still on a stream given
+        up just now (before their refusal was heard: they may go again)."""
+        dest = batch.dest
+        if not resending and (
+            self._busy == dest
+            or any(b.dest == dest for b in self._waiting)
+            or any(b.doomed and b.dest == dest for b in self._unresolved.values())
+        ):
+            return True
+        return any(
+            o.dest == dest and o.seq < batch.seq and o.stream is not None
+            and o.stream is not stream
+            for o in self._unresolved.values()
+        )  # fmt: skip
 
     def _write(self, batch: _Batch, *, resending: bool = False) -> BrokerUnavailable | None:
         """Write ``batch``; its answer comes through its futures. Resending, a broker that is
@@ -114,9 +135,7 @@ class Resender:
             stream: Any = self._stream_for(batch.dest)
             with self._cond:
                 self._current[batch.dest] = stream
-                if self._behind_another_stream(batch, stream):
-                    # (the stream its older batches are on was given up just now, before
-                    # their refusal was heard: they may go again, and this one after them)
+                if self._must_wait(batch, stream, resending):
                     heapq.heappush(self._waiting, batch)
                     self._start()
                     self._cond.notify_all()
@@ -159,15 +178,6 @@ class Resender:
         for f in inner:
             f.add_done_callback(one_done)
         return None
-
-    def _behind_another_stream(self, batch: _Batch, stream: object) -> bool:
-        """(Under the condition's lock.) Whether an older batch of ``batch``'s destination is
-        still on its way on a stream other than ``stream``."""
-        return any(
-            o.dest == batch.dest and o.seq < batch.seq and o.stream is not None
-            and o.stream is not stream
-            for o in self._unresolved.values()
-        )  # fmt: skip
 
     def _answered(
         self, batch: _Batch, offsets: list[int] | None, error: BaseException | None
@@ -271,7 +281,8 @@ class Resender:
                     self._follow(batch.dest, batch.error)
                     batch.error = None  # (followed once: a new refusal says where next)
                 generation = self._generation()
-                gone = self._write(batch, resending=True)
+                with self._writing(batch.dest):
+                    gone = self._write(batch, resending=True)
                 if gone is None:
                     break
                 tries += 1
