@@ -1,0 +1,39 @@
+"""What a broker's start-up loads: not Hypothesis, which kio (the Kafka listener's protocol
+types) would otherwise import to register a strategy for each of its types, half a second of
+every start wherever Hypothesis is installed (this test environment, a notebook's). A process
+that loaded Hypothesis itself keeps kio's strategies."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _run(code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_broker_loads_kio_without_hypothesis() -> None:
+    out = _run(
+        "import sys\n"
+        "import spark_mq.service\n"
+        "import kio.static._phantom as phantom\n"
+        "print('hypothesis' in sys.modules, phantom.hypothesis is None)\n"
+        "import hypothesis\n"  # (still importable afterwards)
+        "print(hypothesis.__name__)"
+    )
+    assert out.splitlines() == ["False True", "hypothesis"]
+
+
+def test_a_process_that_loaded_hypothesis_keeps_kio_s_strategies() -> None:
+    out = _run(
+        "import hypothesis\n"
+        "import spark_mq.transports.kafka.codec\n"
+        "import kio.static._phantom as phantom\n"
+        "print(phantom.hypothesis is not None)"
+    )
+    assert out == "True"
