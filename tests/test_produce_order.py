@@ -61,6 +61,31 @@ def refusing_once(broker: RunningBroker) -> Iterator[list[str]]:
     yield from _refusing_once(broker)
 
 
+@pytest.fixture
+def refusing_later(broker: RunningBroker) -> Iterator[list[str]]:
+    """The broker's ``produce`` takes its first batch and fails it ``NotOwner`` through its
+    future (let go after it was taken), then serves."""
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+    real = broker.broker.produce
+    calls: list[str] = []
+
+    def produce(destination: str, messages: Any, inline: Any = None) -> Future:
+        if not calls:
+            calls.append("failed later")
+            failed: Future = Future()
+            failed.set_exception(NotOwner("q was let go just now", member="", endpoint="", epoch=0))
+            return failed
+        calls.append("stored")
+        return real(destination, messages, inline)
+
+    broker.broker.produce = produce  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        broker.broker.produce = real  # type: ignore[method-assign]
+
+
 def _bodies(broker: RunningBroker, n: int) -> list[bytes]:
     with Consumer(broker.url, "q", prefetch=10) as consumer:
         got = receive_n(consumer, n, timeout=10)
@@ -94,6 +119,15 @@ def test_the_direct_wire_refuses_every_batch_after_one_refused_for_a_move(
     answers = _produced(broker, [b"first", b"second"])
     assert [type(a) for a in answers] == [protocol.PutAck] * 2
     assert _bodies(broker, 2) == [b"first", b"second"]
+
+
+def test_a_batch_refused_through_its_future_refuses_the_later_ones_too(
+    broker: RunningBroker, refusing_later: list[str]
+) -> None:
+    answers = _produced(broker, [b"first", b"second", b"third"])
+    assert [type(a) for a in answers] == [protocol.PutFailed] * 3
+    assert all(a.error["code"] == NotOwner.code for a in answers)  # type: ignore[attr-defined]
+    assert refusing_later == ["failed later"]
 
 
 def test_a_flight_stream_refuses_every_batch_after_one_refused_for_a_move(

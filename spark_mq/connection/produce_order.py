@@ -13,12 +13,13 @@ stream. The SDK opens that stream at the first such refusal. The direct wire and
 keep one of these per produce stream.
 
 A batch refused later, through its future (the journal let the destination go after the batch
-was taken), needs no such care: every batch after it on the stream is refused too, unless the
-destination came back to this member in between, a move back in the few milliseconds before
-the next batch.
+was taken, before it was committed), counts as well, from when its future fails: a batch taken
+before that (the same loop turn) fails with it.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import Future
 
 from spark_mq.errors import NotOwner, SparkMQError
 
@@ -46,3 +47,9 @@ class ProduceOrder:
         """A batch of the stream was refused with ``exc``."""
         if self._refused is None and isinstance(exc, NotOwner):
             self._refused = exc
+
+    def refused_through(self, fut: Future) -> None:
+        """(A batch's future, done.) :meth:`refused` when it failed."""
+        exc = fut.exception()
+        if isinstance(exc, SparkMQError):
+            self.refused(exc)

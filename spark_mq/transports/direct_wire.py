@@ -538,7 +538,12 @@ class WireServer:
         fut.add_done_callback(lambda f: self._produced(conn, seq, f))
 
     def _produced(self, conn: WireConn, seq: int, fut: Future) -> None:
-        """A batch is durable or failed (any thread): queue its answer."""
+        """A batch is durable or failed (any thread): queue its answer. One refused for a
+        move through its future (let go after it was taken) refuses the stream's later ones
+        too, as one refused at once does."""
+        exc = fut.exception()
+        if isinstance(exc, SparkMQError):
+            conn.order.refused(exc)
         conn.answers.append(wire.control(put_answer(seq, fut)))
         self.mark(conn)
 

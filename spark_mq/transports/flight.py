@@ -256,9 +256,10 @@ class FlightService(fl.FlightServerBase):
                 try:
                     batch = checked(chunk.data, f"batch {acks.next_seq}")
                     order.check()
-                    result: Future | SparkMQError = session.produce(
-                        cmd.destination, Messages.of(batch)
-                    )
+                    produced = session.produce(cmd.destination, Messages.of(batch))
+                    # (refused for a move through its future: the later ones are too)
+                    produced.add_done_callback(order.refused_through)
+                    result: Future | SparkMQError = produced
                 except SparkMQError as exc:
                     order.refused(exc)
                     result = exc
