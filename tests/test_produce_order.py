@@ -34,18 +34,26 @@ from spark_mq.service import RunningBroker
 from tests.conftest import raw_wire, receive_n
 
 
-def _refusing_once(broker: RunningBroker) -> Iterator[list[str]]:
-    """The broker's ``produce`` refuses its first call ``NotOwner`` (being placed), then
-    serves; the list records each call's outcome."""
+def _first_refused(broker: RunningBroker, later: bool) -> Iterator[list[str]]:
+    """Queue ``q``; the broker's ``produce`` refuses its first call ``NotOwner``, at once
+    (being placed) or, ``later``, through its future (let go after it was taken), then serves;
+    the list records each call's outcome."""
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
     real = broker.broker.produce
     calls: list[str] = []
 
     def produce(destination: str, messages: Any, inline: Any = None) -> Future:
-        if not calls:
-            calls.append("refused")
-            raise NotOwner("q is being placed: ask again shortly", member="", endpoint="", epoch=0)
-        calls.append("stored")
-        return real(destination, messages, inline)
+        if calls:
+            calls.append("stored")
+            return real(destination, messages, inline)
+        refusal = NotOwner("q is being placed: ask again shortly", member="", endpoint="", epoch=0)
+        calls.append("failed later" if later else "refused")
+        if not later:
+            raise refusal
+        failed: Future = Future()
+        failed.set_exception(refusal)
+        return failed
 
     broker.broker.produce = produce  # type: ignore[method-assign]
     try:
@@ -56,34 +64,12 @@ def _refusing_once(broker: RunningBroker) -> Iterator[list[str]]:
 
 @pytest.fixture
 def refusing_once(broker: RunningBroker) -> Iterator[list[str]]:
-    with Admin(broker.url) as admin:
-        admin.create_queue("q")
-    yield from _refusing_once(broker)
+    yield from _first_refused(broker, later=False)
 
 
 @pytest.fixture
 def refusing_later(broker: RunningBroker) -> Iterator[list[str]]:
-    """The broker's ``produce`` takes its first batch and fails it ``NotOwner`` through its
-    future (let go after it was taken), then serves."""
-    with Admin(broker.url) as admin:
-        admin.create_queue("q")
-    real = broker.broker.produce
-    calls: list[str] = []
-
-    def produce(destination: str, messages: Any, inline: Any = None) -> Future:
-        if not calls:
-            calls.append("failed later")
-            failed: Future = Future()
-            failed.set_exception(NotOwner("q was let go just now", member="", endpoint="", epoch=0))
-            return failed
-        calls.append("stored")
-        return real(destination, messages, inline)
-
-    broker.broker.produce = produce  # type: ignore[method-assign]
-    try:
-        yield calls
-    finally:
-        broker.broker.produce = real  # type: ignore[method-assign]
+    yield from _first_refused(broker, later=True)
 
 
 def _bodies(broker: RunningBroker, n: int) -> list[bytes]:
