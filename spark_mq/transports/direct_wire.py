@@ -541,10 +541,10 @@ class WireServer:
         """A batch is durable or failed (any thread): queue its answer. One refused for a
         move through its future (let go after it was taken) refuses the stream's later ones
         too, as one refused at once does."""
-        exc = fut.exception()
-        if isinstance(exc, SparkMQError):
-            conn.order.refused(exc)
-        conn.answers.append(wire.control(put_answer(seq, fut)))
+        answer = put_answer(seq, fut)
+        if isinstance(answer, protocol.PutFailed):  # (only a failure asks its future again)
+            conn.order.refused_through(fut)
+        conn.answers.append(wire.control(answer))
         self.mark(conn)
 
     def _answer(self, conn: WireConn, frame: protocol.Frame) -> None:
