@@ -1,12 +1,14 @@
-"""What a broker's start-up loads: not Hypothesis, which kio (the Kafka listener's protocol
-types) would otherwise import to register a strategy for each of its types, half a second of
-every start wherever Hypothesis is installed (this test environment, a notebook's). A process
-that loaded Hypothesis itself keeps kio's strategies."""
+"""What a broker's start-up does not spend its time on: Hypothesis, which kio (the Kafka
+listener's protocol types) would otherwise import to register a strategy for each of its types,
+half a second of every start wherever Hypothesis is installed (this test environment, a
+notebook's); and an argon2 hash, a fifth of a second, which only an unknown user name needs. A
+process that loaded Hypothesis itself keeps kio's strategies."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 
 def _run(code: str) -> str:
@@ -37,3 +39,18 @@ def test_a_process_that_loaded_hypothesis_keeps_kio_s_strategies() -> None:
         "print(phantom.hypothesis is not None)"
     )
     assert out == "True"
+
+
+def test_the_broker_hashes_no_password_until_a_user_name_is_unknown(tmp_path: Path) -> None:
+    users = tmp_path / "users.toml"
+    out = _run(
+        "import spark_mq.service\n"
+        "from spark_mq.security import users\n"
+        "print(users._dummy_hash.cache_info().currsize)\n"
+        "store = users.UsersFile(" + repr(str(users)) + ")\n"
+        "store.put('alice', 'right one')\n"
+        "print(store.verify('alice', 'right one').name, users._dummy_hash.cache_info().currsize)\n"
+        "print(store.verify('mallory', 'right one'), users._dummy_hash.cache_info().currsize)"
+    )
+    # the unknown name is still checked against a hash (as long as a wrong password takes)
+    assert out.splitlines() == ["0", "alice 0", "None 1"]

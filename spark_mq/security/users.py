@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import os
 import threading
 from dataclasses import dataclass, field
@@ -31,9 +32,15 @@ from spark_mq.errors import ConfigError
 from spark_mq.names import validate_name
 
 _HASHER = PasswordHasher()
-# verified against when the user does not exist, so an unknown name takes as long as a wrong
-# password (no telling which names exist by timing)
-_DUMMY = _HASHER.hash("not a password anyone has")
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """Verified against when the user does not exist, so an unknown name takes as long as a
+    wrong password (no telling which names exist by timing). Made at first use, not at import:
+    argon2 is slow on purpose, and a broker without users never needs it."""
+    return _HASHER.hash("not a password anyone has")
+
 
 # SASL/SCRAM-SHA-512 credentials (Kafka's; the exchange is security.scram's)
 SCRAM = ScramMechanism("SCRAM-SHA-512")
@@ -100,12 +107,15 @@ class UsersFile:
         """The user, if ``password`` is its password (argon2: tens of milliseconds, on
         purpose: call it off any thread that serves others)."""
         user = self.users().get(name)
-        hashed = user.password_hash if user is not None and user.password_hash else _DUMMY
+        if user is not None and user.password_hash:
+            hashed, known = user.password_hash, True
+        else:
+            hashed, known = _dummy_hash(), False
         try:
             _HASHER.verify(hashed, password)
         except (VerifyMismatchError, VerificationError, InvalidHashError):
             return None
-        return user if hashed is not _DUMMY else None
+        return user if known else None
 
     def groups_of(self, name: str) -> frozenset[str]:
         user = self.users().get(name)
