@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -110,6 +111,10 @@ class ClientSession:
         # a cluster member's, for a transport whose clients cannot follow a destination to
         # the member serving it (STOMP): what they do there is forwarded there
         self.forwarding: Forwarder | None = None
+        # destinations with produces forwarded and not answered yet, how many, and where the
+        # last went: the session's later produces to them are forwarded too (:meth:`_forward`)
+        self._forwarded: dict[str, tuple[int, NotOwner]] = {}
+        self._forwarded_lock = threading.Lock()  # (answers come on forwarding's threads)
         # for a transport whose clients do not place messages in a partitioned destination's
         # partitions (STOMP): the session places each as the SDK would
         self.places = False
@@ -128,17 +133,41 @@ class ClientSession:
             raise NotAuthenticated(self.revoked)
         self._may_produce(destination)
         self.counts["produce"] += 1
+        if self._forwarded and (behind := self._forwarded.get(destination)) is not None:
+            return self._forward(behind[1], destination, messages)
         try:
             return self.broker.produce(destination, messages, inline)
         except NotOwner as elsewhere:
             if self.forwarding is None:
                 raise
-            return self.forwarding.produce(elsewhere, destination, messages)
+            return self._forward(elsewhere, destination, messages)
         except Partitioned as parted:
             if not self.places:
                 raise
             partition = self._placed(destination, int(parted.fields["partitions"]), messages)
             return self.produce(partition, messages, inline)
+
+    def _forward(self, owner: NotOwner, destination: str, messages: Messages) -> Future:
+        """A produce forwarded to ``destination``'s owner (``owner``: where it was said to be).
+        Until every one forwarded is answered, the session's later produces to it go the same
+        way, in order behind them, even once it is served here: stored here at once, one would
+        overtake those still on their way (forwarded while it was being placed here, or while
+        its owner was gone)."""
+        assert self.forwarding is not None
+        with self._forwarded_lock:
+            waiting, _ = self._forwarded.get(destination, (0, owner))
+            self._forwarded[destination] = (waiting + 1, owner)
+        fut = self.forwarding.produce(owner, destination, messages)
+        fut.add_done_callback(lambda _: self._forward_answered(destination))
+        return fut
+
+    def _forward_answered(self, destination: str) -> None:
+        with self._forwarded_lock:
+            waiting, owner = self._forwarded[destination]
+            if waiting > 1:
+                self._forwarded[destination] = (waiting - 1, owner)
+            else:
+                del self._forwarded[destination]
 
     def _placed(self, destination: str, partitions: int, messages: Messages) -> str:
         """The partition of ``destination`` its messages go to: by the group id, else the
