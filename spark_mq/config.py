@@ -290,7 +290,8 @@ class ClusterSection(_Section):
     # listens on: broker.host and broker.port)
     advertised_url: str = Field("", pattern=r"^$|^grpc(\+tls)?://\S+:\d{1,5}$")
     # how long a request for a destination being placed (just created, or whose owner just
-    # left) waits for its owner before answering "not owned yet, try again" (s)
+    # left) waits for its owner before answering "not owned yet, try again" (s); a listener's
+    # loop, which serves many clients, never waits: it answers at once
     placement_wait_s: float = Field(5.0, ge=0, le=60)
     # a member given a destination waits this long (s) at most for the member it moves from to
     # let it go (commit what it took, tell its clients) before fencing it anyway

@@ -1,9 +1,9 @@
 """What a cluster member answers about a destination it is taking on, by the thread asking
-(spark_mq.cluster.member.ClusterMember.route, spark_mq.serving_threads): a loop serving clients
-that ask again (the direct wire's, Kafka's) is answered at once, "being placed", and holds up
-none of its other clients; any other thread (Flight's handlers, STOMP's loop, whose clients
-cannot follow) waits until the destination is served here. The coordinator is a stand-in (a
-seam of our own); the real one is in tests/test_cluster_coordination.py."""
+(spark_mq.cluster.member.ClusterMember.route, spark_mq.serving_threads): a loop serving many
+clients (the direct wire's, Kafka's, STOMP's) is answered at once, "being placed", and holds up
+none of its other clients; any other thread (Flight's handlers, helpers) waits until the
+destination is served here. The coordinator is a stand-in (a seam of our own); the real one is
+in tests/test_cluster_coordination.py; STOMP's side in tests/test_stomp_placement.py."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _route_on_a_thread(member: ClusterMember, loop: bool) -> tuple[float, BaseEx
 
     def run() -> None:
         if loop:
-            serving_threads.clients_ask_again()
+            serving_threads.answers_at_once()
         started = time.monotonic()
         try:
             member.route("d")
@@ -69,7 +69,7 @@ def _route_on_a_thread(member: ClusterMember, loop: bool) -> tuple[float, BaseEx
     return out[0]
 
 
-def test_a_loop_whose_clients_ask_again_is_answered_at_once(tmp_path: Path) -> None:
+def test_a_loop_serving_many_clients_is_answered_at_once(tmp_path: Path) -> None:
     member = _member(tmp_path)
     took, err = _route_on_a_thread(member, loop=True)
     assert isinstance(err, NotOwner) and err.fields["endpoint"] == ""  # (ask again shortly)

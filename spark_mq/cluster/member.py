@@ -300,8 +300,9 @@ class ClusterMember:
         """``name`` is not served here: raise ``NotOwner`` naming its owner, or saying it is
         being placed; return when the cluster has no such destination (the broker says so), or
         once it is served here (the broker looks again). Waits up to ``placement_wait_s`` only
-        for a destination just created and not placed yet, or being taken on here (moments);
-        one whose owner is gone is said to be being placed at once."""
+        for a destination just created and not placed yet, or being taken on here (moments),
+        and never on a loop serving many clients (:mod:`spark_mq.serving_threads`); one whose
+        owner is gone is said to be being placed at once."""
         if name.startswith(TEMPORARY_PREFIX):  # (its consumer's member serves it)
             self._route_temporary(name)
             return
@@ -316,7 +317,7 @@ class ClusterMember:
                 # session's time, and clients ask again
                 raise self.not_owner(name, "")
             # just created and not placed yet, or placed here and being taken on: moments,
-            # not waited for on a loop whose clients ask again (it serves many)
+            # not waited for on a loop (it serves many)
             with self._changed:
                 if name in self._epochs:
                     return

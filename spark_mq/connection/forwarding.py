@@ -137,13 +137,15 @@ class Forwarding:
     def _producer_for(self, owner: NotOwner) -> Producer:
         with self._producer_lock:
             if self._producer is None:
-                urls = [u for u in (self.home, _endpoint(owner)) if u]
+                # (one being placed names no member: the SDK asks home again until it is)
+                urls = [u for u in (self.home, owner.fields.get("endpoint")) if u]
                 self._producer = Producer(urls, linger_ms=0, timeout_s=self.timeout_s)
             return self._producer
 
     def attach(self, owner: NotOwner, cmd: c.Attach, wakeup: Any) -> RemoteConsumer:
         """A consumer of ``cmd``'s destination on its owner (connecting there: moments)."""
-        _endpoint(owner)  # (one being placed: said now)
+        if not owner.fields.get("endpoint"):  # (one being placed: said now, the caller's)
+            raise owner
         return RemoteConsumer(owner, cmd, wakeup, self.timeout_s)
 
     def close(self) -> None:

@@ -68,8 +68,7 @@ class LoopListener:
 
     def _run(self) -> None:
         self.loop_thread = threading.get_ident()
-        if not self.core.forwards:  # (clients that follow a cluster's answers: Kafka's)
-            serving_threads.clients_ask_again()
+        serving_threads.answers_at_once()  # (its clients are many: see serving_threads)
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 

@@ -53,6 +53,7 @@ from spark_mq.broker.consumers import ConsumerSession
 from spark_mq.broker.core import Broker
 from spark_mq.broker.subscription import Wakeup
 from spark_mq.errors import (
+    BrokerUnavailable,
     DestinationExists,
     DestinationNotFound,
     MessageRejected,
@@ -294,6 +295,9 @@ class ClientSession:
                 consumer = self.forwarding.attach(elsewhere, cmd, wakeup)
         self.counts["attach"] += 1
         self._consumers[consumer.consumer_id] = consumer
+        if self.closed:  # (attached on a helper thread as the connection ended)
+            self.detach(consumer)
+            raise BrokerUnavailable("the connection ended while its consumer was attached")
         return consumer
 
     # -- reading a destination as a log (Kafka's fetch): ``consume``, as Kafka's Read ----------

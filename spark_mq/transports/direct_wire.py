@@ -195,7 +195,7 @@ class WireServer:
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
         self._ident = threading.get_ident()
-        serving_threads.clients_ask_again()  # (SDK clients: they follow a cluster's answers)
+        serving_threads.answers_at_once()  # (SDK clients: they follow a cluster's answers)
         drain_begun = False
         turn = self.turn
         while not self._stopping:

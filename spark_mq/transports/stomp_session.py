@@ -287,19 +287,46 @@ class StompSession:
                     cmd = c.Attach(name, shared, prefetch, selector, durable=False)
             return session.attach(cmd, wakeup=self.conn), cmd
 
-        try:
-            attached = [attach(name)]
-        except Partitioned as parted:  # a part for each partition, under this one id
-            if target.kind == "temp-queue":
-                raise
-            attached = []
+        def attach_all() -> list[tuple[ConsumerHandle, c.Attach | None]]:
             try:
-                for i in range(int(parted.fields["partitions"])):
-                    attached.append(attach(partition_name(name, i)))
-            except BaseException:
-                for consumer, _ in attached:
-                    session.detach(consumer)
+                return [attach(name)]
+            except Partitioned as parted:  # a part for each partition, under this one id
+                if target.kind == "temp-queue":
+                    raise
+                attached: list[tuple[ConsumerHandle, c.Attach | None]] = []
+                try:
+                    for i in range(int(parted.fields["partitions"])):
+                        attached.append(attach(partition_name(name, i)))
+                except BaseException:
+                    for consumer, _ in attached:
+                        session.detach(consumer)
+                    raise
+                return attached
+
+        try:
+            attached = attach_all()
+        except NotOwner as exc:
+            if exc.fields.get("endpoint"):
                 raise
+            # being placed (just created, or being taken on here): attached on a helper
+            # thread, which may wait moments for it; this connection's later frames wait
+            # behind it, and no other connection does (this loop serves them all)
+            self.conn.awaiting(
+                self.listener.run_blocking(attach_all),
+                lambda attached: self._subscribed_as(frame, sub_id, text, ack, attached),
+                frame.header("receipt"),
+            )
+            return
+        self._subscribed_as(frame, sub_id, text, ack, attached)
+
+    def _subscribed_as(
+        self,
+        frame: Frame,
+        sub_id: str,
+        text: str | None,
+        ack: str,
+        attached: list[tuple[ConsumerHandle, c.Attach | None]],
+    ) -> None:
         pending: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self.subs[sub_id] = [
             _Sub(sub_id, consumer, text or "", consumer.destination, ack, pending, cmd)
