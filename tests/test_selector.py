@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_mq import SelectorError
-from spark_mq.broker.selector import LikePattern, compile_selector
+from spark_mq.broker.like_pattern import LikePattern
+from spark_mq.broker.selector import compile_selector
 
 MSG = {
     "color": "red",

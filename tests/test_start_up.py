@@ -1,8 +1,9 @@
 """What a broker's start-up does not spend its time on: Hypothesis, which kio (the Kafka
 listener's protocol types) would otherwise import to register a strategy for each of its types,
 half a second of every start wherever Hypothesis is installed (this test environment, a
-notebook's); and an argon2 hash, a fifth of a second, which only an unknown user name needs. A
-process that loaded Hypothesis itself keeps kio's strategies."""
+notebook's); an argon2 hash, a fifth of a second, which only an unknown user name needs; and
+sqlglot, which parses selectors, a tenth. A process that loaded Hypothesis itself keeps kio's
+strategies."""
 
 from __future__ import annotations
 
@@ -54,3 +55,15 @@ def test_the_broker_hashes_no_password_until_a_user_name_is_unknown(tmp_path: Pa
     )
     # the unknown name is still checked against a hash (as long as a wrong password takes)
     assert out.splitlines() == ["0", "alice 0", "None 1"]
+
+
+def test_the_broker_loads_the_selector_parser_with_the_first_selector() -> None:
+    out = _run(
+        "import sys\n"
+        "import spark_mq.service\n"
+        "print('sqlglot' in sys.modules)\n"
+        "from spark_mq.broker.selector import compile_selector\n"
+        "print(compile_selector(\"amount > 100 AND kind LIKE 'o%'\").matches("
+        "{'amount': '250', 'kind': 'order'}), 'sqlglot' in sys.modules)"
+    )
+    assert out.splitlines() == ["False", "True True"]
