@@ -910,6 +910,49 @@ def test_a_stomp_client_of_one_member_is_served_every_destination_forwarded_to_i
         assert _drain(cluster.urls, n, expect=0) == [], n
 
 
+def test_a_stomp_durable_subscriber_of_one_member_keeps_its_subscription_at_the_topic_s(
+    cluster: Cluster,
+) -> None:
+    """A JMS durable subscriber over STOMP, connected to a member that does not serve the
+    topic: its subscription is made at the topic's member, keeps what is published while it is
+    away, and is removed there when it unsubscribes."""
+    from tests.stomp_kit import connect as stomp_connect
+    from tests.stomp_kit import send_all
+
+    for m in "ab":
+        cluster.start(m)
+    via, other = "a", "b"  # the client's member; the topic's
+    with Admin(cluster.urls) as admin:
+        admin.create_topic("alerts")
+        admin.pin("alerts", other)
+    wait_for(lambda: "alerts" in cluster.serving(other)[other], 20, "the topic on b")
+    port = cluster.members[via].stomp_port or 0
+    durable = {"durable-subscription-name": "nightly"}
+    conn, inbox = stomp_connect(port, headers={"client-id": "reader"})
+    conn.subscribe("/topic/alerts", id="d", ack="client-individual",
+                   headers={**durable, "receipt": "subscribed"})  # fmt: skip
+    inbox.wait_receipt("subscribed")
+    assert not inbox.errors, [e.body for e in inbox.errors]
+    conn.disconnect()  # away: the subscription stays, at the topic's member
+    with Admin(cluster.members[other].url) as admin:
+        assert "reader.nightly" in admin.stats("alerts")["subscriptions"]
+    publisher, published = stomp_connect(cluster.members[other].stomp_port or 0)
+    send_all(publisher, published, "/topic/alerts", [b"while-away-1", b"while-away-2"])
+    publisher.disconnect()
+    conn, inbox = stomp_connect(port, headers={"client-id": "reader"})
+    conn.subscribe("/topic/alerts", id="d", ack="client-individual", headers=durable)
+    got = inbox.wait_messages(2)
+    assert [m.body for m in got] == [b"while-away-1", b"while-away-2"]
+    for m in got:
+        conn.ack(m.headers["ack"], receipt=f"ack-{m.headers['ack']}")
+    conn.unsubscribe("d", headers=durable, receipt="gone")
+    inbox.wait_receipt("gone")
+    assert not inbox.errors, [e.body for e in inbox.errors]
+    with Admin(cluster.members[other].url) as admin:
+        assert "reader.nightly" not in admin.stats("alerts")["subscriptions"]
+    conn.disconnect()
+
+
 def test_forwarding_checks_the_client_here_and_logs_in_there_as_the_member(
     cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -48,6 +48,17 @@ class _Forwarding:
     def attach(self, owner: NotOwner, cmd: Any, wakeup: Any) -> Any:
         raise AssertionError("not attached in these tests")
 
+    def has_subscription(self, owner: NotOwner, destination: str, name: str) -> bool:
+        raise AssertionError("no durable subscriptions in these tests")
+
+    def create_subscription(
+        self, owner: NotOwner, destination: str, name: str, selector: str | None
+    ) -> bool:
+        raise AssertionError("no durable subscriptions in these tests")
+
+    def delete_subscription(self, owner: NotOwner, destination: str, name: str) -> None:
+        raise AssertionError("no durable subscriptions in these tests")
+
 
 def _one(body: bytes) -> Messages:
     return Messages.one(PlainMessage(None, body))

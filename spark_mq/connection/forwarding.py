@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from spark_mq import commands as c
 from spark_mq.client._flight_put import conform_produce
+from spark_mq.client.admin import Admin
 from spark_mq.client.consumer import Consumer
 from spark_mq.client.message import Message
 from spark_mq.client.producer import Producer
@@ -64,6 +65,8 @@ class Forwarding:
         self.home = ""
         self._producer: Producer | None = None
         self._producer_lock = threading.Lock()  # (held while it connects: not the loop's)
+        self._admin: Admin | None = None  # (durable subscriptions made at their owner)
+        self._admin_lock = threading.Lock()
         self._lock = threading.Lock()
         # produces waiting to go out, by destination, in the order they came: one thread takes
         # all that waits for a destination and sends it as one batch (as a group commit does:
@@ -148,6 +151,34 @@ class Forwarding:
             raise owner
         return RemoteConsumer(owner, cmd, wakeup, self.timeout_s)
 
+    # -- durable subscriptions (a round trip each: not on a loop) -----------------------------
+    def has_subscription(self, owner: NotOwner, destination: str, name: str) -> bool:
+        """Whether topic ``destination``, served by another member, has subscription ``name``."""
+        with self._admin_lock:
+            stats = self._admin_for(owner).stats(destination)
+        return name in stats.get("subscriptions", {})
+
+    def create_subscription(
+        self, owner: NotOwner, destination: str, name: str, selector: str | None
+    ) -> bool:
+        """A durable subscription of ``destination`` made at its owner (True: made now)."""
+        with self._admin_lock:
+            admin = self._admin_for(owner)
+            return admin.create_subscription(destination, name, selector=selector)
+
+    def delete_subscription(self, owner: NotOwner, destination: str, name: str) -> None:
+        """Durable subscription ``name`` of ``destination`` removed at its owner."""
+        with self._admin_lock:
+            self._admin_for(owner).delete_subscription(destination, name)
+
+    def _admin_for(self, owner: NotOwner) -> Admin:
+        """(Under ``_admin_lock``.) The member's administration client: it starts here, and
+        asks each destination's owner (one being placed: again, until it is)."""
+        if self._admin is None:
+            urls = [u for u in (self.home, owner.fields.get("endpoint")) if u]
+            self._admin = Admin(urls, timeout_s=self.timeout_s)
+        return self._admin
+
     def close(self) -> None:
         """What waits is sent (and answered), then the producer goes."""
         with self._wake:
@@ -159,6 +190,10 @@ class Forwarding:
             producer, self._producer = self._producer, None
         if producer is not None:
             producer.close()
+        with self._admin_lock:
+            admin, self._admin = self._admin, None
+        if admin is not None:
+            admin.close()
 
 
 class RemoteConsumer:

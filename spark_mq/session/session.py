@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_mq import commands as c
+from spark_mq import serving_threads
 from spark_mq.broker.consumers import ConsumerSession
 from spark_mq.broker.core import Broker
 from spark_mq.broker.subscription import Wakeup
@@ -252,15 +253,45 @@ class ClientSession:
         self._check("consume", destination)
         if self.broker.has_subscription(destination, name):
             return
+        try:
+            self.broker.destination_kind(destination)  # (here, or NotOwner: elsewhere)
+        except NotOwner as elsewhere:
+            if self.forwarding is None:
+                raise
+            self._subscribe_elsewhere(elsewhere, destination, name, selector)
+            return
         self._check("create", destination)
         if self.broker.create_subscription(destination, name, selector):
+            self._audit("admin", "CreateSubscription", f"{destination}/{name}", outcome="done")
+
+    def _subscribe_elsewhere(
+        self, owner: NotOwner, destination: str, name: str, selector: str | None
+    ) -> None:
+        """:meth:`subscribe_durable` of a topic another member serves (or one being placed),
+        asked of it through the forwarding: round trips, so never on a loop thread, which
+        serves many clients (``owner`` is raised there: the transport asks again on a thread
+        that may wait)."""
+        assert self.forwarding is not None
+        if not serving_threads.may_wait():
+            raise owner
+        if self.forwarding.has_subscription(owner, destination, name):
+            return
+        self._check("create", destination)
+        if self.forwarding.create_subscription(owner, destination, name, selector):
             self._audit("admin", "CreateSubscription", f"{destination}/{name}", outcome="done")
 
     def unsubscribe_durable(self, destination: str, name: str) -> None:
         """Remove a durable subscription its consumer asks to end (JMS's ``unsubscribe``):
         ``admin`` on the topic, as removing any subscription (it may be someone else's)."""
         self._check("admin", destination)
-        self.broker.delete_subscription(destination, name)
+        try:
+            self.broker.delete_subscription(destination, name)
+        except NotOwner as elsewhere:
+            if self.forwarding is None:
+                raise
+            if not serving_threads.may_wait():  # (a round trip: see _subscribe_elsewhere)
+                raise
+            self.forwarding.delete_subscription(elsewhere, destination, name)
         self._audit("admin", "DeleteSubscription", f"{destination}/{name}", outcome="done")
 
     def produce_may_wait(self, destination: str) -> bool:

@@ -305,12 +305,13 @@ class StompSession:
 
         try:
             attached = attach_all()
-        except NotOwner as exc:
-            if exc.fields.get("endpoint"):
+        except NotOwner:
+            if self.session.forwarding is None:
                 raise
-            # being placed (just created, or being taken on here): attached on a helper
-            # thread, which may wait moments for it; this connection's later frames wait
-            # behind it, and no other connection does (this loop serves them all)
+            # being placed (just created, or being taken on here), or a durable subscription
+            # of a topic served elsewhere (asked of its owner: round trips): attached on a
+            # helper thread, which may wait; this connection's later frames wait behind it,
+            # and no other connection does (this loop serves them all)
             self.conn.awaiting(
                 self.listener.run_blocking(attach_all),
                 lambda attached: self._subscribed_as(frame, sub_id, text, ack, attached),
@@ -373,15 +374,37 @@ class StompSession:
             raise StompError(f"there is no subscription {sub_id!r} on this connection")
         self._forget_tokens(list(parts[0].pending))
         session = self.session
-        durable = h.first(frame, DURABLE)
         for sub in parts:
             session.detach(sub.consumer)  # what it held unacknowledged goes back
             self.retired.append(sub.consumer)
             for name, consumer in list(self.temps.items()):
                 if consumer is sub.consumer:
                     del self.temps[name]
-            if durable is not None:  # the durable subscription itself ends only when asked
-                session.unsubscribe_durable(sub.stored_as, self._durable_name(durable))
+        durable = h.first(frame, DURABLE)
+        if durable is None:
+            self.conn.receipt(frame)
+            return
+        # the durable subscription itself ends only when asked
+        full, left = self._durable_name(durable), [sub.stored_as for sub in parts]
+
+        def unsubscribe_left() -> None:
+            while left:
+                session.unsubscribe_durable(left[0], full)
+                left.pop(0)
+
+        try:
+            unsubscribe_left()
+        except NotOwner:
+            if session.forwarding is None:
+                raise
+            # a topic served elsewhere: asked of its owner on a helper thread (round trips),
+            # this connection's later frames behind it
+            self.conn.awaiting(
+                self.listener.run_blocking(unsubscribe_left),
+                lambda _: self.conn.receipt(frame),
+                frame.header("receipt"),
+            )
+            return
         self.conn.receipt(frame)
 
     def _parts(self) -> list[_Sub]:
