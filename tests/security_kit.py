@@ -9,13 +9,16 @@ import ipaddress
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import jwt
+from argon2 import PasswordHasher
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from spark_mq.security import users as users_file
 from spark_mq.security.users import UsersFile
 
 PASSWORDS = {"alice": "alice-Secret-1", "bob": "bob-Secret-2", "carol": "carol-Secret-3"}
@@ -39,11 +42,18 @@ groups = ["bob-*"]
 """
 
 
+# these users' hashes at argon2's lowest cost: a broker verifies a hash with the parameters it
+# names, so each of the hundreds of logins here takes well under a millisecond, not ~0.1 s. The
+# broker's own cost is what the user CLI's and the password-guessing tests check.
+CHEAP_HASHER = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+
+
 def write_users(path: Path) -> None:
     users = UsersFile(str(path))
-    users.put("alice", PASSWORDS["alice"], ["admins"])
-    users.put("bob", PASSWORDS["bob"], [])
-    users.put("carol", PASSWORDS["carol"], ["admins"])
+    with mock.patch.object(users_file, "_HASHER", CHEAP_HASHER):
+        users.put("alice", PASSWORDS["alice"], ["admins"])
+        users.put("bob", PASSWORDS["bob"], [])
+        users.put("carol", PASSWORDS["carol"], ["admins"])
 
 
 @dataclass
