@@ -11,12 +11,15 @@ when it moves).
   counts, and the transport's acks, nacks and lease extensions go back to the owner, each
   answered once the owner made it durable. Leases, redelivery, groups and dead-lettering stay
   the owner's.
+* A durable subscription is looked up, made and removed at the owner through one SDK ``Admin``
+  of the member's (round trips: asked on a thread that may wait, never a listener's loop).
 
 Who may do what is checked here, by the client's session, before anything is forwarded (the
 client's login and the access rules are this member's, and its audit says what it did). The
 member logs in to the owner with its environment's credentials (``SPARKMQ_USERNAME`` /
 ``SPARKMQ_PASSWORD``, or ``SPARKMQ_TOKEN``; ``SPARKMQ_TLS_CA_FILE`` with TLS), as an HA
-backup does: with security on, a user allowed to produce and consume every destination.
+backup does: with security on, a user allowed to produce, consume and create every
+destination (and to administer the topics whose STOMP clients remove durable subscriptions).
 
 A transaction stays one member's: acknowledging a forwarded delivery in one is refused.
 """
@@ -27,6 +30,7 @@ import itertools
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -154,22 +158,31 @@ class Forwarding:
     # -- durable subscriptions (a round trip each: not on a loop) -----------------------------
     def has_subscription(self, owner: NotOwner, destination: str, name: str) -> bool:
         """Whether topic ``destination``, served by another member, has subscription ``name``."""
-        with self._admin_lock:
-            stats = self._admin_for(owner).stats(destination)
+        stats = self._administer(owner, lambda admin: admin.stats(destination))
         return name in stats.get("subscriptions", {})
 
     def create_subscription(
         self, owner: NotOwner, destination: str, name: str, selector: str | None
     ) -> bool:
         """A durable subscription of ``destination`` made at its owner (True: made now)."""
-        with self._admin_lock:
-            admin = self._admin_for(owner)
-            return admin.create_subscription(destination, name, selector=selector)
+        return bool(
+            self._administer(
+                owner, lambda admin: admin.create_subscription(destination, name, selector=selector)
+            )
+        )
 
     def delete_subscription(self, owner: NotOwner, destination: str, name: str) -> None:
         """Durable subscription ``name`` of ``destination`` removed at its owner."""
+        self._administer(owner, lambda admin: admin.delete_subscription(destination, name))
+
+    def _administer(self, owner: NotOwner, call: Callable[[Admin], Any]) -> Any:
+        """``call`` made with the member's administration client; the owner's refusal of this
+        member's login or rights said as the forwarding's (the client's were checked here)."""
         with self._admin_lock:
-            self._admin_for(owner).delete_subscription(destination, name)
+            try:
+                return call(self._admin_for(owner))
+            except SparkMQError as exc:
+                raise _as_forwarded(exc, owner) from None
 
     def _admin_for(self, owner: NotOwner) -> Admin:
         """(Under ``_admin_lock``.) The member's administration client: it starts here, and
@@ -399,7 +412,8 @@ def _as_forwarded(exc: SparkMQError, owner: NotOwner) -> SparkMQError:
     log.error(
         "forwarding to cluster member %s refused: %s (set SPARKMQ_USERNAME and "
         "SPARKMQ_PASSWORD, or SPARKMQ_TOKEN, in this member's environment: a user allowed "
-        "to produce and consume every destination)",
+        "to produce, consume and create every destination, and to administer topics whose "
+        "STOMP clients remove durable subscriptions)",
         member,
         exc.message,
     )
