@@ -93,9 +93,12 @@ def member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Member]
 
 
 def _sends(first: int, last: int) -> bytes:
-    """SEND frames with receipts, as one write (no frame held back by the client's socket)."""
+    """SEND frames with receipts, as one write (no frame held back by the client's socket);
+    the odd ones with a header (rows, where the even ones are plain messages: a forwarded
+    batch holds both)."""
     return b"".join(
-        f"SEND\ndestination:/queue/{PLACING}\nreceipt:r{i}\n\n{i}\x00".encode()
+        f"SEND\ndestination:/queue/{PLACING}\nreceipt:r{i}\n{'tag:odd' + chr(10) if i % 2 else ''}"
+        f"\n{i}\x00".encode()
         for i in range(first, last)
     )
 
@@ -127,8 +130,9 @@ def test_sends_and_a_subscription_wait_for_the_placement_and_nobody_else_does(
     )
     inbox.wait_receipt("behind")
     assert inbox.receipts == ["subscribed", "behind"]
-    got = [m.body.decode() for m in inbox.wait_messages(10)]
-    assert got == [str(i) for i in range(10)]
+    got = inbox.wait_messages(10)
+    assert [m.body.decode() for m in got] == [str(i) for i in range(10)]
+    assert [m.headers.get("tag") for m in got] == [None, "odd"] * 5
     with Consumer(member.running.url, "local") as consumer:
         bodies = [m.body for m in consumer.receive_many(10, timeout=5)]
     assert sorted(bodies) == [b"behind", b"x"]
