@@ -287,9 +287,8 @@ class ClientSession:
         try:
             self.broker.delete_subscription(destination, name)
         except NotOwner as elsewhere:
-            if self.forwarding is None:
-                raise
-            if not serving_threads.may_wait():  # (a round trip: see _subscribe_elsewhere)
+            # (a round trip, never on a loop: see _subscribe_elsewhere)
+            if self.forwarding is None or not serving_threads.may_wait():
                 raise
             self.forwarding.delete_subscription(elsewhere, destination, name)
         self._audit("admin", "DeleteSubscription", f"{destination}/{name}", outcome="done")

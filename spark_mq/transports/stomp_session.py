@@ -303,22 +303,28 @@ class StompSession:
                     raise
                 return attached
 
+        self._now_or_on_helper(
+            frame,
+            attach_all,
+            lambda attached: self._subscribed_as(frame, sub_id, text, ack, attached),
+        )
+
+    def _now_or_on_helper(
+        self, frame: Frame, work: Callable[[], Any], then: Callable[[Any], None]
+    ) -> None:
+        """``work()`` now, on the loop, and ``then`` with its result. On a cluster member, work
+        that meets a destination being placed, or that must ask another member (a durable
+        subscription's round trips), raises ``NotOwner`` here (the loop serves every client:
+        it never waits); it is done again on a helper thread, which may wait, this connection's
+        later frames behind it, and ``then`` follows on the loop."""
         try:
-            attached = attach_all()
+            done = work()
         except NotOwner:
             if self.session.forwarding is None:
                 raise
-            # being placed (just created, or being taken on here), or a durable subscription
-            # of a topic served elsewhere (asked of its owner: round trips): attached on a
-            # helper thread, which may wait; this connection's later frames wait behind it,
-            # and no other connection does (this loop serves them all)
-            self.conn.awaiting(
-                self.listener.run_blocking(attach_all),
-                lambda attached: self._subscribed_as(frame, sub_id, text, ack, attached),
-                frame.header("receipt"),
-            )
+            self.conn.awaiting(self.listener.run_blocking(work), then, frame.header("receipt"))
             return
-        self._subscribed_as(frame, sub_id, text, ack, attached)
+        then(done)
 
     def _subscribed_as(
         self,
@@ -392,20 +398,7 @@ class StompSession:
                 session.unsubscribe_durable(left[0], full)
                 left.pop(0)
 
-        try:
-            unsubscribe_left()
-        except NotOwner:
-            if session.forwarding is None:
-                raise
-            # a topic served elsewhere: asked of its owner on a helper thread (round trips),
-            # this connection's later frames behind it
-            self.conn.awaiting(
-                self.listener.run_blocking(unsubscribe_left),
-                lambda _: self.conn.receipt(frame),
-                frame.header("receipt"),
-            )
-            return
-        self.conn.receipt(frame)
+        self._now_or_on_helper(frame, unsubscribe_left, lambda _: self.conn.receipt(frame))
 
     def _parts(self) -> list[_Sub]:
         return [sub for parts in self.subs.values() for sub in parts]
