@@ -14,7 +14,13 @@ reading time. Needs ZooKeeper's jars (``apt-get install zookeeper``: scripts/set
     .venv/bin/python bench/cluster_bench.py --stomp   # what forwarding costs a STOMP client
     .venv/bin/python bench/cluster_bench.py --partitions 4   # one hot destination, 1 vs 4
     .venv/bin/python bench/cluster_bench.py --partitions 4 --kafka   # ... with librdkafka
+    .venv/bin/python bench/cluster_bench.py --kafka   # many topics, librdkafka clients
     .venv/bin/python bench/cluster_bench.py --moves 10   # what moving a destination costs
+
+``--kafka`` (without ``--partitions``): the destinations are topics, and each client process
+is a librdkafka producer, then a consumer of a group of its own. A cluster's first group
+places the groups' offsets topic, and librdkafka asks for the coordinator again only after a
+second: about a second of each cluster round's reading (not of the single broker's).
 
 ``--partitions N``: one destination on two members, made of one partition and of N, in
 interleaved rounds; the client processes send ``--messages`` each to it (batches pipelined)
@@ -100,6 +106,47 @@ def _client(urls: list[str], names: list[str], n: int, batch: int, api: str, out
                 if not got:
                     raise RuntimeError(f"{name}: {left} messages never came")
                 left -= len(got)
+    out.put((produced - started, time.perf_counter() - produced, time.process_time() - cpu))
+
+
+def _kafka_client(
+    bootstrap: str, names: list[str], n: int, batch: int, group: str, out: mp.Queue
+) -> None:
+    """:func:`_client` with librdkafka: an idempotent producer (``acks=all``, batches of
+    ``linger.ms=5``) sends ``n`` to each of ``names`` (topics of one partition), then a consumer
+    of its own group reads them all back, committing as it goes."""
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import Producer as KafkaProducer
+
+    body = b"x" * 100
+    producer = KafkaProducer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                              "batch.num.messages": batch, "enable.idempotence": True})  # fmt: skip
+    cpu = time.process_time()
+    started = time.perf_counter()
+    for i in range(n):
+        for name in names:
+            while True:
+                try:
+                    producer.produce(name, body)
+                    break
+                except BufferError:  # (the client's queue is full: let it send)
+                    producer.poll(0.01)
+        if i % 100 == 0:
+            producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError("messages were not delivered")
+    produced = time.perf_counter()
+    consumer = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                              "auto.offset.reset": "earliest", "enable.auto.commit": True,
+                              "fetch.wait.max.ms": 50})  # fmt: skip
+    consumer.subscribe(names)
+    left = n * len(names)
+    while left > 0:
+        got = consumer.consume(2000, timeout=30)
+        if not got:
+            raise RuntimeError(f"{left} messages never came")
+        left -= sum(1 for m in got if m.error() is None)
+    consumer.close()
     out.put((produced - started, time.perf_counter() - produced, time.process_time() - cpu))
 
 
@@ -279,16 +326,28 @@ def run_mode(mode: str, zk: ZooKeeper, a: argparse.Namespace, k: int) -> tuple[f
     try:
         with Admin(urls) as admin:
             for n in names:
-                admin.create_queue(n)
+                if a.kafka:
+                    admin.create_topic(n, retention_s=3600)
+                else:
+                    admin.create_queue(n)
         if mode != "single broker":
             _wait_served(urls, set(names))
         spawn = mp.get_context("spawn")  # (a fork would inherit this process's gRPC state)
         out: mp.Queue = spawn.Queue()
         shares = [names[i :: a.clients] for i in range(a.clients)]
-        workers = [
-            spawn.Process(target=_client, args=(urls, s, a.messages, a.batch, a.api, out))
-            for s in shares
-        ]
+        if a.kafka:
+            bootstrap = ",".join(f"127.0.0.1:{p.kafka_port}" for p in procs)
+            workers = [
+                spawn.Process(
+                    target=_kafka_client, args=(bootstrap, s, a.messages, a.batch, f"g{i}", out)
+                )
+                for i, s in enumerate(shares)
+            ]
+        else:
+            workers = [
+                spawn.Process(target=_client, args=(urls, s, a.messages, a.batch, a.api, out))
+                for s in shares
+            ]
         brokers_cpu = sum(_cpu_s(_pid(p)) for p in procs)
         for w in workers:
             w.start()
@@ -511,7 +570,7 @@ def main() -> None:
     ap.add_argument("--stomp-messages", type=int, default=5000)
     ap.add_argument("--stomp-sync", type=int, default=100)
     ap.add_argument("--partitions", type=int, default=0, help="only: one destination, 1 vs N")
-    ap.add_argument("--kafka", action="store_true", help="--partitions with librdkafka clients")
+    ap.add_argument("--kafka", action="store_true", help="librdkafka clients (topics)")
     ap.add_argument("--moves", type=int, default=0, help="only: what moving a destination costs")
     a = ap.parse_args()
     zk = ZooKeeper(Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-zk-")))
@@ -548,7 +607,8 @@ def main() -> None:
         zk.stop()
     print(
         f"\n{a.destinations} destinations x {a.messages} messages of 100 bytes, batches of "
-        f"{a.batch} ({a.api}), {a.clients} client processes; median (min-max) of {a.rounds} rounds"
+        f"{a.batch} ({'librdkafka' if a.kafka else a.api}), {a.clients} client processes; "
+        f"median (min-max) of {a.rounds} rounds"
     )
     base = None
     for mode in modes:

@@ -4,6 +4,7 @@ test_cluster.py; through Kafka clients: test_kafka.py; Spark: test_spark_source.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import defaultdict
 
@@ -91,6 +92,47 @@ def test_messages_without_a_group_go_round_robin_and_a_dedup_id_keeps_its_partit
         counts = [p["produced"] for p in admin.stats("spread")["partitions"]]
     assert sum(counts) == 31
     assert sorted(counts) == [10, 10, 11]
+
+
+def test_a_batch_without_groups_goes_whole_to_one_partition_and_the_next_to_the_next(
+    broker: RunningBroker,
+) -> None:
+    """Kafka's sticky partitioner: a batch smaller than ``batch_size`` is not cut (a batch of 50
+    to four partitions was four sends of 12 or 13); a bigger one is cut in runs of at least
+    ``batch_size``, one a partition. The asyncio SDK sends a batch to one partition too."""
+    from spark_mq.aio import AsyncProducer
+
+    with Admin(broker.url) as admin:
+        admin.create_queue("sticky", partitions=4)
+
+        def counts() -> list[int]:
+            return [p["produced"] for p in admin.stats("sticky")["partitions"]]
+
+        with Producer(broker.url, batch_size=100) as producer:
+            first = producer.send_batch([b"a%d" % i for i in range(50)], destination="sticky")
+            assert sorted(counts()) == [0, 0, 0, 50]
+            assert first == list(range(50))  # (one partition's offsets, in order)
+            producer.send_batch([b"b%d" % i for i in range(50)], destination="sticky")
+            assert sorted(counts()) == [0, 0, 50, 50]
+            producer.send_batch([b"c%d" % i for i in range(400)], destination="sticky")
+            assert sorted(counts()) == [100, 100, 150, 150]
+
+        async def send() -> list[int]:
+            async with AsyncProducer(broker.url, destination="sticky") as p:
+                return await p.send_batch([b"d%d" % i for i in range(60)])
+
+        before = counts()
+        offsets = asyncio.run(send())
+        grew = [after - was for after, was in zip(counts(), before, strict=True)]
+        assert sorted(grew) == [0, 0, 0, 60]
+        assert offsets == list(range(before[grew.index(60)], before[grew.index(60)] + 60))
+    with Consumer(broker.url, "sticky", prefetch=600) as consumer:
+        got = receive_n(consumer, 560)
+        consumer.ack(got).result(timeout=10)
+    for prefix in "abd":  # each small batch in one partition, in its order
+        batch = [m for m in got if m.body.startswith(prefix.encode())]
+        assert len({m.partition for m in batch}) == 1
+        assert [m.body for m in batch] == sorted((m.body for m in batch), key=lambda b: int(b[1:]))
 
 
 def test_the_partitioned_name_itself_is_refused_where_a_partition_is_meant(

@@ -257,26 +257,14 @@ class AsyncProducer:
         self, bodies: Iterable[bytes | str], *, destination: str | None = None
     ) -> list[int]:
         """Send many plain messages at once; their offsets once every one is durable (to a
-        partitioned destination, each to its partition: by the producer's group id, else in
-        turn)."""
+        partitioned destination, all to one partition: the producer's group id's, else the
+        next in turn, as :meth:`spark_mq.Producer.send_batch` sends a small batch)."""
         dest = self._dest(destination)
         items = [Pending.of(b, self.next_dedup_id(), None, group_id=self.group_id) for b in bodies]
         if not items:
             return []
         n = await self._count(dest)
-        if n == 1:
-            return await self._send(dest, items)
-        rows: dict[str, list[int]] = {}
-        for row in range(len(items)):
-            rows.setdefault(self._placed(dest, n, self.group_id), []).append(row)
-        sent = await asyncio.gather(
-            *(self._send(part, [items[r] for r in taken]) for part, taken in rows.items())
-        )
-        offsets = [0] * len(items)
-        for taken, got in zip(rows.values(), sent, strict=True):
-            for row, offset in zip(taken, got, strict=True):
-                offsets[row] = offset
-        return offsets
+        return await self._send(self._placed(dest, n, self.group_id), items)
 
     async def _send(self, dest: str, items: list[Pending]) -> list[int]:
         loop = asyncio.get_running_loop()
