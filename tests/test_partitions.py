@@ -135,6 +135,29 @@ def test_a_batch_without_groups_goes_whole_to_one_partition_and_the_next_to_the_
         assert [m.body for m in batch] == sorted((m.body for m in batch), key=lambda b: int(b[1:]))
 
 
+def test_sent_messages_without_a_group_fill_one_partitions_batch_then_the_next(
+    broker: RunningBroker,
+) -> None:
+    """``send`` without a group or dedup id: the partition whose batch is being filled, then
+    the next once that batch went (Kafka's sticky partitioner); a group still places its own."""
+    with Admin(broker.url) as admin:
+        admin.create_queue("filled", partitions=3)
+    with Producer(broker.url, batch_size=10, linger_ms=60_000) as producer:
+        futures = [producer.send(b"%d" % i, destination="filled") for i in range(30)]
+        grouped = producer.send(b"g", destination="filled", group_id="g7")
+        producer.flush()
+        assert [f.result(timeout=10) for f in futures] == [i % 10 for i in range(30)]
+        assert grouped.result(timeout=10) >= 0
+    with Consumer(broker.url, "filled") as consumer:
+        got = receive_n(consumer, 31)
+        consumer.ack(got).result(timeout=10)
+    where = {int(m.body): m.partition for m in got if m.body != b"g"}
+    runs = [{where[i] for i in range(k, k + 10)} for k in (0, 10, 20)]
+    assert all(len(run) == 1 for run in runs), runs  # each batch of ten in one partition
+    assert set.union(*runs) == {0, 1, 2}
+    assert next(m.partition for m in got if m.body == b"g") == choose_partition("g7", 3, 0)
+
+
 def test_the_partitioned_name_itself_is_refused_where_a_partition_is_meant(
     broker: RunningBroker,
 ) -> None:
