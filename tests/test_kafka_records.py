@@ -1,18 +1,28 @@
 """The record batches a Kafka fetch sends: laid out by sparkmq for speed, so checked against the
 library's: the very bytes kafka-python's builder writes for the same rows, and read back by its
-reader as the messages they came from (keys, values, headers, offsets, timestamps, the size cap)."""
+reader as the messages they came from (keys, values, headers, offsets, timestamps, the size cap).
+And what a Produce's batch becomes (read by aiokafka's compiled reader), or why it is refused."""
 
 from __future__ import annotations
 
 import datetime as dt
 import random
+import struct
 
 import pyarrow as pa
 import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder as AiokafkaBuilder
+from crc32c import crc32c
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from spark_mq.schema import MESSAGE_SCHEMA, by_offset, ints
-from spark_mq.transports.kafka.records import KEY_ENCODING, _key_of, record_batch
+from spark_mq.transports.kafka.records import (
+    KEY_ENCODING,
+    RecordError,
+    _key_of,
+    produced,
+    record_batch,
+)
 
 _EPOCH = dt.datetime(2026, 11, 27, tzinfo=dt.timezone.utc)
 
@@ -121,3 +131,75 @@ def test_a_produce_answer_from_its_template_is_what_kio_writes(version: int) -> 
         assert codec.produce_answer(version, correlation, topic, offset) == codec.encode_response(
             codec.PRODUCE, version, correlation, response
         )
+
+
+def _produce_batch(records: list[tuple], *, codec: int = 0, producer_id: int = -1) -> bytes:
+    """A producer's batch, by kafka-python's builder: (key, value, headers) each."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2, compression_type=codec, is_transactional=False, producer_id=producer_id,
+        producer_epoch=0 if producer_id >= 0 else -1,
+        base_sequence=40 if producer_id >= 0 else -1, batch_size=10**7,
+    )  # fmt: skip
+    for i, (key, value, headers) in enumerate(records):
+        builder.append(i, timestamp=1_700_000_000_000 + i, key=key, value=value, headers=headers)
+    return bytes(builder.build())
+
+
+def test_a_produced_batch_becomes_the_messages_it_holds_and_a_bad_one_says_why() -> None:
+    records = [
+        (b"k1", b"v0", [("h", b"x"), ("empty", None)]),
+        (b"\xff\xfe", None, []),  # (a key not UTF-8; a tombstone)
+        (None, b"v2" * 1000, []),
+    ]
+    for codec in (0, 1):  # (none, gzip)
+        got = produced(_produce_batch(records, codec=codec, producer_id=9), 10**6)
+        assert (got.producer_id, got.producer_epoch, got.base_sequence) == (9, 0, 40)
+        table = got.messages.table()
+        assert table["body"].to_pylist() == [b"v0", b"", b"v2" * 1000]
+        assert table["group_id"].to_pylist() == ["k1", "base64://4=", None]
+        assert table["headers"].to_pylist() == [
+            [("h", "x"), ("empty", "")],
+            [(KEY_ENCODING, "base64")],
+            None,
+        ]
+        assert table["dedup_id"].to_pylist() == [f"kafka-9-0-{n}" for n in (40, 41, 42)]
+    plain = produced(_produce_batch([(None, b"a", []), (None, b"b", [])]), 100)
+    assert plain.messages.plain is not None and [m.body for m in plain.messages.plain] == [
+        b"a", b"b"
+    ]  # fmt: skip
+
+    good = _produce_batch(records)
+    flipped = bytearray(good)
+    flipped[-3] ^= 0xFF
+    with pytest.raises(RecordError, match="CRC") as err:
+        produced(bytes(flipped), 10**6)
+    assert err.value.corrupt
+    with pytest.raises(RecordError, match="must be one record batch") as err:
+        produced(good + good, 10**6)
+    assert err.value.corrupt
+    with pytest.raises(RecordError, match="not a record batch"):
+        produced(good[:40], 10**6)
+    with pytest.raises(RecordError, match="larger than this broker takes") as err:
+        produced(good, 1000)
+    assert not err.value.corrupt
+    with pytest.raises(RecordError, match="header 'h' is not UTF-8") as err:
+        produced(_produce_batch([(None, b"v", [("h", b"\xff")])]), 100)
+    assert not err.value.corrupt
+    # a compressed payload that does not decompress, under a CRC that matches it: refused as
+    # corrupt, each codec (its own error closed the connection as the broker's defect)
+    for codec in (1, 2, 3, 4):  # gzip, snappy, lz4, zstd
+        builder = AiokafkaBuilder(
+            magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
+            producer_epoch=-1, base_sequence=-1, batch_size=10**7,
+        )  # fmt: skip
+        for i in range(20):
+            builder.append(i, timestamp=1, key=None, value=b"value %d " % i * 20, headers=[])
+        whole = bytes(builder.build())
+        assert len(produced(whole, 10**6).messages.plain or []) == 20
+        for at in (62, 70, len(whole) - 8):
+            broken = bytearray(whole)
+            broken[at : at + 6] = b"\x00\x07\xff\x13\x00\x01"
+            struct.pack_into(">I", broken, 17, crc32c(bytes(broken[21:])))
+            with pytest.raises(RecordError, match="cannot be read") as err:
+                produced(bytes(broken), 10**6)
+            assert err.value.corrupt, (codec, at)
