@@ -12,7 +12,7 @@ import struct
 import pyarrow as pa
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder as AiokafkaBuilder
-from crc32c import crc32c
+from aiokafka.record.util import calc_crc32c
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from spark_mq.schema import MESSAGE_SCHEMA, by_offset, ints
@@ -199,7 +199,7 @@ def test_a_produced_batch_becomes_the_messages_it_holds_and_a_bad_one_says_why()
         for at in (62, 70, len(whole) - 8):
             broken = bytearray(whole)
             broken[at : at + 6] = b"\x00\x07\xff\x13\x00\x01"
-            struct.pack_into(">I", broken, 17, crc32c(bytes(broken[21:])))
+            struct.pack_into(">I", broken, 17, calc_crc32c(bytes(broken[21:])))
             with pytest.raises(RecordError, match="cannot be read") as err:
                 produced(bytes(broken), 10**6)
             assert err.value.corrupt, (codec, at)
