@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
@@ -410,7 +411,7 @@ def numpy_buffer(values: np.ndarray) -> pa.Buffer:
     return pa.py_buffer(values)  # type: ignore[arg-type]  # (numpy's buffer protocol: 3.12 stubs)
 
 
-def variable_column(typ: pa.DataType, values: list[bytes | None]) -> pa.Array:
+def variable_column(typ: pa.DataType, values: Sequence[bytes | None]) -> pa.Array:
     """A string or binary column of ``values`` (None: null), from its buffers."""
     n = len(values)
     lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int64, n)

@@ -133,12 +133,14 @@ def test_a_produce_answer_from_its_template_is_what_kio_writes(version: int) -> 
         )
 
 
-def _produce_batch(records: list[tuple], *, codec: int = 0, producer_id: int = -1) -> bytes:
+def _produce_batch(
+    records: list[tuple], *, codec: int = 0, producer_id: int = -1, first: int = 40
+) -> bytes:
     """A producer's batch, by kafka-python's builder: (key, value, headers) each."""
     builder = DefaultRecordBatchBuilder(
         magic=2, compression_type=codec, is_transactional=False, producer_id=producer_id,
         producer_epoch=0 if producer_id >= 0 else -1,
-        base_sequence=40 if producer_id >= 0 else -1, batch_size=10**7,
+        base_sequence=first if producer_id >= 0 else -1, batch_size=10**7,
     )  # fmt: skip
     for i, (key, value, headers) in enumerate(records):
         builder.append(i, timestamp=1_700_000_000_000 + i, key=key, value=value, headers=headers)
@@ -163,10 +165,21 @@ def test_a_produced_batch_becomes_the_messages_it_holds_and_a_bad_one_says_why()
             None,
         ]
         assert table["dedup_id"].to_pylist() == [f"kafka-9-0-{n}" for n in (40, 41, 42)]
-    plain = produced(_produce_batch([(None, b"a", []), (None, b"b", [])]), 100)
-    assert plain.messages.plain is not None and [m.body for m in plain.messages.plain] == [
-        b"a", b"b"
-    ]  # fmt: skip
+    # without keys or headers: bodies alone (and dedup ids), columns the broker stores as
+    # they are; one message without Arrow
+    for pid, ids in ((-1, None), (9, ["kafka-9-0-40", "kafka-9-0-41"])):
+        plain = produced(_produce_batch([(None, b"a", []), (None, b"b", [])], producer_id=pid), 100)
+        table = plain.messages.table()
+        assert table.schema.names == ["body"] + (["dedup_id"] if ids else [])
+        assert table["body"].to_pylist() == [b"a", b"b"]
+        assert ids is None or table["dedup_id"].to_pylist() == ids
+    wrapping = _produce_batch([(None, b"a", []), (None, b"b", [])], producer_id=9, first=2**31 - 1)
+    assert produced(wrapping, 100).messages.table()["dedup_id"].to_pylist() == [
+        f"kafka-9-0-{2**31 - 1}",
+        "kafka-9-0-0",
+    ]  # (a producer's sequence numbers wrap at int32's end)
+    one = produced(_produce_batch([(None, b"a", [])], producer_id=9), 100).messages.plain
+    assert one is not None and [(m.dedup_id, m.body) for m in one] == [("kafka-9-0-40", b"a")]
 
     good = _produce_batch(records)
     flipped = bytearray(good)
@@ -195,7 +208,7 @@ def test_a_produced_batch_becomes_the_messages_it_holds_and_a_bad_one_says_why()
         for i in range(20):
             builder.append(i, timestamp=1, key=None, value=b"value %d " % i * 20, headers=[])
         whole = bytes(builder.build())
-        assert len(produced(whole, 10**6).messages.plain or []) == 20
+        assert produced(whole, 10**6).messages.num_rows == 20
         for at in (62, 70, len(whole) - 8):
             broken = bytearray(whole)
             broken[at : at + 6] = b"\x00\x07\xff\x13\x00\x01"
