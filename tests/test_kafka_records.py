@@ -13,6 +13,8 @@ import pyarrow as pa
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder as AiokafkaBuilder
 from aiokafka.record.util import calc_crc32c
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from spark_mq.schema import MESSAGE_SCHEMA, by_offset, ints
@@ -216,3 +218,52 @@ def test_a_produced_batch_becomes_the_messages_it_holds_and_a_bad_one_says_why()
             with pytest.raises(RecordError, match="cannot be read") as err:
                 produced(bytes(broken), 10**6)
             assert err.value.corrupt, (codec, at)
+
+
+def _valid_batches() -> list[bytes]:
+    out = []
+    for codec in (0, 1, 2, 3, 4):  # none, gzip, snappy, lz4, zstd
+        for pid in (-1, 5):
+            builder = AiokafkaBuilder(
+                magic=2, compression_type=codec, is_transactional=False, producer_id=pid,
+                producer_epoch=0 if pid >= 0 else -1, base_sequence=0 if pid >= 0 else -1,
+                batch_size=10**7,
+            )  # fmt: skip
+            for i in range(12):
+                key = None if i % 3 else b"k%d" % (i % 2)
+                headers = [("h", b"v")] if i % 4 == 0 else []
+                builder.append(i, timestamp=1, key=key, value=b"value %d " % i * 9, headers=headers)
+            out.append(bytes(builder.build()))
+    return out
+
+
+_VALID = _valid_batches()
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.sampled_from(range(len(_VALID))),
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=6),
+    st.booleans(),
+    st.integers(-8, 8),
+)
+def test_any_mangled_batch_is_read_or_refused_with_a_record_error(
+    which: int, changes: list[tuple[int, int]], fix_crc: bool, cut: int
+) -> None:
+    """Whatever bytes a client sends as a partition's records: messages, or a RecordError
+    (the partition's error code); never another exception (which closed the connection)."""
+    data = bytearray(_VALID[which])
+    for at, value in changes:
+        data[at % len(data)] = value
+    if cut < 0:
+        del data[cut:]
+    elif cut > 0:
+        data += bytes(cut)
+    if fix_crc and len(data) > 21:
+        struct.pack_into(">I", data, 17, calc_crc32c(bytes(data[21:])))
+    try:
+        got = produced(bytes(data), 10**6)
+    except RecordError as exc:
+        assert exc.message
+        return
+    assert got.messages.num_rows >= 0
