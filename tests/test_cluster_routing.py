@@ -3,7 +3,8 @@
 clients (the direct wire's, Kafka's, STOMP's) is answered at once, "being placed", and holds up
 none of its other clients; any other thread (Flight's handlers, helpers) waits until the
 destination is served here. The coordinator is a stand-in (a seam of our own); the real one is
-in tests/test_cluster_coordination.py; STOMP's side in tests/test_stomp_placement.py."""
+in tests/test_cluster_coordination.py; STOMP's side in tests/test_stomp_placement.py. And a
+Kafka FindCoordinator before the groups' offsets are placed, answered once they are."""
 
 from __future__ import annotations
 
@@ -90,3 +91,84 @@ def test_another_thread_waits_until_the_destination_is_served_here(tmp_path: Pat
     threading.Thread(target=taken_on).start()
     took, err = _route_on_a_thread(member, loop=False)
     assert err is None and took == pytest.approx(0.3, abs=0.25)
+
+
+class _Nodes:
+    """A Kafka listener's view of a cluster whose groups' offsets are being placed."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.placement_wait_s = wait_s
+        self.node: Any = None
+
+    def coordinator(self) -> Any:
+        return self.node
+
+
+class _Link:
+    def __init__(self, nodes: _Nodes) -> None:
+        self.nodes = nodes
+        self.answers: list[Any] = []
+        self.answered = threading.Event()
+
+    def awaiting(self, work: Any, then: Any, *, on_error: Any) -> None:
+        def done(f: Any) -> None:
+            exc = f.exception()
+            then(f.result()) if exc is None else on_error(exc)
+
+        work.add_done_callback(done)
+
+    def answer(self, slot: Any, response: Any) -> None:
+        self.answers.append(response)
+        self.answered.set()
+
+
+def _find_coordinator(wait_s: float, placed_after_s: float | None) -> tuple[Any, float, int]:
+    """A FindCoordinator (v4) before the groups' offsets were placed; the offsets come to
+    node 7 after ``placed_after_s`` (None: never). Its answer, when it came, and how often the
+    placement was asked for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+
+    from spark_mq.transports.kafka import codec
+    from spark_mq.transports.kafka.group_requests import GroupRequests
+    from spark_mq.transports.kafka.nodes import Node
+
+    nodes = _Nodes(wait_s)
+    link = _Link(nodes)
+    asked: list[int] = []
+
+    class _Session:
+        def offsets_placed(self) -> None:
+            asked.append(1)
+
+    class _Listener:
+        helpers = ThreadPoolExecutor(2)
+
+        def run_blocking(self, fn: Any, *args: Any) -> Any:
+            return self.helpers.submit(fn, *args)
+
+    requests = GroupRequests(link, _Listener(), _Session(), None)  # type: ignore[arg-type]
+    if placed_after_s is not None:
+        timer = threading.Timer(placed_after_s, lambda: setattr(nodes, "node", Node(7, "h", 9)))
+        timer.start()
+    body = FindCoordinatorRequest(key_type=0, coordinator_keys=("g",))
+    started = time.monotonic()
+    requests.handlers()[codec.FIND_COORDINATOR](codec.Request(10, 4, 1, "c", body, 20), None)
+    assert link.answered.wait(10)
+    (answer,) = link.answers
+    return answer.coordinators[0], time.monotonic() - started, len(asked)
+
+
+def test_a_new_clusters_first_find_coordinator_is_answered_once_the_offsets_are_placed() -> None:
+    """Not "not available" at once: librdkafka asked again only a second later, so a new
+    cluster's first group waited that long for its coordinator."""
+    from kio.schema.errors import ErrorCode
+
+    found, took, asked = _find_coordinator(wait_s=5, placed_after_s=0.3)
+    assert found.error_code == ErrorCode.none and (found.node_id, found.port) == (7, 9)
+    assert 0.25 < took < 2 and asked == 1
+    # not placed within cluster.placement_wait_s: "not available" then, and asked again
+    missing, took, asked = _find_coordinator(wait_s=0.3, placed_after_s=None)
+    assert missing.error_code == ErrorCode.coordinator_not_available
+    assert missing.error_message == "being placed" and 0.25 < took < 2 and asked == 1

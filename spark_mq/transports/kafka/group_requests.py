@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import timedelta
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 _ZERO = timedelta(0)
 _NO_OPERATIONS = -(2**31)
+_PLACED_POLL_S = 0.02  # how often a FindCoordinator waiting for the offsets' placement looks
 _NO_TRANSACTIONS = (
     "sparkmq does not serve Kafka transactions yet: produce without transactional.id "
     "(idempotent producers are served: each message is stored once)"
@@ -94,6 +96,20 @@ class GroupRequests:
 
     # -- FindCoordinator: this broker, or the cluster member serving the offsets -----------
     def _find_coordinator(self, r: Request, slot: Any) -> None:
+        if getattr(r.body, "key_type", 0) != 1 and self.link.nodes.coordinator() is None:
+            # (a cluster's offsets topic, being placed: answered once it is, a moment later.
+            # "Not available" at once, librdkafka asked again a second later: a new cluster's
+            # first group waited that long for its coordinator)
+            placed = self._offsets_placed()
+            self.link.awaiting(
+                placed,
+                lambda _: self._coordinator_answer(r, slot),
+                on_error=lambda _: self._coordinator_answer(r, slot),
+            )
+            return
+        self._coordinator_answer(r, slot)
+
+    def _coordinator_answer(self, r: Request, slot: Any) -> None:
         body, mod = r.body, self._module(r)
         key_type = getattr(body, "key_type", 0)
         node = self.link.nodes.coordinator()
@@ -102,9 +118,8 @@ class GroupRequests:
         err, message = ErrorCode.none, None
         if key_type == 1:
             err, message = ErrorCode.transactional_id_authorization_failed, _NO_TRANSACTIONS
-        elif node is None:  # (a cluster's offsets topic, being placed: clients ask again)
+        elif node is None:  # (still being placed: clients ask again)
             err, message = ErrorCode.coordinator_not_available, "being placed"
-            self._offsets_placed()
         node_id, host, port = (node.node_id, node.host, node.port) if node else (-1, "", -1)
         if r.version >= 4:
             coordinators = tuple(
@@ -136,13 +151,21 @@ class GroupRequests:
             )
         self.link.answer(slot, response)
 
-    def _offsets_placed(self) -> None:
+    def _offsets_placed(self) -> Future:
         """(A cluster's.) The groups' offsets topic created, when it was not: it is placed on a
         member, which coordinates every group from then on. Off the loop (it is recorded in
-        the journal and registered in ZooKeeper); whoever asks next is told where."""
-        if self._placing is not None and not self._placing.done():
-            return
-        self._placing = self.listener.run_blocking(self.session.offsets_placed)
+        the journal and registered in ZooKeeper); done once a coordinator is known, or after
+        ``cluster.placement_wait_s`` (the asker is then told it is not available yet)."""
+        if self._placing is None or self._placing.done():
+            self._placing = self.listener.run_blocking(self._place_offsets)
+        return self._placing
+
+    def _place_offsets(self) -> None:
+        """(A helper thread.)"""
+        self.session.offsets_placed()
+        deadline = time.monotonic() + self.link.nodes.placement_wait_s
+        while self.link.nodes.coordinator() is None and time.monotonic() < deadline:
+            time.sleep(_PLACED_POLL_S)
 
     def _not_coordinating(self) -> bool:
         """A cluster member not serving the groups' offsets: it answers ``NOT_COORDINATOR``

@@ -36,6 +36,7 @@ class Placement(Protocol):
 
     member_id: str
     name: str
+    placement_wait_s: float  # (how long a destination being placed is waited for, at most)
 
     @property
     def leader(self) -> str | None: ...
@@ -61,6 +62,11 @@ class Nodes:
         self.placement = placement
         self.clustered = placement is not None
         self.cluster_id = f"sparkmq-{placement.name if placement else broker_id or 'broker'}"
+
+    @property
+    def placement_wait_s(self) -> float:
+        """How long a request may wait for something being placed (one broker: nothing is)."""
+        return 0.0 if self.placement is None else self.placement.placement_wait_s
 
     def here(self) -> Node:
         host, port = self._advertised()
