@@ -109,6 +109,21 @@ def _client(urls: list[str], names: list[str], n: int, batch: int, api: str, out
     out.put((produced - started, time.perf_counter() - produced, time.process_time() - cpu))
 
 
+def _produce(producer: Any, topic: str, body: bytes, key: bytes | None = None) -> None:
+    """One message into librdkafka's queue; while the queue is full, it sends."""
+    while True:
+        try:
+            producer.produce(topic, body, key=key)
+            return
+        except BufferError:
+            producer.poll(0.01)
+
+
+def _delivered(producer: Any) -> None:
+    if producer.flush(120) != 0:
+        raise RuntimeError("messages were not delivered")
+
+
 def _kafka_client(
     bootstrap: str, names: list[str], n: int, batch: int, group: str, out: mp.Queue
 ) -> None:
@@ -125,16 +140,10 @@ def _kafka_client(
     started = time.perf_counter()
     for i in range(n):
         for name in names:
-            while True:
-                try:
-                    producer.produce(name, body)
-                    break
-                except BufferError:  # (the client's queue is full: let it send)
-                    producer.poll(0.01)
+            _produce(producer, name, body)
         if i % 100 == 0:
             producer.poll(0)
-    if producer.flush(120) != 0:
-        raise RuntimeError("messages were not delivered")
+    _delivered(producer)
     produced = time.perf_counter()
     consumer = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": group,
                               "auto.offset.reset": "earliest", "enable.auto.commit": True,
@@ -191,16 +200,10 @@ def _hot_kafka_client(
                               "batch.num.messages": batch, "enable.idempotence": True})  # fmt: skip
     started = time.perf_counter()
     for i in range(n):
-        while True:
-            try:
-                producer.produce("hot", body, key=keys[i % 64])
-                break
-            except BufferError:  # (the client's queue is full: let it send)
-                producer.poll(0.01)
+        _produce(producer, "hot", body, keys[i % 64])
         if i % 1000 == 0:
             producer.poll(0)
-    if producer.flush(120) != 0:
-        raise RuntimeError("messages were not delivered")
+    _delivered(producer)
     produced = time.perf_counter()
     out.put(("produced", produced - started))
     consumer = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "bench",
