@@ -104,7 +104,14 @@ class _Nodes:
         return self.node
 
 
+class _Loop:
+    def call_later(self, delay: float, fn: Any) -> None:
+        threading.Timer(delay, fn).start()
+
+
 class _Link:
+    loop = _Loop()
+
     def __init__(self, nodes: _Nodes) -> None:
         self.nodes = nodes
         self.answers: list[Any] = []
@@ -122,10 +129,10 @@ class _Link:
         self.answered.set()
 
 
-def _find_coordinator(wait_s: float, placed_after_s: float | None) -> tuple[Any, float, int]:
+def _find_coordinator(wait_s: float, placed_after_s: float | None) -> tuple[Any, float, int, bool]:
     """A FindCoordinator (v4) before the groups' offsets were placed; the offsets come to
-    node 7 after ``placed_after_s`` (None: never). Its answer, when it came, and how often the
-    placement was asked for."""
+    node 7 after ``placed_after_s`` (None: never). Its answer, when it came, how often the
+    placement was asked for, and whether the listener's one helper thread was free meanwhile."""
     from concurrent.futures import ThreadPoolExecutor
 
     from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
@@ -143,21 +150,24 @@ def _find_coordinator(wait_s: float, placed_after_s: float | None) -> tuple[Any,
             asked.append(1)
 
     class _Listener:
-        helpers = ThreadPoolExecutor(2)
+        helpers = ThreadPoolExecutor(1)
 
         def run_blocking(self, fn: Any, *args: Any) -> Any:
             return self.helpers.submit(fn, *args)
 
-    requests = GroupRequests(link, _Listener(), _Session(), None)  # type: ignore[arg-type]
+    listener = _Listener()
+    requests = GroupRequests(link, listener, _Session(), None)  # type: ignore[arg-type]
     if placed_after_s is not None:
         timer = threading.Timer(placed_after_s, lambda: setattr(nodes, "node", Node(7, "h", 9)))
         timer.start()
     body = FindCoordinatorRequest(key_type=0, coordinator_keys=("g",))
     started = time.monotonic()
     requests.handlers()[codec.FIND_COORDINATOR](codec.Request(10, 4, 1, "c", body, 20), None)
+    time.sleep(0.1)
+    helper_free = listener.helpers.submit(lambda: True).result(timeout=0.1)
     assert link.answered.wait(10)
     (answer,) = link.answers
-    return answer.coordinators[0], time.monotonic() - started, len(asked)
+    return answer.coordinators[0], time.monotonic() - started, len(asked), helper_free
 
 
 def test_a_new_clusters_first_find_coordinator_is_answered_once_the_offsets_are_placed() -> None:
@@ -165,10 +175,11 @@ def test_a_new_clusters_first_find_coordinator_is_answered_once_the_offsets_are_
     cluster's first group waited that long for its coordinator."""
     from kio.schema.errors import ErrorCode
 
-    found, took, asked = _find_coordinator(wait_s=5, placed_after_s=0.3)
+    found, took, asked, helper_free = _find_coordinator(wait_s=5, placed_after_s=0.3)
     assert found.error_code == ErrorCode.none and (found.node_id, found.port) == (7, 9)
     assert 0.25 < took < 2 and asked == 1
+    assert helper_free  # (the wait holds no helper thread: the loop's timer looks)
     # not placed within cluster.placement_wait_s: "not available" then, and asked again
-    missing, took, asked = _find_coordinator(wait_s=0.3, placed_after_s=None)
+    missing, took, asked, _ = _find_coordinator(wait_s=0.3, placed_after_s=None)
     assert missing.error_code == ErrorCode.coordinator_not_available
     assert missing.error_message == "being placed" and 0.25 < took < 2 and asked == 1

@@ -100,14 +100,31 @@ class GroupRequests:
             # (a cluster's offsets topic, being placed: answered once it is, a moment later.
             # "Not available" at once, librdkafka asked again a second later: a new cluster's
             # first group waited that long for its coordinator)
-            placed = self._offsets_placed()
+            self._offsets_placed()
             self.link.awaiting(
-                placed,
+                self._coordinator_known(),
                 lambda _: self._coordinator_answer(r, slot),
                 on_error=lambda _: self._coordinator_answer(r, slot),
             )
             return
         self._coordinator_answer(r, slot)
+
+    def _coordinator_known(self) -> Future:
+        """Done once the groups' coordinator is known, or after ``cluster.placement_wait_s``
+        (the asker is then told it is not available yet). Looked at by the loop's timer, not
+        a helper thread: the connections asking at once, when the coordinating member died,
+        would hold every helper (their reads of the log too)."""
+        known: Future = Future()
+        deadline = time.monotonic() + self.link.nodes.placement_wait_s
+
+        def look() -> None:
+            if self.link.nodes.coordinator() is not None or time.monotonic() >= deadline:
+                known.set_result(None)
+            else:
+                self.link.loop.call_later(_PLACED_POLL_S, look)
+
+        look()
+        return known
 
     def _coordinator_answer(self, r: Request, slot: Any) -> None:
         body, mod = r.body, self._module(r)
@@ -151,21 +168,13 @@ class GroupRequests:
             )
         self.link.answer(slot, response)
 
-    def _offsets_placed(self) -> Future:
+    def _offsets_placed(self) -> None:
         """(A cluster's.) The groups' offsets topic created, when it was not: it is placed on a
         member, which coordinates every group from then on. Off the loop (it is recorded in
-        the journal and registered in ZooKeeper); done once a coordinator is known, or after
-        ``cluster.placement_wait_s`` (the asker is then told it is not available yet)."""
-        if self._placing is None or self._placing.done():
-            self._placing = self.listener.run_blocking(self._place_offsets)
-        return self._placing
-
-    def _place_offsets(self) -> None:
-        """(A helper thread.)"""
-        self.session.offsets_placed()
-        deadline = time.monotonic() + self.link.nodes.placement_wait_s
-        while self.link.nodes.coordinator() is None and time.monotonic() < deadline:
-            time.sleep(_PLACED_POLL_S)
+        the journal and registered in ZooKeeper)."""
+        if self._placing is not None and not self._placing.done():
+            return
+        self._placing = self.listener.run_blocking(self.session.offsets_placed)
 
     def _not_coordinating(self) -> bool:
         """A cluster member not serving the groups' offsets: it answers ``NOT_COORDINATOR``
