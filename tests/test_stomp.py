@@ -457,8 +457,9 @@ def test_sends_to_a_partitioned_queue_are_placed_by_group_and_subscriptions_read
     conn.disconnect()
     # the destination's own name: one subscription over its 3 partitions, whose cumulative
     # ACK covers what every partition delivered before it
-    with Producer(broker.url) as producer:
-        producer.send_batch([f"w{i}".encode() for i in range(12)], destination=q)
+    with Producer(broker.url) as producer:  # (three batches: a small batch fills one partition)
+        for k in range(3):
+            producer.send_batch([f"w{i}".encode() for i in range(4 * k, 4 * k + 4)], destination=q)
     whole, whole_inbox = connect(port)
     whole.subscribe(f"/queue/{q}", id="all", ack="client")
     frames = whole_inbox.wait_messages(12)
