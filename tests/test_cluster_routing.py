@@ -166,6 +166,7 @@ def _find_coordinator(wait_s: float, placed_after_s: float | None) -> tuple[Any,
     time.sleep(0.1)
     helper_free = listener.helpers.submit(lambda: True).result(timeout=0.1)
     assert link.answered.wait(10)
+    listener.helpers.shutdown(wait=False)
     (answer,) = link.answers
     return answer.coordinators[0], time.monotonic() - started, len(asked), helper_free
 

@@ -189,9 +189,10 @@ def record_batch(rows: pa.Table, max_bytes: int) -> tuple[bytes, int]:
     ``max_bytes`` unless the first record alone is larger (Kafka's rule: a consumer always gets
     at least one record); returns the batch and how many rows it holds.
 
-    What a fetch sends, so the hot path of consuming: aiokafka's compiled builder, 0.34 us a
-    record of 100 bytes, against 1.19 laid out here in Python and 4-5 through kafka-python's
-    builder (whose very bytes it writes: tests compare them)."""
+    What a fetch sends, so the hot path of consuming: aiokafka's compiled builder. In batches
+    of 256 KiB (a fetch's), 0.47 us a record of 100 bytes against 0.83 laid out here in Python
+    before, and 0.80 against 0.89 of 1 KiB (its CRC is slower than ``crc32c``'s); it writes
+    the very bytes kafka-python's builder writes (tests compare them)."""
     n = rows.num_rows
     if n == 0:
         return b"", 0
