@@ -126,8 +126,17 @@ def test_a_batch_without_groups_goes_whole_to_one_partition_and_the_next_to_the_
         grew = [after - was for after, was in zip(counts(), before, strict=True)]
         assert sorted(grew) == [0, 0, 0, 60]
         assert offsets == list(range(before[grew.index(60)], before[grew.index(60)] + 60))
-    with Consumer(broker.url, "sticky", prefetch=600) as consumer:
-        got = receive_n(consumer, 560)
+
+        async def send_big() -> list[int]:  # (two frames' worth: two runs, two partitions)
+            async with AsyncProducer(broker.url, destination="sticky") as p:
+                return await p.send_batch([b"f%d" % i for i in range(2000)])
+
+        before = counts()
+        assert len(asyncio.run(send_big())) == 2000
+        grew = [after - was for after, was in zip(counts(), before, strict=True)]
+        assert sorted(grew) == [0, 0, 1000, 1000]
+    with Consumer(broker.url, "sticky", prefetch=2600) as consumer:
+        got = receive_n(consumer, 2560)
         consumer.ack(got).result(timeout=10)
     for prefix in "abd":  # each small batch in one partition, in its order
         batch = [m for m in got if m.body.startswith(prefix.encode())]

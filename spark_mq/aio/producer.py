@@ -256,15 +256,28 @@ class AsyncProducer:
     async def send_batch(
         self, bodies: Iterable[bytes | str], *, destination: str | None = None
     ) -> list[int]:
-        """Send many plain messages at once; their offsets once every one is durable (to a
-        partitioned destination, all to one partition: the producer's group id's, else the
-        next in turn, as :meth:`spark_mq.Producer.send_batch` sends a small batch)."""
+        """Send many plain messages at once; their offsets once every one is durable. To a
+        partitioned destination, as :meth:`spark_mq.Producer.send_batch` sends them: all to
+        the producer's group id's partition; without one, a batch of up to a frame's messages
+        whole to the next partition in turn, a bigger one in runs of a frame or more, one a
+        partition."""
         dest = self._dest(destination)
         items = [Pending.of(b, self.next_dedup_id(), None, group_id=self.group_id) for b in bodies]
         if not items:
             return []
         n = await self._count(dest)
-        return await self._send(self._placed(dest, n, self.group_id), items)
+        runs = 1 if self.group_id is not None else max(1, min(n, len(items) // _FRAME_MESSAGES))
+        if runs == 1:
+            return await self._send(self._placed(dest, n, self.group_id), items)
+        first = next(self._turn)
+        cuts = [k * len(items) // runs for k in range(runs + 1)]
+        sent = await asyncio.gather(
+            *(
+                self._send(partition_name(dest, (first + k) % n), items[cuts[k] : cuts[k + 1]])
+                for k in range(runs)
+            )
+        )
+        return [offset for part in sent for offset in part]
 
     async def _send(self, dest: str, items: list[Pending]) -> list[int]:
         loop = asyncio.get_running_loop()
