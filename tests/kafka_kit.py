@@ -110,6 +110,43 @@ class RawKafka:
             data += chunk
         return data
 
+    def produce_sequenced(
+        self, topic: str, producer_id: int, first_seq: int, values: list[bytes]
+    ) -> tuple[int, int]:
+        """One Produce (v9) of an idempotent producer's batch, epoch 0, sequences from
+        ``first_seq``, to partition 0: its error code and base offset."""
+        from datetime import timedelta
+
+        from kafka.record.default_records import DefaultRecordBatchBuilder
+        from kio.schema.produce.v9 import request as produce9
+        from kio.schema.produce.v9 import response as answer9
+        from kio.schema.request_header.v2.header import RequestHeader
+        from kio.schema.response_header.v1.header import ResponseHeader
+        from kio.serial import entity_reader, entity_writer
+
+        b = DefaultRecordBatchBuilder(2, 0, False, producer_id, 0, first_seq, 1 << 20)
+        for i, v in enumerate(values):
+            b.append(i, timestamp=None, key=None, value=v, headers=[])
+        buf = io.BytesIO()
+        entity_writer(RequestHeader)(
+            buf, RequestHeader(request_api_key=0, request_api_version=9, correlation_id=1,
+                               client_id="seq")
+        )  # fmt: skip
+        entity_writer(produce9.ProduceRequest)(
+            buf,
+            produce9.ProduceRequest(
+                acks=-1, timeout=timedelta(seconds=10),
+                topic_data=(produce9.TopicProduceData(name=topic, partition_data=(
+                    produce9.PartitionProduceData(index=0, records=bytes(b.build())),)),),
+            ),
+        )  # fmt: skip
+        self.send_frame(buf.getvalue())
+        answer = self.response()
+        _, at = entity_reader(ResponseHeader)(answer, 0)
+        resp, _ = entity_reader(answer9.ProduceResponse)(answer, at)
+        part = resp.responses[0].partition_responses[0]
+        return int(part.error_code.value), int(part.base_offset)
+
     def close(self) -> None:
         self.sock.close()
 

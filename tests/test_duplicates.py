@@ -261,3 +261,35 @@ def test_a_single_new_id_is_claimed_in_one_pass_and_any_other_goes_the_general_w
 
     cache.claim(pa.array([f"r-{k}" for k in range(4)]), clock.wall())  # a run of ids is held
     assert cache.claim_one("r-2", clock.wall()) is None  # which claim() looks into
+
+
+def test_the_newest_number_a_client_gave_its_ids_is_what_the_cache_holds_of_it(
+    clock: ManualClock,
+) -> None:
+    """Where a producer numbering its ids got to (a Kafka producer's sequences, when its topic
+    comes to a member): the newest id of its prefix held, in runs, one by one or read back at
+    recovery; a batch that failed does not count; other prefixes and forgotten ids do not."""
+    from concurrent.futures import Future
+
+    from spark_mq.broker.dedup import DuplicateCache
+    from spark_mq.errors import JournalError
+
+    cache = DuplicateCache(size=100, window_s=60)
+    assert cache.newest_number("kafka-7-0") is None
+    cache.remember("kafka-7-0-3", 3, clock.wall())  # (read back at recovery)
+    assert cache.newest_number("kafka-7-0") == 3
+    cache.claim(pa.array([f"kafka-7-0-{k}" for k in range(4, 8)]), clock.wall())  # a run
+    cache.claim(pa.array([f"kafka-8-0-{k}" for k in range(50, 60)]), clock.wall())
+    assert cache.newest_number("kafka-7-0") == 7
+    assert cache.newest_number("kafka-8-0") == 59
+    _, _, failed = cache.claim(pa.array([f"kafka-7-0-{k}" for k in range(8, 12)]), clock.wall())
+    refused: Future = Future()
+    cache.bind(failed, refused)
+    refused.set_exception(JournalError("not stored"))
+    assert cache.newest_number("kafka-7-0") == 7  # the failed batch's ids were never stored
+    cache.claim(["kafka-7-0-8"], clock.wall())  # one by one (its resend, a message at a time)
+    assert cache.newest_number("kafka-7-0") == 8
+    assert cache.newest_number("kafka-7") is None  # (a prefix is matched whole)
+    clock.advance(61)
+    cache.claim(["other"], clock.wall())  # (the window passed: what it held is forgotten)
+    assert cache.newest_number("kafka-7-0") is None

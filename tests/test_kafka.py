@@ -1236,41 +1236,11 @@ def test_a_transactional_producer_is_refused_at_once_saying_why(port: int) -> No
 def test_an_idempotent_producer_s_sequences_must_come_in_order(port: int) -> None:
     """Sequences past the next expected are refused (OUT_OF_ORDER_SEQUENCE_NUMBER, as Kafka
     refuses them: a batch before was lost); a resent batch is stored once."""
-    import io
-
-    from kafka.record.default_records import DefaultRecordBatchBuilder
-    from kio.schema.produce.v9 import request as produce9
-    from kio.schema.produce.v9 import response as answer9
-    from kio.schema.request_header.v2.header import RequestHeader
-    from kio.schema.response_header.v1.header import ResponseHeader
-    from kio.serial import entity_reader, entity_writer
-
     topic = _name("sequenced")
     produce_all(producer(port), topic, [b"first"])  # (the topic exists)
 
     def send(raw: RawKafka, first_seq: int, values: list[bytes]) -> tuple[int, int]:
-        b = DefaultRecordBatchBuilder(2, 0, False, 4242, 0, first_seq, 1 << 20)
-        for i, v in enumerate(values):
-            b.append(i, timestamp=None, key=None, value=v, headers=[])
-        buf = io.BytesIO()
-        entity_writer(RequestHeader)(
-            buf, RequestHeader(request_api_key=0, request_api_version=9, correlation_id=1,
-                               client_id="seq")
-        )  # fmt: skip
-        entity_writer(produce9.ProduceRequest)(
-            buf,
-            produce9.ProduceRequest(
-                acks=-1, timeout=timedelta(seconds=10),
-                topic_data=(produce9.TopicProduceData(name=topic, partition_data=(
-                    produce9.PartitionProduceData(index=0, records=bytes(b.build())),)),),
-            ),
-        )  # fmt: skip
-        raw.send_frame(buf.getvalue())
-        answer = raw.response()
-        _, at = entity_reader(ResponseHeader)(answer, 0)
-        resp, _ = entity_reader(answer9.ProduceResponse)(answer, at)
-        part = resp.responses[0].partition_responses[0]
-        return int(part.error_code.value), int(part.base_offset)
+        return raw.produce_sequenced(topic, 4242, first_seq, values)
 
     raw = RawKafka(port)
     try:

@@ -64,3 +64,59 @@ def test_kafka_sequences_keep_their_single_broker_rules() -> None:
     seqs.check("w", 2, 0, 2, term=0)
     with pytest.raises(OutOfOrder):
         seqs.check("w", 2, 0, 3, term=0)
+
+
+def test_a_producer_s_first_batch_of_a_term_follows_on_from_what_the_log_holds() -> None:
+    """The topic came to this member, whose log holds the producer's sequences up to 11076 (a
+    batch from 11077 was refused by the old owner as it let the topic go): the batch from
+    11081 is refused out of order, not taken ahead of it, and the resent 11077 is taken. A
+    producer the log knows nothing of (None) starts where it says; the log is asked once a
+    term, only while nothing is expected yet."""
+    seqs = Sequences()
+    asked: list[int] = []
+
+    def stored() -> int | None:
+        asked.append(1)
+        return 11076
+
+    with pytest.raises(OutOfOrder, match="the next expected is 11077"):
+        seqs.check("t", 7, 0, 11081, term=12, stored=stored)
+    seqs.check("t", 7, 0, 11077, term=12, stored=stored)
+    seqs.taken("t", 7, 0, 11077, 4, term=12)
+    seqs.check("t", 7, 0, 11081, term=12, stored=stored)
+    assert len(asked) == 1
+    seqs.check("t", 8, 0, 500, term=12, stored=lambda: None)  # (a producer new to the log)
+    seqs.check("t", 9, 0, 0, term=12, stored=lambda: 2**31 - 1)  # (the newest was the last)
+    seqs.check("t", 7, 0, 11077, term=None, stored=stored)  # (not this member's: not asked)
+    assert len(asked) == 1
+
+
+def test_a_topic_placed_elsewhere_but_not_let_go_yet_keeps_its_term_here() -> None:
+    """Between a new placement and the member letting the topic go, what it still stores
+    follows on from the term it serves the topic with (checked as before); once let go, the
+    term is the placement's: this member's when placed here, else none."""
+    from spark_mq.transports.kafka.nodes import Nodes
+
+    class Placement:
+        member_id, name, placement_wait_s, leader = "a", "c", 1.0, "a"
+        serving: dict[str, int] = {"t": 11}
+
+        def owner(self, name: str) -> tuple[str, int] | None:
+            return {"t": ("b", 12), "u": ("a", 5)}.get(name)
+
+        def held(self, name: str) -> int | None:
+            return self.serving.get(name)
+
+        def kafka_endpoints(self) -> dict[str, str]:
+            return {}
+
+        def destinations(self) -> list[str]:
+            return ["t", "u"]
+
+    placement = Placement()
+    nodes = Nodes(lambda: ("127.0.0.1", 9092), "a", placement)
+    assert nodes.term("t") == 11  # (placed on b, still served here)
+    assert nodes.term("u") == 5  # (placed here, being taken on)
+    placement.serving.clear()
+    assert nodes.term("t") is None
+    assert Nodes(lambda: ("127.0.0.1", 9092), "a", None).term("t") == 0

@@ -568,6 +568,14 @@ class Broker:
     def has_destination(self, name: str) -> bool:
         return self.destinations.has(name)
 
+    def newest_dedup_number(self, name: str, prefix: str) -> int | None:
+        """The number of the newest dedup id ``<prefix>-<n>`` that ``name``, served here,
+        holds in its duplicate cache (None: not served here, no cache, or no such id)."""
+        dest = self.destinations.find(name)
+        if dest is None or dest.dedup is None:
+            return None
+        return dest.dedup.newest_number(prefix)
+
     def destination_kind(self, name: str) -> Kind | None:
         return self.destinations.kind(name)
 

@@ -283,6 +283,27 @@ class DuplicateCache:
                 self._evict(now)
             return batch
 
+    def newest_number(self, prefix: str) -> int | None:
+        """The number of the newest id ``<prefix>-<n>`` held (stored, or claimed by a batch
+        that has not failed); None when none is. Where a client numbering its ids got to, as
+        far as the window reaches: a Kafka producer's sequence, when its topic has just come
+        to this member (:mod:`spark_mq.transports.kafka.sequences`). Once a producer and
+        term: a walk from the newest id back to its own."""
+        with self._lock:
+            if prefix not in self._runs and prefix not in self._loose:
+                return None
+            for key, entry in reversed(self._seen.items()):
+                if isinstance(key, _Run):
+                    if key.prefix == prefix and not key.batch.failed:
+                        return key.last
+                    continue
+                numbered = _numbered(key)
+                if numbered is not None and numbered[0] == prefix:
+                    batch = cast("_Entry", entry)[1]
+                    if batch is None or not batch.failed:
+                        return numbered[1]
+            return None
+
     def release(self, batch: _Batch) -> None:
         """The batch was refused before it reached the journal: its ids were never stored."""
         batch.failed = True

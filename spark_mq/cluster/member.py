@@ -399,6 +399,11 @@ class ClusterMember:
         assignment = self.coordinator.owner_of(name)
         return None if assignment is None else (assignment.member, assignment.epoch)
 
+    def held(self, name: str) -> int | None:
+        """The epoch this member serves ``name`` with (None: it does not serve it, or not
+        yet): until it has let it go, whatever the placement says now."""
+        return self._epochs.get(name)
+
     def kafka_endpoints(self) -> dict[str, str]:
         """The live members' Kafka listeners (``host:port``), by member id."""
         return {m.id: m.kafka for m in self.coordinator.members().values() if m.kafka}

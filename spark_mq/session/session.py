@@ -346,6 +346,13 @@ class ClientSession:
         of what it is for."""
         return int(self.broker.partitions(destination)["partitions"])
 
+    def newest_dedup_number(self, destination: str, prefix: str) -> int | None:
+        """The number of the newest dedup id ``<prefix>-<n>`` stored in ``destination`` (as far
+        as its duplicate cache reaches; None: none): where a producer numbering its ids got
+        to. Asked by a producer of it (quick: the loops may ask)."""
+        self._may_produce(destination)
+        return self.broker.newest_dedup_number(destination, prefix)
+
     def log_end(self, destination: str) -> int:
         """One past its last durable offset (quick: the loops may ask)."""
         self._may_read(destination)

@@ -42,6 +42,7 @@ class Placement(Protocol):
     def leader(self) -> str | None: ...
 
     def owner(self, name: str) -> tuple[str, int] | None: ...
+    def held(self, name: str) -> int | None: ...
     def kafka_endpoints(self) -> dict[str, str]: ...
     def destinations(self) -> list[str]: ...
 
@@ -120,9 +121,14 @@ class Nodes:
 
     def term(self, topic: str) -> int | None:
         """The epoch this member holds ``topic`` with (served here, or placed here and being
-        taken on); None when it is another member's or not placed. One broker: 0."""
+        taken on); None when it is another member's or not placed. One broker: 0. While
+        placed elsewhere but not let go yet, the epoch it is still served with here: what it
+        stores meanwhile follows on from that term's."""
         if self.placement is None:
             return 0
+        held = self.placement.held(topic)
+        if held is not None:
+            return held
         owner = self.placement.owner(topic)
         if owner is None or owner[0] != self.placement.member_id:
             return None

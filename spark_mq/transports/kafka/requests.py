@@ -382,7 +382,11 @@ class KafkaRequests:
         """An idempotent producer's batch: in sequence, or refused (:mod:`.sequences`)."""
         pid, epoch, first = rows.producer_id, rows.producer_epoch, rows.base_sequence
         term = self.link.nodes.term(dest)
-        self.sequences.check(dest, pid, epoch, first, term)
+
+        def stored() -> int | None:  # (the log's, for a producer new to this term)
+            return self.session.newest_dedup_number(dest, f"kafka-{pid}-{epoch}")
+
+        self.sequences.check(dest, pid, epoch, first, term, stored)
         try:
             fut, waits = self.listener.produce(self.session, dest, rows.messages, rows.nbytes)
         except NotOwner:  # (sent again once it is served: the batches behind it wait)
