@@ -129,7 +129,7 @@ def test_segments_are_written_over_zeros_from_a_spare_zeroed_ahead(tmp_path: Pat
     offset = 1
     rolls = 0
     while len(segment_files(tmp_path)) < 3:
-        table = rows([os.urandom(16 * 1024)], offset)
+        table = rows([os.urandom(8 * 1024)], offset)  # (small appends: under 16 KiB)
         written.append((KIND_MESSAGES, offset, table))
         refs += log.append([written[-1]])
         offset += 1
@@ -143,7 +143,7 @@ def test_segments_are_written_over_zeros_from_a_spare_zeroed_ahead(tmp_path: Pat
     # each roll took the spare: the active segment is full size (sealed ones give back their
     # unused tail), and the segment sealed after it was filled up to its last record
     assert segment_files(tmp_path)[2].stat().st_size == size
-    assert segment_files(tmp_path)[1].stat().st_size > size - 17 * 1024
+    assert segment_files(tmp_path)[1].stat().st_size > size - 9 * 1024
     log.close()
 
     (tmp_path / "spare.log.tmp").write_bytes(b"half-zeroed when the broker died")
@@ -158,16 +158,16 @@ def test_segments_are_written_over_zeros_from_a_spare_zeroed_ahead(tmp_path: Pat
 def test_a_segment_of_big_appends_rolls_into_reserved_space_not_a_zeroed_spare(
     tmp_path: Path,
 ) -> None:
-    """Batches (appends of 256 KiB and more on average) would pay for the zeros twice: written,
-    then written over; their segments roll into reserved space."""
-    from spark_mq.journal.segments import _BIG_APPEND_BYTES
-
+    """Batches (appends of 16 KiB and more on average) would pay for the zeros twice: written,
+    then written over; their segments roll into reserved space. Appends of 64 KiB, a
+    partition's commit of a batch or two of 500 messages, are batches (they were not below
+    256 KiB: each partition zeroed 64 MiB spares while it was written)."""
     size = 4 * FIRST_SEGMENT_BYTES
     log = SegmentLog(str(tmp_path), segment_bytes=size, sync="fdatasync")
     log.open()
     refs, offset = [], 0
     while len(segment_files(tmp_path)) < 4:
-        table = rows([os.urandom(_BIG_APPEND_BYTES)], offset)
+        table = rows([os.urandom(64 * 1024)], offset)
         refs += log.append([(KIND_MESSAGES, offset, table)])
         offset += 1
         assert log._spare is None, "a spare is being zeroed"
