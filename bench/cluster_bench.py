@@ -163,6 +163,7 @@ def _hot_client(urls: list[str], n: int, batch: int, total: int, read: Any, out:
     """Send ``n`` to "hot" (batches pipelined, 8 on their way at most: a throughput load), then
     read it with the others until ``total`` were read by all."""
     body = b"x" * 100
+    cpu = time.process_time()
     started = time.perf_counter()
     with Producer(urls, timeout_s=60) as producer:
         waiting: list[Any] = []
@@ -182,6 +183,7 @@ def _hot_client(urls: list[str], n: int, batch: int, total: int, read: Any, out:
                 with read.get_lock():
                     read.value += len(got)
     out.put(("consumed", time.perf_counter() - produced))
+    out.put(("cpu", time.process_time() - cpu))
 
 
 def _hot_kafka_client(
@@ -196,6 +198,7 @@ def _hot_kafka_client(
 
     body = b"x" * 100
     keys = [f"key-{i}".encode() for i in range(64)]
+    cpu = time.process_time()
     producer = KafkaProducer({"bootstrap.servers": bootstrap, "linger.ms": 5,
                               "batch.num.messages": batch, "enable.idempotence": True})  # fmt: skip
     started = time.perf_counter()
@@ -217,10 +220,13 @@ def _hot_kafka_client(
                 read.value += sum(1 for m in got if m.error() is None)
     consumer.close()
     out.put(("consumed", time.perf_counter() - produced))
+    out.put(("cpu", time.process_time() - cpu))
 
 
 def run_partitioned(zk: ZooKeeper, a: argparse.Namespace, k: int, partitions: int) -> Any:
-    """(produce, consume) msg/s of one destination of ``partitions`` on two members."""
+    """(produce, consume) msg/s of one destination of ``partitions`` on two members, and the
+    cores its processes kept busy (CPU seconds of the members and the clients, over the wall
+    time from the first send to the last read)."""
     root = Path(tempfile.mkdtemp(prefix=f"sparkmq-cluster-bench-p{partitions}-"))
     procs = _members(zk, root, 2, f"bench{k}")
     urls = [p.url for p in procs]
@@ -242,16 +248,20 @@ def run_partitioned(zk: ZooKeeper, a: argparse.Namespace, k: int, partitions: in
         else:
             target, args = _hot_client, (urls, a.messages, a.batch, total, read, out)
         workers = [spawn.Process(target=target, args=args) for _ in range(a.clients)]
+        members_cpu = sum(_cpu_s(_pid(p)) for p in procs)
         for w in workers:
             w.start()
-        times: dict[str, list[float]] = {"produced": [], "consumed": []}
-        for _ in range(2 * a.clients):
+        times: dict[str, list[float]] = {"produced": [], "consumed": [], "cpu": []}
+        for _ in range(3 * a.clients):
             what, t = out.get(timeout=600)
             times[what].append(t)
         for w in workers:
             w.join()
+        members_cpu = sum(_cpu_s(_pid(p)) for p in procs) - members_cpu
+        wall = max(times["produced"]) + max(times["consumed"])
+        busy = (members_cpu + sum(times["cpu"])) / wall
         # consuming starts when each client's sends are done: the slowest client's time
-        return total / max(times["produced"]), total / max(times["consumed"])
+        return total / max(times["produced"]), total / max(times["consumed"]), busy
     finally:
         for p in procs:
             p.stop()
@@ -259,14 +269,17 @@ def run_partitioned(zk: ZooKeeper, a: argparse.Namespace, k: int, partitions: in
 
 def partitioned(zk: ZooKeeper, a: argparse.Namespace) -> None:
     counts = [1, a.partitions]
-    figures: dict[int, list[tuple[float, float]]] = {c: [] for c in counts}
+    figures: dict[int, list[tuple[float, float, float]]] = {c: [] for c in counts}
     k = 1000
     for r in range(a.rounds):  # (interleaved: this machine's speed moves within an hour)
         for c in counts:
             k += 1
             figures[c].append(run_partitioned(zk, a, k, c))
-            p, s = figures[c][-1]
-            print(f"round {r + 1} {c} partition(s): produce {p:9,.0f} msg/s  consume+ack {s:9,.0f}")
+            p, s, busy = figures[c][-1]
+            print(
+                f"round {r + 1} {c} partition(s): produce {p:9,.0f} msg/s  consume+ack "
+                f"{s:9,.0f}  cores busy {busy:.2f} of {os.cpu_count()}"
+            )
     print(
         f"\none destination on 2 members; {a.clients} {'librdkafka' if a.kafka else 'SDK'} "
         f"client processes x {a.messages} messages of 100 bytes, batches of {a.batch}; median "
@@ -276,7 +289,7 @@ def partitioned(zk: ZooKeeper, a: argparse.Namespace) -> None:
     for c in counts:
         ps = [f[0] for f in figures[c]]
         cs = [f[1] for f in figures[c]]
-        both = [2 / (1 / p + 1 / s) for p, s in figures[c]]
+        both = [2 / (1 / p + 1 / s) for p, s, _ in figures[c]]
         med = statistics.median(both)
         base = base or med
         print(
@@ -284,6 +297,12 @@ def partitioned(zk: ZooKeeper, a: argparse.Namespace) -> None:
             f"{max(ps):,.0f})  consume+ack {statistics.median(cs):9,.0f} ({min(cs):,.0f}-"
             f"{max(cs):,.0f})  both {med:9,.0f}  x{med / base:.2f}"
         )
+    busy = statistics.median(f[2] for f in figures[1])
+    cores = os.cpu_count() or 1
+    print(
+        f"one partition kept {busy:.2f} of the {cores} cores busy (members and clients): spread "
+        f"perfectly, more partitions could go at most x{cores / busy:.2f} as fast on this machine"
+    )
 
 
 def _wait_served(urls: list[str], want: set[str]) -> None:
