@@ -547,6 +547,8 @@ class Producer:
                 f = self._send_prepared(part, ordered.slice(start, count), False)
                 sent.append((order[start : start + count], cast(Future, f)))
                 start += count
+        if len(sent) == 1 and sent[0][0] == range(n):  # (whole to one partition: its offsets)
+            return sent[0][1].result() if wait else sent[0][1]
         joined: Future = Future()
 
         def gather(_: Future) -> None:
