@@ -36,6 +36,10 @@ class Settle:
 class Refused:
     offset: int
     reason: str
+    # not settled, and the message is delivered again: its destination moved to another
+    # cluster member meanwhile, or the member serving it could not be reached (a client that
+    # cannot follow a destination is not told it erred)
+    comes_again: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -910,6 +910,75 @@ def test_a_stomp_client_of_one_member_is_served_every_destination_forwarded_to_i
         assert _drain(cluster.urls, n, expect=0) == [], n
 
 
+def test_a_stomp_subscriber_acking_while_its_queue_moves_back_and_forth_is_never_refused(
+    cluster: Cluster,
+) -> None:
+    """A STOMP client of member a sends (each with a receipt) and another acks every message it
+    gets (client-individual) while their queue moves between a and b ten times, so acks reach
+    it here, forwarded there, and as it is let go. An ack that came as the queue moved on is
+    not the client's mistake: its message comes again (counted twice here), and no ERROR ends
+    the connection. Before, such an ack was refused with an ERROR (the member letting the
+    queue go, or its forwarding consumer closed to follow it), the subscriber's connection
+    closed, and it read nothing more."""
+    from tests.stomp_kit import connect as stomp_connect
+
+    for m in "ab":
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        admin.create_queue("moving")
+    wait_for(lambda: any("moving" in s for s in cluster.serving().values()), 20, "placed")
+    conn, inbox = stomp_connect(cluster.members["a"].stomp_port)
+    conn.subscribe("/queue/moving", id="s", ack="client-individual")
+    sent: list[bytes] = []
+    errors: list[object] = []
+    stop = threading.Event()
+
+    def ack_all() -> None:
+        done = 0
+        while not stop.is_set() or done < len(inbox.messages):
+            if done < len(inbox.messages):
+                conn.ack(inbox.messages[done].headers["ack"])
+                done += 1
+            else:
+                time.sleep(0.001)
+
+    def send() -> None:
+        sender, receipts = stomp_connect(cluster.members["a"].stomp_port)
+        try:
+            while not stop.is_set() and not receipts.errors:
+                body = b"%d" % len(sent)
+                sender.send("/queue/moving", body, headers={"receipt": body.decode()})
+                receipts.wait_receipt(body.decode(), timeout=30)
+                sent.append(body)
+            errors.extend(receipts.errors)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            sender.disconnect()
+
+    threads = [threading.Thread(target=send), threading.Thread(target=ack_all)]
+    for t in threads:
+        t.start()
+    try:
+        with Admin(cluster.urls) as admin:
+            for _ in range(10):
+                time.sleep(0.2)
+                target = {"a": "b", "b": "a"}[cluster.owners("a")["moving"]]
+                admin.pin("moving", target)
+                wait_for(lambda t=target: "moving" in cluster.serving(t)[t], 20, "moved")
+    finally:
+        stop.set()
+        threads[0].join()
+    try:
+        inbox.wait(lambda: set(sent) <= {f.body for f in inbox.messages}, "every message", 30)
+    finally:
+        threads[1].join()
+        conn.disconnect()
+    assert not errors, errors
+    assert not inbox.errors, [e.body for e in inbox.errors]
+    assert len(sent) > 500
+
+
 def test_a_stomp_durable_subscriber_of_one_member_keeps_its_subscription_at_the_topic_s(
     cluster: Cluster,
 ) -> None:

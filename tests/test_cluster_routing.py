@@ -4,7 +4,8 @@ clients (the direct wire's, Kafka's, STOMP's) is answered at once, "being placed
 none of its other clients; any other thread (Flight's handlers, helpers) waits until the
 destination is served here. The coordinator is a stand-in (a seam of our own); the real one is
 in tests/test_cluster_coordination.py; STOMP's side in tests/test_stomp_placement.py. And a
-Kafka FindCoordinator before the groups' offsets are placed, answered once they are."""
+Kafka FindCoordinator before the groups' offsets are placed, answered once they are. And a
+settle refused as its destination moved on, marked so over the wire."""
 
 from __future__ import annotations
 
@@ -184,3 +185,36 @@ def test_a_new_clusters_first_find_coordinator_is_answered_once_the_offsets_are_
     missing, took, asked, _ = _find_coordinator(wait_s=0.3, placed_after_s=None)
     assert missing.error_code == ErrorCode.coordinator_not_available
     assert missing.error_message == "being placed" and 0.25 < took < 2 and asked == 1
+
+
+def test_a_settle_refused_as_its_destination_moved_on_says_its_messages_come_again() -> None:
+    """The broker's refusal of a settle whose destination moved on (or whose owner could not
+    be reached) is marked over the wire, and the SDK's LeaseError says whether every refused
+    message comes again (what a member forwarding a STOMP client's ack reads: no ERROR for
+    that client); an older broker's replies, without the mark, say they do not."""
+    from spark_mq import commands as c
+    from spark_mq import protocol
+    from spark_mq.client._outcome import coming_again, refusals, settle_refusal
+    from spark_mq.transports.translate import reply_frame
+
+    reply = protocol.parse(
+        protocol.encode(
+            reply_frame(
+                c.SettleReply(
+                    7,
+                    (1,),
+                    (c.Refused(2, "let go just now", comes_again=True), c.Refused(3, "stale")),
+                )
+            )
+        )
+    )
+    assert isinstance(reply, protocol.Reply)
+    refused, again = refusals(reply), coming_again(reply)
+    assert again == {2}
+    moved = settle_refusal(refused, [1, 2], "q", again)
+    assert moved is not None and moved.fields["comes_again"] is True
+    mixed = settle_refusal(refused, [2, 3], "q", again)
+    assert mixed is not None and mixed.fields["comes_again"] is False
+    older = settle_refusal(refused, [2], "q")  # (read as from an older broker: no mark)
+    assert older is not None and older.fields["comes_again"] is False
+    assert settle_refusal(refused, [1], "q", again) is None

@@ -32,7 +32,7 @@ from spark_mq.aio._link import Broker, Link, open_link
 from spark_mq.aio.message import AsyncMessage, AsyncMessageBatch
 from spark_mq.client._lanes import Lanes
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
-from spark_mq.client._outcome import refusals, settle_refusal
+from spark_mq.client._outcome import coming_again, refusals, settle_refusal
 from spark_mq.client._transport import DEFAULT_URL
 from spark_mq.client.message import Message, MessageBatch, Settler, message_of_one
 from spark_mq.errors import (
@@ -355,11 +355,11 @@ class AsyncConsumer:
                 if self._welcome is not None and not self._welcome.done():
                     self._welcome.set_result(None)
             case protocol.Reply(request_id=rid) as reply:
-                refused = refusals(reply)
+                refused, again = refusals(reply), coming_again(reply)
                 for offsets, fut in self._requests.pop(rid, []):
                     if fut.done():
                         continue  # (its caller was cancelled: dropped, nothing else)
-                    refusal = settle_refusal(refused, offsets, self.destination)
+                    refusal = settle_refusal(refused, offsets, self.destination, again)
                     if refusal is not None:
                         fut.set_exception(refusal)
                     else:

@@ -22,7 +22,7 @@ from spark_mq.broker.selector import Selector
 from spark_mq.broker.subscription import Subscription, Wakeup
 from spark_mq.commands import Refused, Settle, SettleReply
 from spark_mq.deliveries import DeliveryState, delivery_table
-from spark_mq.errors import SparkMQError
+from spark_mq.errors import NotOwner, SparkMQError
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.messages import Messages
 from spark_mq.schema import ints
@@ -177,6 +177,15 @@ class ConsumerSession:
             self._outbox.clear()
         return out
 
+    def _durably(self, offsets: list[int], what: str, inline: InlineCommit | None) -> Future:
+        """Settle ``offsets`` durably; a destination let go just now (its writer closing as
+        the cluster moves it) fails the future, not the caller: its new owner delivers them
+        again."""
+        try:
+            return self._settle_durably(offsets, what, inline)
+        except NotOwner as exc:
+            return _failed(exc)
+
     def settle(self, frame: Settle, inline: InlineCommit | None = None) -> None:
         """Apply one frame; exactly one reply reaches the outbox for it, now or once durable
         (``inline``: the commit that makes it durable, see ``InlineCommit``)."""
@@ -189,7 +198,7 @@ class ConsumerSession:
                 if not ok:
                     self._reply(_reply(frame.request_id, [], refused))
                     return
-                fut = self._settle_durably(ok, "ack", inline)
+                fut = self._durably(ok, "ack", inline)
 
                 def done(f: Future) -> None:
                     err = f.exception()
@@ -198,7 +207,8 @@ class ConsumerSession:
                         self._forget(ok)
                         self._reply(_reply(frame.request_id, ok, refused))
                     else:
-                        failed = [Refused(o, f"not settled: {err}") for o in ok]
+                        again = isinstance(err, NotOwner)  # (moved on: its new owner's)
+                        failed = [Refused(o, f"not settled: {err}", again) for o in ok]
                         self._reply(_reply(frame.request_id, [], [*refused, *failed]))
 
                 fut.add_done_callback(done)
@@ -213,7 +223,7 @@ class ConsumerSession:
                     self._reply(_reply(frame.request_id, ok, refused))
                     return
                 # answered once the return is recorded: delivery counts survive a crash
-                self._settle_durably(ok, RETURNED, inline).add_done_callback(
+                self._durably(ok, RETURNED, inline).add_done_callback(
                     lambda f: self._reply(
                         _reply(
                             frame.request_id,
@@ -222,7 +232,14 @@ class ConsumerSession:
                             if f.exception() is None
                             else [
                                 *refused,
-                                *(Refused(o, f"not recorded: {f.exception()}") for o in ok),
+                                *(
+                                    Refused(
+                                        o,
+                                        f"not recorded: {f.exception()}",
+                                        isinstance(f.exception(), NotOwner),
+                                    )
+                                    for o in ok
+                                ),
                             ],
                         )
                     )
@@ -250,6 +267,12 @@ class ConsumerSession:
         if self._on_close is not None:
             self._on_close(self)
         return n
+
+
+def _failed(exc: BaseException) -> Future:
+    out: Future = Future()
+    out.set_exception(exc)
+    return out
 
 
 def _reply(request_id: int, ok: list[int], refused: list[Refused]) -> SettleReply:

@@ -13,6 +13,12 @@ def refusals(reply: protocol.Reply) -> dict[int, str]:
     return {e["offset"]: e.get("reason", "refused") for e in reply.errors if "offset" in e}
 
 
+def coming_again(reply: protocol.Reply) -> frozenset[int]:
+    """The refused offsets whose messages are delivered again (their destination moved on, or
+    its owner could not be reached): the client erred in nothing."""
+    return frozenset(e["offset"] for e in reply.errors if e.get("again") and "offset" in e)
+
+
 def refused_for_a_move(frame: protocol.Frame) -> bool:
     """Whether a produce's answer is ``NotOwner``: its stream refuses every batch after it too
     (:mod:`spark_mq.connection.produce_order`), so the producer opens a new one."""
@@ -20,10 +26,14 @@ def refused_for_a_move(frame: protocol.Frame) -> bool:
 
 
 def settle_refusal(
-    refused: dict[int, str], offsets: list[int], destination: str
+    refused: dict[int, str],
+    offsets: list[int],
+    destination: str,
+    again: frozenset[int] = frozenset(),
 ) -> LeaseError | None:
     """What one settle call (``offsets``) came to: None when none was refused, else the
-    ``LeaseError`` naming the first refused one."""
+    ``LeaseError`` naming the first refused one; its ``comes_again`` says whether every
+    refused message is delivered again (``again``: :func:`coming_again`)."""
     bad = [(o, refused[o]) for o in offsets if o in refused]
     if not bad:
         return None
@@ -31,6 +41,7 @@ def settle_refusal(
         f"{len(bad)} of {len(offsets)} settle(s) refused: offset {bad[0][0]}: {bad[0][1]}",
         destination=destination,
         offset=bad[0][0],
+        comes_again=all(o in again for o, _ in bad),
     )
 
 

@@ -58,7 +58,7 @@ import pyarrow.flight as fl
 from spark_mq import protocol, wire
 from spark_mq.client import _liveness as liveness
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
-from spark_mq.client._outcome import refusals, settle_refusal
+from spark_mq.client._outcome import coming_again, refusals, settle_refusal
 from spark_mq.client._partitioned import Batches, PartitionConsumers
 from spark_mq.client._pool import HandlerPool
 from spark_mq.client._routes import PLACING_RETRY_S
@@ -606,9 +606,9 @@ class Consumer:
                 self.destination = name or self.destination
                 self._welcome.set()
             case protocol.Reply(request_id=rid) as reply:
-                refused = refusals(reply)
+                refused, again = refusals(reply), coming_again(reply)
                 for offsets, fut in self._requests.pop(rid, []):
-                    err = settle_refusal(refused, offsets, self.destination)
+                    err = settle_refusal(refused, offsets, self.destination, again)
                     if err is not None:
                         fut.set_exception(err)
                     else:

@@ -45,6 +45,7 @@ from spark_mq.client.producer import Producer
 from spark_mq.deliveries import DeliveryState, delivery_table
 from spark_mq.errors import (
     BrokerUnavailable,
+    LeaseError,
     NotAuthenticated,
     NotAuthorized,
     NotOwner,
@@ -370,7 +371,13 @@ class RemoteConsumer:
                 reply = c.SettleReply(cmd.request_id, offsets, tuple(missing))
             else:
                 why = exc.message if isinstance(exc, SparkMQError) else str(exc)
-                refused = tuple(c.Refused(o, why) for o in offsets)
+                # its destination moved on meanwhile (refused by the member it left), or the
+                # connection to its owner went (closed to follow it, or broken): what this
+                # consumer held goes back there and comes again
+                again = isinstance(exc, NotOwner | BrokerUnavailable) or (
+                    isinstance(exc, LeaseError) and exc.fields.get("comes_again") is True
+                )
+                refused = tuple(c.Refused(o, why, again) for o in offsets)
                 reply = c.SettleReply(cmd.request_id, (), refused + tuple(missing))
             self._answered(reply)
 

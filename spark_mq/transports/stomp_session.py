@@ -479,11 +479,23 @@ class StompSession:
         verb, owed, strict = self.settling.pop((consumer.consumer_id, reply.request_id))
         self.pending_ops -= 1
         owed.waiting -= 1
-        if reply.refused and strict:
+        # refused because the destination moved on meanwhile (or the member serving it could
+        # not be reached): the subscription follows it, and those messages come again (as
+        # those delivered before a move and settled after do): not the client's mistake
+        moved = bool(reply.refused) and all(r.comes_again for r in reply.refused)
+        if reply.refused and strict and not moved:
             why = "; ".join(f"offset {r.offset}: {r.reason}" for r in reply.refused[:3])
             self.conn.error(f"{verb.upper()} refused: {why}", receipt=owed.receipt)
             return
-        if reply.refused:
+        if moved:
+            log.info(
+                "stomp: %s's %s of %d message(s) came as their destination moved: they are "
+                "delivered again",
+                self.conn.peer,
+                verb,
+                len(reply.refused),
+            )
+        elif reply.refused:
             log.info("stomp: %s's %s refused: %s", self.conn.peer, verb, reply.refused[:3])
         if owed.waiting == 0:  # (every part's settle durable)
             self.conn.reply(owed.receipt)

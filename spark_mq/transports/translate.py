@@ -16,7 +16,12 @@ def settle_of(frame: protocol.Settle) -> c.Settle:
 
 
 def reply_frame(reply: c.SettleReply) -> protocol.Reply:
-    refused = tuple({"offset": r.offset, "reason": r.reason} for r in reply.refused)
+    refused = tuple(
+        {"offset": r.offset, "reason": r.reason, "again": True}
+        if r.comes_again  # (not settled, delivered again: see Refused)
+        else {"offset": r.offset, "reason": r.reason}
+        for r in reply.refused
+    )
     return protocol.Reply(reply.request_id, reply.ok, refused)
 
 
