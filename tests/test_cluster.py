@@ -19,6 +19,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Self
 
@@ -604,6 +605,77 @@ def _check_nothing_lost(
         for group in ("g0", "g1", "g2", "g3", "s", "k"):
             mine = [int(b.rsplit(":", 1)[1]) for b in got if f":{group}:" in b]
             assert mine == sorted(mine), f"{name} {group} out of order"
+
+
+def test_pipelined_batches_keep_each_group_s_order_while_their_queue_moves_back_and_forth(
+    cluster: Cluster,
+) -> None:
+    """``send_batch(wait=False)`` of 40 messages in eight groups, eight batches on their way,
+    while the queue moves between two members ten times: every acknowledged message is read
+    once, each group's in the order sent. The batches refused by the member letting the queue
+    go, and by the one still taking it on, go again in order. Before, the resender, writing
+    those again, wrote a batch on a new stream while the one before it, refused again on the
+    stream just given up, waited: the later batch was stored first (a group's run of messages
+    after the next run; seen in most runs of this test)."""
+    for m in "ab":
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        admin.create_queue("pipelined")
+    wait_for(lambda: any("pipelined" in s for s in cluster.serving().values()), 20, "placed")
+    groups = [f"g{i}" for i in range(8)]
+    sent = dict.fromkeys(groups, 0)
+    acked: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def send() -> None:
+        with Producer(cluster.urls, timeout_s=60) as producer:
+            waiting: list[tuple[Future, list[str]]] = []
+
+            def settle(f: Future, bodies: list[str]) -> None:
+                try:
+                    f.result(60)
+                    acked.extend(bodies)
+                except Exception as exc:
+                    errors.append(exc)
+
+            while not stop.is_set():
+                bodies = []
+                for j in range(40):
+                    group = groups[j % 8]
+                    bodies.append(f"{group}:{sent[group]}")
+                    sent[group] += 1
+                table = pa.table(
+                    {
+                        "body": pa.array([b.encode() for b in bodies], pa.binary()),
+                        "group_id": pa.array([b.split(":")[0] for b in bodies]),
+                    }
+                )
+                f = producer.send_batch(table, destination="pipelined", wait=False)
+                waiting.append((f, bodies))
+                if len(waiting) >= 8:
+                    settle(*waiting.pop(0))
+            for f, bodies in waiting:
+                settle(f, bodies)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        with Admin(cluster.urls) as admin:
+            for _ in range(10):
+                time.sleep(0.2)
+                target = {"a": "b", "b": "a"}[cluster.owners("a")["pipelined"]]
+                admin.pin("pipelined", target)
+                wait_for(lambda t=target: "pipelined" in cluster.serving(t)[t], 20, "moved")
+    finally:
+        stop.set()
+        sender.join()
+    assert not errors, errors[:3]
+    got = [m.body.decode() for m in _drain(cluster.urls, "pipelined", expect=len(acked))]
+    assert len(got) == len(set(got)) == len(acked) and set(got) == set(acked)
+    for group in groups:
+        mine = [int(b.split(":")[1]) for b in got if b.startswith(f"{group}:")]
+        assert mine == sorted(mine), f"{group} out of order"
 
 
 def test_a_hand_over_its_old_owner_does_not_make_in_time_is_fenced_anyway(

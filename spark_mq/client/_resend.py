@@ -121,6 +121,11 @@ class Resender:
             or any(b.doomed and b.dest == dest for b in self._unresolved.values())
         ):
             return True
+        if resending and any(b.dest == dest and b.seq < batch.seq for b in self._waiting):
+            # an older one was refused again meanwhile (written just before this one, on the
+            # stream given up since): it goes first. Written on the new stream ahead of it,
+            # this one was stored first
+            return True
         return any(
             o.dest == dest and o.seq < batch.seq and o.stream is not None
             and o.stream is not stream
