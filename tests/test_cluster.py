@@ -130,6 +130,17 @@ def _placed(cluster: Cluster, members: str, names: set[str] | list[str]) -> None
     wait_for(lambda: _all_served(cluster, set(names), set(members)), 20, "placed")
 
 
+def _move_back_and_forth(cluster: Cluster, name: str, times: int, gap_s: float = 0.2) -> None:
+    """Pin ``name`` on the other of members a and b, ``times`` times, each once it is served
+    where it was pinned and ``gap_s`` later (what runs meanwhile meets every move)."""
+    with Admin(cluster.urls) as admin:
+        for _ in range(times):
+            time.sleep(gap_s)
+            target = {"a": "b", "b": "a"}[cluster.owners("a")[name]]
+            admin.pin(name, target)
+            wait_for(lambda t=target: name in cluster.serving(t)[t], 20, f"{name} on {target}")
+
+
 def _drain(url: str | list[str], name: str, expect: int | None = None) -> list[Any]:
     """Every message of ``name`` (each acked): ``expect`` of them, then whatever comes within a
     moment more (a message too many is caught); without ``expect``, until it is quiet."""
@@ -661,12 +672,7 @@ def test_pipelined_batches_keep_each_group_s_order_while_their_queue_moves_back_
     sender = threading.Thread(target=send)
     sender.start()
     try:
-        with Admin(cluster.urls) as admin:
-            for _ in range(10):
-                time.sleep(0.2)
-                target = {"a": "b", "b": "a"}[cluster.owners("a")["pipelined"]]
-                admin.pin("pipelined", target)
-                wait_for(lambda t=target: "pipelined" in cluster.serving(t)[t], 20, "moved")
+        _move_back_and_forth(cluster, "pipelined", 10)
     finally:
         stop.set()
         sender.join()
@@ -1032,12 +1038,7 @@ def test_a_stomp_subscriber_acking_while_its_queue_moves_back_and_forth_is_never
     for t in threads:
         t.start()
     try:
-        with Admin(cluster.urls) as admin:
-            for _ in range(10):
-                time.sleep(0.2)
-                target = {"a": "b", "b": "a"}[cluster.owners("a")["moving"]]
-                admin.pin("moving", target)
-                wait_for(lambda t=target: "moving" in cluster.serving(t)[t], 20, "moved")
+        _move_back_and_forth(cluster, "moving", 10)
     finally:
         stop.set()
         threads[0].join()

@@ -346,16 +346,22 @@ class Producer:
         """(The resender's thread.) A cluster member said another owns ``dest``: its next
         stream goes there (one round trip: the refusal named it). Naming none (being placed
         just now), the next stream asks again where it asked, a moment later."""
+        placing = not err.fields.get("endpoint")
         with self._stream_lock:
             moved = self._routes.follow(dest, err, self._conn.url)
-            stream = (
-                self._streams.pop(dest, None) if moved or not err.fields.get("endpoint") else None
-            )
+            stream = self._streams.get(dest)
+            # being placed: the stream that was refused goes, not one opened since (each batch
+            # refused so was followed once: a new stream, and a pause, a batch; eight batches
+            # took 0.8 s to go again)
+            if stream is not None and (moved or (placing and not stream.usable())):
+                del self._streams[dest]
+            else:
+                stream = None
         if stream is not None:
             with contextlib.suppress(Exception):
                 stream.close()
-        if not err.fields.get("endpoint"):
-            time.sleep(PLACING_RETRY_S)
+            if placing:
+                time.sleep(PLACING_RETRY_S)
 
     def _send_plain_now(
         self, body: bytes | str, destination: str | None = None, dedup_id: str | None = None
