@@ -207,8 +207,7 @@ class ConsumerSession:
                         self._forget(ok)
                         self._reply(_reply(frame.request_id, ok, refused))
                     else:
-                        again = isinstance(err, NotOwner)  # (moved on: its new owner's)
-                        failed = [Refused(o, f"not settled: {err}", again) for o in ok]
+                        failed = _not_done(ok, "not settled", err)
                         self._reply(_reply(frame.request_id, [], [*refused, *failed]))
 
                 fut.add_done_callback(done)
@@ -230,17 +229,7 @@ class ConsumerSession:
                             ok if f.exception() is None else [],
                             refused
                             if f.exception() is None
-                            else [
-                                *refused,
-                                *(
-                                    Refused(
-                                        o,
-                                        f"not recorded: {f.exception()}",
-                                        isinstance(f.exception(), NotOwner),
-                                    )
-                                    for o in ok
-                                ),
-                            ],
+                            else [*refused, *_not_done(ok, "not recorded", f.exception())],
                         )
                     )
                 )
@@ -267,6 +256,13 @@ class ConsumerSession:
         if self._on_close is not None:
             self._on_close(self)
         return n
+
+
+def _not_done(offsets: list[int], what: str, err: BaseException | None) -> list[Refused]:
+    """Settles that failed with ``err``; one refused because the destination moved on
+    (NotOwner) comes again from its new owner."""
+    again = isinstance(err, NotOwner)
+    return [Refused(o, f"{what}: {err}", again) for o in offsets]
 
 
 def _failed(exc: BaseException) -> Future:

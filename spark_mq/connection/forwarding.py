@@ -374,7 +374,7 @@ class RemoteConsumer:
                 # its destination moved on meanwhile (refused by the member it left), or the
                 # connection to its owner went (closed to follow it, or broken): what this
                 # consumer held goes back there and comes again
-                again = isinstance(exc, NotOwner | BrokerUnavailable) or (
+                again = isinstance(exc, BrokerUnavailable) or (  # (NotOwner is one)
                     isinstance(exc, LeaseError) and exc.fields.get("comes_again") is True
                 )
                 refused = tuple(c.Refused(o, why, again) for o in offsets)

@@ -482,12 +482,12 @@ class StompSession:
         # refused because the destination moved on meanwhile (or the member serving it could
         # not be reached): the subscription follows it, and those messages come again (as
         # those delivered before a move and settled after do): not the client's mistake
-        moved = bool(reply.refused) and all(r.comes_again for r in reply.refused)
-        if reply.refused and strict and not moved:
+        again = bool(reply.refused) and all(r.comes_again for r in reply.refused)
+        if reply.refused and strict and not again:
             why = "; ".join(f"offset {r.offset}: {r.reason}" for r in reply.refused[:3])
             self.conn.error(f"{verb.upper()} refused: {why}", receipt=owed.receipt)
             return
-        if moved:
+        if again:
             log.info(
                 "stomp: %s's %s of %d message(s) came as their destination moved: they are "
                 "delivered again",

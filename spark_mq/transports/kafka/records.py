@@ -81,6 +81,11 @@ class Produced:
     nbytes: int
 
 
+def dedup_prefix(producer_id: int, epoch: int) -> str:
+    """What an idempotent producer's dedup ids start with: ``<prefix>-<sequence>``."""
+    return f"kafka-{producer_id}-{epoch}"
+
+
 def produced(records: bytes, max_body: int) -> Produced:
     """The messages a Produce request's records hold (one v2 batch, as Kafka 3+ requires)."""
     if len(records) < _HEADER.size:
@@ -135,7 +140,7 @@ def produced(records: bytes, max_body: int) -> Produced:
     n = len(bodies)
     # an idempotent producer's: a resent batch is stored once
     idempotent = pid >= 0 and first >= 0
-    prefix = f"kafka-{pid}-{epoch}-"
+    prefix = dedup_prefix(pid, epoch) + "-"
     if plain and n == 1:  # (one message: the broker's path for one, without Arrow)
         one = PlainMessage(f"{prefix}{first}" if idempotent else None, bodies[0])
         messages = Messages(None, [one])

@@ -50,7 +50,7 @@ from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.group_requests import GroupRequests
 from spark_mq.transports.kafka.groups import Coordinator
 from spark_mq.transports.kafka.link import KafkaLink, error_code, message_of, topic_id
-from spark_mq.transports.kafka.records import RecordError, produced, record_batch
+from spark_mq.transports.kafka.records import RecordError, dedup_prefix, produced, record_batch
 from spark_mq.transports.kafka.sequences import OutOfOrder, Sequences
 from spark_mq.transports.kafka.share import ShareGroups, ShareRequests
 
@@ -384,7 +384,7 @@ class KafkaRequests:
         term = self.link.nodes.term(dest)
 
         def stored() -> int | None:  # (the log's, for a producer new to this term)
-            return self.session.newest_dedup_number(dest, f"kafka-{pid}-{epoch}")
+            return self.session.newest_dedup_number(dest, dedup_prefix(pid, epoch))
 
         self.sequences.check(dest, pid, epoch, first, term, stored)
         try:
