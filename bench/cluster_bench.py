@@ -337,7 +337,11 @@ def _single(root: Path) -> list[BrokerProcess]:
     return [BrokerProcess(str(root / "data"), extra_args=args).start()]
 
 
-def run_mode(mode: str, zk: ZooKeeper, a: argparse.Namespace, k: int) -> tuple[float, float, str]:
+def run_mode(
+    mode: str, zk: ZooKeeper, a: argparse.Namespace, k: int
+) -> tuple[float, float, float, str]:
+    """(produce, consume) msg/s, the cores the brokers and clients kept busy (their CPU seconds
+    over the wall time), and what CPU each used, said."""
     root = Path(tempfile.mkdtemp(prefix=f"sparkmq-cluster-bench-{mode}-"))
     if mode == "single broker":
         procs = _single(root)
@@ -381,11 +385,12 @@ def run_mode(mode: str, zk: ZooKeeper, a: argparse.Namespace, k: int) -> tuple[f
         produce = total / max(t[0] for t in times)
         consume = total / max(t[1] for t in times)
         wall = max(t[0] + t[1] for t in times)
+        clients_cpu = sum(t[2] for t in times)
         cpu = (
-            f"cpu: brokers {brokers_cpu:.1f} s, clients {sum(t[2] for t in times):.1f} s, in "
-            f"{wall:.1f} s (x2 cores: {2 * wall:.1f})"
+            f"cpu: brokers {brokers_cpu:.1f} s, clients {clients_cpu:.1f} s, in {wall:.1f} s "
+            f"(x{os.cpu_count()} cores: {(os.cpu_count() or 1) * wall:.1f})"
         )
-        return produce, consume, cpu
+        return produce, consume, (brokers_cpu + clients_cpu) / wall, cpu
     finally:
         for p in procs:
             p.stop()
@@ -613,14 +618,14 @@ def main() -> None:
             zk.stop()
         return
     modes = ["single broker", "1 member", "2 members"]
-    figures: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    figures: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
     try:
         k = 0
         for r in range(a.rounds):  # (interleaved: this machine's speed moves within an hour)
             for mode in modes:
                 k += 1
-                p, c, cpu = run_mode(mode, zk, a, k)
-                figures[mode].append((p, c))
+                p, c, busy, cpu = run_mode(mode, zk, a, k)
+                figures[mode].append((p, c, busy))
                 print(
                     f"round {r + 1} {mode:>13}: produce {p:9,.0f} msg/s  consume+ack {c:9,.0f}"
                     f"  ({cpu})"
@@ -636,7 +641,7 @@ def main() -> None:
     for mode in modes:
         ps = [f[0] for f in figures[mode]]
         cs = [f[1] for f in figures[mode]]
-        both = [2 / (1 / p + 1 / c) for p, c in figures[mode]]  # (produce then consume)
+        both = [2 / (1 / p + 1 / c) for p, c, _ in figures[mode]]  # (produce then consume)
         med = statistics.median(both)
         if mode == "1 member":
             base = med
@@ -646,6 +651,13 @@ def main() -> None:
             f"  consume+ack {statistics.median(cs):9,.0f} ({min(cs):,.0f}-{max(cs):,.0f})"
             f"  both {med:9,.0f}{ratio}"
         )
+    busy = statistics.median(f[2] for f in figures["1 member"])
+    cores = os.cpu_count() or 1
+    print(
+        f"1 member kept {busy:.2f} of the {cores} cores busy (broker and clients): spread "
+        f"perfectly, 2 members could go at most x{min(2.0, cores / busy):.2f} as fast on this "
+        "machine"
+    )
 
 
 if __name__ == "__main__":
