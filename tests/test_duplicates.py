@@ -268,14 +268,15 @@ def test_the_newest_number_a_client_gave_its_ids_is_what_the_cache_holds_of_it(
 ) -> None:
     """Where a producer numbering its ids got to (a Kafka producer's sequences, when its topic
     comes to a member): the newest id of its prefix held, in runs, one by one or read back at
-    recovery; a batch that failed does not count; other prefixes and forgotten ids do not."""
+    recovery; a batch that failed does not count; other prefixes do not; -1 while the cache
+    holds all the log has of a prefix and none of it; None once some of it was forgotten."""
     from concurrent.futures import Future
 
     from spark_mq.broker.dedup import DuplicateCache
     from spark_mq.errors import JournalError
 
     cache = DuplicateCache(size=100, window_s=60)
-    assert cache.newest_number("kafka-7-0") is None
+    assert cache.newest_number("kafka-7-0") == -1  # (an empty log: certainly none)
     cache.remember("kafka-7-0-3", 3, clock.wall())  # (read back at recovery)
     assert cache.newest_number("kafka-7-0") == 3
     cache.claim(pa.array([f"kafka-7-0-{k}" for k in range(4, 8)]), clock.wall())  # a run
@@ -289,7 +290,72 @@ def test_the_newest_number_a_client_gave_its_ids_is_what_the_cache_holds_of_it(
     assert cache.newest_number("kafka-7-0") == 7  # the failed batch's ids were never stored
     cache.claim(["kafka-7-0-8"], clock.wall())  # one by one (its resend, a message at a time)
     assert cache.newest_number("kafka-7-0") == 8
-    assert cache.newest_number("kafka-7") is None  # (a prefix is matched whole)
+    assert cache.newest_number("kafka-7") == -1  # (a prefix is matched whole)
+    _, _, alone = cache.claim(pa.array(["kafka-9-0-0", "kafka-9-0-1"]), clock.wall())
+    cache.release(alone)  # (refused before it reached the journal)
+    assert cache.newest_number("kafka-9-0") == -1  # only a failed batch: never stored
     clock.advance(61)
     cache.claim(["other"], clock.wall())  # (the window passed: what it held is forgotten)
     assert cache.newest_number("kafka-7-0") is None
+    assert cache.newest_number("kafka-8-0") is None
+    assert cache.newest_number("kafka-10-0") == -1  # (nothing of it was ever here)
+
+
+def test_a_cache_knows_whether_it_holds_all_the_log_has_of_a_producer(clock: ManualClock) -> None:
+    """A producer's ids evicted by size are no longer all here (None), others still are (-1);
+    a refill that read only the log's newest rows knows nothing of any producer it did not
+    see, and one that passed over ids older than the window knows it lacks their prefixes."""
+    from spark_mq.broker.dedup import DuplicateCache
+
+    cache = DuplicateCache(size=4, window_s=60)
+    cache.claim(pa.array([f"kafka-1-0-{k}" for k in range(3)]), clock.wall())
+    cache.claim(pa.array([f"kafka-2-0-{k}" for k in range(3)]), clock.wall())  # 2 of 1's go
+    assert cache.newest_number("kafka-1-0") == 2  # (its newest is still held)
+    cache.claim(["kafka-3-0-0", "kafka-3-0-1"], clock.wall())  # 1's last goes
+    assert cache.newest_number("kafka-1-0") is None
+    assert cache.newest_number("kafka-4-0") == -1
+    refilled = DuplicateCache(size=4, window_s=60)
+    refilled.passed_over("kafka-5-0-17")
+    refilled.remember("kafka-6-0-3", 20, clock.wall())
+    assert refilled.newest_number("kafka-5-0") is None
+    assert refilled.newest_number("kafka-6-0") == 3
+    assert refilled.newest_number("kafka-7-0") == -1
+    refilled.began_partway()
+    assert refilled.newest_number("kafka-7-0") is None
+    assert refilled.newest_number("kafka-6-0") == 3
+
+
+def test_a_refill_knows_whether_it_read_all_the_log_holds(
+    broker: RunningBroker, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A destination taken on (recovered, or come from another member) refills its cache from
+    the log: it holds all a producer's ids the log has (-1 for one it has none of) only when it
+    read the whole log, every row there, none older than the window."""
+    from spark_mq.broker.dedup import DuplicateCache
+
+    with Admin(broker.url) as admin:
+        admin.create_queue("refilled")
+    ids = [f"kafka-1-0-{k}" for k in range(6)]
+    with Producer(broker.url, destination="refilled") as p:
+        p.send_batch(pa.table({"body": [b"x"] * 6, "dedup_id": ids}))
+    registry = broker.broker.destinations
+
+    def refilled(size: int = 100) -> DuplicateCache:
+        dest = registry.build("refilled", "queue")
+        dest.dedup = cache = DuplicateCache(size, 300)
+        registry.refill_dedup(dest)
+        return cache
+
+    whole = refilled()
+    assert (whole.newest_number("kafka-1-0"), whole.newest_number("kafka-2-0")) == (5, -1)
+    partway = refilled(size=4)  # (the log's newest 4 rows)
+    assert (partway.newest_number("kafka-1-0"), partway.newest_number("kafka-2-0")) == (5, None)
+    read = registry.journal.read_messages
+    monkeypatch.setattr(
+        registry.journal, "read_messages", lambda name, start, end: read(name, start, end)[1:]
+    )  # (a compaction removed a row)
+    assert refilled().newest_number("kafka-2-0") is None
+    monkeypatch.undo()
+    clock.advance(301)
+    old = refilled()  # (the window passed: the ids are passed over, their producer noted)
+    assert (old.newest_number("kafka-1-0"), old.newest_number("kafka-2-0")) == (None, -1)

@@ -1235,7 +1235,8 @@ def test_a_transactional_producer_is_refused_at_once_saying_why(port: int) -> No
 
 def test_an_idempotent_producer_s_sequences_must_come_in_order(port: int) -> None:
     """Sequences past the next expected are refused (OUT_OF_ORDER_SEQUENCE_NUMBER, as Kafka
-    refuses them: a batch before was lost); a resent batch is stored once."""
+    refuses them: a batch before was lost), and so is a first batch past 0 from a producer the
+    log holds nothing of; a resent batch is stored once."""
     topic = _name("sequenced")
     produce_all(producer(port), topic, [b"first"])  # (the topic exists)
 
@@ -1244,6 +1245,7 @@ def test_an_idempotent_producer_s_sequences_must_come_in_order(port: int) -> Non
 
     raw = RawKafka(port)
     try:
+        assert send(raw, 2280, [b"my-first-batch-was-lost"]) == (45, -1)
         assert send(raw, 0, [b"a", b"b", b"c"]) == (0, 1)
         err, _ = send(raw, 10, [b"lost-before-me"])
         assert err == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER

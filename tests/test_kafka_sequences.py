@@ -91,6 +91,39 @@ def test_a_producer_s_first_batch_of_a_term_follows_on_from_what_the_log_holds()
     assert len(asked) == 1
 
 
+def test_a_producer_the_log_certainly_holds_nothing_of_starts_at_sequence_0() -> None:
+    """The topic just came here and its log holds nothing of the producer (-1: the cache holds
+    all the log has of it): a first batch from 2280 is refused (batches 0..2279 were refused by
+    the old owner as it let the topic go), not stored as the topic's first, which librdkafka
+    would take as proof that 0..2279 were stored too. Batch 0 is then taken."""
+    seqs = Sequences()
+    with pytest.raises(OutOfOrder, match=r"sent sequence 2280 .* the next expected is 0"):
+        seqs.check("t", 7, 0, 2280, term=5, stored=lambda: -1)
+    seqs.check("t", 7, 0, 0, term=5, stored=lambda: -1)
+    seqs.taken("t", 7, 0, 0, 500, term=5)
+    with pytest.raises(OutOfOrder, match="the next expected is 500"):
+        seqs.check("t", 7, 0, 2280, term=5, stored=lambda: -1)
+
+
+def test_a_batch_refused_for_a_move_waits_for_the_ones_the_log_lacks_before_it() -> None:
+    """Refused while the topic was being placed here, the batch from 2280 is not what is next
+    expected when the log holds the producer's sequences only to 99 (or nothing): 100 (or 0)
+    is; a log that holds more than the batch leaves it expected as before."""
+    seqs = Sequences()
+    seqs.refused_for_a_move("t", 7, 0, 2280, term=5, stored=lambda: 99)
+    with pytest.raises(OutOfOrder, match="the next expected is 100"):
+        seqs.check("t", 7, 0, 2280, term=5)
+    seqs.refused_for_a_move("t", 8, 0, 2280, term=5, stored=lambda: -1)
+    with pytest.raises(OutOfOrder, match="the next expected is 0"):
+        seqs.check("t", 8, 0, 2280, term=5)
+    seqs.refused_for_a_move("t", 9, 0, 2280, term=5, stored=lambda: 4000)
+    with pytest.raises(OutOfOrder, match="the next expected is 2280"):
+        seqs.check("t", 9, 0, 2300, term=5)
+    seqs.refused_for_a_move("t", 10, 0, 2280, term=5, stored=lambda: None)  # (not known)
+    with pytest.raises(OutOfOrder, match="the next expected is 2280"):
+        seqs.check("t", 10, 0, 2300, term=5)
+
+
 def test_a_topic_placed_elsewhere_but_not_let_go_yet_keeps_its_term_here() -> None:
     """Between a new placement and the member letting the topic go, what it still stores
     follows on from the term it serves the topic with (checked as before); once let go, the

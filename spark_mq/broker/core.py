@@ -570,7 +570,8 @@ class Broker:
 
     def newest_dedup_number(self, name: str, prefix: str) -> int | None:
         """The number of the newest dedup id ``<prefix>-<n>`` that ``name``, served here,
-        holds in its duplicate cache (None: not served here, no cache, or no such id)."""
+        holds in its duplicate cache; -1 when its log certainly holds none; None when that is
+        not known (not served here, no cache, or the cache does not hold all the log has)."""
         dest = self.destinations.find(name)
         if dest is None or dest.dedup is None:
             return None

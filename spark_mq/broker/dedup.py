@@ -9,6 +9,11 @@ then be stored). After a restart the cache is refilled from the message log's ne
 A duplicate is answered with the offset the original got, like Artemis answering a duplicate send
 as a success without storing it.
 
+The cache also knows whether it holds **every** numbered id of a prefix the log holds: it does
+while nothing of that prefix was evicted and it began with the whole log (an empty one, or a
+refill that read it all). A Kafka producer's first batch to a topic just taken on is checked
+against that (:meth:`DuplicateCache.newest_number`).
+
 The SDK numbers its ids (``<producer prefix>-<n>``, consecutive in a batch), so a batch's ids
 usually form a *run*: recognised with one vectorised comparison and kept as one entry, which
 makes detection cost per batch rather than per message. Other ids are kept one by one.
@@ -27,6 +32,8 @@ import pyarrow.compute as pc
 
 from spark_mq.commands import ProduceResult
 from spark_mq.journal.base import AppendResult
+
+_GONE_KEPT = 100_000  # prefixes of evicted ids remembered; past that, the cache knows less
 
 
 class _Batch:
@@ -138,6 +145,10 @@ class DuplicateCache:
         self._loose: Counter[str] = Counter()  # prefix -> numbered ids kept one by one
         self._count = 0  # ids held, runs counted by their length
         self.duplicates_total = 0
+        # whether every numbered id the log holds is here, but for those of the prefixes in
+        # _gone (evicted, or passed over when refilled)
+        self._complete = True
+        self._gone: set[str] = set()
 
     def __len__(self) -> int:
         return self._count
@@ -180,7 +191,9 @@ class DuplicateCache:
             if isinstance(key, _Run) and len(key) > excess:
                 key.first += excess  # forget the run's oldest ids only
                 self._count -= excess
+                self._went(key)
                 break
+            self._went(key)
             self._drop(key, seen.popitem(last=False)[1])
         oldest = now - self.window_s
         while seen:
@@ -188,7 +201,23 @@ class DuplicateCache:
             at = entry.at if isinstance(entry, _Run) else entry[0]
             if at >= oldest:
                 break
+            self._went(key)
             self._drop(key, seen.popitem(last=False)[1])
+
+    def _went(self, key: str | _Run) -> None:
+        """Ids of ``key``'s prefix are in the log and no longer all here."""
+        if not self._complete:
+            return
+        if isinstance(key, _Run):
+            self._gone.add(key.prefix)
+        else:
+            numbered = _numbered(key)
+            if numbered is None:
+                return
+            self._gone.add(numbered[0])
+        if len(self._gone) > _GONE_KEPT:  # (too many producers to follow one by one)
+            self._complete = False
+            self._gone.clear()
 
     def _find(self, dedup_id: str) -> tuple[float, _Batch, int] | None:
         entry = cast("_Entry | None", self._seen.get(dedup_id))  # an id key holds no run
@@ -209,6 +238,17 @@ class DuplicateCache:
         with self._lock:
             self._add(dedup_id, (at, None, offset))
             self._evict(at)
+
+    def passed_over(self, dedup_id: str) -> None:
+        """An id the log holds that a refill left out (older than the window)."""
+        with self._lock:
+            self._went(dedup_id)
+
+    def began_partway(self) -> None:
+        """The refill read only the log's newest rows: what is older is not known."""
+        with self._lock:
+            self._complete = False
+            self._gone.clear()
 
     def claim(
         self, ids: pa.Array | pa.ChunkedArray | list[str | None], now: float
@@ -285,13 +325,15 @@ class DuplicateCache:
 
     def newest_number(self, prefix: str) -> int | None:
         """The number of the newest id ``<prefix>-<n>`` held (stored, or claimed by a batch
-        that has not failed); None when none is. Where a client numbering its ids got to, as
-        far as the window reaches: a Kafka producer's sequence, when its topic has just come
-        to this member (:mod:`spark_mq.transports.kafka.sequences`). Once a producer and
-        term: a walk from the newest id back to its own."""
+        that has not failed); -1 when the log certainly holds none (none held, and the cache
+        holds all the log has of that prefix); None when that is not known. Where a client
+        numbering its ids got to: a Kafka producer's sequence, when its topic has just come to
+        this member (:mod:`spark_mq.transports.kafka.sequences`). Once a producer and term: a
+        walk from the newest id back to its own."""
         with self._lock:
+            nothing = -1 if self._complete and prefix not in self._gone else None
             if prefix not in self._runs and prefix not in self._loose:
-                return None
+                return nothing
             for key, entry in reversed(self._seen.items()):
                 if isinstance(key, _Run):
                     if key.prefix == prefix and not key.batch.failed:
@@ -302,7 +344,7 @@ class DuplicateCache:
                     batch = cast("_Entry", entry)[1]
                     if batch is None or not batch.failed:
                         return numbered[1]
-            return None
+            return nothing  # (only claims that failed: never stored)
 
     def release(self, batch: _Batch) -> None:
         """The batch was refused before it reached the journal: its ids were never stored."""

@@ -348,16 +348,24 @@ class Destinations:
             return
         end = self.journal.end_offset(dest.name)
         start = max(0, end - dest.dedup.size)
+        if start > 0:
+            dest.dedup.began_partway()
         if start == end:
             return
         rows = self.journal.read_messages(dest.name, start, end)
+        if rows.num_rows != end - start:  # (compaction removed some: what they held is gone)
+            dest.dedup.began_partway()
         since = self.clock.wall() - dest.dedup.window_s
         at = pc.divide(rows["enqueue_time"].cast(pa.int64()), 1_000_000.0)
         ids: list[str | None] = rows["dedup_id"].to_pylist()
         times = cast("list[float]", at.to_pylist())  # (every row has an enqueue time)
         for dedup_id, offset, t in zip(ids, ints(rows["offset"]), times, strict=True):
-            if dedup_id is not None and t >= since:
+            if dedup_id is None:
+                continue
+            if t >= since:
                 dest.dedup.remember(dedup_id, offset, t)
+            else:
+                dest.dedup.passed_over(dedup_id)
 
     # -- what the journal made durable ---------------------------------------------------------
     def committed(self, destination: str, messages: Messages) -> None:

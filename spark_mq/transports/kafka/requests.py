@@ -390,7 +390,7 @@ class KafkaRequests:
         try:
             fut, waits = self.listener.produce(self.session, dest, rows.messages, rows.nbytes)
         except NotOwner:  # (sent again once it is served: the batches behind it wait)
-            self.sequences.refused_for_a_move(dest, pid, epoch, first, term)
+            self.sequences.refused_for_a_move(dest, pid, epoch, first, term, stored)
             raise
         except SparkMQError:  # (refused for what it holds: not expected again)
             self.sequences.taken(dest, pid, epoch, first, rows.messages.num_rows, term)
