@@ -92,6 +92,7 @@ class RunningBroker:
         self.member = ClusterMember(broker, config) if config.clustered else None
         if self.member is not None:  # (STOMP's clients are served at any member)
             gateway.forwarding = Forwarding()
+            broker.store_elsewhere = gateway.forwarding.produce  # (dead letters too)
         self.wire: WireServer | None = None
         self.stomp: StompServer | None = None
         self.kafka: KafkaServer | None = None

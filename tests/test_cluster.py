@@ -1555,3 +1555,29 @@ def test_an_idempotent_kafka_producer_keeps_its_order_across_moves_back_and_fort
         consumer.close()
     assert len(sent) > 1000
     assert got == sent
+
+
+def test_a_dead_letter_goes_to_its_queue_on_another_member(cluster: Cluster) -> None:
+    """A message delivered too often is copied to its dead-letter queue, which another member
+    serves: the copy goes there (forwarded, as a STOMP client's send is) and the original is
+    settled. Before, the member refused to store the copy while the queue was another's (the
+    timer's every round logged an error), and the message stayed until both happened to be on
+    one member."""
+    _placed(cluster, "ab", {"poisoned", "DLQ.poisoned"})
+    with Admin(cluster.urls) as admin:
+        admin.configure("poisoned", max_delivery_attempts=1)
+        admin.pin("poisoned", "a")
+        admin.pin("DLQ.poisoned", "b")
+    wait_for(lambda: "poisoned" in cluster.serving("a")["a"], 20, "poisoned on a")
+    wait_for(lambda: "DLQ.poisoned" in cluster.serving("b")["b"], 20, "its DLQ on b")
+    with Producer(cluster.urls, destination="poisoned") as producer:
+        producer.send_sync(b"bad")
+    with Consumer(cluster.urls, "poisoned") as consumer:
+        (got,) = consumer.receive_many(1, timeout=10)
+        consumer.nack(got).result(timeout=10)
+    (dead,) = _drain(cluster.urls, "DLQ.poisoned", expect=1)
+    assert dead.body == b"bad"
+    assert dead.headers["sparkmq.original_destination"] == "poisoned"
+    with Admin(cluster.urls) as admin:
+        wait_for(lambda: admin.stats("poisoned")["depth"] == 0, 10, "the original settled")
+    assert "could not dispose" not in cluster.log("a")

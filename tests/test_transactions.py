@@ -11,7 +11,7 @@ from spark_mq import Admin, BrokerUnavailable, Consumer, LeaseError, Producer, T
 from spark_mq.clock import ManualClock
 from spark_mq.launch import BrokerProcess
 from spark_mq.service import RunningBroker
-from tests.conftest import receive_n
+from tests.conftest import receive_n, wait_for
 
 
 def setup(url: str) -> None:
@@ -122,3 +122,42 @@ def test_a_crash_before_the_commit_point_shows_nothing(tmp_path: Path) -> None:
     with BrokerProcess(data) as proc, Admin(proc.url) as admin:
         assert admin.stats("out")["end_offset"] == 0
         assert admin.stats("in")["depth"] == 2
+
+
+def test_a_destination_is_let_go_only_once_no_transaction_is_writing_to_it(
+    broker: RunningBroker,
+) -> None:
+    """A cluster member letting a destination go (it moves) waits for the transactions writing
+    to it, so its new owner, which reads the transaction log once it fenced it, finishes any
+    commit the old owner recorded and could not apply. A transaction that would write to one
+    being let go meanwhile is refused and gives back what it acked, for the client to try
+    again (with the new owner)."""
+    import threading
+
+    from spark_mq.errors import NotOwner
+
+    setup(broker.url)
+    registry = broker.broker.destinations
+    out = registry.get("out")
+    let_go = registry.hold([out])  # (a transaction writing to "out")
+    letting_go = threading.Thread(target=registry.begin_letting_go, args=("out",))
+    letting_go.start()
+    wait_for(lambda: registry.letting_go("out"), 5, "letting go began")
+    with Consumer(broker.url, "in") as consumer:
+        first, _ = receive_n(consumer, 2)
+        with (
+            pytest.raises(NotOwner, match="'out' is being moved"),
+            Transaction(broker.url) as tx,
+        ):
+            tx.send("out", b"shipped " + first.body)
+            tx.ack(first)
+        with Admin(broker.url) as admin:
+            assert admin.stats("in")["acked"] == 0  # (the ack was given back, not settled)
+    assert letting_go.is_alive()  # (still held)
+    let_go()
+    letting_go.join(5)
+    assert not letting_go.is_alive()
+    assert registry.forget("out") is out
+    registry.end_letting_go("out")
+    with pytest.raises(NotOwner):
+        registry.hold([out])  # (let go: nothing holds it here any more)

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from spark_mq import serving_threads
 from spark_mq.broker import transactions
 from spark_mq.broker.admin import DestinationAdmin
 from spark_mq.broker.attaching import Attachments
@@ -73,6 +74,7 @@ from spark_mq.version import __version__
 
 log = logging.getLogger(__name__)
 _CLOSE_MOVES_S = 30.0  # how long a clean shutdown waits for dead-letter and expiry moves
+_RELEASE_MOVES_S = 10.0  # how long letting a destination go waits for them (a hand-over)
 
 
 class ClusterControl(Protocol):
@@ -129,9 +131,7 @@ class Broker:
         # the parts (see the module), each given what it works on
         journal, config = self.journal, self.config
         self.destinations = d = Destinations(config, self.clock, journal)
-        self.disposer = Disposer(
-            d, journal, lambda dest, rows: self.producing.store_checked(dest, rows)
-        )
+        self.disposer = Disposer(d, journal, self._store_copy)
         self.limits = Limits(d, journal, config, self.clock, self.memory, self.disposer, self._stop)
         self.producing = Producing(d, journal, config, self.clock, self.disk, self.limits)
         self.admin = DestinationAdmin(d, journal, config, self.memory, self.disk, self.ha_state)
@@ -153,6 +153,20 @@ class Broker:
         # (members, owners, the session's health), for status (the service's member)
         self._handing = threading.Lock()
         self.cluster: ClusterControl | None = None
+        # a cluster member's: stores messages at the member serving a destination (the
+        # service's forwarding), for copies to a dead-letter or expiry queue served elsewhere
+        self.store_elsewhere: Callable[[NotOwner, str, Messages], Future] | None = None
+
+    def _store_copy(self, target: str, rows: pa.Table) -> Future:
+        """A message's copy for its dead-letter or expiry queue (:mod:`.disposal`), stored
+        here, or at the cluster member serving that queue. Before, a member refused it while
+        the queue was another's, and the messages stayed until it happened to come here."""
+        try:
+            return self.producing.store_checked(target, rows)
+        except NotOwner as owner:
+            if self.store_elsewhere is None or not owner.fields.get("member"):
+                raise  # (being placed just now: the next disposal round tries again)
+            return self.store_elsewhere(owner, target, Messages.of(rows))
 
     def _kept_as_offsets(self, name: str) -> None:
         """The consumer groups' offsets topic, with its retention (created, or set on it)."""
@@ -388,7 +402,27 @@ class Broker:
         """Stop serving ``name`` (another member owns it now, as ``owner`` says): its consumers
         are told so and detached (what they held is redelivered by the new owner), what was
         taken is committed (refused, never acknowledged, once the new owner fenced it), and its
-        state goes. False when it was not served here."""
+        state goes. False when it was not served here.
+
+        First, outside the hand-over lock, the transactions writing to it and the dead-letter
+        moves of its messages finish (none starts meanwhile): a move's copy may be on its way
+        to a dead-letter queue being taken on here, which takes that lock (waited for under
+        it, the copy waited 10 s and its original, never settled, was delivered again)."""
+        self.destinations.begin_letting_go(name)
+        try:
+            if not self.disposer.wait_under_way(_RELEASE_MOVES_S, name):
+                log.warning(
+                    "letting %s go with dead-letter or expiry moves unfinished after %.0f s: "
+                    "its new owner may deliver their messages again",
+                    name,
+                    _RELEASE_MOVES_S,
+                    extra={"destination": name},
+                )
+            return self._let_go(name, owner)
+        finally:
+            self.destinations.end_letting_go(name)
+
+    def _let_go(self, name: str, owner: NotOwner) -> bool:
         with self._handing:
             dest = self.destinations.forget(name)
             if dest is None:
@@ -437,6 +471,11 @@ class Broker:
         )
 
     def _timer_loop(self) -> None:
+        # it serves every destination: one being placed (a dead-letter queue a copy goes to)
+        # is not waited for here, but tried again the next round (waited for, a cluster
+        # member's copy to a queue it was about to take on waited for the hand-over of the
+        # queue the copy came from, which waited for the copy)
+        serving_threads.answers_at_once()
         interval = self.config.delivery.lease_check_interval_ms / 1000
         while not self._stop.wait(interval):
             try:
@@ -506,9 +545,6 @@ class Broker:
             dest.name,
             extra={"destination": dest.name},
         )
-
-    def _store_copy(self, destination: str, rows: pa.Table) -> Future:
-        return self.producing.store_checked(destination, rows)
 
     # -- the journal tells us what became durable ---------------------------------------------
     def _on_commit(self, destination: str, messages: Messages) -> None:

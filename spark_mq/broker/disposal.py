@@ -26,7 +26,7 @@ from spark_mq.broker.destination import Destination
 from spark_mq.broker.recovery import RETURNED
 from spark_mq.broker.registry import Destinations
 from spark_mq.broker.subscription import Subscription
-from spark_mq.errors import SparkMQError
+from spark_mq.errors import NotOwner, SparkMQError
 from spark_mq.journal import Journal
 from spark_mq.names import logical_name
 from spark_mq.schema import HEADERS, ints
@@ -115,6 +115,10 @@ def order_like(rows: pa.Table, offsets: list[int]) -> pa.Table:
     return rows.take(index)
 
 
+class _LettingGo(Exception):
+    """The destination is being let go (a cluster member's hand-over): nothing more is moved."""
+
+
 class Disposer:
     """Carries out what subscriptions leave for the broker (on the timer thread, or at purge):
     records returned and selector-filtered deliveries, and moves doomed messages to their side
@@ -132,13 +136,17 @@ class Disposer:
         # takes (the producing part's store_checked)
         self._store = store
         self._lock = threading.Lock()
-        self._under_way: set[Future] = set()  # moves whose original is not settled yet
+        # moves whose original is not settled yet, and the destination each is from
+        self._under_way: dict[Future, str] = {}
 
-    def wait_under_way(self, timeout: float) -> bool:
-        """Wait for the moves started so far to settle their originals (a clean shutdown must
-        not close the journal between a copy and its settlement); False if ``timeout`` passed."""
+    def wait_under_way(self, timeout: float, destination: str | None = None) -> bool:
+        """Wait for the moves started so far (of ``destination``'s messages, or of all) to
+        settle their originals: a clean shutdown must not close the journal between a copy and
+        its settlement, nor a cluster member let a destination go then (its new owner would
+        deliver again what was copied to its dead-letter queue). False if ``timeout``
+        passed."""
         with self._lock:
-            pending = list(self._under_way)
+            pending = [f for f, d in self._under_way.items() if destination in (None, d)]
         return not futures_wait(pending, timeout).not_done
 
     def run(self, dest: Destination, sub: Subscription) -> list[Future]:
@@ -152,6 +160,18 @@ class Disposer:
         for why, offsets in by_reason.items():
             try:
                 futures.append(self._dispose(dest, sub, why, sorted(offsets), counts))
+            except _LettingGo:  # (its new owner disposes of them)
+                sub.unclaim(offsets)
+            except NotOwner as exc:  # (its side queue is being placed: the next round)
+                sub.unclaim(offsets)
+                log.info(
+                    "%d %s message(s) of %s wait to be moved: %s",
+                    len(offsets),
+                    why,
+                    dest.name,
+                    exc.message,
+                    extra={"destination": dest.name},
+                )
             except Exception:
                 sub.unclaim(offsets)
                 log.exception(
@@ -209,8 +229,10 @@ class Disposer:
                 except SparkMQError as exc:  # the destination went, or the broker is closing
                     failed(exc)
 
-        with self._lock:
-            self._under_way.add(done)
+        with self._lock:  # (checked and added at once: see core.Broker.release)
+            if self.destinations.letting_go(dest.name):
+                raise _LettingGo
+            self._under_way[done] = dest.name
         done.add_done_callback(self._forget)
         try:
             if target is None:
@@ -245,4 +267,4 @@ class Disposer:
 
     def _forget(self, done: Future) -> None:
         with self._lock:
-            self._under_way.discard(done)
+            self._under_way.pop(done, None)

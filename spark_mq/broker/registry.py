@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
 
@@ -21,7 +22,13 @@ from spark_mq.broker.selector import Selector
 from spark_mq.broker.subscription import Subscription
 from spark_mq.clock import Clock
 from spark_mq.config import BrokerConfig, DestinationSettings
-from spark_mq.errors import DestinationNotFound, NotAllowed, Partitioned, SubscriptionNotFound
+from spark_mq.errors import (
+    DestinationNotFound,
+    NotAllowed,
+    NotOwner,
+    Partitioned,
+    SubscriptionNotFound,
+)
 from spark_mq.journal import Journal
 from spark_mq.journal.base import Kind
 from spark_mq.messages import Messages
@@ -29,6 +36,9 @@ from spark_mq.names import partition_name, partition_of, validate_name
 from spark_mq.schema import QUEUE_SUBSCRIPTION, ints
 
 log = logging.getLogger("spark_mq.broker.core")
+
+# how long letting a destination go waits for transactions holding it (they write moments)
+_HELD_WAIT_S = 30.0
 
 
 class Elsewhere(Protocol):
@@ -76,6 +86,10 @@ class Destinations:
         self.journal = journal
         self._lock = threading.RLock()
         self._dests: dict[str, Destination] = {}
+        # transactions writing to (or settling in) a destination, which is not let go meanwhile
+        self._held: dict[str, int] = {}
+        self._letting_go: set[str] = set()
+        self._unheld = threading.Condition(self._lock)
         # a cluster member's: where the destinations it does not serve are (None: one broker
         # serves them all)
         self.elsewhere: Elsewhere | None = None
@@ -272,11 +286,67 @@ class Destinations:
         with self._lock:
             self._dests[dest.name] = dest
 
+    def begin_letting_go(self, name: str) -> None:
+        """A cluster member is about to let ``name`` go: no transaction (:meth:`hold`) nor
+        dead-letter move (:meth:`letting_go`) starts on it from now on, and the transactions
+        holding it are waited for (a bounded time)."""
+        with self._unheld:
+            self._letting_go.add(name)
+            if not self._unheld.wait_for(lambda: not self._held.get(name), _HELD_WAIT_S):
+                log.warning(
+                    "letting %s go with a transaction still writing to it after %.0f s: its "
+                    "new owner finishes what the transaction log holds of it",
+                    name,
+                    _HELD_WAIT_S,
+                    extra={"destination": name},
+                )
+
+    def end_letting_go(self, name: str) -> None:
+        with self._lock:
+            self._letting_go.discard(name)
+
+    def letting_go(self, name: str) -> bool:
+        with self._lock:
+            return name in self._letting_go
+
     def forget(self, name: str) -> Destination | None:
         """A cluster member lets ``name`` go (another owns it now): out of the map, its logs
         kept. (Its consumers are the caller's to close.)"""
         with self._lock:
             return self._dests.pop(name, None)
+
+    def hold(self, dests: list[Destination]) -> Callable[[], None]:
+        """Keep ``dests`` served here until the returned function is called: a transaction's
+        hold, from before its commit record until it applied it. Letting one go waits for it,
+        so the new owner, which reads the transaction log once it fenced the destination, sees
+        any commit the old owner may not have applied in full, and finishes it. (Before, a
+        commit recorded after the new owner had read the log, its sends refused by the fence,
+        lost them while its acks held: 5 messages of a consume-transform-produce loop over 20
+        moves.) ``NotOwner`` when one was let go, or is being let go, since it was found."""
+        names: list[str] = []
+        with self._lock:
+            for dest in dests:
+                if dest.name in self._letting_go or self._dests.get(dest.name) is not dest:
+                    self._unhold(names)
+                    raise NotOwner(
+                        f"{dest.name!r} is being moved to another cluster member just now: "
+                        "try again shortly",
+                        destination=dest.name,
+                        member="",
+                        endpoint="",
+                        epoch=0,
+                    )
+                self._held[dest.name] = self._held.get(dest.name, 0) + 1
+                names.append(dest.name)
+        return lambda: self._unhold(names)
+
+    def _unhold(self, names: list[str]) -> None:
+        with self._unheld:
+            for name in names:
+                self._held[name] -= 1
+                if not self._held[name]:
+                    del self._held[name]
+            self._unheld.notify_all()
 
     def remove(
         self, name: str, *, internal: bool = False, only_if_end: int | None = None

@@ -208,7 +208,8 @@ class Transactions:
                 self.limits.make_room(dest, rows.num_rows, rows["body"].nbytes)
                 record.messages[name] = rows
                 record.ends[name] = journal.end_offset(name)
-            begun = self._begin_acks(acks)
+            touched = dict(dests)
+            begun = self._begin_acks(acks, touched)
         except NotOwner as exc:
             names = set(batches) | {a[0] for a in acks}
             if len(names) < 2:
@@ -219,6 +220,25 @@ class Transactions:
                 "transactions, or pin them to one member (sparkmq cluster pin)",
                 destination=exc.fields.get("destination", ""),
             ) from None
+        try:
+            let_go = self.destinations.hold(list(touched.values()))
+        except NotOwner:
+            self._end_acks(begun, durable=False)
+            raise
+        try:
+            return self._record_and_apply(record, dests, begun, now)
+        finally:
+            let_go()
+
+    def _record_and_apply(
+        self,
+        record: Record,
+        dests: dict[str, Destination],
+        begun: dict[tuple[str, str, int], list[int]],
+        now: float,
+    ) -> dict[str, list[int]]:
+        """The commit record, then its sends and acks (the destinations held here)."""
+        journal = self.journal
         try:
             record.acks = [(d, s, o) for (d, s, _), offsets in begun.items() for o in offsets]
             journal.record_transactions(record.row(COMMIT, int(now * 1e6)))
@@ -256,15 +276,18 @@ class Transactions:
         journal.record_transactions(record.row(DONE, int(now * 1e6)))
         return out
 
-    def _begin_acks(self, acks: list[Ack]) -> dict[tuple[str, str, int], list[int]]:
-        """Fence every ack of a transaction; all or none (a refusal rolls the others back)."""
+    def _begin_acks(
+        self, acks: list[Ack], touched: dict[str, Destination]
+    ) -> dict[tuple[str, str, int], list[int]]:
+        """Fence every ack of a transaction; all or none (a refusal rolls the others back).
+        The destinations acked in are added to ``touched``."""
         grouped: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
         for d, s, consumer_id, offset, count in acks:
             grouped.setdefault((d, s, consumer_id), []).append((offset, count))
         begun: dict[tuple[str, str, int], list[int]] = {}
         problems: list[str] = []
         for (d, s, consumer_id), entries in grouped.items():
-            dest = self.destinations.get(d)
+            dest = touched[d] = self.destinations.get(d)
             sub = self.destinations.subscription(dest, s or None)
             ok, refused = sub.begin_ack(consumer_id, entries)
             begun[(d, sub.name, consumer_id)] = ok
