@@ -65,6 +65,21 @@ def logical_name(name: str) -> str:
     return name if parts is None else parts[0]
 
 
+# a destination's side queues: where its dead-lettered and (expiry = "queue") expired messages
+# go, one for all of a partitioned destination's partitions
+DLQ_PREFIX = "DLQ."
+EXPIRY_PREFIX = "EXP."
+
+
+def side_queue_of(name: str) -> str | None:
+    """The destination whose dead-letter or expiry queue ``name`` is (by its name: whether
+    that destination exists is the caller's to know); None for any other name."""
+    for prefix in (DLQ_PREFIX, EXPIRY_PREFIX):
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return name[len(prefix) :]
+    return None
+
+
 def validate_stored_name(name: object, what: str = "destination") -> str:
     """:func:`validate_name`, partitions' names allowed (``<name>~<index>``): what names a
     destination's logs, or what a client may read or write (an existing partition)."""

@@ -112,3 +112,21 @@ def test_a_new_destinations_partitions_spread_over_the_members(
         assert max(per_member) - min(per_member) <= 1, (per_member, first)
     else:  # (the least loaded takes more, but never all of them while another could)
         assert sum(1 for c in per_member if c) >= min(len(members), 2) or partitions < 2
+
+
+def test_a_destination_s_dead_letter_and_expiry_queues_go_with_it() -> None:
+    """A DLQ or expiry queue is placed with its destination (a partitioned one's with its
+    partition 0) and moves with it, its load counted as the destination's; one pinned goes
+    where it is pinned; one whose destination is not there is placed as any queue."""
+    names = {n: 1.0 for n in ("a", "DLQ.a", "EXP.a", "b", "DLQ.b", "c~0", "c~1", "DLQ.c", "DLQ.z")}
+    owner = place(["m1", "m2"], names, {}, {"DLQ.b": "m2"})
+    assert owner["DLQ.a"] == owner["EXP.a"] == owner["a"]
+    assert owner["DLQ.c"] == owner["c~0"]
+    assert owner["DLQ.b"] == "m2"
+    assert owner["c~0"] != owner["c~1"]  # (partitions still spread)
+    # "a" weighs 3 with its side queues, "c~0" 2 with its DLQ: the loads still balance
+    counts = _counts(owner, ["m1", "m2"])
+    assert abs(counts[0] - counts[1]) <= 1, owner
+    moved = place(["m1", "m2"], names, owner, {"a": "m2" if owner["a"] == "m1" else "m1"})
+    assert moved["DLQ.a"] == moved["EXP.a"] == moved["a"] != owner["a"]
+    assert moves(owner, moved).keys() >= {"a", "DLQ.a", "EXP.a"}

@@ -28,14 +28,12 @@ from spark_mq.broker.registry import Destinations
 from spark_mq.broker.subscription import Subscription
 from spark_mq.errors import NotOwner, SparkMQError
 from spark_mq.journal import Journal
-from spark_mq.names import logical_name
+from spark_mq.names import DLQ_PREFIX, EXPIRY_PREFIX, logical_name
 from spark_mq.schema import HEADERS, ints
 
 log = logging.getLogger(__name__)
 FILTERED = "filtered"  # settlement outcome: not selected by the subscription's selector
 
-DLQ_PREFIX = "DLQ."
-EXPIRY_PREFIX = "EXP."
 # settlement outcome per doom reason
 OUTCOMES = {
     "dead": "dead_lettered",

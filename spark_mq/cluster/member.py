@@ -202,30 +202,39 @@ class ClusterMember:
             assignment = assignments.get(name)
             if assignment is None or assignment.member != self.member_id:
                 self._let_go(name, "placed on another member")
+                # said at once: letting the next one go may wait for a dead-letter copy to
+                # this one at its new owner, which waits for this word (or 5 s)
+                if assignment is not None:
+                    self._say_handed(name, assignment)
         for name, assignment in sorted(assignments.items()):
-            if (
-                assignment.previous == self.member_id
-                and assignment.member != self.member_id
-                and self._handed.get(name) != assignment.epoch
-            ):
-                try:
-                    self.coordinator.handed(name, assignment.epoch)
-                except (KazooException, KazooTimeoutError) as exc:
-                    log.warning(
-                        "cluster: cannot say %s was let go (%s): its new owner takes it on "
-                        "after cluster.hand_over_wait_s",
-                        name,
-                        exc,
-                    )
-                    continue
-                self._handed[name] = assignment.epoch
-                log.info(
-                    "cluster: handed %s over to %s (epoch %d)",
-                    name,
-                    assignment.member,
-                    assignment.epoch,
-                    extra={"destination": name},
-                )
+            self._say_handed(name, assignment)
+
+    def _say_handed(self, name: str, assignment: Assignment) -> None:
+        """Tell ``name``'s new owner it was let go here, once (when it moved from here)."""
+        if (
+            assignment.previous != self.member_id
+            or assignment.member == self.member_id
+            or self._handed.get(name) == assignment.epoch
+        ):
+            return
+        try:
+            self.coordinator.handed(name, assignment.epoch)
+        except (KazooException, KazooTimeoutError) as exc:
+            log.warning(
+                "cluster: cannot say %s was let go (%s): its new owner takes it on after "
+                "cluster.hand_over_wait_s",
+                name,
+                exc,
+            )
+            return
+        self._handed[name] = assignment.epoch
+        log.info(
+            "cluster: handed %s over to %s (epoch %d)",
+            name,
+            assignment.member,
+            assignment.epoch,
+            extra={"destination": name},
+        )
 
     def _handed_over(self, name: str, assignment: Assignment) -> bool:
         """(Before taking ``name`` on.) Wait for the member it moves from to let it go; True

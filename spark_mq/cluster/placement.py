@@ -17,15 +17,20 @@ The rules, in order:
    its share, and no more than its share moves.
 
 A destination's load is a weight (1.0 unless the caller knows better: a message rate, say); a
-topic is placed with all its subscriptions, as one destination. The function is deterministic
-(ties broken by name), so every member computing it from the same inputs gets the same answer.
+topic is placed with all its subscriptions, as one destination, and a destination's dead-letter
+and expiry queues (``DLQ.<name>``, ``EXP.<name>``; a partitioned one's with its partition 0) go
+with it, their loads counted as its, unless pinned: a message is copied there by the member
+that dead-letters it, which then need not forward the copy, and they move with it rather than
+on their own (before, a DLQ was balanced as any queue and moved back and forth as its queue
+did). The function is deterministic (ties broken by name), so every member computing it from the
+same inputs gets the same answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from spark_mq.names import logical_name
+from spark_mq.names import logical_name, partition_name, side_queue_of
 
 
 def place(
@@ -41,6 +46,36 @@ def place(
     if not live:
         return {}
     pins = pins or {}
+    follows = _companions(destinations, {n for n, m in pins.items() if m in live})
+    weights = {n: w for n, w in destinations.items() if n not in follows}
+    for name, leader in follows.items():
+        weights[leader] += destinations[name]
+    owner = _place(live, weights, current, pins)
+    for name, leader in follows.items():
+        owner[name] = owner[leader]
+    return owner
+
+
+def _companions(destinations: Mapping[str, float], pinned: set[str]) -> dict[str, str]:
+    """Each side queue placed with its destination (not pinned itself) → that destination."""
+    out: dict[str, str] = {}
+    for name in destinations:
+        base = side_queue_of(name)
+        if base is None or name in pinned:
+            continue
+        for leader in (base, partition_name(base, 0)):
+            if leader in destinations and side_queue_of(leader) is None:
+                out[name] = leader
+                break
+    return out
+
+
+def _place(
+    live: list[str],
+    destinations: Mapping[str, float],
+    current: Mapping[str, str],
+    pins: Mapping[str, str],
+) -> dict[str, str]:
     load = dict.fromkeys(live, 0.0)
     owner: dict[str, str] = {}
     fixed: set[str] = set()
