@@ -240,6 +240,16 @@ def test_any_member_serves_the_sdk_each_destination_from_its_owner(cluster: Clus
     with Transaction(cluster.members[owners[two[0]]].url) as tx:
         tx.send(two[0], "tx-3")
         assert tx.commit() == {two[0]: [101]}
+    # ... and one over two destinations of one member, committed through another, goes there
+    # (before, it was refused as if they were on two members)
+    pair = sorted(n for n in names if owners[n] == owners[far])[:2]
+    other = next(m for m in ("a", "b", "c") if m != owners[far])
+    with Transaction(cluster.members[other].url) as tx:
+        tx.send(pair[0], "tx-4")
+        tx.send(pair[1], "tx-5")
+        assert tx.commit() == {pair[0]: [101], pair[1]: [101]}
+    for n, body in zip(pair, ("tx-4", "tx-5"), strict=True):
+        assert [m.body.decode() for m in _drain(cluster.urls, n, expect=1)] == [body]
 
     # an operator's move, from the command line of any member: the destination goes to the
     # member it is pinned to, under a new epoch, and its messages are there
@@ -1563,9 +1573,11 @@ def test_a_dead_letter_goes_to_its_queue_on_another_member(cluster: Cluster) -> 
     settled. Before, the member refused to store the copy while the queue was another's (the
     timer's every round logged an error), and the message stayed until both happened to be on
     one member."""
-    _placed(cluster, "ab", {"poisoned", "DLQ.poisoned"})
+    for m in ("a", "b"):
+        cluster.start(m)
     with Admin(cluster.urls) as admin:
-        admin.configure("poisoned", max_delivery_attempts=1)
+        admin.create_queue("poisoned", max_delivery_attempts=1)
+        admin.create_queue("DLQ.poisoned")  # (placed with its queue unless pinned elsewhere)
         admin.pin("poisoned", "a")
         admin.pin("DLQ.poisoned", "b")
     wait_for(lambda: "poisoned" in cluster.serving("a")["a"], 20, "poisoned on a")

@@ -130,8 +130,8 @@ def test_a_destination_is_let_go_only_once_no_transaction_is_writing_to_it(
     """A cluster member letting a destination go (it moves) waits for the transactions writing
     to it, so its new owner, which reads the transaction log once it fenced it, finishes any
     commit the old owner recorded and could not apply. A transaction that would write to one
-    being let go meanwhile is refused and gives back what it acked, for the client to try
-    again (with the new owner)."""
+    being let go meanwhile is refused and gives back what it acked; the SDK commits again
+    shortly (at the new owner, once there is one), and raises once its timeout passed."""
     import threading
 
     from spark_mq.errors import NotOwner
@@ -147,7 +147,7 @@ def test_a_destination_is_let_go_only_once_no_transaction_is_writing_to_it(
         first, _ = receive_n(consumer, 2)
         with (
             pytest.raises(NotOwner, match="'out' is being moved"),
-            Transaction(broker.url) as tx,
+            Transaction(broker.url, timeout_s=1) as tx,  # (asked again for 1 s)
         ):
             tx.send("out", b"shipped " + first.body)
             tx.ack(first)

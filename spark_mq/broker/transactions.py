@@ -37,7 +37,7 @@ from spark_mq.broker.producing import Producing
 from spark_mq.broker.registry import Destinations
 from spark_mq.clock import Clock
 from spark_mq.commands import TransactionAck as Ack
-from spark_mq.errors import LeaseError, NotAllowed, NotOwner
+from spark_mq.errors import BrokerUnavailable, LeaseError, NotAllowed, NotOwner, SparkMQError
 from spark_mq.journal import Journal, failpoints
 from spark_mq.journal.ipc_payloads import encode_table
 from spark_mq.messages import Messages
@@ -214,12 +214,7 @@ class Transactions:
             names = set(batches) | {a[0] for a in acks}
             if len(names) < 2:
                 raise  # (all of it elsewhere: the client may take it there)
-            raise NotAllowed(
-                "a transaction's destinations must all be served by one cluster member, and "
-                f"{', '.join(sorted(names))} are not ({exc.message}): commit them in separate "
-                "transactions, or pin them to one member (sparkmq cluster pin)",
-                destination=exc.fields.get("destination", ""),
-            ) from None
+            raise self._elsewhere(names, exc) from None
         try:
             let_go = self.destinations.hold(list(touched.values()))
         except NotOwner:
@@ -227,8 +222,47 @@ class Transactions:
             raise
         try:
             return self._record_and_apply(record, dests, begun, now)
+        except NotOwner as exc:  # (recorded: a client must not commit it again elsewhere)
+            raise BrokerUnavailable(
+                f"transaction {txid} is committed, but not all of it is applied yet "
+                f"({exc.message}): the member serving each destination finishes it"
+            ) from exc
         finally:
             let_go()
+
+    def _elsewhere(self, names: set[str], refused: NotOwner) -> SparkMQError:
+        """Why a transaction over ``names``, some not served here, is refused: ``NotOwner``
+        naming the one member serving them all (the client commits it there; before, it was
+        refused as if they were on two members), or saying one is being placed just now (it
+        asks again); else ``NotAllowed``: they are on two members."""
+        owners: dict[str, NotOwner] = {}
+        for name in sorted(names):
+            if self.destinations.find(name) is not None:
+                break  # (one served here, another not: two members)
+            try:
+                self.destinations.get(name)
+            except NotOwner as exc:
+                if not exc.fields.get("member"):
+                    return exc
+                owners[str(exc.fields["member"])] = exc
+                continue
+            except SparkMQError as exc:
+                return exc
+            break  # (served here now: taken on meanwhile)
+        else:
+            if len(owners) == 1:
+                (owner,) = owners.values()
+                return NotOwner(
+                    f"this transaction's destinations ({', '.join(sorted(names))}) are all "
+                    f"served by cluster member {owner.fields['member']}: commit it there",
+                    **owner.fields,
+                )
+        return NotAllowed(
+            "a transaction's destinations must all be served by one cluster member, and "
+            f"{', '.join(sorted(names))} are not ({refused.message}): commit them in separate "
+            "transactions, or pin them to one member (sparkmq cluster pin)",
+            destination=refused.fields.get("destination", ""),
+        )
 
     def _record_and_apply(
         self,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -28,9 +29,10 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from spark_mq.client._options import check_options
+from spark_mq.client._routes import PLACING_RETRY_S
 from spark_mq.client._transport import DEFAULT_URL, call_action, connect, translated
 from spark_mq.client.message import Message
-from spark_mq.errors import BrokerUnavailable, SparkMQError
+from spark_mq.errors import BrokerUnavailable, NotOwner, SparkMQError
 from spark_mq.names import choose_partition, partition_name, partition_of, validate_stored_name
 from spark_mq.protocol import Ack, encode_commit
 from spark_mq.schema import PRODUCE_SCHEMA
@@ -55,6 +57,7 @@ class Transaction:
         auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
         conn = connect(url, timeout_s, auth)
         self._client, self._options = conn.client, conn.options
+        self._timeout_s, self._auth = timeout_s, auth
         self._partitions: dict[str, int] = {}  # destinations' partition counts, once asked
         self._turn = itertools.count()
         self._rows: list[dict[str, Any]] = []
@@ -164,13 +167,32 @@ class Transaction:
         ]
         table = pa.Table.from_pylist(self._rows, schema=TX_SCHEMA) if self._rows else None
         body = encode_commit(acks, table)
-        with translated():
-            results = list(
-                self._client.do_action(fl.Action("commit_transaction", body), self._options)
-            )
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                with translated():
+                    results = list(
+                        self._client.do_action(fl.Action("commit_transaction", body), self._options)
+                    )
+                break
+            except NotOwner as exc:  # (refused before anything was recorded)
+                if time.monotonic() >= deadline:
+                    raise
+                self._follow(exc)
         self.closed = True
         doc = json.loads(results[0].body.to_pybytes()) if results else {"offsets": {}}
         return {k: list(v) for k, v in doc["offsets"].items()}
+
+    def _follow(self, refused: NotOwner) -> None:
+        """Commit at the cluster member that serves the transaction's destinations, as the
+        refusal names it; one being placed just now: ask again shortly."""
+        endpoint = refused.fields.get("endpoint")
+        if not isinstance(endpoint, str) or not endpoint:
+            time.sleep(PLACING_RETRY_S)
+            return
+        conn = connect(endpoint, self._timeout_s, self._auth)
+        self._client.close()
+        self._client, self._options = conn.client, conn.options
 
     def rollback(self) -> None:
         """Drop the sends; the acked messages go back for redelivery."""
