@@ -234,29 +234,31 @@ class Transactions:
         """Why a transaction over ``names``, some not served here, is refused: ``NotOwner``
         naming the one member serving them all (the client commits it there; before, it was
         refused as if they were on two members), or saying one is being placed just now (it
-        asks again); else ``NotAllowed``: they are on two members."""
+        asks again: they may be together once it is); else ``NotAllowed``: they are on two
+        members."""
         owners: dict[str, NotOwner] = {}
+        here = False
         for name in sorted(names):
             if self.destinations.find(name) is not None:
-                break  # (one served here, another not: two members)
+                here = True
+                continue
             try:
                 self.destinations.get(name)
             except NotOwner as exc:
                 if not exc.fields.get("member"):
-                    return exc
+                    return exc  # (placed just now: together, maybe, once it is)
                 owners[str(exc.fields["member"])] = exc
                 continue
             except SparkMQError as exc:
                 return exc
-            break  # (served here now: taken on meanwhile)
-        else:
-            if len(owners) == 1:
-                (owner,) = owners.values()
-                return NotOwner(
-                    f"this transaction's destinations ({', '.join(sorted(names))}) are all "
-                    f"served by cluster member {owner.fields['member']}: commit it there",
-                    **owner.fields,
-                )
+            here = True  # (taken on here meanwhile)
+        if not here and len(owners) == 1:
+            (owner,) = owners.values()
+            return NotOwner(
+                f"this transaction's destinations ({', '.join(sorted(names))}) are all "
+                f"served by cluster member {owner.fields['member']}: commit it there",
+                **owner.fields,
+            )
         return NotAllowed(
             "a transaction's destinations must all be served by one cluster member, and "
             f"{', '.join(sorted(names))} are not ({refused.message}): commit them in separate "
