@@ -359,3 +359,20 @@ def test_a_refill_knows_whether_it_read_all_the_log_holds(
     clock.advance(301)
     old = refilled()  # (the window passed: the ids are passed over, their producer noted)
     assert (old.newest_number("kafka-1-0"), old.newest_number("kafka-2-0")) == (None, -1)
+
+
+def test_a_cache_that_forgot_too_many_producers_says_it_cannot_tell(
+    clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prefixes of evicted ids are kept up to a bound (memory): past it, the cache no
+    longer says the log certainly holds nothing of a producer."""
+    from spark_mq.broker import dedup
+
+    monkeypatch.setattr(dedup, "_GONE_KEPT", 2)
+    cache = dedup.DuplicateCache(size=1, window_s=60)
+    for p in range(3):
+        cache.claim([f"kafka-{p}-0-0"], clock.wall())  # (each evicts the one before)
+    assert cache.newest_number("kafka-9-0") == -1  # (two producers forgotten: still followed)
+    cache.claim(["kafka-3-0-0"], clock.wall())  # the third forgotten: past the bound
+    assert cache.newest_number("kafka-9-0") is None
+    assert cache.newest_number("kafka-3-0") == 0  # (what it holds it still says)

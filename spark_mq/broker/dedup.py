@@ -33,7 +33,9 @@ import pyarrow.compute as pc
 from spark_mq.commands import ProduceResult
 from spark_mq.journal.base import AppendResult
 
-_GONE_KEPT = 100_000  # prefixes of evicted ids remembered; past that, the cache knows less
+# prefixes of evicted ids a destination's cache remembers (at most ~0.5 MB); past that, it knows
+# less: whether it holds all its log has of a producer, it cannot say any more
+_GONE_KEPT = 10_000
 
 
 class _Batch:

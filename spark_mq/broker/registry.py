@@ -321,8 +321,8 @@ class Destinations:
         so the new owner, which reads the transaction log once it fenced the destination, sees
         any commit the old owner may not have applied in full, and finishes it. (Before, a
         commit recorded after the new owner had read the log, its sends refused by the fence,
-        lost them while its acks held: 5 messages of a consume-transform-produce loop over 20
-        moves.) ``NotOwner`` when one was let go, or is being let go, since it was found."""
+        would have lost them while its acks held.) ``NotOwner`` when one was let go, or is
+        being let go, since it was found."""
         names: list[str] = []
         with self._lock:
             for dest in dests:
