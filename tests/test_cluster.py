@@ -1593,3 +1593,74 @@ def test_a_dead_letter_goes_to_its_queue_on_another_member(cluster: Cluster) -> 
     with Admin(cluster.urls) as admin:
         wait_for(lambda: admin.stats("poisoned")["depth"] == 0, 10, "the original settled")
     assert "could not dispose" not in cluster.log("a")
+
+
+def test_a_transactional_consume_transform_produce_loop_across_moves_handles_each_once(
+    cluster: Cluster,
+) -> None:
+    """Messages taken from one queue and sent on to another in SDK transactions, through any
+    member, while both queues move between two members (one, then the other): each message
+    ends up once in the destination, or in the source's dead-letter queue (a commit refused
+    while the two are apart rolls back, which counts towards dead-lettering), and none is left.
+    Looped over twenty moves before: dead-letter copies were refused while the DLQ was the
+    other member's, and a message already copied there was delivered again after a move."""
+    for m in ("a", "b"):
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        for name in ("src", "dst"):
+            admin.create_queue(name, max_delivery_attempts=3)
+            admin.pin(name, "a")
+    wait_for(lambda: {"src", "dst"} <= cluster.serving("a")["a"], 20, "placed on a")
+    n = 300
+    with Producer(cluster.urls, destination="src") as producer:
+        producer.send_batch([b"%d" % i for i in range(n)])
+    stop = threading.Event()
+    refused: list[SparkMQError] = []
+
+    def transform() -> None:
+        while not stop.is_set():
+            try:
+                with Consumer(cluster.urls, "src", prefetch=5) as consumer:
+                    while not stop.is_set():
+                        batch = consumer.receive_many(5, timeout=0.2)
+                        if not batch:
+                            continue
+                        with Transaction(cluster.urls) as tx:
+                            for m in batch:
+                                tx.send("dst", b"t" + m.body)
+                            tx.ack(batch)
+            except SparkMQError as exc:  # (rolled back: its messages come again)
+                refused.append(exc)
+
+    worker = threading.Thread(target=transform)
+    worker.start()
+    try:
+        owner = "a"
+        for _ in range(8):
+            time.sleep(0.2)
+            owner = "b" if owner == "a" else "a"
+            with Admin(cluster.urls) as admin:
+                admin.pin("src", owner)
+                admin.pin("dst", owner)
+            wait_for(lambda o=owner: {"src", "dst"} <= cluster.serving(o)[o], 30, "moved")
+
+        def drained() -> bool:
+            with Admin(cluster.urls) as admin:
+                return bool(admin.stats("src")["depth"] == 0)
+
+        wait_for(drained, 60, "src drained")
+    finally:
+        stop.set()
+        worker.join()
+    sent_on = [m.body for m in _drain(cluster.urls, "dst")]
+    dead = (
+        [b"t" + m.body for m in _drain(cluster.urls, "DLQ.src")]
+        if any("DLQ.src" in s for s in cluster.serving().values())
+        else []
+    )
+    assert not _drain(cluster.urls, "src")
+    assert sorted(sent_on + dead) == sorted(b"t%d" % i for i in range(n)), (
+        len(sent_on),
+        len(dead),
+        refused[:3],
+    )
