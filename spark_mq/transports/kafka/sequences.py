@@ -48,6 +48,12 @@ _SEQUENCES = 2**31  # a producer's sequence numbers wrap at int32's end
 _PRODUCERS_KEPT = 100_000  # producer and topic pairs whose next sequence is kept
 
 
+def _after_stored(stored: Callable[[], int | None] | None) -> int | None:
+    """The sequence after the newest the log holds (0: it holds none); None: not known."""
+    newest = stored() if stored is not None else None
+    return None if newest is None else (newest + 1) % _SEQUENCES
+
+
 class OutOfOrder(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -81,10 +87,9 @@ class Sequences:
         if term is None:
             return
         expected = self._expected(topic, pid, epoch, term)
-        if expected is None and stored is not None:
-            newest = stored()
-            if newest is not None:
-                expected = (newest + 1) % _SEQUENCES
+        if expected is None:
+            expected = _after_stored(stored)
+            if expected is not None:
                 self._set((pid, epoch, topic), expected, term)
         if (
             expected is not None
@@ -126,12 +131,9 @@ class Sequences:
             self._next.pop(key, None)
             return
         expected = self._expected(topic, pid, epoch, term)
-        if expected is None and stored is not None:
-            newest = stored()
-            if newest is not None:
-                follows = (newest + 1) % _SEQUENCES
-                if (first - follows) % _SEQUENCES < _SEQUENCES // 2:
-                    first = follows  # (the log lacks the ones from there on)
+        follows = _after_stored(stored) if expected is None else None
+        if follows is not None and (first - follows) % _SEQUENCES < _SEQUENCES // 2:
+            first = follows  # (the log lacks the ones from there on)
         if expected is None or (first - expected) % _SEQUENCES < _SEQUENCES // 2:
             self._set(key, first, term)
 
