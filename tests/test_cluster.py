@@ -1478,6 +1478,47 @@ def test_a_kafka_producer_s_first_batch_after_a_move_follows_on_from_what_the_lo
     assert [m.value() for m in got] == values
 
 
+def test_a_topic_s_producer_state_goes_with_it_however_long_its_log(cluster: Cluster) -> None:
+    """The old owner hands on where each producer got to (its producer state) when it lets a
+    topic go, and the new owner checks first batches against that, however much longer the log
+    is than its duplicate cache (here 4 ids; in use 20,000): a producer that sent nothing yet
+    must begin at sequence 0, and one that did must go on where it got to. Before, a log
+    longer than the cache left the new owner unable to tell, and it took any first batch: a
+    new producer whose first batches the old owner refused while it let the topic go could
+    have a later one taken first, leaving a gap that librdkafka reports delivered."""
+    from tests.kafka_kit import RawKafka, read_from
+
+    for m in ("a", "b"):
+        cluster.start(m, **{"duplicates.cache_size": 4})
+    with Admin(cluster.urls) as admin:
+        admin.create_topic("long")
+    wait_for(lambda: any("long" in s for s in cluster.serving().values()), 20, "placed")
+    old = cluster.owners("a")["long"]
+    new = "b" if old == "a" else "a"
+    raw = RawKafka(cluster.members[old].kafka_port)
+    try:
+        assert raw.produce_sequenced("long", 77, 0, [b"77-0", b"77-1"]) == (0, 0)
+        for i in range(5):  # another producer's, its ids pushing 77's out of the cache
+            assert raw.produce_sequenced("long", 66, 2 * i, [b"66", b"66"]) == (0, 2 + 2 * i)
+    finally:
+        raw.close()
+    with Admin(cluster.urls) as admin:
+        admin.pin("long", new)
+    wait_for(lambda: "long" in cluster.serving(new)[new], 20, "moved")
+    raw = RawKafka(cluster.members[new].kafka_port)
+    try:
+        assert raw.produce_sequenced("long", 88, 5, [b"88-5"]) == (45, -1)  # (it sent none)
+        assert raw.produce_sequenced("long", 77, 3, [b"77-3"]) == (45, -1)  # (2 is missing)
+        assert raw.produce_sequenced("long", 88, 0, [b"88-0"]) == (0, 12)
+        assert raw.produce_sequenced("long", 77, 2, [b"77-2"]) == (0, 13)
+        assert raw.produce_sequenced("long", 66, 10, [b"66"]) == (0, 14)
+    finally:
+        raw.close()
+    got = read_from(cluster.members[new].kafka_port, "long", 12, 3, timeout=5)
+    assert [m.value() for m in got] == [b"88-0", b"77-2", b"66"]
+    assert "could not hand" not in cluster.log(old)
+
+
 def test_an_idempotent_kafka_producer_keeps_its_order_across_moves_back_and_forth(
     cluster: Cluster,
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -263,13 +264,25 @@ def test_a_single_new_id_is_claimed_in_one_pass_and_any_other_goes_the_general_w
     assert cache.claim_one("r-2", clock.wall()) is None  # which claim() looks into
 
 
-def test_the_newest_number_a_client_gave_its_ids_is_what_the_cache_holds_of_it(
+def _stored(cache: Any, ids: list[str], first: int, now: float) -> None:
+    """Claim ``ids`` and store them from offset ``first`` on (what the journal tells)."""
+    from concurrent.futures import Future
+
+    from spark_mq.journal.base import AppendResult
+
+    _, _, batch = cache.claim(pa.array(ids) if len(ids) > 1 else ids, now)
+    done: Future = Future()
+    cache.bind(batch, done)
+    done.set_result(AppendResult("d", first, len(ids)))
+
+
+def test_the_newest_number_a_client_gave_its_ids_is_where_it_got_to_in_the_log(
     clock: ManualClock,
 ) -> None:
     """Where a producer numbering its ids got to (a Kafka producer's sequences, when its topic
-    comes to a member): the newest id of its prefix held, in runs, one by one or read back at
-    recovery; a batch that failed does not count; other prefixes do not; -1 while the cache
-    holds all the log has of a prefix and none of it; None once some of it was forgotten."""
+    comes to a member): the newest id of its prefix stored or claimed, in runs, one by one or
+    read back from the log; a batch that failed does not count; other prefixes do not; it stays
+    once the ids are gone from the duplicate window; -1 for a prefix the log holds none of."""
     from concurrent.futures import Future
 
     from spark_mq.broker.dedup import DuplicateCache
@@ -277,60 +290,81 @@ def test_the_newest_number_a_client_gave_its_ids_is_what_the_cache_holds_of_it(
 
     cache = DuplicateCache(size=100, window_s=60)
     assert cache.newest_number("kafka-7-0") == -1  # (an empty log: certainly none)
-    cache.remember("kafka-7-0-3", 3, clock.wall())  # (read back at recovery)
+    cache.replayed("kafka-7-0-3")  # (read back from the log)
     assert cache.newest_number("kafka-7-0") == 3
     cache.claim(pa.array([f"kafka-7-0-{k}" for k in range(4, 8)]), clock.wall())  # a run
-    cache.claim(pa.array([f"kafka-8-0-{k}" for k in range(50, 60)]), clock.wall())
-    assert cache.newest_number("kafka-7-0") == 7
+    _stored(cache, [f"kafka-8-0-{k}" for k in range(50, 60)], 0, clock.wall())
+    assert cache.newest_number("kafka-7-0") == 7  # (claimed, not stored yet)
     assert cache.newest_number("kafka-8-0") == 59
     _, _, failed = cache.claim(pa.array([f"kafka-7-0-{k}" for k in range(8, 12)]), clock.wall())
     refused: Future = Future()
     cache.bind(failed, refused)
     refused.set_exception(JournalError("not stored"))
     assert cache.newest_number("kafka-7-0") == 7  # the failed batch's ids were never stored
-    cache.claim(["kafka-7-0-8"], clock.wall())  # one by one (its resend, a message at a time)
+    _stored(cache, ["kafka-7-0-8"], 10, clock.wall())  # one by one (its resend)
     assert cache.newest_number("kafka-7-0") == 8
     assert cache.newest_number("kafka-7") == -1  # (a prefix is matched whole)
     _, _, alone = cache.claim(pa.array(["kafka-9-0-0", "kafka-9-0-1"]), clock.wall())
     cache.release(alone)  # (refused before it reached the journal)
     assert cache.newest_number("kafka-9-0") == -1  # only a failed batch: never stored
     clock.advance(61)
-    cache.claim(["other"], clock.wall())  # (the window passed: what it held is forgotten)
-    assert cache.newest_number("kafka-7-0") is None
-    assert cache.newest_number("kafka-8-0") is None
+    cache.claim(["other"], clock.wall())  # (the window passed: the ids are forgotten)
+    assert (cache.newest_number("kafka-7-0"), cache.newest_number("kafka-8-0")) == (8, 59)
     assert cache.newest_number("kafka-10-0") == -1  # (nothing of it was ever here)
 
 
-def test_a_cache_knows_whether_it_holds_all_the_log_has_of_a_producer(clock: ManualClock) -> None:
-    """A producer's ids evicted by size are no longer all here (None), others still are (-1);
-    a refill that read only the log's newest rows knows nothing of any producer it did not
-    see, and one that passed over ids older than the window knows it lacks their prefixes."""
+def test_a_cache_knows_whether_its_log_holds_anything_of_a_producer(clock: ManualClock) -> None:
+    """A producer's number stays when its ids are evicted; a refill that read only the log's
+    newest rows knows nothing of any producer it did not see (None), but what it read."""
     from spark_mq.broker.dedup import DuplicateCache
 
     cache = DuplicateCache(size=4, window_s=60)
-    cache.claim(pa.array([f"kafka-1-0-{k}" for k in range(3)]), clock.wall())
-    cache.claim(pa.array([f"kafka-2-0-{k}" for k in range(3)]), clock.wall())  # 2 of 1's go
-    assert cache.newest_number("kafka-1-0") == 2  # (its newest is still held)
-    cache.claim(["kafka-3-0-0", "kafka-3-0-1"], clock.wall())  # 1's last goes
-    assert cache.newest_number("kafka-1-0") is None
-    assert cache.newest_number("kafka-4-0") == -1
+    _stored(cache, [f"kafka-1-0-{k}" for k in range(3)], 0, clock.wall())
+    _stored(cache, [f"kafka-2-0-{k}" for k in range(3)], 3, clock.wall())
+    _stored(cache, ["kafka-3-0-0", "kafka-3-0-1"], 6, clock.wall())
+    assert len(cache) == 4  # (1's ids all went)
+    assert (cache.newest_number("kafka-1-0"), cache.newest_number("kafka-4-0")) == (2, -1)
     refilled = DuplicateCache(size=4, window_s=60)
-    refilled.passed_over("kafka-5-0-17")
-    refilled.remember("kafka-6-0-3", 20, clock.wall())
-    assert refilled.newest_number("kafka-5-0") is None
-    assert refilled.newest_number("kafka-6-0") == 3
-    assert refilled.newest_number("kafka-7-0") == -1
+    refilled.replayed("kafka-6-0-3")
     refilled.began_partway()
     assert refilled.newest_number("kafka-7-0") is None
     assert refilled.newest_number("kafka-6-0") == 3
+
+
+def test_a_producer_state_is_handed_on_whole_or_not_at_all(clock: ManualClock) -> None:
+    """What a destination's last owner handed on is begun from when the rows after it are read
+    (a log that grew after the hand-over): its numbers, and that it holds every producer; not
+    when it ended before the rows read or after the log's end, or does not read."""
+    from spark_mq.broker.dedup import DuplicateCache
+
+    cache = DuplicateCache(size=4, window_s=60)
+    _stored(cache, ["kafka-1-0-0", "kafka-1-0-1"], 0, clock.wall())
+    cache.claim(["kafka-2-0-5"], clock.wall())  # (stored, the journal's answer not in yet)
+    handed = cache.handed(3)
+    taken = DuplicateCache(size=4, window_s=60)
+    taken.began_partway()  # (its log is longer than it reads)
+    assert taken.begin_from(handed, 2, 5) == 3  # (rows 3 and 4 came after it)
+    taken.replayed("kafka-3-0-0")
+    assert [taken.newest_number(f"kafka-{p}-0") for p in (1, 2, 3, 4)] == [1, 5, 0, -1]
+    for args in ((handed, 4, 9), (handed, 0, 2), ("{not json", 0, 9), ('{"end": 1}', 0, 9)):
+        other = DuplicateCache(size=4, window_s=60)
+        other.began_partway()
+        assert other.begin_from(*args) is None
+        assert other.newest_number("kafka-4-0") is None
+    partial = DuplicateCache(size=4, window_s=60)
+    partial.began_partway()
+    after = DuplicateCache(size=4, window_s=60)
+    assert after.begin_from(partial.handed(0), 0, 0) == 0
+    assert after.newest_number("kafka-4-0") is None  # (what it was handed could not tell)
 
 
 def test_a_refill_knows_whether_it_read_all_the_log_holds(
     broker: RunningBroker, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A destination taken on (recovered, or come from another member) refills its cache from
-    the log: it holds all a producer's ids the log has (-1 for one it has none of) only when it
-    read the whole log, every row there, none older than the window."""
+    the log: it knows every producer the log holds (-1 for one it holds none of) when it read
+    the whole log, every row there, or began from what the last owner handed on and read every
+    row after that; ids older than the window still tell where their producer got to."""
     from spark_mq.broker.dedup import DuplicateCache
 
     with Admin(broker.url) as admin:
@@ -340,39 +374,44 @@ def test_a_refill_knows_whether_it_read_all_the_log_holds(
         p.send_batch(pa.table({"body": [b"x"] * 6, "dedup_id": ids}))
     registry = broker.broker.destinations
 
-    def refilled(size: int = 100) -> DuplicateCache:
+    def refilled(size: int = 100, handed: str | None = None) -> DuplicateCache:
         dest = registry.build("refilled", "queue")
         dest.dedup = cache = DuplicateCache(size, 300)
-        registry.refill_dedup(dest)
+        registry.refill_dedup(dest, handed)
         return cache
 
     whole = refilled()
     assert (whole.newest_number("kafka-1-0"), whole.newest_number("kafka-2-0")) == (5, -1)
     partway = refilled(size=4)  # (the log's newest 4 rows)
     assert (partway.newest_number("kafka-1-0"), partway.newest_number("kafka-2-0")) == (5, None)
+    handed = whole.handed(4)  # (as if handed on with the log ending at 4: rows 4, 5 after it)
+    assert refilled(size=4, handed=handed).newest_number("kafka-2-0") == -1
+    assert refilled(size=1, handed=handed).newest_number("kafka-2-0") is None  # (5 only read)
     read = registry.journal.read_messages
     monkeypatch.setattr(
         registry.journal, "read_messages", lambda name, start, end: read(name, start, end)[1:]
     )  # (a compaction removed a row)
     assert refilled().newest_number("kafka-2-0") is None
+    assert refilled(size=4, handed=handed).newest_number("kafka-2-0") == -1  # (before 4)
     monkeypatch.undo()
     clock.advance(301)
-    old = refilled()  # (the window passed: the ids are passed over, their producer noted)
-    assert (old.newest_number("kafka-1-0"), old.newest_number("kafka-2-0")) == (None, -1)
+    old = refilled()  # (the window passed: the ids are not held, where they got to is)
+    assert (old.newest_number("kafka-1-0"), old.newest_number("kafka-2-0")) == (5, -1)
+    assert old.claim(["kafka-1-0-5"], clock.wall())[1] == {}  # (not a duplicate any more)
 
 
 def test_a_cache_that_forgot_too_many_producers_says_it_cannot_tell(
     clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The prefixes of evicted ids are kept up to a bound (memory): past it, the cache no
-    longer says the log certainly holds nothing of a producer."""
-    from spark_mq.broker import dedup
+    """The producers stored to longest ago go past a bound (memory), and are noted up to
+    another: a forgotten one is not known, and past the second bound, no producer is."""
+    from spark_mq.broker import dedup, producer_state
 
-    monkeypatch.setattr(dedup, "_GONE_KEPT", 2)
+    monkeypatch.setattr(producer_state, "_FOLLOWED", 2)
+    monkeypatch.setattr(producer_state, "_FORGOTTEN", 2)
     cache = dedup.DuplicateCache(size=1, window_s=60)
-    for p in range(3):
-        cache.claim([f"kafka-{p}-0-0"], clock.wall())  # (each evicts the one before)
-    assert cache.newest_number("kafka-9-0") == -1  # (two producers forgotten: still followed)
-    cache.claim(["kafka-3-0-0"], clock.wall())  # the third forgotten: past the bound
-    assert cache.newest_number("kafka-9-0") is None
-    assert cache.newest_number("kafka-3-0") == 0  # (what it holds it still says)
+    for p in range(4):
+        _stored(cache, [f"kafka-{p}-0-0"], p, clock.wall())
+    assert [cache.newest_number(f"kafka-{p}-0") for p in range(5)] == [None, None, 0, 0, -1]
+    _stored(cache, ["kafka-4-0-0"], 4, clock.wall())  # the third forgotten: past the bound
+    assert [cache.newest_number(f"kafka-{p}-0") for p in (3, 4, 9)] == [0, 0, None]

@@ -43,6 +43,7 @@ from spark_mq.broker.admin import DestinationAdmin
 from spark_mq.broker.attaching import Attachments
 from spark_mq.broker.claims import Claims
 from spark_mq.broker.consumers import ConsumerSession, Wakeup
+from spark_mq.broker.dedup import DuplicateCache
 from spark_mq.broker.destination import Destination, hot_tier_settings, make_store
 from spark_mq.broker.disk import DiskMonitor, journal_disk
 from spark_mq.broker.disposal import Disposer
@@ -61,7 +62,7 @@ from spark_mq.broker.transactions import Transactions
 from spark_mq.clock import Clock, SystemClock
 from spark_mq.commands import TransactionAck
 from spark_mq.config import BrokerConfig
-from spark_mq.errors import ConfigError, Deposed, NotAllowed, NotOwner
+from spark_mq.errors import ConfigError, Deposed, NotAllowed, NotOwner, SparkMQError
 from spark_mq.journal import DestinationInfo, Journal, LogStore
 from spark_mq.journal.base import Kind
 from spark_mq.journal.dir_lock import DataDirLock, lock_dir
@@ -366,7 +367,7 @@ class Broker:
             for record in transactions.unfinished(self.journal.read_transactions()):
                 if record.touches(name):
                     transactions.replay(self.journal, record, now_us, only=name)
-            self._recover(info)
+            self._recover(info, handed=store.handed_producers(name))
             log.info(
                 "serving %s from now on (epoch %d), taken on in %.2fs",
                 name,
@@ -436,6 +437,8 @@ class Broker:
             for sub in subs:
                 self.disposer.record_returns(dest, sub)
             self.journal.release(name)
+            if dest.dedup is not None:
+                self._hand_on_producers(name, dest.dedup)
             self.journal.store.release_destination(name)
             if name == KAFKA_OFFSETS:
                 self.group_offsets.forget()
@@ -444,11 +447,26 @@ class Broker:
             )
             return True
 
-    def _recover(self, info: DestinationInfo) -> None:
+    def _hand_on_producers(self, name: str, cache: DuplicateCache) -> None:
+        """Write where each numbering producer got to in ``name``'s log for its next owner
+        (:mod:`spark_mq.broker.producer_state`); everything taken is committed by now."""
+        store = self.journal.store
+        try:
+            store.hand_on_producers(name, cache.handed(store.committed_end(name)))
+        except SparkMQError as exc:
+            log.warning(
+                "could not hand %s's producer state on (%s): its next owner checks a Kafka "
+                "producer's first batch only against its log's newest rows",
+                name,
+                exc,
+                extra={"destination": name},
+            )
+
+    def _recover(self, info: DestinationInfo, handed: str | None = None) -> None:
         d = self.destinations
         subs, rows = recover_destination(self.journal, info)
         dest = d.build(info.name, info.kind, info.settings)
-        d.refill_dedup(dest)
+        d.refill_dedup(dest, handed)
         dest.store.add(Messages.of(rows))
         for rs in subs:
             dest.subscriptions[rs.name] = d.new_subscription(

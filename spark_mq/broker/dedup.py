@@ -9,10 +9,9 @@ then be stored). After a restart the cache is refilled from the message log's ne
 A duplicate is answered with the offset the original got, like Artemis answering a duplicate send
 as a success without storing it.
 
-The cache also knows whether it holds **every** numbered id of a prefix the log holds: it does
-while nothing of that prefix was evicted and it began with the whole log (an empty one, or a
-refill that read it all). A Kafka producer's first batch to a topic just taken on is checked
-against that (:meth:`DuplicateCache.newest_number`).
+Each prefix's newest number stored stays after its ids go (the destination's producer state,
+:mod:`spark_mq.broker.producer_state`): a Kafka producer's first batch to a topic just taken on
+is checked against it (:meth:`DuplicateCache.newest_number`).
 
 The SDK numbers its ids (``<producer prefix>-<n>``, consecutive in a batch), so a batch's ids
 usually form a *run*: recognised with one vectorised comparison and kept as one entry, which
@@ -30,18 +29,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_mq.broker.producer_state import ProducerState
 from spark_mq.commands import ProduceResult
 from spark_mq.journal.base import AppendResult
-
-# prefixes of evicted ids a destination's cache remembers (at most ~0.5 MB); past that, it knows
-# less: whether it holds all its log has of a producer, it cannot say any more
-_GONE_KEPT = 10_000
 
 
 class _Batch:
     """One stored batch the cache's ids point into: an id's offset is ``first + position``."""
 
-    __slots__ = ("failed", "first", "future", "ids")
+    __slots__ = ("failed", "first", "future", "ids", "newest")
 
     def __init__(self) -> None:
         # set by bind() until the rows are stored; None for ids read back at recovery
@@ -49,6 +45,14 @@ class _Batch:
         self.first: int | None = None
         self.failed = False
         self.ids: list[tuple[str, int]] | None = None  # (id, position) cached one by one
+        # the newest number of each numbered prefix among its ids: the producer state's once
+        # the rows are stored
+        self.newest: dict[str, int] | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Claimed, and neither stored nor failed yet."""
+        return self.first is None and not self.failed
 
 
 _RECOVERED = _Batch()
@@ -147,16 +151,14 @@ class DuplicateCache:
         self._loose: Counter[str] = Counter()  # prefix -> numbered ids kept one by one
         self._count = 0  # ids held, runs counted by their length
         self.duplicates_total = 0
-        # whether every numbered id the log holds is here, but for those of the prefixes in
-        # _gone (evicted, or passed over when refilled)
-        self._complete = True
-        self._gone: set[str] = set()
+        # each prefix's newest number stored (kept after its ids go)
+        self.producers = ProducerState()
 
     def __len__(self) -> int:
         return self._count
 
     # -- bookkeeping (callers hold the lock) ---------------------------------------------------
-    def _add(self, dedup_id: str, entry: _Entry) -> None:
+    def _add(self, dedup_id: str, entry: _Entry) -> tuple[str, int] | None:
         if dedup_id in self._seen:
             self._drop(dedup_id, self._seen.pop(dedup_id))
         self._seen[dedup_id] = entry
@@ -164,6 +166,7 @@ class DuplicateCache:
         numbered = _numbered(dedup_id)
         if numbered is not None:
             self._loose[numbered[0]] += 1
+        return numbered
 
     def _add_run(self, run: _Run) -> None:
         self._seen[run] = run
@@ -193,9 +196,7 @@ class DuplicateCache:
             if isinstance(key, _Run) and len(key) > excess:
                 key.first += excess  # forget the run's oldest ids only
                 self._count -= excess
-                self._went(key)
                 break
-            self._went(key)
             self._drop(key, seen.popitem(last=False)[1])
         oldest = now - self.window_s
         while seen:
@@ -203,23 +204,7 @@ class DuplicateCache:
             at = entry.at if isinstance(entry, _Run) else entry[0]
             if at >= oldest:
                 break
-            self._went(key)
             self._drop(key, seen.popitem(last=False)[1])
-
-    def _went(self, key: str | _Run) -> None:
-        """Ids of ``key``'s prefix are in the log and no longer all here."""
-        if not self._complete:
-            return
-        if isinstance(key, _Run):
-            self._gone.add(key.prefix)
-        else:
-            numbered = _numbered(key)
-            if numbered is None:
-                return
-            self._gone.add(numbered[0])
-        if len(self._gone) > _GONE_KEPT:  # (too many producers to follow one by one)
-            self._complete = False
-            self._gone.clear()
 
     def _find(self, dedup_id: str) -> tuple[float, _Batch, int] | None:
         entry = cast("_Entry | None", self._seen.get(dedup_id))  # an id key holds no run
@@ -241,16 +226,42 @@ class DuplicateCache:
             self._add(dedup_id, (at, None, offset))
             self._evict(at)
 
-    def passed_over(self, dedup_id: str) -> None:
-        """An id the log holds that a refill left out (older than the window)."""
-        with self._lock:
-            self._went(dedup_id)
+    def replayed(self, dedup_id: str) -> None:
+        """An id the log holds, read back in log order: its producer got that far (the
+        producer state's; :meth:`remember` is the duplicate detection's)."""
+        numbered = _numbered(dedup_id)
+        if numbered is not None:
+            with self._lock:
+                self.producers.stored(*numbered)
 
     def began_partway(self) -> None:
         """The refill read only the log's newest rows: what is older is not known."""
         with self._lock:
-            self._complete = False
-            self._gone.clear()
+            self.producers.began_partway()
+
+    def begin_from(self, handed: str, start: int, end: int) -> int | None:
+        """The producer state its last owner handed on
+        (:meth:`ProducerState.begin_from`)."""
+        with self._lock:
+            return self.producers.begin_from(handed, start, end)
+
+    def handed(self, end: int) -> str:
+        """The producer state to hand on with the log ending at ``end`` (every claim that has
+        not failed counted: a move's last commits may not have told the cache yet)."""
+        with self._lock:
+            return self.producers.handed(end, self._pending_newest())
+
+    def _pending_newest(self) -> dict[str, int]:
+        newest: dict[str, int] = {}
+        for key, entry in self._seen.items():  # (in the order claimed: the last one wins)
+            if isinstance(key, _Run):
+                if key.batch.pending:
+                    newest[key.prefix] = key.last
+            elif (batch := cast("_Entry", entry)[1]) is not None and batch.pending:
+                numbered = _numbered(key)
+                if numbered is not None:
+                    newest[numbered[0]] = numbered[1]
+        return newest
 
     def claim(
         self, ids: pa.Array | pa.ChunkedArray | list[str | None], now: float
@@ -273,6 +284,7 @@ class DuplicateCache:
                 ):
                     # the usual case: a fresh run of SDK-numbered ids, one entry for them all
                     self._add_run(_Run(prefix, first, last, now, batch))
+                    batch.newest = {prefix: last}
                     self._evict(now)
                     return list(range(len(ids))), {}, batch
         names = ids if isinstance(ids, list) else ids.to_pylist()
@@ -286,15 +298,20 @@ class DuplicateCache:
             ):
                 # no duplicate: claim them all in one go
                 batch.ids = []
+                newest: dict[str, int] = {}
                 for row, i in enumerate(names):
                     if i is not None:
-                        self._add(i, (now, batch, row))
+                        numbered = self._add(i, (now, batch, row))
                         batch.ids.append((i, row))
+                        if numbered is not None:
+                            newest[numbered[0]] = numbered[1]
+                batch.newest = newest
                 self._evict(now)
                 return list(range(len(names))), {}, batch
             keep: list[int] = []
             dups: dict[int, tuple[_Batch, int]] = {}
             batch.ids = []
+            batch.newest = newest = {}
             for row, dedup_id in enumerate(names):
                 if dedup_id is None:
                     keep.append(row)
@@ -303,9 +320,11 @@ class DuplicateCache:
                 if entry is not None and not entry[1].failed and entry[0] >= now - self.window_s:
                     dups[row] = (entry[1], entry[2])
                     continue
-                self._add(dedup_id, (now, batch, len(keep)))
+                numbered = self._add(dedup_id, (now, batch, len(keep)))
                 batch.ids.append((dedup_id, len(keep)))
                 keep.append(row)
+                if numbered is not None:
+                    newest[numbered[0]] = numbered[1]
             self._evict(now)
             self.duplicates_total += len(dups)
         return keep, dups, batch
@@ -320,33 +339,36 @@ class DuplicateCache:
                 return None
             batch = _Batch()
             batch.ids = [(dedup_id, 0)]
-            self._add(dedup_id, (now, batch, 0))
+            numbered = self._add(dedup_id, (now, batch, 0))
+            if numbered is not None:
+                batch.newest = {numbered[0]: numbered[1]}
             if self._count > self.size:
                 self._evict(now)
             return batch
 
     def newest_number(self, prefix: str) -> int | None:
-        """The number of the newest id ``<prefix>-<n>`` held (stored, or claimed by a batch
-        that has not failed); -1 when the log certainly holds none (none held, and the cache
-        holds all the log has of that prefix); None when that is not known. Where a client
-        numbering its ids got to: a Kafka producer's sequence, when its topic has just come to
-        this member (:mod:`spark_mq.transports.kafka.sequences`). Once a producer and term: a
-        walk from the newest id back to its own."""
+        """The number of the newest id ``<prefix>-<n>`` stored, or claimed by a batch that has
+        not failed; -1 when the log certainly holds none; None when that is not known. Where a
+        client numbering its ids got to: a Kafka producer's sequence, when its topic has just
+        come to this member (:mod:`spark_mq.transports.kafka.sequences`). Once a producer and
+        term: a walk from the newest id back to its own, for a claim not yet stored."""
         with self._lock:
-            nothing = -1 if self._complete and prefix not in self._gone else None
-            if prefix not in self._runs and prefix not in self._loose:
-                return nothing
-            for key, entry in reversed(self._seen.items()):
-                if isinstance(key, _Run):
-                    if key.prefix == prefix and not key.batch.failed:
-                        return key.last
-                    continue
-                numbered = _numbered(key)
-                if numbered is not None and numbered[0] == prefix:
-                    batch = cast("_Entry", entry)[1]
-                    if batch is None or not batch.failed:
-                        return numbered[1]
-            return nothing  # (only claims that failed: never stored)
+            if prefix in self._runs or prefix in self._loose:
+                for key, entry in reversed(self._seen.items()):
+                    if isinstance(key, _Run):
+                        if key.prefix == prefix and not key.batch.failed:
+                            if key.batch.pending:
+                                return key.last
+                            break
+                        continue
+                    numbered = _numbered(key)
+                    if numbered is not None and numbered[0] == prefix:
+                        batch = cast("_Entry", entry)[1]
+                        if batch is not None and batch.pending:
+                            return numbered[1]
+                        if batch is None or not batch.failed:
+                            break
+            return self.producers.newest(prefix)
 
     def release(self, batch: _Batch) -> None:
         """The batch was refused before it reached the journal: its ids were never stored."""
@@ -364,11 +386,17 @@ class DuplicateCache:
                 # a cached id small and off the garbage collector's hands for the whole window.
                 batch.future = None
                 ids, batch.ids = batch.ids, None
-                if ids:
-                    with self._lock:
+                newest, batch.newest = batch.newest, None
+                if not (ids or newest):
+                    return
+                with self._lock:
+                    if newest:
+                        for prefix, number in newest.items():
+                            self.producers.stored(prefix, number)
+                    if ids:
                         for dedup_id, position in ids:
                             entry = self._seen.get(dedup_id)
-                            if isinstance(entry, tuple) and entry[1] is batch:  # still its own
+                            if isinstance(entry, tuple) and entry[1] is batch:  # its own
                                 self._seen[dedup_id] = (entry[0], None, first + position)
             else:  # not stored: a retry must not be taken for a duplicate
                 batch.failed = True

@@ -412,30 +412,38 @@ class Destinations:
         sub.next_offset = next_offset
         return sub
 
-    def refill_dedup(self, dest: Destination) -> None:
-        """Recent dedup ids from the log's newest rows, so a resend after a crash is caught."""
-        if dest.dedup is None:
+    def refill_dedup(self, dest: Destination, handed: str | None = None) -> None:
+        """Recent dedup ids from the log's newest rows, so a resend after a crash is caught;
+        and where each producer numbering its ids got to (its producer state): from the state
+        the last owner ``handed`` on and the rows after it when those are among the rows read,
+        else from the rows read (all a producer's, when they are the whole log)."""
+        cache = dest.dedup
+        if cache is None:
             return
         end = self.journal.end_offset(dest.name)
-        start = max(0, end - dest.dedup.size)
-        if start > 0:
-            dest.dedup.began_partway()
+        start = max(0, end - cache.size)
+        replay = cache.begin_from(handed, start, end) if handed is not None else None
+        if replay is None:
+            replay = start
+            if start > 0:
+                cache.began_partway()
         if start == end:
             return
         rows = self.journal.read_messages(dest.name, start, end)
-        if rows.num_rows != end - start:  # (compaction removed some: what they held is gone)
-            dest.dedup.began_partway()
-        since = self.clock.wall() - dest.dedup.window_s
+        offsets = ints(rows["offset"])
+        if sum(1 for o in offsets if o >= replay) != end - replay:
+            cache.began_partway()  # (compaction removed some: what they held is gone)
+        since = self.clock.wall() - cache.window_s
         at = pc.divide(rows["enqueue_time"].cast(pa.int64()), 1_000_000.0)
         ids: list[str | None] = rows["dedup_id"].to_pylist()
         times = cast("list[float]", at.to_pylist())  # (every row has an enqueue time)
-        for dedup_id, offset, t in zip(ids, ints(rows["offset"]), times, strict=True):
+        for dedup_id, offset, t in zip(ids, offsets, times, strict=True):
             if dedup_id is None:
                 continue
+            if offset >= replay:
+                cache.replayed(dedup_id)
             if t >= since:
-                dest.dedup.remember(dedup_id, offset, t)
-            else:
-                dest.dedup.passed_over(dedup_id)
+                cache.remember(dedup_id, offset, t)
 
     # -- what the journal made durable ---------------------------------------------------------
     def committed(self, destination: str, messages: Messages) -> None:

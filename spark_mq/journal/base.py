@@ -44,6 +44,16 @@ class LogStore(Protocol):
         """A cluster member no longer owns ``destination``."""
         ...
 
+    def hand_on_producers(self, destination: str, state: str) -> None:
+        """A cluster member letting ``destination`` go writes its producer state
+        (:mod:`spark_mq.broker.producer_state`) for the next owner, with its epoch."""
+        ...
+
+    def handed_producers(self, destination: str) -> str | None:
+        """The producer state ``destination``'s last owner handed on, if it is among the
+        message log's newest commits (None: none there)."""
+        ...
+
     def committed_end(self, destination: str) -> int:
         """One past the last committed offset (0 for an empty log)."""
         ...

@@ -65,6 +65,11 @@ COMPACT_SMALL_LOGS_EVERY = 50
 # a time) decodes only the groups holding it, which the offsets' statistics tell; a move's file
 # was one row group, decoded whole for every window in it (16-222 ms a window of a 50,000-row
 # file, 4-15 ms now; a group member reading a moved backlog 100-115k -> 276-293k msg/s).
+# a message log's commit info key holding the producer state its last owner handed on, and how
+# many of the log's newest commits are looked through for it (a hand-over's is followed by the
+# next owner's fence; an older one is of no use once the log has grown past the duplicate cache)
+PRODUCERS_KEY = "sparkmq.producers"
+PRODUCERS_WITHIN = 10
 DEFAULT_WRITER = WriterProperties()  # (what delta-rs uses when given none)
 MESSAGE_WRITER = WriterProperties(
     compression="SNAPPY",
@@ -81,6 +86,7 @@ def _append(
     writer: WriterProperties | None = None,
     epoch: int | None = None,
     destination: str | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> None:
     """Append idempotently, reloading the table when another writer's commit got in first.
 
@@ -93,7 +99,11 @@ def _append(
         txns.append(Transaction(app_id, version))
     if epoch is not None:  # fenced: see spark_mq.ha.ownership
         txns.append(Transaction(OWNER_APP_ID, epoch))
-    props = CommitProperties(app_transactions=txns) if txns else None
+    props = (
+        CommitProperties(app_transactions=txns or None, custom_metadata=metadata)
+        if txns or metadata
+        else None
+    )
     for attempt in range(COMMIT_ATTEMPTS):
         if epoch is not None:
             _check_owner(dt, epoch, destination)
@@ -216,6 +226,33 @@ class DeltaStore:
                     del cache[key]
             self._fenced.difference_update([k for k in self._fenced if k.startswith(uri + "/")])
 
+    def hand_on_producers(self, destination: str, state: str) -> None:
+        """The producer state, in the commit info of a commit of no rows to the message log
+        (fenced with this member's epoch: a member deposed meanwhile writes nothing)."""
+        with translate("handing the producer state on", destination):
+            self._append(
+                self._messages(destination),
+                MESSAGE_SCHEMA.empty_table(),
+                None,
+                None,
+                epoch=self._epoch(destination),
+                destination=destination,
+                metadata={PRODUCERS_KEY: state},
+            )
+            self._committed(layout.messages_uri(self.root, destination))
+
+    def handed_producers(self, destination: str) -> str | None:
+        """The newest producer state among the message log's last ``PRODUCERS_WITHIN``
+        commits (the next owner's fence follows a hand-over; a member lost wrote none)."""
+        with translate("reading the producer state handed on", destination):
+            dt = self._messages(destination)
+            dt.update_incremental()
+            for commit in dt.history(PRODUCERS_WITHIN):
+                state = commit.get(PRODUCERS_KEY)
+                if isinstance(state, str):
+                    return state
+        return None
+
     def _epoch(self, destination: str) -> int | None:
         return self._epochs.get(destination, self.epoch)
 
@@ -229,10 +266,20 @@ class DeltaStore:
         *,
         epoch: int | None,
         destination: str | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> None:
         fenced_alone = destination is not None and destination in self._epochs
         try:
-            _append(dt, rows, app_id, version, writer, epoch, destination if fenced_alone else None)
+            _append(
+                dt,
+                rows,
+                app_id,
+                version,
+                writer,
+                epoch,
+                destination if fenced_alone else None,
+                metadata,
+            )
         except Deposed as exc:
             if self.on_deposed is not None:
                 self.on_deposed(exc)

@@ -16,6 +16,7 @@ class _Logs:
         self.settlements: list[pa.Table] = []
         self.end = 0
         self.settlements_version = 0
+        self.producers: str | None = None
 
 
 class MemoryStore:
@@ -99,6 +100,12 @@ class MemoryStore:
 
     def release_destination(self, destination: str) -> None:
         pass
+
+    def hand_on_producers(self, destination: str, state: str) -> None:
+        self._get(destination).producers = state
+
+    def handed_producers(self, destination: str) -> str | None:
+        return self._get(destination).producers
 
     def close(self) -> None:
         pass
