@@ -290,8 +290,8 @@ def test_the_newest_number_a_client_gave_its_ids_is_where_it_got_to_in_the_log(
 
     cache = DuplicateCache(size=100, window_s=60)
     assert cache.newest_number("kafka-7-0") == -1  # (an empty log: certainly none)
-    cache.replayed("kafka-7-0-3")  # (read back from the log)
-    assert cache.newest_number("kafka-7-0") == 3
+    cache.replayed(["kafka-7-0-1", "kafka-6-0-9", None, "plain", "kafka-7-0-3"])  # (read back)
+    assert (cache.newest_number("kafka-7-0"), cache.newest_number("kafka-6-0")) == (3, 9)
     cache.claim(pa.array([f"kafka-7-0-{k}" for k in range(4, 8)]), clock.wall())  # a run
     _stored(cache, [f"kafka-8-0-{k}" for k in range(50, 60)], 0, clock.wall())
     assert cache.newest_number("kafka-7-0") == 7  # (claimed, not stored yet)
@@ -325,7 +325,7 @@ def test_a_cache_knows_whether_its_log_holds_anything_of_a_producer(clock: Manua
     assert len(cache) == 4  # (1's ids all went)
     assert (cache.newest_number("kafka-1-0"), cache.newest_number("kafka-4-0")) == (2, -1)
     refilled = DuplicateCache(size=4, window_s=60)
-    refilled.replayed("kafka-6-0-3")
+    refilled.replayed(["kafka-6-0-3"])
     refilled.began_partway()
     assert refilled.newest_number("kafka-7-0") is None
     assert refilled.newest_number("kafka-6-0") == 3
@@ -344,7 +344,7 @@ def test_a_producer_state_is_handed_on_whole_or_not_at_all(clock: ManualClock) -
     taken = DuplicateCache(size=4, window_s=60)
     taken.began_partway()  # (its log is longer than it reads)
     assert taken.begin_from(handed, 2, 5) == 3  # (rows 3 and 4 came after it)
-    taken.replayed("kafka-3-0-0")
+    taken.replayed(["kafka-3-0-0"])
     assert [taken.newest_number(f"kafka-{p}-0") for p in (1, 2, 3, 4)] == [1, 5, 0, -1]
     for args in ((handed, 4, 9), (handed, 0, 2), ("{not json", 0, 9), ('{"end": 1}', 0, 9)):
         other = DuplicateCache(size=4, window_s=60)

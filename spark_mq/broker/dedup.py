@@ -226,13 +226,23 @@ class DuplicateCache:
             self._add(dedup_id, (at, None, offset))
             self._evict(at)
 
-    def replayed(self, dedup_id: str) -> None:
-        """An id the log holds, read back in log order: its producer got that far (the
-        producer state's; :meth:`remember` is the duplicate detection's)."""
-        numbered = _numbered(dedup_id)
-        if numbered is not None:
-            with self._lock:
-                self.producers.stored(*numbered)
+    def replayed(self, ids: list[str | None]) -> None:
+        """Ids the log holds, read back in log order: where each producer got to (the
+        producer state's; :meth:`remember` is the duplicate detection's). Only each prefix's
+        last id is parsed: a refill of 20,000 rows took 40-60 ms more a move when each was."""
+        last: dict[str, int] = {}  # prefix -> its newest number, the newest prefix first
+        for dedup_id in reversed(ids):
+            if dedup_id is None:
+                continue
+            prefix, sep, _ = dedup_id.rpartition("-")
+            if prefix in last or not sep:
+                continue
+            numbered = _numbered(dedup_id)
+            if numbered is not None:
+                last[prefix] = numbered[1]
+        with self._lock:
+            for prefix in reversed(last):
+                self.producers.stored(prefix, last[prefix])
 
     def began_partway(self) -> None:
         """The refill read only the log's newest rows: what is older is not known."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from bisect import bisect_left
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
@@ -430,18 +431,18 @@ class Destinations:
         if start == end:
             return
         rows = self.journal.read_messages(dest.name, start, end)
-        offsets = ints(rows["offset"])
-        if sum(1 for o in offsets if o >= replay) != end - replay:
+        offsets = ints(rows["offset"])  # (in order)
+        after = bisect_left(offsets, replay)  # the first row to replay
+        if len(offsets) - after != end - replay:
             cache.began_partway()  # (compaction removed some: what they held is gone)
         since = self.clock.wall() - cache.window_s
         at = pc.divide(rows["enqueue_time"].cast(pa.int64()), 1_000_000.0)
         ids: list[str | None] = rows["dedup_id"].to_pylist()
         times = cast("list[float]", at.to_pylist())  # (every row has an enqueue time)
+        cache.replayed(ids[after:])
         for dedup_id, offset, t in zip(ids, offsets, times, strict=True):
             if dedup_id is None:
                 continue
-            if offset >= replay:
-                cache.replayed(dedup_id)
             if t >= since:
                 cache.remember(dedup_id, offset, t)
 

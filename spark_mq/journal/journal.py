@@ -164,16 +164,19 @@ class Journal:
             self._let_go.discard(name)
             return info
 
-    def release(self, name: str) -> None:
+    def release(self, name: str) -> int | None:
         """A shared journal lets ``name`` go (another member owns it now): what was taken is
-        committed first (refused, and so never acknowledged, once the new owner fenced it)."""
+        committed first (refused, and so never acknowledged, once the new owner fenced it).
+        Returns where its log ends then (None: it was not written here)."""
         with self._lock:
             self._dests.pop(name, None)
             writer = self._writers.pop(name, None)
             self._tiers.pop(name, None)
             self._let_go.add(name)
-        if writer is not None:  # (its sink too: a hot tier moves what it holds)
-            writer.close(drain=True, gone=_let_go(name))
+        if writer is None:
+            return None
+        writer.close(drain=True, gone=_let_go(name))  # (its sink too: a hot tier moves it)
+        return writer.next_offset
 
     def close(self) -> int:
         """Commit everything buffered, then stop the writers and the store. Returns how many
