@@ -29,15 +29,17 @@ a missing one as proof that the missing one was stored too (its "implicit ack"),
 messages were reported delivered and never stored (once in a few hundred moves).
 
 A producer of which the log holds **nothing** is expected to start at sequence 0 when the
-cache can say so (it holds all the log has of that producer: -1 from ``stored``). Before, its
+topic's producer state can say so (:mod:`spark_mq.broker.producer_state`: -1 from ``stored``),
+which the topic's last owner hands on with it. Before, its
 first batch of the term was taken whatever its sequence, as Kafka takes a batch from a
 producer whose state it no longer has. After a move, the new owner took a producer's batch
 2280 as the topic's first (offset 0): batches 0 to 2279 had been refused by the old owner
 while it let the topic go, and librdkafka's implicit ack then reported them delivered (2,280
 messages lost in one of about fourteen runs of twenty moves). Refused now, librdkafka sends
-the missing batches again from the first. Where the cache cannot say (the log is longer than
-it holds, or a compaction removed rows, or the producer's ids were evicted) any sequence is
-still taken, as Kafka does.
+the missing batches again from the first. Where the state cannot say (a member was lost with
+more rows written since the last hand-over than the duplicate cache reads back, or rows
+compacted away since; or more producers than it follows) any sequence is still taken, as Kafka
+does for a producer whose state it no longer has.
 """
 
 from __future__ import annotations
