@@ -1519,6 +1519,54 @@ def test_a_topic_s_producer_state_goes_with_it_however_long_its_log(cluster: Clu
     assert "could not hand" not in cluster.log(old)
 
 
+def test_a_lost_member_s_topics_keep_their_producer_state(cluster: Cluster) -> None:
+    """A member's hot tier carries the producer state of each topic it serves with its moves
+    to Delta (at most every second, when it changed), so a member that takes a topic over from
+    a member killed begins from that and the rows after it, however long the log: a producer
+    that sent nothing must begin at 0. Before, the new owner could not tell once the log was
+    longer than its duplicate cache (4 ids here), and took a first batch at any sequence."""
+    from deltalake import DeltaTable
+
+    from spark_mq.journal.delta_store import PRODUCERS_KEY
+    from tests.kafka_kit import RawKafka
+
+    for m in ("a", "b"):
+        cluster.start(m, **{"duplicates.cache_size": 4})
+    with Admin(cluster.urls) as admin:
+        admin.create_topic("kept")
+    wait_for(lambda: any("kept" in s for s in cluster.serving().values()), 20, "placed")
+    old = cluster.owners("a")["kept"]
+    new = "b" if old == "a" else "a"
+    raw = RawKafka(cluster.members[old].kafka_port)
+    try:
+        for i in range(5):
+            assert raw.produce_sequenced("kept", 66, 2 * i, [b"66", b"66"]) == (0, 2 * i)
+    finally:
+        raw.close()
+    log = DeltaTable(str(cluster.root / "destinations" / "kept" / "messages"))
+
+    def carried() -> bool:
+        log.update_incremental()
+        return any(PRODUCERS_KEY in c for c in log.history(5))
+
+    wait_for(carried, 10, "a move carrying the producer state")
+    raw = RawKafka(cluster.members[old].kafka_port)
+    try:  # (two rows after it: the new owner reads them back)
+        assert raw.produce_sequenced("kept", 77, 0, [b"77-0", b"77-1"]) == (0, 10)
+    finally:
+        raw.close()
+    cluster.members[old].kill()
+    wait_for(lambda: "kept" in cluster.serving(new)[new], SESSION_S + 15, "taken over")
+    raw = RawKafka(cluster.members[new].kafka_port)
+    try:
+        assert raw.produce_sequenced("kept", 88, 5, [b"88-5"]) == (45, -1)  # (it sent none)
+        assert raw.produce_sequenced("kept", 77, 3, [b"77-3"]) == (45, -1)  # (2 is missing)
+        assert raw.produce_sequenced("kept", 66, 10, [b"66"]) == (0, 12)
+        assert raw.produce_sequenced("kept", 88, 0, [b"88-0"]) == (0, 13)
+    finally:
+        raw.close()
+
+
 def test_an_idempotent_kafka_producer_keeps_its_order_across_moves_back_and_forth(
     cluster: Cluster,
 ) -> None:

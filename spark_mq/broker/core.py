@@ -109,6 +109,7 @@ class Broker:
             hot_tier=hot_tier_settings(self.config) if store.durable else None,
             timing=self.timing,
         )
+        self.journal.producer_state = self._producer_state_at
         self._consumer_ids = itertools.count(1)
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
@@ -446,6 +447,14 @@ class Broker:
                 "not serving %s any more: %s", name, owner.message, extra={"destination": name}
             )
             return True
+
+    def _producer_state_at(self, name: str, end: int) -> str | None:
+        """(A hot tier's mover.) ``name``'s producer state with its log ending at ``end``, for
+        a move's commit to carry; None when it did not change since last handed on."""
+        dest = self.destinations.find(name)
+        if dest is None or dest.dedup is None:
+            return None
+        return dest.dedup.handed_if_changed(end)
 
     def _hand_on_producers(self, name: str, cache: DuplicateCache, end: int) -> None:
         """Write where each numbering producer got to in ``name``'s log, which ends at ``end``

@@ -151,8 +151,10 @@ class DuplicateCache:
         self._loose: Counter[str] = Counter()  # prefix -> numbered ids kept one by one
         self._count = 0  # ids held, runs counted by their length
         self.duplicates_total = 0
-        # each prefix's newest number stored (kept after its ids go)
+        # each prefix's newest number stored (kept after its ids go), and its number of
+        # changes when last handed on
         self.producers = ProducerState()
+        self._handed_at = -1
 
     def __len__(self) -> int:
         return self._count
@@ -259,7 +261,15 @@ class DuplicateCache:
         """The producer state to hand on with the log ending at ``end`` (every claim that has
         not failed counted: a move's last commits may not have told the cache yet)."""
         with self._lock:
+            self._handed_at = self.producers.changes
             return self.producers.handed(end, self._pending_newest())
+
+    def handed_if_changed(self, end: int) -> str | None:
+        """:meth:`handed`, unless nothing changed since it was last handed (None)."""
+        with self._lock:
+            if self.producers.changes == self._handed_at:
+                return None
+        return self.handed(end)
 
     def _pending_newest(self) -> dict[str, int]:
         newest: dict[str, int] = {}

@@ -42,6 +42,7 @@ class ProducerState:
         self._newest: OrderedDict[str, int] = OrderedDict()  # stored to longest ago first
         self._forgotten: set[str] = set()
         self.complete = True  # (a new destination's log is empty)
+        self.changes = 0  # how many times it changed (a state handed on says when)
 
     def __len__(self) -> int:
         return len(self._newest)
@@ -50,6 +51,7 @@ class ProducerState:
         """``<prefix>-<number>`` is in the log, the newest of its prefix (stores come in log
         order; a Kafka producer's sequences wrap, so the last stored is the newest, not the
         greatest)."""
+        self.changes += 1
         newest = self._newest
         if prefix in newest:
             newest.move_to_end(prefix)
@@ -75,6 +77,7 @@ class ProducerState:
 
     def began_partway(self) -> None:
         """What the log holds before the rows read is not known."""
+        self.changes += 1
         self.complete = False
         self._forgotten.clear()
 
@@ -111,4 +114,5 @@ class ProducerState:
         self._newest = OrderedDict(newest)
         self._forgotten = forgotten
         self.complete = complete
+        self.changes += 1
         return handed_end

@@ -58,8 +58,12 @@ class LogStore(Protocol):
         """One past the last committed offset (0 for an empty log)."""
         ...
 
-    def commit_messages(self, destination: str, rows: pa.Table, end_offset: int) -> None:
-        """Append ``rows`` (offsets already assigned, ending at ``end_offset - 1``) atomically.
+    def commit_messages(
+        self, destination: str, rows: pa.Table, end_offset: int, producers: str | None = None
+    ) -> None:
+        """Append ``rows`` (offsets already assigned, ending at ``end_offset - 1``) atomically;
+        with ``producers``, the producer state as it stands at ``end_offset`` with them (as
+        :meth:`hand_on_producers` writes it).
 
         Idempotent: when ``committed_end`` already is ``end_offset`` or more, nothing is written.
         """

@@ -65,11 +65,13 @@ COMPACT_SMALL_LOGS_EVERY = 50
 # a time) decodes only the groups holding it, which the offsets' statistics tell; a move's file
 # was one row group, decoded whole for every window in it (16-222 ms a window of a 50,000-row
 # file, 4-15 ms now; a group member reading a moved backlog 100-115k -> 276-293k msg/s).
-# a message log's commit info key holding the producer state its last owner handed on, and how
-# many of the log's newest commits are looked through for it (a hand-over's is followed by the
-# next owner's fence; an older one is of no use once the log has grown past the duplicate cache)
+# a message log's commit info key holding the producer state its owner handed on (letting it go,
+# or with a move from its hot tier), and how many of the log's newest commits are looked through
+# for it (a hand-over's is followed by the next owner's fence; a hot tier's moves, every half a
+# second under load, carry one at most every second, and an older one is of no use once the log
+# has grown past the duplicate cache)
 PRODUCERS_KEY = "sparkmq.producers"
-PRODUCERS_WITHIN = 10
+PRODUCERS_WITHIN = 20
 DEFAULT_WRITER = WriterProperties()  # (what delta-rs uses when given none)
 MESSAGE_WRITER = WriterProperties(
     compression="SNAPPY",
@@ -243,7 +245,8 @@ class DeltaStore:
 
     def handed_producers(self, destination: str) -> str | None:
         """The newest producer state among the message log's last ``PRODUCERS_WITHIN``
-        commits (the next owner's fence follows a hand-over; a member lost wrote none)."""
+        commits (the next owner's fence follows a hand-over; a member lost left the one its
+        hot tier's last moves carried)."""
         with translate("reading the producer state handed on", destination):
             dt = self._messages(destination)
             dt.update_incremental()
@@ -451,7 +454,9 @@ class DeltaStore:
             dt.update_incremental()
             return dt.transaction_version(layout.MESSAGES_APP_ID) or 0
 
-    def commit_messages(self, destination: str, rows: pa.Table, end_offset: int) -> None:
+    def commit_messages(
+        self, destination: str, rows: pa.Table, end_offset: int, producers: str | None = None
+    ) -> None:
         with translate("committing messages", destination):
             table = self._messages(destination)
             self._append(
@@ -462,6 +467,7 @@ class DeltaStore:
                 MESSAGE_WRITER,
                 epoch=self._epoch(destination),
                 destination=destination,
+                metadata=None if producers is None else {PRODUCERS_KEY: producers},
             )
             self._committed(layout.messages_uri(self.root, destination))
 

@@ -30,7 +30,13 @@ from spark_mq.errors import (
 from spark_mq.journal import bindings, layout, sealing
 from spark_mq.journal.base import DestinationInfo, Kind, LogStore, SubscriptionInfo
 from spark_mq.journal.group_commit import DestinationWriter, OnCommit, WriterStats
-from spark_mq.journal.hot_tier import HotTier, HotTierSettings, HotTierStats, Replica
+from spark_mq.journal.hot_tier import (
+    HotTier,
+    HotTierSettings,
+    HotTierStats,
+    ProducerStateAt,
+    Replica,
+)
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.settlements import Settlement
@@ -79,6 +85,8 @@ class Journal:
         self._hot = hot_tier
         self._tiers: dict[str, HotTier] = {}
         self.replica: Replica | None = None  # a replicating primary's (spark_mq.ha.replication)
+        # a cluster member's: what its hot tiers' moves carry (HotTier.producer_state)
+        self.producer_state: ProducerStateAt | None = None
         self._writer_opts = _WriterOptions(
             buffer_timeout_s=buffer_timeout_s,
             buffer_size_bytes=buffer_size_bytes,
@@ -213,6 +221,8 @@ class Journal:
                 sealing.absorb(self.store, name, root, self._hot, None)
                 directory = root
             tier = HotTier(self.store, name, directory, self._hot)
+            if self.shared:
+                tier.producer_state = self.producer_state
             if self.replica is not None:
                 tier.attach_replica(self.replica)
             next_offset = tier.open()

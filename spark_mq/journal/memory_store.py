@@ -59,7 +59,9 @@ class MemoryStore:
     def committed_end(self, destination: str) -> int:
         return self._get(destination).end
 
-    def commit_messages(self, destination: str, rows: pa.Table, end_offset: int) -> None:
+    def commit_messages(
+        self, destination: str, rows: pa.Table, end_offset: int, producers: str | None = None
+    ) -> None:
         logs = self._get(destination)
         with self._lock:
             if logs.end >= end_offset:
