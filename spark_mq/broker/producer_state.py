@@ -13,9 +13,10 @@ is noted): then a prefix it does not follow is one the log holds nothing of. It 
 it began from the whole log (an empty one, or a refill that read every row), or from the state
 the destination's last owner **handed on** with the rows after it. A cluster member letting a
 destination go writes its state and the log's end offset into the message log (the commit info
-of a commit of no rows, :meth:`ProducerState.handed`); the member taking it on begins from that
-and the rows committed after it, as a Kafka broker loads its last producer-state snapshot and
-replays the log after it. Before this, a log longer than the duplicate cache, or compacted,
+of a commit of no rows, :meth:`ProducerState.handed`), and its hot tier's moves to Delta carry
+it too, at most every second when it changed (for a member lost); the member taking it on
+begins from the newest and the rows committed after it, as a Kafka broker loads its last
+producer-state snapshot and replays the log after it. Before this, a log longer than the duplicate cache, or compacted,
 was never complete again once moved: a new Kafka producer whose first batches the old owner
 refused while it let the topic go could then have a later batch taken first by the new owner,
 leaving a gap that librdkafka reports delivered.
