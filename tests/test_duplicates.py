@@ -364,7 +364,9 @@ def test_a_refill_knows_whether_it_read_all_the_log_holds(
     """A destination taken on (recovered, or come from another member) refills its cache from
     the log: it knows every producer the log holds (-1 for one it holds none of) when it read
     the whole log, every row there, or began from what the last owner handed on and read every
-    row after that; ids older than the window still tell where their producer got to."""
+    row after that (up to REPLAY_ROWS, more than the cache holds); ids older than the window
+    still tell where their producer got to."""
+    from spark_mq.broker import registry as registry_module
     from spark_mq.broker.dedup import DuplicateCache
 
     with Admin(broker.url) as admin:
@@ -386,7 +388,10 @@ def test_a_refill_knows_whether_it_read_all_the_log_holds(
     assert (partway.newest_number("kafka-1-0"), partway.newest_number("kafka-2-0")) == (5, None)
     handed = whole.handed(4)  # (as if handed on with the log ending at 4: rows 4, 5 after it)
     assert refilled(size=4, handed=handed).newest_number("kafka-2-0") == -1
-    assert refilled(size=1, handed=handed).newest_number("kafka-2-0") is None  # (5 only read)
+    assert refilled(size=1, handed=handed).newest_number("kafka-2-0") == -1  # (4 read too)
+    monkeypatch.setattr(registry_module, "REPLAY_ROWS", 1)  # (only 5 read back: 4 missed)
+    assert refilled(size=1, handed=handed).newest_number("kafka-2-0") is None
+    monkeypatch.undo()
     read = registry.journal.read_messages
     monkeypatch.setattr(
         registry.journal, "read_messages", lambda name, start, end: read(name, start, end)[1:]

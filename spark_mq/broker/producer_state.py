@@ -16,10 +16,11 @@ destination go writes its state and the log's end offset into the message log (t
 of a commit of no rows, :meth:`ProducerState.handed`), and its hot tier's moves to Delta carry
 it too, at most every second when it changed (for a member lost); the member taking it on
 begins from the newest and the rows committed after it, as a Kafka broker loads its last
-producer-state snapshot and replays the log after it. Before this, a log longer than the duplicate cache, or compacted,
-was never complete again once moved: a new Kafka producer whose first batches the old owner
-refused while it let the topic go could then have a later batch taken first by the new owner,
-leaving a gap that librdkafka reports delivered.
+producer-state snapshot and replays the log after it (up to ``registry.REPLAY_ROWS`` rows, more
+than the duplicate cache holds). Before this, a log longer than the duplicate cache, or
+compacted, was never complete again once moved: a new Kafka producer whose first batches the
+old owner refused while it let the topic go could then have a later batch taken first by the
+new owner, leaving a gap that librdkafka reports delivered.
 
 At most ``_FOLLOWED`` prefixes are followed, those stored to longest ago go first; the forgotten
 ones are noted (at most ``_FORGOTTEN`` of them, about 1 MB with the followed): past that, the

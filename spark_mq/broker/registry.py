@@ -37,6 +37,9 @@ from spark_mq.names import partition_name, partition_of, validate_name
 from spark_mq.schema import QUEUE_SUBSCRIPTION, ints
 
 log = logging.getLogger("spark_mq.broker.core")
+# rows read back after a producer state handed on, at most, beyond the duplicate cache's (a
+# member lost under load: its hot tier's last moves carried the state up to a second before)
+REPLAY_ROWS = 200_000
 
 # how long letting a destination go waits for transactions holding it (they write moments)
 _HELD_WAIT_S = 30.0
@@ -422,25 +425,29 @@ class Destinations:
         if cache is None:
             return
         end = self.journal.end_offset(dest.name)
-        start = max(0, end - cache.size)
-        replay = cache.begin_from(handed, start, end) if handed is not None else None
+        start = max(0, end - cache.size)  # (the ids the cache holds)
+        replay = None
+        if handed is not None:
+            replay = cache.begin_from(handed, max(0, min(start, end - REPLAY_ROWS)), end)
         if replay is None:
             replay = start
             if start > 0:
                 cache.began_partway()
-        if start == end:
+        first = min(start, replay)
+        if first == end:
             return
-        rows = self.journal.read_messages(dest.name, start, end)
+        rows = self.journal.read_messages(dest.name, first, end)
         offsets = ints(rows["offset"])  # (in order)
         after = bisect_left(offsets, replay)  # the first row to replay
         if len(offsets) - after != end - replay:
             cache.began_partway()  # (compaction removed some: what they held is gone)
-        since = self.clock.wall() - cache.window_s
-        at = pc.divide(rows["enqueue_time"].cast(pa.int64()), 1_000_000.0)
         ids: list[str | None] = rows["dedup_id"].to_pylist()
-        times = cast("list[float]", at.to_pylist())  # (every row has an enqueue time)
         cache.replayed(ids[after:])
-        for dedup_id, offset, t in zip(ids, offsets, times, strict=True):
+        held = bisect_left(offsets, start)
+        since = self.clock.wall() - cache.window_s
+        at = pc.divide(rows["enqueue_time"].slice(held).cast(pa.int64()), 1_000_000.0)
+        times = cast("list[float]", at.to_pylist())  # (every row has an enqueue time)
+        for dedup_id, offset, t in zip(ids[held:], offsets[held:], times, strict=True):
             if dedup_id is None:
                 continue
             if t >= since:
