@@ -160,6 +160,58 @@ def test_an_inline_commit_waits_behind_the_flushes_being_synced(pipeline) -> Non
     assert [o for offsets in committed for o in offsets] == [0, 1]
 
 
+@pytest.fixture
+def four(tmp_path: Path):
+    """Four destinations' writers, each over a hot tier of its own."""
+    made = []
+    for name in ("q", "r", "s", "t"):
+        store = MemoryStore()
+        store.create_logs("q")
+        tier = _Tier(store, str(tmp_path / name))
+        writer = DestinationWriter(
+            tier, "q", tier.open(), buffer_timeout_s=0.0, buffer_size_bytes=1 << 20,
+            max_pending_bytes=1 << 30,
+        )  # fmt: skip
+        made.append((writer, tier))
+    yield made
+    for writer, _ in made:
+        writer.close()
+
+
+@pytest.mark.pure_python
+def test_an_inline_commit_of_four_destinations_syncs_them_at_once_and_fails_only_one(
+    four,
+) -> None:
+    """A loop's turn that produced to four destinations writes to each, then syncs them all at
+    once (before, one after the other: 16 syncs took 3.1 ms, at once 1.2); a sync that fails
+    fails its own destination's flush only, which leaves no gap."""
+    for _, tier in four:
+        tier.disk.hold.clear()
+        tier.disk.syncing.clear()
+    inline = InlineCommit()
+    sent = [w.submit(Messages.of(unoffset([b"%d-0" % k])), inline) for k, (w, _) in enumerate(four)]
+    committing = threading.Thread(target=inline.commit)
+    committing.start()
+    for _, tier in four:
+        assert tier.disk.syncing.wait(10)  # all under way at once
+    assert not any(f.done() for f in sent)
+    for _, tier in four:
+        tier.disk.hold.set()
+    committing.join(10)
+    assert [f.result(10).first_offset for f in sent] == [0, 0, 0, 0]
+    failing = four[1][1]
+    failing.disk.fail_syncs = 1
+    inline = InlineCommit()
+    sent = [w.submit(Messages.of(unoffset([b"%d-1" % k])), inline) for k, (w, _) in enumerate(four)]
+    inline.commit()
+    with pytest.raises(JournalError, match="injected"):
+        sent[1].result(10)
+    assert [sent[k].result(10).first_offset for k in (0, 2, 3)] == [1, 1, 1]
+    assert four[1][0].submit(Messages.of(unoffset([b"after"]))).result(10).first_offset == 1
+    assert failing.read_messages(0, None)["body"].to_pylist() == [b"1-0", b"after"]
+    assert four[3][1].read_messages(0, None)["body"].to_pylist() == [b"3-0", b"3-1"]
+
+
 @pytest.mark.pure_python
 def test_a_failed_sync_fails_what_it_may_have_lost_and_leaves_no_gap(pipeline) -> None:
     writer, tier, committed = pipeline

@@ -242,6 +242,81 @@ class DestinationWriter:
                     taken = self._take_now()
                 self._flush(taken, resolving)
 
+    # -- one inline commit of several writers: written, then synced together --------------------
+    def write_here(self) -> _Flight | None:
+        """The first part of an inline commit of several writers (:class:`InlineCommit`): take
+        what is due and write it, not yet durable, keeping the commit lock until
+        :meth:`finish_here`. None when there is nothing to write so (nothing due, a sink that
+        cannot sync apart, flushes in the pipeline, another commit under way, or the write
+        failed: its submitters are told): :meth:`commit_here` then does what is left."""
+        if self._pipe is None or not self._commit_lock.acquire(blocking=False):
+            return None
+        taken: list[_Record] | None = None
+        try:
+            with self._mutex:
+                if self._records and not self._in_flight and time.monotonic() >= self._due_at():
+                    taken = self._take_now()
+            if taken is None:
+                self._commit_lock.release()
+                return None
+            started = time.perf_counter()
+            f = self._flight(taken)
+            written = self._pipe.write(f.rows, f.end, f.settle_rows)
+        except Exception as exc:  # (as the writer thread's: every future hears of it)
+            log.exception("journal writer for %r failed", self.destination)
+            written = as_journal_error(exc, self.destination)
+        if isinstance(written, SparkMQError):  # nothing of it was kept
+            if taken is not None:
+                _fail(taken, written)
+                self._release(taken)
+            self._commit_lock.release()
+            return None
+        f.written, f.started = written, started
+        if f.rows is not None:
+            self._assigned = f.end
+        return f
+
+    def sync_here(self) -> tuple[int, SparkMQError | None]:
+        """The second part: make what :meth:`write_here` wrote durable (any thread: the syncs
+        of an inline commit's writers run at once)."""
+        assert self._pipe is not None
+        try:
+            return self._pipe.sync()
+        except Exception as exc:  # (it says why itself; never left to the pool's thread)
+            return -1, as_journal_error(exc, self.destination)
+
+    def finish_here(
+        self,
+        f: _Flight,
+        synced: tuple[int, SparkMQError | None],
+        resolving: Resolutions | None = None,
+    ) -> None:
+        """The last part: tell the flush's submitters how its sync went (``synced``:
+        :meth:`sync_here`'s), and let the commit lock go."""
+        assert self._pipe is not None
+        durable, error = synced
+        try:
+            if error is None and _written(f).last_lsn <= durable:
+                self._pipe.published(_written(f))
+                self._finish(f, None, None, resolving)
+            else:  # lost, perhaps: cut off and failed, numbering resumes after the durable
+                try:
+                    self._pipe.drop_unsynced()
+                except SparkMQError:
+                    log.exception(
+                        "journal writer for %r: could not cut a failed sync off", self.destination
+                    )
+                self.stats.failed_commits += 1
+                _fail(f.taken, error or as_journal_error(OSError("not synced"), self.destination))
+                self._assigned = self._next_offset
+        except BaseException as exc:
+            log.exception("journal writer for %r failed", self.destination)
+            _fail(f.taken, exc)
+        finally:
+            self._timed(f.taken, f.started)
+            self._release(f.taken)
+            self._commit_lock.release()
+
     def close_if_untouched(self, end: int) -> bool:
         """Stop taking records, but only if none came since the log ended at ``end``: nothing
         buffered, being committed or synced, no offset given past it. True: from now on every

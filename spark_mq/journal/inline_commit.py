@@ -5,10 +5,19 @@ at the end of its turn), not by their writers' threads (:mod:`spark_mq.journal.g
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-from typing import Protocol
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
 
 Resolutions = list[tuple[Future, object]]
+
+# the syncs of one inline commit's writers run at once on these threads (a sync waits for the
+# disk with the GIL let go), when it has this many writers or more. Measured here, 4 KiB
+# written to each of N files and made durable, one after the other (a write that syncs itself)
+# against written, then synced at once: N=16 3.1 ms a round against 1.2; N=8 1.24-1.28 against
+# 0.65-0.68; N=4 0.56 against 0.38-0.41; N=3 0.43 against 0.34-0.39; N=2 0.28 against
+# 0.27-0.31, and 50-60 us more CPU for the threads' hand-offs.
+_SYNCS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="journal-syncs")
+TOGETHER_FROM = 4
 
 
 class DestinationWriter(Protocol):
@@ -18,6 +27,14 @@ class DestinationWriter(Protocol):
     def commit_here(
         self, *, coming_back: bool = False, resolving: Resolutions | None = None
     ) -> float | None: ...
+
+    def write_here(self) -> Any | None: ...
+
+    def sync_here(self) -> tuple[int, Any]: ...
+
+    def finish_here(
+        self, f: Any, synced: tuple[int, Any], resolving: Resolutions | None = None
+    ) -> None: ...
 
 
 class InlineCommit:
@@ -53,16 +70,29 @@ class InlineCommit:
         self.writers: dict[DestinationWriter, None] = {}  # touched, in order
 
     def commit(self) -> None:
-        """Commit what was submitted with this object (and what ``later`` says is due)."""
+        """Commit what was submitted with this object (and what ``later`` says is due). With
+        ``TOGETHER_FROM`` writers or more, what each has due is written first and then all
+        are synced at once (:meth:`_together`); what is left, each commits on its own."""
         writers, self.writers = self.writers, {}
         later = self.later
         if later:
             writers.update(dict.fromkeys(later))
             later.clear()
+        if len(writers) >= TOGETHER_FROM:
+            self._together(writers)
         for w in writers:
             due = w.commit_here(coming_back=later is not None, resolving=self.resolving)
             if due is not None and later is not None:
                 later[w] = due
+
+    def _together(self, writers: dict[DestinationWriter, None]) -> None:
+        written = [(w, f) for w in writers if (f := w.write_here()) is not None]
+        if len(written) > 1:
+            synced = list(_SYNCS.map(lambda wf: wf[0].sync_here(), written))
+        else:  # (one: no other thread)
+            synced = [w.sync_here() for w, _ in written]
+        for (w, f), outcome in zip(written, synced, strict=True):
+            w.finish_here(f, outcome, self.resolving)
 
 
 def resolve(resolving: Resolutions) -> None:
