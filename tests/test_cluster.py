@@ -1478,6 +1478,18 @@ def test_a_kafka_producer_s_first_batch_after_a_move_follows_on_from_what_the_lo
     assert [m.value() for m in got] == values
 
 
+def _a_topic_on_two_members(cluster: Cluster, name: str) -> tuple[str, str]:
+    """Members a and b, their duplicate caches 4 ids, and topic ``name`` placed on one:
+    ``(its owner, the other)``."""
+    for m in ("a", "b"):
+        cluster.start(m, **{"duplicates.cache_size": 4})
+    with Admin(cluster.urls) as admin:
+        admin.create_topic(name)
+    wait_for(lambda: any(name in s for s in cluster.serving().values()), 20, "placed")
+    old = cluster.owners("a")[name]
+    return old, "b" if old == "a" else "a"
+
+
 def test_a_topic_s_producer_state_goes_with_it_however_long_its_log(cluster: Cluster) -> None:
     """The old owner hands on where each producer got to (its producer state) when it lets a
     topic go, and the new owner checks first batches against that, however much longer the log
@@ -1488,13 +1500,7 @@ def test_a_topic_s_producer_state_goes_with_it_however_long_its_log(cluster: Clu
     have a later one taken first, leaving a gap that librdkafka reports delivered."""
     from tests.kafka_kit import RawKafka, read_from
 
-    for m in ("a", "b"):
-        cluster.start(m, **{"duplicates.cache_size": 4})
-    with Admin(cluster.urls) as admin:
-        admin.create_topic("long")
-    wait_for(lambda: any("long" in s for s in cluster.serving().values()), 20, "placed")
-    old = cluster.owners("a")["long"]
-    new = "b" if old == "a" else "a"
+    old, new = _a_topic_on_two_members(cluster, "long")
     raw = RawKafka(cluster.members[old].kafka_port)
     try:
         assert raw.produce_sequenced("long", 77, 0, [b"77-0", b"77-1"]) == (0, 0)
@@ -1530,13 +1536,7 @@ def test_a_lost_member_s_topics_keep_their_producer_state(cluster: Cluster) -> N
     from spark_mq.journal.delta_store import PRODUCERS_KEY
     from tests.kafka_kit import RawKafka
 
-    for m in ("a", "b"):
-        cluster.start(m, **{"duplicates.cache_size": 4})
-    with Admin(cluster.urls) as admin:
-        admin.create_topic("kept")
-    wait_for(lambda: any("kept" in s for s in cluster.serving().values()), 20, "placed")
-    old = cluster.owners("a")["kept"]
-    new = "b" if old == "a" else "a"
+    old, new = _a_topic_on_two_members(cluster, "kept")
     raw = RawKafka(cluster.members[old].kafka_port)
     try:
         for i in range(5):

@@ -293,28 +293,18 @@ class DestinationWriter:
     ) -> None:
         """The last part: tell the flush's submitters how its sync went (``synced``:
         :meth:`sync_here`'s), and let the commit lock go."""
-        assert self._pipe is not None
         durable, error = synced
         try:
             if error is None and _written(f).last_lsn <= durable:
-                self._pipe.published(_written(f))
-                self._finish(f, None, None, resolving)
-            else:  # lost, perhaps: cut off and failed, numbering resumes after the durable
-                try:
-                    self._pipe.drop_unsynced()
-                except SparkMQError:
-                    log.exception(
-                        "journal writer for %r: could not cut a failed sync off", self.destination
-                    )
-                self.stats.failed_commits += 1
-                _fail(f.taken, error or as_journal_error(OSError("not synced"), self.destination))
-                self._assigned = self._next_offset
-        except BaseException as exc:
-            log.exception("journal writer for %r failed", self.destination)
-            _fail(f.taken, exc)
-        finally:
+                self._publish(f, resolving)
+                return
+            self._cut_unsynced()  # lost, perhaps: failed, numbering resumes after the durable
+            self.stats.failed_commits += 1
+            _fail(f.taken, error or as_journal_error(OSError("not synced"), self.destination))
             self._timed(f.taken, f.started)
             self._release(f.taken)
+            self._assigned = self._next_offset
+        finally:
             self._commit_lock.release()
 
     def close_if_untouched(self, end: int) -> bool:
@@ -537,12 +527,7 @@ class DestinationWriter:
                 continue
             # lost, perhaps, since the last good sync: cut off, and failed (no commit meanwhile)
             with self._commit_lock:
-                try:
-                    self._pipe.drop_unsynced()
-                except SparkMQError:
-                    log.exception(
-                        "journal writer for %r: could not cut a failed sync off", self.destination
-                    )
+                self._cut_unsynced()
                 with self._mutex:
                     flights = list(self._in_flight)
                     self._in_flight.clear()
@@ -557,11 +542,23 @@ class DestinationWriter:
                 with self._mutex:
                     self._cond.notify_all()
 
-    def _publish(self, f: _Flight) -> None:
+    def _cut_unsynced(self) -> None:
+        """After a failed sync (the commit lock held): what it may have lost is cut off."""
+        assert self._pipe is not None
+        try:
+            self._pipe.drop_unsynced()
+        except SparkMQError:
+            log.exception(
+                "journal writer for %r: could not cut a failed sync off", self.destination
+            )
+
+    def _publish(self, f: _Flight, resolving: Resolutions | None = None) -> None:
+        """A durable flush: its commit done and its submitters told (``resolving``: an inline
+        commit's, for its holder to resolve)."""
         assert self._pipe is not None and f.written is not None
         try:
             self._pipe.published(f.written)
-            self._finish(f, None, None)
+            self._finish(f, None, None, resolving)
         except BaseException as exc:
             log.exception("journal writer for %r failed", self.destination)
             _fail(f.taken, exc)
