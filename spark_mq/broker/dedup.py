@@ -231,7 +231,7 @@ class DuplicateCache:
     def replayed(self, ids: list[str | None]) -> None:
         """Ids the log holds, read back in log order: where each producer got to (the
         producer state's; :meth:`remember` is the duplicate detection's). Only each prefix's
-        last id is parsed: a refill of 20,000 rows took 40-60 ms more a move when each was."""
+        last id is parsed, under the lock once: a refill may read 200,000 rows."""
         last: dict[str, int] = {}  # prefix -> its newest number, the newest prefix first
         for dedup_id in reversed(ids):
             if dedup_id is None:

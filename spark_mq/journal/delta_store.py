@@ -68,8 +68,8 @@ COMPACT_SMALL_LOGS_EVERY = 50
 # a message log's commit info key holding the producer state its owner handed on (letting it go,
 # or with a move from its hot tier), and how many of the log's newest commits are looked through
 # for it (a hand-over's is followed by the next owner's fence; a hot tier's moves, every half a
-# second under load, carry one at most every second, and an older one is of no use once the log
-# has grown past the duplicate cache)
+# second under load, carry one at most every second, and an older one is of no use once more
+# rows follow it than a member taking the log on reads back: registry.REPLAY_ROWS)
 PRODUCERS_KEY = "sparkmq.producers"
 PRODUCERS_WITHIN = 20
 DEFAULT_WRITER = WriterProperties()  # (what delta-rs uses when given none)
