@@ -340,6 +340,7 @@ def test_a_producer_state_is_handed_on_whole_or_not_at_all(clock: ManualClock) -
     cache = DuplicateCache(size=4, window_s=60)
     _stored(cache, ["kafka-1-0-0", "kafka-1-0-1"], 0, clock.wall())
     cache.claim(["kafka-2-0-5"], clock.wall())  # (stored, the journal's answer not in yet)
+    cache.release(cache.claim(["kafka-4-0-7"], clock.wall())[2])  # (refused: never stored)
     handed = cache.handed(3)
     taken = DuplicateCache(size=4, window_s=60)
     taken.began_partway()  # (its log is longer than it reads)
