@@ -230,11 +230,10 @@ def test_a_clean_shutdown_waits_for_a_dead_letter_move_under_way(
             admin.create_queue("orders", max_delivery_attempts=1)
         with Producer(broker.url, destination="orders") as producer:
             producer.send_sync("poison")
-        with Consumer(broker.url, "orders", prefetch=1) as consumer:
-            (first,) = receive_n(consumer, 1)
-            first.nack().result(timeout=5)  # its only attempt failed: dead-letter it
         # the copy's commit is slow to report (a DLQ's first segment on a slow disk, say): the
-        # seam is the producing part's store_checked, the journal and Delta stay real
+        # seam is the producing part's store_checked, the journal and Delta stay real. Put in
+        # before the nack: the broker's own timer thread may start the move as soon as the nack
+        # is in (put in after it, the seam once saw no copy in a full suite's run)
         real_store = broker.broker.producing.store_checked
         late: list[threading.Thread] = []
 
@@ -250,6 +249,9 @@ def test_a_clean_shutdown_waits_for_a_dead_letter_move_under_way(
             return reported
 
         broker.broker.producing.store_checked = slow_store  # type: ignore[method-assign]
+        with Consumer(broker.url, "orders", prefetch=1) as consumer:
+            (first,) = receive_n(consumer, 1)
+            first.nack().result(timeout=5)  # its only attempt failed: dead-letter it
         broker.broker.run_timers()  # the move starts; the stop comes before its copy reports
         broker = restart(broker, data, clock)
         assert len(late) == 1 and not late[0].is_alive(), "the stop did not wait for the move"
