@@ -1478,11 +1478,11 @@ def test_a_kafka_producer_s_first_batch_after_a_move_follows_on_from_what_the_lo
     assert [m.value() for m in got] == values
 
 
-def _a_topic_on_two_members(cluster: Cluster, name: str) -> tuple[str, str]:
+def _a_topic_on_two_members(cluster: Cluster, name: str, **settings: object) -> tuple[str, str]:
     """Members a and b, their duplicate caches 4 ids, and topic ``name`` placed on one:
     ``(its owner, the other)``."""
     for m in ("a", "b"):
-        cluster.start(m, **{"duplicates.cache_size": 4})
+        cluster.start(m, **{"duplicates.cache_size": 4}, **settings)
     with Admin(cluster.urls) as admin:
         admin.create_topic(name)
     wait_for(lambda: any(name in s for s in cluster.serving().values()), 20, "placed")
@@ -1525,18 +1525,20 @@ def test_a_topic_s_producer_state_goes_with_it_however_long_its_log(cluster: Clu
     assert "could not hand" not in cluster.log(old)
 
 
-def test_a_lost_member_s_topics_keep_their_producer_state(cluster: Cluster) -> None:
-    """A member's hot tier carries the producer state of each topic it serves with its moves
-    to Delta (at most every second, when it changed), so a member that takes a topic over from
-    a member killed begins from that and the rows after it, however long the log: a producer
-    that sent nothing must begin at 0. Before, the new owner could not tell once the log was
-    longer than its duplicate cache (4 ids here), and took a first batch at any sequence."""
+@pytest.mark.parametrize("hot_tier", ["true", "false"], ids=["hot-tier", "no-hot-tier"])
+def test_a_lost_member_s_topics_keep_their_producer_state(cluster: Cluster, hot_tier: str) -> None:
+    """A member's commits to Delta (its hot tier's moves, or without one each flush) carry the
+    producer state of each topic it serves (at most every second, when it changed), so a
+    member that takes a topic over from a member killed begins from that and the rows after
+    it, however long the log: a producer that sent nothing must begin at 0. Before, the new
+    owner could not tell once the log was longer than its duplicate cache (4 ids here), and
+    took a first batch at any sequence (without a hot tier, until this step, still)."""
     from deltalake import DeltaTable
 
     from spark_mq.journal.delta_store import PRODUCERS_KEY
     from tests.kafka_kit import RawKafka
 
-    old, new = _a_topic_on_two_members(cluster, "kept")
+    old, new = _a_topic_on_two_members(cluster, "kept", **{"journal.hot_tier": hot_tier})
     raw = RawKafka(cluster.members[old].kafka_port)
     try:
         for i in range(5):
@@ -1549,7 +1551,7 @@ def test_a_lost_member_s_topics_keep_their_producer_state(cluster: Cluster) -> N
         log.update_incremental()
         return any(PRODUCERS_KEY in c for c in log.history(5))
 
-    wait_for(carried, 10, "a move carrying the producer state")
+    wait_for(carried, 10, "a commit carrying the producer state")
     raw = RawKafka(cluster.members[old].kafka_port)
     try:  # (two rows after it: the new owner reads them back)
         assert raw.produce_sequenced("kept", 77, 0, [b"77-0", b"77-1"]) == (0, 10)

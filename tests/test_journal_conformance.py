@@ -13,8 +13,9 @@ import pytest
 from spark_mq.errors import DestinationExists, DestinationNotFound, InvalidNameError, JournalError
 from spark_mq.journal import DeltaStore, Journal, MemoryStore, layout
 from spark_mq.journal.hot_tier import HotTierSettings
+from spark_mq.journal.sinks import PRODUCERS_EVERY_S, DirectSink, ProducerStateCarrier
 from spark_mq.messages import Messages
-from spark_mq.schema import normalize_produce_batch
+from spark_mq.schema import normalize_produce_batch, with_offsets
 
 
 def rows(bodies: list[bytes]) -> pa.Table:
@@ -129,6 +130,50 @@ def test_recovery_after_reopen(make_journal) -> None:
         j2.close()
 
 
+@pytest.mark.parametrize("kind", ["delta", "memory"])
+def test_commits_carry_a_changed_producer_state_at_most_every_second(
+    kind: str, tmp_path: Path
+) -> None:
+    """A cluster member's commits to a message log carry its destination's producer state
+    (spark_mq.broker.producer_state) when it changed, at most every ``PRODUCERS_EVERY_S``,
+    and the store reads the newest one back for the next owner: a member lost without a hot
+    tier left none before."""
+    store = DeltaStore(str(tmp_path / "root")) if kind == "delta" else MemoryStore()
+    store.create_logs("q")
+    now = [100.0]
+    sink = DirectSink(store, "q")
+    sink.producers = ProducerStateCarrier(clock=lambda: now[0])
+    changed = [True]
+    asked: list[int] = []
+
+    def state_at(name: str, end: int) -> str | None:
+        asked.append(end)
+        return f"{name} ending at {end}" if changed[0] else None
+
+    sink.producers.state_at = state_at
+    commits = iter(range(1, 100))
+
+    def commit() -> None:
+        end = next(commits)
+        messages = Messages.of(with_offsets(rows([b"m"]), end - 1))
+        assert sink.commit(messages, end, None) == (None, None)
+
+    commit()
+    commit()  # (within the second: not asked)
+    assert asked == [1]
+    assert store.handed_producers("q") == "q ending at 1"
+    now[0] += PRODUCERS_EVERY_S
+    changed[0] = False
+    commit()  # (unchanged: nothing carried, and asked again at the next commit)
+    commit()
+    assert asked == [1, 3, 4]
+    assert store.handed_producers("q") == "q ending at 1"
+    changed[0] = True
+    commit()
+    assert store.handed_producers("q") == "q ending at 5"
+    assert store.committed_end("q") == 5
+
+
 class FailingStore(MemoryStore):
     """A store whose message commits fail while ``failing`` is set (a full disk, say)."""
 
@@ -136,10 +181,12 @@ class FailingStore(MemoryStore):
         super().__init__()
         self.failing = threading.Event()
 
-    def commit_messages(self, destination: str, rows: pa.Table, end_offset: int) -> None:
+    def commit_messages(
+        self, destination: str, rows: pa.Table, end_offset: int, producers: str | None = None
+    ) -> None:
         if self.failing.is_set():
             raise OSError(28, "No space left on device")
-        super().commit_messages(destination, rows, end_offset)
+        super().commit_messages(destination, rows, end_offset, producers)
 
 
 def test_failed_commit_fails_the_append_and_leaves_no_gap() -> None:

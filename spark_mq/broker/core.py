@@ -449,8 +449,9 @@ class Broker:
             return True
 
     def _producer_state_at(self, name: str, end: int) -> str | None:
-        """(A hot tier's mover.) ``name``'s producer state with its log ending at ``end``, for
-        a move's commit to carry; None when it did not change since last handed on."""
+        """(A sink's commit: a hot tier's mover, or a writer without one.) ``name``'s producer
+        state with its log ending at ``end``, for a commit to carry; None when it did not
+        change since last handed on."""
         dest = self.destinations.find(name)
         if dest is None or dest.dedup is None:
             return None

@@ -246,7 +246,7 @@ class DeltaStore:
     def handed_producers(self, destination: str) -> str | None:
         """The newest producer state among the message log's last ``PRODUCERS_WITHIN``
         commits (the next owner's fence follows a hand-over; a member lost left the one its
-        hot tier's last moves carried)."""
+        last commits carried: :class:`spark_mq.journal.sinks.ProducerStateCarrier`)."""
         with translate("reading the producer state handed on", destination):
             dt = self._messages(destination)
             dt.update_incremental()

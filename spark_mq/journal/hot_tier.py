@@ -36,7 +36,6 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,17 +59,11 @@ from spark_mq.journal.records import (
 )
 from spark_mq.journal.segments import SegmentLog, SyncMode
 from spark_mq.journal.settlements import SettlementRows
-from spark_mq.journal.sinks import as_journal_error
+from spark_mq.journal.sinks import ProducerStateCarrier, as_journal_error
 from spark_mq.messages import Messages
 from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, by_offset, conform
 
 log = logging.getLogger(__name__)
-
-
-# the destination's producer state with its log ending at an offset; None: unchanged
-ProducerStateAt = Callable[[str, int], str | None]
-# a hot tier's moves carry the producer state at most this often (when it changed)
-PRODUCERS_EVERY_S = 1.0
 
 
 class Replica(Protocol):
@@ -171,12 +164,8 @@ class HotTier:
         self.replica: Replica | None = None
         self.ship_lock = threading.Lock()
         self._shipped = 0
-        # a cluster member's: the destination's producer state as it stands with its log
-        # ending at an offset (None: unchanged since last asked), carried by a move's commit
-        # at most every PRODUCERS_EVERY_S, so a member taking the destination over after this
-        # one is lost begins from it (spark_mq.broker.producer_state)
-        self.producer_state: ProducerStateAt | None = None
-        self._producers_due = 0.0
+        # (a cluster member's) what the moves' commits carry of the producer state
+        self.producers = ProducerStateCarrier()
 
     # -- opening: what is durable, what is still to move -------------------------------------
     def open(self) -> int:
@@ -539,11 +528,7 @@ class HotTier:
             rows.validate(full=True)
             if rows.num_rows and rows["offset"][0].as_py() < self._delta_end:  # a partial move
                 rows = rows.filter(pc.greater_equal(rows["offset"], pa.scalar(self._delta_end)))
-            producers = None
-            if self.producer_state is not None and time.monotonic() >= self._producers_due:
-                producers = self.producer_state(self.destination, end)
-                if producers is not None:
-                    self._producers_due = time.monotonic() + PRODUCERS_EVERY_S
+            producers = self.producers.due(self.destination, end)
             self._store.commit_messages(self.destination, rows, end, producers)
             failpoints.hit("hot-tier-messages-moved")
             self._delta_end = end

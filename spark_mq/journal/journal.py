@@ -34,13 +34,12 @@ from spark_mq.journal.hot_tier import (
     HotTier,
     HotTierSettings,
     HotTierStats,
-    ProducerStateAt,
     Replica,
 )
 from spark_mq.journal.inline_commit import InlineCommit
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.settlements import Settlement
-from spark_mq.journal.sinks import CommitSink, DirectSink
+from spark_mq.journal.sinks import CommitSink, DirectSink, ProducerStateAt
 from spark_mq.journal.timing import CommitTiming
 from spark_mq.messages import Messages
 from spark_mq.names import validate_name, validate_stored_name
@@ -85,7 +84,7 @@ class Journal:
         self._hot = hot_tier
         self._tiers: dict[str, HotTier] = {}
         self.replica: Replica | None = None  # a replicating primary's (spark_mq.ha.replication)
-        # a cluster member's: what its hot tiers' moves carry (HotTier.producer_state)
+        # a cluster member's: what its sinks' commits carry (sinks.ProducerStateCarrier)
         self.producer_state: ProducerStateAt | None = None
         self._writer_opts = _WriterOptions(
             buffer_timeout_s=buffer_timeout_s,
@@ -222,13 +221,15 @@ class Journal:
                 directory = root
             tier = HotTier(self.store, name, directory, self._hot)
             if self.shared:
-                tier.producer_state = self.producer_state
+                tier.producers.state_at = self.producer_state
             if self.replica is not None:
                 tier.attach_replica(self.replica)
             next_offset = tier.open()
             self._tiers[name] = sink = tier
         else:
-            sink = DirectSink(self.store, name)
+            sink = direct = DirectSink(self.store, name)
+            if self.shared:
+                direct.producers.state_at = self.producer_state
             next_offset = self.store.committed_end(name)
         self._writers[name] = DestinationWriter(
             sink, name, next_offset, on_commit=self._on_commit, **self._writer_opts

@@ -68,6 +68,8 @@ class MemoryStore:
                 return
             logs.messages.append(rows)
             logs.end = end_offset
+            if producers is not None:
+                logs.producers = producers
 
     def settlements_version(self, destination: str) -> int:
         return self._get(destination).settlements_version

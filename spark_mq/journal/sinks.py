@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Protocol
 
 from spark_mq.errors import JournalError, SparkMQError
@@ -68,12 +70,41 @@ def as_journal_error(exc: Exception, destination: str) -> SparkMQError:
     )
 
 
+# the destination's producer state with its log ending at an offset; None: unchanged
+ProducerStateAt = Callable[[str, int], str | None]
+# a sink's commits carry the producer state at most this often (when it changed)
+PRODUCERS_EVERY_S = 1.0
+
+
+class ProducerStateCarrier:
+    """What a sink's commits to the message log carry of its destination's producer state
+    (a cluster member's: :mod:`spark_mq.broker.producer_state`): the state as it stands with
+    the log ending at the commit's end, at most every ``PRODUCERS_EVERY_S`` and only when it
+    changed, so a member taking the destination over after this one is lost begins from it
+    (a state is also handed on when a member lets a destination go)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.state_at: ProducerStateAt | None = None  # (None: nothing carried)
+        self._clock = clock
+        self._due = 0.0
+
+    def due(self, destination: str, end: int) -> str | None:
+        """The state for a commit ending the log at ``end`` to carry, if it is time to."""
+        if self.state_at is None or self._clock() < self._due:
+            return None
+        state = self.state_at(destination, end)
+        if state is not None:
+            self._due = self._clock() + PRODUCERS_EVERY_S
+        return state
+
+
 class DirectSink:
     """Commit straight to the store: one Delta commit per log per flush (no hot tier)."""
 
     def __init__(self, store: LogStore, destination: str) -> None:
         self._store = store
         self.destination = destination
+        self.producers = ProducerStateCarrier()  # (a cluster member's)
 
     def committed_end(self) -> int:
         return self._store.committed_end(self.destination)
@@ -84,7 +115,10 @@ class DirectSink:
         msg_error = settle_error = None
         if messages is not None:
             try:
-                self._store.commit_messages(self.destination, messages.table(), end_offset)
+                producers = self.producers.due(self.destination, end_offset)
+                self._store.commit_messages(
+                    self.destination, messages.table(), end_offset, producers
+                )
             except Exception as exc:
                 # the commit may have landed even though the call failed: ask the store
                 try:

@@ -37,8 +37,8 @@ producer whose state it no longer has. After a move, the new owner took a produc
 while it let the topic go, and librdkafka's implicit ack then reported them delivered (2,280
 messages lost in one of about fourteen runs of twenty moves). Refused now, librdkafka sends
 the missing batches again from the first. Where the state cannot say (a member was lost with
-more rows written since the last hand-over than the duplicate cache reads back, or rows
-compacted away since; or more producers than it follows) any sequence is still taken, as Kafka
+more rows written since its commits last carried the state than the refill reads back, or
+rows compacted away since; or more producers than it follows) any sequence is still taken, as Kafka
 does for a producer whose state it no longer has.
 """
 
