@@ -140,8 +140,12 @@ def test_sdk_numbered_batches_are_runs_and_resends_of_any_shape_are_caught(
         assert p.send_sync(b"d", dedup_id="p-15") == 5
         assert p.send_sync(b"e", dedup_id="p-9") == 13  # not in the run: new
         assert p.send_sync(b"f", dedup_id="p-010") == 14  # not numbered the SDK's way: new
+        # numbers in other digits than ASCII's are not numbers (before, "p-1\u0665", Arabic-Indic
+        # 15, was a duplicate of p-15, and "p-\u00b2", a superscript 2, failed the send)
+        assert p.send_sync(b"g", dedup_id="p-1\u0665") == 15
+        assert p.send_sync(b"h", dedup_id="p-\u00b2") == 16
     assert broker.broker.stats("runs")["duplicates"] == 10 + 2 + 1
-    assert len(bodies_in(broker, "runs", 15)) == 15
+    assert len(bodies_in(broker, "runs", 17)) == 17
 
 
 def test_runs_are_bounded_by_count_and_time(clock: ManualClock) -> None:

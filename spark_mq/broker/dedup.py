@@ -29,7 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.broker.producer_state import ProducerState
+from spark_mq.broker.producer_state import ProducerState, newest_numbers
+from spark_mq.broker.producer_state import numbered as _numbered
 from spark_mq.commands import ProduceResult
 from spark_mq.journal.base import AppendResult
 
@@ -78,14 +79,6 @@ class _Run:
 
     def __len__(self) -> int:
         return self.last - self.first + 1
-
-
-def _numbered(dedup_id: str) -> tuple[str, int] | None:
-    """``("prefix", n)`` for an id the SDK numbered (``prefix-n``), else None."""
-    prefix, sep, number = dedup_id.rpartition("-")
-    if not sep or not number.isdigit() or (len(number) > 1 and number[0] == "0"):
-        return None
-    return prefix, int(number)
 
 
 def as_run(ids: pa.Array | pa.ChunkedArray) -> tuple[str, int] | None:
@@ -235,19 +228,9 @@ class DuplicateCache:
         """Ids the log holds, read back in log order: where each producer got to (the
         producer state's; :meth:`remember` is the duplicate detection's). Only each prefix's
         last id is parsed, under the lock once: a refill may read 200,000 rows."""
-        last: dict[str, int] = {}  # prefix -> its newest number, the newest prefix first
-        for dedup_id in reversed(ids):
-            if dedup_id is None:
-                continue
-            prefix, sep, _ = dedup_id.rpartition("-")
-            if prefix in last or not sep:
-                continue
-            numbered = _numbered(dedup_id)
-            if numbered is not None:
-                last[prefix] = numbered[1]
+        newest = newest_numbers(ids)
         with self._lock:
-            for prefix in reversed(last):
-                self.producers.stored(prefix, last[prefix])
+            self.producers.replayed(newest)
 
     def began_partway(self) -> None:
         """The refill read only the log's newest rows: what is older is not known."""

@@ -31,10 +31,40 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 _FOLLOWED = 10_000  # prefixes whose newest number is kept (each about 100 bytes)
 _FORGOTTEN = 10_000  # prefixes no longer followed that are still known to be in the log
+
+
+def numbered(dedup_id: str) -> tuple[str, int] | None:
+    """``("prefix", n)`` for a numbered id (``prefix-n``: n in ASCII digits, no leading
+    zero), else None."""
+    prefix, sep, number = dedup_id.rpartition("-")
+    if (
+        not sep
+        or not (number.isascii() and number.isdigit())
+        or (len(number) > 1 and number[0] == "0")
+    ):
+        return None
+    return prefix, int(number)
+
+
+def newest_numbers(ids: Sequence[str | None]) -> dict[str, int]:
+    """Each numbered prefix's newest number among ``ids``, read in log order: the prefix
+    stored to longest ago first. Only each prefix's last id is parsed."""
+    last: dict[str, int] = {}  # the newest prefix first
+    for dedup_id in reversed(ids):
+        if dedup_id is None:
+            continue
+        prefix, sep, _ = dedup_id.rpartition("-")
+        if prefix in last or not sep:
+            continue
+        parsed = numbered(dedup_id)
+        if parsed is not None:
+            last[prefix] = parsed[1]
+    return {prefix: last[prefix] for prefix in reversed(last)}
 
 
 class ProducerState:
@@ -60,6 +90,11 @@ class ProducerState:
         newest[prefix] = number
         if len(newest) > _FOLLOWED:
             self._forget(newest.popitem(last=False)[0])
+
+    def replayed(self, newest: dict[str, int]) -> None:
+        """Rows read back from the log were stored: ``newest`` (:func:`newest_numbers`)."""
+        for prefix, number in newest.items():
+            self.stored(prefix, number)
 
     def _forget(self, prefix: str) -> None:
         if not self.complete:
