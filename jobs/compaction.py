@@ -12,6 +12,10 @@ What goes, per destination:
 * settlement rows below a subscription's low-water mark, replaced by one ``compacted`` row
   carrying the mark (recovery reads it as "everything below is settled").
 
+The commit removing message rows carries the log's producer state
+(:mod:`spark_mq.broker.producer_state`) rebuilt at its end, since a member taking the log on
+would otherwise replay the removed rows after the last state handed on.
+
 The Artemis journal's policy decides when (seed 004): compact once a message log has at least
 ``min_files`` files and live rows are below ``max_live_ratio`` of them. Then small files are
 merged (OPTIMIZE), a checkpoint is written and files older than ``retention_hours`` that no
@@ -36,9 +40,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
+import pyarrow.dataset as pds
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from spark_mq.broker.producer_state import ProducerState, newest_numbers
 from spark_mq.broker.recovery import (
     COMPACTED,
     log_gaps,
@@ -49,6 +55,7 @@ from spark_mq.broker.recovery import (
 from spark_mq.journal import bindings, layout
 from spark_mq.journal.base import DestinationInfo
 from spark_mq.journal.boundary import translate
+from spark_mq.journal.delta_store import PRODUCERS_KEY, newest_producer_state
 from spark_mq.schema import SETTLEMENT_SCHEMA, TS, equal_to, fill_null
 
 log = logging.getLogger(__name__)
@@ -56,6 +63,9 @@ log = logging.getLogger(__name__)
 EXPIRED = "expired"
 MIN_RETENTION_HOURS = 1
 MAX_LISTED = 50_000  # offsets named one by one in a delete predicate per run; the rest wait
+# rows after the producer state last handed on read back to carry it past the rows a run
+# removes (_producer_state): about 100 MB of ids at most
+CARRY_ROWS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -207,6 +217,30 @@ def _plan(
     )
 
 
+def _producer_state(messages: DeltaTable) -> str | None:
+    """The message log's producer state (:mod:`spark_mq.broker.producer_state`) as it stands
+    at its committed end, for the commit removing rows to carry: a member taking the log on
+    begins from the newest state and replays the rows after it, and could not tell where a
+    Kafka producer got to once some of those rows were gone. Rebuilt from the newest state
+    handed on (or, with none, the log's start) and the rows after it; None when some of those
+    are gone already (removed, or a quarantined record's gap) or more than ``CARRY_ROWS``."""
+    messages.update_incremental()  # (what follows the plan's snapshot is kept all the same)
+    end = messages.transaction_version(layout.MESSAGES_APP_ID) or 0
+    state = ProducerState()
+    start: int | None = 0
+    handed = newest_producer_state(messages)
+    if handed is not None:
+        start = state.begin_from(handed, 0, end)
+    if start is None or end - start > CARRY_ROWS:
+        return None
+    cond = (pds.field("offset") >= start) & (pds.field("offset") < end)
+    rows = messages.to_pyarrow_dataset().to_table(columns=["offset", "dedup_id"], filter=cond)
+    if rows.num_rows != end - start:
+        return None
+    state.replayed(newest_numbers(rows.sort_by("offset")["dedup_id"].to_pylist()))
+    return state.handed(end)
+
+
 def _retrying(
     what: str, destination: str, retries: int, dt: DeltaTable, fn: Callable[[], object]
 ) -> object:
@@ -344,16 +378,20 @@ def _compact(
             settlements,
             lambda: write_deltalake(settlements, rows, mode="append"),
         )
-    # 2. the message rows nobody is owed
+    # 2. the message rows nobody is owed, the producer state carried past them
     predicate = f"offset < {plan.below}"
     if listed:
         predicate += f" OR offset IN ({', '.join(map(str, listed))})"
+    carried = _producer_state(messages)
+    if carried is None:
+        log.info("%s: no producer state to carry past the rows removed", name)
+    props = None if carried is None else CommitProperties(custom_metadata={PRODUCERS_KEY: carried})
     deleted = _retrying(
         "deleting settled rows",
         name,
         policy.commit_retries,
         messages,
-        lambda: messages.delete(predicate),
+        lambda: messages.delete(predicate, commit_properties=props),
     )
     result.rows_removed = int(deleted["num_deleted_rows"])  # type: ignore[index]
     # 3. settlements below each mark collapse into one marker row (marker first: a crash in

@@ -13,12 +13,15 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from spark_mq import Admin, Consumer, Producer
+from spark_mq.broker.producer_state import ProducerState
 from spark_mq.broker.recovery import COMPACTED
 from spark_mq.cli import main as cli
 from spark_mq.clock import ManualClock
-from spark_mq.jobs.compaction import EXPIRED, CompactionPolicy, compact_all
-from spark_mq.journal import layout
+from spark_mq.jobs.compaction import EXPIRED, CompactionPolicy, compact_all, compact_destination
+from spark_mq.journal import DeltaStore, layout
+from spark_mq.journal.base import DestinationInfo
 from spark_mq.launch import BrokerProcess
+from spark_mq.schema import normalize_produce_batch, with_offsets
 from spark_mq.service import RunningBroker
 from tests.conftest import receive_n, start_inprocess
 
@@ -92,6 +95,49 @@ def test_a_topic_with_a_retention_keeps_its_rows_that_long_owed_or_not(
     assert soon["log"].rows_removed == 0 and messages_in_delta(data, "log").num_rows == 20
     later = {r.destination: r for r in compact_all(data, policy, now=enqueued + timedelta(hours=2))}
     assert later["log"].rows_removed == 20 and messages_in_delta(data, "log").num_rows == 0
+
+
+def _numbered_rows(ids: list[str], first: int) -> pa.Table:
+    batch = pa.table({"body": pa.array([b"m"] * len(ids), pa.binary()), "dedup_id": ids})
+    return with_offsets(
+        normalize_produce_batch(
+            batch, enqueue_time_us=1_700_000_000_000_000, max_message_bytes=1 << 20, destination="t"
+        ),
+        first,
+    )
+
+
+def test_the_producer_state_is_carried_past_the_rows_compaction_removes(tmp_path: Path) -> None:
+    """A member taking a log on begins from the newest producer state handed on and replays the
+    rows after it (spark_mq.broker.producer_state); compaction's commit removing rows carries
+    the state rebuilt at the log's end, so those rows are not needed. Before, once they were
+    gone, the next owner could not tell where a Kafka producer got to (it took any first
+    batch). A state whose following rows are gone already is not carried on."""
+    root = str(tmp_path / "data")
+    store = DeltaStore(root)
+    store.create_logs("t")
+    handed = ProducerState()
+    handed.stored("kafka-7-0", 3)
+    ids = [f"kafka-7-0-{n}" for n in range(4)]
+    store.commit_messages("t", _numbered_rows(ids, 0), 4, handed.handed(4))
+    ids = ["kafka-7-0-4", "kafka-8-0-0", "kafka-7-0-5", "plain", None, "kafka-8-0-1"]
+    store.commit_messages("t", _numbered_rows(ids, 4), 10)  # (no state: rows to replay)
+    info = DestinationInfo("t", "topic")  # (nobody subscribes: nothing is owed)
+    policy = CompactionPolicy(force=True, keep_recent_s=0)
+    later = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    assert compact_destination(root, info, policy, now=later).rows_removed == 10
+    state = ProducerState()
+    assert state.begin_from(store.handed_producers("t") or "", 0, 10) == 10  # (none to replay)
+    assert (state.newest("kafka-7-0"), state.newest("kafka-8-0")) == (5, 1)
+    assert state.newest("kafka-9-0") == -1  # (the log holds none of it)
+
+    # a row after the newest state is gone already (removed by an older compaction, say): the
+    # state cannot be rebuilt, and an older one is not carried on as if it were the newest
+    ids = ["kafka-7-0-6", "kafka-7-0-7"]
+    store.commit_messages("t", _numbered_rows(ids, 10), 12)
+    DeltaTable(layout.messages_uri(root, "t")).delete("offset = 10")
+    assert compact_destination(root, info, policy, now=later).rows_removed == 1
+    assert json.loads(store.handed_producers("t") or "")["end"] == 10
 
 
 def test_removes_exactly_settled_and_expired_rows_and_restart_agrees(

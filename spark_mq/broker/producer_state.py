@@ -13,8 +13,9 @@ is noted): then a prefix it does not follow is one the log holds nothing of. It 
 it began from the whole log (an empty one, or a refill that read every row), or from the state
 the destination's last owner **handed on** with the rows after it. A cluster member letting a
 destination go writes its state and the log's end offset into the message log (the commit info
-of a commit of no rows, :meth:`ProducerState.handed`), and its hot tier's moves to Delta carry
-it too, at most every second when it changed (for a member lost); the member taking it on
+of a commit of no rows, :meth:`ProducerState.handed`), and its commits to Delta carry it too
+(its hot tier's moves, or without one each commit), at most every second when it changed (for
+a member lost), as does compaction's commit removing rows; the member taking it on
 begins from the newest and the rows committed after it, as a Kafka broker loads its last
 producer-state snapshot and replays the log after it (up to ``registry.REPLAY_ROWS`` rows, more
 than the duplicate cache holds). Before this, a log longer than the duplicate cache, or

@@ -65,19 +65,31 @@ COMPACT_SMALL_LOGS_EVERY = 50
 # a time) decodes only the groups holding it, which the offsets' statistics tell; a move's file
 # was one row group, decoded whole for every window in it (16-222 ms a window of a 50,000-row
 # file, 4-15 ms now; a group member reading a moved backlog 100-115k -> 276-293k msg/s).
-# a message log's commit info key holding the producer state its owner handed on (letting it go,
-# or with a move from its hot tier), and how many of the log's newest commits are looked through
-# for it (a hand-over's is followed by the next owner's fence; a hot tier's moves, every half a
-# second under load, carry one at most every second, and an older one is of no use once more
-# rows follow it than a member taking the log on reads back: registry.REPLAY_ROWS)
-PRODUCERS_KEY = "sparkmq.producers"
-PRODUCERS_WITHIN = 20
 DEFAULT_WRITER = WriterProperties()  # (what delta-rs uses when given none)
 MESSAGE_WRITER = WriterProperties(
     compression="SNAPPY",
     column_properties={"body": ColumnProperties(statistics_enabled="NONE")},
     max_row_group_size=8192,
 )
+
+# a message log's commit info key holding the producer state (spark_mq.broker.producer_state)
+# its owner handed on (letting it go, or with its commits at most every second:
+# spark_mq.journal.sinks.ProducerStateCarrier; compaction carries it past the rows it removes),
+# and how many of the log's newest commits are looked through for it (a hand-over's is followed
+# by the next owner's fence; an older state is of no use once more rows follow it than a member
+# taking the log on reads back: registry.REPLAY_ROWS)
+PRODUCERS_KEY = "sparkmq.producers"
+PRODUCERS_WITHIN = 20
+
+
+def newest_producer_state(messages: DeltaTable) -> str | None:
+    """The newest producer state (:mod:`spark_mq.broker.producer_state`) among the commit
+    info of a message log's last ``PRODUCERS_WITHIN`` commits (None: none there)."""
+    for commit in messages.history(PRODUCERS_WITHIN):
+        state = commit.get(PRODUCERS_KEY)
+        if isinstance(state, str):
+            return state
+    return None
 
 
 def _append(
@@ -250,11 +262,7 @@ class DeltaStore:
         with translate("reading the producer state handed on", destination):
             dt = self._messages(destination)
             dt.update_incremental()
-            for commit in dt.history(PRODUCERS_WITHIN):
-                state = commit.get(PRODUCERS_KEY)
-                if isinstance(state, str):
-                    return state
-        return None
+            return newest_producer_state(dt)
 
     def _epoch(self, destination: str) -> int | None:
         return self._epochs.get(destination, self.epoch)

@@ -38,7 +38,8 @@ while it let the topic go, and librdkafka's implicit ack then reported them deli
 messages lost in one of about fourteen runs of twenty moves). Refused now, librdkafka sends
 the missing batches again from the first. Where the state cannot say (a member was lost with
 more rows written since its commits last carried the state than the refill reads back, or
-rows compacted away since; or more producers than it follows) any sequence is still taken, as Kafka
+some of those rows gone and the state not carried past them; or more producers than it
+follows) any sequence is still taken, as Kafka
 does for a producer whose state it no longer has.
 """
 
