@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -425,3 +426,28 @@ def test_a_cache_that_forgot_too_many_producers_says_it_cannot_tell(
     assert [cache.newest_number(f"kafka-{p}-0") for p in range(5)] == [None, None, 0, 0, -1]
     _stored(cache, ["kafka-4-0-0"], 4, clock.wall())  # the third forgotten: past the bound
     assert [cache.newest_number(f"kafka-{p}-0") for p in (3, 4, 9)] == [0, 0, None]
+
+
+def test_the_producer_state_a_commit_carries_is_read_without_the_destination_map(
+    broker: RunningBroker,
+) -> None:
+    """A cluster member's commits carry each destination's producer state, asked of the
+    broker by the hot tier's mover (or the writer) as it commits. A deletion holds the
+    destination map's lock while it waits for that mover or writer to stop, so the asking must
+    not take the lock: before, it did, and deleting a partition on a cluster member hung while
+    its mover was moving (a full run of the suite saw it once)."""
+    with Admin(broker.url) as admin:
+        admin.create_queue("carried")
+    with Producer(broker.url, destination="carried") as p:
+        p.send_sync(b"a", dedup_id="p-0")
+    journal = broker.broker.journal
+    state_at = journal.producer_state  # (what the mover or writer asks)
+    assert state_at is not None
+    end = journal.end_offset("carried")
+    asked: list[str | None] = []
+    with broker.broker.destinations.lock:  # (as a deletion holds it)
+        mover = threading.Thread(target=lambda: asked.append(state_at("carried", end)))
+        mover.start()
+        mover.join(10)
+        assert not mover.is_alive(), "the producer state waited for the map's lock"
+    assert asked and json.loads(asked[0] or "")["newest"] == {"p": 0}

@@ -109,7 +109,6 @@ class Broker:
             hot_tier=hot_tier_settings(self.config) if store.durable else None,
             timing=self.timing,
         )
-        self.journal.producer_state = self._producer_state_at
         self._consumer_ids = itertools.count(1)
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
@@ -133,6 +132,7 @@ class Broker:
         # the parts (see the module), each given what it works on
         journal, config = self.journal, self.config
         self.destinations = d = Destinations(config, self.clock, journal)
+        journal.producer_state = d.producer_state_at
         self.disposer = Disposer(d, journal, self._store_copy)
         self.limits = Limits(d, journal, config, self.clock, self.memory, self.disposer, self._stop)
         self.producing = Producing(d, journal, config, self.clock, self.disk, self.limits)
@@ -447,15 +447,6 @@ class Broker:
                 "not serving %s any more: %s", name, owner.message, extra={"destination": name}
             )
             return True
-
-    def _producer_state_at(self, name: str, end: int) -> str | None:
-        """(A sink's commit: a hot tier's mover, or a writer without one.) ``name``'s producer
-        state with its log ending at ``end``, for a commit to carry; None when it did not
-        change since last handed on."""
-        dest = self.destinations.find(name)
-        if dest is None or dest.dedup is None:
-            return None
-        return dest.dedup.handed_if_changed(end)
 
     def _hand_on_producers(self, name: str, cache: DuplicateCache, end: int) -> None:
         """Write where each numbering producer got to in ``name``'s log, which ends at ``end``

@@ -454,6 +454,17 @@ class Destinations:
                 cache.remember(dedup_id, offset, t)
 
     # -- what the journal made durable ---------------------------------------------------------
+    def producer_state_at(self, name: str, end: int) -> str | None:
+        """(A sink's commit: a hot tier's mover, or a writer without one.) ``name``'s producer
+        state with its log ending at ``end``, for a commit to carry; None when it did not
+        change since last handed on."""
+        # (no map lock: a deletion holds it while it waits for the mover or writer asking;
+        # taking it here, a partition deleted on a cluster member hung while its mover moved)
+        dest = self._dests.get(name)
+        if dest is None or dest.dedup is None:
+            return None
+        return dest.dedup.handed_if_changed(end)
+
     def committed(self, destination: str, messages: Messages) -> None:
         """(The committing thread.) Messages are durable: consumers may have them."""
         # (no map lock: a deletion holds it while it waits for the writer of this commit)
