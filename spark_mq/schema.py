@@ -355,6 +355,15 @@ def ints(column: Column) -> list[int]:
     return cast("list[int]", column.to_pylist())
 
 
+def message_columns(columns: Sequence[str] | None) -> pa.Schema:
+    """``MESSAGE_SCHEMA``, or its ``columns`` alone (a read that needs only some: a message's
+    body is most of what a read decodes), which must include ``offset``."""
+    if columns is None:
+        return MESSAGE_SCHEMA
+    assert "offset" in columns, "rows are read in offset order"
+    return pa.schema([MESSAGE_SCHEMA.field(name) for name in columns])
+
+
 def by_offset(table: pa.Table) -> pa.Table:
     """``table`` in offset order: as it is when it already is (reads of a log mostly are:
     sorting copies every body, which a consumer of a backlog paid for each read)."""

@@ -7,6 +7,7 @@ live in :class:`spark_mq.journal.Journal` above it, written once for every store
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -79,7 +80,17 @@ class LogStore(Protocol):
         """Append settlement rows; with ``version``, idempotently (skipped when not newer)."""
         ...
 
-    def read_messages(self, destination: str, start: int, end: int | None) -> pa.Table: ...
+    def read_messages(
+        self,
+        destination: str,
+        start: int,
+        end: int | None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """Rows ``start <= offset < end`` in offset order (of ``columns`` only: see
+        :func:`spark_mq.schema.message_columns`)."""
+        ...
+
     def read_settlements(self, destination: str) -> pa.Table: ...
     def close(self) -> None: ...
 

@@ -36,6 +36,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,7 +62,7 @@ from spark_mq.journal.segments import SegmentLog, SyncMode
 from spark_mq.journal.settlements import SettlementRows
 from spark_mq.journal.sinks import ProducerStateCarrier, as_journal_error
 from spark_mq.messages import Messages
-from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, by_offset, conform
+from spark_mq.schema import MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, by_offset, conform, message_columns
 
 log = logging.getLogger(__name__)
 
@@ -556,8 +557,11 @@ class HotTier:
                     self._segment_last_lsn.pop(seq, None)
 
     # -- reading -----------------------------------------------------------------------------
-    def read_messages(self, start: int, end: int | None) -> pa.Table:
-        """Rows with ``start <= offset < end``: from Delta, then from the records not yet moved."""
+    def read_messages(
+        self, start: int, end: int | None, columns: Sequence[str] | None = None
+    ) -> pa.Table:
+        """Rows with ``start <= offset < end`` (of ``columns`` only): from Delta, then from the
+        records not yet moved."""
         with self._mutex:
             delta_end = self._delta_end
             lo = max(start, delta_end)
@@ -572,13 +576,14 @@ class HotTier:
                     and (end is None or p.ref.first_offset < end)
                 ]
             )
-        parts = [MESSAGE_SCHEMA.empty_table()]
+        schema = message_columns(columns)
+        parts = [schema.empty_table()]
         if start < delta_end:
             stop = delta_end if end is None else min(end, delta_end)
-            parts.append(self._store.read_messages(self.destination, start, stop))
+            parts.append(self._store.read_messages(self.destination, start, stop, columns))
         # a record the mover has just committed may still be listed: Delta already gave it
         for table in hot:
-            table = conform(table, MESSAGE_SCHEMA)
+            table = conform(table, schema)
             mask = pc.greater_equal(table["offset"], pa.scalar(lo))
             if end is not None:
                 mask = pc.and_(mask, pc.less(table["offset"], pa.scalar(end)))

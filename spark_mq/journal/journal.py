@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypedDict
 
@@ -465,13 +465,20 @@ class Journal:
                 tiers = list(self._tiers.values())
         return all(t.request_move(wait=True, timeout=timeout) for t in tiers)
 
-    def read_messages(self, destination: str, start: int = 0, end: int | None = None) -> pa.Table:
-        """Durable rows ``start <= offset < end``, whichever tier holds them."""
+    def read_messages(
+        self,
+        destination: str,
+        start: int = 0,
+        end: int | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """Durable rows ``start <= offset < end``, whichever tier holds them (of ``columns``
+        only: :func:`spark_mq.schema.message_columns`)."""
         self.destination(destination)
         tier = self._tiers.get(destination)
         if tier is not None:
-            return tier.read_messages(start, end)
-        return self._store_of(destination).read_messages(destination, start, end)
+            return tier.read_messages(start, end, columns)
+        return self._store_of(destination).read_messages(destination, start, end, columns)
 
     def read_recent(self, destination: str, start: int, end: int) -> pa.Table | None:
         """Durable rows ``start <= offset < end`` when the hot tier still holds them all in

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.schema import BINDING_SCHEMA, MESSAGE_SCHEMA, SETTLEMENT_SCHEMA, TRANSACTION_SCHEMA
+from spark_mq.schema import (
+    BINDING_SCHEMA,
+    MESSAGE_SCHEMA,
+    SETTLEMENT_SCHEMA,
+    TRANSACTION_SCHEMA,
+    message_columns,
+)
 
 
 class _Logs:
@@ -85,14 +92,20 @@ class MemoryStore:
                 logs.settlements_version = version
             logs.settlements.append(rows)
 
-    def read_messages(self, destination: str, start: int, end: int | None) -> pa.Table:
+    def read_messages(
+        self,
+        destination: str,
+        start: int,
+        end: int | None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
         logs = self._get(destination)
         with self._lock:
             table = pa.concat_tables([MESSAGE_SCHEMA.empty_table(), *logs.messages])
         mask = pc.greater_equal(table["offset"], pa.scalar(start))
         if end is not None:
             mask = pc.and_(mask, pc.less(table["offset"], pa.scalar(end)))
-        return table.filter(mask)
+        return table.filter(mask).select(message_columns(columns).names)
 
     def read_settlements(self, destination: str) -> pa.Table:
         logs = self._get(destination)
