@@ -400,7 +400,9 @@ def test_a_refill_knows_whether_it_read_all_the_log_holds(
     monkeypatch.undo()
     read = registry.journal.read_messages
     monkeypatch.setattr(
-        registry.journal, "read_messages", lambda name, start, end: read(name, start, end)[1:]
+        registry.journal,
+        "read_messages",
+        lambda name, start, end, *cols: read(name, start, end, *cols)[1:],
     )  # (a compaction removed a row)
     assert refilled().newest_number("kafka-2-0") is None
     assert refilled(size=4, handed=handed).newest_number("kafka-2-0") == -1  # (before 4)
@@ -451,3 +453,40 @@ def test_the_producer_state_a_commit_carries_is_read_without_the_destination_map
         mover.join(10)
         assert not mover.is_alive(), "the producer state waited for the map's lock"
     assert asked and json.loads(asked[0] or "")["newest"] == {"p": 0}
+
+
+@pytest.mark.parametrize("size", [1000, 150])
+def test_ids_read_back_in_runs_are_found_as_when_remembered_one_by_one(size: int) -> None:
+    """A refill enters runs of numbered ids at consecutive offsets as one entry each
+    (DuplicateCache.remember_all), and every id is then found at the offset it is found at
+    when each is remembered on its own, and forgotten as it is when the cache is full."""
+    import numpy as np
+
+    from spark_mq.broker.dedup import DuplicateCache, recovered_runs
+
+    ids: list[str | None] = [f"p-{k}" for k in range(100)]  # sent one by one: one run
+    ids += [f"k{k % 2}-0-{k // 2}" for k in range(20)]  # two producers taking turns: no runs
+    ids += [f"k0-0-{k}" for k in range(10, 15)] + [None, "uuid-a", "uuid-b"]
+    ids += [f"r-{k}" for k in range(5)] + ["r-2"]  # r-2 twice: r's kept one by one
+    ids += ["p-1\u0665", "p-010", "big-1234567890123456789", "big-1234567890123456790"]
+    ids += [f"p-{k}" for k in range(100, 140)]  # p again, after a gap: a second run of p
+    offsets = np.arange(len(ids), dtype=np.int64) + 7
+    offsets[-40:] += 3  # (rows between compacted away)
+    times = np.linspace(1000.0, 1001.0, len(ids))
+    runs = recovered_runs(pa.array(ids, pa.string()), offsets)
+    assert [(r[2], r[3], r[1] - r[0]) for r in runs] == [
+        ("p", 0, 100),
+        ("k0-0", 10, 5),
+        ("p", 100, 40),
+    ]
+    one_by_one, together = DuplicateCache(size, 60), DuplicateCache(size, 60)
+    for dedup_id, offset, at in zip(ids, offsets.tolist(), times.tolist(), strict=True):
+        if dedup_id is not None:
+            one_by_one.remember(dedup_id, offset, at)
+    together.remember_all(pa.array(ids, pa.string()), offsets, times)
+    distinct = {i for i in ids if i is not None}
+    assert len(together) == len(one_by_one) == min(size, len(distinct))
+    assert len(together._seen) < len(one_by_one._seen) - 100  # (three runs, one entry each)
+    for dedup_id in distinct | {"p-140", "k0-0-15", "r-5"}:
+        found, expected = together._find(dedup_id), one_by_one._find(dedup_id)
+        assert (found and found[2]) == (expected and expected[2]), dedup_id

@@ -134,6 +134,51 @@ def _as_run_slow(arr: pa.Array, prefix: str, expected: np.ndarray) -> tuple[str,
     return prefix, int(expected[0])
 
 
+# an id numbered as runs are (numbered(): ASCII digits, no leading zero), up to 18 digits (an
+# int64; an id with more is kept on its own)
+_NUMBERED = r"^(?P<prefix>.*)-(?P<number>0|[1-9][0-9]{0,17})$"
+
+
+def recovered_runs(ids: pa.Array, offsets: np.ndarray) -> list[tuple[int, int, str, int]]:
+    """The runs among ids read back from a log in offset order: ``(start, stop, prefix,
+    first)`` for each stretch of two or more rows ``start`` to ``stop`` whose ids are
+    ``<prefix>-<first>``, ``<prefix>-<first + 1>``... at consecutive offsets. A prefix with a
+    number seen twice among the rows has none (each of its ids kept on its own tells which
+    offset is the newest). Vectorised: a refill reads up to 20,000 ids."""
+    n = len(ids)
+    if n < 2:
+        return []
+    parts = pc.extract_regex(ids, _NUMBERED)
+    matched = parts.is_valid()
+    valid = matched.to_numpy(zero_copy_only=False)
+    if not valid.any():
+        return []
+    prefix = parts.field("prefix")  # ("" where no match, as the number: masked by valid)
+    number = pc.if_else(matched, parts.field("number"), "-2").cast(pa.int64()).to_numpy()
+    same = pc.equal(prefix[1:], prefix[:-1]).fill_null(False).to_numpy(zero_copy_only=False)
+    step = same & (number[1:] == number[:-1] + 1) & (offsets[1:] == offsets[:-1] + 1)
+    step &= valid[1:] & valid[:-1]
+    breaks = np.flatnonzero(~step) + 1
+    starts = np.concatenate(([0], breaks))
+    stops = np.concatenate((breaks, [n]))
+    long = stops - starts >= 2
+    if not long.any():
+        return []
+    # a (prefix, number) seen twice: sorted by both, two neighbours alike
+    codes = cast("pa.DictionaryArray", pc.dictionary_encode(prefix)).indices.to_numpy()[valid]
+    numbers = number[valid]
+    order = np.lexsort((numbers, codes))
+    codes, numbers = codes[order], numbers[order]
+    alike = (codes[1:] == codes[:-1]) & (numbers[1:] == numbers[:-1])
+    twice = set(prefix.filter(matched).take(order[1:][alike]).to_pylist())
+    runs = []
+    for start, stop in zip(starts[long].tolist(), stops[long].tolist(), strict=True):
+        name = prefix[start].as_py()
+        if name not in twice:
+            runs.append((start, stop, name, int(number[start])))
+    return runs
+
+
 class DuplicateCache:
     def __init__(self, size: int, window_s: float) -> None:
         self.size = size
@@ -223,6 +268,33 @@ class DuplicateCache:
         with self._lock:
             self._add(dedup_id, (at, None, offset))
             self._evict(at)
+
+    def remember_all(self, ids: pa.Array, offsets: np.ndarray, times: np.ndarray) -> None:
+        """:meth:`remember` each stored message read back from the log, oldest first (null
+        ids skipped), into a cache that holds none yet: a run of numbered ids at consecutive
+        offsets (:func:`recovered_runs`: a producer's, sent one by one or in batches) is one
+        entry, as a batch claimed whole is, the time of its newest id its time. Entered one by
+        one, 15,000 ids took 80 ms of a destination's take-on."""
+        if not len(ids):
+            return
+        runs = recovered_runs(ids, offsets)
+        names = ids.to_pylist()
+        with self._lock:
+            if self._count:  # (runs are not checked against what a cache holds)
+                runs = []
+            done = 0
+            for start, stop, prefix, first in [*runs, (len(names), len(names), "", 0)]:
+                for k in range(done, start):
+                    dedup_id = names[k]
+                    if dedup_id is not None:
+                        self._add(dedup_id, (float(times[k]), None, int(offsets[k])))
+                if stop > start:
+                    run = _Run(prefix, first, first + stop - start - 1, float(times[stop - 1]),
+                               _RECOVERED)  # fmt: skip
+                    run.base = int(offsets[start])
+                    self._add_run(run)
+                done = stop
+            self._evict(float(times.max()))
 
     def replayed(self, ids: list[str | None]) -> None:
         """Ids the log holds, read back in log order: where each producer got to (the

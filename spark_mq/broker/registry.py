@@ -8,13 +8,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from bisect import bisect_left
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from spark_mq.broker.dedup import DuplicateCache
 from spark_mq.broker.destination import Destination
@@ -34,12 +33,13 @@ from spark_mq.journal import Journal
 from spark_mq.journal.base import Kind
 from spark_mq.messages import Messages
 from spark_mq.names import partition_name, partition_of, validate_name
-from spark_mq.schema import QUEUE_SUBSCRIPTION, ints
+from spark_mq.schema import QUEUE_SUBSCRIPTION
 
 log = logging.getLogger("spark_mq.broker.core")
 # rows read back after a producer state handed on, at most, beyond the duplicate cache's (a
 # member lost under load: its hot tier's last moves carried the state up to a second before)
 REPLAY_ROWS = 200_000
+_REFILL_COLUMNS = ("offset", "dedup_id", "enqueue_time")
 
 # how long letting a destination go waits for transactions holding it (they write moments)
 _HELD_WAIT_S = 30.0
@@ -436,22 +436,19 @@ class Destinations:
         first = min(start, replay)
         if first == end:
             return
-        rows = self.journal.read_messages(dest.name, first, end)
-        offsets = ints(rows["offset"])  # (in order)
-        after = bisect_left(offsets, replay)  # the first row to replay
+        # (not the bodies: most of what a read decodes)
+        rows = self.journal.read_messages(dest.name, first, end, _REFILL_COLUMNS)
+        offsets = rows["offset"].to_numpy()  # (in order)
+        after = int(np.searchsorted(offsets, replay))  # the first row to replay
         if len(offsets) - after != end - replay:
             cache.began_partway()  # (compaction removed some: what they held is gone)
-        ids: list[str | None] = rows["dedup_id"].to_pylist()
-        cache.replayed(ids[after:])
-        held = bisect_left(offsets, start)
+        ids = rows["dedup_id"].combine_chunks()
+        cache.replayed(ids.slice(after).to_pylist())
+        held = int(np.searchsorted(offsets, start))
         since = self.clock.wall() - cache.window_s
-        at = pc.divide(rows["enqueue_time"].slice(held).cast(pa.int64()), 1_000_000.0)
-        times = cast("list[float]", at.to_pylist())  # (every row has an enqueue time)
-        for dedup_id, offset, t in zip(ids[held:], offsets[held:], times, strict=True):
-            if dedup_id is None:
-                continue
-            if t >= since:
-                cache.remember(dedup_id, offset, t)
+        times = rows["enqueue_time"].slice(held).cast(pa.int64()).to_numpy() / 1_000_000.0
+        recent = times >= since  # (every row has an enqueue time)
+        cache.remember_all(ids.slice(held).filter(recent), offsets[held:][recent], times[recent])
 
     # -- what the journal made durable ---------------------------------------------------------
     def producer_state_at(self, name: str, end: int) -> str | None:
