@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _run(code: str) -> str:
     done = subprocess.run(
@@ -67,3 +69,31 @@ def test_the_broker_loads_the_selector_parser_with_the_first_selector() -> None:
         "{'amount': '250', 'kind': 'order'}), 'sqlglot' in sys.modules)"
     )
     assert out.splitlines() == ["False", "True True"]
+
+
+@pytest.mark.process
+def test_a_broker_process_does_without_pandas(tmp_path: Path) -> None:
+    """pyarrow's dataset module, through which a broker reads Delta, imports pandas wherever it
+    is installed (a fifth of a second of every start, measured); a broker process refuses it,
+    and serves as before: a message sent is moved to Delta and read back from it after a
+    restart. Before, the broker's memory held pandas' extension modules."""
+    from spark_mq import Admin, Consumer, Producer
+    from spark_mq.launch import BrokerProcess
+
+    broker = BrokerProcess(str(tmp_path / "data")).start()
+    try:
+        with Admin(broker.url) as admin:
+            admin.create_queue("q")
+        with Producer(broker.url, destination="q") as producer:
+            producer.send_sync(b"kept")
+        assert broker.proc is not None
+        maps = Path(f"/proc/{broker.proc.pid}/maps").read_text()
+        assert "/pandas/" not in maps and "/pyarrow/" in maps
+    finally:
+        broker.stop()
+    broker = BrokerProcess(str(tmp_path / "data")).start()
+    try:
+        with Consumer(broker.url, "q") as consumer:
+            assert [m.body for m in consumer.receive_many(1, timeout=10)] == [b"kept"]
+    finally:
+        broker.stop()
