@@ -274,7 +274,7 @@ class DuplicateCache:
         ids skipped), into a cache that holds none yet: a run of numbered ids at consecutive
         offsets (:func:`recovered_runs`: a producer's, sent one by one or in batches) is one
         entry, as a batch claimed whole is, the time of its newest id its time. Entered one by
-        one, 15,000 ids took 80 ms of a destination's take-on."""
+        one, 20,000 ids took 82-86 ms of a restart's recovery (28-54 ms now, cProfile)."""
         if not len(ids):
             return
         runs = recovered_runs(ids, offsets)
