@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -12,6 +13,8 @@ from spark_mq.errors import JournalError, SparkMQError
 from spark_mq.journal.base import LogStore
 from spark_mq.journal.settlements import SettlementRows
 from spark_mq.messages import Messages
+
+log = logging.getLogger(__name__)
 
 
 class CommitSink(Protocol):
@@ -92,7 +95,11 @@ class ProducerStateCarrier:
         """The state for a commit ending the log at ``end`` to carry, if it is time to."""
         if self.state_at is None or self._clock() < self._due:
             return None
-        state = self.state_at(destination, end)
+        try:
+            state = self.state_at(destination, end)
+        except Exception:  # (carrying it is a help to the next owner: never fails a commit)
+            log.exception("%s: the producer state was not carried", destination)
+            state = None
         if state is not None:
             self._due = self._clock() + PRODUCERS_EVERY_S
         return state
