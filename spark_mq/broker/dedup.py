@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_mq.broker.producer_state import ProducerState, newest_numbers
-from spark_mq.broker.producer_state import numbered as _numbered
+from spark_mq.broker.producer_state import numbered as _numbered  # (locals are "numbered")
 from spark_mq.commands import ProduceResult
 from spark_mq.journal.base import AppendResult
 

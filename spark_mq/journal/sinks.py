@@ -99,7 +99,8 @@ class ProducerStateCarrier:
             state = self.state_at(destination, end)
         except Exception:  # (carrying it is a help to the next owner: never fails a commit)
             log.exception("%s: the producer state was not carried", destination)
-            state = None
+            self._due = self._clock() + PRODUCERS_EVERY_S  # (logged once a second at most)
+            return None
         if state is not None:
             self._due = self._clock() + PRODUCERS_EVERY_S
         return state
