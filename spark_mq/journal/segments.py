@@ -173,7 +173,7 @@ class SegmentLog:
                 )
                 with open(path, "r+b") as fh:
                     fh.truncate(valid)
-                    os.fsync(fh.fileno())
+                    self._sync_cut(fh.fileno())
             if seq == seqs[-1]:
                 self._active, self._position = seq, valid
         self.next_lsn = refs[-1].lsn + 1 if refs else first_lsn
@@ -542,6 +542,12 @@ class SegmentLog:
         if self.sync_mode != "none":
             (os.fdatasync if self.sync_mode == "fdatasync" else os.fsync)(fd)
 
+    def _sync_cut(self, fd: int) -> None:
+        """A file's new, shorter size made durable (fsync: a size is metadata), unless this log
+        syncs nothing."""
+        if self.sync_mode != "none":
+            os.fsync(fd)
+
     def drop_unsynced(self) -> None:
         """After a failed sync: cut off every record written since the last durable one, and
         number on from there (the caller fails the appends it made meanwhile). No append may
@@ -559,7 +565,7 @@ class SegmentLog:
         """Forget everything from ``position`` on (after a failed append); best effort."""
         try:
             os.ftruncate(self._fd, position)
-            os.fsync(self._fd)
+            self._sync_cut(self._fd)
         except OSError:
             log.exception("could not cut a failed append off %s", self._segments[self._active])
 
