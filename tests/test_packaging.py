@@ -70,7 +70,9 @@ def test_installed_in_a_fresh_venv_the_sdk_and_broker_work_without_spark(
     venv = tmp_path / "venv"
     assert _run(sys.executable, "-m", "venv", venv).returncode == 0
     py, sparkmq = venv / "bin" / "python", venv / "bin" / "sparkmq"
-    installed = _run(py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel)
+    # (--no-compile: byte-compiling pyarrow and the rest took 10 s of this test's 36)
+    installed = _run(py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                     "--no-compile", wheel)  # fmt: skip
     assert installed.returncode == 0, installed.stderr
     no_spark = _run(py, "-c", "import importlib.util as u; print(u.find_spec('pyspark'))")
     assert no_spark.stdout.strip() == "None"
