@@ -23,7 +23,7 @@ from spark_mq.journal.base import DestinationInfo
 from spark_mq.launch import BrokerProcess
 from spark_mq.schema import normalize_produce_batch, with_offsets
 from spark_mq.service import RunningBroker
-from tests.conftest import receive_n, start_inprocess
+from tests.conftest import receive_n, start_inprocess, wait_for
 
 
 def messages_in_delta(root: Path, name: str) -> pa.Table:
@@ -295,9 +295,13 @@ def test_compaction_racing_a_live_broker_loses_and_resurrects_nothing(tmp_path: 
         with Admin(broker.url) as admin:
             admin.create_queue("live")
 
+        rounds = [0]  # compactions of every destination ended
+
         def produce() -> None:
             with Producer(broker.url, destination="live", linger_ms=1) as p:
-                for i in range(0, total, 30):
+                for n, i in enumerate(range(0, total, 30)):
+                    if n and n % 25 == 0:  # (not all before a compaction ends, on a slow machine)
+                        wait_for(lambda n=n: rounds[0] >= n // 25, what="a compaction's end")
                     produced.extend(p.send_batch([b"m%d" % j for j in range(i, i + 30)]))
 
         def consume() -> None:
@@ -312,10 +316,13 @@ def test_compaction_racing_a_live_broker_loses_and_resurrects_nothing(tmp_path: 
         for th in threads:
             th.start()
         runs = []
-        while threads[0].is_alive() or len(acked) < total:
+        # (on until it has removed acknowledged rows: those still in the hot tier when the load
+        # ends are moved to Delta, and removed, by compactions after it)
+        while threads[0].is_alive() or len(acked) < total or not any(r.rows_removed for r in runs):
             runs += compact_all(
                 data, CompactionPolicy(force=True, retention_hours=1, keep_recent_s=0)
             )
+            rounds[0] += 1
             if len(runs) > 200:
                 break
         stop.set()
