@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import compileall
 import shutil
 import socket
 import sys
@@ -31,6 +32,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "it: deselect them (-m 'not pure_python') or run on pure Python "
             "(python scripts/compile.py --clean)"
         )
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return  # (a pytest-xdist worker: the controller did this)
+    # the brokers and CLIs the tests start each import the package afresh and, where
+    # PYTHONDONTWRITEBYTECODE is set (as on this project's machines), compiled it again every
+    # time without keeping the bytecode: about 0.2 s of CPU a start. Compiled once here instead.
+    for package in ("spark_mq", "connectors", "jobs"):
+        if (REPO / package).is_dir():
+            compileall.compile_dir(REPO / package, quiet=1)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
