@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import compileall
+import os
 import shutil
 import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,12 +36,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
+# where the compiled build of tests/test_native.py is made, chosen by the run's first process
+# (pytest-xdist's controller, or the only one) before any worker starts, so that all inherit it
+NATIVE_BUILD_DIR = "SPARKMQ_TESTS_NATIVE_BUILD"
 REPO = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return  # (a pytest-xdist worker: the controller did this)
+    os.environ[NATIVE_BUILD_DIR] = tempfile.mkdtemp(prefix="sparkmq-compiled-")
     # the brokers and CLIs the tests start each import the package afresh and, where
     # PYTHONDONTWRITEBYTECODE is set (as on this project's machines), compiled it again every
     # time without keeping the bytecode: about 0.2 s of CPU a start. Compiled once here instead.
@@ -48,18 +54,32 @@ def pytest_configure(config: pytest.Config) -> None:
             compileall.compile_dir(REPO / package, quiet=1)
 
 
+def _start_native_build(config: pytest.Config, nodeids: Iterable[str]) -> None:
+    """tests/test_native.py's build starts once the tests are known, on the CPU's idle time
+    (see native_build), if they include it."""
+    if NATIVE_BUILD not in config.stash and any(
+        nodeid.startswith("tests/test_native.py") for nodeid in nodeids
+    ):
+        config.stash[NATIVE_BUILD] = Build(Path(os.environ[NATIVE_BUILD_DIR]), idle=True)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """tests/test_native.py's build starts now, on the CPU's idle time (see native_build)."""
-    if any(item.nodeid.startswith("tests/test_native.py") for item in session.items):
-        root = Path(tempfile.mkdtemp(prefix="sparkmq-compiled-"))
-        session.config.stash[NATIVE_BUILD] = Build(root, idle=True)
+    if not hasattr(session.config, "workerinput"):
+        _start_native_build(session.config, (item.nodeid for item in session.items))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """(pytest-xdist's controller, once a worker has collected: before any test runs)"""
+    _start_native_build(node.config, ids)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     build = config.stash.get(NATIVE_BUILD, None)
     if build is not None:
         build.stop()
-        shutil.rmtree(build.root, ignore_errors=True)
+    if not hasattr(config, "workerinput") and (root := os.environ.pop(NATIVE_BUILD_DIR, "")):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

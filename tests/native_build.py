@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,32 +30,56 @@ def env_for(root: Path) -> dict[str, str]:
 
 
 class Build:
-    """A build of ``root`` under way in a process group of its own."""
+    """A build of ``root`` under way in a process group of its own. It leaves its output and
+    exit status in files under ``root``, so that another process of the run (the pytest-xdist
+    worker that runs tests/test_native.py) can wait for it: :meth:`of`."""
 
     def __init__(self, root: Path, *, idle: bool) -> None:
         self.root = root
         copy_tree(root)
         # -O0: the C compiler's optimisations change how fast it runs, not what it does
-        self._proc = subprocess.Popen(
-            [sys.executable, COMPILE, "--root", str(root), "--opt-level", "0"],
-            cwd=root,
-            env=env_for(root),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-            preexec_fn=_idle if idle else None,
-        )
+        compile_ = [sys.executable, COMPILE, "--root", str(root), "--opt-level", "0"]
+        with open(root / "build.log", "wb") as log:
+            proc = subprocess.Popen(
+                ["sh", "-c", '"$@"; echo $? > build.status.tmp; mv build.status.tmp build.status',
+                 "build", *compile_],
+                cwd=root,
+                env=env_for(root),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_idle if idle else None,
+            )  # fmt: skip
+        self._proc: subprocess.Popen[bytes] | None = proc
+        self.group = proc.pid
+        (root / "build.group").write_text(str(proc.pid))
+
+    @classmethod
+    def of(cls, root: Path) -> Build | None:
+        """The build another process of this run started in ``root``, if it did."""
+        if not (root / "build.group").exists():
+            return None
+        build = cls.__new__(cls)
+        build.root, build._proc = root, None
+        build.group = int((root / "build.group").read_text())
+        return build
 
     def wait(self, timeout: float = 600) -> tuple[int, str]:
         """Its exit status and output, once done (the rest of it at normal priority)."""
-        _normal_priority(self._proc.pid)
-        out, _ = self._proc.communicate(timeout=timeout)
-        return self._proc.returncode, out
+        _normal_priority(self.group)
+        status, deadline = self.root / "build.status", time.monotonic() + timeout
+        while not status.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the compiled build did not end within {timeout}s")
+            time.sleep(0.2)
+        if self._proc is not None:
+            self._proc.wait()
+        out = (self.root / "build.log").read_text()
+        return int(status.read_text()), out
 
     def stop(self) -> None:
-        if self._proc.poll() is None:
-            os.killpg(self._proc.pid, 9)
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self.group, 9)
             self._proc.wait()
 
 

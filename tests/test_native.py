@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from spark_mq.native import HOT_MODULES
-from tests.conftest import NATIVE_BUILD
+from tests.conftest import NATIVE_BUILD, NATIVE_BUILD_DIR
 from tests.native_build import COMPILE, Build, env_for
 
 pytestmark = pytest.mark.process
@@ -43,7 +43,9 @@ def _python(root: Path, *args: str, timeout: float = 300) -> subprocess.Complete
 @pytest.fixture(scope="module")
 def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # started with the session by conftest.py (or here, when it was not)
-    build = request.config.stash.get(NATIVE_BUILD, None)
+    build = request.config.stash.get(NATIVE_BUILD, None) or Build.of(
+        Path(os.environ[NATIVE_BUILD_DIR])  # (by pytest-xdist's controller)
+    )
     if build is None:
         build = Build(tmp_path_factory.mktemp("compiled"), idle=False)
     status, out = build.wait()
