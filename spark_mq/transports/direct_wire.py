@@ -212,10 +212,6 @@ class WireServer:
             if due is not None:  # acks waiting to share a sync: this loop commits them when due
                 timeout = min(timeout, max(due - time.monotonic(), 0.0))
             events = self._sel.select(timeout)
-            now = time.monotonic()
-            if now >= self._next_sweep:
-                self._next_sweep = now + _SWEEP_S
-                self._sweep(now)
             turn.begin()
             try:
                 for key, mask in events:
@@ -228,6 +224,13 @@ class WireServer:
             finally:
                 turn.end()
             self._serve_dirty()
+            # the deadlines once what arrived is read (as asyncio's loops run a timer after the
+            # reads that came due with it): checked first, a loop busy past a client's
+            # handshake time refused the handshake waiting to be read
+            now = time.monotonic()
+            if now >= self._next_sweep:
+                self._next_sweep = now + _SWEEP_S
+                self._sweep(now)
         for conn in list(self._conns):
             self._close(conn)
 
