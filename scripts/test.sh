@@ -9,7 +9,7 @@
 #
 # The tests run in two processes (pytest-xdist), each test file whole in one of them: most tests
 # that start brokers spend much of their time waiting on them, so two such files share a 2-core
-# machine well (the suite took 1,497 s in one process and 954 s in two, in one hour here).
+# machine well (here the suite took about 1,500 s in one process and 770-960 s in two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
