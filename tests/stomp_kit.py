@@ -85,8 +85,15 @@ def connect(
     heartbeats: tuple[int, int] = (0, 0),
     headers: dict[str, str] | None = None,
     ssl: dict[str, Any] | None = None,
+    beats_late: float = 1.5,
 ) -> tuple[stomp.Connection, Inbox]:
-    more: dict[str, Any] = {"heartbeats": heartbeats} if version != "1.0" else {}
+    """``beats_late``: how many of the broker's heart-beat periods stomp.py waits before it
+    takes the connection for dead (its ``heart_beat_receive_scale``)."""
+    more: dict[str, Any] = (
+        {"heartbeats": heartbeats, "heart_beat_receive_scale": beats_late}
+        if version != "1.0"
+        else {}
+    )
     conn = VERSIONS[version]([("127.0.0.1", port)], auto_decode=False, **more)
     if ssl is not None:
         conn.set_ssl(for_hosts=[("127.0.0.1", port)], **ssl)

@@ -118,7 +118,9 @@ def test_acks_alone_wait_to_share_a_commit_while_messages_flow_and_only_then() -
         msg = w.submit(rows, inline)
         inline.commit()
         assert msg.result(0).first_offset == 1 and ack.result(0) is None
-        assert sink.commits == [(True, False, me), (True, True, me)]  # one sync for both
+        # one sync for both (by this thread, or by the writer's own when it took them first:
+        # it did once on a loaded machine)
+        assert [c[:2] for c in sink.commits] == [(True, False), (True, True)]
     finally:
         w.close()
 
