@@ -5,11 +5,10 @@
 #   scripts/test.sh                 everything (what CI runs)
 #   scripts/test.sh --fast          the fast lane for an edit-test loop: in-process tests only
 #                                   (no broker processes, no Spark), about a minute and a half
-#   scripts/test.sh [pytest args]   e.g. tests/test_wire.py -k lease (-n 0: in one process)
-#
-# The tests run in two processes (pytest-xdist), each test file whole in one of them: most tests
-# that start brokers spend much of their time waiting on them, so two such files share a 2-core
-# machine well (here the suite took about 1,500 s in one process and 770-960 s in two).
+#   scripts/test.sh [pytest args]   e.g. tests/test_wire.py -k lease
+#   scripts/test.sh -n 2            in two processes (pytest-xdist), each file whole in one:
+#                                   about 13 minutes here instead of about 20, but the load it
+#                                   brings still fails a test now and then, so not the default
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -21,4 +20,4 @@ fi
 .venv/bin/ruff check .
 .venv/bin/mypy  # the packages ([tool.mypy] in pyproject.toml)
 .venv/bin/lint-imports  # the layers of docs/architecture.md ([tool.importlinter] in pyproject.toml)
-exec .venv/bin/python -m pytest -n 2 --dist loadfile "${lane[@]}" "$@"
+exec .venv/bin/python -m pytest --dist loadfile "${lane[@]}" "$@"
