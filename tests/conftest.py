@@ -18,7 +18,7 @@ from spark_mq.broker import Broker
 from spark_mq.clock import ManualClock
 from spark_mq.config import BrokerConfig, load_config
 from spark_mq.service import RunningBroker
-from tests.native_build import Build
+from tests.native_build import REPO, Build
 from tests.zk_kit import ZooKeeper
 
 NATIVE_BUILD = pytest.StashKey[Build]()
@@ -39,7 +39,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # where the compiled build of tests/test_native.py is made, chosen by the run's first process
 # (pytest-xdist's controller, or the only one) before any worker starts, so that all inherit it
 NATIVE_BUILD_DIR = "SPARKMQ_TESTS_NATIVE_BUILD"
-REPO = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config: pytest.Config) -> None:
