@@ -49,7 +49,7 @@ class BrokerSection(_Section):
     # once begun within frame_timeout_s plus a second per MiB of it; a producer connection
     # with nothing in flight is closed after idle_timeout_s (0: never); at most
     # max_connections at once; a connection is not read while more than
-    # max_unsent_bytes wait to be written to it
+    # max_unsent_bytes wait to be written to it (or are still to come: answers to its frames)
     handshake_timeout_s: float = Field(10.0, gt=0)
     frame_timeout_s: float = Field(30.0, gt=0)
     idle_timeout_s: float = Field(600.0, ge=0)

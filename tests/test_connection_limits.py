@@ -9,7 +9,7 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,11 @@ import pytest
 from spark_mq import Producer, protocol, wire
 from spark_mq.clock import ManualClock
 from spark_mq.connection.core import ConnState
+from spark_mq.connection.listener import INLINE_MAX_BYTES
+from spark_mq.errors import SparkMQError
+from spark_mq.journal.hot_tier import HotTier
 from spark_mq.service import RunningBroker
+from spark_mq.transports.wire_conn import WireConn
 from tests.conftest import frames_until_closed, start_inprocess, wait_for
 
 
@@ -210,6 +214,43 @@ def test_connections_over_the_cap_are_refused_saying_why(strict: RunningBroker) 
             time.sleep(0.1)
 
 
+def _send_until_not_read(
+    running: RunningBroker,
+    sock: socket.socket,
+    frame: bytes,
+    held: Callable[[], int],
+    most: int,
+) -> int:
+    """Send ``frame`` (in runs of 64) until the broker has stopped reading its connection with
+    ``held()`` over its limit (65,536 bytes), and still has after a sweep of its loop (seen
+    between an answer queued and written, it has not); fails once it has taken ``most``
+    frames. Returns how many frames went. (Sent on until then: sends also block while the
+    broker's commits wait for a busy disk, which is not what is tested.)"""
+    conn = _the_connection(running)
+
+    def stopped() -> bool:
+        return held() > 65536 and not conn.events & selectors.EVENT_READ
+
+    run = frame * 64
+    sent, at, deadline = 0, 0, time.monotonic() + 30
+    while True:
+        if stopped():
+            _sweeps(running, 1)
+            if stopped():
+                return sent
+        assert time.monotonic() < deadline, (sent, held(), conn.events)
+        taken = conn.submitted
+        assert taken < most, f"{taken} frames taken, {held()} bytes held: not bounded"
+        try:
+            n = sock.send(memoryview(run)[at:])
+        except BlockingIOError:
+            select.select([], [sock], [], 0.05)
+            continue
+        at += n
+        sent += at // len(frame) - (at - n) // len(frame)
+        at %= len(run)
+
+
 def test_a_producer_that_never_reads_its_answers_is_not_read_either(
     tmp_path: Path, clock: ManualClock
 ) -> None:
@@ -218,32 +259,86 @@ def test_a_producer_that_never_reads_its_answers_is_not_read_either(
         with connect(running) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.sendall(wire.control(protocol.Produce("q")))
-            frame = b"".join(
-                bytes(p)
-                for p in wire.Plain([b"id"], [b"m"]).parts(0)  # one plain message
-            )
+            # (a frame of 1 KiB: one turn of the loop reads 8 MiB, and 8,000 messages in one
+            # turn take a moment; 200,000 of 40 bytes, as many seconds)
+            frame = _one_message_frame(b"m" * 1000)
             sock.setblocking(False)
-            wire_server = running.wire
-            assert wire_server is not None
-            wait_for(lambda: wire_server._conns, timeout=10, what="the connection")
-            (conn,) = list(wire_server._conns)
+            conn = _the_connection(running)
             # past the limit the connection is not read (its client's sends block, as here);
-            # what waits for it is the limit plus the answers to one turn's reading at most.
-            # (sent on until then: sends also block while the broker's commits wait for a busy
-            # disk, which is not what is tested)
-            sent, deadline = 0, time.monotonic() + 30
-            while conn.unsent <= 65536 or conn.events & selectors.EVENT_READ:
-                assert time.monotonic() < deadline, (sent, conn.unsent, conn.events)
-                try:
-                    sock.send(frame)
-                    sent += 1
-                except BlockingIOError:
-                    select.select([], [sock], [], 0.05)
+            # what waits for it is the limit plus the answers to one turn's reading at most
+            bound = 65536 + (8 * 1024 * 1024 // len(frame)) * _ANSWER
+            # (the answers fill the kernel's buffers: then they wait in the broker)
+            sent = _send_until_not_read(running, sock, frame, lambda: conn.unsent, most=10**7)
             assert sent > 1000
-            frame_answers = len(wire.control(protocol.PutAck(0, 0, 1))) + 8
-            assert conn.unsent < 65536 + (8 * 1024 * 1024 // len(frame)) * frame_answers
+            wait_for(lambda: conn.submitted == conn.answered, timeout=30, what="every answer")
+            assert conn.unsent < bound
             held = conn.unsent
             _sweeps(running, 3)  # three of the loop's sweeps (0.25 s each) went by
             assert conn.unsent == held  # nothing more read, nothing more queued
     finally:
         running.stop()
+
+
+def test_frames_waiting_for_a_slow_commit_count_against_the_unsent_limit(
+    tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answers still to come count too: frames read while their commit waits (here the
+    journal writer's sync, held) stop the reading as their answers would, not only once
+    answered (before, a connection held up to ``journal.max_pending_bytes`` of them)."""
+    holding, release = threading.Event(), threading.Event()
+    real_sync = HotTier.sync
+
+    def held_sync(self: HotTier) -> tuple[int, SparkMQError | None]:
+        if holding.is_set():
+            release.wait(60)
+        return real_sync(self)
+
+    monkeypatch.setattr(HotTier, "sync", held_sync)
+    running = start_inprocess(tmp_path / "data", clock, **{"broker.max_unsent_bytes": 65536})
+    try:
+        with connect(running) as sock:
+            sock.sendall(wire.control(protocol.Produce("q")))
+            conn = _the_connection(running)
+            # a big batch is synced by the journal writer's threads, not the wire loop: held
+            holding.set()
+            sock.sendall(_one_message_frame(b"b" * INLINE_MAX_BYTES))
+            wait_for(lambda: conn.submitted == 1, timeout=10, what="the big batch taken")
+            frame = _one_message_frame(b"m" * 1000)
+            sock.setblocking(False)
+            turn = 8 * 1024 * 1024 // len(frame) + 1  # the most one turn of the loop reads
+            most = 65536 // _LEAST_ANSWER + turn + 64
+            sent = _send_until_not_read(running, sock, frame, conn.held, most=most)
+            assert conn.answered == 0 and conn.unsent == 0  # every commit still waits
+            assert conn.held() <= 65536 + turn * _LEAST_ANSWER
+            release.set()
+            sock.setblocking(True)
+            seqs = []
+            reader = wire.FrameReader()
+            while len(seqs) < 1 + sent:  # all answered once the commits go on
+                data = sock.recv(1 << 20)
+                assert data, f"closed after {len(seqs)} answers"
+                for _, body in reader.feed(data):
+                    answer = protocol.parse(wire.control_bytes(body))
+                    assert isinstance(answer, protocol.PutAck), answer
+                    seqs.append(answer.seq)
+            assert seqs == [0] * len(seqs)  # (each frame its own batch 0, as sent)
+    finally:
+        release.set()
+        running.stop()
+
+
+# a message's answer, at most (the broker counts one still to come at its least, PutAck(0, 0, 1))
+_ANSWER = len(wire.control(protocol.PutAck(2**20, 2**40, 1, (2**40,), 0)))
+_LEAST_ANSWER = len(wire.control(protocol.PutAck(0, 0, 1)))
+
+
+def _one_message_frame(body: bytes) -> bytes:
+    return b"".join(bytes(p) for p in wire.Plain([b"id"], [body]).parts(0))
+
+
+def _the_connection(running: RunningBroker) -> WireConn:
+    wire_server = running.wire
+    assert wire_server is not None
+    wait_for(lambda: wire_server._conns, timeout=10, what="the connection")
+    (conn,) = list(wire_server._conns)
+    return conn

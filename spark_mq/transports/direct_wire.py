@@ -23,7 +23,8 @@ does within ``handshake_timeout_s``; a frame, once begun, must arrive within
 ``frame_timeout_s`` plus a second per MiB (a client trickling a byte a second is cut off); a
 producer connection with nothing in flight is closed after ``idle_timeout_s``; at most
 ``max_connections`` are open; until it has said what it does, only a login-sized frame is read;
-and a connection is not read while more than ``max_unsent_bytes`` wait to go out to it. Each
+and a connection is not read while more than ``max_unsent_bytes`` wait to go out to it (or are
+still to come: the answers to the frames it sent, counted at their least size). Each
 limit is said in a failure frame first.
 
 Besides its TCP port, the loop listens on a local socket (Linux: in the abstract namespace, so
@@ -349,7 +350,7 @@ class WireServer:
             want = selectors.EVENT_READ
         elif state in (ConnState.SERVING, ConnState.OPENING) and not self._draining:
             want = selectors.EVENT_READ
-            if conn.unsent > self.settings.max_unsent_bytes:
+            if conn.held() > self.settings.max_unsent_bytes:
                 want = 0  # read on once what waits for it has gone out
         else:
             want = 0  # logging in, waiting on a helper thread, closing, draining
@@ -407,6 +408,9 @@ class WireServer:
             self._handle_backlog(conn)
         except SparkMQError as exc:
             self._refuse(conn, exc)
+            return
+        if conn.held() > self.settings.max_unsent_bytes:
+            self._interest(conn)  # the answers to come are enough: read no more for now
 
     @staticmethod
     def _note_partial(conn: WireConn) -> None:

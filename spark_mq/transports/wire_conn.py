@@ -15,12 +15,16 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from spark_mq import wire
+from spark_mq import protocol, wire
 from spark_mq.connection.core import Connection, ConnState
 from spark_mq.connection.produce_order import ProduceOrder
 from spark_mq.session import ConsumerHandle
 
 log = logging.getLogger("spark_mq.transports.direct_wire")
+
+# the least an answer takes (a batch's PutAck, a settle's reply): a frame taken and not yet
+# answered counts this much against ``max_unsent_bytes``
+_ANSWER_BYTES = len(wire.control(protocol.PutAck(0, 0, 1)))
 
 
 class WireConn:
@@ -75,6 +79,16 @@ class WireConn:
         view = memoryview(data).cast("B")
         self.out.append(view)
         self.unsent += len(view)
+
+    def held(self) -> int:
+        """What ``max_unsent_bytes`` bounds: what waits to go out, and the answers still to
+        come to the frames taken (each at its least size). Counted from unsent bytes alone,
+        frames read while commits waited were answered after reading had stopped, past the
+        limit by as much as the commits held back."""
+        pending = self.submitted - self.answered
+        if self.consumer is not None:
+            pending += self.consumer.unanswered
+        return self.unsent + pending * _ANSWER_BYTES
 
     def waits(self) -> bool:
         """Whether the client waits for something from the broker (what heartbeats are for)."""
