@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Self
@@ -130,12 +130,21 @@ def _placed(cluster: Cluster, members: str, names: set[str] | list[str]) -> None
     wait_for(lambda: _all_served(cluster, set(names), set(members)), 20, "placed")
 
 
-def _move_back_and_forth(cluster: Cluster, name: str, times: int, gap_s: float = 0.2) -> None:
+def _move_back_and_forth(
+    cluster: Cluster,
+    name: str,
+    times: int,
+    gap_s: float = 0.2,
+    before: Callable[[], object] | None = None,
+) -> None:
     """Pin ``name`` on the other of members a and b, ``times`` times, each once it is served
-    where it was pinned and ``gap_s`` later (what runs meanwhile meets every move)."""
+    where it was pinned and ``gap_s`` later (what runs meanwhile meets every move), and once
+    ``before()`` has returned (it may wait for what runs meanwhile to have got on)."""
     with Admin(cluster.urls) as admin:
         for _ in range(times):
             time.sleep(gap_s)
+            if before is not None:
+                before()
             target = {"a": "b", "b": "a"}[cluster.owners("a")[name]]
             admin.pin(name, target)
             wait_for(lambda t=target: name in cluster.serving(t)[t], 20, f"{name} on {target}")
@@ -1052,8 +1061,14 @@ def test_a_stomp_subscriber_acking_while_its_queue_moves_back_and_forth_is_never
     threads = [threading.Thread(target=send), threading.Thread(target=ack_all)]
     for t in threads:
         t.start()
+    marks = [0]
+
+    def sent_on() -> None:  # (paced by the sends, not the clock: a loaded machine sends less)
+        wait_for(lambda: len(sent) >= marks[-1] + 50 or errors, 30, "50 more sends")
+        marks.append(len(sent))
+
     try:
-        _move_back_and_forth(cluster, "moving", 10)
+        _move_back_and_forth(cluster, "moving", 10, before=sent_on)
     finally:
         stop.set()
         threads[0].join()
