@@ -157,8 +157,13 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Reply:
+    """The answer to a :class:`Settle` once its effect is durable: the offsets it refused, and
+    why (``errors``); every other offset it named is settled. (It also listed each settled
+    offset, ``ok``, which no client read: for an ack of 500 messages a reply of 3.5 KB, and
+    100 us of the broker's CPU to write it, 160 of the client's to read it. A reply with
+    ``ok``, from an older broker, is read as before, its ``ok`` left aside.)"""
+
     request_id: int
-    ok: tuple[int, ...] = ()
     errors: tuple[dict[str, Any], ...] = field(default=())
 
 
@@ -233,8 +238,7 @@ def encode(frame: Frame) -> bytes:
             pairs,
         )
     if kind is Reply and not frame.errors:  # type: ignore[union-attr]
-        ok = b",".join([b"%d" % o for o in frame.ok])  # type: ignore[union-attr]
-        return b'{"request_id":%d,"ok":[%s],"errors":[],"type":"reply"}' % (frame.request_id, ok)  # type: ignore[union-attr]
+        return b'{"request_id":%d,"errors":[],"type":"reply"}' % frame.request_id  # type: ignore[union-attr]
     # shallow: frames hold only JSON values, and asdict's deep copy of a settle frame's
     # thousand entries cost a consumer more than the rest of its acking
     doc = {name: getattr(frame, name) for name in _FIELDS[kind]}
@@ -340,15 +344,7 @@ _SETTLE_RUNS = re.compile(
     + _N
     + rb'\])*)?)\],"type":"settle"\}'
 )
-_REPLY = re.compile(
-    rb'\{"request_id":('
-    + _N
-    + rb'),"ok":\[((?:'
-    + _N
-    + rb")(?:,"
-    + _N
-    + rb')*)?\],"errors":\[\],"type":"reply"\}'
-)
+_REPLY = re.compile(rb'\{"request_id":(' + _N + rb'),"errors":\[\],"type":"reply"\}')
 
 
 def parse(data: bytes | memoryview | None) -> Frame:
@@ -375,8 +371,7 @@ def parse(data: bytes | memoryview | None) -> Frame:
                 return Settle(_VERBS[verb], int(request_id), _expand(triples))
         return _parse_json(data)  # (which says what is wrong)
     if (reply := _REPLY.fullmatch(data)) is not None:
-        request_id, ok = reply.groups()
-        return Reply(int(request_id), tuple(map(int, ok.split(b","))) if ok else ())
+        return Reply(int(reply.group(1)))
     return _parse_json(data)
 
 
@@ -454,13 +449,13 @@ def _parse_json(data: bytes | memoryview) -> Frame:
         case "heartbeat":
             return Heartbeat()
         case "reply":
-            ok = doc.get("ok", [])
+            ok = doc.get("ok", [])  # (an older broker's list of the settled: left aside)
             errors = doc.get("errors", [])
             if not isinstance(ok, list) or not all(isinstance(o, int) for o in ok):
                 raise ProtocolError("reply.ok must be a list of offsets", fault="remote")
             if not isinstance(errors, list) or not all(isinstance(e, dict) for e in errors):
                 raise ProtocolError("reply.errors must be a list of objects", fault="remote")
-            return Reply(_int(doc, "request_id"), tuple(ok), tuple(errors))  # type: ignore[arg-type]
+            return Reply(_int(doc, "request_id"), tuple(errors))  # type: ignore[arg-type]
         case "put_ack":
             offsets = doc.get("offsets")
             if offsets is not None and (

@@ -130,7 +130,8 @@ FRAMES = [
     protocol.Welcome(3, 5.0),
     protocol.Settle("ack", 7, ((1, 1), (2, 3))),
     protocol.Settle("release", 8, ((4, 2),)),
-    protocol.Reply(7, (1,), ({"offset": 2, "reason": "stale"},)),
+    protocol.Reply(7, ({"offset": 2, "reason": "stale"},)),
+    protocol.Reply(8),
     protocol.PutAck(0, 100, 10),
     protocol.PutFailed(1, {"code": "journal", "message": "disk full", "fields": {}}),
 ]
@@ -148,10 +149,9 @@ _OFFSETS = st.integers(min_value=0, max_value=2**62)
     st.sampled_from(["ack", "nack", "extend", "release"]),
     _OFFSETS,
     st.lists(st.tuples(_OFFSETS, st.integers(min_value=1, max_value=1000)), max_size=20),
-    st.lists(_OFFSETS, max_size=20),
 )
 def test_acks_and_replies_are_written_and_read_as_json_would(
-    verb: str, request_id: int, entries: list[tuple[int, int]], ok: list[int]
+    verb: str, request_id: int, entries: list[tuple[int, int]]
 ) -> None:
     """Settle frames and replies are formatted and read without json (every ack makes both):
     the bytes must be those json.dumps writes, and read back the same either way."""
@@ -160,7 +160,7 @@ def test_acks_and_replies_are_written_and_read_as_json_would(
 
     for frame in (
         protocol.Settle(verb, request_id, tuple(entries)),  # type: ignore[arg-type]
-        protocol.Reply(request_id, tuple(ok)),
+        protocol.Reply(request_id),
     ):
         kind = "settle" if isinstance(frame, protocol.Settle) else "reply"
         doc = {**dataclasses.asdict(frame), "type": kind}
@@ -236,6 +236,33 @@ def test_settle_runs_are_checked_and_bounded() -> None:
 def test_a_malformed_ack_or_reply_is_refused(data: bytes) -> None:
     with pytest.raises(ProtocolError):
         protocol.parse(data)
+
+
+@given(_OFFSETS, st.lists(_OFFSETS, max_size=20))
+def test_an_older_broker_s_reply_listing_the_settled_offsets_is_read(
+    request_id: int, ok: list[int]
+) -> None:
+    """Before, a reply listed every offset it settled (``ok``); a client still reads one."""
+    old = b'{"request_id":%d,"ok":[%s],"errors":[],"type":"reply"}' % (
+        request_id,
+        b",".join(b"%d" % o for o in ok),
+    )
+    assert protocol.parse(old) == protocol.Reply(request_id)
+    refused = {"offset": 5, "reason": "stale"}
+    with_error = old.replace(b'"errors":[]', b'"errors":[{"offset":5,"reason":"stale"}]')
+    assert protocol.parse(with_error) == protocol.Reply(request_id, (refused,))
+
+
+def test_a_reply_to_an_ack_of_many_is_as_short_as_to_an_ack_of_one() -> None:
+    """What a reply takes does not grow with the offsets its settle named: only refusals are
+    listed."""
+    from spark_mq import commands
+    from spark_mq.transports import translate
+
+    one = commands.SettleReply(7, (1,))
+    many = commands.SettleReply(7, tuple(range(10**12, 10**12 + 500)))
+    encoded = {protocol.encode(translate.reply_frame(r)) for r in (one, many)}
+    assert encoded == {b'{"request_id":7,"errors":[],"type":"reply"}'}
 
 
 def test_a_consume_frame_says_which_flag_is_not_true_or_false() -> None:

@@ -22,7 +22,7 @@ def reply_frame(reply: c.SettleReply) -> protocol.Reply:
         else {"offset": r.offset, "reason": r.reason}
         for r in reply.refused
     )
-    return protocol.Reply(reply.request_id, reply.ok, refused)
+    return protocol.Reply(reply.request_id, refused)
 
 
 def attach_of(frame: protocol.Consume) -> c.Attach:
