@@ -34,6 +34,8 @@ def settle_refusal(
     """What one settle call (``offsets``) came to: None when none was refused, else the
     ``LeaseError`` naming the first refused one; its ``comes_again`` says whether every
     refused message is delivered again (``again``: :func:`coming_again`)."""
+    if not refused:  # (the usual reply: not a look-up an offset, 2,000 for a batch's ack)
+        return None
     bad = [(o, refused[o]) for o in offsets if o in refused]
     if not bad:
         return None
