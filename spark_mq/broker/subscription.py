@@ -48,6 +48,7 @@ from sortedcontainers import SortedList
 from spark_mq.broker.groups import Groups
 from spark_mq.broker.message_store import NEVER, MessageStore
 from spark_mq.broker.selector import Selector
+from spark_mq.broker.sorted_offsets import drop_first, extend_past_end
 from spark_mq.commands import Refused
 from spark_mq.config import DestinationSettings
 
@@ -194,7 +195,7 @@ class Subscription:
             if offsets[0] <= self._settled_horizon:
                 keep &= ~np.isin(offsets, np.fromiter(self._settled, np.int64))
             if plain and keep.all() and (prio == prio[0]).all():
-                self._ready_list(int(prio[0])).update(offsets.tolist())
+                extend_past_end(self._ready_list(int(prio[0])), offsets.tolist())
                 self._ready_n += len(offsets)
                 continue
             ready: dict[int, list[int]] = {}  # priority -> offsets, added in one go
@@ -222,7 +223,7 @@ class Subscription:
                 else:
                     ready.setdefault(p, []).append(o)
             for p, added in ready.items():
-                self._ready_list(p).update(added)
+                extend_past_end(self._ready_list(p), added)
                 self._ready_n += len(added)
         self.next_offset = end
 
@@ -322,7 +323,7 @@ class Subscription:
                         chosen = list(sl.islice(0, want))
                     else:
                         chosen = list(itertools.islice(sl.irange(maximum=below - 1), want))
-                    del sl[: len(chosen)]
+                    drop_first(sl, len(chosen))
                 self._ready_n -= len(chosen)
                 out.extend((o, self._counts.pop(o, 0) + 1, False, p) for o in chosen)
             else:
