@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import signal
-import socket
 from pathlib import Path
 
 from spark_mq import Admin
 from spark_mq.errors import SparkMQError
 from spark_mq.launch import BrokerProcess
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (a pair's members must know each other's)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
+from tests.ports import free_port
 
 MEMBERS: list[Member] = []  # every one made, in order (conftest stops a test's own at its end)
 

@@ -16,7 +16,7 @@ from spark_mq.ha.ownership import Ownership
 from spark_mq.journal.delta_store import DeltaStore
 from spark_mq.launch import BrokerProcess
 from tests.conftest import wait_for
-from tests.ha_kit import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.process
 

@@ -25,6 +25,7 @@ from spark_mq.client import Consumer, Producer
 from spark_mq.launch import BrokerProcess
 from spark_mq.security.users import UsersFile
 from tests.kafka_kit import RawKafka, consumer, kio_call, produce_all, producer, read_from
+from tests.ports import free_port
 from tests.security_kit import ACL, PASSWORDS, Keys, rsa_keys, security_settings
 
 pytestmark = pytest.mark.process
@@ -1088,12 +1089,9 @@ def _failed_into(failed: list[Any]) -> Any:
 def test_an_idempotent_producer_retrying_across_a_sigkill_stores_each_message_once(
     tmp_path: Path,
 ) -> None:
-    import socket
     import threading
 
-    with socket.socket() as s:  # (the restarted broker listens where the producer retries)
-        s.bind(("127.0.0.1", 0))
-        kafka_port = s.getsockname()[1]
+    kafka_port = free_port()  # (the restarted broker listens where the producer retries)
     data = tmp_path / "data"
 
     def start(log: str) -> BrokerProcess:

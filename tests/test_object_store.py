@@ -24,7 +24,7 @@ from spark_mq.jobs.compaction import CompactionPolicy, compact_all
 from spark_mq.journal import layout
 from spark_mq.launch import BrokerProcess
 from tests.conftest import receive_n
-from tests.ha_kit import free_port
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.process, pytest.mark.spark]
 

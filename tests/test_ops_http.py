@@ -24,8 +24,8 @@ from spark_mq.ops import metrics
 from spark_mq.ops.http import MAX_CONNECTIONS, MAX_PER_HOST
 from spark_mq.session.redact import redacted
 from tests.conftest import receive_n, wait_for
-from tests.ha_kit import free_port
 from tests.ops_kit import http, launch
+from tests.ports import free_port
 from tests.security_kit import PASSWORDS, Authority
 
 pytestmark = pytest.mark.process

@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.ports import free_port
+
 # the server and what it needs at run time (Debian's jars; the NIO server, so no Netty)
 JARS = ["zookeeper.jar", "zookeeper-jute.jar", "slf4j-api.jar", "slf4j-simple.jar",
         "commons-io.jar", "metrics-core.jar"]  # fmt: skip
@@ -21,12 +23,6 @@ JAVA_DIR = Path("/usr/share/java")
 # ZooKeeper's tick (3 s by default): sessions last 2 to 20 ticks, so short sessions need a
 # short tick (a dead member is then noticed within seconds)
 TICK_MS = 500
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ZooKeeper:
@@ -45,7 +41,7 @@ class ZooKeeper:
                 "sudo apt-get install -y zookeeper (scripts/setup.sh does)"
             )
         self.directory = directory
-        self.port = _free_port()
+        self.port = free_port()
         self.hosts = f"127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
