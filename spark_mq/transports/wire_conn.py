@@ -24,7 +24,7 @@ log = logging.getLogger("spark_mq.transports.direct_wire")
 
 # the least an answer takes (a batch's PutAck, a settle's reply): a frame taken and not yet
 # answered counts this much against ``max_unsent_bytes``
-_ANSWER_BYTES = len(wire.control(protocol.PutAck(0, 0, 1)))
+_ANSWER_BYTES = min(len(wire.control(f)) for f in (protocol.PutAck(0, 0, 1), protocol.Reply(0)))
 
 
 class WireConn:
