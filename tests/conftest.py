@@ -28,7 +28,7 @@ NATIVE_BUILD = pytest.StashKey[Build]()
 # its tests' setup, call and teardown): they run first, so that in two processes (xdist hands
 # out whole files in this order, with --no-loadscope-reorder) neither is left with a long file
 # alone at the end; the rest follow in their own order. In that run the two processes' tests
-# took 1,779 s in 906 s, against 1,107-1,188 s in the two runs before it in files' own order.
+# took 1,779 s in 906 s, against 1,107-1,188 s in the two runs before it in xdist's order.
 # A file that grows slow belongs here.
 LONGEST_FIRST = (
     "test_cluster.py",  # 219
