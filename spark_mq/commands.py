@@ -44,10 +44,10 @@ class Refused:
 
 @dataclass(frozen=True, slots=True)
 class SettleReply:
-    """The answer to one :class:`Settle`, once its effect is durable."""
+    """The answer to one :class:`Settle`, once its effect is durable: what it did not settle
+    (what it did is the rest of the settle's offsets)."""
 
     request_id: int
-    ok: tuple[int, ...] = ()
     refused: tuple[Refused, ...] = ()
 
 

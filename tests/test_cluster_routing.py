@@ -202,7 +202,6 @@ def test_a_settle_refused_as_its_destination_moved_on_says_its_messages_come_aga
             reply_frame(
                 c.SettleReply(
                     7,
-                    (1,),
                     (c.Refused(2, "let go just now", comes_again=True), c.Refused(3, "stale")),
                 )
             )

@@ -253,18 +253,6 @@ def test_an_older_broker_s_reply_listing_the_settled_offsets_is_read(
     assert protocol.parse(with_error) == protocol.Reply(request_id, (refused,))
 
 
-def test_a_reply_to_an_ack_of_many_is_as_short_as_to_an_ack_of_one() -> None:
-    """What a reply takes does not grow with the offsets its settle named: only refusals are
-    listed."""
-    from spark_mq import commands
-    from spark_mq.transports import translate
-
-    one = commands.SettleReply(7, (1,))
-    many = commands.SettleReply(7, tuple(range(10**12, 10**12 + 500)))
-    encoded = {protocol.encode(translate.reply_frame(r)) for r in (one, many)}
-    assert encoded == {b'{"request_id":7,"errors":[],"type":"reply"}'}
-
-
 def test_a_consume_frame_says_which_flag_is_not_true_or_false() -> None:
     for flag in ("durable", "temporary", "compact"):
         doc = b'{"type":"consume","destination":"q","%s":"yes"}' % flag.encode()

@@ -196,7 +196,7 @@ class ConsumerSession:
             case "ack":
                 ok, refused = sub.begin_ack(self.consumer_id, frame.entries)
                 if not ok:
-                    self._reply(_reply(frame.request_id, [], refused))
+                    self._reply(_reply(frame.request_id, refused))
                     return
                 fut = self._durably(ok, "ack", inline)
 
@@ -205,10 +205,10 @@ class ConsumerSession:
                     sub.end_ack(ok, durable=err is None)
                     if err is None:
                         self._forget(ok)
-                        self._reply(_reply(frame.request_id, ok, refused))
+                        self._reply(_reply(frame.request_id, refused))
                     else:
                         failed = _not_done(ok, "not settled", err)
-                        self._reply(_reply(frame.request_id, [], [*refused, *failed]))
+                        self._reply(_reply(frame.request_id, [*refused, *failed]))
 
                 fut.add_done_callback(done)
             case "nack" | "reject" | "release":
@@ -219,14 +219,13 @@ class ConsumerSession:
                     ok, refused = sub.reject(self.consumer_id, frame.entries)
                 self._forget(ok)
                 if not ok:
-                    self._reply(_reply(frame.request_id, ok, refused))
+                    self._reply(_reply(frame.request_id, refused))
                     return
                 # answered once the return is recorded: delivery counts survive a crash
                 self._durably(ok, RETURNED, inline).add_done_callback(
                     lambda f: self._reply(
                         _reply(
                             frame.request_id,
-                            ok if f.exception() is None else [],
                             refused
                             if f.exception() is None
                             else [*refused, *_not_done(ok, "not recorded", f.exception())],
@@ -235,7 +234,7 @@ class ConsumerSession:
                 )
             case "extend":
                 ok, refused = sub.extend(self.consumer_id, frame.entries)
-                self._reply(_reply(frame.request_id, ok, refused))
+                self._reply(_reply(frame.request_id, refused))
 
     def lapsed(self) -> None:
         """Drop offsets whose lease the subscription took back (they no longer use prefetch)."""
@@ -271,5 +270,5 @@ def _failed(exc: BaseException) -> Future:
     return out
 
 
-def _reply(request_id: int, ok: list[int], refused: list[Refused]) -> SettleReply:
-    return SettleReply(request_id, tuple(ok), tuple(refused))
+def _reply(request_id: int, refused: list[Refused]) -> SettleReply:
+    return SettleReply(request_id, tuple(refused))

@@ -352,7 +352,7 @@ class RemoteConsumer:
         messages = [m for m in found if m is not None]
         sdk = self._sdk
         if not messages or sdk is None:  # (none delivered through it: none to settle)
-            self._answered(c.SettleReply(cmd.request_id, (), tuple(missing)))
+            self._answered(c.SettleReply(cmd.request_id, tuple(missing)))
             return
         match cmd.verb:
             case "ack":
@@ -363,12 +363,11 @@ class RemoteConsumer:
                 fut = sdk.extend_lease(messages)
             case _:
                 fut = sdk.nack(messages)  # (a release: back for another consumer)
-        offsets = tuple(m.offset for m in messages)
 
         def done(f: Future) -> None:
             exc = f.exception()
             if exc is None:
-                reply = c.SettleReply(cmd.request_id, offsets, tuple(missing))
+                reply = c.SettleReply(cmd.request_id, tuple(missing))
             else:
                 why = exc.message if isinstance(exc, SparkMQError) else str(exc)
                 # its destination moved on meanwhile (refused by the member it left), or the
@@ -377,8 +376,8 @@ class RemoteConsumer:
                 again = isinstance(exc, BrokerUnavailable) or (  # (NotOwner is one)
                     isinstance(exc, LeaseError) and exc.fields.get("comes_again") is True
                 )
-                refused = tuple(c.Refused(o, why, again) for o in offsets)
-                reply = c.SettleReply(cmd.request_id, (), refused + tuple(missing))
+                refused = tuple(c.Refused(m.offset, why, again) for m in messages)
+                reply = c.SettleReply(cmd.request_id, refused + tuple(missing))
             self._answered(reply)
 
         fut.add_done_callback(done)
