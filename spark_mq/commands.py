@@ -123,6 +123,14 @@ class ConfigureDestination:
 
 
 @dataclass(frozen=True, slots=True)
+class AddPartitions:
+    """Grow a partitioned destination to ``partitions`` partitions in all."""
+
+    name: str
+    partitions: int
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteDestination:
     name: str
 
@@ -230,6 +238,7 @@ Command = (
     | Move
     | CreateDestination
     | ConfigureDestination
+    | AddPartitions
     | DeleteDestination
     | ListDestinations
     | CreateSubscription

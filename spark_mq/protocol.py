@@ -40,6 +40,7 @@ ADMIN_ACTIONS = (
     "create_subscription",
     "delete_subscription",
     "configure_destination",
+    "add_partitions",
     "purge",
     "commit_transaction",
     "claim",

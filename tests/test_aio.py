@@ -544,6 +544,44 @@ def test_a_partitioned_destination_through_the_asyncio_sdk(broker) -> None:
         assert c.receive(timeout=0.3) is None  # all acked (serve acks what it handled)
 
 
+def test_the_asyncio_sdk_takes_on_partitions_added_while_it_runs(broker) -> None:
+    """Partitions added to a destination the asyncio producer and consumer already use: each
+    asks again every ``partitions_recheck_s``, the producer places groups over them all, the
+    consumer attaches to the new ones."""
+    from spark_mq.names import choose_partition
+
+    late = next(f"g{i}" for i in range(100) if choose_partition(f"g{i}", 3, 0) == 2)
+    with Admin(broker.url) as admin:
+        admin.create_queue("agrow", partitions=2)
+
+    async def main() -> list[AsyncMessage]:
+        got: list[AsyncMessage] = []
+        async with (
+            AsyncProducer(broker.url, destination="agrow", partitions_recheck_s=0.1) as p,
+            AsyncConsumer(broker.url, "agrow", partitions_recheck_s=0.1) as consumer,
+        ):
+            await p.send("before", group_id=late)
+            got += await consumer.get_many(1, timeout=10)
+            with Admin(broker.url) as admin:
+                assert await asyncio.to_thread(admin.add_partitions, "agrow", 3)
+            deadline = time.monotonic() + 10
+            while len(consumer.partitions or ()) < 3:
+                assert time.monotonic() < deadline, "the consumer never attached to partition 2"
+                await asyncio.sleep(0.02)
+            while got[-1].partition != 2:
+                assert time.monotonic() < deadline, "the producer never placed over 3"
+                await p.send("after", group_id=late)
+                got += await consumer.get_many(1, timeout=10)
+            await consumer.ack(got)
+        return got
+
+    got = asyncio.run(main())
+    assert got[0].partition == choose_partition(late, 2, 0)
+    assert got[-1].partition == 2 and got[-1].body == b"after"
+    with Admin(broker.url) as admin:
+        assert admin.stats("agrow~2")["acked"] == 1
+
+
 def test_get_batch_hands_deliveries_over_whole_in_order_and_settles_each_in_one_go(
     broker,
 ) -> None:

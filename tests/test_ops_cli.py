@@ -80,6 +80,19 @@ def test_a_queue_from_creation_to_deletion(broker: BrokerProcess) -> None:
     assert "cli.q" not in [r["name"] for r in cli_json(broker, "queue", "list")]
 
 
+def test_partitions_are_added_from_the_command_line(broker: BrokerProcess) -> None:
+    made = cli(broker, "queue", "create", "cli.parts", "--set", "partitions=2")
+    assert made.exit_code == 0, made.output
+    grown = cli_json(broker, "queue", "add-partitions", "cli.parts", "3")
+    assert grown == {"name": "cli.parts", "partitions": 3, "added": True}
+    again = cli(broker, "queue", "add-partitions", "cli.parts", "3")
+    assert again.exit_code == 0 and "queue cli.parts already had 3 partitions" in again.stdout
+    fewer = cli(broker, "queue", "add-partitions", "cli.parts", "2")
+    assert fewer.exit_code != 0 and "added, not taken away" in fewer.output
+    described = cli_json(broker, "queue", "describe", "cli.parts")
+    assert [p["name"] for p in described["partitions"]] == [f"cli.parts~{i}" for i in range(3)]
+
+
 def test_purge_and_delete_ask_first(broker: BrokerProcess) -> None:
     with Admin(broker.url, **ALICE) as admin:
         admin.create_queue("cli.ask")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import defaultdict
 
 import pyarrow as pa
@@ -16,7 +17,7 @@ from spark_mq.client.producer import _placed
 from spark_mq.errors import ConfigError, DestinationExists, DestinationNotFound, Partitioned
 from spark_mq.names import choose_partition, partition_of
 from spark_mq.service import RunningBroker
-from tests.conftest import Restartable, receive_n
+from tests.conftest import Restartable, receive_n, wait_for
 
 
 def by_group(messages: list) -> dict[str, list[int]]:
@@ -209,8 +210,8 @@ def test_the_partitioned_name_itself_is_refused_where_a_partition_is_meant(
         admin.create_queue("parted", partitions=2)
         with pytest.raises(Partitioned, match="2 partitions, parted~0 to parted~1"):
             admin.browse("parted")
-        with pytest.raises(ConfigError, match="the count is set when a destination is created"):
-            admin.configure("parted", partitions=3)
+        with pytest.raises(ConfigError, match="added, not taken away"):
+            admin.configure("parted", partitions=1)
         # configured as one: each partition gets the setting
         assert admin.configure("parted", max_delivery_attempts=7)["max_delivery_attempts"] == 7
         parts = admin.stats("parted")["partitions"]
@@ -271,12 +272,21 @@ def test_a_partitioned_topic_has_its_subscriptions_on_every_partition(
 def test_partitions_are_kept_across_a_restart(restartable: Restartable) -> None:
     with Admin(restartable.url) as admin:
         admin.create_queue("kept", partitions=3)
+        admin.create_topic("grown", partitions=2)
+        admin.create_subscription("grown", "audit", selector="kind = 'keep'")
+        assert admin.add_partitions("grown", 3)
     with Producer(restartable.url) as producer:
         producer.send_batch(
             pa.table({"body": [b"%d" % i for i in range(30)],
                       "group_id": [f"k{i % 6}" for i in range(30)]}),
             destination="kept",
         )  # fmt: skip
+        sent = [
+            producer.send(kind.encode(), destination="grown~2", headers={"kind": kind})
+            for kind in ("skip", "keep")
+        ]
+        producer.flush()
+        assert [f.result(timeout=10) for f in sent] == [0, 1]
     restartable.restart()
     with Consumer(restartable.url, "kept") as consumer:
         got = receive_n(consumer, 30)
@@ -284,6 +294,85 @@ def test_partitions_are_kept_across_a_restart(restartable: Restartable) -> None:
     assert sorted(int(m.body) for m in got) == list(range(30))
     with Admin(restartable.url) as admin:
         assert len(admin.stats("kept")["partitions"]) == 3
+        # a partition added is kept, with its subscription and the subscription's selector
+        assert admin.partitions("grown") == 3
+        assert list(admin.stats("grown~2")["subscriptions"]) == ["audit"]
+    with Consumer(restartable.url, "grown", subscription="audit") as consumer:
+        (m,) = receive_n(consumer, 1)
+        assert (m.body, m.partition) == (b"keep", 2)
+        m.ack().result(timeout=10)
+        assert consumer.receive(timeout=0.3) is None  # ("skip": not selected)
+
+
+def test_partitions_added_to_a_topic_reach_its_subscriptions_producers_and_consumers(
+    broker: RunningBroker,
+) -> None:
+    """Growing a partitioned topic: the new partitions carry its durable subscriptions, and a
+    producer and a consumer already using it take them on (each asks now and then)."""
+    with Admin(broker.url) as admin:
+        admin.create_topic("growing", partitions=2, max_delivery_attempts=4)
+        admin.create_subscription("growing", "all")
+    late = next(f"g{i}" for i in range(100) if choose_partition(f"g{i}", 4, 0) == 3)
+    with (
+        Producer(broker.url, linger_ms=1, partitions_recheck_s=0.1) as producer,
+        Consumer(broker.url, "growing", subscription="all", partitions_recheck_s=0.1) as consumer,
+    ):
+        producer.send_sync(b"before", destination="growing", group_id=late)
+        (first,) = receive_n(consumer, 1)
+        assert first.partition == choose_partition(late, 2, 0)
+        first.ack().result(timeout=10)
+        with Admin(broker.url) as admin:
+            assert admin.add_partitions("growing", 4)
+            assert not admin.add_partitions("growing", 4)  # (it has them: nothing to do)
+            with pytest.raises(ConfigError, match="has 4 partitions: partitions can be added"):
+                admin.add_partitions("growing", 3)
+            stats = admin.stats("growing")
+        assert [p["name"] for p in stats["partitions"]] == [f"growing~{i}" for i in range(4)]
+        for part in stats["partitions"]:  # each with the topic's settings and subscription
+            assert part["settings"]["max_delivery_attempts"] == 4
+            assert list(part["subscriptions"]) == ["all"]
+        wait_for(lambda: len(consumer.partitions or ()) == 4, 10, "the consumer's new partitions")
+        # the producer places the group by the new count once it has asked again
+        got: list = []
+        deadline = time.monotonic() + 10
+        while not any(m.partition == 3 for m in got):
+            assert time.monotonic() < deadline, "the producer never placed over 4 partitions"
+            producer.send_sync(b"after", destination="growing", group_id=late)
+            got += receive_n(consumer, 1)
+        consumer.ack(got).result(timeout=10)
+        assert {m.partition for m in got} <= {choose_partition(late, 2, 0), 3}
+    with Admin(broker.url) as admin:
+        assert admin.stats("growing~3")["subscriptions"]["all"]["acked"] == 1
+
+
+def test_adding_partitions_says_what_cannot_be_done(broker: RunningBroker) -> None:
+    with Admin(broker.url) as admin:
+        admin.create_queue("single")
+        with pytest.raises(ConfigError, match="'single' has no partitions"):
+            admin.add_partitions("single", 2)
+        with pytest.raises(DestinationNotFound, match="'nowhere' does not exist"):
+            admin.add_partitions("nowhere", 2)
+        admin.create_queue("two", partitions=2)
+        for bad in (0, 5000):
+            with pytest.raises(ConfigError, match="a whole number from 1 to 1024"):
+                admin.add_partitions("two", bad)
+        # configure's ``partitions`` grows it, then the other settings apply to every partition
+        settings = admin.configure("two", partitions=3, max_delivery_attempts=9)
+        assert settings["max_delivery_attempts"] == 9
+        assert admin.stats("two")["settings"]["partitions"] == 3
+        parts = admin.stats("two")["partitions"]
+        assert [p["settings"]["max_delivery_attempts"] for p in parts] == [9, 9, 9]
+        admin.create_topic("cut", partitions=2)
+        admin.create_subscription("cut", "keep")
+    # a growth cut short left a partition without the topic's subscription: said, not used
+    broker.broker.destinations.create("cut~2", "topic", {"partitions": 3})
+    with Admin(broker.url) as admin:
+        with pytest.raises(ConfigError, match="'cut~2' was made by an earlier growth cut short"):
+            admin.add_partitions("cut", 3)
+        assert admin.partitions("cut") == 2
+        admin.create_subscription("cut~2", "keep")
+        assert admin.add_partitions("cut", 3)
+        assert admin.partitions("cut") == 3
 
 
 def test_a_transaction_places_its_sends_in_partitions(broker: RunningBroker) -> None:

@@ -125,6 +125,15 @@ def _with_scratch(run: Callable[[Admin, str], object]) -> Callable[[Setup, dict[
     return op
 
 
+def _grow_partitions(setup: Setup, creds: dict[str, str]) -> object:
+    """Partitions added to a partitioned queue an admin makes first."""
+    name = _fresh()
+    with setup.admin() as admin:
+        admin.create_queue(name, partitions=2)
+    with Admin(setup.url, **creds) as admin:
+        return admin.add_partitions(name, 3)
+
+
 def _admin(run: Callable[[Admin], object]) -> Callable[[Setup, dict[str, str]], object]:
     def op(setup: Setup, creds: dict[str, str]) -> object:
         with Admin(setup.url, **creds) as admin:
@@ -163,6 +172,7 @@ OPERATIONS: dict[str, Callable[[Setup, dict[str, str]], object]] = {
     "create subscription": _admin(lambda a: a.create_subscription("events", _fresh())),
     "stats": _admin(lambda a: a.stats("orders")),
     "configure": _with_scratch(lambda a, n: a.configure(n, max_delivery_attempts=7)),
+    "add partitions": _grow_partitions,
     "purge": _with_scratch(lambda a, n: a.purge(n)),
     "delete": _with_scratch(lambda a, n: a.delete_destination(n)),
     "delete subscription": _admin(lambda a: a.delete_subscription("events", "audit")),
@@ -204,7 +214,7 @@ def test_every_verb_on_every_transport_for_every_caller(
         assert "no rule in" in err.message
     for secret in PASSWORDS.values():
         assert secret not in err.message
-    if operation in ("configure", "purge", "delete"):
+    if operation in ("configure", "purge", "delete", "add partitions"):
         before = {k: v for k, v in before.items() if k in snapshot(secure)}
         after = snapshot(secure)
         after = {k: v for k, v in after.items() if k in before}  # its scratch queue is new

@@ -33,6 +33,7 @@ from spark_mq.aio.message import AsyncMessage, AsyncMessageBatch
 from spark_mq.client._lanes import Lanes
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._outcome import coming_again, refusals, settle_refusal
+from spark_mq.client._partition_watch import DEFAULT_RECHECK_S, checked_recheck_s
 from spark_mq.client._transport import DEFAULT_URL
 from spark_mq.client.message import Message, MessageBatch, Settler, message_of_one
 from spark_mq.errors import (
@@ -77,6 +78,7 @@ class AsyncConsumer:
         tls_key_file: str | None = None,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         decode_in_thread_bytes: int = DECODE_IN_THREAD_BYTES,
+        partitions_recheck_s: float = DEFAULT_RECHECK_S,
     ) -> None:
         self.destination = destination if temporary else validate_stored_name(destination)
         if subscription is not None:
@@ -123,6 +125,9 @@ class AsyncConsumer:
         # their messages into this one's queue
         self._parts: list[AsyncConsumer] = []
         self._pumps: list[asyncio.Task[None]] = []
+        # asks every partitions_recheck_s whether partitions were added, and consumes those too
+        self._recheck_s = checked_recheck_s(partitions_recheck_s)
+        self._growing: asyncio.Task[None] | None = None
         self._make_part = lambda part: AsyncConsumer(
             url, part, subscription=subscription, selector=selector, durable=durable,
             prefetch=prefetch, timeout_s=timeout_s, username=username, password=password,
@@ -196,6 +201,30 @@ class AsyncConsumer:
         first = self._parts[0]
         self.lease_s, self.consumer_id = first.lease_s, first.consumer_id
         self._pumps = [asyncio.ensure_future(self._pump(p)) for p in self._parts]
+        if self._recheck_s:
+            self._growing = asyncio.ensure_future(self._grow())
+
+    async def _grow(self) -> None:
+        """Every ``partitions_recheck_s``: the destination's partitions added since, each
+        attached and pumped as the first were (one that cannot attach yet: next time)."""
+        while True:
+            await asyncio.sleep(self._recheck_s)
+            try:
+                # (partition 0's consumer asks: its connection goes where partition 0 is)
+                count = await self._parts[0]._broker.partitions(self.destination)
+                for index in range(len(self._parts), count):
+                    part = self._make_part(partition_name(self.destination, index))
+                    try:
+                        await part.start()
+                    except BaseException:
+                        await part.close()
+                        raise
+                    self._parts.append(part)
+                    self._pumps.append(asyncio.ensure_future(self._pump(part)))
+                    log.info("%s: consuming its new partition %d", self.destination, index)
+            except SparkMQError as exc:
+                log.warning("could not take on %s's new partitions yet: %s", self.destination,
+                            exc.message)  # fmt: skip
 
     async def _pump(self, part: AsyncConsumer) -> None:
         assert self._queue is not None
@@ -652,6 +681,10 @@ class AsyncConsumer:
                     running = [asyncio.shield(t) for t in self._handlers]
                     await asyncio.gather(*running, return_exceptions=True)
         if self._parts:
+            if self._growing is not None:
+                self._growing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._growing
             for pump in self._pumps:
                 pump.cancel()
             await asyncio.gather(*(p.close() for p in self._parts), return_exceptions=True)

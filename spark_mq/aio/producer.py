@@ -25,6 +25,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -33,11 +34,14 @@ from spark_mq import protocol, wire
 from spark_mq.aio._link import Broker, Link, open_link
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._options import check_options
+from spark_mq.client._partition_watch import DEFAULT_RECHECK_S, checked_recheck_s
 from spark_mq.client._pending import Pending, batch_of, plain_of
 from spark_mq.client._transport import DEFAULT_URL
 from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError, from_wire
 from spark_mq.names import choose_partition, partition_name, partition_of, validate_stored_name
 from spark_mq.security.credentials import Auth
+
+log = logging.getLogger(__name__)
 
 _FRAME_MESSAGES = 1000  # the most messages one frame carries
 _FRAME_BYTES = 1024 * 1024  # and about the most bytes of bodies
@@ -65,6 +69,7 @@ class AsyncProducer:
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        partitions_recheck_s: float = DEFAULT_RECHECK_S,
     ) -> None:
         if destination is not None:
             validate_stored_name(destination)
@@ -84,6 +89,10 @@ class AsyncProducer:
         # destinations whose names were checked, and how many partitions each has (1: none)
         self._partitions: dict[str, int] = {}
         self._turn = itertools.count()  # (the round robin over partitions)
+        # asks now and then whether partitions were added to those it sends to (as the
+        # synchronous Producer's partition watch does)
+        self._recheck_s = checked_recheck_s(partitions_recheck_s)
+        self._rechecking: asyncio.Task[None] | None = None
         self._closed = False
 
     async def __aenter__(self) -> AsyncProducer:
@@ -109,12 +118,30 @@ class AsyncProducer:
         return dest
 
     async def _count(self, dest: str) -> int:
-        """How many partitions ``dest`` has (asked once: the count is set at creation)."""
+        """How many partitions ``dest`` has (asked the first time; a partitioned one's again
+        every ``partitions_recheck_s``: partitions may be added)."""
         n = self._partitions.get(dest)
         if n is None:
             n = 1 if partition_of(dest) is not None else await self._broker.partitions(dest)
             self._partitions[dest] = n
+            if n > 1 and self._recheck_s and self._rechecking is None and not self._closed:
+                self._rechecking = asyncio.ensure_future(self._recheck())
         return n
+
+    async def _recheck(self) -> None:
+        while True:
+            await asyncio.sleep(self._recheck_s)
+            for dest, n in list(self._partitions.items()):
+                if n > 1:
+                    try:
+                        now = await self._broker.partitions(dest)
+                    except SparkMQError as exc:  # (asked again next time)
+                        log.warning("could not ask how many partitions %s has: %s", dest,
+                                    exc.message)  # fmt: skip
+                        continue
+                    if now > n:
+                        log.info("%s now has %d partitions (had %d)", dest, now, n)
+                        self._partitions[dest] = now
 
     def _placed(self, dest: str, n: int, key: str | None) -> str:
         """The partition a message goes to, as the synchronous SDK places it (by group id,
@@ -343,6 +370,8 @@ class AsyncProducer:
         if self._closed:
             return
         self._closed = True
+        if self._rechecking is not None:
+            self._rechecking.cancel()
         streams = list(self._streams.values())
         for opening in list(self._opening.values()):
             with contextlib.suppress(Exception):

@@ -4,6 +4,7 @@ their statistics."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -12,10 +13,10 @@ from spark_mq.broker.memory import MemoryMonitor
 from spark_mq.broker.registry import Destinations
 from spark_mq.broker.selector import compile_selector
 from spark_mq.config import BrokerConfig
-from spark_mq.errors import ConfigError, DestinationExists
+from spark_mq.errors import ConfigError, DestinationExists, DestinationNotFound
 from spark_mq.journal import Journal
 from spark_mq.journal.base import Kind
-from spark_mq.names import partition_name, validate_name
+from spark_mq.names import MAX_PARTITIONS, partition_name, validate_name
 from spark_mq.schema import QUEUE_SUBSCRIPTION
 
 log = logging.getLogger("spark_mq.broker.core")
@@ -37,6 +38,7 @@ class DestinationAdmin:
         self.memory = memory
         self.disk = disk
         self.ha_state = ha_state
+        self._growing = threading.Lock()  # (one growth of a partitioned destination at a time)
 
     def create_destination(
         self, name: str, kind: Kind, settings: dict[str, Any] | None = None
@@ -59,8 +61,8 @@ class DestinationAdmin:
             partitions = existing[1]  # (a create cut short is completed)
         elif existing is not None:
             raise DestinationExists(
-                f"{name!r} exists with {existing[1]} partitions, not {partitions} (the count "
-                "is set at creation)",
+                f"{name!r} exists with {existing[1]} partitions, not {partitions} (add "
+                f"partitions with Admin.add_partitions, or sparkmq {kind} add-partitions)",
                 destination=name,
             )
         elif self.journal.recorded(name) is not None:
@@ -75,6 +77,94 @@ class DestinationAdmin:
             made = self.destinations.create(partition_name(name, index), kind, checked)
             created = made or created
         return created
+
+    def add_partitions(self, name: str, count: int) -> dict[str, Any]:
+        """Grow the partitioned destination ``name`` to ``count`` partitions (Kafka's
+        CreatePartitions; they are never taken away). The new ones get partition 0's settings
+        and, a topic's, its durable subscriptions, recorded with each in one commit (so each
+        subscription has every message sent there). Partition 0's count is raised last: a
+        client finds the new partitions only once they all exist, and a growth cut short is
+        completed by asking again. A cluster member does it where partition 0 is served
+        (``NotOwner`` elsewhere). Returns the count before and now."""
+        validate_name(name)
+        if (
+            isinstance(count, bool)
+            or not isinstance(count, int)
+            or not 1 <= count <= MAX_PARTITIONS
+        ):
+            raise ConfigError(
+                f"partitions must be a whole number from 1 to {MAX_PARTITIONS}, got {count!r}",
+                setting="partitions",
+            )
+        first = partition_name(name, 0)
+        if self.destinations.partitioned(name) is None:
+            if not self.destinations.has(name) and self.journal.recorded(name) is None:
+                raise DestinationNotFound(
+                    f"{name!r} does not exist (create it with partitions = {count})",
+                    destination=name,
+                )
+            raise ConfigError(
+                f"{name!r} has no partitions, and a destination's partitions are set when "
+                f"it is created: create a new one with partitions = {count} and move its "
+                "messages there (sparkmq move), or delete it and create it again",
+                setting="partitions",
+                destination=name,
+            )
+        dest = self.destinations.administrable(first)  # (NotOwner: partition 0 is elsewhere)
+        with self._growing:
+            before = dest.settings.partitions
+            if count < before:
+                raise ConfigError(
+                    f"{name!r} has {before} partitions: partitions can be added, not taken "
+                    f"away (a message's partition is its place in the order)",
+                    setting="partitions",
+                    destination=name,
+                    partitions=before,
+                )
+            if count == before:
+                return {"before": before, "partitions": count}
+            recorded = self.journal.recorded(first)
+            subscriptions = (
+                {s.name: s.selector for s in recorded.subscriptions.values()}
+                if recorded is not None and dest.kind == "topic"
+                else {}
+            )
+            settings = {**dest.overrides, "partitions": count}
+            for index in range(before, count):
+                part = partition_name(name, index)
+                if not self.destinations.create(part, dest.kind, settings, subscriptions):
+                    self._check_left_over(part, subscriptions)
+            with dest.lock:  # partition 0's count last: now clients find the new ones
+                overrides = {**dest.overrides, "partitions": count}
+                effective = self.config.destinations.with_overrides(overrides)
+                self.journal.configure_destination(first, overrides)
+                dest.overrides, dest.settings = overrides, effective
+                for sub in dest.subscriptions.values():
+                    sub.settings = effective
+        log.info(
+            "%s %s grew from %d to %d partitions",
+            dest.kind,
+            name,
+            before,
+            count,
+            extra={"destination": name},
+        )
+        return {"before": before, "partitions": count}
+
+    def _check_left_over(self, part: str, subscriptions: dict[str, str | None]) -> None:
+        """A partition made by a growth cut short (its partition 0's count not yet raised):
+        used as it is if it has the topic's subscriptions, else refused, saying which."""
+        found = self.journal.recorded(part)
+        have = {} if found is None else {s.name: s.selector for s in found.subscriptions.values()}
+        missing = sorted(s for s in subscriptions if s not in have)
+        if missing:
+            raise ConfigError(
+                f"{part!r} was made by an earlier growth cut short and lacks the subscription(s) "
+                f"{', '.join(missing)}: create them there (Admin.create_subscription({part!r}, "
+                "...)), then add the partitions again",
+                setting="partitions",
+                destination=part,
+            )
 
     def _checked_settings(self, settings: dict[str, Any] | None) -> dict[str, Any]:
         """Validated overrides, as given (so later changes of the defaults still apply)."""
@@ -92,8 +182,9 @@ class DestinationAdmin:
             changes = self._checked_settings(settings)
             if changes.get("partitions", dest.settings.partitions) != dest.settings.partitions:
                 raise ConfigError(
-                    f"{name!r} has {dest.settings.partitions} partition(s): the count is set "
-                    "when a destination is created",
+                    f"{name!r} has {dest.settings.partitions} partition(s): partitions are "
+                    "added to a partitioned destination with Admin.add_partitions (sparkmq "
+                    f"{dest.kind} add-partitions), and set for any other when it is created",
                     setting="partitions",
                 )
             overrides = {**dest.overrides, **changes}

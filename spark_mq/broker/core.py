@@ -595,6 +595,9 @@ class Broker:
     def configure_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
         return self.admin.configure_destination(name, settings)
 
+    def add_partitions(self, name: str, count: int) -> dict[str, Any]:
+        return self.admin.add_partitions(name, count)
+
     def delete_destination(self, name: str) -> bool:
         return self.admin.delete_destination(name)
 
@@ -615,8 +618,9 @@ class Broker:
 
     def partitions(self, name: str) -> dict[str, Any]:
         """``{"partitions", "kind"}`` of a partitioned destination; ``{"partitions": 1}`` for
-        any other name (a destination, or none: whichever member is asked answers)."""
-        parts = self.destinations.partitioned(name)
+        any other name (a destination, or none: whichever member is asked answers, its count
+        as recorded now: partitions may have been added)."""
+        parts = self.destinations.partitioned(name, fresh=True)
         if parts is not None:
             return {"kind": parts[0], "partitions": parts[1]}
         return {"partitions": 1}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -18,7 +18,7 @@ import pyarrow as pa
 from spark_mq.broker.dedup import DuplicateCache
 from spark_mq.broker.destination import Destination
 from spark_mq.broker.message_store import MessageStore
-from spark_mq.broker.selector import Selector
+from spark_mq.broker.selector import Selector, compile_selector
 from spark_mq.broker.subscription import Subscription
 from spark_mq.clock import Clock
 from spark_mq.config import BrokerConfig, DestinationSettings
@@ -81,6 +81,12 @@ class Elsewhere(Protocol):
         ...
 
 
+# how old a partition count read from the bindings log (a partitioned destination whose
+# partition 0 another cluster member serves) may be before it is read again: partitions added
+# reach this member's answers (Kafka metadata, STOMP sends' placing) this much later at most
+PARTITIONS_REREAD_S = 10.0
+
+
 class Destinations:
     """Thread-safe: the map under its lock; a destination's own state under its ``lock``."""
 
@@ -98,8 +104,10 @@ class Destinations:
         # serves them all)
         self.elsewhere: Elsewhere | None = None
         # a cluster member's partitioned destinations none of whose partition 0 it serves:
-        # their kind and partition count, as recorded (read once: they never change)
-        self._partitioned: dict[str, tuple[Kind, int]] = {}
+        # their kind and partition count as recorded, and when that was read (a count grows
+        # when partitions are added: read again in the background once it is old)
+        self._partitioned: dict[str, tuple[Kind, int, float]] = {}
+        self._rereading: set[str] = set()
 
     # -- finding -------------------------------------------------------------------------------
     def get(self, name: str, *, kind: Kind | None = None) -> Destination:
@@ -127,9 +135,11 @@ class Destinations:
                 dest = self._dests.get(name)
         return dest
 
-    def partitioned(self, name: str) -> tuple[Kind, int] | None:
+    def partitioned(self, name: str, *, fresh: bool = False) -> tuple[Kind, int] | None:
         """``name``'s kind and partition count when it is a partitioned destination (its
-        partitions are the destinations ``<name>~<index>``); else None."""
+        partitions are the destinations ``<name>~<index>``); else None. Where partition 0 is
+        served elsewhere, the count as read up to ``PARTITIONS_REREAD_S`` ago, unless
+        ``fresh`` (a read of the bindings log now: not for a loop)."""
         first = partition_name(name, 0)
         with self._lock:
             dest = self._dests.get(first)
@@ -139,14 +149,41 @@ class Destinations:
                 self._partitioned.pop(name, None)
                 return None
             known = self._partitioned.get(name)
-        if known is None:
-            info = self.journal.recorded(first)
+            now = self.clock.monotonic()
+            stale = known is not None and now - known[2] >= PARTITIONS_REREAD_S
+            if stale and name not in self._rereading:
+                self._rereading.add(name)
+                threading.Thread(
+                    target=self._reread_partitioned,
+                    args=(name,),
+                    daemon=True,
+                    name=f"partitions of {name}",
+                ).start()
+        if known is None or fresh:
+            return self._read_partitioned(name)
+        return known[0], known[1]
+
+    def _read_partitioned(self, name: str) -> tuple[Kind, int] | None:
+        """``name``'s kind and partition count as its partition 0 records them (a read of the
+        bindings log, whichever member serves it), kept for :meth:`partitioned`."""
+        read_at = self.clock.monotonic()
+        info = self.journal.recorded(partition_name(name, 0))
+        with self._lock:
             if info is None:
+                self._partitioned.pop(name, None)
                 return None
-            known = info.kind, int(info.settings.get("partitions", 1))
+            count = int(info.settings.get("partitions", 1))
+            self._partitioned[name] = info.kind, count, read_at
+            return info.kind, count
+
+    def _reread_partitioned(self, name: str) -> None:
+        try:
+            self._read_partitioned(name)
+        except Exception:  # (the old count stays; read again next time it is asked)
+            log.warning("could not read %s's partition count again", name, exc_info=True)
+        finally:
             with self._lock:
-                self._partitioned[name] = known
-        return known
+                self._rereading.discard(name)
 
     def kind_elsewhere(self, name: str) -> Kind | None:
         """The kind of ``name``, which another cluster member serves, as the cluster registered
@@ -246,26 +283,38 @@ class Destinations:
         return self._lock
 
     # -- making and letting go -----------------------------------------------------------------
-    def create(self, name: str, kind: Kind, overrides: dict[str, Any] | None = None) -> bool:
-        """Record and build a queue or topic (``overrides``: checked settings); False when it
-        existed."""
+    def create(
+        self,
+        name: str,
+        kind: Kind,
+        overrides: dict[str, Any] | None = None,
+        subscriptions: Mapping[str, str | None] | None = None,
+    ) -> bool:
+        """Record and build a queue or topic (``overrides``: checked settings; a topic's
+        ``subscriptions``: durable ones it starts with, by name, each with its selector);
+        False when it existed."""
         overrides = overrides or {}
         if self.journal.shared:  # a cluster member: it is placed, and served by its owner
             elsewhere = self.elsewhere
             with elsewhere.creating(name) if elsewhere is not None else contextlib.nullcontext():
-                _, created = self.journal.create_destination(name, kind, overrides)
+                _, created = self.journal.create_destination(name, kind, overrides, subscriptions)
                 if elsewhere is not None:
                     elsewhere.created(name, kind)  # (idempotent: a create that was cut short)
             if created:
                 log.info("created %s %s", kind, name, extra={"destination": name})
             return created
         with self._lock:
-            _, created = self.journal.create_destination(name, kind, overrides)
+            info, created = self.journal.create_destination(name, kind, overrides, subscriptions)
             if created:
                 dest = self.build(name, kind, overrides)
-                if kind == "queue":
-                    dest.subscriptions[QUEUE_SUBSCRIPTION] = self.new_subscription(
-                        dest, QUEUE_SUBSCRIPTION, 0, next_offset=0, settled=set()
+                for sub in info.subscriptions.values():  # (a queue's own, a topic's given)
+                    dest.subscriptions[sub.name] = self.new_subscription(
+                        dest,
+                        sub.name,
+                        0,
+                        next_offset=0,
+                        settled=set(),
+                        selector=compile_selector(sub.selector),
                     )
                 self._dests[name] = dest
                 log.info("created %s %s", kind, name, extra={"destination": name})

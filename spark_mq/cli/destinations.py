@@ -13,6 +13,7 @@ import click
 from spark_mq.cli import output
 from spark_mq.cli.output import answering, body_option, emit_json, fail, pairs, show_body, table
 from spark_mq.cli.target import JSON, SETTINGS, YES, Target, connection, settings_of
+from spark_mq.names import MAX_PARTITIONS
 
 
 # -- the broker ------------------------------------------------------------------------------------
@@ -148,6 +149,24 @@ def _kind_group(kind: str) -> click.Group:
         if as_json:
             return emit_json(doc)
         pairs(doc, title=f"{kind} {name}: settings")
+
+    @group.command(name="add-partitions")
+    @click.argument("name")
+    @click.argument("partitions", type=click.IntRange(1, MAX_PARTITIONS))
+    @connection
+    @JSON
+    def add_partitions(name: str, partitions: int, target: Target, as_json: bool) -> None:
+        """Grow a partitioned one to PARTITIONS partitions in all (Kafka's
+        `kafka-topics --alter --partitions`): the new ones get its settings and subscriptions;
+        producers and consumers take them on within their partitions_recheck_s."""
+        with target.admin() as admin, answering():
+            _of_kind(admin.stats(name), kind)
+            grew = admin.add_partitions(name, partitions)
+        doc = {"name": name, "partitions": partitions, "added": grew}
+        if as_json:
+            return emit_json(doc)
+        said = "now has" if grew else "already had"
+        click.echo(f"{kind} {name} {said} {partitions} partitions")
 
     @group.command(name="browse")
     @click.argument("name")

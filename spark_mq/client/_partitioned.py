@@ -78,13 +78,24 @@ class PartitionConsumers(Generic[Consumer]):
         self._lock = threading.Lock()  # receivers in several threads take turns
         self._closing = False  # the queue's end was read
         self.parts: list[Consumer] = []
-        handler = on_message or Batches(self._ready.put)
+        self._make, self._name = make, name
+        self._handler = on_message or Batches(self._ready.put)
+        self._growing = threading.Lock()  # (partitions added, or all closed: one at a time)
+        self._closed = False
         try:
-            for index in range(partitions):
-                self.parts.append(make(partition_name(name, index), handler))
+            self.grow(partitions)
         except BaseException:
             self.close()
             raise
+
+    def grow(self, partitions: int) -> None:
+        """A consumer of each partition up to ``partitions`` (partitions were added); one that
+        cannot attach now raises, those attached before it kept."""
+        with self._growing:
+            for index in range(len(self.parts), partitions):
+                if self._closed:
+                    return
+                self.parts.append(self._make(partition_name(self._name, index), self._handler))
 
     def receive_many(self, max_messages: int, timeout: float | None) -> list[Message]:
         held: deque[MessageBatch] = self._held
@@ -176,6 +187,8 @@ class PartitionConsumers(Generic[Consumer]):
         return _all(futures)
 
     def close(self) -> None:
+        with self._growing:
+            self._closed = True
         for part in self.parts:
             with contextlib.suppress(SparkMQError):
                 part.close()

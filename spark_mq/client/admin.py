@@ -85,8 +85,10 @@ class Admin:
         try:
             return [self._call(action, **body)]
         except Partitioned as exc:
-            n = int(exc.fields.get("partitions", 1))
             name = body[key]
+            # (the count as recorded now: a member that does not serve partition 0 may say one
+            # read a few seconds ago, before partitions were added)
+            n = max(int(exc.fields.get("partitions", 1)), self.partitions(name))
             return [
                 self._call(action, **{**body, key: partition_name(name, index)})
                 for index in [*range(1, n), 0]
@@ -113,9 +115,33 @@ class Admin:
         )
 
     def configure(self, name: str, **settings: Any) -> dict[str, Any]:
-        """Change some settings of a destination; returns all its settings now in effect."""
+        """Change some settings of a destination; returns all its settings now in effect.
+        ``partitions`` grows a partitioned destination (:meth:`add_partitions`) before the
+        other settings change."""
+        if "partitions" in settings:
+            settings = dict(settings)
+            self.add_partitions(name, settings.pop("partitions"))
+            if not settings:
+                return dict(self.stats(name)["settings"])
         return dict(self._each_partition("configure_destination", "name", name=name,
                                          settings=settings)[-1])  # fmt: skip
+
+    def add_partitions(self, name: str, partitions: int) -> bool:
+        """Grow the partitioned destination ``name`` to ``partitions`` partitions in all, as
+        Kafka's ``create_partitions`` does: partitions are added, never taken away. The new
+        ones have its settings and, a topic's, its durable subscriptions; producers and
+        consumers find them within ``partitions_recheck_s`` (their option). A message's
+        partition follows its group id (or key) over the new count, so a group's messages
+        sent after the growth may go to another partition than those before: let those
+        before be consumed first where a group's order across the growth matters. Returns
+        False when it had that many already; a growth cut short is completed by asking
+        again."""
+        answer = self._call("add_partitions", name=name, partitions=partitions)
+        return int(answer["before"]) < int(answer["partitions"])
+
+    def partitions(self, name: str) -> int:
+        """How many partitions ``name`` has (1: none, or no such destination)."""
+        return int(self._call("partitions", name=name).get("partitions", 1))
 
     def delete_destination(self, name: str) -> None:
         """Delete a destination (a partitioned one: all its partitions) and its messages."""

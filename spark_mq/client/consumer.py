@@ -59,6 +59,7 @@ from spark_mq import protocol, wire
 from spark_mq.client import _liveness as liveness
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._outcome import coming_again, refusals, settle_refusal
+from spark_mq.client._partition_watch import DEFAULT_RECHECK_S, PartitionWatch
 from spark_mq.client._partitioned import Batches, PartitionConsumers
 from spark_mq.client._pool import HandlerPool
 from spark_mq.client._routes import PLACING_RETRY_S
@@ -66,6 +67,7 @@ from spark_mq.client._transport import (
     DEFAULT_URL,
     Connection,
     broker_urls,
+    call_action,
     connect,
     translate_flight_error,
     translated,
@@ -117,11 +119,15 @@ class Consumer:
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        partitions_recheck_s: float = DEFAULT_RECHECK_S,
     ) -> None:
         # heartbeat_s: the broker is asked to send something at least this often; silent for
         # four times that, it is taken for dead (paused, hung, cut off) and the consumer
         # attaches again, to the pair's other broker when given one (0: never)
         self._heartbeat_s = heartbeat_s
+        # partitions_recheck_s: a partitioned destination's consumer asks this often whether
+        # partitions were added, and consumes the new ones too (0: never)
+        self._watch = PartitionWatch(partitions_recheck_s, self._count_of, self._grown, "consumer")
         # temporary: a new queue only this consumer reads, gone when it closes (for replies);
         # its name is self.destination once connected
         self.destination = destination if temporary else validate_stored_name(destination)
@@ -205,6 +211,7 @@ class Consumer:
             )
             first = self._partitions.parts[0]
             self.lease_s, self._broker_version = first.lease_s, first._broker_version
+            self._watch.watch(self.destination, len(self._partitions.parts))
             return
         if on_message is not None and (concurrency > 1 or start_timeout_s is not None):
             self._pool = HandlerPool(
@@ -223,6 +230,18 @@ class Consumer:
             target=self._settle_loop, name="consumer-settle", daemon=True
         )
         self._settler.start()
+
+    def _count_of(self, name: str) -> int:
+        """How many partitions ``name`` has now (what the partition watch asks): asked through
+        partition 0's consumer (its connection goes where partition 0 is served)."""
+        assert self._partitions is not None
+        first = self._partitions.parts[0]
+        answer = call_action(first._client, first._options, "partitions", name=name)
+        return int(answer.get("partitions", 1)) if isinstance(answer, dict) else 1
+
+    def _grown(self, _name: str, partitions: int) -> None:
+        assert self._partitions is not None
+        self._partitions.grow(partitions)
 
     def _attach(self) -> None:
         """Open the stream on the connection (the wire if the broker offers it) and read the
@@ -731,6 +750,7 @@ class Consumer:
     def close(self) -> None:
         """Send pending settles, then detach; unacked messages go back to the broker."""
         if self._partitions is not None:
+            self._watch.close()
             self._partitions.close()
             return
         if self._closed:

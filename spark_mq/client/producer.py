@@ -35,6 +35,7 @@ from spark_mq.client._flight_put import PutStream, conform_produce
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._options import check_options
 from spark_mq.client._outcome import Outcome
+from spark_mq.client._partition_watch import DEFAULT_RECHECK_S, PartitionWatch
 from spark_mq.client._pending import PLAIN_OPTIONS, Pending, batch_of, column, plain_of
 from spark_mq.client._resend import Resender
 from spark_mq.client._routes import PLACING_RETRY_S, Link, Routes
@@ -115,11 +116,17 @@ class Producer:
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        partitions_recheck_s: float = DEFAULT_RECHECK_S,
     ) -> None:
         # heartbeat_s: while batches wait for answers the broker is asked to send something at
         # least this often; silent for four times that, it is taken for dead (paused, hung, cut
         # off): its batches fail, or go to the pair's other broker when given one (0: never)
         self._heartbeat_s = heartbeat_s
+        # partitions_recheck_s: how often it asks whether partitions were added to the
+        # partitioned destinations it sends to, and places messages over them all (0: never)
+        self._watch = PartitionWatch(
+            partitions_recheck_s, self._partitions_of, self._grown, "producer"
+        )
         if destination is not None:
             validate_stored_name(destination)
         self.destination = destination
@@ -210,12 +217,17 @@ class Producer:
         partitions = self._names.get(dest)
         if partitions is None:
             partitions = self._names[validate_stored_name(dest)] = self._partitions_of(dest)
+            if partitions > 1:
+                self._watch.watch(dest, partitions)
         return partitions
 
+    def _grown(self, dest: str, partitions: int) -> None:
+        self._names[dest] = partitions  # (placed over them all from the next message on)
+
     def _partitions_of(self, dest: str) -> int:
-        """How many partitions ``dest`` has (asked once: a count is set at creation). A broker
-        that cannot say (one before partitions, or a refusal the send will report) is taken to
-        say one."""
+        """How many partitions ``dest`` has (asked the first time, then by the partition watch
+        now and then: partitions may be added). A broker that cannot say (one before
+        partitions, or a refusal the send will report) is taken to say one."""
         if partition_of(dest) is not None:
             return 1  # (a partition named: sent to as it is)
         try:
@@ -642,6 +654,7 @@ class Producer:
             self._closed = True
             self._wake.notify_all()
         self._lingerer.join()
+        self._watch.close()
         with self._stream_lock:
             streams, self._streams = list(self._streams.values()), {}
         for s in streams:

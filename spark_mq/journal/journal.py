@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, TypedDict
 
@@ -271,11 +271,17 @@ class Journal:
                 ) from None
 
     def create_destination(
-        self, name: str, kind: Kind, settings: dict[str, Any] | None = None
+        self,
+        name: str,
+        kind: Kind,
+        settings: dict[str, Any] | None = None,
+        subscriptions: Mapping[str, str | None] | None = None,
     ) -> tuple[DestinationInfo, bool]:
         """Create a queue or topic; returns it and whether it was new. Idempotent per kind.
 
-        ``settings`` (already validated by the caller) are recorded with it.
+        ``settings`` (already validated by the caller) are recorded with it; a topic's
+        ``subscriptions`` (durable, each with its selector, already checked) too, in the same
+        commit, each from the log's start (a partition added to a topic gets its topic's).
         """
         validate_stored_name(name)
         if kind not in ("queue", "topic"):
@@ -288,12 +294,41 @@ class Journal:
                         f"{name!r} already exists as a {existing.kind}", destination=name
                     )
                 return existing, False
+            subs = dict(subscriptions or {}) if kind == "topic" else {}
+            for sub in subs:
+                validate_name(sub, "subscription")
             self.store.drop_logs(name)  # leftovers of a delete interrupted by a crash
             if self._hot is not None:
                 shutil.rmtree(self._hot_dir(name), ignore_errors=True)
             self.store.create_logs(name)
-            self._record(bindings.CREATE_DESTINATION, name, kind=kind, settings=settings)
+            now = self._now_us()
+            events = [
+                bindings.event(
+                    self._seq,
+                    bindings.CREATE_DESTINATION,
+                    name,
+                    time_us=now,
+                    kind=kind,
+                    settings=settings,
+                )
+            ]
+            events += [
+                bindings.event(
+                    self._seq + 1 + i,
+                    bindings.CREATE_SUBSCRIPTION,
+                    name,
+                    time_us=now,
+                    subscription=sub,
+                    start_offset=0,
+                    settings={"selector": selector} if selector else None,
+                )
+                for i, (sub, selector) in enumerate(subs.items())
+            ]
+            self.store.append_bindings(pa.concat_tables(events))
+            self._seq += len(events)
             info = bindings.new_destination(name, kind, settings)
+            for sub, selector in subs.items():
+                info.subscriptions[sub] = SubscriptionInfo(name, sub, 0, selector=selector)
             if not self.shared:  # (a shared journal's member serves it once given it: adopt)
                 self._dests[name] = info
                 self._start_writer(name)

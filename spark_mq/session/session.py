@@ -409,6 +409,10 @@ class ClientSession:
         """Whether it may consume ``destination`` (asked, not audited)."""
         return self.revoked is None and self.guard.allows(self.principal, "consume", destination)
 
+    def may_administer(self, destination: str) -> bool:
+        """Whether it may administer ``destination`` (asked, not audited)."""
+        return self.revoked is None and self.guard.allows(self.principal, "admin", destination)
+
     def delete_offsets(self, group: str, keys: list[tuple[str, int]] | None = None) -> Future:
         """Delete ``group``'s committed offsets of ``keys`` (``(topic, partition)``; ``None``:
         all of them): ``admin`` on the group. The future resolves once the deletion is
@@ -601,6 +605,9 @@ class ClientSession:
             case c.ConfigureDestination(name=name, settings=settings):
                 self._check("admin", name)
                 return b.configure_destination(name, settings)
+            case c.AddPartitions(name=name, partitions=count):
+                self._check("admin", name)
+                return b.add_partitions(name, count)
             case c.DeleteDestination(name=name):
                 self._check("admin", name)
                 b.delete_destination(name)
@@ -702,6 +709,7 @@ _AUDITED = (
     c.PinDestination,
     c.CreateDestination,
     c.ConfigureDestination,
+    c.AddPartitions,
     c.DeleteDestination,
     c.CreateSubscription,
     c.DeleteSubscription,

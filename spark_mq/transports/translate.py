@@ -91,6 +91,8 @@ def action_command(name: str, body: bytes) -> c.Command:
             )
         case "configure_destination":
             return c.ConfigureDestination(args.text("name"), args.mapping("settings"))
+        case "add_partitions":
+            return c.AddPartitions(args.text("name"), args.integer("partitions"))
         case "delete_destination":
             return c.DeleteDestination(args.text("name"))
         case "list_destinations":
