@@ -33,7 +33,7 @@ from spark_mq.client._transport import call_action, connect
 from spark_mq.errors import ConfigError, DestinationNotFound, NotAllowed, NotOwner, SparkMQError
 from spark_mq.journal import layout
 from spark_mq.launch import BrokerProcess
-from tests.conftest import wait_for
+from tests.conftest import receive_n, wait_for
 from tests.ops_kit import http
 from tests.zk_kit import ZooKeeper
 
@@ -416,6 +416,47 @@ def _kafka_reads_a_partitioned_topic_from_each_partitions_owner(cluster: Cluster
         values = list(dict.fromkeys(int(m.value()) for m in got if m.key() == key))
         assert values == sorted(values) and len(values) == 40
         assert len({m.partition() for m in got if m.key() == key}) == 1
+    _kafka_adds_partitions_through_a_member_that_does_not_serve_partition_0(cluster, kafka)
+
+
+def _kafka_adds_partitions_through_a_member_that_does_not_serve_partition_0(
+    cluster: Cluster, kafka: dict[str, str]
+) -> None:
+    """CreatePartitions goes to the Kafka controller (the cluster's leader); with partition 0
+    served by the other member, the leader has it done there (forwarded). Both members'
+    Metadata then list the new partitions, each led by its owner, and a record sent to one is
+    read where it is served; the SDK's growth, asked of the leader, follows partition 0."""
+    from confluent_kafka import Producer as KafkaProducer
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    from spark_mq.transports.kafka.nodes import node_id
+
+    leader = cluster.state("a")["leader"]
+    other = "b" if leader == "a" else "a"
+    with Admin(cluster.urls) as admin:
+        admin.pin("ktop~0", other)
+    wait_for(lambda: "ktop~0" in cluster.serving(other)[other], 20, "partition 0 on the other")
+    kafka_admin = AdminClient({"bootstrap.servers": kafka[leader]})  # (kept: it answers)
+    kafka_admin.create_partitions([NewPartitions("ktop", 6)])["ktop"].result(30)
+    parts = {f"ktop~{i}" for i in range(6)}
+    wait_for(lambda: parts <= set(cluster.owners("a")), 20, "the new partitions placed")
+
+    def leaders(member: str) -> dict[int, int]:
+        meta = AdminClient({"bootstrap.servers": kafka[member]}).list_topics("ktop", timeout=10)
+        return {i: p.leader for i, p in meta.topics["ktop"].partitions.items()}
+
+    owners = cluster.owners("a")
+    expected = {i: node_id(owners[f"ktop~{i}"]) for i in range(6)}
+    for member in ("a", "b"):  # (one that read the count before: within its re-read, 10 s)
+        wait_for(lambda m=member: leaders(m) == expected, 30, f"6 partitions at {member}")
+    with Admin(cluster.members[leader].url) as admin:
+        assert not admin.add_partitions("ktop", 6)  # (asked where partition 0 is: it has 6)
+    with Consumer(cluster.urls, "ktop~5", durable=False) as reader:  # (from now on)
+        producer = KafkaProducer({"bootstrap.servers": kafka[other]})
+        producer.produce("ktop", b"in the new one", partition=5)
+        assert producer.flush(30) == 0
+        (m,) = receive_n(reader, 1, timeout=20)
+        assert (m.body, m.partition) == (b"in the new one", 5)
 
 
 def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:

@@ -10,13 +10,13 @@ import random
 import struct
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from kafka import KafkaConsumer as PyKafkaConsumer
 from kafka import KafkaProducer as PyKafkaProducer
 
@@ -527,6 +527,32 @@ def test_groups_are_resources_of_their_own_in_the_access_rules(secure: BrokerPro
     # the refusals are audited
     audit = Path(secure.data_dir).parent / "audit.log"  # (the fixture's security.audit_file)
     assert audit.exists() and "group 'alice-readers'" in audit.read_text()
+
+
+def test_create_partitions_needs_admin_of_the_topic(secure: BrokerProcess) -> None:
+    """Adding partitions is administering the topic (Kafka's ALTER): refused to a user who
+    may only consume it, even to validate, and audited; its administrator adds them."""
+    from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+    port = secure.kafka_port
+    assert port
+    alice, bob = _sasl("alice", PASSWORDS["alice"]), _sasl("bob", PASSWORDS["bob"])
+    topic = _name("shared.widened")
+    alice_admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", **alice})
+    alice_admin.create_topics([NewTopic(topic, num_partitions=2)])[topic].result(10)
+    bob_admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", **bob})
+    for validate in (True, False):
+        asked = bob_admin.create_partitions([NewPartitions(topic, 3)], validate_only=validate)
+        with pytest.raises(Exception, match="TOPIC_AUTHORIZATION_FAILED"):
+            asked[topic].result(10)
+    checked = alice_admin.create_partitions([NewPartitions(topic, 3)], validate_only=True)
+    checked[topic].result(10)
+    assert sorted(alice_admin.list_topics(topic, timeout=10).topics[topic].partitions) == [0, 1]
+    alice_admin.create_partitions([NewPartitions(topic, 3)])[topic].result(10)
+    assert sorted(alice_admin.list_topics(topic, timeout=10).topics[topic].partitions) == [0, 1, 2]
+    audit = Path(secure.data_dir).parent / "audit.log"
+    denials = [line for line in audit.read_text().splitlines() if "denied" in line]
+    assert any(topic in line and "bob" in line for line in denials), denials[-3:]
 
 
 def test_offsets_are_deleted_by_offset_delete_and_with_their_group(port: int) -> None:
@@ -1416,3 +1442,62 @@ def test_a_partitioned_topic_is_n_kafka_partitions_read_by_a_group(
             c.close()
     with Consumer(broker.url, topic, subscription=None, durable=False) as sdk_reader:
         assert sdk_reader.partitions is not None and len(sdk_reader.partitions) == 4
+
+
+def test_create_partitions_grows_a_topic_and_a_group_consumes_the_new_partitions(
+    broker: BrokerProcess, port: int
+) -> None:
+    """CreatePartitions (Kafka's API 37) grows a partitioned topic: Metadata lists the new
+    partitions, a group reading it takes them on at its next metadata refresh, and a count
+    that adds none, or a topic without partitions, is refused as Kafka refuses them."""
+    from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+    topic, single, group = _name("widened"), _name("single"), _name("wgroup")
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    made = admin.create_topics([NewTopic(topic, num_partitions=2), NewTopic(single, 1)])
+    for future in made.values():
+        future.result(10)
+    reader = _group_consumer(port, group, **{"topic.metadata.refresh.interval.ms": 300})
+    reader.subscribe([topic])
+    try:
+        p = producer(port, **{"topic.metadata.refresh.interval.ms": 300})
+        p.produce(topic, b"before", partition=1)
+        assert p.flush(10) == 0
+        got = _poll_until(reader, lambda ms: len(ms) == 1)
+        assert [(m.partition(), m.value()) for m in got] == [(1, b"before")]
+        reader.commit(asynchronous=False)  # (read again from there after the rebalance)
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(10)
+        assert sorted(admin.list_topics(topic, timeout=10).topics[topic].partitions) == [0, 1, 2, 3]
+        for count, refusal in ((4, "already has 4"), (3, "added, not taken away")):
+            with pytest.raises(Exception, match=refusal):
+                admin.create_partitions([NewPartitions(topic, count)])[topic].result(10)
+        with pytest.raises(Exception, match="has no partitions"):
+            admin.create_partitions([NewPartitions(single, 2)])[single].result(10)
+        deadline = time.monotonic() + 10  # (the producer finds partition 3 once it refreshes)
+        while True:
+            try:
+                p.produce(topic, b"after", partition=3)
+                break
+            except KafkaException as exc:
+                assert exc.args[0].code() == KafkaError._UNKNOWN_PARTITION
+                assert time.monotonic() < deadline, "the producer never saw partition 3"
+                p.poll(0.1)
+        assert p.flush(10) == 0
+        later = _poll_until(reader, lambda ms: any(m.partition() == 3 for m in ms))
+        assert [(m.partition(), m.value(), m.offset()) for m in later] == [(3, b"after", 0)]
+        assert {tp.partition for tp in reader.assignment()} == {0, 1, 2, 3}
+    finally:
+        reader.close()
+    with Admin(broker.url) as sdk:
+        assert sdk.partitions(topic) == 4
+
+
+def _poll_until(reader: Any, done: Callable[[list[Any]], bool], timeout: float = 30) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while not done(got):
+        assert time.monotonic() < deadline, f"only {got} within {timeout}s"
+        m = reader.poll(0.1)
+        if m is not None and m.error() is None:
+            got.append(m)
+    return got

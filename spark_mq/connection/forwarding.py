@@ -174,6 +174,12 @@ class Forwarding:
         """Durable subscription ``name`` of ``destination`` removed at its owner."""
         self._administer(owner, lambda admin: admin.delete_subscription(destination, name))
 
+    def add_partitions(self, owner: NotOwner, name: str, count: int) -> bool:
+        """Partitioned destination ``name`` grown to ``count`` partitions where its partition
+        0 is served (for a client whose protocol cannot be sent there: Kafka's admin clients
+        ask their controller); False when it had that many."""
+        return bool(self._administer(owner, lambda admin: admin.add_partitions(name, count)))
+
     def _administer(self, owner: NotOwner, call: Callable[[Admin], Any]) -> Any:
         """``call`` made with the member's administration client; the owner's refusal of this
         member's login or rights said as the forwarding's (the client's were checked here)."""

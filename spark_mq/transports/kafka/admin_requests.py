@@ -21,7 +21,8 @@ from typing import Any
 
 from spark_mq import commands as c
 from spark_mq.commands import Kind
-from spark_mq.errors import DestinationExists, SparkMQError
+from spark_mq.connection.listener import ListenerCore
+from spark_mq.errors import ConfigError, DestinationExists, NotOwner, SparkMQError
 from spark_mq.names import MAX_PARTITIONS, partition_name
 from spark_mq.session import ClientSession
 from spark_mq.transports.kafka import codec
@@ -39,10 +40,12 @@ class AdminRequests:
     def __init__(
         self,
         link: KafkaLink,
+        listener: ListenerCore,
         session: ClientSession,
         topic_settings: dict[str, Any],
     ) -> None:
         self.link = link
+        self.listener = listener
         self.session = session
         self.topic_settings = topic_settings  # (a created topic's, unless its configs say)
 
@@ -50,6 +53,7 @@ class AdminRequests:
         return {
             codec.CREATE_TOPICS: self._create_topics,
             codec.DELETE_TOPICS: self._delete_topics,
+            codec.CREATE_PARTITIONS: self._create_partitions,
             codec.DESCRIBE_CONFIGS: self._describe_configs,
             codec.INCREMENTAL_ALTER_CONFIGS: self._alter_configs,
             codec.DESCRIBE_CLUSTER: self._describe_cluster,
@@ -273,6 +277,88 @@ class AdminRequests:
             slot,
             build(mod, "DeleteTopicsResponse", throttle_time=_ZERO, responses=tuple(results)),
         )
+
+    def _create_partitions(self, r: Request, slot: Any) -> None:
+        """CreatePartitions: each topic grown to its ``count`` partitions in all (``admin``),
+        on a helper thread (new partitions are Delta tables made: not the loop's work)."""
+        mod = codec.response_module(r.api_key, r.version)
+        topics = [(t.name, t.count, bool(t.assignments)) for t in r.body.topics]
+        validate_only = bool(r.body.validate_only)
+
+        def grow() -> list[Any]:
+            results = []
+            for name, count, assigned in topics:
+                err, message = self._grow(name, count, assigned, validate_only)
+                results.append(
+                    build(
+                        mod,
+                        "CreatePartitionsTopicResult",
+                        name=name,
+                        error_code=err,
+                        error_message=message,
+                    )
+                )
+            return results
+
+        def answer(results: list[Any]) -> None:
+            self.link.answer(
+                slot,
+                build(mod, "CreatePartitionsResponse", throttle_time=_ZERO, results=tuple(results)),
+            )
+
+        fut = self.listener.run_blocking(grow)
+        fut.add_done_callback(lambda f: self.link.threadsafe(answer, f.result()))
+
+    def _grow(
+        self, name: str, count: int, assigned: bool, validate_only: bool
+    ) -> tuple[ErrorCode, str | None]:
+        """(A helper thread.) One topic of a CreatePartitions: Kafka's error code and message
+        (INVALID_PARTITIONS for a count that adds none, as Kafka answers)."""
+        if assigned:
+            return ErrorCode.invalid_replica_assignment, (
+                "a sparkmq topic's partitions are placed on cluster members by the cluster, "
+                "not by replica assignments"
+            )
+        try:
+            if validate_only:  # (what a growth would refuse, without growing)
+                if not self.session.may_administer(name):
+                    return ErrorCode.topic_authorization_failed, f"not allowed to alter {name!r}"
+                if self.session.kind(name) is None:
+                    return ErrorCode.unknown_topic_or_partition, f"{name!r} does not exist"
+                now = self.session.partitions(name)
+                return _growth_refused(name, now, count) or (ErrorCode.none, None)
+            try:
+                grown = self.session.execute(c.AddPartitions(name, count))
+                grew = int(grown["before"]) < count
+            except NotOwner as owner:  # (partition 0 is served by another member)
+                forwarding = self.listener.gateway.forwarding
+                if forwarding is None:
+                    raise
+                grew = forwarding.add_partitions(owner, name, count)
+            if not grew:  # (Kafka refuses a count the topic has)
+                return ErrorCode.invalid_partitions, _ALREADY.format(name=name, count=count)
+            return ErrorCode.none, None
+        except ConfigError as exc:
+            return ErrorCode.invalid_partitions, exc.message
+        except SparkMQError as exc:
+            return error_code(exc), message_of(exc)
+        except Exception as exc:  # (answered, not a closed connection: it is logged here)
+            log.exception("CreatePartitions of %s failed", name)
+            return ErrorCode.unknown_server_error, f"{type(exc).__name__}: {exc}"
+
+
+_ALREADY = "Topic {name!r} already has {count} partition(s)."
+
+
+def _growth_refused(name: str, before: int, count: int) -> tuple[ErrorCode, str] | None:
+    """Kafka refuses a CreatePartitions that adds none (INVALID_PARTITIONS)."""
+    if count == before:
+        return ErrorCode.invalid_partitions, _ALREADY.format(name=name, count=count)
+    if count < before:
+        return ErrorCode.invalid_partitions, (
+            f"Topic {name!r} has {before} partitions: partitions can be added, not taken away"
+        )
+    return None
 
 
 def _text(value: object) -> str:

@@ -178,7 +178,7 @@ class KafkaRequests:
             codec.LIST_OFFSETS: self._list_offsets,
             codec.INIT_PRODUCER_ID: self._init_producer_id,
             **GroupRequests(link, listener, session, coordinator, share_groups).handlers(),
-            **AdminRequests(link, session, self.topic_settings).handlers(),
+            **AdminRequests(link, listener, session, self.topic_settings).handlers(),
             **self.share.handlers(),
         }
 
