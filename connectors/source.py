@@ -38,11 +38,14 @@ from pyspark.sql.types import StructType
 from spark_mq.connectors import delta_read as dr
 from spark_mq.connectors.options import EARLIEST, LATEST, SourceOptions
 from spark_mq.errors import ConfigError, DataLoss
-from spark_mq.names import partition_of
+from spark_mq.names import partition_name, partition_of
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+# how long a partitioned destination's partition count, read from the bindings, is used before
+# it is read again (partitions added reach a running query's micro-batches this much later)
+PARTITIONS_RECHECK_S = 10.0
 Offsets = dict[str, int]
 Spans = list[tuple[str, int, int, int]]  # a destination's data files: (uri, min, max, rows)
 
@@ -85,9 +88,10 @@ class ReadPlanner:
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        # what each destination named reads: itself, or a partitioned one's partitions (asked
-        # of the bindings once: a destination's partitions are set when it is made)
-        self._reads: dict[str, list[str]] = {}
+        # what each destination named reads: itself, or a partitioned one's partitions, and
+        # when the bindings said so (asked again after PARTITIONS_RECHECK_S: partitions may be
+        # added while a query runs)
+        self._reads: dict[str, tuple[list[str], float]] = {}
 
     def destinations(self) -> list[str]:
         """The destinations read: those named (or matching the pattern), a partitioned one's
@@ -95,15 +99,27 @@ class ReadPlanner:
         if self.opts.pattern is not None:
             return dr.matching_destinations(self.opts.root, self.opts.pattern)
         out: list[str] = []
+        now = time.monotonic()
         for name in self.opts.destinations:
-            reads = self._reads.get(name)
-            if reads is None:
+            known = self._reads.get(name)
+            if known is None or now - known[1] >= PARTITIONS_RECHECK_S:
                 found = dr.partitions_of(self.opts.root, name)
-                reads = found or [name]  # (none yet: read as named, which says it is missing)
-                if found is not None:
-                    self._reads[name] = found
-            out += reads
+                if found is None:  # (none yet: read as named, which says it is missing)
+                    out.append(name)
+                    continue
+                known = self._reads[name] = (found, now)
+            out += known[0]
         return out
+
+    def first_read_of(self, dest: str, start: Offsets) -> int:
+        """Where a micro-batch begins ``dest``, which the batch before did not read: a
+        partition added to a destination the query reads (its other partitions in ``start``)
+        from its first offset, as Spark's Kafka source reads partitions it finds while it runs;
+        any other where the options say (:meth:`start_of`)."""
+        parts = partition_of(dest)
+        if parts is not None and start and partition_name(parts[0], 0) in start:
+            return dr.first_offset(self.opts.root, dest)
+        return self.start_of(dest)
 
     def start_of(self, dest: str) -> int:
         """Where reading ``dest`` begins the first time the query sees it."""
@@ -353,7 +369,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Per destination: where the next batch begins, and how far there is data."""
         out = {}
         for dest in self.plan.destinations():
-            begin = int(start[dest]) if dest in start else self.plan.start_of(dest)
+            begin = int(start[dest]) if dest in start else self.plan.first_read_of(dest, start)
             end = dr.end_offset(self.opts.root, dest)
             if self._target is not None:  # Trigger.AvailableNow: nothing past its snapshot
                 end = min(end, self._target.get(dest, begin))
@@ -389,7 +405,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """What the batch ``(start, end]`` reads of each destination: ``[from, to)``."""
         out = {}
         for dest, stop in end.items():
-            begin = int(start[dest]) if dest in start else self.plan.start_of(dest)
+            begin = int(start[dest]) if dest in start else self.plan.first_read_of(dest, start)
             out[dest] = (min(begin, int(stop)), int(stop))
         return out
 

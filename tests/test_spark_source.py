@@ -162,6 +162,50 @@ def test_bad_options_are_named(spark, topic_with_messages, tmp_path: Path) -> No
         ).load().count()
 
 
+def test_a_query_reads_partitions_added_while_it_runs_from_their_first_offset(
+    spark, broker: RunningBroker, tmp_path: Path
+) -> None:
+    """Partitions added to a destination a query reads: the next micro-batch reads them from
+    their first offset (as Spark's Kafka source reads partitions it finds), even where the
+    query began at ``latest``; the partitions it read before go on from its checkpoint."""
+    name = "widening"
+    with Admin(broker.url) as admin:
+        admin.create_queue(name, partitions=2)
+    root = broker.broker.config.broker.data_dir
+    checkpoint, out = str(tmp_path / "checkpoint"), str(tmp_path / "out")
+
+    def run() -> list:
+        reader = (
+            spark.readStream.format("sparkmq")
+            .option("root", root)
+            .option("subscribe", name)
+            .option("startingOffsets", "latest")
+            .load()
+        )
+        query = (
+            reader.select("destination", "body")
+            .writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120), "the availableNow query did not finish in 120 s"
+        rows = spark.read.parquet(out).collect()
+        return sorted((r.destination, bytes(r.body)) for r in rows)
+
+    with Producer(broker.url) as producer:
+        producer.send_sync(b"old", destination=f"{name}~0")  # (before the query: not read)
+    assert run() == []
+    with Admin(broker.url) as admin:
+        assert admin.add_partitions(name, 3)
+    with Producer(broker.url) as producer:
+        for part in (0, 2, 2):
+            producer.send_sync(b"new-%d" % part, destination=f"{name}~{part}")
+    assert broker.broker.journal.move(timeout=60)
+    assert run() == [(f"{name}~0", b"new-0"), (f"{name}~2", b"new-2"), (f"{name}~2", b"new-2")]
+
+
 @pytest.mark.parametrize("fmt", ["sparkmq", "sparkmq_python"])
 def test_a_partitioned_destination_is_read_whole_with_offsets_per_partition(
     spark, broker: RunningBroker, fmt: str
