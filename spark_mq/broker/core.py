@@ -616,11 +616,12 @@ class Broker:
     def stats(self, name: str) -> dict[str, Any]:
         return self.admin.stats(name)
 
-    def partitions(self, name: str) -> dict[str, Any]:
+    def partitions(self, name: str, *, fresh: bool = False) -> dict[str, Any]:
         """``{"partitions", "kind"}`` of a partitioned destination; ``{"partitions": 1}`` for
-        any other name (a destination, or none: whichever member is asked answers, its count
-        as recorded now: partitions may have been added)."""
-        parts = self.destinations.partitioned(name, fresh=True)
+        any other name (a destination, or none: whichever member is asked answers). ``fresh``:
+        as recorded now, where partition 0 is served elsewhere (partitions may have been
+        added: a read of the bindings log, not for a loop); else as read up to 10 s ago."""
+        parts = self.destinations.partitioned(name, fresh=fresh)
         if parts is not None:
             return {"kind": parts[0], "partitions": parts[1]}
         return {"partitions": 1}

@@ -634,7 +634,7 @@ class ClientSession:
             case c.Partitions(name=name):
                 if not self.may_see(name):
                     self._check("produce", name)  # (raises, audited)
-                return b.partitions(name)
+                return b.partitions(name, fresh=True)  # (a Flight thread: it may read)
             case c.Browse():
                 self._check("browse", cmd.destination)
                 return b.browse(
