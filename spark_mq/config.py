@@ -80,6 +80,8 @@ class BrokerSection(_Section):
     stomp: bool = True
     stomp_port: int = Field(61613, ge=0, le=65535)
     stomp_heartbeat_ms: int = Field(10_000, ge=0)
+    # how often a STOMP subscription to a partitioned destination looks for partitions added
+    stomp_partitions_recheck_s: float = Field(10.0, gt=0)
     # a STOMP frame's headers (the body's limit is limits.max_message_bytes)
     stomp_max_headers: int = Field(64, ge=1, le=10_000)
     stomp_max_header_bytes: int = Field(16 * 1024, ge=256)

@@ -1008,6 +1008,24 @@ def test_a_stomp_client_of_one_member_is_served_every_destination_forwarded_to_i
             for i in range(10):
                 producer.send_sync(f"n-{i}", destination=news)
         assert [f.body for f in inbox.wait_messages(10)] == [f"n-{i}".encode() for i in range(10)]
+        # a subscription to a partitioned queue by its name takes on partitions added (one
+        # served here, one attached through the other member: broker.stomp_partitions_recheck_s)
+        with Admin(cluster.urls) as admin:
+            admin.create_queue("wide", partitions=2)
+            conn.subscribe("/queue/wide", id="sub-wide", ack="auto", headers={"receipt": "s-w"})
+            inbox.wait_receipt("s-w")
+            assert admin.add_partitions("wide", 4)
+            wait_for(lambda: {"wide~2", "wide~3"} <= set(cluster.owners("a")), 20, "placed")
+            admin.pin("wide~2", via)
+            admin.pin("wide~3", other)
+        wait_for(lambda: "wide~3" in cluster.serving(other)[other], 20, "wide~3 on the other")
+        inbox.messages.clear()
+        with Producer(cluster.urls) as producer:
+            for part in (2, 3):
+                producer.send_sync(f"w-{part}", destination=f"wide~{part}")
+        added = inbox.wait_messages(2, timeout=30)
+        assert sorted(f.body for f in added) == [b"w-2", b"w-3"]
+        assert {f.headers["subscription"] for f in added} == {"sub-wide"}
         # a temporary queue is its consumer's member's, reached from any member: the SDK
         # follows there, STOMP is forwarded there; once its consumer is gone, it is gone
         with Consumer(cluster.members[other].url, temporary=True) as replies:

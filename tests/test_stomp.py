@@ -34,6 +34,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
             # a heart-beat every 100 ms to a client that asks: the broker's own clock, for the
             # tests that show nothing more comes (BEATING)
             "--set", "broker.stomp_heartbeat_ms=100",
+            # subscriptions to partitioned destinations look for new partitions this often
+            "--set", "broker.stomp_partitions_recheck_s=0.2",
         ],
         log_file=str(base / "broker.out"),
     ).start()  # fmt: skip
@@ -472,6 +474,17 @@ def test_sends_to_a_partitioned_queue_are_placed_by_group_and_subscriptions_read
     assert len({f.headers["message-id"].rsplit(":", 1)[0] for f in frames}) == 3  # (partitions)
     whole.ack(frames[-1].headers["ack"], receipt="all-acked")
     whole_inbox.wait_receipt("all-acked")
+    assert not whole_inbox.errors
+    # a partition added while it is subscribed: read under the same subscription, its ACK too
+    with Admin(broker.url) as admin:
+        assert admin.add_partitions(q, 4)
+    with Producer(broker.url) as producer:
+        producer.send_sync(b"in-3", destination=f"{q}~3")
+    (late,) = whole_inbox.wait_messages(13)[12:]
+    assert (late.body, late.headers["subscription"]) == (b"in-3", "all")
+    assert late.headers["destination"] == f"/queue/{q}"
+    whole.ack(late.headers["ack"], receipt="late-acked")
+    whole_inbox.wait_receipt("late-acked")
     assert not whole_inbox.errors
     whole.disconnect()
     with Consumer(broker.url, q) as consumer:  # every partition's messages were acked

@@ -79,6 +79,7 @@ class StompConnection(LoopConnection):
         self.frames: deque[Frame] = deque()
         self._pump_due = False
         self.next_extend = 0.0  # when the leases of unacknowledged messages are extended next
+        self.next_widen = 0.0  # when subscriptions look for partitions added next
 
     # -- what the connection core leaves to STOMP ---------------------------------------------
     def refused(self, message: str) -> None:
@@ -334,6 +335,10 @@ class StompConnection(LoopConnection):
                 self.transport.write(b"\n")
         if self.verbs is not None and not self.core.state.ended and now >= self.next_extend:
             self.next_extend = now + self.verbs.extend_leases()
+        if self.verbs is not None and self.verbs.widening and now >= self.next_widen:
+            self.next_widen = now + self.server.settings.stomp_partitions_recheck_s
+            if not self.core.state.ended:
+                self.verbs.take_on_partitions()
 
     def stopping(self) -> None:
         self.error("the broker is shutting down: reconnect (to its backup, or once it is back)")

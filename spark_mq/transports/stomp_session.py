@@ -21,6 +21,7 @@ the broker's, as for the SDK.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -137,6 +138,10 @@ class StompSession:
         self.moved: set[str] = set()
         self._tokens = itertools.count(1)
         self._requests = itertools.count(1)
+        # subscriptions to a partitioned destination by its own name: the destination, and how
+        # a part is attached (partitions added later are taken on: take_on_partitions)
+        self.widening: dict[str, tuple[str, Callable[[str], tuple[ConsumerHandle, Any]]]] = {}
+        self._taking_on: set[str] = set()  # (their parts being attached on a helper thread)
 
     def frame(self, frame: Frame) -> None:
         """One frame after CONNECT; a ``StompError`` or ``SparkMQError`` is the ERROR."""
@@ -293,14 +298,11 @@ class StompSession:
             except Partitioned as parted:  # a part for each partition, under this one id
                 if target.kind == "temp-queue":
                     raise
-                attached: list[tuple[ConsumerHandle, c.Attach | None]] = []
-                try:
-                    for i in range(int(parted.fields["partitions"])):
-                        attached.append(attach(partition_name(name, i)))
-                except BaseException:
-                    for consumer, _ in attached:
-                        session.detach(consumer)
-                    raise
+                count = int(parted.fields["partitions"])
+                attached = self._attach_parts(
+                    attach, [partition_name(name, i) for i in range(count)]
+                )
+                self.widening[sub_id] = (name, attach)
                 return attached
 
         self._now_or_on_helper(
@@ -378,6 +380,7 @@ class StompSession:
         parts = self.subs.pop(sub_id, None)
         if parts is None:
             raise StompError(f"there is no subscription {sub_id!r} on this connection")
+        self.widening.pop(sub_id, None)
         self._forget_tokens(list(parts[0].pending))
         session = self.session
         for sub in parts:
@@ -399,6 +402,87 @@ class StompSession:
                 left.pop(0)
 
         self._now_or_on_helper(frame, unsubscribe_left, lambda _: self.conn.receipt(frame))
+
+    def take_on_partitions(self) -> None:
+        """(Every ``broker.stomp_partitions_recheck_s``.) A subscription to a partitioned
+        destination by its name gets a part for each partition added since (their
+        deliveries under its id, its cumulative ACK covering them too). A part that must be
+        attached through another member is attached on a helper thread (the loop never
+        waits); one that cannot be yet is tried next time."""
+        for sub_id, (name, attach) in list(self.widening.items()):
+            parts = self.subs.get(sub_id)
+            if parts is None:  # (unsubscribed)
+                del self.widening[sub_id]
+                continue
+            if sub_id in self._taking_on:
+                continue
+            count = self.session.partitions(name)  # (as the broker read it lately)
+            if count <= len(parts):
+                continue
+            added = [partition_name(name, i) for i in range(len(parts), count)]
+            try:
+                self._took_on(sub_id, parts, self._attach_parts(attach, added))
+            except NotOwner:
+                if self.session.forwarding is None:
+                    raise
+                self._taking_on.add(sub_id)
+                fut = self.listener.run_blocking(self._attach_parts, attach, added)
+                fut.add_done_callback(
+                    functools.partial(self._threadsafe_took_on_later, sub_id, parts)
+                )
+            except SparkMQError as exc:
+                log.info("stomp: %s's subscription %r takes on %s's new partitions later: %s",
+                         self.conn.peer, sub_id, name, exc.message)  # fmt: skip
+
+    def _attach_parts(
+        self, attach: Callable[[str], tuple[ConsumerHandle, Any]], names: list[str]
+    ) -> list[tuple[ConsumerHandle, Any]]:
+        """A part for each of ``names``; none kept when one cannot be attached."""
+        attached: list[tuple[ConsumerHandle, Any]] = []
+        try:
+            for name in names:
+                attached.append(attach(name))
+        except BaseException:
+            for consumer, _ in attached:
+                self.session.detach(consumer)
+            raise
+        return attached
+
+    def _threadsafe_took_on_later(self, sub_id: str, parts: list[_Sub], fut: Future) -> None:
+        self.conn.threadsafe(self._took_on_later, sub_id, parts, fut)
+
+    def _took_on_later(self, sub_id: str, parts: list[_Sub], fut: Future) -> None:
+        self._taking_on.discard(sub_id)
+        exc = fut.exception()
+        if exc is not None:
+            log.info("stomp: %s's subscription %r takes on new partitions later: %s",
+                     self.conn.peer, sub_id, exc)  # fmt: skip
+            return
+        self._took_on(sub_id, parts, fut.result())
+
+    def _took_on(
+        self, sub_id: str, parts: list[_Sub], attached: list[tuple[ConsumerHandle, Any]]
+    ) -> None:
+        if self.subs.get(sub_id) is not parts:  # (unsubscribed meanwhile: let them go)
+            for consumer, _ in attached:
+                self.session.detach(consumer)
+            return
+        first = parts[0]
+        for consumer, cmd in attached:
+            parts.append(
+                _Sub(
+                    sub_id,
+                    consumer,
+                    first.destination,
+                    consumer.destination,
+                    first.ack,
+                    first.pending,
+                    cmd,
+                )
+            )
+            log.info("stomp: %s's subscription %r reads %s too (a partition added)",
+                     self.conn.peer, sub_id, consumer.destination)  # fmt: skip
+        self.conn.set()
 
     def _parts(self) -> list[_Sub]:
         return [sub for parts in self.subs.values() for sub in parts]
