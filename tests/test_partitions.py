@@ -345,6 +345,91 @@ def test_partitions_added_to_a_topic_reach_its_subscriptions_producers_and_consu
         assert admin.stats("growing~3")["subscriptions"]["all"]["acked"] == 1
 
 
+def _subscriptions_of(broker: RunningBroker, part: str) -> dict[str, str | None]:
+    """A partition's durable subscriptions as recorded, with their selectors."""
+    recorded = broker.broker.journal.recorded(part)
+    assert recorded is not None, part
+    return {s.name: s.selector for s in recorded.subscriptions.values()}
+
+
+def test_a_change_made_while_partitions_are_added_reaches_the_new_ones_too(
+    broker: RunningBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subscription made or removed, or a setting changed, while partitions are added (the
+    growth having read partition 0 already): the growth reads partition 0 again once its count
+    is raised and does the change to the new partitions too."""
+    with Admin(broker.url) as admin:
+        admin.create_topic("racing", partitions=2)
+        admin.create_subscription("racing", "old")
+    registry = broker.broker.admin.destinations
+    create, read, go = registry.create, threading.Event(), threading.Event()
+
+    def held_create(name: str, *args, **kwargs) -> bool:
+        if name == "racing~2":  # (the growth has read partition 0's subscriptions)
+            read.set()
+            assert go.wait(30)
+        return create(name, *args, **kwargs)
+
+    monkeypatch.setattr(registry, "create", held_create)
+    grown: list[bool] = []
+    growth = threading.Thread(
+        target=lambda: grown.append(Admin(broker.url).add_partitions("racing", 4))
+    )
+    growth.start()
+    assert read.wait(30)
+    with Admin(broker.url) as admin:
+        assert admin.create_subscription("racing", "new", selector="kind = 'x'")
+        admin.delete_subscription("racing", "old")
+        admin.configure("racing", max_delivery_attempts=7)
+        assert admin.partitions("racing") == 2  # (what the client saw: the growth is held)
+    go.set()
+    growth.join(30)
+    assert grown == [True]
+    with Admin(broker.url) as admin:
+        for index in range(4):
+            part = f"racing~{index}"
+            assert _subscriptions_of(broker, part) == {"new": "kind = 'x'"}, part
+            assert admin.stats(part)["settings"]["max_delivery_attempts"] == 7, part
+
+
+def test_an_admin_client_does_its_change_to_partitions_added_before_it_reached_partition_0(
+    broker: RunningBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A growth that ran whole between an admin client's change of partitions 1.. and of
+    partition 0 (so it never saw the change): the client reads the count again after partition
+    0 and does the change to the new partitions too; a subscription removed that the new ones
+    never had is no error."""
+    with Admin(broker.url) as admin:
+        admin.create_topic("behind", partitions=2)
+    core = broker.broker.admin
+    create, delete = core.create_subscription, core.delete_subscription
+
+    def grow(count: int) -> None:
+        growth = threading.Thread(target=lambda: Admin(broker.url).add_partitions("behind", count))
+        growth.start()
+        growth.join(30)
+
+    def create_after_growth(destination: str, name: str, selector: str | None = None) -> bool:
+        if destination == "behind~0" and name == "late":
+            grow(3)  # (reads partition 0 before and after: no "late" there yet)
+        return create(destination, name, selector)
+
+    def growth_after_delete(destination: str, name: str) -> None:
+        delete(destination, name)
+        if destination == "behind~0":
+            grow(4)  # (partition 3 is made without "late")
+
+    monkeypatch.setattr(core, "create_subscription", create_after_growth)
+    monkeypatch.setattr(core, "delete_subscription", growth_after_delete)
+    with Admin(broker.url) as admin:
+        assert admin.create_subscription("behind", "late")
+        assert admin.partitions("behind") == 3
+        assert all(_subscriptions_of(broker, f"behind~{i}") == {"late": None} for i in range(3))
+        admin.delete_subscription("behind", "late")
+        assert admin.partitions("behind") == 4
+        assert all(_subscriptions_of(broker, f"behind~{i}") == {} for i in range(4))
+
+
 def test_adding_partitions_says_what_cannot_be_done(broker: RunningBroker) -> None:
     with Admin(broker.url) as admin:
         admin.create_queue("single")

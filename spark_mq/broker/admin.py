@@ -3,6 +3,7 @@ their statistics."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -13,7 +14,12 @@ from spark_mq.broker.memory import MemoryMonitor
 from spark_mq.broker.registry import Destinations
 from spark_mq.broker.selector import compile_selector
 from spark_mq.config import BrokerConfig
-from spark_mq.errors import ConfigError, DestinationExists, DestinationNotFound
+from spark_mq.errors import (
+    ConfigError,
+    DestinationExists,
+    DestinationNotFound,
+    SubscriptionNotFound,
+)
 from spark_mq.journal import Journal
 from spark_mq.journal.base import Kind
 from spark_mq.names import MAX_PARTITIONS, partition_name, validate_name
@@ -141,6 +147,7 @@ class DestinationAdmin:
                 dest.overrides, dest.settings = overrides, effective
                 for sub in dest.subscriptions.values():
                     sub.settings = effective
+            self._catch_up(name, range(before, count), settings, subscriptions)
         log.info(
             "%s %s grew from %d to %d partitions",
             dest.kind,
@@ -150,6 +157,57 @@ class DestinationAdmin:
             extra={"destination": name},
         )
         return {"before": before, "partitions": count}
+
+    def _catch_up(
+        self,
+        name: str,
+        added: range,
+        settings: dict[str, Any],
+        subscriptions: dict[str, str | None],
+    ) -> None:
+        """What changed at partition 0 while partitions ``added`` were made from its
+        ``settings`` and ``subscriptions`` (an admin client making or removing a subscription,
+        or changing a setting, partition 0 last), done to them too. Such a client reads the
+        count once it is done with partition 0, and this reads partition 0 once the count is
+        raised: one of the two always sees the other, so no new partition misses the change."""
+        first = partition_name(name, 0)
+        dest = self.destinations.administrable(first)
+        recorded = self.journal.recorded(first)
+        now = (
+            {s.name: s.selector for s in recorded.subscriptions.values()}
+            if recorded is not None and dest.kind == "topic"
+            else {}
+        )
+        with dest.lock:
+            overrides = {k: v for k, v in dest.overrides.items() if k != "partitions"}
+        changed = {k: v for k, v in overrides.items() if settings.get(k) != v}
+        gone = [s for s, selector in subscriptions.items() if now.get(s, selector) != selector]
+        gone += [s for s in subscriptions if s not in now]
+        made = {
+            s: selector
+            for s, selector in now.items()
+            if s not in subscriptions or subscriptions[s] != selector
+        }
+        if not (changed or gone or made):
+            return
+        log.info(
+            "%s changed while it grew (settings %s, subscriptions made %s, removed %s): done to "
+            "its new partitions too",
+            name,
+            sorted(changed),
+            sorted(made),
+            sorted(gone),
+            extra={"destination": name},
+        )
+        for index in added:
+            part = partition_name(name, index)
+            if changed:
+                self.configure_destination(part, changed)
+            for sub in gone:
+                with contextlib.suppress(SubscriptionNotFound):  # (the client removed it)
+                    self.delete_subscription(part, sub)
+            for sub, selector in made.items():
+                self.create_subscription(part, sub, selector)
 
     def _check_left_over(self, part: str, subscriptions: dict[str, str | None]) -> None:
         """A partition made by a growth cut short (its partition 0's count not yet raised):

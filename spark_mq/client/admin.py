@@ -19,7 +19,13 @@ from spark_mq.client._transport import (
     connect,
     translated,
 )
-from spark_mq.errors import BrokerUnavailable, NotAllowed, NotOwner, Partitioned
+from spark_mq.errors import (
+    BrokerUnavailable,
+    NotAllowed,
+    NotOwner,
+    Partitioned,
+    SubscriptionNotFound,
+)
 from spark_mq.names import partition_name
 from spark_mq.security.credentials import Auth
 
@@ -78,10 +84,16 @@ class Admin:
                 conn = self._member(endpoint)
                 client, options = conn.client, conn.options
 
-    def _each_partition(self, action: str, key: str, /, **body: Any) -> list[Any]:
+    def _each_partition(
+        self, action: str, key: str, /, *, through_growth: bool = False, **body: Any
+    ) -> list[Any]:
         """The action's answer, in a list; of a partitioned destination (``body[key]``), the
         answer of each of its partitions (each asked where it is served), partition 0's last
-        (it is what says the destination exists)."""
+        (it is what says the destination exists). ``through_growth``: a change the partitions
+        added meanwhile must have too (a subscription, a setting): the count is read again
+        once partition 0 has it, and partitions found then are asked too (their answers before
+        partition 0's). A growth reads partition 0 again once it has raised the count, so one
+        of the two sees the other (``DestinationAdmin._catch_up``)."""
         try:
             return [self._call(action, **body)]
         except Partitioned as exc:
@@ -89,10 +101,18 @@ class Admin:
             # (the count as recorded now: a member that does not serve partition 0 may say one
             # read a few seconds ago, before partitions were added)
             n = max(int(exc.fields.get("partitions", 1)), self.partitions(name))
-            return [
+            answers = [
                 self._call(action, **{**body, key: partition_name(name, index)})
                 for index in [*range(1, n), 0]
             ]
+            if through_growth:
+                for index in range(n, self.partitions(name)):
+                    try:
+                        answer = self._call(action, **{**body, key: partition_name(name, index)})
+                    except SubscriptionNotFound:  # (made after it was removed: never had it)
+                        continue
+                    answers.insert(-1, answer)
+            return answers
 
     def ping(self) -> bool:
         return bool(self._call("ping")["ok"])
@@ -124,7 +144,7 @@ class Admin:
             if not settings:
                 return dict(self.stats(name)["settings"])
         return dict(self._each_partition("configure_destination", "name", name=name,
-                                         settings=settings)[-1])  # fmt: skip
+                                         settings=settings, through_growth=True)[-1])  # fmt: skip
 
     def add_partitions(self, name: str, partitions: int) -> bool:
         """Grow the partitioned destination ``name`` to ``partitions`` partitions in all, as
@@ -180,12 +200,15 @@ class Admin:
         """A durable subscription: it keeps every message published from now on until acked
         (with ``selector``, only those it selects)."""
         answers = self._each_partition(
-            "create_subscription", "destination", destination=topic, name=name, selector=selector
-        )
+            "create_subscription", "destination", destination=topic, name=name,
+            selector=selector, through_growth=True,
+        )  # fmt: skip
         return any(a["created"] for a in answers)
 
     def delete_subscription(self, topic: str, name: str) -> None:
-        self._each_partition("delete_subscription", "destination", destination=topic, name=name)
+        self._each_partition(
+            "delete_subscription", "destination", destination=topic, name=name, through_growth=True
+        )
 
     def purge(self, name: str, subscription: str | None = None) -> int:
         """Remove every waiting message of a queue (or a topic's subscription); leased ones
