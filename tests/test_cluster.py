@@ -347,6 +347,16 @@ def test_a_partitioned_destination_spreads_over_the_members_and_is_read_whole(
         stats = admin.stats("hot")
         assert stats["produced"] == 1000 and stats["depth"] == 0
         assert sorted(p["name"] for p in stats["partitions"]) == sorted(parts)
+    with Producer(cluster.members["b"].url) as producer:
+        for i in range(8):
+            producer.send_sync(f"{i}", destination="hot", group_id=groups[i])
+    with Admin(cluster.members["a"].url) as admin:  # (a Spark query's claims, at each owner)
+        claimed: list[bytes] = []
+        for part in sorted(parts):
+            if admin.claim(part, "etl", 1, 10):
+                claimed += admin.claimed(part, "etl", 1)["body"].to_pylist()
+        assert sorted(claimed) == [f"{i}".encode() for i in range(8)]
+        assert admin.release_claims("hot", "etl") == 8
         admin.delete_destination("hot")
     wait_for(lambda: not any(cluster.serving().values()), 20, "the partitions deleted")
     _kafka_reads_a_partitioned_topic_from_each_partitions_owner(cluster)

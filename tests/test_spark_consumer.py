@@ -113,3 +113,64 @@ def test_consumer_options_are_checked(spark, broker: RunningBroker) -> None:
         SourceOptions.parse({"root": "/x", "destination": "q", "subscription": "s"})
     with pytest.raises(Exception, match="for streaming queries"):
         spark.read.format("sparkmq").option("url", broker.url).options(**base).load().collect()
+
+
+def test_a_partitioned_queue_is_consumed_in_claims_of_each_partition(
+    spark, broker: RunningBroker
+) -> None:
+    """Option ``consumer`` on a partitioned queue: each micro-batch claims from every
+    partition (``maxMessagesPerTrigger`` shared), a restarted query replays its uncommitted
+    batch with the same messages, each group stays in order, a partition added while the
+    query runs is consumed too, and releasing a consumer name gives back what it held on
+    every partition."""
+    with Admin(broker.url) as admin:
+        admin.create_queue("parted", partitions=3)
+    with Producer(broker.url) as producer:
+        for i in range(24):  # (group g<k> in partition k % 3)
+            producer.send_sync(b"%d" % i, destination=f"parted~{i % 3}", group_id=f"g{i % 6}")
+    with Admin(broker.url) as admin:
+        for part in ("parted~0", "parted~1"):
+            assert admin.claim(part, "gone", 1, 2) == 2
+        assert admin.release_claims("parted", "gone") == 4
+        with pytest.raises(Exception, match="may not claim again"):
+            admin.claim("parted~1", "gone", 2, 2)
+    checkpoint = tempfile.mkdtemp()
+    seen: dict[int, list[tuple[str, bytes]]] = {}
+
+    def fail_second(df, batch_id: int) -> None:
+        seen[batch_id] = [(r.destination, bytes(r.body)) for r in df.collect()]
+        if batch_id == 1:
+            raise RuntimeError("the sink is down")
+
+    query = consume(spark, broker, checkpoint, fail_second, destination="parted")
+    with pytest.raises(Exception, match="the sink is down"):
+        query.awaitTermination(120)
+    first_try = dict(seen)
+    assert [len(first_try[b]) for b in (0, 1)] == [10, 10]
+    assert {d for d, _ in first_try[0]} == {"parted~0", "parted~1", "parted~2"}
+
+    seen.clear()
+    query = consume(
+        spark, broker, checkpoint, lambda df, b: fail_second(df, b + 100), destination="parted"
+    )
+    try:
+        query.processAllAvailable()
+        assert sorted(seen[101]) == sorted(first_try[1])  # the same messages again
+        with Admin(broker.url) as admin:
+            assert admin.add_partitions("parted", 4)
+        with Producer(broker.url) as producer:
+            producer.send_sync(b"late", destination="parted~3", group_id="g9")
+        wait_for(lambda: any(body == b"late" for got in seen.values() for _, body in got), 60,
+                 "the message in the partition added")  # fmt: skip
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    batches = [first_try[0]] + [seen[b] for b in sorted(seen)]
+    bodies = [body for got in batches for _, body in got]
+    assert sorted(bodies) == sorted([b"%d" % i for i in range(24)] + [b"late"])  # each once
+    for group in range(6):  # each group in its order, across batches
+        mine = [int(body) for body in bodies if body != b"late" and int(body) % 6 == group]
+        assert mine == sorted(mine), group
+    with Admin(broker.url) as admin:
+        wait_for(lambda: admin.stats("parted")["acked"] == 25, 30, "every message acked")
+        assert admin.stats("parted")["depth"] == 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -30,6 +30,7 @@ from spark_mq.names import partition_name
 from spark_mq.security.credentials import Auth
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Admin:
@@ -69,11 +70,16 @@ class Admin:
         """The action's answer; in a cluster, from the member that owns the destination it
         names (a member that does not says which does: asked there at once; one being placed
         just now is asked about again shortly, up to ``timeout_s``)."""
+        return self._at_owner(lambda client, options: call_action(client, options, action, **body))
+
+    def _at_owner(self, ask: Callable[[fl.FlightClient, fl.FlightCallOptions], T]) -> T:
+        """``ask`` of this member, or of the member a ``NotOwner`` answer names (see
+        :meth:`_call`)."""
         deadline = time.monotonic() + self._timeout_s
         client, options = self._client, self._options
         while True:
             try:
-                return call_action(client, options, action, **body)
+                return ask(client, options)
             except NotOwner as exc:
                 if time.monotonic() >= deadline:
                     raise
@@ -258,8 +264,13 @@ class Admin:
     ) -> pa.Table:
         """The messages of one claim, in offset order."""
         frame = protocol.Claimed(destination, subscription, consumer, number)
-        with translated():
-            return self._client.do_get(fl.Ticket(protocol.encode(frame)), self._options).read_all()
+        ticket = fl.Ticket(protocol.encode(frame))
+
+        def fetch(client: fl.FlightClient, options: fl.FlightCallOptions) -> pa.Table:
+            with translated():
+                return client.do_get(ticket, options).read_all()
+
+        return self._at_owner(fetch)
 
     def ack_claims(
         self, destination: str, consumer: str, upto: int, *, subscription: str | None = None
@@ -279,15 +290,16 @@ class Admin:
         self, destination: str, consumer: str, *, subscription: str | None = None
     ) -> int:
         """Give back everything ``consumer`` (a Spark query's consumer name) holds, for a query
-        that is gone for good; the name may not claim again. Returns how many messages."""
-        return int(
-            self._call(
-                "release_claims",
-                destination=destination,
-                subscription=subscription,
-                consumer=consumer,
-            )["released"]
+        that is gone for good; the name may not claim again (of a partitioned destination: on
+        any of its partitions). Returns how many messages."""
+        answers = self._each_partition(
+            "release_claims",
+            "destination",
+            destination=destination,
+            subscription=subscription,
+            consumer=consumer,
         )
+        return sum(int(a["released"]) for a in answers)
 
     def stats(self, name: str) -> dict[str, Any]:
         """A destination's statistics. A partitioned one's: each partition's (``partitions``,
