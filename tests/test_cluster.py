@@ -467,6 +467,36 @@ def _kafka_adds_partitions_through_a_member_that_does_not_serve_partition_0(
         assert producer.flush(30) == 0
         (m,) = receive_n(reader, 1, timeout=20)
         assert (m.body, m.partition) == (b"in the new one", 5)
+    _kafka_administers_a_topic_spread_over_members_at_either(cluster, kafka_admin, parts)
+
+
+def _kafka_administers_a_topic_spread_over_members_at_either(
+    cluster: Cluster, kafka_admin: Any, parts: set[str]
+) -> None:
+    """Kafka's configs altered and described, and the topic deleted, through a member that
+    serves only some of its partitions: those the other serves are done there."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    owners = cluster.owners("a")
+    assert {owners[p] for p in parts} == {"a", "b"}  # (spread: each member has some)
+    entry = ConfigEntry(
+        "sparkmq.max_delivery_attempts", "6", incremental_operation=AlterConfigOpType.SET
+    )
+    change = ConfigResource(ConfigResource.Type.TOPIC, "ktop", incremental_configs=[entry])
+    for altered in kafka_admin.incremental_alter_configs([change]).values():
+        altered.result(30)
+    with Admin(cluster.urls) as admin:
+        stats = admin.stats("ktop")["partitions"]
+        assert [p["settings"]["max_delivery_attempts"] for p in stats] == [6] * len(parts)
+    (described,) = kafka_admin.describe_configs(
+        [ConfigResource(ConfigResource.Type.TOPIC, "ktop")]
+    ).values()
+    assert described.result(30)["sparkmq.max_delivery_attempts"].value == "6"
+    for deleted in kafka_admin.delete_topics(["ktop"]).values():
+        deleted.result(30)
+    wait_for(lambda: not parts & set(cluster.owners("a")), 20, "every partition deleted")
+    with Admin(cluster.urls) as admin:
+        assert admin.partitions("ktop") == 1  # (none: no such destination)
 
 
 def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:

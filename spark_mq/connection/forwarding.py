@@ -12,7 +12,8 @@ when it moves).
   answered once the owner made it durable. Leases, redelivery, groups and dead-lettering stay
   the owner's.
 * A durable subscription is looked up, made and removed at the owner through one SDK ``Admin``
-  of the member's (round trips: asked on a thread that may wait, never a listener's loop).
+  of the member's (round trips: asked on a thread that may wait, never a listener's loop); so
+  are Kafka's admin requests of a partition served elsewhere (deleted, configured, described).
 
 Who may do what is checked here, by the client's session, before anything is forwarded (the
 client's login and the access rules are this member's, and its audit says what it did). The
@@ -179,6 +180,22 @@ class Forwarding:
         0 is served (for a client whose protocol cannot be sent there: Kafka's admin clients
         ask their controller); False when it had that many."""
         return bool(self._administer(owner, lambda admin: admin.add_partitions(name, count)))
+
+    def administer(self, owner: NotOwner, cmd: c.Command) -> Any:
+        """Admin command ``cmd`` of a destination (a partition) another member serves, done
+        there, answered as the session's ``execute`` answers it here (for Kafka's admin
+        requests: its clients send them to any broker, the controller)."""
+        call: Callable[[Admin], Any]
+        match cmd:
+            case c.DeleteDestination(name=name):
+                call = lambda admin: admin.delete_destination(name)  # noqa: E731
+            case c.ConfigureDestination(name=name, settings=settings):
+                call = lambda admin: admin.configure(name, **settings)  # noqa: E731
+            case c.Stats(name=name):
+                call = lambda admin: admin.stats(name)  # noqa: E731
+            case _:
+                raise TypeError(f"not forwarded: {cmd!r}")
+        return self._administer(owner, call)
 
     def _administer(self, owner: NotOwner, call: Callable[[Admin], Any]) -> Any:
         """``call`` made with the member's administration client; the owner's refusal of this

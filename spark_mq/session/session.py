@@ -340,11 +340,12 @@ class ClientSession:
             self._check("consume", destination)  # (raises, audited)
         return self.broker.destination_kind(destination)
 
-    def partitions(self, destination: str) -> int:
+    def partitions(self, destination: str, *, fresh: bool = False) -> int:
         """How many partitions ``destination`` has (1: none, or no such destination); what a
         protocol that names partitions (Kafka) maps them with. Asked after the access checks
-        of what it is for."""
-        return int(self.broker.partitions(destination)["partitions"])
+        of what it is for. ``fresh``: read from the bindings log now (not on a loop), not the
+        count held (read up to ``PARTITIONS_REREAD_S`` ago)."""
+        return int(self.broker.partitions(destination, fresh=fresh)["partitions"])
 
     def newest_dedup_number(self, destination: str, prefix: str) -> int | None:
         """The number of the newest dedup id ``<prefix>-<n>`` stored in ``destination`` (as far
@@ -540,20 +541,24 @@ class ClientSession:
             self.detach(consumer)
 
     # -- everything else ---------------------------------------------------------------------
-    def execute(self, cmd: c.Command) -> Any:
+    def execute(self, cmd: c.Command, elsewhere: Callable[[NotOwner], Any] | None = None) -> Any:
         """Authorize ``cmd`` and carry it out; returns what the broker answers. Admin commands
-        are audited, done or failed."""
+        are audited, done or failed (not where another member serves the destination: there
+        it is audited when done). ``elsewhere``: what does it there, once authorized here
+        (a cluster member's forwarding, for a protocol whose clients cannot be sent there),
+        and its answer is this one's."""
         if self.revoked is not None:
             raise NotAuthenticated(self.revoked)
         self.counts[type(cmd).__name__] += 1
         if self.audit is None or not isinstance(cmd, _AUDITED):
-            return self._execute(cmd)
+            return self._execute_or(cmd, elsewhere)
         what = type(cmd).__name__
         target = getattr(cmd, "destination", None) or getattr(cmd, "name", None)
         try:
-            result = self._execute(cmd)
+            result = self._execute_or(cmd, elsewhere)
         except SparkMQError as exc:
-            if not isinstance(exc, NotAuthorized):  # (a refusal is audited as one already)
+            # (a refusal is audited as one already; a NotOwner is no outcome)
+            if not isinstance(exc, NotAuthorized | NotOwner):
                 self._audit("admin", what, target, outcome="failed", detail=exc.message)
             raise
         self._audit("admin", what, target, outcome="done")
@@ -566,6 +571,14 @@ class ClientSession:
             extra={"principal": self.principal.name, "destination": target},
         )
         return result
+
+    def _execute_or(self, cmd: c.Command, elsewhere: Callable[[NotOwner], Any] | None) -> Any:
+        try:
+            return self._execute(cmd)
+        except NotOwner as owner:
+            if elsewhere is None:
+                raise
+            return elsewhere(owner)
 
     def _execute(self, cmd: c.Command) -> Any:
         b = self.broker

@@ -14,6 +14,7 @@ own, ``<topic>~<i>``, which deleting, describing and altering the topic deal wit
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from datetime import timedelta
@@ -21,6 +22,7 @@ from typing import Any
 
 from spark_mq import commands as c
 from spark_mq.commands import Kind
+from spark_mq.connection.forwarding import Forwarding
 from spark_mq.connection.listener import ListenerCore
 from spark_mq.errors import ConfigError, DestinationExists, NotOwner, SparkMQError
 from spark_mq.names import MAX_PARTITIONS, partition_name
@@ -89,27 +91,44 @@ class AdminRequests:
         )
 
     def _each_partition(
-        self, command: Callable[..., c.Command], name: str, *args: Any
+        self, command: Callable[..., c.Command], name: str, *args: Any, first: bool = False
     ) -> list[Any]:
-        """The session's answers to ``command`` for topic ``name``: one, or a partitioned
-        topic's for each of its partitions, partition 0's last (the one that says the topic
-        exists). A cluster's partitions another member serves are refused (``NotOwner``), as
-        a broker that is not the controller refuses."""
-        n = self.session.partitions(name)
-        if n == 1:
-            return [self.session.execute(command(name, *args))]
-        return [
-            self.session.execute(command(partition_name(name, i), *args)) for i in [*range(1, n), 0]
-        ]
+        """(A helper thread.) The session's answers to ``command`` for topic ``name``: one,
+        or a partitioned topic's for each of its partitions (their count read now), partition
+        0's last (the one that says the topic exists). A cluster's partitions another member
+        serves are done there through this member's forwarding (Kafka's admin clients send
+        these to the controller, whichever broker leads the partitions). ``first``: only
+        partition 0's (what describes the topic)."""
+        n = 1 if first else self.session.partitions(name, fresh=True)
+        names = [name] if n == 1 else [partition_name(name, i) for i in [*range(1, n), 0]]
+        if first and self.session.partitions(name) > 1:
+            names = [partition_name(name, 0)]
+        forwarding = self.listener.gateway.forwarding
+        answers = []
+        for part in names:
+            cmd = command(part, *args)
+            elsewhere = None if forwarding is None else functools.partial(_forward, forwarding, cmd)
+            answers.append(self.session.execute(cmd, elsewhere))
+        return answers
+
+    def _answer_later(self, slot: Any, respond: Callable[[], Any]) -> None:
+        """The response ``respond()`` makes (it never raises: each resource's error is in
+        it), made on a helper thread (it commits, or asks other members) and answered in its
+        slot; the requests behind it go on meanwhile."""
+        fut = self.listener.run_blocking(respond)
+        fut.add_done_callback(lambda f: self.link.threadsafe(self.link.answer, slot, f.result()))
 
     def _describe_configs(self, r: Request, slot: Any) -> None:
+        self._answer_later(slot, lambda: self._configs_described(r))
+
+    def _configs_described(self, r: Request) -> Any:
         mod = codec.response_module(r.api_key, r.version)
         results = []
         for res in r.body.resources:
             err, message, configs = ErrorCode.none, None, []
             if res.resource_type == _TOPIC:
                 try:
-                    stats = self._each_partition(c.Stats, res.resource_name)[-1]
+                    (stats,) = self._each_partition(c.Stats, res.resource_name, first=True)
                     values = {"sparkmq.kind": str(stats["kind"])}
                     retention = stats["settings"].get("retention_s") or 0
                     values[RETENTION_MS] = str(int(retention * 1000) if retention else -1)
@@ -134,6 +153,8 @@ class AdminRequests:
                     ]
                 except SparkMQError as exc:
                     err, message = error_code(exc), message_of(exc)
+                except Exception as exc:  # (answered, not a closed connection: logged here)
+                    err, message = _unexpected("DescribeConfigs", res.resource_name, exc)
             elif res.resource_type != _BROKER:
                 err, message = ErrorCode.invalid_request, "topics and brokers have configs here"
             results.append(
@@ -147,12 +168,12 @@ class AdminRequests:
                     configs=tuple(configs),
                 )
             )
-        self.link.answer(
-            slot,
-            build(mod, "DescribeConfigsResponse", throttle_time=_ZERO, results=tuple(results)),
-        )
+        return build(mod, "DescribeConfigsResponse", throttle_time=_ZERO, results=tuple(results))
 
     def _alter_configs(self, r: Request, slot: Any) -> None:
+        self._answer_later(slot, lambda: self._configs_altered(r))
+
+    def _configs_altered(self, r: Request) -> Any:
         mod = codec.response_module(r.api_key, r.version)
         out = []
         for res in r.body.resources:
@@ -180,6 +201,8 @@ class AdminRequests:
                 err, message = ErrorCode.invalid_config, str(exc)
             except SparkMQError as exc:
                 err, message = error_code(exc), message_of(exc)
+            except Exception as exc:  # (answered, not a closed connection: logged here)
+                err, message = _unexpected("IncrementalAlterConfigs", res.resource_name, exc)
             out.append(
                 build(
                     mod,
@@ -190,11 +213,8 @@ class AdminRequests:
                     resource_name=res.resource_name,
                 )
             )
-        self.link.answer(
-            slot,
-            build(
-                mod, "IncrementalAlterConfigsResponse", throttle_time=_ZERO, responses=tuple(out)
-            ),
+        return build(
+            mod, "IncrementalAlterConfigsResponse", throttle_time=_ZERO, responses=tuple(out)
         )
 
     def _create_topics(self, r: Request, slot: Any) -> None:
@@ -250,6 +270,9 @@ class AdminRequests:
         )
 
     def _delete_topics(self, r: Request, slot: Any) -> None:
+        self._answer_later(slot, lambda: self._topics_deleted(r))
+
+    def _topics_deleted(self, r: Request) -> Any:
         body = r.body
         mod = codec.response_module(r.api_key, r.version)
         names = [t.name for t in body.topics] if r.version >= 6 else list(body.topic_names)
@@ -263,6 +286,8 @@ class AdminRequests:
                     self._each_partition(c.DeleteDestination, name)
                 except SparkMQError as exc:
                     err, message = error_code(exc), message_of(exc)
+                except Exception as exc:  # (answered, not a closed connection: logged here)
+                    err, message = _unexpected("DeleteTopics", name, exc)
             results.append(
                 build(
                     mod,
@@ -273,10 +298,7 @@ class AdminRequests:
                     error_message=message,
                 )
             )
-        self.link.answer(
-            slot,
-            build(mod, "DeleteTopicsResponse", throttle_time=_ZERO, responses=tuple(results)),
-        )
+        return build(mod, "DeleteTopicsResponse", throttle_time=_ZERO, responses=tuple(results))
 
     def _create_partitions(self, r: Request, slot: Any) -> None:
         """CreatePartitions: each topic grown to its ``count`` partitions in all (``admin``),
@@ -285,7 +307,7 @@ class AdminRequests:
         topics = [(t.name, t.count, bool(t.assignments)) for t in r.body.topics]
         validate_only = bool(r.body.validate_only)
 
-        def grow() -> list[Any]:
+        def grow() -> Any:
             results = []
             for name, count, assigned in topics:
                 err, message = self._grow(name, count, assigned, validate_only)
@@ -298,16 +320,11 @@ class AdminRequests:
                         error_message=message,
                     )
                 )
-            return results
-
-        def answer(results: list[Any]) -> None:
-            self.link.answer(
-                slot,
-                build(mod, "CreatePartitionsResponse", throttle_time=_ZERO, results=tuple(results)),
+            return build(
+                mod, "CreatePartitionsResponse", throttle_time=_ZERO, results=tuple(results)
             )
 
-        fut = self.listener.run_blocking(grow)
-        fut.add_done_callback(lambda f: self.link.threadsafe(answer, f.result()))
+        self._answer_later(slot, grow)
 
     def _grow(
         self, name: str, count: int, assigned: bool, validate_only: bool
@@ -342,12 +359,22 @@ class AdminRequests:
             return ErrorCode.invalid_partitions, exc.message
         except SparkMQError as exc:
             return error_code(exc), message_of(exc)
-        except Exception as exc:  # (answered, not a closed connection: it is logged here)
-            log.exception("CreatePartitions of %s failed", name)
-            return ErrorCode.unknown_server_error, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # (answered, not a closed connection: logged here)
+            return _unexpected("CreatePartitions", name, exc)
 
 
 _ALREADY = "Topic {name!r} already has {count} partition(s)."
+
+
+def _forward(forwarding: Forwarding, cmd: c.Command, owner: NotOwner) -> Any:
+    return forwarding.administer(owner, cmd)
+
+
+def _unexpected(what: str, name: str, exc: Exception) -> tuple[ErrorCode, str]:
+    """A request's failure no sparkmq error names: logged, answered as Kafka's unknown
+    server error."""
+    log.error("Kafka %s of %s failed", what, name, exc_info=exc)
+    return ErrorCode.unknown_server_error, f"{type(exc).__name__}: {exc}"
 
 
 def _growth_refused(name: str, before: int, count: int) -> tuple[ErrorCode, str] | None:
