@@ -987,6 +987,47 @@ def test_three_share_consumers_on_a_queue_each_record_to_one(
     assert stats["acked"] == 60 and stats["depth"] == 0
 
 
+def test_share_consumers_of_a_partitioned_queue_get_every_partition_each_record_once(
+    broker: BrokerProcess, port: int
+) -> None:
+    """Every member of a share group is assigned every partition of a partitioned queue: each
+    record goes to one member, from its partition, and ShareGroupDescribe says so."""
+    from kio.schema.share_group_describe.v1.request import ShareGroupDescribeRequest
+
+    q, group = _name("parted-jobs"), _name("parted-workers")
+    with Admin(broker.url) as admin:
+        admin.create_queue(q, partitions=3)
+    p = producer(port)
+    for i in range(60):
+        p.produce(q, f"job-{i}".encode(), key=f"k{i % 12}".encode())
+    assert p.flush(30) == 0
+    members = [_share_consumer(port, group) for _ in range(2)]
+    for c in members:
+        c.subscribe([q])
+    try:
+        got = _share_poll(members, 60)
+        described = kio_call(
+            port, ShareGroupDescribeRequest(group_ids=(group,), include_authorized_operations=False)
+        )
+    finally:
+        for c in members:
+            c.close()
+    values = [m.value() for _, m in got]
+    assert sorted(values) == sorted(f"job-{i}".encode() for i in range(60))  # each once
+    assert {m.partition() for _, m in got} == {0, 1, 2}
+    by_key: dict[bytes, set[int]] = {}
+    for _, m in got:  # (a key is placed in one partition)
+        by_key.setdefault(m.key(), set()).add(m.partition())
+    assert all(len(parts) == 1 for parts in by_key.values())
+    (found,) = described.groups
+    for m in found.members:
+        (assigned,) = m.assignment.topic_partitions
+        assert tuple(assigned.partitions) == (0, 1, 2)
+    with Admin(broker.url) as admin:
+        stats = admin.stats(q)
+    assert stats["acked"] == 60 and stats["depth"] == 0
+
+
 def test_share_groups_are_described_and_listed(broker: BrokerProcess, port: int) -> None:
     """ShareGroupDescribe and ListGroups v5 (what kafka-share-groups.sh and the Java admin
     client ask; no Python client asks them yet: kio's requests)."""

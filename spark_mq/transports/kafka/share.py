@@ -18,9 +18,10 @@ Message groups and selectors hold as for any consumer: a key (the message group)
 member at a time, in order.
 
 Membership (ShareGroupHeartbeat) is the listener's, on its loop: every member is assigned
-partition 0 of every topic it subscribes to (a share group's members share partitions). The
-consumers are the connection's: ShareFetch attaches one per group and topic through the
-connection's session, and the connection's end detaches them (what they held goes back).
+every partition of every topic it subscribes to (a share group's members share partitions; a
+partitioned destination's are ``<topic>~<i>``, partition 0 of any other). The consumers are the
+connection's: ShareFetch attaches one per group and partition through the connection's
+session, and the connection's end detaches them (what they held goes back).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 
 from spark_mq import commands as c
 from spark_mq.errors import SparkMQError
-from spark_mq.names import KAFKA_OFFSETS
+from spark_mq.names import KAFKA_OFFSETS, logical_name, partition_name
 from spark_mq.schema import ints
 from spark_mq.session import ClientSession, ConsumerHandle
 from spark_mq.transports.kafka import codec
@@ -125,7 +126,8 @@ class ShareGroups:
                 log.info("kafka: %s is out of share group %s: not heard from", m.id, g.id)
 
 
-_Got = tuple[bytes, list[tuple[int, int, int]]]  # a topic's batch, and its acquired ranges
+_Got = tuple[bytes, list[tuple[int, int, int]]]  # a partition's batch, its acquired ranges
+_Part = tuple[Any, int]  # (topic id, partition index)
 
 
 @dataclass(eq=False)
@@ -143,8 +145,8 @@ class _Waiting:
     deadline: float
     max_records: int
     max_bytes: int
-    asked: list[tuple[Any, str]]  # (topic id, topic name | "" unknown)
-    errors: dict[Any, ErrorCode]
+    asked: list[tuple[Any, int, str]]  # (topic id, partition, topic name | "" unknown)
+    errors: dict[_Part, ErrorCode]
     timer: Any = None
     done: bool = False
 
@@ -159,7 +161,8 @@ class ShareRequests:
         self.groups = groups
         self.consumers: dict[tuple[str, str], _Consumer] = {}
         self.waiting: list[_Waiting] = []
-        self.sessions: dict[tuple[str, str], dict[Any, str]] = {}  # share session's topics
+        # each share session's partitions, with their topics' names
+        self.sessions: dict[tuple[str, str], dict[_Part, str]] = {}
         self._requests = iter(range(1, 1 << 62))
         self._names: dict[Any, str] = {}  # topic id -> name
         self._wake_due = False
@@ -186,7 +189,8 @@ class ShareRequests:
         name = self._names.get(tid)
         if name is None:
             for d in self.session.execute(c.ListDestinations()):
-                self._names[topic_id(d["name"])] = d["name"]
+                topic = logical_name(d["name"])  # (a partition's: its topic's)
+                self._names[topic_id(topic)] = topic
             name = self._names.get(tid, "")
         return name
 
@@ -214,7 +218,12 @@ class ShareRequests:
                 try:
                     if name != KAFKA_OFFSETS and self.session.kind(name) is not None:
                         parts.append(
-                            build(mod, "TopicPartitions", topic_id=topic_id(name), partitions=(0,))
+                            build(
+                                mod,
+                                "TopicPartitions",
+                                topic_id=topic_id(name),
+                                partitions=self._partitions(name),
+                            )
                         )
                 except SparkMQError:
                     continue  # (not its to see: not assigned)
@@ -236,6 +245,17 @@ class ShareRequests:
 
     def _refused(self, group: str) -> bool:
         return group_refused(self.session, group, "consume")
+
+    def _partitions(self, name: str) -> tuple[int, ...]:
+        """Topic ``name``'s partition indexes (every member of a share group has them all)."""
+        return tuple(range(self.session.partitions(name)))
+
+    def _destination(self, name: str, index: int) -> str:
+        """The destination partition ``index`` of topic ``name`` is (UnknownPartition: none)."""
+        n = self.session.partitions(name)
+        if not 0 <= index < n:
+            raise _UnknownPartition(f"{name!r} has no partition {index}")
+        return partition_name(name, index) if n > 1 else name
 
     # -- ShareGroupDescribe (kafka-share-groups.sh --describe, the admin clients) ----------------
     def _describe(self, r: Request, slot: Any) -> None:
@@ -269,7 +289,7 @@ class ShareRequests:
                                     "TopicPartitions",
                                     topic_id=topic_id(t),
                                     topic_name=t,
-                                    partitions=(0,),
+                                    partitions=self._partitions(t),
                                 )
                                 for t in m.topics
                                 if self.session.may_consume(t)
@@ -305,19 +325,25 @@ class ShareRequests:
         # changed (added topics, forgotten ones)
         key = (body.group_id, body.member_id or "")
         if self._refused(body.group_id):
-            asked = [(t.topic_id, self._name_of(t.topic_id)) for t in body.topics]
-            refused = dict.fromkeys((tid for tid, _ in asked), ErrorCode.group_authorization_failed)
+            asked = [
+                (t.topic_id, p.partition_index, self._name_of(t.topic_id))
+                for t in body.topics
+                for p in t.partitions
+            ]
+            refused = {(tid, i): ErrorCode.group_authorization_failed for tid, i, _ in asked}
             self._answer(_Waiting(r, slot, 0.0, 1, 1, asked, refused), {})
             return
         in_session = {} if body.share_session_epoch == 0 else dict(self.sessions.get(key, {}))
         for t in body.topics:
             name = self._name_of(t.topic_id)
-            in_session[t.topic_id] = name
             for p in t.partitions:
+                in_session[(t.topic_id, p.partition_index)] = name
                 if p.acknowledgement_batches and name:
-                    self._settle(body.group_id, name, p.acknowledgement_batches)
+                    self._settle(body.group_id, name, p.partition_index, p.acknowledgement_batches)
         for t in body.forgotten_topics_data:
-            in_session.pop(t.topic_id, None)
+            for part in [k for k in in_session if k[0] == t.topic_id]:
+                if not t.partitions or part[1] in t.partitions:
+                    del in_session[part]
         if body.share_session_epoch == -1:  # the session ends: what it acquired goes back
             self.sessions.pop(key, None)
             in_session = {}
@@ -325,7 +351,7 @@ class ShareRequests:
                 self.session.detach(self.consumers.pop(k).handle)
         else:
             self.sessions[key] = in_session
-        asked = list(in_session.items())
+        asked = [(tid, index, name) for (tid, index), name in in_session.items()]
         wait = body.max_wait.total_seconds() if isinstance(body.max_wait, timedelta) else 0.0
         w = _Waiting(
             r,
@@ -338,20 +364,23 @@ class ShareRequests:
         )
         self._step(w)
 
-    def _consumer(self, group: str, name: str, max_records: int) -> _Consumer:
-        key = (group, name)
+    def _consumer(self, group: str, name: str, index: int, max_records: int) -> _Consumer:
+        """The group's consumer of partition ``index`` of topic ``name`` (attached now when
+        this connection has none)."""
+        destination = self._destination(name, index)
+        key = (group, destination)
         consumer = self.consumers.get(key)
         if consumer is None:
-            kind = self.session.kind(name)
+            kind = self.session.kind(destination)
             subscription = None
             if kind == "topic":
                 subscription = f"{SHARE_PREFIX}{group}"
-                self.session.subscribe_durable(name, subscription, None)
+                self.session.subscribe_durable(destination, subscription, None)
             handle = self.session.attach(
-                c.Attach(name, subscription=subscription, prefetch=max(max_records, 100)),
+                c.Attach(destination, subscription=subscription, prefetch=max(max_records, 100)),
                 wakeup=self,
             )
-            consumer = self.consumers[key] = _Consumer(group, name, handle)
+            consumer = self.consumers[key] = _Consumer(group, destination, handle)
         return consumer
 
     def _step(self, w: _Waiting) -> None:
@@ -361,18 +390,22 @@ class ShareRequests:
         got: dict[Any, _Got] = {}
         left = w.max_records
         budget = w.max_bytes
-        for tid, name in w.asked:
+        for tid, index, name in w.asked:
+            part = (tid, index)
             if not name:
-                w.errors[tid] = ErrorCode.unknown_topic_id
+                w.errors[part] = ErrorCode.unknown_topic_id
                 continue
-            if tid in w.errors or left <= 0:
+            if part in w.errors or left <= 0:
                 continue
             try:
-                consumer = self._consumer(group, name, w.max_records)
+                consumer = self._consumer(group, name, index, w.max_records)
                 taken = consumer.handle.next_leased()
+            except _UnknownPartition:
+                w.errors[part] = ErrorCode.unknown_topic_or_partition
+                continue
             except SparkMQError as exc:
                 log.info("kafka: share fetch of %s for %s: %s", name, group, message_of(exc))
-                w.errors[tid] = error_code(exc)
+                w.errors[part] = error_code(exc)
                 continue
             if taken is None:
                 continue
@@ -386,7 +419,7 @@ class ShareRequests:
                 back = [(o, consumer.counts.pop(o)) for o in offsets[n:]]
                 self._settle_entries(consumer, "nack", back)
             ranges = _ranges([(o, states[i][0]) for i, o in enumerate(offsets[:n])])
-            got[tid] = (data, ranges)
+            got[part] = (data, ranges)
             left -= n
             budget -= len(data)
         if got or w.errors or time.monotonic() >= w.deadline:
@@ -398,7 +431,7 @@ class ShareRequests:
                 max(w.deadline - time.monotonic(), 0.0), self._step, w
             )
 
-    def _answer(self, w: _Waiting, got: dict[Any, _Got]) -> None:
+    def _answer(self, w: _Waiting, got: dict[_Part, _Got]) -> None:
         w.done = True
         if w in self.waiting:
             self.waiting.remove(w)
@@ -412,14 +445,14 @@ class ShareRequests:
         for consumer in self.consumers.values():
             lease_ms = int(consumer.handle.lease_s * 1000)
             break
-        responses = []
-        for tid, _ in w.asked:
-            data, ranges = got.get(tid, (b"", []))
+        by_topic: dict[Any, list[Any]] = {}
+        for tid, index, _ in w.asked:
+            data, ranges = got.get((tid, index), (b"", []))
             part = build(
                 mod,
                 "PartitionData",
-                partition_index=0,
-                error_code=w.errors.get(tid, ErrorCode.none),
+                partition_index=index,
+                error_code=w.errors.get((tid, index), ErrorCode.none),
                 error_message=None,
                 acknowledge_error_code=0,
                 acknowledge_error_message=None,
@@ -430,9 +463,11 @@ class ShareRequests:
                     for a, b, n in ranges
                 ),
             )
-            responses.append(
-                build(mod, "ShareFetchableTopicResponse", topic_id=tid, partitions=(part,))
-            )
+            by_topic.setdefault(tid, []).append(part)
+        responses = [
+            build(mod, "ShareFetchableTopicResponse", topic_id=tid, partitions=tuple(parts))
+            for tid, parts in by_topic.items()
+        ]
         self.link.answer(
             w.slot,
             build(
@@ -459,27 +494,31 @@ class ShareRequests:
         refused = self._refused(body.group_id)
         for t in body.topics:
             name = self._name_of(t.topic_id)
-            err = ErrorCode.none if name else ErrorCode.unknown_topic_id
+            parts = []
             for p in t.partitions:
+                err = ErrorCode.none if name else ErrorCode.unknown_topic_id
                 if refused:
                     err = ErrorCode.group_authorization_failed
                 elif name:
-                    err = self._settle(body.group_id, name, p.acknowledgement_batches)
+                    err = self._settle(
+                        body.group_id, name, p.partition_index, p.acknowledgement_batches
+                    )
+                parts.append(
+                    build(
+                        mod,
+                        "PartitionData",
+                        partition_index=p.partition_index,
+                        error_code=err,
+                        error_message=None,
+                        current_leader=leader,
+                    )
+                )
             responses.append(
                 build(
                     mod,
                     "ShareAcknowledgeTopicResponse",
                     topic_id=t.topic_id,
-                    partitions=(
-                        build(
-                            mod,
-                            "PartitionData",
-                            partition_index=0,
-                            error_code=err,
-                            error_message=None,
-                            current_leader=leader,
-                        ),
-                    ),
+                    partitions=tuple(parts),
                 )
             )
         if body.share_session_epoch == -1:
@@ -501,8 +540,11 @@ class ShareRequests:
         )
 
     # -- settling ------------------------------------------------------------------------------
-    def _settle(self, group: str, name: str, batches: Any) -> ErrorCode:
-        consumer = self.consumers.get((group, name))
+    def _settle(self, group: str, name: str, index: int, batches: Any) -> ErrorCode:
+        try:
+            consumer = self.consumers.get((group, self._destination(name, index)))
+        except _UnknownPartition:
+            return ErrorCode.unknown_topic_or_partition
         if consumer is None:
             return ErrorCode.invalid_record_state
         by_verb: dict[str, list[tuple[int, int]]] = {}
@@ -555,6 +597,10 @@ class ShareRequests:
                     )
         for w in list(self.waiting):
             self._step(w)
+
+
+class _UnknownPartition(Exception):
+    pass
 
 
 def _ranges(acquired: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
