@@ -87,7 +87,7 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rows = limit.max_rows
         elif isinstance(limit, ReadAllAvailable):
             rows = max(rows, 1)
-        count = self.admin.partitions(self.destination)
+        count = self.admin.partitions(self.destination, use="consume")
         numbers = _claims_of(start, self.destination, count)
         if numbers is None:
             number = int(start["claim"]) + 1

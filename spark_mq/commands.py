@@ -167,9 +167,12 @@ class Stats:
 @dataclass(frozen=True, slots=True)
 class Partitions:
     """How many partitions ``name`` has (1: it is not partitioned), and its kind (None: there
-    is no such destination): what a producer asks before it places messages."""
+    is no such destination): what a producer asks before it places messages, and a consumer
+    reading every partition. ``use`` is what the caller means to do (``produce``,
+    ``consume``, ...): one who may do nothing with ``name`` is refused in its terms."""
 
     name: str
+    use: str = "produce"
 
 
 @dataclass(frozen=True, slots=True)

@@ -238,6 +238,12 @@ def test_what_a_user_may_do_where_the_rules_allow_it(secure: Setup) -> None:
         assert admin.stats("bob.inbox")["end_offset"] == 2  # a consumer sees its depth
         with pytest.raises(NotAuthorized, match=r"'bob' may not admin on 'bob\.inbox'"):
             admin.purge("bob.inbox")
+        # a count asked by whom may do nothing with it is refused in the terms of its use
+        with pytest.raises(NotAuthorized, match=r"'bob' may not consume on 'orders'"):
+            admin.partitions("orders", use="consume")
+        with pytest.raises(NotAuthorized, match=r"'bob' may not produce on 'orders'"):
+            admin.partitions("orders")
+        assert admin.partitions("bob.inbox", use="consume") == 1
 
 
 @pytest.mark.parametrize(

@@ -165,9 +165,10 @@ class Admin:
         answer = self._call("add_partitions", name=name, partitions=partitions)
         return int(answer["before"]) < int(answer["partitions"])
 
-    def partitions(self, name: str) -> int:
-        """How many partitions ``name`` has (1: none, or no such destination)."""
-        return int(self._call("partitions", name=name).get("partitions", 1))
+    def partitions(self, name: str, *, use: str = "produce") -> int:
+        """How many partitions ``name`` has (1: none, or no such destination). ``use``: what
+        the caller means to do with it, what a refusal names (``produce``, ``consume``)."""
+        return int(self._call("partitions", name=name, use=use).get("partitions", 1))
 
     def delete_destination(self, name: str) -> None:
         """Delete a destination (a partitioned one: all its partitions) and its messages."""

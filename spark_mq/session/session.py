@@ -644,9 +644,9 @@ class ClientSession:
                 if not self.guard.allows(self.principal, "consume", name):
                     self._check("admin", name)
                 return b.stats(name)
-            case c.Partitions(name=name):
-                if not self.may_see(name):
-                    self._check("produce", name)  # (raises, audited)
+            case c.Partitions(name=name, use=use):
+                if not self.may_see(name):  # (refused in the terms of what it meant to do)
+                    self._check(next((v for v in _USES if v == use), "produce"), name)
                 return b.partitions(name, fresh=True)  # (a Flight thread: it may read)
             case c.Browse():
                 self._check("browse", cmd.destination)

@@ -108,7 +108,7 @@ def action_command(name: str, body: bytes) -> c.Command:
         case "stats":
             return c.Stats(args.text("name"))
         case "partitions":
-            return c.Partitions(args.text("name"))
+            return c.Partitions(args.text("name"), args.optional_text("use") or "produce")
         case "claim":
             return c.Claim(
                 args.text("destination"),
