@@ -21,10 +21,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
+import numpy as np
 import pyarrow as pa
 
 from spark_mq.arrow_checks import checked
@@ -121,11 +123,62 @@ class Welcome:
 
 @dataclass(frozen=True)
 class Settle:
-    """``entries`` are ``(offset, delivery_count)`` pairs: the delivery count fences the lease."""
+    """``entries`` are ``(offset, delivery_count)`` pairs: the delivery count fences the lease
+    (a tuple; a client settling a delivery batch whole passes :class:`SettlePairs`)."""
 
     verb: SettleVerb
     request_id: int
-    entries: tuple[tuple[int, int], ...]
+    entries: Sequence[tuple[int, int]]
+
+
+class SettlePairs(Sequence[tuple[int, int]]):
+    """``(offset, delivery_count)`` pairs held as two int64 arrays: a delivery batch's, settled
+    whole, read from its columns. Written as runs (:func:`encode_settle_runs`) without a Python
+    step per message: a client acking batches of 2,000 spent a fifth of its CPU making a tuple
+    of each pair and walking them for runs."""
+
+    __slots__ = ("counts", "offsets")
+
+    def __init__(self, offsets: np.ndarray, counts: np.ndarray) -> None:
+        self.offsets = offsets.astype(np.int64, copy=False)
+        self.counts = counts.astype(np.int64, copy=False)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[int, int]: ...
+    @overload
+    def __getitem__(self, i: slice) -> SettlePairs: ...
+    def __getitem__(self, i: int | slice) -> tuple[int, int] | SettlePairs:
+        if isinstance(i, slice):
+            return SettlePairs(self.offsets[i], self.counts[i])
+        return int(self.offsets[i]), int(self.counts[i])
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return zip(self.offsets.tolist(), self.counts.tolist(), strict=True)
+
+    def runs(self) -> list[tuple[int, int, int]]:
+        """``(first offset, count, delivery count)`` of each run of consecutive offsets
+        delivered as often."""
+        o, c = self.offsets, self.counts
+        if not len(o):
+            return []
+        starts = np.flatnonzero(np.concatenate(([True], (np.diff(o) != 1) | (np.diff(c) != 0))))
+        sizes = np.diff(np.append(starts, len(o)))
+        return list(zip(o[starts].tolist(), sizes.tolist(), c[starts].tolist(), strict=True))
+
+
+def joined_entries(parts: Sequence[Sequence[tuple[int, int]]]) -> Sequence[tuple[int, int]]:
+    """Several settles' entries as one frame's (arrays joined when each is :class:`SettlePairs`)."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, SettlePairs) for p in parts):
+        pairs = [p for p in parts if isinstance(p, SettlePairs)]
+        return SettlePairs(
+            np.concatenate([p.offsets for p in pairs]), np.concatenate([p.counts for p in pairs])
+        )
+    return tuple(e for p in parts for e in p)
 
 
 @dataclass(frozen=True)
@@ -262,6 +315,12 @@ def encode_settle_runs(frame: Settle) -> bytes:
     entries = frame.entries
     if not 1 < len(entries) <= MAX_RUN_ENTRIES:
         return encode(frame)
+    if isinstance(entries, SettlePairs):
+        return b'{"verb":"%s","request_id":%d,"runs":[%s],"type":"settle"}' % (
+            frame.verb.encode(),
+            frame.request_id,
+            b",".join([b"[%d,%d,%d]" % run for run in entries.runs()]),
+        )
     runs = []
     first, count = entries[0]
     n = 1

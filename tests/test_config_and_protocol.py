@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow.flight as fl
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from spark_mq import errors, protocol
@@ -195,6 +195,43 @@ def test_settle_entries_written_as_runs_read_back_as_the_same_entries(
     assert protocol.parse(data) == frame
     assert protocol.parse(json.dumps(json.loads(data)).encode()) == frame  # (json's way)
     assert len(json.loads(data).get("runs", [1])) <= len(spans)  # (a run each at most)
+
+
+@given(
+    st.lists(
+        st.tuples(_OFFSETS, st.integers(min_value=1, max_value=50), st.integers(0, 3)),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(0, 400),
+)
+@example([(100, 3, 1), (103, 2, 2), (105, 1, 2), (110, 1, 2), (104, 1, 2)], 4)  # (abutting runs)
+def test_settle_pairs_from_a_batch_s_columns_are_written_as_the_tuples_would_be(
+    spans: list[tuple[int, int, int]], cut: int
+) -> None:
+    """A delivery batch settled whole passes its offset and delivery-count columns
+    (SettlePairs); the frame's bytes are those of the same entries as tuples, however they
+    are sliced (a settle split at a frame's bound) or joined (settles lingered into one)."""
+    import numpy as np
+
+    entries = tuple((first + i, count) for first, n, count in spans for i in range(n))
+    pairs = protocol.SettlePairs(
+        np.array([o for o, _ in entries]), np.array([c for _, c in entries])
+    )
+    assert tuple(pairs) == entries and len(pairs) == len(entries)
+    assert pairs[len(entries) - 1] == entries[-1]
+    for got, want in [
+        (pairs, entries),
+        (pairs[:cut], entries[:cut]),
+        (pairs[cut:], entries[cut:]),
+        (protocol.joined_entries([pairs[:cut], pairs[cut:]]), entries),
+        (protocol.joined_entries([pairs[:cut], list(entries[cut:])]), entries),
+    ]:
+        for write in (protocol.encode_settle_runs, protocol.encode):
+            assert write(protocol.Settle("ack", 7, got)) == write(protocol.Settle("ack", 7, want))
+    assert protocol.parse(protocol.encode_settle_runs(protocol.Settle("nack", 1, pairs))) == (
+        protocol.Settle("nack", 1, entries)
+    )
 
 
 def test_settle_runs_are_checked_and_bounded() -> None:

@@ -109,8 +109,8 @@ class AsyncConsumer:
         # in the worker thread that decodes them
         self._decoding = False  # a batch is being decoded in a thread: frames wait behind it
         self._backlog: collections.deque[tuple[int, wire.Body]] = collections.deque()
-        self._settles: list[tuple[Verb, list[tuple[int, int]], asyncio.Future[None]]] = []
-        self._requests: dict[int, list[tuple[list[int], asyncio.Future[None]]]] = {}
+        self._settles: list[tuple[Verb, Sequence[tuple[int, int]], asyncio.Future[None]]] = []
+        self._requests: dict[int, list[tuple[Sequence[int], asyncio.Future[None]]]] = {}
         self._request_ids = itertools.count(1)
         self._kept: dict[int, Message] = {}  # id(message): messages whose leases are renewed
         self._keeper: asyncio.Task[None] | None = None
@@ -530,7 +530,9 @@ class AsyncConsumer:
             return cast("asyncio.Future[None]", asyncio.ensure_future(_all_of(settled)))
         return self._settle_entries(verb, [(m.offset, m.delivery_count) for m in msgs])
 
-    def _settle_entries(self, verb: Verb, entries: list[tuple[int, int]]) -> asyncio.Future[None]:
+    def _settle_entries(
+        self, verb: Verb, entries: Sequence[tuple[int, int]]
+    ) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         fut.add_done_callback(_logged)
@@ -545,13 +547,14 @@ class AsyncConsumer:
 
     def _send_settles(self) -> None:
         work, self._settles = self._settles, []
-        by_verb: dict[Verb, list[tuple[list[tuple[int, int]], asyncio.Future[None]]]] = {}
+        by_verb: dict[Verb, list[tuple[Sequence[tuple[int, int]], asyncio.Future[None]]]] = {}
         for verb, entries, fut in work:
             by_verb.setdefault(verb, []).append((entries, fut))
         for verb, items in by_verb.items():
             request_id = next(self._request_ids)
-            frame = protocol.Settle(verb, request_id, tuple(e for es, _ in items for e in es))
-            self._requests[request_id] = [([o for o, _ in es], f) for es, f in items]
+            entries = protocol.joined_entries([es for es, _ in items])
+            frame = protocol.Settle(verb, request_id, entries)
+            self._requests[request_id] = [(_offsets(es), f) for es, f in items]
             try:
                 assert self._link is not None
                 self._link.send(frame)
@@ -706,6 +709,13 @@ class AsyncConsumer:
                 pass
             link.close()
         await asyncio.to_thread(self._broker.close)
+
+
+def _offsets(entries: Sequence[tuple[int, int]]) -> Sequence[int]:
+    """The offsets of a settle's entries (a batch's array as it is)."""
+    if isinstance(entries, protocol.SettlePairs):
+        return cast(Sequence[int], entries.offsets)  # (an array: looked in on refusals)
+    return [o for o, _ in entries]
 
 
 def _logged(fut: asyncio.Future[Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 from spark_mq import protocol
@@ -27,16 +28,16 @@ def refused_for_a_move(frame: protocol.Frame) -> bool:
 
 def settle_refusal(
     refused: dict[int, str],
-    offsets: list[int],
+    offsets: Sequence[int],
     destination: str,
     again: frozenset[int] = frozenset(),
 ) -> LeaseError | None:
-    """What one settle call (``offsets``) came to: None when none was refused, else the
-    ``LeaseError`` naming the first refused one; its ``comes_again`` says whether every
-    refused message is delivered again (``again``: :func:`coming_again`)."""
+    """What one settle call (``offsets``: a list, or a batch's array) came to: None when none
+    was refused, else the ``LeaseError`` naming the first refused one; its ``comes_again``
+    says whether every refused message is delivered again (``again``: :func:`coming_again`)."""
     if not refused:  # (the usual reply: not a look-up an offset, 2,000 for a batch's ack)
         return None
-    bad = [(o, refused[o]) for o in offsets if o in refused]
+    bad = [(o, refused[o]) for o in map(int, offsets) if o in refused]
     if not bad:
         return None
     return LeaseError(

@@ -88,6 +88,7 @@ from spark_mq.security.credentials import Auth
 log = logging.getLogger(__name__)
 
 Verb = Literal["ack", "nack", "extend", "release"]
+Entries = Sequence[tuple[int, int]]  # (offset, delivery count) pairs: a list, or SettlePairs
 _CLOSED = object()
 # what _ready holds, in delivery order: a delivery's record batch (made messages when received),
 # or messages (ONE frames', or the rest of a delivery a receive_many took part of)
@@ -149,12 +150,12 @@ class Consumer:
         self._write_lock = threading.Lock()
         self._settle_cond = threading.Condition()
         # (verb, offsets, (offset, delivery count) pairs, future)
-        self._settles: list[tuple[Verb, list[int], list[tuple[int, int]], Future]] = []
+        self._settles: list[tuple[Verb, Sequence[int], Entries, Future]] = []
         self._queued = 0  # settle entries in _settles
         self._linger = settle_linger_ms / 1000
         self._timeout_s = timeout_s
         self._settle_batch = settle_batch
-        self._requests: dict[int, list[tuple[list[int], Future]]] = {}
+        self._requests: dict[int, list[tuple[Sequence[int], Future]]] = {}
         self._request_ids = itertools.count(1)
         self._closed = False
         if (concurrency != 1 or start_timeout_s is not None) and on_message is None:
@@ -596,17 +597,15 @@ class Consumer:
                 self._queued = 0
             self._send_settles(work)
 
-    def _send_settles(
-        self, work: list[tuple[Verb, list[int], list[tuple[int, int]], Future]]
-    ) -> None:
-        by_verb: dict[Verb, list[tuple[list[int], list[tuple[int, int]], Future]]] = {}
+    def _send_settles(self, work: list[tuple[Verb, Sequence[int], Entries, Future]]) -> None:
+        by_verb: dict[Verb, list[tuple[Sequence[int], Entries, Future]]] = {}
         for verb, offsets, entries, fut in work:
             by_verb.setdefault(verb, []).append((offsets, entries, fut))
         for verb, items in by_verb.items():
             request_id = next(self._request_ids)
             self._requests[request_id] = [(os, f) for os, _, f in items]
-            pairs = items[0][1] if len(items) == 1 else [e for _, es, _ in items for e in es]
-            frame = protocol.Settle(verb, request_id, tuple(pairs))
+            pairs = protocol.joined_entries([es for _, es, _ in items])
+            frame = protocol.Settle(verb, request_id, pairs)
             try:
                 with self._write_lock:
                     self._link.send(frame)  # type: ignore[union-attr]

@@ -9,7 +9,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 import pyarrow as pa
 
-from spark_mq import wire
+from spark_mq import protocol, wire
 from spark_mq.names import partition_of
 from spark_mq.schema import DELIVERY_SCHEMA, TS, ints
 
@@ -298,14 +298,17 @@ class MessageBatch(Sequence[Message], Settled):
             return [m.offset for m in self._messages]
         return ints(self.arrow.column("offset"))
 
-    def _entries(self) -> tuple[list[int], list[tuple[int, int]]]:
-        """Its offsets, and (offset, delivery count) pairs: what settling it sends."""
+    def _entries(self) -> tuple[Sequence[int], Sequence[tuple[int, int]]]:
+        """Its offsets, and (offset, delivery count) pairs: what settling it sends (from its
+        columns when no messages were made of them: two arrays, no tuple a message)."""
         if self._messages is not None:
             offsets = [m.offset for m in self._messages]
             counts = [m.delivery_count for m in self._messages]
             return offsets, list(zip(offsets, counts, strict=True))
-        offsets = ints(self.arrow.column("offset"))
-        return offsets, list(zip(offsets, ints(self.arrow.column("delivery_count")), strict=True))
+        pairs = protocol.SettlePairs(
+            self.arrow.column("offset").to_numpy(), self.arrow.column("delivery_count").to_numpy()
+        )
+        return cast(Sequence[int], pairs.offsets), pairs  # (an array: looked in on refusals)
 
     def _split(self, n: int) -> tuple[MessageBatch, MessageBatch]:
         """Its first ``n`` messages, and the rest."""

@@ -12,7 +12,8 @@ from spark_mq.errors import ProtocolError
 
 
 def settle_of(frame: protocol.Settle) -> c.Settle:
-    return c.Settle(frame.verb, frame.request_id, frame.entries)
+    # (a parsed frame's entries are a tuple already: tuple() hands the same one back)
+    return c.Settle(frame.verb, frame.request_id, tuple(frame.entries))
 
 
 def reply_frame(reply: c.SettleReply) -> protocol.Reply:
