@@ -434,37 +434,53 @@ def _kafka_adds_partitions_through_a_member_that_does_not_serve_partition_0(
 ) -> None:
     """CreatePartitions goes to the Kafka controller (the cluster's leader); with partition 0
     served by the other member, the leader has it done there (forwarded). Both members'
-    Metadata then list the new partitions, each led by its owner, and a record sent to one is
-    read where it is served; the SDK's growth, asked of the leader, follows partition 0."""
+    Metadata then list the new partitions, each led by its owner (the leader, which holds a
+    count it read, within a few seconds: it sees the cluster has a partition past it), and a
+    record sent to one is read where it is served; the SDK's growth, asked of the leader,
+    follows partition 0."""
     from confluent_kafka import Producer as KafkaProducer
     from confluent_kafka.admin import AdminClient, NewPartitions
+    from kio.schema.metadata.v12 import request as metadata12
 
     from spark_mq.transports.kafka.nodes import node_id
+    from tests.kafka_kit import kio_call
+
+    def leaders(member: str) -> dict[int, int]:
+        """Partition → leading node, as ``member`` itself answers (a client library asks
+        whichever broker it likes)."""
+        asked = metadata12.MetadataRequest(
+            topics=(metadata12.MetadataRequestTopic(topic_id=None, name="ktop"),),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        )
+        (topic,) = kio_call(cluster.members[member].kafka_port, asked).topics
+        return {int(p.partition_index): int(p.leader_id) for p in topic.partitions}
 
     leader = cluster.state("a")["leader"]
     other = "b" if leader == "a" else "a"
     with Admin(cluster.urls) as admin:
         admin.pin("ktop~0", other)
     wait_for(lambda: "ktop~0" in cluster.serving(other)[other], 20, "partition 0 on the other")
+    assert len(leaders(leader)) == 4  # (the leader holds the count it read)
     kafka_admin = AdminClient({"bootstrap.servers": kafka[leader]})  # (kept: it answers)
     kafka_admin.create_partitions([NewPartitions("ktop", 6)])["ktop"].result(30)
     parts = {f"ktop~{i}" for i in range(6)}
     wait_for(lambda: parts <= set(cluster.owners("a")), 20, "the new partitions placed")
-
-    def leaders(member: str) -> dict[int, int]:
-        meta = AdminClient({"bootstrap.servers": kafka[member]}).list_topics("ktop", timeout=10)
-        return {i: p.leader for i, p in meta.topics["ktop"].partitions.items()}
-
     owners = cluster.owners("a")
     expected = {i: node_id(owners[f"ktop~{i}"]) for i in range(6)}
-    for member in ("a", "b"):  # (one that read the count before: within its re-read, 10 s)
-        wait_for(lambda m=member: leaders(m) == expected, 30, f"6 partitions at {member}")
+    # (not the 10 s a held count waits before it is read again)
+    wait_for(lambda: leaders(leader) == expected, 4, f"6 partitions at {leader}")
+    wait_for(lambda: leaders(other) == expected, 10, f"6 partitions at {other}")
     with Admin(cluster.members[leader].url) as admin:
         assert not admin.add_partitions("ktop", 6)  # (asked where partition 0 is: it has 6)
     with Consumer(cluster.urls, "ktop~5", durable=False) as reader:  # (from now on)
         producer = KafkaProducer({"bootstrap.servers": kafka[other]})
-        producer.produce("ktop", b"in the new one", partition=5)
+        reports: list[Any] = []
+        producer.produce(
+            "ktop", b"in the new one", partition=5, on_delivery=lambda e, m: reports.append(e)
+        )
         assert producer.flush(30) == 0
+        assert reports == [None], reports  # (delivered: flush only says nothing is left)
         (m,) = receive_n(reader, 1, timeout=20)
         assert (m.body, m.partition) == (b"in the new one", 5)
     _kafka_administers_a_topic_spread_over_members_at_either(cluster, kafka_admin, parts)

@@ -85,6 +85,11 @@ class Elsewhere(Protocol):
 # partition 0 another cluster member serves) may be before it is read again: partitions added
 # reach this member's answers (Kafka metadata, STOMP sends' placing) this much later at most
 PARTITIONS_REREAD_S = 10.0
+# ... and once the cluster has a partition past that count (one being added: its partitions are
+# made, then partition 0's count raised): read again this often while asked, so that the count
+# follows within about this long of the growth (a Kafka client told a topic it just grew has its
+# old count fails the records it sent to the new partitions)
+PARTITIONS_GROWING_REREAD_S = 0.5
 
 
 class Destinations:
@@ -138,8 +143,9 @@ class Destinations:
     def partitioned(self, name: str, *, fresh: bool = False) -> tuple[Kind, int] | None:
         """``name``'s kind and partition count when it is a partitioned destination (its
         partitions are the destinations ``<name>~<index>``); else None. Where partition 0 is
-        served elsewhere, the count as read up to ``PARTITIONS_REREAD_S`` ago, unless
-        ``fresh`` (a read of the bindings log now: not for a loop)."""
+        served elsewhere, the count as read up to ``PARTITIONS_REREAD_S`` ago (read again in
+        the background; every ``PARTITIONS_GROWING_REREAD_S`` once the cluster has a partition
+        past it), unless ``fresh`` (a read of the bindings log now: not for a loop)."""
         first = partition_name(name, 0)
         with self._lock:
             dest = self._dests.get(first)
@@ -150,7 +156,13 @@ class Destinations:
                 return None
             known = self._partitioned.get(name)
             now = self.clock.monotonic()
-            stale = known is not None and now - known[2] >= PARTITIONS_REREAD_S
+            stale = known is not None and (
+                now - known[2] >= PARTITIONS_REREAD_S
+                or (
+                    now - known[2] >= PARTITIONS_GROWING_REREAD_S
+                    and self.elsewhere.has(partition_name(name, known[1]))
+                )
+            )
             if stale and name not in self._rereading:
                 self._rereading.add(name)
                 threading.Thread(
@@ -173,7 +185,9 @@ class Destinations:
                 self._partitioned.pop(name, None)
                 return None
             count = int(info.settings.get("partitions", 1))
-            self._partitioned[name] = info.kind, count, read_at
+            known = self._partitioned.get(name)
+            if known is None or known[2] <= read_at:  # (a slower, older read loses)
+                self._partitioned[name] = info.kind, count, read_at
             return info.kind, count
 
     def _reread_partitioned(self, name: str) -> None:
