@@ -31,8 +31,14 @@ def _delivery_state(state: list[tuple[int, bool]]) -> tuple[pa.Array, ...]:
     messages with these ``(count, group_first)``; a one-message delivery's are shared."""
     if len(state) == 1:
         return _one_delivery_state(*state[0])
-    counts = np.fromiter((c for c, _ in state), np.int32, len(state))
-    firsts = np.fromiter((f for _, f in state), np.bool_, len(state))
+    if state.count(state[0]) == len(state):  # (the usual: all delivered as often; 18 ns each)
+        count, first = state[0]
+        counts = np.full(len(state), count, np.int32)
+        firsts = np.full(len(state), first, np.bool_)
+    else:
+        columns = tuple(zip(*state, strict=True))  # (counts, firsts): no Python loop a message
+        counts = np.array(columns[0], np.int32)
+        firsts = np.array(columns[1], np.bool_)
     return (
         numpy_column(counts, _INT32),
         numpy_column(counts > 1, _BOOL),
