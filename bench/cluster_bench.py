@@ -175,7 +175,7 @@ def _hot_client(urls: list[str], n: int, batch: int, total: int, read: Any, out:
             f.result(60)
     produced = time.perf_counter()
     out.put(("produced", produced - started))
-    with Consumer(urls, "hot", prefetch=2000) as consumer:
+    with Consumer(urls, "hot", prefetch=4000) as consumer:
         while read.value < total:
             got = consumer.receive_batch(2000, timeout=0.2)
             if got is not None:
