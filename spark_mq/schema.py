@@ -327,11 +327,65 @@ def numbered_ids(prefix: str, first: int, n: int, sep: str = "-") -> pa.Array:
     in a process imports pandas, and a producer's first ``send_batch`` took 150-180 ms instead
     of 4-8 (measured).
     """
+    plain = numbered_id_buffers(f"{prefix}{sep}".encode(), first, n)
+    if plain is not None:  # (the usual: numbers of one width; 5 us for 500, not 75)
+        offsets, data = plain
+        return pa.Array.from_buffers(pa.string(), n, [None, numpy_buffer(offsets), data])
     seqs = numpy_column(np.arange(first, first + n, dtype=np.int64), pa.int64()).cast(pa.string())
     joined = pc.binary_join_element_wise(  # type: ignore[call-overload]  # (scalars and arrays)
         string_scalar(prefix), seqs, string_scalar(sep)
     )
     return cast(pa.Array, joined)
+
+
+def numbered_id_buffers(head: bytes, first: int, n: int) -> tuple[np.ndarray, pa.Buffer] | None:
+    """The offsets (int32, from 0; read-only) and data of the strings ``head + str(k)`` for k in
+    ``first .. first+n-1``, when the numbers are all written with as many digits (else None).
+
+    The numbers follow each other: their last three digits are a slice of a table, and the
+    digits before them change once in a thousand rows. The heads come from a copy of rows made
+    for the last few (head, width, n) asked (a producer's batches repeat them). 500 ids in
+    10-15 us, where Arrow's cast and join took 70-75."""
+    last = first + n - 1
+    if first < 0 or n < 1 or len(str(first)) != len(str(last)):
+        return None
+    digits = len(str(first))
+    width = len(head) + digits
+    if n * width >= 2**31:
+        return None
+    template, offsets = _id_rows(head, width, n)
+    matrix = template.copy()
+    low = min(digits, 3)  # the digits the table gives
+    k = 10**low
+    at = first % k
+    table = _DIGITS[low]
+    matrix[:, width - low :] = (
+        table[at : at + n] if at + n <= len(table) else table[np.arange(at, at + n) % k]
+    )
+    for high in range(first // k, last // k + 1) if digits > low else ():
+        rows = slice(max(0, high * k - first), min(n, (high + 1) * k - first))
+        matrix[rows, len(head) : width - low] = np.frombuffer(str(high).encode(), np.uint8)
+    return offsets, numpy_buffer(matrix.reshape(-1))
+
+
+@functools.lru_cache(maxsize=16)
+def _id_rows(head: bytes, width: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` rows of ``width`` bytes starting with ``head``, and their offsets (read-only)."""
+    rows = np.zeros((n, width), np.uint8)
+    rows[:, : len(head)] = np.frombuffer(head, np.uint8)
+    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+    rows.flags.writeable = offsets.flags.writeable = False
+    return rows, offsets
+
+
+# the numbers 0 .. 10**d - 1 written with d digits, a row each, over and over (d = 1, 2, 3):
+# consecutive numbers' last d digits are a slice of it (up to 10,000 numbers)
+_DIGITS = {
+    d: np.frombuffer(b"".join(b"%0*d" % (d, i % 10**d) for i in range(11_000)), np.uint8).reshape(
+        -1, d
+    )
+    for d in (1, 2, 3)
+}
 
 
 @functools.lru_cache(maxsize=64)

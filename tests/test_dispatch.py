@@ -104,10 +104,7 @@ def test_messages_leased_together_keep_their_own_lease_state(clock: ManualClock)
     assert sub.nack(1, [(0, 1)]) == ([0], [])
     store.add(Messages.of(rows(4, 2)))
     taken = sub.take(1, 10)
-    assert sorted(taken) == [(0, 2, False), (1, 2, False), (2, 2, False), (3, 2, False)] + [
-        (4, 1, False),
-        (5, 1, False),
-    ]
+    assert sorted(taken) == [*((o, 2, False) for o in range(4)), (4, 1, False), (5, 1, False)]
     ok, refused = sub.begin_ack(1, [(0, 2), (4, 1), (5, 2)])  # 5 was delivered once
     assert ok == [0, 4] and [r.offset for r in refused] == [5]
     sub.end_ack(ok, durable=True)

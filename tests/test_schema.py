@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from spark_mq.broker.dedup import as_run
 from spark_mq.errors import MessageRejected, MessageTooLarge, SchemaMismatch
 from spark_mq.schema import (
     DEFAULT_PRIORITY,
@@ -12,6 +15,7 @@ from spark_mq.schema import (
     TS,
     UNOFFSET_SCHEMA,
     normalize_produce_batch,
+    numbered_ids,
 )
 
 NOW_US = 1_700_000_000_000_000
@@ -135,3 +139,34 @@ def test_numpy_columns_equal_what_pa_array_builds(n: int) -> None:
         built = numpy_column(values, typ)
         built.validate(full=True)
         assert built.equals(pa.array(values.tolist(), typ))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefix=st.text(min_size=1, max_size=12),
+    digits=st.integers(1, 15),
+    at=st.floats(0, 1),
+    n=st.integers(2, 2500),
+    sep=st.sampled_from(["-", ":"]),
+    change=st.integers(0, 2499),
+)
+@example(prefix="p", digits=3, at=0.997, n=5, sep="-", change=1)  # 997..1001: a power crossed
+@example(prefix="p", digits=4, at=0.0, n=2500, sep="-", change=2000)  # 1000..3499
+def test_numbered_ids_are_the_strings_they_stand_for_and_a_run_of_them_is_found(
+    prefix: str, digits: int, at: float, n: int, sep: str, change: int
+) -> None:
+    """The SDK's ids, made from a table of digits (``numbered_id_buffers``), are exactly the
+    strings ``prefix-k``; the broker finds a batch of them to be one run (compared byte for
+    byte with the run's ids), and no batch with one id changed."""
+    first = 10 ** (digits - 1) + int(at * 9 * 10 ** (digits - 1)) if digits > 1 else int(at * 9)
+    ids = numbered_ids(prefix, first, n, sep)
+    ids.validate(full=True)
+    assert ids.to_pylist() == [f"{prefix}{sep}{k}" for k in range(first, first + n)]
+    if sep != "-" or "-" in prefix:
+        return  # (a run is prefix "-" number; ids of other shapes are never one)
+    assert as_run(ids) == (prefix, first)
+    assert n == 2 or as_run(ids.slice(1)) == (prefix, first + 1)
+    i = change % n
+    changed = ids.to_pylist()
+    changed[i] = f"{prefix}-{first + i + 1}" if i == n - 1 else changed[i + 1]
+    assert as_run(pa.array(changed, pa.string())) is None

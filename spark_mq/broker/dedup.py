@@ -33,6 +33,7 @@ from spark_mq.broker.producer_state import ProducerState, newest_numbers
 from spark_mq.broker.producer_state import numbered as _numbered  # (locals are "numbered")
 from spark_mq.commands import ProduceResult
 from spark_mq.journal.base import AppendResult
+from spark_mq.schema import numbered_id_buffers, numpy_buffer
 
 
 class _Batch:
@@ -84,9 +85,9 @@ class _Run:
 def as_run(ids: pa.Array | pa.ChunkedArray) -> tuple[str, int] | None:
     """``(prefix, first)`` when ``ids`` are exactly ``prefix-first``, ``prefix-first+1``...
 
-    Vectorised: every id starts with ``prefix-``, what follows is consecutive integers written
-    plainly (no sign, no leading zero). Ids of one length (the usual case) are read straight
-    from the string buffer as a matrix of digits.
+    Every id starts with ``prefix-``, what follows is consecutive integers written plainly (no
+    sign, no leading zero). Ids of one length (the usual case) are compared byte for byte with
+    the ids the run would be (:func:`~spark_mq.schema.numbered_id_buffers`).
     """
     n = len(ids)
     if n < 2 or ids.null_count:
@@ -95,27 +96,20 @@ def as_run(ids: pa.Array | pa.ChunkedArray) -> tuple[str, int] | None:
     if head is None:
         return None
     prefix, first = head
-    expected = np.arange(first, first + n, dtype=np.int64)
     arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-    if arr.type != pa.string():
-        return _as_run_slow(arr, prefix, expected)
+    run = numbered_id_buffers(f"{prefix}-".encode(), first, n)
+    if arr.type != pa.string() or run is None:  # (the numbers cross a power of ten)
+        return _as_run_slow(arr, prefix, np.arange(first, first + n, dtype=np.int64))
     _, offsets, chars = arr.buffers()
     assert offsets is not None and chars is not None  # (a string array has both)
-    ends = np.frombuffer(memoryview(offsets), np.int32)[arr.offset : arr.offset + n + 1]
-    width = int(ends[1] - ends[0])
-    if not (np.diff(ends) == width).all():
-        return _as_run_slow(arr, prefix, expected)  # the numbers cross a power of ten
-    head_bytes = np.frombuffer((prefix + "-").encode(), np.uint8)
-    digits = width - len(head_bytes)
-    data = np.frombuffer(memoryview(chars), np.uint8)[ends[0] : ends[0] + n * width]
-    rows = data.reshape(n, width)
-    if digits < 1 or not (rows[:, : len(head_bytes)] == head_bytes).all():
+    ends = offsets.slice(4 * arr.offset, 4 * (n + 1))  # (int32 each; compared as bytes)
+    start = int(np.frombuffer(memoryview(ends[:4]), np.int32)[0])
+    want_ends, want_data = run
+    if start:
+        want_ends = want_ends + start
+    if not ends.equals(numpy_buffer(want_ends)):
         return None
-    number = rows[:, len(head_bytes) :].astype(np.int64) - ord("0")
-    if ((number < 0) | (number > 9)).any() or (digits > 1 and not number[:, 0].all()):
-        return None
-    values = number @ (10 ** np.arange(digits - 1, -1, -1, dtype=np.int64))
-    return head if np.array_equal(values, expected) else None
+    return head if chars.slice(start, want_data.size).equals(want_data) else None
 
 
 def _as_run_slow(arr: pa.Array, prefix: str, expected: np.ndarray) -> tuple[str, int] | None:

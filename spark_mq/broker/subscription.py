@@ -304,7 +304,8 @@ class Subscription:
             for offsets, counts, firsts, p in picked:
                 alike = set(counts)
                 if len(alike) == 1:  # (the usual: every one delivered for the same time)
-                    leases.update(dict.fromkeys(offsets, Lease(consumer_id, *alike, deadline, p)))
+                    lease = Lease(consumer_id, counts[0], deadline, p)
+                    leases.update(dict.fromkeys(offsets, lease))
                 else:
                     shared = {c: Lease(consumer_id, c, deadline, p) for c in alike}
                     leases.update(zip(offsets, map(shared.__getitem__, counts), strict=True))
