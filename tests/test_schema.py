@@ -14,7 +14,9 @@ from spark_mq.schema import (
     PRODUCE_SCHEMA,
     TS,
     UNOFFSET_SCHEMA,
+    column_numpy,
     normalize_produce_batch,
+    null_mask,
     numbered_ids,
 )
 
@@ -170,3 +172,25 @@ def test_numbered_ids_are_the_strings_they_stand_for_and_a_run_of_them_is_found(
     changed = ids.to_pylist()
     changed[i] = f"{prefix}-{first + i + 1}" if i == n - 1 else changed[i + 1]
     assert as_run(pa.array(changed, pa.string())) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    typ=st.sampled_from([pa.int8(), pa.int32(), pa.int64(), pa.uint8(), pa.uint32()]),
+    chunks=st.lists(
+        st.tuples(st.lists(st.none() | st.integers(0, 100), max_size=20), st.integers(0, 20)),
+        max_size=4,
+    ),
+)
+def test_an_integer_column_read_from_its_buffers_is_what_arrow_holds(
+    typ: pa.DataType, chunks: list[tuple[list[int | None], int]]
+) -> None:
+    """``column_numpy`` and ``null_mask`` (what the SDK reads a column with, without pyarrow's
+    conversions that import pandas) give the column's values and nulls, sliced chunks too."""
+    arrays = [pa.array(values, typ).slice(min(cut, len(values))) for values, cut in chunks]
+    column = pa.chunked_array(arrays, typ)
+    values = column.to_pylist()
+    assert column_numpy(column, nulls_as=0).tolist() == [0 if v is None else v for v in values]
+    assert null_mask(column).tolist() == [v is None for v in values]
+    if not column.null_count:
+        assert column_numpy(column).tolist() == values

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from spark_mq import protocol, wire
 from spark_mq.names import partition_of
-from spark_mq.schema import DELIVERY_SCHEMA, TS, ints
+from spark_mq.schema import DELIVERY_SCHEMA, TS, column_numpy, ints
 
 
 class Settler(Protocol):
@@ -305,8 +305,9 @@ class MessageBatch(Sequence[Message], Settled):
             offsets = [m.offset for m in self._messages]
             counts = [m.delivery_count for m in self._messages]
             return offsets, list(zip(offsets, counts, strict=True))
+        arrow = self.arrow
         pairs = protocol.SettlePairs(
-            self.arrow.column("offset").to_numpy(), self.arrow.column("delivery_count").to_numpy()
+            column_numpy(arrow.column("offset")), column_numpy(arrow.column("delivery_count"))
         )
         return cast(Sequence[int], pairs.offsets), pairs  # (an array: looked in on refusals)
 

@@ -52,7 +52,14 @@ from spark_mq.errors import (
     SparkMQError,
 )
 from spark_mq.names import choose_partition, partition_name, partition_of, validate_stored_name
-from spark_mq.schema import Column, fill_null, numbered_ids
+from spark_mq.schema import (
+    Column,
+    column_numpy,
+    fill_null,
+    null_mask,
+    numbered_ids,
+    numpy_column,
+)
 from spark_mq.security.credentials import Auth
 
 log = logging.getLogger(__name__)
@@ -73,9 +80,9 @@ def _placed(keys: pa.Array, partitions: int, first_turn: int) -> np.ndarray:
         dtype=np.int64,
     )
     codes = encoded.indices
-    index = per_key[codes.fill_null(0).to_numpy()]
+    index = per_key[column_numpy(codes, nulls_as=0)]
     if codes.null_count:  # (no group id and no dedup id: in turn)
-        unkeyed = np.flatnonzero(codes.is_null().to_numpy(zero_copy_only=False))
+        unkeyed = np.flatnonzero(null_mask(codes))
         index[unkeyed] = (first_turn + unkeyed) % partitions
     return index
 
@@ -582,7 +589,8 @@ class Producer:
             collections.deque(itertools.islice(self._turn, n - 1), maxlen=0)  # (a turn a row)
             index = _placed(keys, partitions, first)
             order = np.argsort(index, kind="stable")  # (stable: in order in each)
-            ordered, placed = table.take(order), index[order]
+            rows = numpy_column(order.astype(np.int64), pa.int64())  # (numpy's: pandas first)
+            ordered, placed = table.take(rows), index[order]
             bounds = [0, *(np.flatnonzero(placed[1:] != placed[:-1]) + 1).tolist(), n]
             for start, stop in itertools.pairwise(bounds):
                 part = partition_name(dest, int(placed[start]))
