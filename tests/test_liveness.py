@@ -8,16 +8,18 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from spark_mq import Consumer, Producer
 from spark_mq.client import _liveness
+from spark_mq.clock import ManualClock
 from spark_mq.errors import BrokerUnavailable
 from spark_mq.launch import BrokerProcess
 from spark_mq.service import RunningBroker
-from tests.conftest import wait_for
+from tests.conftest import start_inprocess, wait_for
 
 
 @pytest.mark.process
@@ -88,29 +90,43 @@ def _state(pid: int) -> str:
         return fh.read().rsplit(")", 1)[1].split()[0]
 
 
+@pytest.fixture
+def unsynced_broker(tmp_path: Path, clock: ManualClock) -> Iterator[RunningBroker]:
+    """An in-process broker that does not sync its journal: its loop never waits on the disk,
+    which a busy machine can make slower than the heartbeats (a CI run once saw this test's
+    client take its broker for dead: 1 s of silence, cause not found; the intervals here are
+    twice as long since)."""
+    running = start_inprocess(tmp_path / "data", clock, **{"journal.sync": "none"})
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
 def test_a_client_that_reads_nothing_for_a_while_keeps_its_connection(
-    broker: RunningBroker, caplog: pytest.LogCaptureFixture
+    unsynced_broker: RunningBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A consumer busy with a message (not reading) for longer than the dead-after time, and a
     producer idle as long, are not cut: silence counts only while the client waits."""
     caplog.set_level(logging.WARNING, logger="spark_mq.client._liveness")
+    broker = unsynced_broker
     with (
-        Producer(broker.url, destination="q", heartbeat_s=0.25, linger_ms=0) as producer,
-        Consumer(broker.url, "q", heartbeat_s=0.25, prefetch=10) as consumer,
+        Producer(broker.url, destination="q", heartbeat_s=0.5, linger_ms=0) as producer,
+        Consumer(broker.url, "q", heartbeat_s=0.5, prefetch=10) as consumer,
     ):
         producer.send_sync("one")
         first = consumer.receive(timeout=10)
         assert first is not None
         attached = consumer.consumer_id
-        # dead after 1 s of silence while waiting (4 looks): ten looks, and this is not waiting
-        assert _liveness.wait_ticks(10)
+        # dead after 2 s of silence while waiting: 12 looks (3 s), and this is not waiting
+        assert _liveness.wait_ticks(12)
         first.ack().result(10)
         producer.send_sync("two")
         second = consumer.receive(timeout=10)
         assert second is not None and second.text == "two"
         assert consumer.consumer_id == attached  # the same link: never cut
-        assert _liveness.wait_ticks(10)  # an empty queue, a consumer waiting: heartbeats
-        assert consumer.receive(timeout=2.5) is None
+        assert _liveness.wait_ticks(12)  # an empty queue, a consumer waiting: heartbeats
+        assert consumer.receive(timeout=3) is None
         assert consumer.consumer_id == attached
     assert "taken for dead" not in caplog.text
 
