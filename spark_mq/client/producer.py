@@ -589,7 +589,7 @@ class Producer:
             collections.deque(itertools.islice(self._turn, n - 1), maxlen=0)  # (a turn a row)
             index = _placed(keys, partitions, first)
             order = np.argsort(index, kind="stable")  # (stable: in order in each)
-            rows = numpy_column(order.astype(np.int64), pa.int64())  # (numpy's: pandas first)
+            rows = numpy_column(order.astype(np.int64, copy=False), pa.int64())  # (no pandas)
             ordered, placed = table.take(rows), index[order]
             bounds = [0, *(np.flatnonzero(placed[1:] != placed[:-1]) + 1).tolist(), n]
             for start, stop in itertools.pairwise(bounds):
