@@ -155,6 +155,7 @@ def test_numpy_columns_equal_what_pa_array_builds(n: int) -> None:
 @example(prefix="p", digits=3, at=0.997, n=5, sep="-", change=1)  # 997..1001: a power crossed
 @example(prefix="p", digits=4, at=0.0, n=2500, sep="-", change=2000)  # 1000..3499
 @example(prefix="p", digits=5, at=0.0, n=5000, sep="-", change=4999)  # past the cached rows
+@example(prefix="0", digits=15, at=0.9999999999999999, n=2, sep="-", change=0)  # 10**15
 def test_numbered_ids_are_the_strings_they_stand_for_and_a_run_of_them_is_found(
     prefix: str, digits: int, at: float, n: int, sep: str, change: int
 ) -> None:

@@ -121,12 +121,15 @@ def _as_run_slow(arr: pa.Array, prefix: str, expected: np.ndarray) -> tuple[str,
         return None
     if not np.array_equal(numbers.to_numpy(), expected):
         return None
-    plain = np.floor(np.log10(np.maximum(expected, 1))).astype(np.int64) + 1
+    plain = np.searchsorted(_TENS, expected, side="right") + 1  # (digits; log10 rounds 10**15-1 up)
     lengths = pc.binary_length(cast(pa.StringArray, arr)).to_numpy()
     if not np.array_equal(lengths, plain + len(prefix.encode()) + 1):
         return None
     return prefix, int(expected[0])
 
+
+_TENS = 10 ** np.arange(1, 19, dtype=np.int64)  # 10 .. 10**18: a number has one digit more than
+# the powers of ten it reaches
 
 # an id numbered as runs are (numbered(): ASCII digits, no leading zero), up to 18 digits (an
 # int64; an id with more is kept on its own)
