@@ -17,7 +17,7 @@ from spark_mq.errors import JournalError, SparkMQError
 from spark_mq.journal import DeltaStore
 from spark_mq.journal.group_commit import DestinationWriter
 from spark_mq.journal.hot_tier import HotTier, HotTierSettings
-from spark_mq.journal.inline_commit import InlineCommit
+from spark_mq.journal.inline_commit import WRITE_BEHIND_FROM, InlineCommit
 from spark_mq.journal.memory_store import MemoryStore
 from spark_mq.journal.records import KIND_MESSAGES
 from spark_mq.journal.segments import SegmentLog
@@ -37,6 +37,14 @@ class _Disk(SegmentLog):
         self.hold = threading.Event()
         self.hold.set()
         self.syncing = threading.Event()
+        self.writes = threading.Event()  # cleared: a write waits (while writing is set)
+        self.writes.set()
+        self.writing = threading.Event()
+
+    def append(self, *args, **kwargs):
+        self.writing.set()
+        self.writes.wait(10)
+        return super().append(*args, **kwargs)
 
     def _sync_file(self, fd: int) -> None:
         self.syncing.set()
@@ -160,6 +168,56 @@ def test_an_inline_commit_waits_behind_the_flushes_being_synced(pipeline) -> Non
     assert [o for offsets in committed for o in offsets] == [0, 1]
 
 
+@pytest.mark.pure_python
+def test_an_inline_commit_writes_a_big_flush_behind_and_returns_before_its_sync(pipeline) -> None:
+    """A loop's turn that produced a lot leaves its sync to the writer's syncer thread and goes
+    on with its next turn (the disk syncs while the loop reads and checks the next frames);
+    what the next turns commit inline still goes after it, and nothing is answered before it
+    is durable."""
+    writer, tier, committed = pipeline
+    tier.disk.hold.clear()  # syncs wait
+    inline = InlineCommit()
+    big = writer.submit(Messages.of(unoffset([b"x" * WRITE_BEHIND_FROM])), inline)
+    committing = threading.Thread(target=inline.commit)
+    committing.start()
+    committing.join(5)
+    assert not committing.is_alive(), "the commit waited for its sync"
+    assert tier.disk.syncing.wait(10) and not big.done()  # the syncer's, under way
+    inline = InlineCommit()
+    small = writer.submit(Messages.of(unoffset([b"small"])), inline)
+    inline.commit()  # (small: it would sync inline, but not ahead of the flush being synced)
+    assert not small.done() and committed == []
+    tier.disk.hold.set()
+    assert (big.result(10).first_offset, small.result(10).first_offset) == (0, 1)
+    assert [o for offsets in committed for o in offsets] == [0, 1]
+    assert tier.read_messages(0, None)["body"].to_pylist() == [b"x" * WRITE_BEHIND_FROM, b"small"]
+
+
+@pytest.mark.pure_python
+def test_a_flush_written_behind_as_its_writer_closes_is_still_synced_and_answered(
+    pipeline,
+) -> None:
+    """A loop writing behind while the destination's writer closes (a member letting it go):
+    its syncer may have stopped before the flush was listed; the closing thread syncs it."""
+    writer, tier, committed = pipeline
+    tier.disk.writes.clear()  # the write waits inside the segment log
+    inline = InlineCommit()
+    big = writer.submit(Messages.of(unoffset([b"x" * WRITE_BEHIND_FROM])), inline)
+    loop = threading.Thread(target=inline.commit)
+    loop.start()
+    assert tier.disk.writing.wait(10)  # taken, being written: the commit lock held
+    closing = threading.Thread(target=writer.close)
+    closing.start()
+    wait_for(lambda: writer._syncer is not None and not writer._syncer.is_alive(),
+             what="the syncer stopped (nothing was listed for it)")  # fmt: skip
+    tier.disk.writes.set()
+    loop.join(10)
+    closing.join(10)
+    assert not closing.is_alive()
+    assert big.result(10).first_offset == 0
+    assert committed == [[0]]
+
+
 @pytest.fixture
 def four(tmp_path: Path):
     """Four destinations' writers, each over a hot tier of its own."""
@@ -236,11 +294,13 @@ def test_a_failed_sync_fails_what_it_may_have_lost_and_leaves_no_gap(pipeline) -
 
 
 @pytest.mark.process
+@pytest.mark.parametrize("per_batch", [300, 40], ids=["writer-thread", "written-behind"])
 def test_a_broker_killed_while_big_batches_are_pipelined_keeps_each_acknowledged_one(
-    tmp_path: Path,
+    tmp_path: Path, per_batch: int
 ) -> None:
     """Batches of 300 KiB go through the pipeline (the wire loop hands them to the writer
-    thread): SIGKILL with flushes written, synced and answered at every stage."""
+    thread); batches of 40 KiB the wire loop writes itself, behind, and leaves their syncs to
+    the syncer thread: SIGKILL with flushes written, synced and answered at every stage."""
     data = str(tmp_path / "data")
     proc = BrokerProcess(data, log_file=str(tmp_path / "b1.log")).start()
     with Admin(proc.url) as admin:
@@ -257,7 +317,7 @@ def test_a_broker_killed_while_big_batches_are_pipelined_keeps_each_acknowledged
             Producer(proc.url, destination="q", max_in_flight_batches=8) as p,
         ):
             for k in range(10_000):
-                fut = p.send_batch([body(k, i) for i in range(300)], wait=False)
+                fut = p.send_batch([body(k, i) for i in range(per_batch)], wait=False)
                 fut.add_done_callback(lambda f, k=k: _record(f, k))
 
     def _record(f, k: int) -> None:
@@ -284,7 +344,7 @@ def test_a_broker_killed_while_big_batches_are_pipelined_keeps_each_acknowledged
     assert len(set(bodies)) == len(bodies)
     at = dict(zip(offsets, bodies, strict=True))
     for k, got in acked.items():  # every acknowledged batch, where it was said to be
-        assert [at.get(o) for o in got] == [body(k, i) for i in range(300)]
+        assert [at.get(o) for o in got] == [body(k, i) for i in range(per_batch)]
 
 
 def test_delta_reads_see_later_commits_and_survive_compacted_files(tmp_path: Path) -> None:

@@ -20,7 +20,10 @@ A transport that serves many clients from one thread (``spark_mq.transports.dire
 inline instead: a submit given an :class:`InlineCommit` does not wake the writer thread, and
 when the caller commits that object it commits every writer it touched itself, one sync each,
 and the futures resolve there. Thread hand-offs, not the work, were most of a synchronous
-send's cost.
+send's cost. A turn that left a writer much to commit (``inline_commit.WRITE_BEHIND_FROM``)
+writes it behind instead (:meth:`DestinationWriter.write_behind`): the loop numbers, encodes and
+writes it, and the syncer thread of the pipeline below makes it durable and answers, while the
+loop goes on with its next turn (the sync was a quarter of a saturated loop's time).
 Either way one commit runs at a time per destination (the commit lock), so offsets stay in order.
 
 Over the hot tier the writer thread pipelines: it writes a flush to the segment log and hands it
@@ -242,6 +245,34 @@ class DestinationWriter:
                     taken = self._take_now()
                 self._flush(taken, resolving)
 
+    @property
+    def pending_bytes(self) -> int:
+        """What is buffered, not yet durable (as last counted: no lock)."""
+        return self._pending_bytes
+
+    def write_behind(self) -> bool:
+        """(An inline commit's, for a big flush.) Take what is due and write it into the
+        pipeline, where the syncer thread makes it durable and answers it while the caller (the
+        wire loop) goes on with its next turn. False: nothing was written so (a sink that
+        cannot sync apart, another commit under way, the pipeline full, nothing due, closing):
+        :meth:`commit_here` does what is left."""
+        if self._pipe is None or not self._commit_lock.acquire(blocking=False):
+            return False
+        try:
+            with self._mutex:
+                if (
+                    not self._records
+                    or self._closing
+                    or len(self._in_flight) >= MAX_IN_FLIGHT
+                    or time.monotonic() < self._due_at()
+                ):
+                    return False
+                taken = self._take_now()
+            self._write(taken)
+            return True
+        finally:
+            self._commit_lock.release()
+
     # -- one inline commit of several writers: written, then synced together --------------------
     def write_here(self) -> _Flight | None:
         """The first part of an inline commit of several writers (:class:`InlineCommit`): take
@@ -357,6 +388,8 @@ class DestinationWriter:
         # a destination go while serving it). No new one starts: nothing is taken any more.
         with self._commit_lock:
             pass
+        if self._in_flight:  # (written behind as the syncer stopped: synced here)
+            self._sync_loop()
         self._sink.close(drain=drain)
 
     # -- the writer thread -------------------------------------------------------------------
