@@ -87,12 +87,15 @@ def test_a_client_on_time_is_not_refused_for_a_loop_late_to_read_it(
     handshake time (as on a loaded machine) does not refuse the handshake waiting for it."""
     wire_server = strict.wire
     assert wire_server is not None
-    real, stalled = wire_server._sel.select, threading.Event()
+    real, stalled, sent = wire_server._sel.select, threading.Event(), threading.Event()
 
     def select(timeout: float | None = None) -> list:
         if not stalled.is_set() and wire_server._conns:  # the loop's first turn after accepting
             stalled.set()
             time.sleep(0.8)  # busy elsewhere past the handshake's 0.5 s, the Produce sent
+            # (however late the test's thread ran: a suite run saw the loop go on before it
+            # had sent, and rightly refuse a client that had said nothing)
+            sent.wait(10)
             return real(0)
         return real(timeout)
 
@@ -101,6 +104,7 @@ def test_a_client_on_time_is_not_refused_for_a_loop_late_to_read_it(
         with connect(strict) as sock:
             wait_for(stalled.is_set, timeout=10, what="the loop to stall")
             sock.sendall(wire.control(protocol.Produce("q")))
+            sent.set()
             (conn,) = list(wire_server._conns)
             _sweeps(strict, 2)
             assert conn.core.state is ConnState.SERVING, conn.core.state
