@@ -196,3 +196,54 @@ def test_an_integer_column_read_from_its_buffers_is_what_arrow_holds(
     assert null_mask(column).tolist() == [v is None for v in values]
     if not column.null_count:
         assert column_numpy(column).tolist() == values
+
+
+# the columns a producer may give, each with values of a type it may come as (cast to the
+# schema's by conform_produce) and one of the schema's own type
+_GIVEN = {
+    "body": [(pa.binary(), b"b"), (pa.string(), "s")],
+    "message_id": [(pa.string(), "m")],
+    "dedup_id": [(pa.string(), "d"), (pa.large_string(), "L")],
+    "group_id": [(pa.string(), "g")],
+    "priority": [(pa.int32(), 4), (pa.int64(), 7), (pa.int8(), 1)],
+    "ttl_ms": [(pa.int64(), 1000), (pa.int32(), 5)],
+    "delay_ms": [(pa.int64(), 10), (pa.int16(), 3)],
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.sampled_from([0, 1, 3, 500, 8192, 8193]),
+    given_cols=st.lists(st.sampled_from(sorted(_GIVEN)), unique=True, min_size=1),
+    picks=st.lists(st.integers(0, 2), min_size=len(_GIVEN), max_size=len(_GIVEN)),
+    null_every=st.integers(0, 3),
+)
+@example(rows=500, given_cols=["body"], picks=[0] * len(_GIVEN), null_every=0)
+def test_a_producers_table_conformed_is_its_columns_cast_and_nulls_for_the_rest(
+    rows: int, given_cols: list[str], picks: list[int], null_every: int
+) -> None:
+    """conform_produce keeps columns already of the schema's type as they are, casts the
+    others, and fills what is left out with nulls: columns of nulls are shared between calls
+    for the same row count (kept for up to 16 counts), so every count must get its own."""
+    from spark_mq.client._flight_put import conform_produce
+
+    if "body" not in given_cols:
+        given_cols = ["body", *given_cols]
+    table = {}
+    for k, name in enumerate(given_cols):
+        options = _GIVEN[name]
+        typ, value = options[picks[k] % len(options)]
+        values = [None if null_every and i % (null_every + 1) == 0 else value for i in range(rows)]
+        table[name] = pa.array(values, typ)
+    got = conform_produce(pa.table(table))
+    assert got.schema.equals(PRODUCE_SCHEMA)
+    assert got.num_rows == rows
+    for field in PRODUCE_SCHEMA:
+        column = got[field.name]
+        assert len(column) == rows
+        if field.name in table:
+            assert column.to_pylist() == table[field.name].cast(field.type).to_pylist()
+        else:
+            assert column.null_count == rows
+    again = conform_produce(pa.table({"body": pa.array([b"x"] * (rows + 1))}))  # another count
+    assert again.num_rows == rows + 1 and again["group_id"].null_count == rows + 1

@@ -537,7 +537,9 @@ class Producer:
         if table["dedup_id"].null_count:  # each message an id of its own: resent, stored once
             n = table.num_rows
             first = self._reserve(n)
-            ids = cast(Column, pc.coalesce(table["dedup_id"], numbered_ids(self._prefix, first, n)))
+            given, ids = table["dedup_id"], cast(Column, numbered_ids(self._prefix, first, n))
+            if given.null_count < n:  # (some came with ids of their own)
+                ids = pc.coalesce(given, ids)
             table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
         if keys is not None:
             keyed = keys.null_count < len(keys)
