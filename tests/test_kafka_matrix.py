@@ -103,6 +103,7 @@ class Member:
     def __init__(self, process: subprocess.Popen[str]) -> None:
         self.process = process
         self.got: list[str] = []
+        self.errors: list[str] = []  # (what the client raised: the driver's "error ..." lines)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -110,6 +111,8 @@ class Member:
         for line in self.process.stdout:
             if line.startswith("got "):
                 self.got.append(line[4:].strip())
+            elif line.startswith("error "):
+                self.errors.append(line.strip())
 
     def leave(self) -> None:
         """SIGTERM: the client closes its consumer (it leaves the group) and exits."""
@@ -202,6 +205,8 @@ def test_each_client_s_group_of_three_hands_the_partition_on(
         admin = AdminClient({"bootstrap.servers": bootstrap})
 
         def stable_with(n: int) -> bool:
+            failed = [e for m in members for e in m.errors]
+            assert not failed, f"a member gave up: {failed}"  # (not a minute's wait for it)
             d = admin.describe_consumer_groups([group])[group].result(10)
             return str(d.state).endswith("STABLE") and len(d.members) == n
 

@@ -19,8 +19,10 @@ join is out) → ``CompletingRebalance``: the generation is the next, the leader
 member's subscription → the leader's SyncGroup → ``Stable``: each member gets its assignment.
 A member that joins, leaves, or stays silent past its session timeout starts the next
 rebalance; a member of an older generation is told ``ILLEGAL_GENERATION``, an unknown one
-``UNKNOWN_MEMBER_ID``, and any member while a rebalance is under way ``REBALANCE_IN_PROGRESS``
-(each makes the client join again).
+``UNKNOWN_MEMBER_ID``, and a member's heartbeat while a rebalance is under way
+``REBALANCE_IN_PROGRESS`` (each makes the client join again). A member of the current
+generation may still commit offsets while the group prepares a rebalance (what it read before
+it joins again), as on Kafka; not while the rebalance completes.
 """
 
 from __future__ import annotations
@@ -252,17 +254,24 @@ class Coordinator:
 
     def check_commit(self, group_id: str, generation: int, member_id: str) -> ErrorCode:
         """Whether an OffsetCommit of ``member_id`` (of ``generation``) may commit: a member
-        of the current generation of a stable group; or anyone (generation -1, no member id)
-        for a group with no members (a consumer that assigns itself partitions)."""
+        of the current generation, the group stable or preparing a rebalance (as Kafka's
+        coordinator: a member commits what it read before it joins again, in its revocation
+        callback, and hears of the rebalance from its heartbeat); or anyone (generation -1, no
+        member id) for a group with no members (a consumer that assigns itself partitions).
+        Between the rebalance and the leader's assignments (``CompletingRebalance``) no member
+        can have read anything of the new generation: ``REBALANCE_IN_PROGRESS``."""
         g = self.groups.get(group_id)
         if generation < 0 and not member_id:
             return ErrorCode.none if g is None or not g.members else ErrorCode.unknown_member_id
-        error, member = self._member(group_id, generation, member_id)
-        if member is not None:
-            member.last_heard = self.clock()
-        if error is ErrorCode.none and g is not None and g.state is State.COMPLETING:
+        member = g.members.get(member_id) if g is not None else None
+        if g is None or member is None:
+            return ErrorCode.unknown_member_id
+        if generation != g.generation:
+            return ErrorCode.illegal_generation
+        member.last_heard = self.clock()
+        if g.state is State.COMPLETING:
             return ErrorCode.rebalance_in_progress
-        return error
+        return ErrorCode.none
 
     def _member(
         self, group_id: str, generation: int, member_id: str
