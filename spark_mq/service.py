@@ -21,7 +21,7 @@ from spark_mq.config import BrokerConfig
 from spark_mq.connection.forwarding import Forwarding
 from spark_mq.connection.gateway import Gateway
 from spark_mq.connection.listener import Listener
-from spark_mq.errors import SparkMQError
+from spark_mq.errors import DestinationNotFound, NotOwner, SparkMQError
 from spark_mq.ha import term
 from spark_mq.ha.ownership import Ownership
 from spark_mq.ha.replication import ChannelSecurity
@@ -172,8 +172,13 @@ class RunningBroker:
                 dest = partition_name(topic, partition) if partition else topic
                 if not self.broker.has_destination(dest):
                     dest = partition_name(topic, 0)
-                if self.broker.has_destination(dest):
-                    lag[topic] = lag.get(topic, 0) + max(self.broker.log.end(dest) - offset, 0)
+                if not self.broker.has_destination(dest):
+                    continue
+                try:
+                    end = self.broker.log.end(dest)
+                except (DestinationNotFound, NotOwner):  # (deleted or let go meanwhile)
+                    continue
+                lag[topic] = lag.get(topic, 0) + max(end - offset, 0)
             g["lag"] = lag
         return groups
 

@@ -114,3 +114,25 @@ def test_auto_deletion_never_takes_an_acknowledged_message(tmp_path: Path) -> No
                 assert sorted(m.text for m in got) == sorted(bodies), name
     finally:
         running.stop()
+
+
+def test_a_destination_deleted_while_they_are_listed_is_left_out_not_an_error(
+    broker: RunningBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(``/metrics`` and the console list every destination: a delete between the names and
+    one's figures answered the whole scrape 404.)"""
+    with Admin(broker.url) as admin:
+        admin.create_queue("stays")
+        admin.create_queue("goes")
+    core = broker.broker
+    stats = core.admin.stats
+
+    def deleted_meanwhile(name: str) -> dict[str, object]:
+        if name == "goes":
+            core.delete_destination("goes")
+        return stats(name)
+
+    monkeypatch.setattr(core.admin, "stats", deleted_meanwhile)
+    with Admin(broker.url) as admin:
+        assert {d["name"] for d in admin.list_destinations()} == {"stays"}
+    assert names(broker.url) == {"stays"}

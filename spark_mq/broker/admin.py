@@ -18,6 +18,7 @@ from spark_mq.errors import (
     ConfigError,
     DestinationExists,
     DestinationNotFound,
+    NotOwner,
     SubscriptionNotFound,
 )
 from spark_mq.journal import Journal
@@ -297,7 +298,15 @@ class DestinationAdmin:
             s.close()
 
     def list_destinations(self) -> list[dict[str, Any]]:
-        return [self.stats(n) for n in self.destinations.names()]
+        """Every destination's :meth:`stats`; one deleted (or, a cluster's, let go) while they
+        are listed is left out, not an error of the listing (a scrape of ``/metrics``)."""
+        out = []
+        for name in self.destinations.names():
+            try:
+                out.append(self.stats(name))
+            except (DestinationNotFound, NotOwner):
+                continue
+        return out
 
     def stats(self, name: str) -> dict[str, Any]:
         dest = self.destinations.get(name)
