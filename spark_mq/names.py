@@ -12,10 +12,13 @@ import zlib
 from spark_mq.errors import InvalidNameError
 
 MAX_NAME_LENGTH = 200
-# fullmatch, not match with "$": "$" also matches before a final newline ("x\n" passed)
 # the internal topic holding Kafka consumer groups' committed offsets (the broker's own)
 KAFKA_OFFSETS = "sparkmq.kafka-offsets"
+# what an idempotent Kafka producer's records' dedup ids begin with:
+# kafka-<producer id>-<epoch>-<sequence>
+KAFKA_DEDUP_PREFIX = "kafka-"
 TEMPORARY_PREFIX = "tmp."  # a temporary queue's name: this and 16 hex digits
+# fullmatch, not match with "$": "$" also matches before a final newline ("x\n" passed)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 

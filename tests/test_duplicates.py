@@ -93,6 +93,39 @@ def test_window_is_bounded_by_count_and_by_time(tmp_path: Path, clock: ManualClo
         running.stop()
 
 
+def test_with_detection_off_only_kafka_producers_ids_are_checked_across_a_restart(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """``duplicates.cache_size = 0`` turns duplicate detection off for every id but an
+    idempotent Kafka producer's (``kafka-<id>-<epoch>-<sequence>``: Kafka promises those once),
+    and a restart reads back only those."""
+    data, off = tmp_path / "data", {"duplicates.cache_size": 0}
+    kafka = pa.table({"body": [b"k0", b"k1"], "dedup_id": ["kafka-7-0-0", "kafka-7-0-1"]})
+    sdk = pa.table({"body": [b"s0", b"s1"], "dedup_id": ["s-0", "s-1"]})
+    running = start_inprocess(data, clock, **off)
+    try:
+        with Admin(running.url) as admin:
+            admin.create_queue("q")
+        with Producer(running.url, destination="q") as p:
+            assert p.send_batch(kafka) == [0, 1]
+            assert p.send_batch(sdk) == [2, 3]
+            assert p.send_batch(kafka) == [0, 1]  # sent again: stored once
+            assert p.send_batch(sdk) == [4, 5]  # not checked
+            assert p.send_sync(b"s", dedup_id="s-0") == 6
+    finally:
+        running.stop()
+    running = start_inprocess(data, clock, **off)
+    try:
+        with Producer(running.url, destination="q") as p:
+            assert p.send_batch(kafka) == [0, 1]
+            assert p.send_batch(sdk) == [7, 8]
+        with Admin(running.url) as admin:
+            stats = admin.stats("q")
+        assert (stats["end_offset"], stats["dedup_cache_ids"], stats["duplicates"]) == (9, 2, 2)
+    finally:
+        running.stop()
+
+
 @pytest.mark.process
 def test_a_resend_after_a_crash_is_still_caught(tmp_path: Path) -> None:
     data = str(tmp_path / "data")

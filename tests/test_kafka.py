@@ -1153,17 +1153,22 @@ def _failed_into(failed: list[Any]) -> Any:
     return lambda err, _msg: failed.append(err) if err else None
 
 
+@pytest.mark.parametrize("dedup", ["on", "off"])
 def test_an_idempotent_producer_retrying_across_a_sigkill_stores_each_message_once(
-    tmp_path: Path,
+    tmp_path: Path, dedup: str
 ) -> None:
+    """With duplicate detection off too: a Kafka producer's sequences are still checked."""
     import threading
 
     kafka_port = free_port()  # (the restarted broker listens where the producer retries)
     data = tmp_path / "data"
+    off = ["--set", "duplicates.cache_size=0"] if dedup == "off" else []
 
     def start(log: str) -> BrokerProcess:
         return BrokerProcess(
-            str(data), extra_args=["--kafka-port", str(kafka_port)], log_file=str(tmp_path / log)
+            str(data),
+            extra_args=["--kafka-port", str(kafka_port), *off],
+            log_file=str(tmp_path / log),
         ).start()
 
     first = start("broker1.out")
@@ -1302,6 +1307,40 @@ def test_an_idempotent_producer_s_sequences_must_come_in_order(port: int) -> Non
     """Sequences past the next expected are refused (OUT_OF_ORDER_SEQUENCE_NUMBER, as Kafka
     refuses them: a batch before was lost), and so is a first batch past 0 from a producer the
     log holds nothing of; a resent batch is stored once."""
+    _sequences_are_checked(port)
+
+
+def test_with_duplicate_detection_off_kafka_sequences_are_still_checked(
+    tmp_path: Path,
+) -> None:
+    """An idempotent Kafka producer is promised its batches once, whatever the broker's
+    duplicate detection: with it off (``duplicates.cache_size = 0``) a resent batch is still
+    stored once, while the SDK's messages are no longer checked (two with one dedup id are
+    both stored)."""
+    import pyarrow as pa
+
+    process = BrokerProcess(
+        str(tmp_path / "data"),
+        extra_args=["--set", "duplicates.cache_size=0"],
+        log_file=str(tmp_path / "broker.out"),
+    ).start()
+    try:
+        assert process.kafka_port
+        _sequences_are_checked(process.kafka_port)
+        queue = _name("sdk")
+        with Admin(process.url) as admin:
+            admin.create_queue(queue)
+            with Producer(process.url, destination=queue) as p:
+                p.send(b"one", dedup_id="same").result()
+                p.send(b"two", dedup_id="same").result()
+                batch = pa.table({"body": [b"three", b"four"], "dedup_id": ["same", "same"]})
+                p.send_batch(batch)
+            assert admin.stats(queue)["depth"] == 4
+    finally:
+        process.stop()
+
+
+def _sequences_are_checked(port: int) -> None:
     topic = _name("sequenced")
     produce_all(producer(port), topic, [b"first"])  # (the topic exists)
 

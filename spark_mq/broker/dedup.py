@@ -13,6 +13,15 @@ Each prefix's newest number stored stays after its ids go (the destination's pro
 :mod:`spark_mq.broker.producer_state`): a Kafka producer's first batch to a topic just taken on
 is checked against it (:meth:`DuplicateCache.newest_number`).
 
+With duplicate detection off (``duplicates.cache_size = 0``) a destination still keeps a cache
+for one kind of id: an idempotent Kafka producer's (``kafka-<producer id>-<epoch>-<sequence>``,
+:data:`KAFKA_ONLY`). A Kafka client is promised that a batch it sends again is stored once,
+whatever the broker's settings, as a Kafka broker always keeps its producers' state; before,
+such a broker stored the batch twice, and took a producer's first batch to a topic whatever
+its sequence (no producer state to check it against). Other ids are not looked at: a batch
+whose first id does not begin ``kafka-`` is stored as it comes (a Kafka batch's ids share one
+prefix, so its first tells).
+
 The SDK numbers its ids (``<producer prefix>-<n>``, consecutive in a batch), so a batch's ids
 usually form a *run*: recognised with one vectorised comparison and kept as one entry, which
 makes detection cost per batch rather than per message. Other ids are kept one by one.
@@ -33,6 +42,7 @@ from spark_mq.broker.producer_state import ProducerState, newest_numbers
 from spark_mq.broker.producer_state import numbered as _numbered  # (locals are "numbered")
 from spark_mq.commands import ProduceResult
 from spark_mq.journal.base import AppendResult
+from spark_mq.names import KAFKA_DEDUP_PREFIX
 from spark_mq.schema import numbered_id_buffers, numpy_buffer
 
 
@@ -56,6 +66,9 @@ class _Batch:
         """Claimed, and neither stored nor failed yet."""
         return self.first is None and not self.failed
 
+
+# the ids a Kafka-only cache holds (duplicate detection off): the default cache's size
+KAFKA_ONLY = 20_000
 
 _RECOVERED = _Batch()
 _RECOVERED.first = 0  # a recovered id's "position" is its offset
@@ -177,9 +190,10 @@ def recovered_runs(ids: pa.Array, offsets: np.ndarray) -> list[tuple[int, int, s
 
 
 class DuplicateCache:
-    def __init__(self, size: int, window_s: float) -> None:
+    def __init__(self, size: int, window_s: float, only: str | None = None) -> None:
         self.size = size
         self.window_s = window_s
+        self.only = only  # (set: only batches whose first id begins with it are checked)
         self._lock = threading.Lock()
         self._seen: OrderedDict[str | _Run, _Entry | _Run] = OrderedDict()
         self._runs: dict[str, list[_Run]] = {}  # prefix -> its runs
@@ -196,6 +210,17 @@ class DuplicateCache:
 
     def __len__(self) -> int:
         return self._count
+
+    @classmethod
+    def kafka_only(cls, window_s: float) -> DuplicateCache:
+        """The cache of a broker whose duplicate detection is off: Kafka producers' ids only."""
+        return cls(KAFKA_ONLY, window_s, only=KAFKA_DEDUP_PREFIX)
+
+    def looked_at(self, ids: pa.Array) -> pa.Array:
+        """``ids`` read back from the log, those the cache does not check made null."""
+        if self.only is None:
+            return ids
+        return pc.if_else(pc.starts_with(ids, self.only), ids, pa.scalar(None, ids.type))
 
     # -- bookkeeping (callers hold the lock) ---------------------------------------------------
     def _add(self, dedup_id: str, entry: _Entry) -> tuple[str, int] | None:

@@ -81,12 +81,17 @@ class Producing:
         self.limits.make_room(dest, 1, len(message.body))
         self.limits.admit_memory(dest, message.nbytes)
         cache = dest.dedup
-        if cache is None or message.dedup_id is None:
+        dedup_id = message.dedup_id
+        if (
+            cache is None
+            or dedup_id is None
+            or (cache.only is not None and not dedup_id.startswith(cache.only))
+        ):
             return self.journal.append(dest.name, messages, inline)
         with dest.produce_lock:
-            claim = cache.claim_one(message.dedup_id, now)
+            claim = cache.claim_one(dedup_id, now)
             if claim is None:  # seen before, or ids held as runs: claim() tells
-                keep, dups, claim = cache.claim([message.dedup_id], now)
+                keep, dups, claim = cache.claim([dedup_id], now)
                 if dups:
                     return combine(1, keep, None, dups)
             try:
@@ -135,10 +140,15 @@ class Producing:
     ) -> Future:
         """Append checked rows through duplicate detection."""
         cache = dest.dedup
-        if cache is None or rows["dedup_id"].null_count == rows.num_rows:
+        ids = rows["dedup_id"]
+        if (
+            cache is None
+            or ids.null_count == rows.num_rows
+            or (cache.only is not None and not str(ids[0].as_py() or "").startswith(cache.only))
+        ):
             return self.journal.append(dest.name, Messages.of(rows), inline)
         with dest.produce_lock:
-            keep, dups, claim = cache.claim(rows["dedup_id"], now)
+            keep, dups, claim = cache.claim(ids, now)
             stored = None
             if keep:
                 try:

@@ -436,7 +436,10 @@ class Destinations:
     def build(self, name: str, kind: Kind, overrides: dict[str, Any] | None = None) -> Destination:
         """A destination's in-memory state (not yet in the map)."""
         d = self.config.duplicates
-        cache = DuplicateCache(d.cache_size, d.window_s) if d.cache_size else None
+        if d.cache_size:
+            cache = DuplicateCache(d.cache_size, d.window_s)
+        else:  # (off: a Kafka producer's batches are still stored once)
+            cache = DuplicateCache.kafka_only(d.window_s)
         overrides = dict(overrides or {})
         unknown = [k for k in overrides if k not in DestinationSettings.model_fields]
         if unknown:  # recorded by another version: say so, do not refuse to start
@@ -505,7 +508,7 @@ class Destinations:
         after = int(np.searchsorted(offsets, replay))  # the first row to replay
         if len(offsets) - after != end - replay:
             cache.began_partway()  # (compaction removed some: what they held is gone)
-        ids = rows["dedup_id"].combine_chunks()
+        ids = cache.looked_at(rows["dedup_id"].combine_chunks())
         cache.replayed(ids.slice(after).to_pylist())
         held = int(np.searchsorted(offsets, start))
         since = self.clock.wall() - cache.window_s

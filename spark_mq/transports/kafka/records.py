@@ -20,7 +20,8 @@ How a Kafka record maps onto a sparkmq message:
 * an **idempotent producer**'s record (a producer id and sequence number) gets the dedup id
   ``kafka-<producer id>-<epoch>-<sequence>``: a batch the producer sends again (its answer was
   lost) is stored once, by sparkmq's duplicate detection (its window, ``duplicates.window_s``,
-  and across restarts and failovers, as for every dedup id).
+  and across restarts and failovers, as for every dedup id); with duplicate detection off
+  (``duplicates.cache_size = 0``) still, as only these ids are then checked.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from spark_mq.messages import Messages, PlainMessage
+from spark_mq.names import KAFKA_DEDUP_PREFIX
 from spark_mq.schema import HEADERS, PRODUCE_SCHEMA, ints, schema_of, variable_column
 
 KEY_ENCODING = "kafka.key-encoding"
@@ -83,7 +85,7 @@ class Produced:
 
 def dedup_prefix(producer_id: int, epoch: int) -> str:
     """What an idempotent producer's dedup ids start with: ``<prefix>-<sequence>``."""
-    return f"kafka-{producer_id}-{epoch}"
+    return f"{KAFKA_DEDUP_PREFIX}{producer_id}-{epoch}"
 
 
 def produced(records: bytes, max_body: int) -> Produced:
