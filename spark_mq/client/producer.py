@@ -536,9 +536,9 @@ class Producer:
         # none when no message has either, the commonest batch: not computed, 35 us of 500)
         keys = None
         if partitions > 1:
-            groups, given = table["group_id"], table["dedup_id"]
-            if min(groups.null_count, given.null_count) < table.num_rows:
-                keys = pc.coalesce(groups, given)
+            groups, own_ids = table["group_id"], table["dedup_id"]
+            if min(groups.null_count, own_ids.null_count) < table.num_rows:
+                keys = pc.coalesce(groups, own_ids)
         if table["dedup_id"].null_count:  # each message an id of its own: resent, stored once
             n = table.num_rows
             first = self._reserve(n)
