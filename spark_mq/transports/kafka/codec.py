@@ -44,9 +44,6 @@ DELETE_GROUPS = 42
 OFFSET_DELETE = 47
 SASL_AUTHENTICATE = 36
 SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76, 77, 78, 79
-SHARE_APIS = frozenset(
-    (SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE)
-)
 
 # what this listener serves: API key -> (lowest, highest) version. Produce v0-2 are advertised
 # but refused: librdkafka looks for them in the answer (KAFKA-18659) and never sends them to a

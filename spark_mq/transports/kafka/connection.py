@@ -170,9 +170,7 @@ class KafkaConnection(LoopConnection):
         key, version, correlation = codec.peek_header(frame)
         if key == codec.API_VERSIONS:
             return self._api_versions(frame, key, version, correlation)
-        if not codec.served(key, version) or (
-            key in codec.SHARE_APIS and self.server.nodes.clustered
-        ):
+        if not codec.served(key, version):
             raise KafkaProtocolError(
                 f"{codec.api_name(key)} v{version} is not served here (ApiVersions lists what "
                 "is): the client should not have sent it"
@@ -212,12 +210,9 @@ class KafkaConnection(LoopConnection):
         else:
             request = Request(key, 0, correlation, None, None, 0)
         mod = codec.response_module(key, request.version)
-        # share groups: one broker's (a cluster's members would each keep a part of a group)
-        clustered = self.server.nodes.clustered
         keys = tuple(
             build(mod, "ApiVersion", api_key=k, min_version=lo, max_version=hi)
             for k, (lo, hi) in sorted(codec.SERVED.items())
-            if not (clustered and k in codec.SHARE_APIS)
         )
         response = build(
             mod,

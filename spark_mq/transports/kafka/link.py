@@ -21,10 +21,9 @@ from spark_mq.errors import (
 )
 from spark_mq.session import ClientSession, Verb
 from spark_mq.transports.kafka.codec import ErrorCode
-from spark_mq.transports.kafka.nodes import SINGLE_NODE, Nodes
+from spark_mq.transports.kafka.nodes import Nodes
 from spark_mq.transports.kafka.records import RecordError
 
-NODE_ID = SINGLE_NODE  # one broker (share groups are served by one broker only)
 _TOPIC_IDS = uuid.UUID("5b7a6f0e-2d1c-4c55-9a37-7d2f3b1e6a90")  # topic id = uuid5(this, name)
 
 

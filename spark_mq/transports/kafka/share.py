@@ -17,11 +17,16 @@ RENEW                 the lease extended
 Message groups and selectors hold as for any consumer: a key (the message group) is with one
 member at a time, in order.
 
-Membership (ShareGroupHeartbeat) is the listener's, on its loop: every member is assigned
+Membership (ShareGroupHeartbeat) is the groups' coordinator's, on its listener's loop: one
+broker, or the cluster member serving the groups' offsets (another answers NOT_COORDINATOR, and
+when the offsets move the members join the new coordinator afresh). Every member is assigned
 every partition of every topic it subscribes to (a share group's members share partitions; a
 partitioned destination's are ``<topic>~<i>``, partition 0 of any other). The consumers are the
 connection's: ShareFetch attaches one per group and partition through the connection's
-session, and the connection's end detaches them (what they held goes back).
+session, on the partition's leader (its owner, in a cluster), and the connection's end detaches
+them (what they held goes back). A partition served by another member, or moved away since, is
+answered NOT_LEADER_OR_FOLLOWER naming its leader (KIP-951): the client fetches there, and what
+it had acquired here comes again.
 """
 
 from __future__ import annotations
@@ -35,14 +40,13 @@ from datetime import timedelta
 from typing import Any
 
 from spark_mq import commands as c
-from spark_mq.errors import SparkMQError
+from spark_mq.errors import NotOwner, SparkMQError
 from spark_mq.names import KAFKA_OFFSETS, logical_name, partition_name
 from spark_mq.schema import ints
 from spark_mq.session import ClientSession, ConsumerHandle
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.link import (
-    NODE_ID,
     KafkaLink,
     error_code,
     group_refused,
@@ -188,8 +192,9 @@ class ShareRequests:
     def _name_of(self, tid: Any) -> str:
         name = self._names.get(tid)
         if name is None:
-            for d in self.session.execute(c.ListDestinations()):
-                topic = logical_name(d["name"])  # (a partition's: its topic's)
+            listed = [d["name"] for d in self.session.execute(c.ListDestinations())]
+            for n in [*listed, *self.link.nodes.topics()]:  # (a cluster's: served anywhere)
+                topic = logical_name(n)  # (a partition's: its topic's)
                 self._names[topic_id(topic)] = topic
             name = self._names.get(tid, "")
         return name
@@ -202,6 +207,8 @@ class ShareRequests:
         member: Any = None
         if self._refused(body.group_id):
             err = ErrorCode.group_authorization_failed
+        elif not self.link.nodes.coordinating():
+            err = ErrorCode.not_coordinator  # (a cluster member: the client asks who is)
         else:
             err, member = self.groups.heartbeat(
                 body.group_id,
@@ -216,7 +223,7 @@ class ShareRequests:
             parts = []
             for name in member.topics:
                 try:
-                    if name != KAFKA_OFFSETS and self.session.kind(name) is not None:
+                    if self._exists(name):
                         parts.append(
                             build(
                                 mod,
@@ -246,6 +253,15 @@ class ShareRequests:
     def _refused(self, group: str) -> bool:
         return group_refused(self.session, group, "consume")
 
+    def _exists(self, name: str) -> bool:
+        """Whether topic ``name`` is there to share (NotAuthorized: not its to see)."""
+        if name == KAFKA_OFFSETS:
+            return False
+        try:
+            return self.session.kind(name) is not None
+        except NotOwner:
+            return True  # (a cluster's, served by another member)
+
     def _partitions(self, name: str) -> tuple[int, ...]:
         """Topic ``name``'s partition indexes (every member of a share group has them all)."""
         return tuple(range(self.session.partitions(name)))
@@ -266,6 +282,8 @@ class ShareRequests:
             err, message = ErrorCode.none, None
             if self._refused(group_id):
                 err = ErrorCode.group_authorization_failed
+            elif not self.link.nodes.coordinating():
+                err, message = ErrorCode.not_coordinator, "another member coordinates groups"
             elif g is None:
                 err, message = ErrorCode.group_id_not_found, f"no share group {group_id!r}"
             members = ()
@@ -370,6 +388,11 @@ class ShareRequests:
         destination = self._destination(name, index)
         key = (group, destination)
         consumer = self.consumers.get(key)
+        if consumer is not None and consumer.handle.closed:
+            # (its partition moved to another member: what it acquired is to come again
+            # there; attached anew, the client is told where, or served once it is back)
+            self.session.detach(self.consumers.pop(key).handle)
+            consumer = None
         if consumer is None:
             kind = self.session.kind(destination)
             subscription = None
@@ -404,7 +427,8 @@ class ShareRequests:
                 w.errors[part] = ErrorCode.unknown_topic_or_partition
                 continue
             except SparkMQError as exc:
-                log.info("kafka: share fetch of %s for %s: %s", name, group, message_of(exc))
+                if not isinstance(exc, NotOwner):  # (a cluster's other member's: said below)
+                    log.info("kafka: share fetch of %s for %s: %s", name, group, message_of(exc))
                 w.errors[part] = error_code(exc)
                 continue
             if taken is None:
@@ -439,14 +463,13 @@ class ShareRequests:
             w.timer.cancel()
         r = w.request
         mod = codec.response_module(r.api_key, r.version)
-        host, port = self.link.advertised
-        leader = build(mod, "LeaderIdAndEpoch", leader_id=NODE_ID, leader_epoch=0)
+        leaders: set[int] = set()
         lease_ms = 30_000
         for consumer in self.consumers.values():
             lease_ms = int(consumer.handle.lease_s * 1000)
             break
         by_topic: dict[Any, list[Any]] = {}
-        for tid, index, _ in w.asked:
+        for tid, index, name in w.asked:
             data, ranges = got.get((tid, index), (b"", []))
             part = build(
                 mod,
@@ -456,7 +479,7 @@ class ShareRequests:
                 error_message=None,
                 acknowledge_error_code=0,
                 acknowledge_error_message=None,
-                current_leader=leader,
+                current_leader=self._leader(mod, name, index, leaders),
                 records=data,
                 acquired_records=tuple(
                     build(mod, "AcquiredRecords", first_offset=a, last_offset=b, delivery_count=n)
@@ -478,18 +501,38 @@ class ShareRequests:
                 error_message=None,
                 acquisition_lock_timeout=timedelta(milliseconds=lease_ms),
                 responses=tuple(responses),
-                node_endpoints=(
-                    build(mod, "NodeEndpoint", node_id=NODE_ID, host=host, port=port, rack=None),
-                ),
+                node_endpoints=self._endpoints(mod, leaders),
             ),
+        )
+
+    def _leader(self, mod: Any, name: str, index: int, named: set[int]) -> Any:
+        """Partition ``index`` of topic ``name``'s leader and its epoch, as an answer names it
+        (what a client not led here follows, KIP-951); its node is added to ``named``."""
+        led = None
+        if name:
+            try:
+                led = self.link.nodes.leader(self._destination(name, index))
+            except (_UnknownPartition, SparkMQError):
+                led = None  # (none known: the client asks Metadata)
+        node, epoch = led if led is not None else (-1, -1)
+        if node >= 0:
+            named.add(node)
+        return build(mod, "LeaderIdAndEpoch", leader_id=node, leader_epoch=epoch)
+
+    def _endpoints(self, mod: Any, named: set[int]) -> tuple[Any, ...]:
+        """Where the nodes an answer names are (this one always)."""
+        here = self.link.nodes.here().node_id
+        return tuple(
+            build(mod, "NodeEndpoint", node_id=n.node_id, host=n.host, port=n.port, rack=None)
+            for n in self.link.nodes.brokers()
+            if n.node_id in named or n.node_id == here
         )
 
     # -- ShareAcknowledge ----------------------------------------------------------------------
     def _acknowledge(self, r: Request, slot: Any) -> None:
         body = r.body
         mod = codec.response_module(r.api_key, r.version)
-        host, port = self.link.advertised
-        leader = build(mod, "LeaderIdAndEpoch", leader_id=NODE_ID, leader_epoch=0)
+        leaders: set[int] = set()
         responses = []
         refused = self._refused(body.group_id)
         for t in body.topics:
@@ -510,7 +553,7 @@ class ShareRequests:
                         partition_index=p.partition_index,
                         error_code=err,
                         error_message=None,
-                        current_leader=leader,
+                        current_leader=self._leader(mod, name, p.partition_index, leaders),
                     )
                 )
             responses.append(
@@ -533,9 +576,7 @@ class ShareRequests:
                 error_code=ErrorCode.none,
                 error_message=None,
                 responses=tuple(responses),
-                node_endpoints=(
-                    build(mod, "NodeEndpoint", node_id=NODE_ID, host=host, port=port, rack=None),
-                ),
+                node_endpoints=self._endpoints(mod, leaders),
             ),
         )
 
@@ -545,8 +586,16 @@ class ShareRequests:
             consumer = self.consumers.get((group, self._destination(name, index)))
         except _UnknownPartition:
             return ErrorCode.unknown_topic_or_partition
-        if consumer is None:
-            return ErrorCode.invalid_record_state
+        if consumer is None or consumer.handle.closed:
+            # (its partition served by another member, or moved there since it was fetched:
+            # what was acquired here comes again there)
+            try:
+                here = self.link.nodes.term(self._destination(name, index)) is not None
+            except _UnknownPartition:
+                here = False
+            if here and consumer is None:
+                return ErrorCode.invalid_record_state
+            return ErrorCode.not_leader_or_follower
         by_verb: dict[str, list[tuple[int, int]]] = {}
         missing = False
         for b in batches:
