@@ -1189,6 +1189,9 @@ def test_a_stomp_subscriber_acking_while_its_queue_moves_back_and_forth_is_never
         threads[0].join()
     try:
         inbox.wait(lambda: set(sent) <= {f.body for f in inbox.messages}, "every message", 30)
+    except AssertionError as exc:
+        missing = sorted(set(sent) - {f.body for f in inbox.messages}, key=int)
+        raise AssertionError(f"{exc}; missing {missing[:20]} at marks {marks}") from None
     finally:
         threads[1].join()
         conn.disconnect()
@@ -1786,6 +1789,64 @@ def test_an_idempotent_kafka_producer_keeps_its_order_across_moves_back_and_fort
         consumer.close()
     assert len(sent) > 1000
     assert got == sent
+
+
+def test_kafka_share_consumers_at_two_members_share_a_queue_partitioned_over_both(
+    cluster: Cluster,
+) -> None:
+    """librdkafka share consumers (KIP-932), one bootstrapped at each member, in one share
+    group, on a queue of four partitions placed on both members: every record comes once,
+    from every partition, fetched from each partition's owner, and each accepted one is gone
+    from the queue. Then a partition and the groups' coordinator (the offsets topic) move to
+    the other member (the partition and back): the consumers follow both
+    (NOT_LEADER_OR_FOLLOWER naming the new leader; NOT_COORDINATOR, and they join the new
+    coordinator) and get what comes next, each once; a connection whose consumer was let go
+    when its partition moved away attaches anew when it comes back (before, it fetched nothing
+    more from it). Before that, a cluster member did not offer share groups at all
+    (ApiVersions left them out), so these consumers got nothing."""
+    from spark_mq.names import KAFKA_OFFSETS
+    from tests.test_kafka import _share_consumer, _share_poll
+
+    for m in "ab":
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        admin.create_queue("jobs", partitions=4)
+    parts = {f"jobs~{i}" for i in range(4)}
+    wait_for(lambda: _all_served(cluster, parts, {"a", "b"}), 20, "4 partitions on 2 members")
+
+    def send(start: int, n: int) -> list[bytes]:
+        with Producer(cluster.urls, destination="jobs") as producer:
+            futures = [
+                producer.send(f"job-{i}", group_id=f"k{i % 16}") for i in range(start, start + n)
+            ]
+            assert all(f.result(30) >= 0 for f in futures)
+        return [f"job-{i}".encode() for i in range(start, start + n)]
+
+    sent = send(0, 80)
+    members = [_share_consumer(cluster.members[m].kafka_port, "workers") for m in "ab"]
+    for c in members:
+        c.subscribe(["jobs"])
+    try:
+        got = _share_poll(members, 80, timeout=60)
+        values = sorted(m.value() for _, m in got)
+        assert values == sorted(sent), len(values)  # each once
+        assert {m.partition() for _, m in got} == {0, 1, 2, 3}
+        # (one at a time; the partition away and back, where its consumer was let go)
+        for start, moved in ((80, "jobs~0"), (160, "jobs~0"), (240, KAFKA_OFFSETS)):
+            to = "b" if cluster.owners("a")[moved] == "a" else "a"
+            with Admin(cluster.urls) as admin:
+                admin.pin(moved, to)
+            wait_for(lambda m=moved, t=to: m in cluster.serving(t)[t], 20, f"{moved} moved")
+            more = send(start, 80)
+            got = _share_poll(members, 80, timeout=60)
+            values = sorted(m.value() for _, m in got)
+            assert values == sorted(more), (moved, len(values))  # each once, after the move
+            assert 0 in {m.partition() for _, m in got}
+    finally:
+        for c in members:
+            c.close()
+    with Admin(cluster.urls) as admin:
+        assert sum(admin.stats(p)["depth"] for p in parts) == 0
 
 
 def test_a_dead_letter_goes_to_its_queue_on_another_member(cluster: Cluster) -> None:
