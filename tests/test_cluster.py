@@ -1849,6 +1849,70 @@ def test_kafka_share_consumers_at_two_members_share_a_queue_partitioned_over_bot
         assert sum(admin.stats(p)["depth"] for p in parts) == 0
 
 
+def test_kafka_share_consumers_lose_nothing_while_partitions_move_under_them(
+    cluster: Cluster,
+) -> None:
+    """Share consumers at both members read a 2-partition queue while an SDK producer sends to
+    it and its partitions move back and forth between the members six times: every record
+    sent comes (what had been acquired, or acknowledged too late, at a partition's old owner
+    comes again at the new one: at least once, as KIP-932 promises), and the queue is empty
+    at the end: nothing was left acquired by a consumer a move let go."""
+    from tests.test_kafka import _share_consumer, _share_poll
+
+    for m in "ab":
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        admin.create_queue("work", partitions=2)
+    parts = {"work~0", "work~1"}
+    wait_for(lambda: _all_served(cluster, parts, {"a", "b"}), 20, "2 partitions on 2 members")
+    sent: list[bytes] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with Producer(cluster.urls, destination="work") as producer:
+                while not stop.is_set():
+                    body = f"w-{len(sent)}"
+                    producer.send(body, group_id=f"k{len(sent) % 8}").result(30)
+                    sent.append(body.encode())
+                    time.sleep(0.002)
+        except BaseException as exc:
+            errors.append(exc)
+
+    members = [_share_consumer(cluster.members[m].kafka_port, "movers") for m in "ab"]
+    for c in members:
+        c.subscribe(["work"])
+    got: list[bytes] = []
+    sender = threading.Thread(target=produce)
+    sender.start()
+    try:
+        for i in range(6):
+            got += [m.value() for _, m in _share_poll(members, 10**9, timeout=0.8)]
+            moved = f"work~{i % 2}"
+            to = "b" if cluster.owners("a")[moved] == "a" else "a"
+            with Admin(cluster.urls) as admin:
+                admin.pin(moved, to)
+            wait_for(lambda m=moved, t=to: m in cluster.serving(t)[t], 20, f"{moved} moved")
+        stop.set()
+        sender.join()
+        deadline = time.monotonic() + 60
+        while not set(sent) <= set(got) and time.monotonic() < deadline:
+            got += [m.value() for _, m in _share_poll(members, 10**9, timeout=0.5)]
+    finally:
+        stop.set()
+        sender.join()
+        for c in members:
+            c.close()
+    assert not errors, errors
+    assert len(sent) > 100
+    missing = sorted(set(sent) - set(got))
+    assert not missing, (len(missing), missing[:10])
+    assert set(got) <= set(sent)
+    with Admin(cluster.urls) as admin:
+        wait_for(lambda: sum(admin.stats(p)["depth"] for p in parts) == 0, 20, "all accepted")
+
+
 def test_a_dead_letter_goes_to_its_queue_on_another_member(cluster: Cluster) -> None:
     """A message delivered too often is copied to its dead-letter queue, which another member
     serves: the copy goes there (forwarded, as a STOMP client's send is) and the original is
