@@ -226,6 +226,28 @@ def test_a_batch_over_the_limit_fails_alone_and_the_connection_goes_on(tmp_path:
         running.stop()
 
 
+def test_a_batch_of_more_parts_than_the_window_is_sent_and_answered(
+    broker: RunningBroker,
+) -> None:
+    """``send_batch`` of more ``batch_size`` parts than ``max_in_flight_batches``, waited for
+    on the caller's thread: the window fills before the caller would read the answers, so a
+    reader thread does. Before, the caller waited for room in the window for good (with the
+    defaults, any batch of more than 32,000 rows hung, and the liveness watchdog then took the
+    broker for silent)."""
+    done: list[object] = []
+
+    def send() -> None:
+        with Producer(
+            broker.url, destination="q", transport="wire", batch_size=100, max_in_flight_batches=4
+        ) as producer:
+            done.append(producer.send_batch([b"m%d" % i for i in range(1000)]))
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    sender.join(30)
+    assert done == [list(range(1000))]
+
+
 def test_a_consumer_that_drops_its_connection_gives_its_messages_back(
     broker: RunningBroker,
 ) -> None:

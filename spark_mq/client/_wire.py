@@ -283,8 +283,15 @@ class WireProduceStream:
     ) -> None:
         """Send ``batch`` (of ``PRODUCE_SCHEMA``'s columns, or only some of them, in its
         order; or plain messages, when the broker ``takes_plain``); ``waited``: the caller will
-        :meth:`wait` for its answer."""
-        self._window.acquire()
+        :meth:`wait` for its answer. With the window full, answers must be read before it
+        goes: a caller that would read them itself only after writing (``waited``) starts the
+        reader thread instead (before, a batch of more than ``window`` parts waited for room
+        no answer read would ever make)."""
+        if not self._window.acquire(blocking=False):
+            if waited:
+                with self._lock:
+                    self._start_reader()
+            self._window.acquire()
         with self._lock:
             if self.broken is not None:
                 self._window.release()
