@@ -1191,13 +1191,47 @@ def test_a_stomp_subscriber_acking_while_its_queue_moves_back_and_forth_is_never
         inbox.wait(lambda: set(sent) <= {f.body for f in inbox.messages}, "every message", 30)
     except AssertionError as exc:
         missing = sorted(set(sent) - {f.body for f in inbox.messages}, key=int)
-        raise AssertionError(f"{exc}; missing {missing[:20]} at marks {marks}") from None
+        with Admin(cluster.urls) as admin:
+            stats = admin.stats("moving")
+        raise AssertionError(
+            f"{exc}; missing {missing[:20]} at marks {marks}; the queue: {stats}"
+        ) from None
     finally:
         threads[1].join()
         conn.disconnect()
     assert not errors, errors
     assert not inbox.errors, [e.body for e in inbox.errors]
     assert len(sent) > 500
+
+
+def test_an_idle_stomp_subscription_follows_each_move_of_its_queue(cluster: Cluster) -> None:
+    """A STOMP subscriber of member a with nothing coming and nothing to acknowledge while its
+    queue moves between a and b eight times: after each move the next message reaches it,
+    once (each ack receipted before the next move). Its consumer is let go with the queue
+    (or, forwarded to b, follows it back to a), with no frame from the client to wake its
+    connection."""
+    from tests.stomp_kit import connect as stomp_connect
+
+    for m in "ab":
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        admin.create_queue("idle")
+    wait_for(lambda: any("idle" in s for s in cluster.serving().values()), 20, "placed")
+    conn, inbox = stomp_connect(cluster.members["a"].stomp_port)
+    conn.subscribe("/queue/idle", id="s", ack="client-individual")
+    try:
+        with Producer(cluster.urls, destination="idle") as producer:
+            for i in range(8):
+                _move_back_and_forth(cluster, "idle", 1, gap_s=0)
+                time.sleep(0.3)  # (the subscription follows, or waits, with nothing coming)
+                producer.send(f"m{i}").result(30)
+                inbox.wait(lambda n=i: len(inbox.messages) > n, f"m{i} after move {i}", 15)
+                conn.ack(inbox.messages[i].headers["ack"], receipt=f"ack{i}")
+                inbox.wait_receipt(f"ack{i}")  # (settled before the next move: not again)
+        assert [f.body for f in inbox.messages] == [b"m%d" % i for i in range(8)]
+        assert not inbox.errors, [e.body for e in inbox.errors]
+    finally:
+        conn.disconnect()
 
 
 def test_a_stomp_durable_subscriber_of_one_member_keeps_its_subscription_at_the_topic_s(

@@ -321,7 +321,8 @@ class StompConnection(LoopConnection):
 
     def sweep(self, now: float) -> None:
         """(Every quarter second, or a quarter of the heart-beat.) The connection's deadlines
-        (see ``Connection.check``), and its unacknowledged messages' leases."""
+        (see ``Connection.check``), its unacknowledged messages' leases, and its subscriptions
+        still to follow their destination."""
         if self.transport is None:
             return
         match self.core.check(now, self.server.core.deadlines):
@@ -335,6 +336,8 @@ class StompConnection(LoopConnection):
                 self.transport.write(b"\n")
         if self.verbs is not None and not self.core.state.ended and now >= self.next_extend:
             self.next_extend = now + self.verbs.extend_leases()
+        if self.verbs is not None and self.verbs.follow_again:
+            self.set()  # (a subscription to attach again where its destination went)
         if self.verbs is not None and self.verbs.widening and now >= self.next_widen:
             self.next_widen = now + self.server.settings.stomp_partitions_recheck_s
             if not self.core.state.ended:

@@ -136,6 +136,10 @@ class StompSession:
         # were acknowledged: the member serving it now delivers them again; an ack of one is
         # answered and does nothing
         self.moved: set[str] = set()
+        # a subscription's destination was still being placed when it came to follow it: the
+        # connection's sweep wakes it to try again (nothing else may: an idle subscriber sends
+        # nothing, and its consumer, let go, delivers nothing)
+        self.follow_again = False
         self._tokens = itertools.count(1)
         self._requests = itertools.count(1)
         # subscriptions to a partitioned destination by its own name: the destination, and how
@@ -624,6 +628,7 @@ class StompSession:
         if self.conn.paused_writing or state.ended or state is ConnState.CLOSING:
             self.conn.maybe_finish()  # (not reading, or going: nothing more delivered)
             return
+        self.follow_again = False
         for sub in self._parts():
             if sub.consumer.closed:
                 self._follow(sub)
@@ -642,8 +647,9 @@ class StompSession:
             return
         try:
             consumer = self.session.attach(sub.attach, wakeup=self.conn)
-        except SparkMQError as exc:  # (being placed just now: tried again at the next pump)
+        except SparkMQError as exc:  # (being placed just now: tried again at the next sweep)
             log.info("stomp: %s's subscription %r waits: %s", self.conn.peer, sub.id, exc.message)
+            self.follow_again = True
             return
         tokens = [t for t in sub.pending if self.acks.get(t) is sub]  # (this part's)
         self._forget_tokens(tokens)
