@@ -1209,7 +1209,9 @@ def test_an_idle_stomp_subscription_follows_each_move_of_its_queue(cluster: Clus
     queue moves between a and b eight times: after each move the next message reaches it,
     once (each ack receipted before the next move). Its consumer is let go with the queue
     (or, forwarded to b, follows it back to a), with no frame from the client to wake its
-    connection."""
+    connection. Back on a, it is a's own consumer again: before, the forwarded consumer (an
+    SDK consumer) followed the queue back to a by itself, over a's wire, and the subscription
+    stayed on that loop, each delivery handled twice by a."""
     from tests.stomp_kit import connect as stomp_connect
 
     for m in "ab":
@@ -1232,6 +1234,51 @@ def test_an_idle_stomp_subscription_follows_each_move_of_its_queue(cluster: Clus
         assert not inbox.errors, [e.body for e in inbox.errors]
     finally:
         conn.disconnect()
+    # served by a's own consumer whenever the queue is there: never forwarded to a itself (a
+    # consumer of it over a's wire, each delivery handled twice on a)
+    assert "attached to idle over the wire" not in cluster.log("a")
+
+
+def test_an_sdk_consumer_not_following_moves_ends_saying_where_its_queue_went(
+    cluster: Cluster,
+) -> None:
+    """``follow_moves=False`` (what a member forwarding a STOMP subscription uses, as it
+    follows moves itself): when the queue moves, the consumer is not attached again at the
+    new owner; ``on_end`` hears the NotOwner naming where, once, and nothing more is
+    delivered to it."""
+    for m in "ab":
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        admin.create_queue("fixed")
+    wait_for(lambda: any("fixed" in s for s in cluster.serving().values()), 20, "placed")
+    home = cluster.owners("a")["fixed"]
+    away = "b" if home == "a" else "a"
+    got: list[Any] = []
+    ended: list[SparkMQError] = []
+    consumer = Consumer(
+        cluster.members[home].url,
+        "fixed",
+        on_message=got.append,
+        follow_moves=False,
+        on_end=ended.append,
+    )
+    try:
+        with Producer(cluster.urls, destination="fixed") as producer:
+            producer.send("before").result(30)
+            wait_for(lambda: len(got) == 1, 15, "the first message")
+            got[0].ack()
+            with Admin(cluster.urls) as admin:
+                admin.pin("fixed", away)
+            wait_for(lambda: bool(ended), 15, "the consumer's end")
+            producer.send("after").result(30)
+            time.sleep(1.0)
+        assert [m.body for m in got] == [b"before"]
+        assert len(ended) == 1 and isinstance(ended[0], NotOwner), ended
+        assert ended[0].fields.get("member") in (away, ""), ended[0].fields  # ("": being placed)
+        assert isinstance(consumer.error, NotOwner)
+    finally:
+        consumer.close()
+    assert [m.body for m in _drain(cluster.urls, "fixed", expect=1)] == [b"after"]
 
 
 def test_a_stomp_durable_subscriber_of_one_member_keeps_its_subscription_at_the_topic_s(

@@ -121,7 +121,16 @@ class Consumer:
         tls_key_file: str | None = None,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         partitions_recheck_s: float = DEFAULT_RECHECK_S,
+        follow_moves: bool = True,
+        on_end: Callable[[SparkMQError], object] | None = None,
     ) -> None:
+        # follow_moves: a cluster's destination moved to another member: attach again there
+        # (False: the consumer ends, its ``error`` the NotOwner naming where; for a caller
+        # that follows moves itself, as a member forwarding its clients' consumers does)
+        self._follow_moves = follow_moves
+        # on_end: an on_message consumer's reader stopped for good, other than by close():
+        # called with why, once, on its thread
+        self._on_end = on_end
         # heartbeat_s: the broker is asked to send something at least this often; silent for
         # four times that, it is taken for dead (paused, hung, cut off) and the consumer
         # attaches again, to the pair's other broker when given one (0: never)
@@ -199,6 +208,7 @@ class Consumer:
                     concurrency=concurrency,
                     start_timeout_s=start_timeout_s,
                     heartbeat_s=heartbeat_s,
+                    follow_moves=follow_moves,
                     username=username,
                     password=password,
                     token=token,
@@ -286,7 +296,7 @@ class Consumer:
                 return
             except NotOwner as exc:
                 self._clustered = True
-                if self._closed or time.monotonic() >= deadline:
+                if self._closed or time.monotonic() >= deadline or not self._follow_moves:
                     raise
                 self._go_where(exc, deadline)
 
@@ -339,6 +349,8 @@ class Consumer:
         while True:
             if self._closed:
                 raise BrokerUnavailable("the consumer was closed while attaching again")
+            if isinstance(self.error, NotOwner) and not self._follow_moves:
+                raise self.error  # (its caller follows the move)
             try:
                 left = max(deadline - time.monotonic(), 0.1)
                 if isinstance(self.error, NotOwner):  # (its destination moved: go there)
@@ -706,6 +718,11 @@ class Consumer:
             self._messages.put(_CLOSED)
             if self._close_when_read:
                 self._release_link()
+            if self._on_end is not None and not self._closed:
+                try:
+                    self._on_end(err)
+                except Exception:  # (the caller's defect: logged, the reader ends anyway)
+                    log.exception("consumer: on_end failed")
 
     def _dispatch(self, chunk: _Chunk) -> None:
         """Hand each message to the callback (on the reader thread); nack those it raises on."""

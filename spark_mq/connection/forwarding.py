@@ -267,6 +267,11 @@ class RemoteConsumer:
                 prefetch=cmd.prefetch or 100,
                 timeout_s=timeout_s,
                 on_message=self._delivered,
+                # a move is followed by the transport, from here: attached again through its
+                # session, here when it came here (not through the SDK, over the wire to this
+                # member: every delivery handled twice), else forwarded anew
+                follow_moves=False,
+                on_end=self._end,
             )
         except SparkMQError as exc:
             log.info("forwarding a consumer of %s to %s failed: %s", cmd.destination, endpoint,
@@ -339,10 +344,7 @@ class RemoteConsumer:
             for m in taken:
                 self._held[m.offset] = m
         if not taken:
-            sdk = self._sdk
-            if sdk is not None and sdk.error is not None:  # (its owner is gone for good)
-                self._end(sdk.error)
-            return None
+            return None  # (its end, if it ended: on_end)
         return _as_leased(taken)
 
     def next_delivery(self) -> pa.Table | None:
