@@ -454,6 +454,67 @@ def _stomp_round(port: int, q: str, n: int, sync_n: int) -> tuple[float, float, 
     return sync_rate, send_rate, read_rate
 
 
+def _stomp_moved_back_round(
+    procs: list[BrokerProcess], q: str, n: int
+) -> tuple[float, float]:
+    """A STOMP client of m0 subscribed to ``q`` while m1 served it (forwarded), then ``q``
+    moved to m0: ``n`` messages (sent by the SDK beforehand) consumed and acked; the rate,
+    and m0's CPU microseconds a message meanwhile."""
+    import threading
+
+    import stomp  # (the bench extra's)
+
+    got: list[Any] = []
+    cond = threading.Condition()
+
+    class Inbox(stomp.ConnectionListener):
+        def on_message(self, frame: Any) -> None:
+            with cond:
+                got.append(frame)
+                cond.notify_all()
+
+        def on_receipt(self, frame: Any) -> None:
+            with cond:
+                got.append(frame)
+                cond.notify_all()
+
+    urls = [p.url for p in procs]
+    with Admin(urls) as admin:
+        admin.create_queue(q)
+        admin.pin(q, "m1")
+    _wait_served([procs[1].url], {q})
+    conn = stomp.Connection12([("127.0.0.1", procs[0].stomp_port)], auto_decode=False)
+    conn.set_listener("bench", Inbox())
+    conn.connect(wait=True)
+    conn.subscribe(f"/queue/{q}", id="s", ack="client-individual", headers={"receipt": "sub"})
+    with cond:
+        cond.wait_for(lambda: bool(got), 30)
+        got.clear()
+    with Admin(urls) as admin:
+        admin.pin(q, "m0")
+    _wait_served([procs[0].url], {q})
+    time.sleep(1.0)  # (the subscription follows it)
+    with Producer(urls, destination=q) as producer:
+        for start in range(0, n, 1000):
+            producer.send_batch([b"x" * 100] * min(1000, n - start))
+    cpu = _cpu_s(_pid(procs[0]))
+    started = time.perf_counter()
+    acked = 0
+    while acked < n:
+        with cond:
+            cond.wait_for(lambda: bool(got), 60)
+            batch, got[:] = list(got), []
+        if not batch:
+            raise RuntimeError(f"{q}: {n - acked} messages never came")
+        for frame in batch:
+            conn.ack(frame.headers["ack"])
+        acked += len(batch)
+    wall = time.perf_counter() - started
+    used = _cpu_s(_pid(procs[0])) - cpu
+    conn.disconnect()
+    return acked / wall, used / acked * 1e6
+
+
 def stomp_forwarding(zk: ZooKeeper, a: argparse.Namespace) -> None:
     """What forwarding costs a STOMP client (stomp.py): the same sends and reads, through the
     member that owns the queue and through the other one, which forwards them."""
@@ -479,6 +540,11 @@ def stomp_forwarding(zk: ZooKeeper, a: argparse.Namespace) -> None:
                     f"round {r + 1} STOMP {how:>12}: synchronous sends {sync:6,.0f}/s  "
                     f"pipelined sends {sent:8,.0f} msg/s  consume+ack {read:8,.0f} msg/s"
                 )
+            rate, us = _stomp_moved_back_round(procs, f"back{r}", a.stomp_messages)
+            print(
+                f"round {r + 1} STOMP subscribed while forwarded, its queue then moved to its "
+                f"member: consume+ack {rate:8,.0f} msg/s, that member's CPU {us:5.1f} us/msg"
+            )
     finally:
         for p in procs:
             p.stop()
