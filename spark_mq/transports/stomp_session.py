@@ -647,7 +647,12 @@ class StompSession:
             return
         try:
             consumer = self.session.attach(sub.attach, wakeup=self.conn)
-        except SparkMQError as exc:  # (being placed just now: tried again at the next sweep)
+        except SparkMQError as exc:
+            if not exc.retriable:  # (its rights went meanwhile, say: not to be tried again)
+                why = exc.message
+                self.conn.error(f"subscription {sub.id!r} to {sub.destination} ended: {why}")
+                return
+            # (being placed just now: tried again at the next sweep)
             log.info("stomp: %s's subscription %r waits: %s", self.conn.peer, sub.id, exc.message)
             self.follow_again = True
             return
