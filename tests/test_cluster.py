@@ -1242,8 +1242,8 @@ def test_an_idle_stomp_subscription_follows_each_move_of_its_queue(cluster: Clus
 def test_an_sdk_consumer_not_following_moves_ends_saying_where_its_queue_went(
     cluster: Cluster,
 ) -> None:
-    """``follow_moves=False`` (what a member forwarding a STOMP subscription uses, as it
-    follows moves itself): when the queue moves, the consumer is not attached again at the
+    """``reattach=False`` (what a member forwarding a STOMP subscription uses, as it follows
+    moves itself): when the queue moves, the consumer is not attached again at the
     new owner; ``on_end`` hears the NotOwner naming where, once, and nothing more is
     delivered to it."""
     for m in "ab":
@@ -1259,7 +1259,7 @@ def test_an_sdk_consumer_not_following_moves_ends_saying_where_its_queue_went(
         cluster.members[home].url,
         "fixed",
         on_message=got.append,
-        follow_moves=False,
+        reattach=False,
         on_end=ended.append,
     )
     try:
@@ -1279,6 +1279,41 @@ def test_an_sdk_consumer_not_following_moves_ends_saying_where_its_queue_went(
     finally:
         consumer.close()
     assert [m.body for m in _drain(cluster.urls, "fixed", expect=1)] == [b"after"]
+
+
+def test_a_stomp_subscription_forwarded_to_a_killed_member_goes_on_where_its_queue_goes(
+    cluster: Cluster,
+) -> None:
+    """A STOMP subscriber of member a whose queue member b serves (forwarded there); b is
+    SIGKILLed: once the queue is served again (by a), the subscription gets what b had
+    delivered and not seen acknowledged, and what is sent after, with no ERROR."""
+    from tests.stomp_kit import connect as stomp_connect
+
+    for m in "ab":
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        admin.create_queue("orphan")
+        admin.pin("orphan", "b")
+    wait_for(lambda: "orphan" in cluster.serving("b")["b"], 20, "orphan on b")
+    conn, inbox = stomp_connect(cluster.members["a"].stomp_port)
+    conn.subscribe("/queue/orphan", id="s", ack="client-individual", headers={"receipt": "sub"})
+    inbox.wait_receipt("sub")
+    try:
+        with Producer(cluster.urls, destination="orphan") as producer:
+            producer.send("before").result(30)
+        inbox.wait(lambda: len(inbox.messages) == 1, "the first message", 15)
+        cluster.members["b"].kill()  # (b's delivery not acknowledged: it comes again)
+        wait_for(lambda: "orphan" in cluster.serving("a")["a"], SESSION_S + 20, "orphan on a")
+        with Producer(cluster.members["a"].url, destination="orphan") as producer:
+            producer.send("after").result(30)
+        # (within seconds of being served again: before, the forwarded consumer tried its
+        # dead owner for its whole timeout, 30 s, then ended the subscription with an ERROR)
+        inbox.wait(lambda: b"after" in [f.body for f in inbox.messages], "after", 10)
+        bodies = [f.body for f in inbox.messages]
+        assert bodies.count(b"before") == 2 and bodies.count(b"after") == 1, bodies
+        assert not inbox.errors, [e.body for e in inbox.errors]
+    finally:
+        conn.disconnect()
 
 
 def test_a_stomp_durable_subscriber_of_one_member_keeps_its_subscription_at_the_topic_s(

@@ -121,13 +121,14 @@ class Consumer:
         tls_key_file: str | None = None,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         partitions_recheck_s: float = DEFAULT_RECHECK_S,
-        follow_moves: bool = True,
+        reattach: bool = True,
         on_end: Callable[[SparkMQError], object] | None = None,
     ) -> None:
-        # follow_moves: a cluster's destination moved to another member: attach again there
-        # (False: the consumer ends, its ``error`` the NotOwner naming where; for a caller
-        # that follows moves itself, as a member forwarding its clients' consumers does)
-        self._follow_moves = follow_moves
+        # reattach: its destination moved to another cluster member, or its broker went:
+        # attach again, where it is served now (False: the consumer ends, its ``error`` saying
+        # why: a NotOwner naming where, or BrokerUnavailable; for a caller that follows
+        # itself, as a member forwarding its clients' consumers does)
+        self._reattach_ok = reattach
         # on_end: an on_message consumer's reader stopped for good, other than by close():
         # called with why, once, on its thread
         self._on_end = on_end
@@ -208,7 +209,7 @@ class Consumer:
                     concurrency=concurrency,
                     start_timeout_s=start_timeout_s,
                     heartbeat_s=heartbeat_s,
-                    follow_moves=follow_moves,
+                    reattach=reattach,
                     username=username,
                     password=password,
                     token=token,
@@ -296,7 +297,7 @@ class Consumer:
                 return
             except NotOwner as exc:
                 self._clustered = True
-                if self._closed or time.monotonic() >= deadline or not self._follow_moves:
+                if self._closed or time.monotonic() >= deadline or not self._reattach_ok:
                     raise
                 self._go_where(exc, deadline)
 
@@ -317,7 +318,8 @@ class Consumer:
 
     def _may_fail_over(self) -> bool:
         return (
-            (len(self._urls) > 1 or self._clustered or isinstance(self.error, NotOwner))
+            self._reattach_ok
+            and (len(self._urls) > 1 or self._clustered or isinstance(self.error, NotOwner))
             and not self._closed
             and not self._command.temporary  # a temporary queue goes with its broker
             and isinstance(self.error, BrokerUnavailable)
@@ -349,8 +351,6 @@ class Consumer:
         while True:
             if self._closed:
                 raise BrokerUnavailable("the consumer was closed while attaching again")
-            if isinstance(self.error, NotOwner) and not self._follow_moves:
-                raise self.error  # (its caller follows the move)
             try:
                 left = max(deadline - time.monotonic(), 0.1)
                 if isinstance(self.error, NotOwner):  # (its destination moved: go there)

@@ -270,7 +270,7 @@ class RemoteConsumer:
                 # a move is followed by the transport, from here: attached again through its
                 # session, here when it came here (not through the SDK, over the wire to this
                 # member: every delivery handled twice), else forwarded anew
-                follow_moves=False,
+                reattach=False,
                 on_end=self._end,
             )
         except SparkMQError as exc:

@@ -25,6 +25,7 @@ import functools
 import itertools
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -63,6 +64,8 @@ class _Sub:
     # (a cumulative ACK covers what any of them delivered before)
     pending: OrderedDict[str, tuple[int, int]] = field(default_factory=OrderedDict)
     attach: c.Attach | None = None  # how it was attached (None: a temporary queue's)
+    # its forwarded consumer's owner could not be reached: not attached again before this
+    follow_at: float | None = None
 
 
 @dataclass
@@ -109,6 +112,9 @@ class StompLink(Protocol):
 
     def maybe_finish(self) -> None:
         """After a DISCONNECT, once everything before it is answered: close."""
+
+
+FOLLOW_AGAIN_S = 0.25  # a subscription whose owner could not be reached tries again after this
 
 
 class StompSession:
@@ -640,11 +646,21 @@ class StompSession:
         detached its consumer, saying where): attached again, forwarded there, the deliveries
         it had not acknowledged given again by that member."""
         moved = sub.consumer.ended_by
-        if moved is not None and not isinstance(moved, NotOwner):  # (a forwarded one's end)
+        if moved is not None and not moved.retriable:  # (a forwarded one's end: refused)
             self.conn.error(f"subscription {sub.id!r} to {sub.destination} ended: {moved.message}")
             return
-        if sub.attach is None or not isinstance(moved, NotOwner) or self.session.forwarding is None:
+        if sub.attach is None or moved is None or self.session.forwarding is None:
             return
+        if not isinstance(moved, NotOwner):
+            # its owner could not be reached (killed, say, and its queue not placed again
+            # yet): attached again a moment later, where the queue is then, not at once
+            now = time.monotonic()
+            if sub.follow_at is None:
+                sub.follow_at = now + FOLLOW_AGAIN_S
+            if now < sub.follow_at:
+                self.follow_again = True
+                return
+        sub.follow_at = None
         try:
             consumer = self.session.attach(sub.attach, wakeup=self.conn)
         except SparkMQError as exc:
