@@ -454,9 +454,7 @@ def _stomp_round(port: int, q: str, n: int, sync_n: int) -> tuple[float, float, 
     return sync_rate, send_rate, read_rate
 
 
-def _stomp_moved_back_round(
-    procs: list[BrokerProcess], q: str, n: int
-) -> tuple[float, float]:
+def _stomp_moved_back_round(procs: list[BrokerProcess], q: str, n: int) -> tuple[float, float]:
     """A STOMP client of m0 subscribed to ``q`` while m1 served it (forwarded), then ``q``
     moved to m0: ``n`` messages (sent by the SDK beforehand) consumed and acked; the rate,
     and m0's CPU microseconds a message meanwhile."""
