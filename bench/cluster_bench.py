@@ -43,6 +43,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -397,58 +398,80 @@ def run_mode(
             p.stop()
 
 
-def _stomp_round(port: int, q: str, n: int, sync_n: int) -> tuple[float, float, float]:
-    """One STOMP client's synchronous sends, pipelined sends, and reading with acks."""
-    import threading
+class _StompInbox:
+    """What one stomp.py connection received (its listener's calls, on stomp.py's thread)."""
 
+    def __init__(self, q: str) -> None:
+        self.q = q
+        self.got: list[Any] = []
+        self.receipts: set[str] = set()
+        self.cond = threading.Condition()
+
+    def message(self, frame: Any) -> None:
+        with self.cond:
+            self.got.append(frame)
+            self.cond.notify_all()
+
+    def receipt_came(self, frame: Any) -> None:
+        with self.cond:
+            self.receipts.add(frame.headers["receipt-id"])
+            self.cond.notify_all()
+
+    def receipt(self, name: str, timeout: float) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: name in self.receipts, timeout):
+                raise RuntimeError(f"{self.q}: no receipt {name}")
+
+    def ack_all(self, conn: Any, n: int) -> int:
+        """Ack each message as it comes until ``n`` came; how many."""
+        acked = 0
+        while acked < n:
+            with self.cond:
+                self.cond.wait_for(lambda: bool(self.got), 60)
+                batch, self.got[:] = list(self.got), []
+            if not batch:
+                raise RuntimeError(f"{self.q}: {n - acked} messages never came")
+            for frame in batch:
+                conn.ack(frame.headers["ack"])
+            acked += len(batch)
+        return acked
+
+
+def _stomp_connect(port: int, q: str) -> tuple[Any, _StompInbox]:
     import stomp  # (the bench extra's)
 
-    got: list[Any] = []
-    receipts: set[str] = set()
-    cond = threading.Condition()
+    inbox = _StompInbox(q)
 
-    class Inbox(stomp.ConnectionListener):
+    class Listener(stomp.ConnectionListener):
         def on_message(self, frame: Any) -> None:
-            with cond:
-                got.append(frame)
-                cond.notify_all()
+            inbox.message(frame)
 
         def on_receipt(self, frame: Any) -> None:
-            with cond:
-                receipts.add(frame.headers["receipt-id"])
-                cond.notify_all()
-
-    def receipt(name: str, timeout: float) -> None:
-        with cond:
-            if not cond.wait_for(lambda: name in receipts, timeout):
-                raise RuntimeError(f"{q}: no receipt {name}")
+            inbox.receipt_came(frame)
 
     conn = stomp.Connection12([("127.0.0.1", port)], auto_decode=False)
-    conn.set_listener("bench", Inbox())
+    conn.set_listener("bench", Listener())
     conn.connect(wait=True)
+    return conn, inbox
+
+
+def _stomp_round(port: int, q: str, n: int, sync_n: int) -> tuple[float, float, float]:
+    """One STOMP client's synchronous sends, pipelined sends, and reading with acks."""
+    conn, inbox = _stomp_connect(port, q)
     body = b"x" * 100
     started = time.perf_counter()
     for i in range(sync_n):  # one at a time: each waits for its receipt
         conn.send(f"/queue/{q}", body, headers={"receipt": f"s{i}"})
-        receipt(f"s{i}", 30)
+        inbox.receipt(f"s{i}", 30)
     sync_rate = sync_n / (time.perf_counter() - started)
     started = time.perf_counter()
     for i in range(n):  # pipelined: a receipt on the last only
         conn.send(f"/queue/{q}", body, headers={"receipt": "last"} if i == n - 1 else {})
-    receipt("last", 120)
+    inbox.receipt("last", 120)
     send_rate = n / (time.perf_counter() - started)
     started = time.perf_counter()
     conn.subscribe(f"/queue/{q}", id="s", ack="client-individual")
-    acked = 0
-    while acked < n + sync_n:
-        with cond:
-            cond.wait_for(lambda: bool(got), 60)
-            batch, got[:] = list(got), []
-        if not batch:
-            raise RuntimeError(f"{q}: {n + sync_n - acked} messages never came")
-        for frame in batch:
-            conn.ack(frame.headers["ack"])
-        acked += len(batch)
+    acked = inbox.ack_all(conn, n + sync_n)
     read_rate = acked / (time.perf_counter() - started)
     conn.disconnect()
     return sync_rate, send_rate, read_rate
@@ -458,36 +481,15 @@ def _stomp_moved_back_round(procs: list[BrokerProcess], q: str, n: int) -> tuple
     """A STOMP client of m0 subscribed to ``q`` while m1 served it (forwarded), then ``q``
     moved to m0: ``n`` messages (sent by the SDK beforehand) consumed and acked; the rate,
     and m0's CPU microseconds a message meanwhile."""
-    import threading
-
-    import stomp  # (the bench extra's)
-
-    got: list[Any] = []
-    cond = threading.Condition()
-
-    class Inbox(stomp.ConnectionListener):
-        def on_message(self, frame: Any) -> None:
-            with cond:
-                got.append(frame)
-                cond.notify_all()
-
-        def on_receipt(self, frame: Any) -> None:
-            with cond:
-                got.append(frame)
-                cond.notify_all()
-
     urls = [p.url for p in procs]
     with Admin(urls) as admin:
         admin.create_queue(q)
         admin.pin(q, "m1")
     _wait_served([procs[1].url], {q})
-    conn = stomp.Connection12([("127.0.0.1", procs[0].stomp_port)], auto_decode=False)
-    conn.set_listener("bench", Inbox())
-    conn.connect(wait=True)
+    assert procs[0].stomp_port is not None
+    conn, inbox = _stomp_connect(procs[0].stomp_port, q)
     conn.subscribe(f"/queue/{q}", id="s", ack="client-individual", headers={"receipt": "sub"})
-    with cond:
-        cond.wait_for(lambda: bool(got), 30)
-        got.clear()
+    inbox.receipt("sub", 30)
     with Admin(urls) as admin:
         admin.pin(q, "m0")
     _wait_served([procs[0].url], {q})
@@ -497,16 +499,7 @@ def _stomp_moved_back_round(procs: list[BrokerProcess], q: str, n: int) -> tuple
             producer.send_batch([b"x" * 100] * min(1000, n - start))
     cpu = _cpu_s(_pid(procs[0]))
     started = time.perf_counter()
-    acked = 0
-    while acked < n:
-        with cond:
-            cond.wait_for(lambda: bool(got), 60)
-            batch, got[:] = list(got), []
-        if not batch:
-            raise RuntimeError(f"{q}: {n - acked} messages never came")
-        for frame in batch:
-            conn.ack(frame.headers["ack"])
-        acked += len(batch)
+    acked = inbox.ack_all(conn, n)
     wall = time.perf_counter() - started
     used = _cpu_s(_pid(procs[0])) - cpu
     conn.disconnect()
@@ -575,8 +568,6 @@ def _moving_reader(url: list[str], stop: Any, errors: list[str]) -> None:
 
 def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
     """What moving a destination costs its clients (see the module)."""
-    import threading
-
     root = Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-moves-"))
     procs = _members(zk, root, 2, f"bench-moves-{os.getpid()}")
     urls = [p.url for p in procs]
