@@ -130,6 +130,18 @@ def _placed(cluster: Cluster, members: str, names: set[str] | list[str]) -> None
     wait_for(lambda: _all_served(cluster, set(names), set(members)), 20, "placed")
 
 
+def _one_on_two(cluster: Cluster, name: str, kind: str = "queue") -> None:
+    """Members a and b started, ``name`` created (a queue or a topic) and served by one."""
+    for m in "ab":
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        if kind == "queue":
+            admin.create_queue(name)
+        else:
+            admin.create_topic(name)
+    wait_for(lambda: any(name in s for s in cluster.serving().values()), 20, "placed")
+
+
 def _move_back_and_forth(
     cluster: Cluster,
     name: str,
@@ -744,11 +756,7 @@ def test_pipelined_batches_keep_each_group_s_order_while_their_queue_moves_back_
     those again, wrote a batch on a new stream while the one before it, refused again on the
     stream just given up, waited: the later batch was stored first (a group's run of messages
     after the next run; seen in most runs of this test)."""
-    for m in "ab":
-        cluster.start(m)
-    with Admin(cluster.urls) as admin:
-        admin.create_queue("pipelined")
-    wait_for(lambda: any("pipelined" in s for s in cluster.serving().values()), 20, "placed")
+    _one_on_two(cluster, "pipelined")
     groups = [f"g{i}" for i in range(8)]
     sent = dict.fromkeys(groups, 0)
     acked: list[str] = []
@@ -1139,11 +1147,7 @@ def test_a_stomp_subscriber_acking_while_its_queue_moves_back_and_forth_is_never
     closed, and it read nothing more."""
     from tests.stomp_kit import connect as stomp_connect
 
-    for m in "ab":
-        cluster.start(m)
-    with Admin(cluster.urls) as admin:
-        admin.create_queue("moving")
-    wait_for(lambda: any("moving" in s for s in cluster.serving().values()), 20, "placed")
+    _one_on_two(cluster, "moving")
     conn, inbox = stomp_connect(cluster.members["a"].stomp_port)
     conn.subscribe("/queue/moving", id="s", ack="client-individual")
     sent: list[bytes] = []
@@ -1214,11 +1218,7 @@ def test_an_idle_stomp_subscription_follows_each_move_of_its_queue(cluster: Clus
     stayed on that loop, each delivery handled twice by a."""
     from tests.stomp_kit import connect as stomp_connect
 
-    for m in "ab":
-        cluster.start(m)
-    with Admin(cluster.urls) as admin:
-        admin.create_queue("idle")
-    wait_for(lambda: any("idle" in s for s in cluster.serving().values()), 20, "placed")
+    _one_on_two(cluster, "idle")
     conn, inbox = stomp_connect(cluster.members["a"].stomp_port)
     conn.subscribe("/queue/idle", id="s", ack="client-individual")
     try:
@@ -1246,11 +1246,7 @@ def test_an_sdk_consumer_not_following_moves_ends_saying_where_its_queue_went(
     moves itself): when the queue moves, the consumer is not attached again at the
     new owner; ``on_end`` hears the NotOwner naming where, once, and nothing more is
     delivered to it."""
-    for m in "ab":
-        cluster.start(m)
-    with Admin(cluster.urls) as admin:
-        admin.create_queue("fixed")
-    wait_for(lambda: any("fixed" in s for s in cluster.serving().values()), 20, "placed")
+    _one_on_two(cluster, "fixed")
     home = cluster.owners("a")["fixed"]
     away = "b" if home == "a" else "a"
     got: list[Any] = []
@@ -1698,11 +1694,7 @@ def test_a_kafka_producer_s_first_batch_after_a_move_follows_on_from_what_the_lo
     moves). The missing batch, sent again, is taken, then the refused one, in order."""
     from tests.kafka_kit import RawKafka, read_from
 
-    for m in ("a", "b"):
-        cluster.start(m)
-    with Admin(cluster.urls) as admin:
-        admin.create_topic("sequenced")
-    wait_for(lambda: any("sequenced" in s for s in cluster.serving().values()), 20, "placed")
+    _one_on_two(cluster, "sequenced", kind="topic")
     old = cluster.owners("a")["sequenced"]
     new = "b" if old == "a" else "a"
     values = [b"%d" % i for i in range(12)]
@@ -1833,11 +1825,7 @@ def test_an_idempotent_kafka_producer_keeps_its_order_across_moves_back_and_fort
     from confluent_kafka import KafkaException, TopicPartition
     from confluent_kafka import Producer as KafkaProducer
 
-    for m in ("a", "b"):
-        cluster.start(m)
-    with Admin(cluster.urls) as admin:
-        admin.create_topic("ordered")
-    wait_for(lambda: any("ordered" in s for s in cluster.serving().values()), 20, "placed")
+    _one_on_two(cluster, "ordered", kind="topic")
     kafka = {m: f"127.0.0.1:{p.kafka_port}" for m, p in cluster.members.items()}
     failed: list[object] = []
     sent: list[bytes] = []
