@@ -142,9 +142,9 @@ class StompSession:
         # were acknowledged: the member serving it now delivers them again; an ack of one is
         # answered and does nothing
         self.moved: set[str] = set()
-        # a subscription's destination was still being placed when it came to follow it: the
-        # connection's sweep wakes it to try again (nothing else may: an idle subscriber sends
-        # nothing, and its consumer, let go, delivers nothing)
+        # a subscription could not follow its destination yet (being placed, or its owner
+        # not reached): the connection's sweep wakes it to try again (nothing else may: an
+        # idle subscriber sends nothing, and its consumer, let go, delivers nothing)
         self.follow_again = False
         self._tokens = itertools.count(1)
         self._requests = itertools.count(1)
