@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 
@@ -52,6 +53,7 @@ class Committed:
 
 
 Key = tuple[str, int]  # a topic and a partition
+T = TypeVar("T")
 
 
 class GroupOffsets:
@@ -104,6 +106,41 @@ class GroupOffsets:
             out.set_result(None)
 
         stored.add_done_callback(durable)
+        return out
+
+    def commit_with(
+        self,
+        entries: dict[str, list[tuple[str, int, int, str | None]]],
+        commit: Callable[[pa.Table | None], T],
+    ) -> T:
+        """Commit groups' offsets (``group -> [(topic, partition, offset, metadata)]``) inside
+        a transaction of the caller's: ``commit(rows)`` commits the offsets topic's ``rows``
+        (a ``destination`` column and its produce columns; None: no offsets) with the rest,
+        all or nothing (a Kafka transaction's TxnOffsetCommit, with its records). Once it
+        returns, the offsets are what :meth:`fetch` answers."""
+        if not any(entries.values()):
+            return commit(None)
+        groups = self._loaded()
+        flat = [(g, *e) for g, es in entries.items() for e in es]
+        rows = _rows(flat)
+        rows = rows.append_column("destination", pa.array([OFFSETS_TOPIC] * len(flat)))
+        with self._lock:  # (a refresh meanwhile waits for the next turn: see refresh)
+            self._in_flight += 1
+        try:
+            out = commit(rows)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+        with self._lock:
+            for group, es in entries.items():
+                mine = groups.setdefault(group, {})
+                for topic, partition, offset, metadata in es:
+                    if offset < 0:
+                        mine.pop((topic, partition), None)
+                    else:
+                        mine[(topic, partition)] = Committed(offset, metadata)
+                if not mine:
+                    groups.pop(group, None)
         return out
 
     def fetch(self, group: str) -> dict[Key, Committed]:

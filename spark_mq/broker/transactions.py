@@ -225,7 +225,8 @@ class Transactions:
         except NotOwner as exc:  # (recorded: a client must not commit it again elsewhere)
             raise BrokerUnavailable(
                 f"transaction {txid} is committed, but not all of it is applied yet "
-                f"({exc.message}): the member serving each destination finishes it"
+                f"({exc.message}): the member serving each destination finishes it",
+                committed=True,
             ) from exc
         finally:
             let_go()

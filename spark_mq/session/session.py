@@ -396,6 +396,36 @@ class ClientSession:
         self.counts["commit_offsets"] += 1
         return self.broker.group_offsets.commit(group, entries)
 
+    def commit_kafka_transaction(
+        self,
+        messages: pa.Table | None,
+        offsets: dict[str, list[tuple[str, int, int, str | None]]],
+    ) -> dict[str, list[int]]:
+        """A Kafka producer's transaction: its records (``messages``: a ``destination`` column
+        and produce columns) and the consumer groups' offsets it sent (``group -> [(topic,
+        partition, offset, metadata)]``), committed as one broker transaction, all or nothing
+        (blocking: a helper thread's). ``produce`` on each destination, ``consume`` on each
+        group and on each topic whose offsets it commits."""
+        for dest in _destinations_of(messages):
+            self._may_produce(dest)
+        for group, entries in offsets.items():
+            self.check_group("consume", group)
+            for topic in {e[0] for e in entries}:
+                self._may_read(topic)
+        self.counts["commit_kafka_transaction"] += 1
+        b = self.broker
+
+        def commit(rows: pa.Table | None) -> dict[str, list[int]]:
+            parts = [t for t in (messages, rows) if t is not None and t.num_rows]
+            if not parts:
+                return {}
+            table = (
+                parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
+            )
+            return b.commit_transaction([], table)
+
+        return b.group_offsets.commit_with(offsets, commit)
+
     def committed_offsets(self, group: str) -> dict[tuple[str, int], tuple[int, str | None]]:
         """``group``'s committed offsets of the topics it may consume (a read: off the loops
         the first time after a start)."""
