@@ -329,6 +329,52 @@ def test_sasl_plain_logs_in_and_the_rules_hold(secure: BrokerProcess) -> None:
         c.close()
 
 
+def test_kafka_transactions_keep_to_the_rules_and_to_each_user_s_transactional_ids(
+    secure: BrokerProcess,
+) -> None:
+    """A transactional id is its principal's own: bob's producer with alice's id fences nothing
+    of hers. bob's transaction may not take in a topic he may not produce to, nor a group he
+    may not use (each an abortable error, saying which); alice's commits."""
+    port = secure.kafka_port
+    assert port
+    alice, bob = _sasl("alice", PASSWORDS["alice"]), _sasl("bob", PASSWORDS["bob"])
+    hers = producer(port, **alice, **{"transactional.id": "same-id"})
+    hers.init_transactions(20)
+    his = producer(port, **bob, **{"transactional.id": "same-id"})
+    his.init_transactions(20)  # (not a newer producer of hers: she is not fenced)
+    hers.begin_transaction()
+    hers.produce("shared.txn", b"hers")
+    his.begin_transaction()
+    his.produce("shared.txn", b"his")
+    with pytest.raises(KafkaException) as refused:
+        his.commit_transaction(20)
+    err = refused.value.args[0]
+    assert err.txn_requires_abort() and not err.fatal(), err
+    assert err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
+    his.abort_transaction(20)
+    his.begin_transaction()
+    his.produce("bob.txn", b"his")
+    group = consumer(port, **bob, **{"group.id": "alices-group"})
+    try:
+        with pytest.raises(KafkaException) as refused:
+            his.send_offsets_to_transaction(
+                [TopicPartition("bob.txn", 0, 1)], group.consumer_group_metadata(), 20
+            )
+    finally:
+        group.close()
+    err = refused.value.args[0]
+    assert err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED and not err.fatal(), err
+    his.abort_transaction(20)
+    hers.commit_transaction(20)
+    assert [m.value() for m in read_from(port, "shared.txn", 0, 1, settings=alice)] == [b"hers"]
+    reader = consumer(port, **alice)
+    try:
+        _, high = reader.get_watermark_offsets(TopicPartition("bob.txn", 0), timeout=10)
+    finally:
+        reader.close()
+    assert high == 0  # (bob's aborted transactions left nothing)
+
+
 def test_sasl_scram_sha_512_logs_in_users_with_scram_credentials(secure: BrokerProcess) -> None:
     port = secure.kafka_port
     assert port
@@ -1287,20 +1333,6 @@ def test_committed_offsets_and_messages_survive_a_failover_of_an_ha_pair(tmp_pat
     again.close()
     b.process.stop()
     assert rest == [f"f{i}".encode() for i in range(12, 20)]
-
-
-def test_a_transactional_producer_is_refused_at_once_saying_why(port: int) -> None:
-    from confluent_kafka import KafkaException
-    from confluent_kafka import Producer as RdProducer
-
-    p = RdProducer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "tx-1"})
-    started = time.monotonic()
-    with pytest.raises(KafkaException) as refused:
-        p.init_transactions(20)
-    err = refused.value.args[0]
-    assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and err.fatal()
-    assert "does not serve Kafka transactions yet: produce without transactional.id" in err.str()
-    assert time.monotonic() - started < 5  # (not retried until the call's timeout)
 
 
 def test_an_idempotent_producer_s_sequences_must_come_in_order(port: int) -> None:

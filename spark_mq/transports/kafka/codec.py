@@ -36,6 +36,7 @@ DESCRIBE_GROUPS, LIST_GROUPS = 15, 16
 SASL_HANDSHAKE, API_VERSIONS = 17, 18
 CREATE_TOPICS, DELETE_TOPICS = 19, 20
 INIT_PRODUCER_ID = 22
+ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 DESCRIBE_CONFIGS = 32
 INCREMENTAL_ALTER_CONFIGS = 44
 CREATE_PARTITIONS = 37
@@ -57,6 +58,13 @@ SERVED: dict[int, tuple[int, int]] = {
     API_VERSIONS: (0, 4),
     SASL_AUTHENTICATE: (0, 2),
     INIT_PRODUCER_ID: (0, 5),
+    # transactions as Kafka's "transaction.version" 1 (no finalized feature says 2): the
+    # versions before KIP-890's (EndTxn v5 bumps the epoch at each end, AddPartitionsToTxn v4+
+    # is between brokers)
+    ADD_PARTITIONS_TO_TXN: (0, 3),
+    ADD_OFFSETS_TO_TXN: (0, 3),
+    END_TXN: (0, 3),
+    TXN_OFFSET_COMMIT: (0, 3),
     FIND_COORDINATOR: (0, 4),
     JOIN_GROUP: (0, 9),
     SYNC_GROUP: (0, 5),
@@ -254,6 +262,10 @@ _NAMES = {
     DELETE_TOPICS: "DeleteTopics",
     CREATE_PARTITIONS: "CreatePartitions",
     INIT_PRODUCER_ID: "InitProducerId",
+    ADD_PARTITIONS_TO_TXN: "AddPartitionsToTxn",
+    ADD_OFFSETS_TO_TXN: "AddOffsetsToTxn",
+    END_TXN: "EndTxn",
+    TXN_OFFSET_COMMIT: "TxnOffsetCommit",
     SASL_AUTHENTICATE: "SaslAuthenticate",
     DELETE_GROUPS: "DeleteGroups",
     OFFSET_DELETE: "OffsetDelete",

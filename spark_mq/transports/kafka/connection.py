@@ -41,6 +41,7 @@ from spark_mq.transports.kafka.nodes import Nodes
 from spark_mq.transports.kafka.requests import KafkaRequests
 from spark_mq.transports.kafka.sequences import Sequences
 from spark_mq.transports.kafka.share import ShareGroups
+from spark_mq.transports.kafka.transactions import ProducerTransactions
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class KafkaHost(Protocol):
     groups: Coordinator
     share_groups: ShareGroups
     sequences: Sequences
+    transactions: ProducerTransactions
 
     def committed(self) -> None: ...
 
@@ -305,6 +307,7 @@ class KafkaConnection(LoopConnection):
             self.server.groups,
             self.server.share_groups,
             self.server.sequences,
+            self.server.transactions,
         )
 
     def _login_failed(self, exc: BaseException) -> None:

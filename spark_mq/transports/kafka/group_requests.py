@@ -29,16 +29,13 @@ from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.groups import Coordinator, Joined, Synced
 from spark_mq.transports.kafka.link import KafkaLink, error_code, group_refused
 from spark_mq.transports.kafka.share import ShareGroups
+from spark_mq.transports.kafka.transactions import ProducerTransactions
 
 log = logging.getLogger(__name__)
 
 _ZERO = timedelta(0)
 _NO_OPERATIONS = -(2**31)
 _PLACED_POLL_S = 0.02  # how often a FindCoordinator waiting for the offsets' placement looks
-_NO_TRANSACTIONS = (
-    "sparkmq does not serve Kafka transactions yet: produce without transactional.id "
-    "(idempotent producers are served: each message is stored once)"
-)
 
 
 # an OffsetFetch's answer for a group: its error, and each topic's (partition, offset,
@@ -65,12 +62,14 @@ class GroupRequests:
         session: ClientSession,
         coordinator: Coordinator,
         share_groups: ShareGroups | None = None,
+        transactions: ProducerTransactions | None = None,
     ) -> None:
         self.link = link
         self.listener = listener
         self.session = session
         self.groups = coordinator
         self.share_groups = share_groups
+        self.transactions = transactions  # (offsets an open transaction commits: unstable)
         self._placing: Future | None = None  # (a cluster's offsets topic, being created)
 
     def handlers(self) -> dict[int, Callable[[Request, Any], None]]:
@@ -96,7 +95,7 @@ class GroupRequests:
 
     # -- FindCoordinator: this broker, or the cluster member serving the offsets -----------
     def _find_coordinator(self, r: Request, slot: Any) -> None:
-        if getattr(r.body, "key_type", 0) != 1 and self.link.nodes.coordinator() is None:
+        if self.link.nodes.coordinator() is None:
             # (a cluster's offsets topic, being placed: answered once it is, a moment later.
             # "Not available" at once, librdkafka asked again a second later: a new cluster's
             # first group waited that long for its coordinator)
@@ -130,11 +129,10 @@ class GroupRequests:
         body, mod = r.body, self._module(r)
         key_type = getattr(body, "key_type", 0)
         node = self.link.nodes.coordinator()
-        # a transaction's coordinator: none. Refused at once (not "not available", which a
-        # client retries until its timeout), saying why
+        # (a transaction's coordinator is the groups': key type 1)
         err, message = ErrorCode.none, None
-        if key_type == 1:
-            err, message = ErrorCode.transactional_id_authorization_failed, _NO_TRANSACTIONS
+        if key_type not in (0, 1):
+            err, message = ErrorCode.invalid_request, f"no coordinators of key type {key_type}"
         elif node is None:  # (still being placed: clients ask again)
             err, message = ErrorCode.coordinator_not_available, "being placed"
         node_id, host, port = (node.node_id, node.host, node.port) if node else (-1, "", -1)
@@ -458,6 +456,13 @@ class GroupRequests:
             asked = [(body.group_id, body.topics)]
         session = self.session
         coordinating = not self._not_coordinating()
+        # (KIP-447: a consumer asking for stable offsets is told to ask again while a
+        # transaction that commits its group's offsets is open)
+        unstable = {
+            group: self.transactions.pending_offsets(group)
+            for group, _ in asked
+            if self.transactions is not None and getattr(body, "require_stable", False)
+        }
 
         def look() -> list[_Fetched]:
             out: list[_Fetched] = []
@@ -488,6 +493,8 @@ class GroupRequests:
                         err = ErrorCode.none
                         if offset < 0 and not session.may_consume(topic):
                             err = ErrorCode.topic_authorization_failed
+                        elif (topic, index) in unstable.get(group, ()):
+                            err = ErrorCode.unstable_offset_commit
                         parts.append((index, offset, metadata, err))
                     result.append((topic, parts))
                 out.append((group, ErrorCode.none, result))

@@ -53,6 +53,11 @@ from spark_mq.transports.kafka.link import KafkaLink, error_code, message_of, to
 from spark_mq.transports.kafka.records import RecordError, dedup_prefix, produced, record_batch
 from spark_mq.transports.kafka.sequences import OutOfOrder, Sequences
 from spark_mq.transports.kafka.share import ShareGroups, ShareRequests
+from spark_mq.transports.kafka.transactions import (
+    ProducerTransactions,
+    TransactionRequests,
+    TxnRefused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +163,7 @@ class KafkaRequests:
         coordinator: Coordinator,
         share_groups: ShareGroups,
         sequences: Sequences,
+        transactions: ProducerTransactions,
     ) -> None:
         self.link = link
         self.listener = listener
@@ -171,15 +177,21 @@ class KafkaRequests:
         self._read_ahead = _ReadAhead(session)
         self.share = ShareRequests(link, session, share_groups)
         self.sequences = sequences  # idempotent producers' (the listener's)
+        self.txn = TransactionRequests(
+            link, listener, session, transactions, coordinator, self._target, self._create_topic
+        )
         self._handlers: dict[int, Callable[[Request, Any], None]] = {
             codec.METADATA: self._metadata,
             codec.PRODUCE: self._produce,
             codec.FETCH: self._fetch,
             codec.LIST_OFFSETS: self._list_offsets,
             codec.INIT_PRODUCER_ID: self._init_producer_id,
-            **GroupRequests(link, listener, session, coordinator, share_groups).handlers(),
+            **GroupRequests(
+                link, listener, session, coordinator, share_groups, transactions
+            ).handlers(),
             **AdminRequests(link, listener, session, self.topic_settings).handlers(),
             **self.share.handlers(),
+            **self.txn.handlers(),
         }
 
     def handle(self, request: Request, slot: Any) -> None:
@@ -357,26 +369,27 @@ class KafkaRequests:
         self, body: Any, name: str, part: Any, holding: list[Future]
     ) -> Future | BaseException:
         try:
-            if body.transactional_id is not None:
-                raise _Unsupported(
-                    "transactional producers are not served yet: produce without transactional.id"
-                )
             if part.records is None:
                 raise RecordError("a Produce partition without records", corrupt=True)
             if self.session.kind(name) is None:
-                self.session.open_named(name, "topic", self.topic_settings)
+                self._create_topic(name)
             dest = self._target(name, part.index)
             rows = produced(bytes(part.records), self.max_body)
-            if rows.transactional:
-                raise _Unsupported("transactional record batches are not served yet")
+            if rows.transactional:  # (kept with its transaction until it ends)
+                return self.txn.produce(dest, name, part.index, rows)
             if rows.producer_id >= 0 and rows.base_sequence >= 0:
                 return self._produce_sequenced(dest, rows, holding)
             fut, waits = self.listener.produce(self.session, dest, rows.messages, rows.nbytes)
             if waits:
                 holding.append(fut)
             return fut
-        except (SparkMQError, RecordError, _Unsupported, OutOfOrder) as exc:
+        except (SparkMQError, RecordError, OutOfOrder, TxnRefused) as exc:
             return exc
+
+    def _create_topic(self, name: str) -> None:
+        """A topic a producer names that is not there: created (a Kafka client's topic is a
+        log), when auto-creation is on."""
+        self.session.open_named(name, "topic", self.topic_settings)
 
     def _produce_sequenced(self, dest: str, rows: Any, holding: list[Future]) -> Future:
         """An idempotent producer's batch: in sequence, or refused (:mod:`.sequences`)."""
@@ -438,23 +451,17 @@ class KafkaRequests:
             throttle_time=_ZERO,
         )
 
-    # -- InitProducerId: idempotent producers ----------------------------------------------
+    # -- InitProducerId ----------------------------------------------------------------------
     def _init_producer_id(self, r: Request, slot: Any) -> None:
         """A producer id for an idempotent producer (random: unique across restarts and the
         brokers of a pair without any coordination); one asking again with its id (after an
-        error, v3+) gets the next epoch. A transactional one is refused: transactions are not
-        served yet."""
+        error, v3+) gets the next epoch. A transactional one's is its coordinator's
+        (:mod:`.transactions`)."""
         body = r.body
         mod = codec.response_module(r.api_key, r.version)
         err, pid, epoch = ErrorCode.none, -1, -1
         if body.transactional_id is not None:
-            log.info(
-                "kafka: %s asked for transactional id %r: Kafka transactions are not served "
-                "yet (produce without transactional.id; idempotence is served)",
-                self.link.peer,
-                body.transactional_id,
-            )
-            err = ErrorCode.transactional_id_authorization_failed
+            err, pid, epoch = self.txn.init_producer_id(r)
         elif getattr(body, "producer_id", -1) >= 0:
             pid, epoch = body.producer_id, (body.producer_epoch + 1) % 32767
         else:
@@ -714,15 +721,9 @@ class KafkaRequests:
         self.link.answer(fetch.slot, response)
 
 
-class _Unsupported(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
 def _code_of(exc: BaseException) -> ErrorCode:
-    if isinstance(exc, _Unsupported):
-        return ErrorCode.invalid_request
+    if isinstance(exc, TxnRefused):
+        return exc.code
     if isinstance(exc, OutOfOrder):
         return ErrorCode.out_of_order_sequence_number
     return error_code(exc)

@@ -11,8 +11,8 @@ protocol adapter over the session layer: its SASL exchange logs in (off the loop
 Every sparkmq destination is a Kafka topic of one partition, led by this broker (node 0, at
 ``broker.kafka_advertised_host``/``_port``, or the address it listens on), or on a cluster by
 the member that owns it (:mod:`~spark_mq.transports.kafka.nodes`). The listener keeps what its
-connections share: the consumer-group coordinator, the share groups and idempotent producers'
-next sequences (all the loop's: no locks).
+connections share: the consumer-group coordinator, the share groups, idempotent producers'
+next sequences and transactional producers' open transactions (all the loop's: no locks).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from spark_mq.transports.kafka.groups import Coordinator
 from spark_mq.transports.kafka.nodes import Nodes, Placement
 from spark_mq.transports.kafka.sequences import Sequences
 from spark_mq.transports.kafka.share import ShareGroups
+from spark_mq.transports.kafka.transactions import ProducerTransactions
 
 
 class KafkaServer(LoopListener):
@@ -42,6 +43,8 @@ class KafkaServer(LoopListener):
         )
         self.share_groups = ShareGroups()
         self.sequences = Sequences()  # idempotent producers' next sequences
+        # transactional producers and their open transactions
+        self.transactions = ProducerTransactions(gateway.config.limits.max_batch_bytes)
         self._host = host
         self.listen(host, port, lambda: KafkaConnection(self))
 
@@ -57,6 +60,18 @@ class KafkaServer(LoopListener):
             if keep is not None:  # (a cluster's: kept empty, or its ghosts come back)
                 keep(group)
         self.share_groups.sweep()
+        self.transactions.sweep()
+
+    def transactions_now(self, timeout: float = 5.0) -> dict[str, int]:
+        """(Any thread.) The transactional producers, their open transactions and those
+        aborted for their timeout, as the loop has them."""
+
+        async def snapshot() -> dict[str, int]:
+            return self.transactions.figures()
+
+        if self.loop.is_closed():
+            return {}
+        return asyncio.run_coroutine_threadsafe(snapshot(), self.loop).result(timeout)
 
     def groups_now(self, timeout: float = 5.0) -> list[dict[str, object]]:
         """(Any thread.) The consumer and share groups as the loop has them: kind, group,
