@@ -146,6 +146,10 @@ class RunningBroker:
         if self._owns_security:
             self.security.close()
 
+    def kafka_transactions(self) -> dict[str, int]:
+        """The Kafka listener's transactional producers and open transactions (metrics)."""
+        return self.kafka.transactions_now() if self.kafka is not None else {}
+
     def kafka_groups(self) -> list[dict[str, object]]:
         """The Kafka listener's consumer and share groups, with each consumer group's lag by
         topic (end offset minus committed offset), for the metrics and the console. A cluster's
@@ -396,6 +400,7 @@ def _serve_term(
         return "stop"
     state.connections = running.connections
     state.kafka_groups = running.kafka_groups
+    state.kafka_transactions = running.kafka_transactions
     settle_garbage_collector()
     wire_at = "no port (broker.wire = false)"
     if running.wire is not None:

@@ -79,6 +79,7 @@ class ServiceState:
     broker: Broker | None = None
     connections: Callable[[], dict[str, int]] = dict
     kafka_groups: Callable[[], list[dict[str, Any]]] = list  # the Kafka listener's groups
+    kafka_transactions: Callable[[], dict[str, int]] = dict  # and its transactions' figures
 
 
 @dataclass(eq=False)
@@ -474,6 +475,7 @@ class _Handler(BaseHTTPRequestHandler):
             connections=state.connections,
             auth_failures=lambda: state.security.authenticator.failed_logins,
             kafka_groups=state.kafka_groups,
+            kafka_transactions=state.kafka_transactions,
         )
         self._send(HTTPStatus.OK, metrics.render(scrape), metrics.CONTENT_TYPE)
 

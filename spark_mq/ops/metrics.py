@@ -75,6 +75,7 @@ class Scrape:
     connections: Callable[[], dict[str, int]] = dict
     auth_failures: Callable[[], int] = lambda: 0
     kafka_groups: Callable[[], list[dict[str, Any]]] = list
+    kafka_transactions: Callable[[], dict[str, int]] = dict
 
 
 class BrokerCollector(Collector):
@@ -134,6 +135,28 @@ def _kafka_families(s: Scrape) -> Iterator[Metric]:
     yield members
     yield generation
     yield lag
+    txns = s.kafka_transactions()
+    if txns:
+        yield GaugeMetricFamily(
+            "sparkmq_kafka_transactional_producers",
+            "Kafka transactional ids with a producer here (this member coordinates them).",
+            value=txns["producers"],
+        )
+        yield GaugeMetricFamily(
+            "sparkmq_kafka_transactions_open",
+            "Kafka transactions begun and not yet committed or aborted.",
+            value=txns["open"],
+        )
+        yield GaugeMetricFamily(
+            "sparkmq_kafka_transactions_kept_bytes",
+            "Record bytes open Kafka transactions keep until they end.",
+            value=txns["kept_bytes"],
+        )
+        yield CounterMetricFamily(
+            "sparkmq_kafka_transactions_timed_out",
+            "Kafka transactions aborted because they were open past their timeout.",
+            value=txns["aborted_on_timeout"],
+        )
 
 
 def render(scrape: Scrape) -> bytes:
