@@ -1896,6 +1896,75 @@ def test_an_idempotent_kafka_producer_keeps_its_order_across_moves_back_and_fort
     assert got == sent
 
 
+def test_a_kafka_transaction_commits_at_the_coordinating_member_and_not_over_two(
+    cluster: Cluster,
+) -> None:
+    """A transactional producer reaching either member finds the coordinating one (the
+    groups' offsets owner) and commits there: records and offsets of topics it serves. A
+    partition served by the other member is refused (an abortable error), the member's log
+    saying to pin it; the abort leaves nothing."""
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import Producer as KafkaProducer
+
+    from spark_mq.names import KAFKA_OFFSETS
+
+    for m in "ab":
+        cluster.start(m)
+    kafka = {m: f"127.0.0.1:{p.kafka_port}" for m, p in cluster.members.items()}
+    producer = KafkaProducer({"bootstrap.servers": kafka["b"], "transactional.id": "tx-c"})
+    producer.init_transactions(30)  # (the offsets topic is placed: its member coordinates)
+    coordinator = cluster.owners("a")[KAFKA_OFFSETS]
+    other = "a" if coordinator == "b" else "b"
+    with Admin(cluster.urls) as admin:
+        for name, member in (("tx-here", coordinator), ("tx-there", other), ("tx-in", other)):
+            admin.create_topic(name)
+            admin.pin(name, member)
+    wait_for(
+        lambda: (
+            {"tx-here"} <= cluster.serving(coordinator)[coordinator]
+            and {"tx-there", "tx-in"} <= cluster.serving(other)[other]
+        ),
+        20,
+        "pinned",
+    )
+    group = KafkaConsumer({"bootstrap.servers": kafka[other], "group.id": "tx-g"})
+    try:
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce("tx-here", f"h{i}".encode())
+        producer.send_offsets_to_transaction(
+            [TopicPartition("tx-in", 0, 7)], group.consumer_group_metadata(), 30
+        )
+        producer.commit_transaction(30)
+        assert group.committed([TopicPartition("tx-in", 0)], 10)[0].offset == 7
+    finally:
+        group.close()
+    producer.begin_transaction()
+    producer.produce("tx-there", b"elsewhere")
+    with pytest.raises(KafkaException) as refused:
+        producer.commit_transaction(30)
+    err = refused.value.args[0]
+    assert err.txn_requires_abort() and err.code() == KafkaError.POLICY_VIOLATION, err
+    assert "must all be served by the member coordinating transactions" in cluster.log(coordinator)
+    producer.abort_transaction(30)
+    reader = KafkaConsumer(
+        {"bootstrap.servers": kafka[other], "group.id": "r", "isolation.level": "read_committed"}
+    )
+    try:
+        reader.assign([TopicPartition("tx-here", 0, 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 5 and time.monotonic() < deadline:
+            msg = reader.poll(0.2)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+        assert got == [f"h{i}".encode() for i in range(5)]
+        assert reader.get_watermark_offsets(TopicPartition("tx-there", 0), timeout=10)[1] == 0
+    finally:
+        reader.close()
+
+
 def test_kafka_share_consumers_at_two_members_share_a_queue_partitioned_over_both(
     cluster: Cluster,
 ) -> None:
