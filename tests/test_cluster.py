@@ -1902,7 +1902,8 @@ def test_a_kafka_transaction_commits_at_the_coordinating_member_and_not_over_two
     """A transactional producer reaching either member finds the coordinating one (the
     groups' offsets owner) and commits there: records and offsets of topics it serves. A
     partition served by the other member is refused (an abortable error), the member's log
-    saying to pin it; the abort leaves nothing."""
+    saying to pin it; the abort leaves nothing. When the offsets move to the other member,
+    the transaction open then is aborted and the producer carries on there."""
     from confluent_kafka import Consumer as KafkaConsumer
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
     from confluent_kafka import Producer as KafkaProducer
@@ -1912,22 +1913,24 @@ def test_a_kafka_transaction_commits_at_the_coordinating_member_and_not_over_two
     for m in "ab":
         cluster.start(m)
     kafka = {m: f"127.0.0.1:{p.kafka_port}" for m, p in cluster.members.items()}
-    producer = KafkaProducer({"bootstrap.servers": kafka["b"], "transactional.id": "tx-c"})
-    producer.init_transactions(30)  # (the offsets topic is placed: its member coordinates)
-    coordinator = cluster.owners("a")[KAFKA_OFFSETS]
-    other = "a" if coordinator == "b" else "b"
-    with Admin(cluster.urls) as admin:
+    first = KafkaProducer({"bootstrap.servers": kafka["b"], "transactional.id": "tx-first"})
+    first.init_transactions(30)  # (the offsets topic placed: its member coordinates)
+    coordinator, other = "a", "b"
+    with Admin(cluster.urls) as admin:  # (pinned: placement's balancing moves none of them)
+        admin.pin(KAFKA_OFFSETS, coordinator)
         for name, member in (("tx-here", coordinator), ("tx-there", other), ("tx-in", other)):
             admin.create_topic(name)
             admin.pin(name, member)
     wait_for(
         lambda: (
-            {"tx-here"} <= cluster.serving(coordinator)[coordinator]
+            {KAFKA_OFFSETS, "tx-here"} <= cluster.serving(coordinator)[coordinator]
             and {"tx-there", "tx-in"} <= cluster.serving(other)[other]
         ),
         20,
         "pinned",
     )
+    producer = KafkaProducer({"bootstrap.servers": kafka[other], "transactional.id": "tx-c"})
+    producer.init_transactions(30)
     group = KafkaConsumer({"bootstrap.servers": kafka[other], "group.id": "tx-g"})
     try:
         producer.begin_transaction()
@@ -1948,19 +1951,39 @@ def test_a_kafka_transaction_commits_at_the_coordinating_member_and_not_over_two
     assert err.txn_requires_abort() and err.code() == KafkaError.POLICY_VIOLATION, err
     assert "must all be served by the member coordinating transactions" in cluster.log(coordinator)
     producer.abort_transaction(30)
+    # the offsets (and so the coordinator) move while a transaction is open: it is aborted,
+    # the producer begins again at the new coordinator
+    producer.begin_transaction()
+    producer.produce("tx-here", b"open when it moved")
+    assert producer.flush(10) == 0
+    with Admin(cluster.urls) as admin:
+        admin.pin(KAFKA_OFFSETS, other)
+    wait_for(lambda: KAFKA_OFFSETS in cluster.serving(other)[other], 20, "offsets moved")
+    with pytest.raises(KafkaException) as refused:
+        producer.commit_transaction(30)
+    assert refused.value.args[0].txn_requires_abort(), refused.value.args[0]
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce("tx-there", b"t0")
+    producer.commit_transaction(30)
     reader = KafkaConsumer(
         {"bootstrap.servers": kafka[other], "group.id": "r", "isolation.level": "read_committed"}
     )
     try:
-        reader.assign([TopicPartition("tx-here", 0, 0)])
-        got: list[bytes] = []
-        deadline = time.monotonic() + 20
-        while len(got) < 5 and time.monotonic() < deadline:
-            msg = reader.poll(0.2)
-            if msg is not None and msg.error() is None:
-                got.append(msg.value())
-        assert got == [f"h{i}".encode() for i in range(5)]
-        assert reader.get_watermark_offsets(TopicPartition("tx-there", 0), timeout=10)[1] == 0
+        for topic, want in (
+            ("tx-here", [f"h{i}".encode() for i in range(5)]),
+            ("tx-there", [b"t0"]),
+        ):
+            reader.assign([TopicPartition(topic, 0, 0)])
+            got: list[bytes] = []
+            deadline = time.monotonic() + 20
+            while len(got) < len(want) and time.monotonic() < deadline:
+                msg = reader.poll(0.2)
+                if msg is not None and msg.error() is None:
+                    got.append(msg.value())
+            assert got == want, topic
+            end = reader.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+            assert end == len(want), topic  # (nothing of the aborted ones)
     finally:
         reader.close()
 

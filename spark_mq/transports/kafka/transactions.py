@@ -31,7 +31,10 @@ id is another producer, and cannot fence this one). Its records need ``produce``
 topics, its offsets ``consume`` on the group and on their topics, checked as each request comes
 and again at the commit.
 
-**A cluster**: the coordinating member keeps the transactions, and every partition a
+**A cluster**: the coordinating member keeps the transactions. When the groups' offsets move
+to another member, a transaction open then is aborted: its producer, sent there, is told its
+producer id is unknown, aborts and begins again (what the old member kept is dropped at the
+transaction's timeout, or used if the offsets come back before it). Every partition a
 transaction adds must be served by that member (as a sparkmq transaction's destinations must
 be by one member); a partition served by another is refused (POLICY_VIOLATION: the client
 aborts), and the member's log says to pin the topic to the coordinating member.
