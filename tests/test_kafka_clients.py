@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from spark_mq import Admin
 from spark_mq.client import Consumer, Producer
 from spark_mq.launch import BrokerProcess
-from tests.kafka_kit import produce_all, producer, read_from
+from tests.kafka_kit import consumer, produce_all, producer, read_from
 from tests.stomp_kit import connect
 
 pytestmark = pytest.mark.process
@@ -84,6 +85,26 @@ def test_kafkajs_consumes_in_a_group_what_the_sdk_produced(broker: BrokerProcess
             p.send(f"sdk-{i}".encode(), group_id="g", headers={"from": "sdk"}).result()
     lines = _node("consume", str(broker.kafka_port), topic, _name("group"), "10")
     assert lines == [f"{i} g sdk-{i} sdk" for i in range(10)]
+
+
+def test_kafkajs_transactions_commit_abort_and_carry_offsets(broker: BrokerProcess) -> None:
+    """kafkajs's transactional producer: what it commits the SDK reads (and the group's offset
+    it sent is committed); what it aborts no one ever sees."""
+    assert broker.kafka_port
+    topic, group = _name("kjs-txn"), _name("group")
+    with Admin(broker.url) as admin:
+        admin.create_topic(topic)
+        admin.create_subscription(topic, "reader")
+    assert _node("transact", str(broker.kafka_port), topic, group) == ["done"]
+    with Consumer(broker.url, topic, subscription="reader") as sdk:
+        got = sdk.receive_many(5, timeout=5)
+        sdk.ack(got)
+    assert [m.body for m in got] == [b"tx-0", b"tx-1", b"tx-2", b"tx-3"]
+    c = consumer(broker.kafka_port, **{"group.id": group})
+    try:
+        assert c.committed([TopicPartition(topic, 0)], 10)[0].offset == 3
+    finally:
+        c.close()
 
 
 def test_kcat_produces_and_consumes(broker: BrokerProcess) -> None:
