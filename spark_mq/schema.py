@@ -84,6 +84,7 @@ TRANSACTION_SCHEMA = schema_of(
     pa.field("acks", pa.string()),  # JSON: [[destination, subscription, offset], ...]
     pa.field("ends", pa.string()),  # JSON: destination -> its end offset before applying
 )
+TRANSACTION_COMMIT, TRANSACTION_DONE = "commit", "done"  # a transaction log row's event
 
 DEFAULT_PRIORITY = 4  # the JMS default
 QUEUE_SUBSCRIPTION = ""  # a queue is consumed through one implicit subscription

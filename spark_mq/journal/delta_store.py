@@ -39,10 +39,13 @@ from spark_mq.schema import (
     BINDING_SCHEMA,
     MESSAGE_SCHEMA,
     SETTLEMENT_SCHEMA,
+    TRANSACTION_DONE,
     TRANSACTION_SCHEMA,
     by_offset,
     conform,
+    equal_to,
     message_columns,
+    strings,
 )
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,17 @@ REOPEN_AFTER_COMMITS = 50
 # took 220-260 ms (200 files), and grew with them. Each time one reaches a multiple of this many
 # versions it is compacted into one file and checkpointed: 9-15 ms after (measured).
 COMPACT_SMALL_LOGS_EVERY = 50
+# ... and they keep no history: the commit files before that checkpoint are removed then, once
+# a second old (a reader that listed the log that long ago and reads on finds them gone), and
+# the data files compaction replaced once a minute old (vacuumed). Their readers read the newest
+# version only, and a writer holding an older one reloads it from the checkpoint. Kept for the
+# week Delta keeps by default, every commit listed them all (a local file system's listing is
+# not from an offset): a commit of the transaction log took 18 ms after 100 transactions and
+# 49 ms after 800, growing by 4 ms every 100 (measured).
+SMALL_LOG_PROPERTIES = {
+    "delta.logRetentionDuration": "interval 1 seconds",
+    "delta.deletedFileRetentionDuration": "interval 1 minutes",
+}
 # A message's body is opaque: min/max statistics of it skip nothing (readers select by offset)
 # and took a fifth of a move's time (130,000 random 1 KiB bodies: 194-231 ms against 224-311,
 # four runs each; 72-87 against 82-93 for one body repeated). Snappy, as without properties.
@@ -141,6 +155,10 @@ def _append(
             return
         except CommitFailedError:
             if attempt == COMMIT_ATTEMPTS - 1:
+                raise
+            dt.update_incremental()
+        except DeltaError as exc:  # (its version's commit file gone: a small log cleaned up)
+            if "Invalid table version" not in str(exc) or attempt == COMMIT_ATTEMPTS - 1:
                 raise
             dt.update_incremental()
 
@@ -376,14 +394,25 @@ class DeltaStore:
             self._tables.pop(uri, None)
 
     @staticmethod
-    def _compact_small_log(dt: DeltaTable, what: str) -> None:
-        """See ``COMPACT_SMALL_LOGS_EVERY``. (Rows are read in no file order: each carries its
-        sequence.) A compaction that meets another writer's commit is left to the next time."""
+    def _compact_small_log(
+        dt: DeltaTable, what: str, prune: Callable[[DeltaTable], None] | None = None
+    ) -> None:
+        """See ``COMPACT_SMALL_LOGS_EVERY`` and ``SMALL_LOG_PROPERTIES``; ``prune`` first
+        deletes what the log no longer needs. (Rows are read in no file order: each carries
+        its sequence.) A compaction that meets another writer's commit is left to the next
+        time."""
         if dt.version() % COMPACT_SMALL_LOGS_EVERY:
             return
         try:
+            configured = dt.metadata().configuration
+            if any(configured.get(k) != v for k, v in SMALL_LOG_PROPERTIES.items()):
+                dt.alter.set_table_properties(SMALL_LOG_PROPERTIES)
+            if prune is not None:
+                prune(dt)
             dt.optimize.compact()
             dt.create_checkpoint()
+            dt.cleanup_metadata()
+            dt.vacuum(dry_run=False)  # (files replaced over a minute ago: the table's setting)
         except DeltaError as exc:
             log.info("the %s log was not compacted this time: %s", what, exc)
 
@@ -428,7 +457,7 @@ class DeltaStore:
         with self._bindings_lock, translate("writing the transaction log"):
             dt = self._open_or_create(uri, TRANSACTION_SCHEMA, self.epoch)
             self._append(dt, rows, None, None, epoch=self.epoch)
-            self._compact_small_log(dt, "transaction")
+            self._compact_small_log(dt, "transaction", _prune_finished)
             self._committed(uri)
 
     def create_logs(self, destination: str) -> None:
@@ -585,6 +614,17 @@ class _Reader:
     table: DeltaTable | None = None
     dataset: pds.Dataset | None = None  # (the snapshot's)
     updates: int = 0
+
+
+def _prune_finished(dt: DeltaTable) -> None:
+    """The transaction log's rows of transactions that are done (applied: recovery has
+    nothing to do for them), deleted: the log holds what is unfinished, not every transaction
+    ever committed."""
+    rows = dt.to_pyarrow_table(columns=["txid", "event"])
+    done = sorted(set(strings(rows.filter(equal_to(rows["event"], TRANSACTION_DONE))["txid"])))
+    done = [t for t in done if t.isalnum()]  # (ids are hex: quoted safely)
+    if done:
+        dt.delete("txid IN (" + ", ".join(f"'{t}'" for t in done) + ")")
 
 
 def _committed_end(dt: DeltaTable) -> int:
