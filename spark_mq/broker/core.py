@@ -337,6 +337,7 @@ class Broker:
                 "messages are moved again after the restart",
                 _CLOSE_MOVES_S,
             )
+        self.transactions.close()  # (the done rows waiting: before the journal closes)
         self.unmoved = self.journal.close()
         self._release_dir()
         self.phase = "stopped"
