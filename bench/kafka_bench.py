@@ -9,9 +9,13 @@ its own, the produce and consume rates issue 47 sets targets for:
 3. pipelined sends: ``acks=all`` with librdkafka's default batching (``linger.ms`` 5), every
    message's delivery report awaited at the end;
 4. (on its own) consuming a backlog: a consumer group member reading the messages of 3 from
-   the start, as fast as fetches bring them.
+   the start, as fast as fetches bring them;
+5. (``--transactions``) a transactional producer: transactions of 1,000 and of 10 messages,
+   each committed before the next begins (msg/s and commits/s), and an exactly-once
+   consume-transform-produce loop (a read_committed group member, batches of 500 messages
+   and their offsets in one transaction each).
 
-    python bench/kafka_bench.py [--messages 200000] [--sends 2000]
+    python bench/kafka_bench.py [--messages 200000] [--sends 2000] [--transactions]
 """
 
 from __future__ import annotations
@@ -79,6 +83,71 @@ def pipelined(port: int, body: bytes, total: int) -> tuple[Figures, str]:
         raise RuntimeError(f"{len(failed)} message(s) failed: {failed[:1]}")
     took = time.perf_counter() - started
     return {"rate": total / took}, topic
+
+
+def transactions(port: int, body: bytes, total: int, per: int) -> Figures:
+    """``total`` messages in transactions of ``per``, each committed before the next."""
+    p = _producer(port, **{"transactional.id": f"bench-{uuid.uuid4().hex[:6]}"})
+    p.init_transactions(30)
+    topic = f"txn-{uuid.uuid4().hex[:6]}"
+    failed: list[object] = []
+    started = time.perf_counter()
+    for _ in range(total // per):
+        p.begin_transaction()
+        for _ in range(per):
+            while True:
+                try:
+                    p.produce(topic, body, on_delivery=lambda e, m: failed.append(e) if e else None)
+                    break
+                except BufferError:
+                    p.poll(0.001)
+        p.commit_transaction(60)
+    took = time.perf_counter() - started
+    if failed:
+        raise RuntimeError(f"{len(failed)} message(s) failed: {failed[:1]}")
+    return {"rate": total // per * per / took, "commits": total // per / took}
+
+
+def transform(port: int, source: str, total: int, batch: int = 500) -> Figures:
+    """The exactly-once loop over ``source`` (``total`` messages): read, write each message
+    to another topic, and commit the batch's outputs and offsets in one transaction."""
+    c = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": f"eos-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    c.subscribe([source])
+    p = _producer(port, **{"transactional.id": f"eos-{uuid.uuid4().hex[:6]}"})
+    p.init_transactions(30)
+    sink = f"eos-out-{uuid.uuid4().hex[:6]}"
+    done, started = 0, None
+    deadline = time.monotonic() + 300
+    while done < total and time.monotonic() < deadline:
+        msgs = [m for m in c.consume(batch, 0.5) if m.error() is None]
+        if not msgs:
+            continue
+        if started is None:
+            started = time.perf_counter()
+        p.begin_transaction()
+        for m in msgs:
+            while True:
+                try:
+                    p.produce(sink, m.value())
+                    break
+                except BufferError:
+                    p.poll(0.001)
+        p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata())
+        p.commit_transaction(60)
+        done += len(msgs)
+    c.close()
+    if started is None or done < total:
+        raise RuntimeError(f"transformed {done} of {total}")
+    return {"rate": done / (time.perf_counter() - started)}
 
 
 def consume(port: int, topic: str, total: int) -> Figures:
@@ -154,6 +223,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--sends", type=int, default=2000)
+    ap.add_argument("--transactions", action="store_true", help="the transactional figures too")
     args = ap.parse_args()
     body = b"x" * 1024
     with tempfile.TemporaryDirectory() as work:
@@ -168,6 +238,14 @@ def main() -> None:
             print(f"produce (acks=all, default batching): {pl['rate']:,.0f} msg/s")
             co = consume(port, topic, args.messages)
             print(f"consume (a group member, from the start): {co['rate']:,.0f} msg/s")
+            if args.transactions:
+                for per in (1000, 10):
+                    tx = transactions(port, body, min(args.messages, per * 2000), per)
+                    print(f"transactions of {per}: {tx['rate']:,.0f} msg/s, "
+                          f"{tx['commits']:,.0f} commits/s")  # fmt: skip
+                eos = transform(port, topic, args.messages)
+                print(f"consume-transform-produce (exactly once, 500 a transaction): "
+                      f"{eos['rate']:,.0f} msg/s")  # fmt: skip
         finally:
             broker.stop()
 
