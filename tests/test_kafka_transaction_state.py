@@ -118,3 +118,18 @@ def test_the_offsets_of_open_transactions_are_pending() -> None:
     assert txns.pending_offsets("other") == set()
     txn.drop()
     assert txns.pending_offsets("g") == set()
+
+
+def test_a_transactional_id_unused_for_a_week_is_forgotten() -> None:
+    clock = _Clock()
+    txns = ProducerTransactions(max_bytes=1000, clock=clock)
+    idle = txns.init("alice", "idle", 60_000, -1, -1)
+    busy = txns.init("alice", "busy", 60_000, -1, -1)
+    clock.now += 6 * 24 * 3600
+    txns.get("alice", "busy", busy.producer_id, 0)
+    clock.now += 2 * 24 * 3600
+    txns.sweep()
+    assert txns.figures()["producers"] == 1
+    with _refused(ErrorCode.invalid_producer_id_mapping):
+        txns.get("alice", "idle", idle.producer_id, 0)
+    assert txns.get("alice", "busy", busy.producer_id, 0) is busy

@@ -69,6 +69,9 @@ _ZERO = timedelta(0)
 MAX_TIMEOUT_MS = 900_000  # the longest transaction.timeout.ms taken (Kafka's default maximum)
 _EPOCHS = 32767  # a producer id's epochs (int16); past the last one, a new producer id
 _SEQUENCES = 2**31
+# a transactional id unused this long (no transaction open) is forgotten, as Kafka's
+# transactional.id.expiration.ms (7 days): its producer, back later, is told to initialise again
+ID_EXPIRY_S = 7 * 24 * 3600.0
 
 EMPTY, ONGOING, ENDING = "Empty", "Ongoing", "Ending"
 
@@ -107,6 +110,7 @@ class Txn:
     next_sequence: dict[str, int] = field(default_factory=dict)  # this transaction's
     nbytes: int = 0
     ended: bool | None = None  # how the last transaction ended (True: committed)
+    used: float = 0.0  # (monotonic) when a request last named it
 
     def drop(self) -> None:
         """The open transaction's records and offsets forgotten (aborted, or committed)."""
@@ -146,10 +150,11 @@ class ProducerTransactions:
             )
         txn = self._by_id.get((owner, tid))
         if txn is None:
-            txn = Txn(owner, tid, self._new_pid(), 0, timeout_ms / 1000)
+            txn = Txn(owner, tid, self._new_pid(), 0, timeout_ms / 1000, used=self.clock())
             self._by_id[(owner, tid)] = txn
             self._by_pid[txn.producer_id] = txn
             return txn
+        txn.used = self.clock()
         if txn.state == ENDING:
             raise TxnRefused(
                 ErrorCode.concurrent_transactions, f"{tid}'s transaction is being committed"
@@ -189,6 +194,7 @@ class ProducerTransactions:
                 "fenced (a newer one initialised the same transactional id, or its "
                 "transaction timed out)",
             )
+        txn.used = self.clock()
         return txn
 
     def of_producer(self, owner: str, pid: int, epoch: int) -> Txn:
@@ -205,6 +211,7 @@ class ProducerTransactions:
                 ErrorCode.invalid_producer_epoch,
                 f"{txn.tid}'s producer epoch is {txn.epoch}, not {epoch}: fenced",
             )
+        txn.used = self.clock()
         return txn
 
     def keep(self, txn: Txn, destination: str, topic: str, index: int, rows: Produced) -> None:
@@ -246,9 +253,14 @@ class ProducerTransactions:
         return out
 
     def sweep(self) -> None:
-        """Open transactions past their timeout aborted, their producers fenced."""
+        """Open transactions past their timeout aborted, their producers fenced; ids unused
+        past :data:`ID_EXPIRY_S` forgotten."""
         now = self.clock()
         for txn in list(self._by_id.values()):
+            if txn.state == EMPTY and now - txn.used > ID_EXPIRY_S:
+                del self._by_id[(txn.owner, txn.tid)]
+                self._by_pid.pop(txn.producer_id, None)
+                continue
             if txn.state == ONGOING and now - txn.began > txn.timeout_s:
                 log.warning(
                     "kafka: transaction of %s (producer %d epoch %d) open for longer than its "
