@@ -95,14 +95,7 @@ class GroupOffsets:
                 return
             with self._lock:
                 self._in_flight -= 1
-                mine = groups.setdefault(group, {})
-                for topic, partition, offset, metadata in entries:
-                    if offset < 0:
-                        mine.pop((topic, partition), None)
-                    else:
-                        mine[(topic, partition)] = Committed(offset, metadata)
-                if not mine:
-                    groups.pop(group, None)
+                _apply(groups, group, entries)
             out.set_result(None)
 
         stored.add_done_callback(durable)
@@ -133,14 +126,7 @@ class GroupOffsets:
                 self._in_flight -= 1
         with self._lock:
             for group, es in entries.items():
-                mine = groups.setdefault(group, {})
-                for topic, partition, offset, metadata in es:
-                    if offset < 0:
-                        mine.pop((topic, partition), None)
-                    else:
-                        mine[(topic, partition)] = Committed(offset, metadata)
-                if not mine:
-                    groups.pop(group, None)
+                _apply(groups, group, es)
         return out
 
     def fetch(self, group: str) -> dict[Key, Committed]:
@@ -265,6 +251,22 @@ class GroupOffsets:
             due = self._groups is not None and self._clock() - self._refreshed >= REFRESH_S
         if due:
             self.refresh()
+
+
+def _apply(
+    groups: dict[str, dict[Key, Committed]],
+    group: str,
+    entries: list[tuple[str, int, int, str | None]],
+) -> None:
+    """Durable commits of ``group`` made what it has committed (offset -1: deleted)."""
+    mine = groups.setdefault(group, {})
+    for topic, partition, offset, metadata in entries:
+        if offset < 0:
+            mine.pop((topic, partition), None)
+        else:
+            mine[(topic, partition)] = Committed(offset, metadata)
+    if not mine:
+        groups.pop(group, None)
 
 
 def _rows(entries: list[tuple[str, str, int, int, str | None]]) -> pa.Table:
