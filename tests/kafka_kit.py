@@ -9,7 +9,7 @@ import struct
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 
 def producer(port: int, **settings: Any) -> Producer:
@@ -45,6 +45,26 @@ def produce_all(p: Producer, topic: str, values: list[bytes], **fields: Any) -> 
     assert left == 0, f"{left} message(s) still unacknowledged"
     assert not errors, errors
     return offsets
+
+
+def refused_transaction(p: Producer, topic: str, value: bytes) -> set[int]:
+    """Produce one record in ``p``'s open transaction whose partition the broker refuses to
+    add, then commit: the commit must fail with an abortable, not fatal, error. Returns the
+    error codes the application was told: librdkafka reports the broker's refusal either as the
+    commit's error or as the record's delivery error, by timing (the other is then its own
+    "purged" or "1 message(s) failed delivery")."""
+    reports: list[KafkaError | None] = []
+    p.produce(topic, value, on_delivery=lambda e, _m: reports.append(e))
+    p.flush(20)
+    try:
+        p.commit_transaction(20)
+    except KafkaException as failed:
+        err = failed.args[0]
+    else:
+        raise AssertionError("the transaction committed")
+    assert err.txn_requires_abort() and not err.fatal(), err
+    assert len(reports) == 1 and reports[0] is not None, reports
+    return {err.code(), reports[0].code()}
 
 
 def read_from(
