@@ -5,6 +5,7 @@ refused as a log; malformed requests; SASL and ACLs."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import struct
@@ -376,6 +377,78 @@ def test_kafka_transactions_keep_to_the_rules_and_to_each_user_s_transactional_i
     finally:
         reader.close()
     assert high == 0  # (bob's aborted transactions left nothing)
+
+
+def test_admin_tools_see_and_abort_only_what_their_user_may(secure: BrokerProcess) -> None:
+    """kafka-python's transaction admin (KIP-664) under SASL: bob lists and describes his own
+    transactional ids only, may not see producers of a topic he may not consume, nor abort
+    (CLUSTER_AUTHORIZATION_FAILED, and his transaction is left open); alice, the broker's
+    admin, sees both users' ids, describes her own, and aborts his, which fences him."""
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as KTopicPartition
+    from kafka.admin._transactions import AbortTransactionSpec
+    from kafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
+
+    port = secure.kafka_port
+    assert port
+    tid, topic = f"ids-{uuid.uuid4().hex[:8]}", _name("bob.adm")
+
+    def admin_of(user: str) -> KafkaAdminClient:
+        return KafkaAdminClient(
+            bootstrap_servers=f"127.0.0.1:{port}",
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN",
+            sasl_plain_username=user,
+            sasl_plain_password=PASSWORDS[user],
+        )
+
+    hers = producer(port, **_sasl("alice", PASSWORDS["alice"]), **{"transactional.id": tid})
+    hers.init_transactions(20)
+    his = producer(port, **_sasl("bob", PASSWORDS["bob"]), **{"transactional.id": tid})
+    his.init_transactions(20)
+    his.begin_transaction()
+    his.produce(topic, b"his")
+    assert his.flush(10) == 0
+    bob, alice = admin_of("bob"), admin_of("alice")
+    try:
+
+        def listed(admin: KafkaAdminClient) -> list[tuple[int, str]]:
+            (node,) = admin.list_transactions().values()
+            return sorted((t.producer_id, t.state.value) for t in node if t.transactional_id == tid)
+
+        (his_listing,) = listed(bob)
+        his_pid = his_listing[0]
+        assert his_listing == (his_pid, "Ongoing")
+        assert bob.describe_transactions([tid])[tid].producer_id == his_pid
+        both = listed(alice)
+        assert len(both) == 2 and (his_pid, "Ongoing") in both
+        (her_pid,) = [pid for pid, state in both if state == "Empty"]
+        assert alice.describe_transactions([tid])[tid].producer_id == her_pid
+        hidden = _name("alice.adm")  # (bob may not consume it)
+        assert produce_all(producer(port, **_sasl("alice", PASSWORDS["alice"])), hidden, [b"s"])
+        (node,) = bob.list_transactions().keys()  # (bob cannot see the topic's leader)
+        with pytest.raises(TopicAuthorizationFailedError):
+            bob.describe_producers([KTopicPartition(hidden, 0)], broker_id=node)
+        assert alice.describe_producers([KTopicPartition(hidden, 0)])
+        spec = AbortTransactionSpec(KTopicPartition(topic, 0), his_pid, 0)
+        with pytest.raises(ClusterAuthorizationFailedError):
+            bob.abort_transaction(spec)
+        assert listed(bob) == [(his_pid, "Ongoing")]
+        alice.abort_transaction(spec)
+        assert listed(bob) == [(his_pid, "CompleteAbort")]
+        audit = [
+            json.loads(line)
+            for line in (Path(secure.data_dir).parent / "audit.log").read_text().splitlines()
+        ]
+        seen = {(e["event"], e["principal"], e["verb"], e["destination"]) for e in audit}
+        assert ("denied", "bob", "admin", None) in seen  # (his abort)
+        assert ("admin", "alice", "AbortKafkaTransaction", f"{topic}[0]") in seen
+    finally:
+        bob.close()
+        alice.close()
+    with pytest.raises(KafkaException) as fenced:
+        his.commit_transaction(20)
+    assert fenced.value.args[0].fatal(), fenced.value.args[0]
 
 
 def test_sasl_scram_sha_512_logs_in_users_with_scram_credentials(secure: BrokerProcess) -> None:

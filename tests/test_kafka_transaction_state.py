@@ -8,6 +8,8 @@ import pytest
 from spark_mq.messages import Messages, PlainMessage
 from spark_mq.transports.kafka.codec import ErrorCode
 from spark_mq.transports.kafka.records import Produced
+from spark_mq.transports.kafka.sequences import Sequences
+from spark_mq.transports.kafka.transaction_admin import state_of
 from spark_mq.transports.kafka.transactions import (
     EMPTY,
     ONGOING,
@@ -133,3 +135,40 @@ def test_a_transactional_id_unused_for_a_week_is_forgotten() -> None:
     with _refused(ErrorCode.invalid_producer_id_mapping):
         txns.get("alice", "idle", idle.producer_id, 0)
     assert txns.get("alice", "busy", busy.producer_id, 0) is busy
+
+
+def test_what_admin_tools_see_is_each_principal_s_own_and_an_admin_sees_all() -> None:
+    txns = ProducerTransactions(max_bytes=1000)
+    hers = txns.init("alice", "t", 60_000, -1, -1)
+    his = txns.init("bob", "t", 60_000, -1, -1)
+    txns.keep(his, "d", "d", 0, _batch(his, 0, 2))
+    assert txns.listed("bob") == [his] and set(map(id, txns.listed(None))) == {id(hers), id(his)}
+    assert txns.find("alice", "t", any_owner=True) is hers  # (her own first)
+    assert txns.find("carol", "t", any_owner=False) is None
+    assert txns.find("carol", "t", any_owner=True) is his  # (the one used last)
+    assert txns.on_partition("d", 0) == [his] and txns.on_partition("d", 1) == []
+    assert state_of(hers) == "Empty" and state_of(his) == "Ongoing"
+
+
+def test_an_admin_s_abort_aborts_the_whole_transaction_and_fences_its_producer() -> None:
+    txns = ProducerTransactions(max_bytes=1000)
+    txn = txns.init("alice", "t", 60_000, -1, -1)
+    txns.keep(txn, "d", "d", 0, _batch(txn, 0, 2))
+    txns.keep(txn, "e", "e", 0, _batch(txn, 0, 1))
+    assert not txns.abort_by_admin(txn.producer_id, txn.epoch, "f", 0)  # (not in it)
+    with _refused(ErrorCode.invalid_producer_epoch):
+        txns.abort_by_admin(txn.producer_id, txn.epoch + 1, "d", 0)
+    assert txn.state == ONGOING
+    assert txns.abort_by_admin(txn.producer_id, 0, "d", 0)
+    assert txn.state == EMPTY and txn.records == [] and txn.epoch == 1
+    assert state_of(txn) == "CompleteAbort"
+    with _refused(ErrorCode.producer_fenced):
+        txns.get("alice", "t", txn.producer_id, 0)
+    assert not txns.abort_by_admin(txn.producer_id, 1, "d", 0)  # (nothing open: nothing to do)
+
+
+def test_the_idempotent_producers_of_a_topic_are_listed_with_their_last_sequence() -> None:
+    seqs = Sequences()
+    seqs.taken("d", 7, 0, 0, 5, 0)
+    seqs.taken("e", 8, 1, 0, 1, 0)
+    assert seqs.producers("d") == [(7, 0, 4)] and seqs.producers("f") == []

@@ -371,3 +371,83 @@ def test_a_group_s_consumer_waits_for_offsets_an_open_transaction_commits(port: 
         assert _poll(c, 5) == [f"m{i}".encode() for i in range(5, 10)]
     finally:
         c.close()
+
+
+def test_admin_tools_list_describe_and_abort_transactions(port: int) -> None:
+    """kafka-python's KafkaAdminClient (KIP-664, as ``kafka-transactions.sh``): the listing
+    with each filter, a description of an open transaction (its partitions, timeout, start),
+    a partition's producers, and an abort, which fences the producer and leaves nothing."""
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as KTopicPartition
+    from kafka.admin._transactions import AbortTransactionSpec
+    from kafka.errors import TransactionalIdNotFoundError, UnknownError
+
+    topic, tag = _name("adm"), uuid.uuid4().hex[:8]
+    open_id, idle_id, done_id = f"open-{tag}", f"idle-{tag}", f"done-{tag}"
+    opened = _transactional(port, open_id, **{"transaction.timeout.ms": 60_000})
+    _transactional(port, idle_id)  # (initialised, no transaction yet)
+    done = _transactional(port, done_id)
+    admin = KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}")
+    try:
+        done.begin_transaction()
+        done.produce(topic, b"d")
+        done.commit_transaction(20)
+        began = time.time()
+        opened.begin_transaction()
+        for i in range(3):
+            opened.produce(topic, f"o{i}".encode())
+        assert opened.flush(10) == 0
+
+        def listed(**filters: Any) -> dict[str, tuple[int, str]]:
+            (node,) = admin.list_transactions(**filters).values()
+            return {t.transactional_id: (t.producer_id, t.state.value) for t in node
+                    if t.transactional_id.endswith(tag)}  # fmt: skip
+
+        every = listed()
+        assert {tid: state for tid, (_, state) in every.items()} == {
+            open_id: "Ongoing",
+            idle_id: "Empty",
+            done_id: "CompleteCommit",
+        }
+        assert set(listed(state_filters=["Ongoing"])) == {open_id}
+        assert set(listed(producer_id_filters=[every[idle_id][0]])) == {idle_id}
+        assert set(listed(duration_filter_ms=0)) == {open_id}
+        assert set(listed(duration_filter_ms=3_600_000)) == set()
+        assert set(listed(transactional_id_pattern=f"(idle|done)-{tag}")) == {idle_id, done_id}
+        with pytest.raises(UnknownError, match="Error 128"):  # (INVALID_REGULAR_EXPRESSION)
+            listed(transactional_id_pattern="(unclosed")
+        # a pattern a backtracking matcher takes years over is answered at once (RE2)
+        slow = _transactional(port, "a" * 40 + tag)
+        t0 = time.monotonic()
+        assert listed(transactional_id_pattern="(a+)+b" + tag) == {}
+        assert time.monotonic() - t0 < 5
+        slow.close()
+
+        d = admin.describe_transactions([open_id])[open_id]
+        assert d.state.value == "Ongoing" and d.producer_id == every[open_id][0]
+        assert d.topic_partitions == {KTopicPartition(topic, 0)}
+        assert d.transaction_timeout_ms == 60_000
+        assert abs(d.transaction_start_time_ms / 1000 - began) < 5
+        idle_d = admin.describe_transactions([idle_id])[idle_id]
+        assert idle_d.transaction_start_time_ms == -1 and not idle_d.topic_partitions
+        with pytest.raises(TransactionalIdNotFoundError):
+            admin.describe_transactions([f"never-{tag}"])
+
+        producers = admin.describe_producers([KTopicPartition(topic, 0)])
+        (state,) = [
+            p for p in producers[KTopicPartition(topic, 0)].active_producers
+            if p.producer_id == d.producer_id
+        ]  # fmt: skip
+        assert (state.producer_epoch, state.last_sequence) == (d.producer_epoch, 2)
+
+        admin.abort_transaction(
+            AbortTransactionSpec(KTopicPartition(topic, 0), d.producer_id, d.producer_epoch)
+        )
+        after = admin.describe_transactions([open_id])[open_id]
+        assert after.state.value == "CompleteAbort" and after.producer_epoch == d.producer_epoch + 1
+        with pytest.raises(KafkaException) as fenced:
+            opened.commit_transaction(20)
+        assert _error(fenced).fatal(), _error(fenced)
+        assert _end(port, topic) == 1  # (the committed "d" only)
+    finally:
+        admin.close()

@@ -444,6 +444,21 @@ class ClientSession:
         """Whether it may administer ``destination`` (asked, not audited)."""
         return self.revoked is None and self.guard.allows(self.principal, "admin", destination)
 
+    def may_administer_broker(self) -> bool:
+        """Whether it is the broker's admin (``admin`` over every destination; asked, not
+        audited)."""
+        return self.revoked is None and self.guard.allows(self.principal, "admin")
+
+    def check_broker_admin(self) -> None:
+        """Return if it is the broker's admin; else ``NotAuthorized`` (audited)."""
+        if self.revoked is not None:
+            raise NotAuthenticated(self.revoked)
+        self._check("admin")
+
+    def audit_admin(self, what: str, target: str, detail: str = "") -> None:
+        """An admin action done by a transport (as the session's own are audited)."""
+        self._audit("admin", what, target, outcome="done", detail=detail)
+
     def delete_offsets(self, group: str, keys: list[tuple[str, int]] | None = None) -> Future:
         """Delete ``group``'s committed offsets of ``keys`` (``(topic, partition)``; ``None``:
         all of them): ``admin`` on the group. The future resolves once the deletion is

@@ -53,6 +53,7 @@ from spark_mq.transports.kafka.link import KafkaLink, error_code, message_of, to
 from spark_mq.transports.kafka.records import RecordError, dedup_prefix, produced, record_batch
 from spark_mq.transports.kafka.sequences import OutOfOrder, Sequences
 from spark_mq.transports.kafka.share import ShareGroups, ShareRequests
+from spark_mq.transports.kafka.transaction_admin import TransactionAdminRequests
 from spark_mq.transports.kafka.transactions import (
     ProducerTransactions,
     TransactionRequests,
@@ -192,6 +193,9 @@ class KafkaRequests:
             **AdminRequests(link, listener, session, self.topic_settings).handlers(),
             **self.share.handlers(),
             **self.txn.handlers(),
+            **TransactionAdminRequests(
+                link, session, transactions, sequences, self._target
+            ).handlers(),
         }
 
     def handle(self, request: Request, slot: Any) -> None:

@@ -140,6 +140,15 @@ class Sequences:
         if expected is None or (first - expected) % _SEQUENCES < _SEQUENCES // 2:
             self._set(key, first, term)
 
+    def producers(self, topic: str) -> list[tuple[int, int, int]]:
+        """The idempotent producers of ``topic`` it follows: ``(producer id, epoch, last
+        sequence)`` (Kafka's DescribeProducers)."""
+        return [
+            (pid, epoch, (expected - 1) % _SEQUENCES)
+            for (pid, epoch, name), (expected, _term) in self._next.items()
+            if name == topic
+        ]
+
     def _expected(self, topic: str, pid: int, epoch: int, term: int) -> int | None:
         kept = self._next.get((pid, epoch, topic))
         if kept is None or kept[1] != term:

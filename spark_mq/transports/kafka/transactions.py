@@ -277,6 +277,59 @@ class ProducerTransactions:
                 txn.ended = False
                 self.aborted_on_timeout += 1
 
+    # -- what admin tools are shown (KIP-664's views: transaction_admin.py) ------------------
+    def listed(self, owner: str | None) -> list[Txn]:
+        """The transactional ids ``owner`` has here (None: every principal's)."""
+        return [t for t in self._by_id.values() if owner is None or t.owner == owner]
+
+    def find(self, owner: str, tid: str, any_owner: bool) -> Txn | None:
+        """``owner``'s transactional id ``tid``; ``any_owner`` (a broker admin): another
+        principal's when ``owner`` has none of that name (the one used last)."""
+        txn = self._by_id.get((owner, tid))
+        if txn is not None or not any_owner:
+            return txn
+        others = [t for t in self._by_id.values() if t.tid == tid]
+        return max(others, key=lambda t: t.used) if others else None
+
+    def on_partition(self, topic: str, index: int) -> list[Txn]:
+        """The open transactions that took in partition ``index`` of ``topic``."""
+        return [
+            t for t in self._by_id.values() if t.state != EMPTY and (topic, index) in t.partitions
+        ]
+
+    def abort_by_admin(self, pid: int, epoch: int, topic: str, index: int) -> bool:
+        """An admin tool's abort marker for producer ``pid`` on a partition (Kafka's
+        ``kafka-transactions.sh abort``): the producer's open transaction, if it took in that
+        partition, aborted whole (nothing of it is in any log: no part of it can be kept) and
+        its producer fenced, as at its timeout. False when there was nothing to abort."""
+        txn = self._by_pid.get(pid)
+        if txn is None or txn.state == EMPTY or (topic, index) not in txn.partitions:
+            return False
+        if epoch != txn.epoch:
+            raise TxnRefused(
+                ErrorCode.invalid_producer_epoch,
+                f"producer {pid}'s epoch is {txn.epoch}, not {epoch}",
+            )
+        if txn.state == ENDING:
+            raise TxnRefused(
+                ErrorCode.concurrent_transactions,
+                f"{txn.tid}'s transaction is being committed",
+            )
+        log.warning(
+            "kafka: transaction of %s (producer %d epoch %d) aborted by an admin's marker on "
+            "%s[%d]: %d record batch(es) dropped; its producer is fenced",
+            txn.tid,
+            pid,
+            epoch,
+            topic,
+            index,
+            len(txn.records),
+        )
+        txn.drop()
+        self._bump(txn)
+        txn.ended = False
+        return True
+
     def open_count(self) -> int:
         return sum(1 for t in self._by_id.values() if t.state != EMPTY)
 
