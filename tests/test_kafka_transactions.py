@@ -451,3 +451,39 @@ def test_admin_tools_list_describe_and_abort_transactions(port: int) -> None:
         assert _end(port, topic) == 1  # (the committed "d" only)
     finally:
         admin.close()
+
+
+def test_the_cli_lists_transactions_and_aborts_one(port: int) -> None:
+    """``sparkmq kafka transactions`` shows an open transaction (its state, partitions and
+    how long it has been open); ``sparkmq kafka abort-transaction`` aborts it, which fences
+    its producer; a second abort says there is nothing open."""
+    import json
+    import subprocess
+    import sys
+
+    def sparkmq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "spark_mq", "kafka", *args, "--bootstrap",
+             f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    topic, tid = _name("cli"), _name("cli-tid")
+    p = _transactional(port, tid)
+    p.begin_transaction()
+    p.produce(topic, b"x")
+    assert p.flush(10) == 0
+    shown = sparkmq("transactions", "--json")
+    assert shown.returncode == 0, shown.stderr
+    (row,) = [r for r in json.loads(shown.stdout) if r["transactional_id"] == tid]
+    assert row["state"] == "Ongoing" and row["partitions"] == [f"{topic}[0]"]
+    assert 0 <= row["open_for_ms"] < 60_000
+    aborted = sparkmq("abort-transaction", tid)
+    assert aborted.returncode == 0, aborted.stderr
+    assert f"aborted the open transaction of {tid}" in aborted.stdout
+    with pytest.raises(KafkaException) as fenced:
+        p.commit_transaction(20)
+    assert _error(fenced).fatal()
+    again = sparkmq("abort-transaction", tid)
+    assert again.returncode == 1 and "has no open transaction (CompleteAbort)" in again.stderr
+    assert _end(port, topic) == 0
