@@ -1903,10 +1903,12 @@ def test_a_kafka_transaction_commits_at_the_coordinating_member_and_not_over_two
     groups' offsets owner) and commits there: records and offsets of topics it serves. A
     partition served by the other member is refused (an abortable error), the member's log
     saying to pin it; the abort leaves nothing. When the offsets move to the other member,
-    the transaction open then is aborted and the producer carries on there."""
+    the transaction open then is aborted and the producer carries on there. An admin tool
+    describing the transaction at the other member is sent to the coordinating one."""
     from confluent_kafka import Consumer as KafkaConsumer
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
     from confluent_kafka import Producer as KafkaProducer
+    from kafka import KafkaAdminClient
 
     from spark_mq.names import KAFKA_OFFSETS
     from tests.kafka_kit import refused_transaction
@@ -1944,6 +1946,15 @@ def test_a_kafka_transaction_commits_at_the_coordinating_member_and_not_over_two
         assert group.committed([TopicPartition("tx-in", 0)], 10)[0].offset == 7
     finally:
         group.close()
+    # an admin tool asking the other member is sent to the coordinating one (KIP-664)
+    tools = KafkaAdminClient(bootstrap_servers=kafka[other])
+    try:
+        described = tools.describe_transactions(["tx-c"])["tx-c"]
+        ports = {b["broker_id"]: b["port"] for b in tools.describe_cluster()["brokers"]}
+    finally:
+        tools.close()
+    assert described.state.value == "CompleteCommit"
+    assert ports[described.coordinator_id] == cluster.members[coordinator].kafka_port
     producer.begin_transaction()
     assert KafkaError.POLICY_VIOLATION in refused_transaction(producer, "tx-there", b"elsewhere")
     assert "must all be served by the member coordinating transactions" in cluster.log(coordinator)
