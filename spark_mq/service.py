@@ -150,6 +150,10 @@ class RunningBroker:
         """The Kafka listener's transactional producers and open transactions (metrics)."""
         return self.kafka.transactions_now() if self.kafka is not None else {}
 
+    def kafka_transaction_list(self) -> list[dict[str, object]]:
+        """The Kafka listener's transactional ids and open transactions (the console)."""
+        return self.kafka.transactions_listed() if self.kafka is not None else []
+
     def kafka_groups(self) -> list[dict[str, object]]:
         """The Kafka listener's consumer and share groups, with each consumer group's lag by
         topic (end offset minus committed offset), for the metrics and the console. A cluster's
@@ -401,6 +405,7 @@ def _serve_term(
     state.connections = running.connections
     state.kafka_groups = running.kafka_groups
     state.kafka_transactions = running.kafka_transactions
+    state.kafka_transaction_list = running.kafka_transaction_list
     settle_garbage_collector()
     wire_at = "no port (broker.wire = false)"
     if running.wire is not None:

@@ -183,16 +183,21 @@ def test_the_console_from_login_to_redrive(browser: WebDriver, broker: BrokerPro
     shot(browser, "overview-after")
 
 
+def log_in(browser: WebDriver, broker: BrokerProcess, user: str) -> None:
+    """A new login as ``user`` (the cookies of any other dropped)."""
+    browser.delete_all_cookies()
+    browser.get(broker.http_url + "/")
+    wait(browser, "#login")
+    browser.find_element(By.ID, "username").send_keys(user)
+    browser.find_element(By.ID, "password").send_keys(PASSWORDS[user])
+    browser.find_element(By.ID, "login-submit").click()
+
+
 def test_a_user_sees_and_does_only_what_it_may(browser: WebDriver, broker: BrokerProcess) -> None:
     with Producer(broker.url, destination="bob.tasks", username="bob",
                   password=PASSWORDS["bob"]) as p:  # fmt: skip
         p.send_sync("task")
-    browser.delete_all_cookies()
-    browser.get(broker.http_url + "/")
-    wait(browser, "#login")
-    browser.find_element(By.ID, "username").send_keys("bob")
-    browser.find_element(By.ID, "password").send_keys(PASSWORDS["bob"])
-    browser.find_element(By.ID, "login-submit").click()
+    log_in(browser, broker, "bob")
     wait(browser, "tr[data-name='bob.tasks'] td.depth", "1")
     names = [
         e.get_attribute("data-name")
@@ -202,6 +207,52 @@ def test_a_user_sees_and_does_only_what_it_may(browser: WebDriver, broker: Broke
     browser.get(broker.http_url + "/#/config")
     assert "'bob' may not admin" in wait(browser, "#page-error")
     shot(browser, "denied")
+
+
+def test_the_console_shows_kafka_transactions_to_their_users_and_the_admin(
+    browser: WebDriver, broker: BrokerProcess
+) -> None:
+    """The Kafka page lists each transactional producer: alice (the broker's admin) sees her
+    open transaction, its partition and how long it has been open; bob sees none of it."""
+    from confluent_kafka import Producer as KafkaProducer
+    from kafka import KafkaAdminClient
+
+    def sasl(user: str) -> dict[str, str]:
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                "sasl.username": user, "sasl.password": PASSWORDS[user]}  # fmt: skip
+
+    tid = "console-txn"
+    p = KafkaProducer({"bootstrap.servers": f"127.0.0.1:{broker.kafka_port}",
+                       "transactional.id": tid, **sasl("alice")})  # fmt: skip
+    p.init_transactions(20)
+    p.begin_transaction()
+    p.produce("console.txn", b"open")
+    assert p.flush(10) == 0
+    try:
+        log_in(browser, broker, "alice")
+        wait(browser, "#nav-kafka")
+        browser.get(broker.http_url + "/#/kafka")
+        # (the box, not its rows: they are drawn anew at each refresh)
+        shown = wait(browser, "#kafka-transactions", "Ongoing")
+        (row,) = [line for line in shown.splitlines() if line.startswith(tid)]
+        assert "alice" in row and "console.txn[0]" in row and " s of 60 s" in row, row
+        tools = KafkaAdminClient(
+            bootstrap_servers=f"127.0.0.1:{broker.kafka_port}", security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN", sasl_plain_username="alice",
+            sasl_plain_password=PASSWORDS["alice"],
+        )  # fmt: skip
+        try:
+            pid = tools.describe_transactions([tid])[tid].producer_id
+        finally:
+            tools.close()
+        assert f" {pid} " in row, (pid, row)  # (every digit: 62 bits, sent as text)
+        shot(browser, "kafka-transactions")
+        log_in(browser, broker, "bob")
+        wait(browser, "#nav-kafka")
+        browser.get(broker.http_url + "/#/kafka")
+        assert tid not in wait(browser, "#kafka-transactions", "No transactional producers")
+    finally:
+        p.abort_transaction(20)
 
 
 def test_the_console_shows_a_cluster_and_an_operator_moves_a_destination(

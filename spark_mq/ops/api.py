@@ -25,10 +25,15 @@ def handle(
     query: dict[str, list[str]],
     body: dict[str, Any],
     kafka_groups: Callable[[], list[dict[str, Any]]] = list,
+    kafka_transactions: Callable[[], list[dict[str, Any]]] = list,
 ) -> Any:
     match method, parts:
         case "GET", ["kafka", "groups"]:
             return kafka_listing(session, kafka_groups())
+        case "GET", ["kafka", "transactions"]:  # (a user's own ids; the broker's admin: all)
+            admin = session.may_administer_broker()
+            mine = session.principal.name
+            return [t for t in kafka_transactions() if admin or t["owner"] == mine]
         case "GET", ["overview"]:
             return {
                 "status": session.execute(c.BrokerStatus()),

@@ -80,6 +80,7 @@ class ServiceState:
     connections: Callable[[], dict[str, int]] = dict
     kafka_groups: Callable[[], list[dict[str, Any]]] = list  # the Kafka listener's groups
     kafka_transactions: Callable[[], dict[str, int]] = dict  # and its transactions' figures
+    kafka_transaction_list: Callable[[], list[dict[str, Any]]] = list  # and each of them
 
 
 @dataclass(eq=False)
@@ -488,9 +489,16 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json({"user": self._principal().name, "security": security.enabled})
         session = self._session()
         body = self._body() if method == "POST" else {}
+        state = self.listener.state
         self._json(
             api.handle(
-                session, method, parts, query, body, kafka_groups=self.listener.state.kafka_groups
+                session,
+                method,
+                parts,
+                query,
+                body,
+                kafka_groups=state.kafka_groups,
+                kafka_transactions=state.kafka_transaction_list,
             )
         )
 

@@ -245,19 +245,31 @@ async function browse(base, subscription) {
   } catch (err) { box.replaceChildren(el("p", { class: "error" }, err.message)); }
 }
 
-// -- Kafka groups ------------------------------------------------------------------------------
+// -- Kafka groups and transactions ---------------------------------------------------------------
 async function kafka() {
-  app().replaceChildren(el("h1", {}, "Kafka groups"), el("div", { id: "kafka-groups" }));
+  app().replaceChildren(el("h1", {}, "Kafka groups"), el("div", { id: "kafka-groups" }),
+    el("h2", {}, "Kafka transactions"), el("div", { id: "kafka-transactions" }));
   await refreshKafka();
   timer = setInterval(() => refreshKafka().catch(() => {}), POLL_MS);
 }
 
 async function refreshKafka() {
-  const groups = await call("GET", "/api/kafka/groups");
+  const [groups, txns] = await Promise.all([
+    call("GET", "/api/kafka/groups"), call("GET", "/api/kafka/transactions")]);
   document.getElementById("kafka-groups").replaceChildren(
     table("kafka-table", ["Group", "Kind", "State", "Generation", "Members", "Lag"], groups.map((g) => [
       g.group, g.kind, g.state, String(g.generation), String(g.member_count),
       Object.entries(g.lag).map(([t, n]) => t + ": " + fmt(n)).join(", ") || "–"])));
+  // (a user sees its own transactional ids; the broker's admin everyone's, with their user)
+  const rows = table("kafka-txn-table",
+    ["Transactional id", "User", "State", "Producer", "Epoch", "Open for", "Partitions", "Kept"],
+    txns.map((t) => [
+      t.transactional_id, t.owner, t.state, String(t.producer_id), String(t.producer_epoch),
+      t.open_for_s === null ? "–" : t.open_for_s.toFixed(1) + " s of " + t.timeout_s + " s",
+      t.partitions.join(", ") || "–", fmt(t.kept_bytes) + " B"]));
+  if (txns.length) rows.querySelectorAll("tbody tr").forEach((tr, i) => tr.setAttribute("data-tid", txns[i].transactional_id));
+  document.getElementById("kafka-transactions").replaceChildren(
+    txns.length ? rows : el("p", { id: "no-kafka-transactions" }, "No transactional producers."));
 }
 
 // -- a cluster's members and who owns what --------------------------------------------------------

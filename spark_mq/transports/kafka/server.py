@@ -26,7 +26,8 @@ from spark_mq.transports.kafka.groups import Coordinator
 from spark_mq.transports.kafka.nodes import Nodes, Placement
 from spark_mq.transports.kafka.sequences import Sequences
 from spark_mq.transports.kafka.share import ShareGroups
-from spark_mq.transports.kafka.transactions import ProducerTransactions
+from spark_mq.transports.kafka.transaction_admin import state_of
+from spark_mq.transports.kafka.transactions import EMPTY, ProducerTransactions
 
 
 class KafkaServer(LoopListener):
@@ -71,6 +72,32 @@ class KafkaServer(LoopListener):
 
         if self.loop.is_closed():
             return {}
+        return asyncio.run_coroutine_threadsafe(snapshot(), self.loop).result(timeout)
+
+    def transactions_listed(self, timeout: float = 5.0) -> list[dict[str, object]]:
+        """(Any thread.) Each transactional id as the loop has it, for the console: its
+        principal, state, producer id and epoch, how long its transaction has been open, its
+        partitions and the bytes it keeps."""
+
+        async def snapshot() -> list[dict[str, object]]:
+            now = self.transactions.clock()
+            return [
+                {
+                    "owner": t.owner,
+                    "transactional_id": t.tid,
+                    "state": state_of(t),
+                    "producer_id": str(t.producer_id),  # (JavaScript's numbers hold 53 bits)
+                    "producer_epoch": t.epoch,
+                    "open_for_s": round(now - t.began, 3) if t.state != EMPTY else None,
+                    "timeout_s": t.timeout_s,
+                    "partitions": [f"{topic}[{i}]" for topic, i in sorted(t.partitions)],
+                    "kept_bytes": t.nbytes,
+                }
+                for t in self.transactions.listed(None)
+            ]
+
+        if self.loop.is_closed():
+            return []
         return asyncio.run_coroutine_threadsafe(snapshot(), self.loop).result(timeout)
 
     def groups_now(self, timeout: float = 5.0) -> list[dict[str, object]]:
