@@ -59,6 +59,11 @@ class ConfigError(SparkMQError):
     code = "config"
 
 
+class ForwardingRefused(ConfigError):
+    """A cluster member serving a destination refused the forwarding member's own login or
+    rights: an operator's to mend (the members' forwarding identity), not the client's."""
+
+
 class InvalidNameError(SparkMQError):
     code = "invalid_name"
 

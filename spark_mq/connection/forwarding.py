@@ -46,7 +46,7 @@ from spark_mq.client.producer import Producer
 from spark_mq.deliveries import DeliveryState, delivery_table
 from spark_mq.errors import (
     BrokerUnavailable,
-    ConfigError,
+    ForwardingRefused,
     LeaseError,
     NotAuthenticated,
     NotAuthorized,
@@ -448,7 +448,7 @@ def _as_forwarded(exc: SparkMQError, owner: NotOwner) -> SparkMQError:
         exc.message,
     )
     # (a ConfigError: not retriable, no client asking again mends it; a subscription ends)
-    return ConfigError(
+    return ForwardingRefused(
         f"{owner.fields.get('destination')!r} is served by cluster member {member}, which "
         f"refused this member's forwarding ({exc.message}); the operator is to give the "
         "members a forwarding identity (see the broker's log)"

@@ -24,7 +24,13 @@ from spark_mq import commands as c
 from spark_mq.commands import Kind
 from spark_mq.connection.forwarding import Forwarding
 from spark_mq.connection.listener import ListenerCore
-from spark_mq.errors import ConfigError, DestinationExists, NotOwner, SparkMQError
+from spark_mq.errors import (
+    ConfigError,
+    DestinationExists,
+    ForwardingRefused,
+    NotOwner,
+    SparkMQError,
+)
 from spark_mq.names import MAX_PARTITIONS, partition_name
 from spark_mq.session import ClientSession
 from spark_mq.transports.kafka import codec
@@ -355,6 +361,8 @@ class AdminRequests:
             if not grew:  # (Kafka refuses a count the topic has)
                 return ErrorCode.invalid_partitions, _ALREADY.format(name=name, count=count)
             return ErrorCode.none, None
+        except ForwardingRefused as exc:
+            return error_code(exc), exc.message
         except ConfigError as exc:
             return ErrorCode.invalid_partitions, exc.message
         except SparkMQError as exc:

@@ -15,6 +15,7 @@ from spark_mq.errors import (
     DestinationFull,
     DestinationNotFound,
     DiskFull,
+    ForwardingRefused,
     InvalidNameError,
     MessageTooLarge,
     NotAuthorized,
@@ -60,6 +61,8 @@ def topic_id(name: str) -> uuid.UUID:
 def error_code(exc: BaseException) -> ErrorCode:
     """The Kafka error code a client acts on for a sparkmq error."""
     match exc:
+        case ForwardingRefused():  # (the forwarding member's identity, not the client's)
+            return ErrorCode.cluster_authorization_failed
         case NotAuthorized():
             return ErrorCode.topic_authorization_failed
         case DestinationNotFound():
