@@ -11,11 +11,13 @@ its own, the produce and consume rates issue 47 sets targets for:
 4. (on its own) consuming a backlog: a consumer group member reading the messages of 3 from
    the start, as fast as fetches bring them;
 5. (``--transactions``) a transactional producer: transactions of 1,000 and of 10 messages,
-   each committed before the next begins (msg/s and commits/s), and an exactly-once
+   each committed before the next begins (msg/s and commits/s); ``--txn-producers`` (4)
+   producers at once, each committing transactions of 10 (the aggregate); and an exactly-once
    consume-transform-produce loop (a read_committed group member, batches of 500 messages
    and their offsets in one transaction each).
 
     python bench/kafka_bench.py [--messages 200000] [--sends 2000] [--transactions]
+        [--txn-producers 4]
 """
 
 from __future__ import annotations
@@ -106,6 +108,41 @@ def transactions(port: int, body: bytes, total: int, per: int) -> Figures:
     if failed:
         raise RuntimeError(f"{len(failed)} message(s) failed: {failed[:1]}")
     return {"rate": total // per * per / took, "commits": total // per / took}
+
+
+def concurrent_transactions(port: int, body: bytes, producers: int, per: int, n: int) -> Figures:
+    """``producers`` transactional producers at once (threads: librdkafka lets the GIL go),
+    each committing ``n`` transactions of ``per`` messages, one after another: the aggregate
+    commits/s (what several Kafka Streams threads, each its own producer, would see)."""
+    topic = f"txn-many-{uuid.uuid4().hex[:6]}"
+    ps = [
+        _producer(port, **{"transactional.id": f"bench-many-{i}-{uuid.uuid4().hex[:6]}"})
+        for i in range(producers)
+    ]
+    for p in ps:
+        p.init_transactions(30)
+    errors: list[BaseException] = []
+
+    def run(p: Producer) -> None:
+        try:
+            for _ in range(n):
+                p.begin_transaction()
+                for _ in range(per):
+                    p.produce(topic, body)
+                p.commit_transaction(60)
+        except BaseException as exc:  # (told below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in ps]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.perf_counter() - started
+    if errors:
+        raise RuntimeError(f"{len(errors)} producer(s) failed: {errors[0]}")
+    return {"rate": producers * n * per / took, "commits": producers * n / took}
 
 
 def transform(port: int, source: str, total: int, batch: int = 500) -> Figures:
@@ -224,6 +261,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--sends", type=int, default=2000)
     ap.add_argument("--transactions", action="store_true", help="the transactional figures too")
+    ap.add_argument("--txn-producers", type=int, default=4, help="transactional producers at once")
     args = ap.parse_args()
     body = b"x" * 1024
     with tempfile.TemporaryDirectory() as work:
@@ -243,6 +281,9 @@ def main() -> None:
                     tx = transactions(port, body, min(args.messages, per * 2000), per)
                     print(f"transactions of {per}: {tx['rate']:,.0f} msg/s, "
                           f"{tx['commits']:,.0f} commits/s")  # fmt: skip
+                many = concurrent_transactions(port, body, args.txn_producers, 10, 200)
+                print(f"transactions of 10, {args.txn_producers} producers at once: "
+                      f"{many['rate']:,.0f} msg/s, {many['commits']:,.0f} commits/s")  # fmt: skip
                 eos = transform(port, topic, args.messages)
                 print(f"consume-transform-produce (exactly once, 500 a transaction): "
                       f"{eos['rate']:,.0f} msg/s")  # fmt: skip
