@@ -3,6 +3,8 @@ broker killed in the middle of applying one."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -83,7 +85,7 @@ def test_the_transaction_log_keeps_only_what_is_unfinished(
     broker: RunningBroker, tmp_path: Path
 ) -> None:
     """Applied transactions leave the transaction log at its compactions, and its history
-    goes with them: 150 transactions leave a few rows and commit files, not 300 rows and 150
+    goes with them: 210 transactions leave a few rows and commit files, not 420 rows and 210
     files (every commit listed the files, and took longer with each: 18 ms after 100, 49 ms
     after 800)."""
     from deltalake import DeltaTable
@@ -91,16 +93,24 @@ def test_the_transaction_log_keeps_only_what_is_unfinished(
     from spark_mq.journal import layout
 
     setup(broker.url)
+    uri = layout.transactions_uri(str(tmp_path / "data"))
     for i in range(150):
         with Transaction(broker.url) as tx:
             tx.send("out", f"t{i}")
-    uri = layout.transactions_uri(str(tmp_path / "data"))
+    # (the commit files are kept for 1 s: aged instead of waiting, so the next compaction
+    # drops all of them however fast the transactions came)
+    for f in (Path(uri) / "_delta_log").iterdir():
+        os.utime(f, (time.time() - 3600, time.time() - 3600))
+    for i in range(150, 210):  # (past the next compaction: one every 50 versions)
+        with Transaction(broker.url) as tx:
+            tx.send("out", f"t{i}")
     rows = DeltaTable(uri).to_pyarrow_table()
     assert rows.num_rows < 60, rows.num_rows  # (those since the last compaction)
     commits = [f for f in (Path(uri) / "_delta_log").iterdir() if f.suffix == ".json"]
-    assert len(commits) < 60, len(commits)
+    # (those written since the aging, about 60: the aged 150 are gone)
+    assert len(commits) < 80, len(commits)
     with Admin(broker.url) as admin:
-        assert admin.stats("out")["end_offset"] == 150
+        assert admin.stats("out")["end_offset"] == 210
 
 
 @pytest.mark.process
