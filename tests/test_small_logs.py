@@ -56,3 +56,47 @@ def test_compaction_deletes_the_rows_of_transactions_that_are_done(tmp_path: Pat
     txids = store.read_transactions()["txid"].to_pylist()
     assert not done & set(txids)  # (applied: gone)
     assert {"open", "t0", "t18", "late"} <= set(txids)
+
+
+def test_transactions_committing_at_once_share_a_commit_of_the_log(tmp_path: Path) -> None:
+    """Sixteen threads recording a transaction each at once: every row is in the log, in
+    fewer Delta commits than rows (one writes what the others queued while it wrote); a
+    failed write fails every transaction it held, and the next ones are written."""
+    from concurrent.futures import ThreadPoolExecutor
+    from unittest import mock
+
+    root = str(tmp_path / "root")
+    store = DeltaStore(root)
+    store.append_transactions(_row("first", COMMIT))  # (the log exists)
+    before = DeltaTable(layout.transactions_uri(root)).version()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: store.append_transactions(_row(f"t{i}", COMMIT)), range(16)))
+    after = DeltaTable(layout.transactions_uri(root)).version()
+    txids = set(store.read_transactions()["txid"].to_pylist())
+    assert {f"t{i}" for i in range(16)} <= txids
+    assert after - before < 16, after - before
+
+    real = store._write_transactions
+    written: list[int] = []
+
+    def failing(rows: object) -> None:
+        written.append(1)
+        time.sleep(0.05)  # (long enough for the others to queue behind it)
+        raise OSError("disk gone")
+
+    with mock.patch.object(store, "_write_transactions", failing), ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(lambda i: _outcome(store, f"f{i}"), range(8)))
+    assert all(isinstance(o, OSError) for o in outcomes), outcomes
+    assert len(written) < 8  # (batched: one failure told to each it held)
+    assert not {f"f{i}" for i in range(8)} & set(store.read_transactions()["txid"].to_pylist())
+    assert store._write_transactions == real
+    store.append_transactions(_row("after", COMMIT))
+    assert "after" in set(store.read_transactions()["txid"].to_pylist())
+
+
+def _outcome(store: DeltaStore, txid: str) -> BaseException | None:
+    try:
+        store.append_transactions(_row(txid, COMMIT))
+    except BaseException as exc:  # (what the caller is told)
+        return exc
+    return None

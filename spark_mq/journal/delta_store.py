@@ -184,6 +184,15 @@ def _check_owner(dt: DeltaTable, epoch: int, destination: str | None = None) -> 
         )
 
 
+@dataclass(eq=False, slots=True)
+class _Queued:
+    """Rows for the transaction log, and how their write went (``written`` once tried)."""
+
+    rows: pa.Table
+    written: bool = False
+    error: BaseException | None = None
+
+
 class DeltaStore:
     durable = True
 
@@ -208,6 +217,8 @@ class DeltaStore:
         self._readers: dict[str, _Reader] = {}
         self._lock = threading.Lock()
         self._bindings_lock = threading.Lock()
+        self._txn_queue_lock = threading.Lock()
+        self._txn_queue: list[_Queued] = []  # transaction log rows waiting for a writer
         self.epoch: int | None = None  # the ownership epoch every commit carries (None: unfenced)
         # a cluster member's: each destination it owns fenced with its own epoch (see
         # fence_destination); the root's epoch for the others
@@ -453,8 +464,32 @@ class DeltaStore:
             return conform(dt.to_pyarrow_table(), TRANSACTION_SCHEMA)
 
     def append_transactions(self, rows: pa.Table) -> None:
+        """Durable when this returns. Rows of transactions committing at once go in one Delta
+        commit (group commit): each caller queues its rows; whoever holds the log's lock next
+        writes everything queued, so those queued behind it find theirs written (or its
+        error) when they get the lock. One commit of the log costs about 10 ms whatever it
+        holds, so N producers committing at once no longer wait N of them in turn."""
+        pending = _Queued(rows)
+        with self._txn_queue_lock:
+            self._txn_queue.append(pending)
+        with self._bindings_lock:
+            if not pending.written:
+                with self._txn_queue_lock:
+                    batch, self._txn_queue = self._txn_queue, []
+                try:
+                    self._write_transactions(pa.concat_tables([q.rows for q in batch]))
+                except BaseException as exc:
+                    for q in batch:
+                        q.error = exc
+                finally:
+                    for q in batch:
+                        q.written = True
+        if pending.error is not None:
+            raise pending.error
+
+    def _write_transactions(self, rows: pa.Table) -> None:
         uri = layout.transactions_uri(self.root)
-        with self._bindings_lock, translate("writing the transaction log"):
+        with translate("writing the transaction log"):
             dt = self._open_or_create(uri, TRANSACTION_SCHEMA, self.epoch)
             self._append(dt, rows, None, None, epoch=self.epoch)
             self._compact_small_log(dt, "transaction", _prune_finished)
