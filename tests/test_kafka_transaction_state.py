@@ -171,4 +171,4 @@ def test_the_idempotent_producers_of_a_topic_are_listed_with_their_last_sequence
     seqs = Sequences()
     seqs.taken("d", 7, 0, 0, 5, 0)
     seqs.taken("e", 8, 1, 0, 1, 0)
-    assert seqs.producers("d") == [(7, 0, 4)] and seqs.producers("f") == []
+    assert seqs.producers({"d", "f"}) == {"d": [(7, 0, 4)]}

@@ -140,14 +140,15 @@ class Sequences:
         if expected is None or (first - expected) % _SEQUENCES < _SEQUENCES // 2:
             self._set(key, first, term)
 
-    def producers(self, topic: str) -> list[tuple[int, int, int]]:
-        """The idempotent producers of ``topic`` it follows: ``(producer id, epoch, last
-        sequence)`` (Kafka's DescribeProducers)."""
-        return [
-            (pid, epoch, (expected - 1) % _SEQUENCES)
-            for (pid, epoch, name), (expected, _term) in self._next.items()
-            if name == topic
-        ]
+    def producers(self, topics: set[str]) -> dict[str, list[tuple[int, int, int]]]:
+        """The idempotent producers it follows of each of ``topics``: ``(producer id, epoch,
+        last sequence)`` (Kafka's DescribeProducers), in one pass."""
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        if topics:
+            for (pid, epoch, name), (expected, _term) in self._next.items():
+                if name in topics:
+                    out.setdefault(name, []).append((pid, epoch, (expected - 1) % _SEQUENCES))
+        return out
 
     def _expected(self, topic: str, pid: int, epoch: int, term: int) -> int | None:
         kept = self._next.get((pid, epoch, topic))

@@ -192,11 +192,21 @@ class TransactionAdminRequests:
     # -- DescribeProducers ---------------------------------------------------------------------
     def _describe_producers(self, r: Request, slot: Any) -> None:
         body, mod = r.body, codec.response_module(r.api_key, r.version)
+        asked = [(t.name, index) for t in body.topics for index in t.partition_indexes]
+        where = {key: self._destination(*key) for key in asked}
+        # (one pass over the idempotent producers followed, up to 100,000, for every partition
+        # asked: not one a partition, which a request naming many would make a stall)
+        idempotent = self.sequences.producers({d for d in where.values() if isinstance(d, str)})
         topics = []
         for t in body.topics:
             partitions = []
             for index in t.partition_indexes:
-                err, why, producers = self._producers_of(mod, t.name, index)
+                dest = where[(t.name, index)]
+                if isinstance(dest, str):
+                    err, why = ErrorCode.none, None
+                    producers = self._producers(mod, t.name, index, dest, idempotent)
+                else:
+                    (err, why), producers = dest, ()
                 partitions.append(
                     build(mod, "PartitionResponse", partition_index=index, error_code=err,
                           error_message=why, active_producers=producers)
@@ -207,31 +217,35 @@ class TransactionAdminRequests:
             build(mod, "DescribeProducersResponse", throttle_time=_ZERO, topics=tuple(topics)),
         )
 
-    def _producers_of(
-        self, mod: Any, topic: str, index: int
-    ) -> tuple[ErrorCode, str | None, tuple]:
+    def _destination(self, topic: str, index: int) -> str | tuple[ErrorCode, str]:
+        """The destination partition ``index`` of ``topic`` is, or why it is not described."""
         if not self.session.may_consume(topic):
-            return ErrorCode.topic_authorization_failed, f"may not consume {topic}", ()
+            return ErrorCode.topic_authorization_failed, f"may not consume {topic}"
         try:
-            destination = self._target(topic, index)
+            return self._target(topic, index)
         except SparkMQError as exc:
-            return error_code(exc), exc.message, ()
+            return error_code(exc), exc.message
+
+    def _producers(
+        self,
+        mod: Any,
+        topic: str,
+        index: int,
+        destination: str,
+        idempotent: dict[str, list[tuple[int, int, int]]],
+    ) -> tuple[Any, ...]:
         found: dict[int, tuple[int, int]] = {}  # producer id -> (epoch, last sequence)
-        for pid, epoch, last in self.sequences.producers(destination):
+        for pid, epoch, last in idempotent.get(destination, ()):
             found[pid] = (epoch, last)
         for txn in self.txns.on_partition(topic, index):
             following = txn.next_sequence.get(destination)
             last = (following - 1) % 2**31 if following is not None else -1
             found[txn.producer_id] = (txn.epoch, last)
-        return (
-            ErrorCode.none,
-            None,
-            tuple(
-                build(mod, "ProducerState", producer_id=pid, producer_epoch=epoch,
-                      last_sequence=last, last_timestamp=-1, coordinator_epoch=-1,
-                      current_txn_start_offset=-1)
-                for pid, (epoch, last) in sorted(found.items())
-            ),
+        return tuple(
+            build(mod, "ProducerState", producer_id=pid, producer_epoch=epoch,
+                  last_sequence=last, last_timestamp=-1, coordinator_epoch=-1,
+                  current_txn_start_offset=-1)
+            for pid, (epoch, last) in sorted(found.items())
         )  # fmt: skip
 
     # -- WriteTxnMarkers (an admin tool's abort) -----------------------------------------------
