@@ -4,12 +4,16 @@ kafka-python) pointed at a broker's Kafka port, and a raw socket for bytes no cl
 from __future__ import annotations
 
 import io
+import logging
 import socket
 import struct
 import time
+from datetime import timedelta
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from spark_mq.transports.kafka.codec import build
 
 
 def producer(port: int, **settings: Any) -> Producer:
@@ -79,17 +83,49 @@ def read_from(
     c = consumer(port, **(settings or {}))
     try:
         c.assign([TopicPartition(topic, 0, offset)])
-        got: list[Any] = []
-        deadline = time.monotonic() + timeout
-        while len(got) < count and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            assert m.error() is None, m.error()
-            got.append(m)
-        return got
+        return poll_n(c, count, timeout)
     finally:
         c.close()
+
+
+def poll_n(c: Consumer, count: int, timeout: float = 20) -> list[Any]:
+    """``count`` messages ``c`` polls (fewer when ``timeout`` passes first)."""
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is None:
+            continue
+        assert m.error() is None, m.error()
+        got.append(m)
+    return got
+
+
+class DebugLines(logging.Handler):
+    """A librdkafka client's debug lines, in order: pass ``logger`` to its settings (with
+    ``debug``, e.g. ``"metadata,protocol"``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self.logger = logging.getLogger(f"rdkafka-{id(self)}")
+        self.logger.propagate = False
+        self.logger.setLevel(logging.DEBUG)
+        self.logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def learned_leader(self, since: int, node: int, epoch: int) -> bool:
+        """Whether, after line ``since``, the client took ``node`` as a partition's leader at
+        ``epoch`` from a Produce or Fetch answer (KIP-951: librdkafka's metadata update of one
+        partition), before any Metadata answer came."""
+        for line in self.lines[since:]:
+            if "Received metadata" in line:
+                return False
+            if f"updated with leader {node} and epoch {epoch}" in line:
+                return True
+        return False
 
 
 class RawKafka:
@@ -173,33 +209,122 @@ class RawKafka:
 
 def kio_call(port: int, request: Any, correlation: int = 1) -> Any:
     """Send a request kio builds (its header of the right version) and read its response as
-    kio's entity: for APIs no client library here calls."""
-    from kio.index import load_payload_module
-    from kio.serial import entity_reader, entity_writer
-    from kio.static.constants import EntityType
+    kio's entity: for APIs no client library here calls (a connection of its own)."""
+    with KioConnection(port) as conn:
+        return conn.call(request, correlation)
 
-    header_cls = request.__header_schema__
-    header = header_cls(
-        request_api_key=request.__api_key__,
-        request_api_version=request.__version__,
-        correlation_id=correlation,
-        client_id="raw",
+
+class KioConnection:
+    """One connection sending kio's requests in turn, logged in first by SASL PLAIN when
+    ``user`` is given."""
+
+    def __init__(self, port: int, user: str | None = None, password: str = "") -> None:
+        from kio.schema.errors import ErrorCode
+        from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
+        from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+
+        self.raw = RawKafka(port)
+        if user is not None:
+            assert self.call(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none
+            login = self.call(SaslAuthenticateRequest(auth_bytes=f"\0{user}\0{password}".encode()))
+            assert login.error_code == ErrorCode.none, login.error_message
+
+    def __enter__(self) -> KioConnection:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.raw.close()
+
+    def call(self, request: Any, correlation: int = 1) -> Any:
+        from kio.index import load_payload_module
+        from kio.serial import entity_reader, entity_writer
+        from kio.static.constants import EntityType
+
+        header_cls = request.__header_schema__
+        header = header_cls(
+            request_api_key=request.__api_key__,
+            request_api_version=request.__version__,
+            correlation_id=correlation,
+            client_id="raw",
+        )
+        buffer = io.BytesIO()
+        entity_writer(header_cls)(buffer, header)
+        entity_writer(type(request))(buffer, request)
+        self.raw.send_frame(buffer.getvalue())
+        data = self.raw.response()
+        module = load_payload_module(request.__api_key__, request.__version__, EntityType.response)
+        response_cls = next(
+            v
+            for v in vars(module).values()
+            if isinstance(v, type) and getattr(v, "__type__", None) is EntityType.response
+        )
+        _, at = entity_reader(response_cls.__header_schema__)(memoryview(data), 0)
+        response, _ = entity_reader(response_cls)(memoryview(data), at)
+        return response
+
+
+def epoch_end(conn: KioConnection, topic: str, current: int, epoch: int) -> tuple[int, int, int]:
+    """OffsetForLeaderEpoch (v4) of partition 0 of ``topic``: (error code, epoch, end offset)."""
+    from kio.schema.offset_for_leader_epoch.v4 import request as ofle
+
+    part = ofle.OffsetForLeaderPartition(
+        partition=0, current_leader_epoch=current, leader_epoch=epoch
     )
-    buffer = io.BytesIO()
-    entity_writer(header_cls)(buffer, header)
-    entity_writer(type(request))(buffer, request)
-    raw = RawKafka(port)
-    try:
-        raw.send_frame(buffer.getvalue())
-        data = raw.response()
-    finally:
-        raw.close()
-    module = load_payload_module(request.__api_key__, request.__version__, EntityType.response)
-    response_cls = next(
-        v
-        for v in vars(module).values()
-        if isinstance(v, type) and getattr(v, "__type__", None) is EntityType.response
-    )
-    _, at = entity_reader(response_cls.__header_schema__)(memoryview(data), 0)
-    response, _ = entity_reader(response_cls)(memoryview(data), at)
-    return response
+    topics = (ofle.OffsetForLeaderTopic(topic=topic, partitions=(part,)),)
+    answer = conn.call(ofle.OffsetForLeaderEpochRequest(replica_id=-1, topics=topics))
+    (p,) = answer.topics[0].partitions
+    return int(p.error_code.value), int(p.leader_epoch), int(p.end_offset)
+
+
+def record_batch(values: list[bytes]) -> bytes:
+    """A plain producer's record batch of ``values`` (kafka-python's builder)."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    b = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
+    for i, v in enumerate(values):
+        b.append(i, timestamp=None, key=None, value=v, headers=[])
+    return bytes(b.build())
+
+
+def values_of(records: bytes | None) -> list[tuple[int, bytes]]:
+    """Each record of a Fetch answer's batches: (offset, value)."""
+    from kafka.record.memory_records import MemoryRecords
+
+    out: list[tuple[int, bytes]] = []
+    batches = MemoryRecords(records or b"")
+    while (batch := batches.next_batch()) is not None:
+        out += [(r.offset, bytes(r.value)) for r in batch]
+    return out
+
+
+def produce_by_id(port: int, version: int, tid: Any, values: list[bytes]) -> Any:
+    """A Produce of ``values`` to partition 0 of the topic ``tid`` names (its name below
+    version 13, its id from 13): kio's answer."""
+    from importlib import import_module
+
+    mod = import_module(f"kio.schema.produce.v{version}.request")
+    topic = {"topic_id" if version >= 13 else "name": tid}
+    request = mod.ProduceRequest(
+        transactional_id=None, acks=-1, timeout=timedelta(seconds=10),
+        topic_data=(mod.TopicProduceData(**topic, partition_data=(
+            mod.PartitionProduceData(index=0, records=record_batch(values)),)),),
+    )  # fmt: skip
+    return kio_call(port, request)
+
+
+def fetch_by_id(port: int, version: int, tid: Any, offset: int) -> Any:
+    """A Fetch of partition 0 of the topic ``tid`` names (its name below version 13, its id
+    from 13) from ``offset``, answered at once: kio's answer."""
+    from importlib import import_module
+
+    mod = import_module(f"kio.schema.fetch.v{version}.request")
+    topic = {"topic_id" if version >= 13 else "topic": tid}
+    request = build(
+        mod, "FetchRequest", replica_id=-1, max_wait=timedelta(0), min_bytes=1,
+        max_bytes=1 << 20, isolation_level=1, session_id=0, session_epoch=-1,
+        topics=(mod.FetchTopic(**topic, partitions=(build(
+            mod, "FetchPartition", partition=0, current_leader_epoch=-1, fetch_offset=offset,
+            last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20),)),),
+        forgotten_topics_data=(), rack_id="",
+    )  # fmt: skip
+    return kio_call(port, request)

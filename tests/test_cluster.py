@@ -1720,6 +1720,80 @@ def test_a_kafka_producer_s_first_batch_after_a_move_follows_on_from_what_the_lo
     assert [m.value() for m in got] == values
 
 
+def test_kafka_clients_follow_a_move_from_the_old_owner_s_answer_without_asking_metadata(
+    cluster: Cluster,
+) -> None:
+    """KIP-951: a member asked to produce to or fetch from a topic it does not serve answers
+    NOT_LEADER_OR_FOLLOWER naming the leader (its node and epoch, as Metadata has them) and
+    where that node is. librdkafka's producer and consumer take the new leader from that
+    answer, before any Metadata answer comes (they still ask Metadata too, and do not wait for
+    it): a move costs them one round trip. Before, the answer named no leader, and they waited
+    for Metadata's. The consumer fetches by topic id (Fetch 16)."""
+    from confluent_kafka import TopicPartition
+    from kio.schema.errors import ErrorCode
+
+    from spark_mq.transports.kafka.link import topic_id
+    from spark_mq.transports.kafka.nodes import node_id
+    from tests.kafka_kit import (
+        DebugLines,
+        consumer,
+        fetch_by_id,
+        poll_n,
+        produce_all,
+        produce_by_id,
+        producer,
+    )
+
+    _one_on_two(cluster, "followed", kind="topic")
+    old = cluster.owners("a")["followed"]
+    new = "b" if old == "a" else "a"
+    epoch = cluster.state("a")["owners"]["followed"]["epoch"]
+    elsewhere = cluster.members[new].kafka_port
+    for version in (10, 12, 13):  # (Produce: by name, then by id)
+        asked = topic_id("followed") if version >= 13 else "followed"
+        answer = produce_by_id(elsewhere, version, asked, [b"refused"])
+        (part,) = answer.responses[0].partition_responses
+        assert part.error_code == ErrorCode.not_leader_or_follower
+        assert (part.current_leader.leader_id, part.current_leader.leader_epoch) == (
+            node_id(old),
+            epoch,
+        )
+        (there,) = [e for e in answer.node_endpoints if e.node_id == node_id(old)]
+        assert there.port == cluster.members[old].kafka_port
+    answer = fetch_by_id(elsewhere, 16, topic_id("followed"), 0)
+    (part,) = answer.responses[0].partitions
+    assert part.error_code == ErrorCode.not_leader_or_follower
+    leader = part.current_leader
+    assert (leader.leader_id, leader.leader_epoch) == (node_id(old), epoch)
+    assert [e.port for e in answer.node_endpoints] == [cluster.members[old].kafka_port]
+
+    debug = {"debug": "metadata,protocol", "topic.metadata.refresh.interval.ms": 600_000}
+    plog, clog = DebugLines(), DebugLines()
+    port = cluster.members[old].kafka_port
+    p = producer(port, logger=plog.logger, **debug)
+    c = consumer(port, logger=clog.logger, **debug)
+    values = [b"%d" % i for i in range(400)]
+    try:
+        produce_all(p, "followed", values[:200])
+        c.assign([TopicPartition("followed", 0, 0)])
+        got = poll_n(c, 200)
+        p.poll(0.2)
+        since_p, since_c = len(plog.lines), len(clog.lines)
+        with Admin(cluster.urls) as admin:
+            admin.pin("followed", new)
+        wait_for(lambda: "followed" in cluster.serving(new)[new], 20, "moved")
+        produce_all(p, "followed", values[200:])
+        got += poll_n(c, 200)
+    finally:
+        c.close()
+    assert [m.value() for m in got] == values
+    assert [m.offset() for m in got] == list(range(400))
+    moved = cluster.state("a")["owners"]["followed"]["epoch"]
+    assert moved > epoch
+    assert plog.learned_leader(since_p, node_id(new), moved), plog.lines[since_p:]
+    assert clog.learned_leader(since_c, node_id(new), moved), clog.lines[since_c:]
+
+
 def _a_topic_on_two_members(cluster: Cluster, name: str, **settings: object) -> tuple[str, str]:
     """Members a and b, their duplicate caches 4 ids, and topic ``name`` placed on one:
     ``(its owner, the other)``."""

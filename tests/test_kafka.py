@@ -28,11 +28,14 @@ from spark_mq.security.users import UsersFile
 from tests.kafka_kit import (
     RawKafka,
     consumer,
+    fetch_by_id,
     kio_call,
     produce_all,
+    produce_by_id,
     producer,
     read_from,
     refused_transaction,
+    values_of,
 )
 from tests.ports import free_port
 from tests.security_kit import ACL, PASSWORDS, Keys, rsa_keys, security_settings
@@ -1409,6 +1412,37 @@ def test_committed_offsets_and_messages_survive_a_failover_of_an_ha_pair(tmp_pat
     again.close()
     b.process.stop()
     assert rest == [f"f{i}".encode() for i in range(12, 20)]
+
+
+def test_topics_named_by_their_ids_are_produced_to_and_fetched(port: int) -> None:
+    """Produce 13 and Fetch 13+ name a topic by its id (KIP-516), the one Metadata gives; an id
+    that stands for no topic gets UNKNOWN_TOPIC_ID. librdkafka fetches by id (Fetch 16) once
+    it is served: every other test here that consumes with it does so."""
+    from kio.schema.errors import ErrorCode
+
+    from spark_mq.transports.kafka.link import topic_id
+
+    topic = _name("by-id")
+    produce_all(producer(port), topic, [b"first"])
+    tid = topic_id(topic)
+    answer = produce_by_id(port, 13, tid, [b"a", b"b"])
+    (t,) = answer.responses
+    (p,) = t.partition_responses
+    assert (t.topic_id, p.error_code, p.base_offset) == (tid, ErrorCode.none, 1)
+    for version in (13, 16, 17):
+        (t,) = fetch_by_id(port, version, tid, 1).responses
+        (p,) = t.partitions
+        assert (t.topic_id, p.error_code, p.high_watermark) == (tid, ErrorCode.none, 3)
+        assert values_of(p.records) == [(1, b"a"), (2, b"b")]
+    (t,) = fetch_by_id(port, 12, topic, 0).responses  # (by name, as before)
+    assert [v for _, v in values_of(t.partitions[0].records)] == [b"first", b"a", b"b"]
+    nothing = uuid.uuid4()
+    unknown = ErrorCode.unknown_topic_id
+    (t,) = produce_by_id(port, 13, nothing, [b"lost"]).responses
+    assert (t.topic_id, t.partition_responses[0].error_code) == (nothing, unknown)
+    (t,) = fetch_by_id(port, 17, nothing, 0).responses
+    assert (t.topic_id, t.partitions[0].error_code) == (nothing, unknown)
+    assert [m.value() for m in read_from(port, topic, 0, 3)] == [b"first", b"a", b"b"]
 
 
 def test_an_idempotent_producer_s_sequences_must_come_in_order(port: int) -> None:

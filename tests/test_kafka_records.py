@@ -108,10 +108,11 @@ def test_reads_of_a_log_are_put_in_offset_order_only_when_they_are_not() -> None
     assert ints(by_offset(shuffled)["offset"]) == list(range(1000, 1050))
 
 
-@pytest.mark.parametrize("version", range(3, 13))
+@pytest.mark.parametrize("version", range(3, 14))
 def test_a_produce_answer_from_its_template_is_what_kio_writes(version: int) -> None:
     from spark_mq.transports.kafka import codec
     from spark_mq.transports.kafka.codec import ErrorCode, build
+    from spark_mq.transports.kafka.link import topic_id
 
     mod = codec.response_module(codec.PRODUCE, version)
     rng = random.Random(version)
@@ -126,13 +127,18 @@ def test_a_produce_answer_from_its_template_is_what_kio_writes(version: int) -> 
             mod,
             "ProduceResponse",
             responses=(
-                build(mod, "TopicProduceResponse", name=topic, partition_responses=(partition,)),
+                build(
+                    mod,
+                    "TopicProduceResponse",
+                    name=topic,
+                    topic_id=topic_id(topic),  # (13: by its id)
+                    partition_responses=(partition,),
+                ),
             ),
             throttle_time=dt.timedelta(0),
         )
-        assert codec.produce_answer(version, correlation, topic, offset) == codec.encode_response(
-            codec.PRODUCE, version, correlation, response
-        )
+        frame = codec.produce_answer(version, correlation, topic, topic_id(topic), offset)
+        assert frame == codec.encode_response(codec.PRODUCE, version, correlation, response)
 
 
 def _produce_batch(

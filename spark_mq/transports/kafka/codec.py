@@ -50,10 +50,11 @@ SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76
 
 # what this listener serves: API key -> (lowest, highest) version. Produce v0-2 are advertised
 # but refused: librdkafka looks for them in the answer (KAFKA-18659) and never sends them to a
-# broker that has v3; topic ids (Produce 13, Fetch 13+) are not served yet.
+# broker that has v3. Produce 13 and Fetch 13+ name topics by their ids (KIP-516); Produce 10+
+# and Fetch 16+ name a partition's leader when it is not led here (KIP-951).
 SERVED: dict[int, tuple[int, int]] = {
-    PRODUCE: (0, 12),
-    FETCH: (4, 12),
+    PRODUCE: (0, 13),
+    FETCH: (4, 17),
     LIST_OFFSETS: (1, 8),
     METADATA: (0, 12),
     SASL_HANDSHAKE: (0, 1),
@@ -169,12 +170,14 @@ def encode_response(key: int, version: int, correlation_id: int, response: Any) 
 _SENTINEL = 0x5A17_C0DE_0FF5_E7ED  # an int64 no real offset is: where a template's offset goes
 
 
-def produce_answer(version: int, correlation_id: int, topic: str, base_offset: int) -> bytes:
+def produce_answer(
+    version: int, correlation_id: int, topic: str, topic_id: Any, base_offset: int
+) -> bytes:
     """The frame of a Produce response of one topic's partition 0, stored at ``base_offset``:
     the bytes kio writes (its encoding, once a topic and version, with a sentinel where the
     offset goes), the correlation id and the offset written in. The answer to almost every
     Produce; it costs a copy instead of building and encoding the response each time."""
-    template, at = _produce_template(version, topic)
+    template, at = _produce_template(version, topic, topic_id)
     data = bytearray(template)
     HEADER_CORRELATION.pack_into(data, 4, correlation_id)
     OFFSET.pack_into(data, at, base_offset)
@@ -182,7 +185,7 @@ def produce_answer(version: int, correlation_id: int, topic: str, base_offset: i
 
 
 @functools.lru_cache(maxsize=4096)
-def _produce_template(version: int, topic: str) -> tuple[bytes, int]:
+def _produce_template(version: int, topic: str, topic_id: Any) -> tuple[bytes, int]:
     mod = response_module(PRODUCE, version)
     partition = build(
         mod, "PartitionProduceResponse", index=0, error_code=ErrorCode.none,
@@ -193,7 +196,13 @@ def _produce_template(version: int, topic: str) -> tuple[bytes, int]:
         mod,
         "ProduceResponse",
         responses=(
-            build(mod, "TopicProduceResponse", name=topic, partition_responses=(partition,)),
+            build(
+                mod,
+                "TopicProduceResponse",
+                name=topic,
+                topic_id=topic_id,  # (13+: the topic by its id)
+                partition_responses=(partition,),
+            ),
         ),
         throttle_time=datetime.timedelta(0),
     )

@@ -7,8 +7,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import cache
 from typing import Any, Protocol
 
+from spark_mq import commands as c
 from spark_mq.errors import (
     BrokerUnavailable,
     DestinationExists,
@@ -20,8 +22,9 @@ from spark_mq.errors import (
     MessageTooLarge,
     NotAuthorized,
 )
+from spark_mq.names import logical_name
 from spark_mq.session import ClientSession, Verb
-from spark_mq.transports.kafka.codec import ErrorCode
+from spark_mq.transports.kafka.codec import ErrorCode, build
 from spark_mq.transports.kafka.nodes import Nodes
 from spark_mq.transports.kafka.records import RecordError
 
@@ -55,7 +58,69 @@ class KafkaLink(Protocol):
 
 
 def topic_id(name: str) -> uuid.UUID:
+    """Topic ``name``'s id (KIP-516), derived from the name: the same on every member and
+    across restarts (a topic deleted and made again under its name has its old id)."""
     return uuid.uuid5(_TOPIC_IDS, name)
+
+
+class TopicNames:
+    """A connection's topic ids back to their names, for the requests that name topics by id
+    (Fetch 13+, Produce 13, the share requests). An id is derived from its name, so a name
+    once found stays right; an id not known yet is looked for among the destinations the
+    session lists, and a cluster's (served anywhere)."""
+
+    def __init__(self, session: ClientSession, nodes: Nodes) -> None:
+        self.session = session
+        self.nodes = nodes
+        self._names: dict[uuid.UUID, str] = {}
+
+    def of(self, tid: uuid.UUID | None) -> str | None:
+        """The topic ``tid`` stands for; None when there is none."""
+        if tid is None:
+            return None
+        name = self._names.get(tid)
+        if name is None:
+            listed = [str(d["name"]) for d in self.session.execute(c.ListDestinations())]
+            for n in [*listed, *self.nodes.topics()]:
+                topic = logical_name(n)  # (a partition's: its topic's)
+                self._names[topic_id(topic)] = topic
+            name = self._names.get(tid)
+        return name
+
+
+def current_leader(module: Any, led: tuple[int, int] | None, named: set[int]) -> Any:
+    """A partition's leader and its epoch as a Produce, Fetch or ShareFetch answer names them
+    for a client to follow at once (KIP-951); (-1, -1) when none is known (being placed: the
+    client asks Metadata). The node is added to ``named``, for :func:`node_endpoints`. None
+    for a version without the field (Produce before 10, Fetch before 12)."""
+    if not hasattr(module, "LeaderIdAndEpoch"):
+        return None
+    if led is None or led[0] < 0:
+        return _no_leader(module)
+    named.add(led[0])
+    return build(module, "LeaderIdAndEpoch", leader_id=led[0], leader_epoch=led[1])
+
+
+@cache
+def _no_leader(module: Any) -> Any:
+    """(-1, -1): what nearly every partition of an answer says (kio's entities are frozen)."""
+    return build(module, "LeaderIdAndEpoch", leader_id=-1, leader_epoch=-1)
+
+
+def node_endpoints(
+    module: Any, nodes: Nodes, named: set[int], *, here: bool = False
+) -> tuple[Any, ...]:
+    """Where the nodes an answer names as leaders are (KIP-951), and this one when ``here``;
+    none for a version without them (Produce before 10, Fetch before 16)."""
+    if not hasattr(module, "NodeEndpoint") or not (named or here):
+        return ()
+    if here:
+        named = named | {nodes.here().node_id}
+    return tuple(
+        build(module, "NodeEndpoint", node_id=n.node_id, host=n.host, port=n.port, rack=None)
+        for n in nodes.brokers()
+        if n.node_id in named
+    )
 
 
 def error_code(exc: BaseException) -> ErrorCode:

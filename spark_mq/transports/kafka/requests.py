@@ -49,7 +49,15 @@ from spark_mq.transports.kafka.admin_requests import AdminRequests, kafka_topic_
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.group_requests import GroupRequests
 from spark_mq.transports.kafka.groups import Coordinator
-from spark_mq.transports.kafka.link import KafkaLink, error_code, message_of, topic_id
+from spark_mq.transports.kafka.link import (
+    KafkaLink,
+    TopicNames,
+    current_leader,
+    error_code,
+    message_of,
+    node_endpoints,
+    topic_id,
+)
 from spark_mq.transports.kafka.records import RecordError, dedup_prefix, produced, record_batch
 from spark_mq.transports.kafka.sequences import OutOfOrder, Sequences
 from spark_mq.transports.kafka.share import ShareGroups, ShareRequests
@@ -126,11 +134,16 @@ class _ReadAhead:
         return batches
 
 
+class UnknownTopicId(Exception):
+    """A request named a topic by an id that stands for none (KIP-516: UNKNOWN_TOPIC_ID)."""
+
+
 @dataclass
 class _Part:
     """One partition of a fetch."""
 
-    topic: str
+    asked: Any  # the topic as the request named it: its name, or its id (Fetch 13+)
+    topic: str  # its name ("": an id that stands for none)
     partition: int
     offset: int
     max_bytes: int
@@ -155,6 +168,10 @@ class _Fetch:
     woken: bool = False
 
 
+# a Produce partition's outcome: (the topic as asked, its name, the partition, the outcome)
+_Produced = tuple[Any, str, int, Future | BaseException]
+
+
 class KafkaRequests:
     def __init__(
         self,
@@ -176,7 +193,8 @@ class KafkaRequests:
         self.fetches: set[_Fetch] = set()  # waiting for data
         self._told_queue: set[str] = set()  # queues it fetched as a log (logged once)
         self._read_ahead = _ReadAhead(session)
-        self.share = ShareRequests(link, session, share_groups)
+        self.topic_names = TopicNames(session, link.nodes)
+        self.share = ShareRequests(link, session, share_groups, self.topic_names)
         self.sequences = sequences  # idempotent producers' (the listener's)
         self.txn = TransactionRequests(
             link, listener, session, transactions, coordinator, self._target, self._create_topic
@@ -226,7 +244,7 @@ class KafkaRequests:
             allow = getattr(body, "allow_auto_topic_creation", True)
             errors = {}
             for t in asked:
-                name = t.name or self._name_of_id(getattr(t, "topic_id", None))
+                name = t.name or self.topic_names.of(getattr(t, "topic_id", None))
                 if name:
                     errors[name] = self._topic_error(name, allow)
 
@@ -309,16 +327,6 @@ class KafkaRequests:
         except SparkMQError:
             return None
 
-    def _name_of_id(self, tid: Any) -> str | None:
-        """The destination a topic id stands for (ids are derived from names: ``topic_id``)."""
-        if tid is None:
-            return None
-        for d in self.session.execute(c.ListDestinations()):
-            name = logical_name(str(d["name"]))
-            if topic_id(name) == tid:
-                return name
-        return None
-
     def _topic_error(self, name: str, allow_create: bool) -> ErrorCode:
         try:
             if self.link.nodes.registered(name) and self.session.may_see(name):
@@ -338,25 +346,33 @@ class KafkaRequests:
     def _produce(self, r: Request, slot: Any) -> None:
         body = r.body
         acks = body.acks
-        results: list[tuple[str, int, Future | BaseException]] = []
+        by_id = r.version >= 13  # (topics named by their ids, KIP-516)
+        results: list[_Produced] = []
         holding: list[Future] = []
         for topic in body.topic_data:
+            name = self.topic_names.of(topic.topic_id) if by_id else topic.name
+            asked = topic.topic_id if by_id else topic.name
             for part in topic.partition_data:
-                outcome = self._produce_one(body, topic.name, part, holding)
-                results.append((topic.name, part.index, outcome))
+                outcome: Future | BaseException = (
+                    UnknownTopicId(f"no topic has id {asked}")
+                    if name is None
+                    else self._produce_one(body, name, part, holding)
+                )
+                results.append((asked, name or "", part.index, outcome))
         if acks == 0:
             self.link.answer(slot, None)
-            for name, _, outcome in results:
+            for _, name, _, outcome in results:
                 _log_unacked(self.link.peer, name, outcome)
             return
-        futures = [o for _, _, o in results if isinstance(o, Future)]
+        futures = [o for *_, o in results if isinstance(o, Future)]
 
         def answer(_: object = None) -> None:
             if len(results) == 1:  # (the usual answer, of one partition: a template, quicker)
-                (name, index, outcome) = results[0]
+                (_, name, index, outcome) = results[0]
                 if index == 0 and isinstance(outcome, Future) and outcome.exception() is None:
                     first = _first_offset(outcome.result())
-                    frame = codec.produce_answer(r.version, r.correlation_id, name, first)
+                    tid = topic_id(name) if r.version >= 13 else None
+                    frame = codec.produce_answer(r.version, r.correlation_id, name, tid, first)
                     self.link.answer_encoded(slot, frame)
                     return
             self.link.answer(slot, self._produce_response(r, results))
@@ -417,12 +433,11 @@ class KafkaRequests:
             holding.append(fut)
         return fut
 
-    def _produce_response(
-        self, r: Request, results: list[tuple[str, int, Future | BaseException]]
-    ) -> Any:
+    def _produce_response(self, r: Request, results: list[_Produced]) -> Any:
         mod = codec.response_module(r.api_key, r.version)
-        by_topic: dict[str, list[Any]] = {}
-        for name, index, outcome in results:
+        by_topic: dict[Any, list[Any]] = {}
+        leaders: set[int] = set()
+        for asked, name, index, outcome in results:
             err, message, base = ErrorCode.none, None, -1
             if isinstance(outcome, Future):
                 exc = outcome.exception()
@@ -432,7 +447,7 @@ class KafkaRequests:
                     outcome = exc
             if isinstance(outcome, BaseException):
                 err, message = _code_of(outcome), message_of(outcome)
-            by_topic.setdefault(name, []).append(
+            by_topic.setdefault(asked, []).append(
                 build(
                     mod,
                     "PartitionProduceResponse",
@@ -443,17 +458,32 @@ class KafkaRequests:
                     log_start_offset=0,
                     record_errors=(),
                     error_message=message,
+                    current_leader=self._moved_to(mod, err, name, index, leaders),
                 )
             )
+        by_id = r.version >= 13
         return build(
             mod,
             "ProduceResponse",
             responses=tuple(
-                build(mod, "TopicProduceResponse", name=n, partition_responses=tuple(ps))
-                for n, ps in by_topic.items()
+                build(
+                    mod,
+                    "TopicProduceResponse",
+                    **{"topic_id" if by_id else "name": t},
+                    partition_responses=tuple(ps),
+                )
+                for t, ps in by_topic.items()
             ),
             throttle_time=_ZERO,
+            node_endpoints=node_endpoints(mod, self.link.nodes, leaders),
         )
+
+    def _moved_to(self, mod: Any, err: ErrorCode, name: str, index: int, named: set[int]) -> Any:
+        """Where a partition not led here is led (KIP-951: Produce 10+, Fetch 16+): a client
+        sends its next request there at once, without asking Metadata first. (-1, -1) for
+        any other error, as Kafka's brokers answer."""
+        led = self._leader(name, index) if err is ErrorCode.not_leader_or_follower else None
+        return current_leader(mod, led, named)
 
     # -- InitProducerId ----------------------------------------------------------------------
     def _init_producer_id(self, r: Request, slot: Any) -> None:
@@ -549,12 +579,17 @@ class KafkaRequests:
     # -- Fetch -------------------------------------------------------------------------------
     def _fetch(self, r: Request, slot: Any) -> None:
         body = r.body
+        by_id = r.version >= 13  # (topics named by their ids, KIP-516)
         parts = []
         for t in body.topics:
+            asked = t.topic_id if by_id else t.topic
+            name = self.topic_names.of(asked) if by_id else asked
             for p in t.partitions:
-                parts.append(_Part(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes))
+                parts.append(
+                    _Part(asked, name or "", p.partition, p.fetch_offset, p.partition_max_bytes)
+                )
         for part in parts:
-            part.error = self._fetch_check(part)
+            part.error = self._fetch_check(part) if part.topic else ErrorCode.unknown_topic_id
         wait = body.max_wait.total_seconds() if isinstance(body.max_wait, timedelta) else 0.0
         fetch = _Fetch(
             r,
@@ -695,9 +730,10 @@ class KafkaRequests:
         self._end_wait(fetch)
         r = fetch.request
         mod = codec.response_module(r.api_key, r.version)
-        by_topic: dict[str, list[Any]] = {}
+        by_topic: dict[Any, list[Any]] = {}
+        leaders: set[int] = set()
         for p in fetch.parts:
-            by_topic.setdefault(p.topic, []).append(
+            by_topic.setdefault(p.asked, []).append(
                 build(
                     mod,
                     "PartitionData",
@@ -709,8 +745,10 @@ class KafkaRequests:
                     aborted_transactions=(),
                     preferred_read_replica=-1,
                     records=p.records,  # (empty, never null: librdkafka reads a null as a bad size)
+                    current_leader=self._moved_to(mod, p.error, p.topic, p.partition, leaders),
                 )
             )
+        by_id = r.version >= 13
         response = build(
             mod,
             "FetchResponse",
@@ -718,9 +756,15 @@ class KafkaRequests:
             error_code=ErrorCode.none,
             session_id=0,
             responses=tuple(
-                build(mod, "FetchableTopicResponse", topic=n, partitions=tuple(ps))
-                for n, ps in by_topic.items()
+                build(
+                    mod,
+                    "FetchableTopicResponse",
+                    **{"topic_id" if by_id else "topic": t},
+                    partitions=tuple(ps),
+                )
+                for t, ps in by_topic.items()
             ),
+            node_endpoints=node_endpoints(mod, self.link.nodes, leaders),
         )
         self.link.answer(fetch.slot, response)
 
@@ -728,6 +772,8 @@ class KafkaRequests:
 def _code_of(exc: BaseException) -> ErrorCode:
     if isinstance(exc, TxnRefused):
         return exc.code
+    if isinstance(exc, UnknownTopicId):
+        return ErrorCode.unknown_topic_id
     if isinstance(exc, OutOfOrder):
         return ErrorCode.out_of_order_sequence_number
     return error_code(exc)

@@ -41,16 +41,19 @@ from typing import Any
 
 from spark_mq import commands as c
 from spark_mq.errors import NotOwner, SparkMQError
-from spark_mq.names import KAFKA_OFFSETS, logical_name, partition_name
+from spark_mq.names import KAFKA_OFFSETS, partition_name
 from spark_mq.schema import ints
 from spark_mq.session import ClientSession, ConsumerHandle
 from spark_mq.transports.kafka import codec
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.link import (
     KafkaLink,
+    TopicNames,
+    current_leader,
     error_code,
     group_refused,
     message_of,
+    node_endpoints,
     topic_id,
 )
 from spark_mq.transports.kafka.records import record_batch
@@ -159,16 +162,18 @@ class ShareRequests:
     """A connection's share-group requests (ShareGroupHeartbeat, ShareFetch,
     ShareAcknowledge)."""
 
-    def __init__(self, link: KafkaLink, session: ClientSession, groups: ShareGroups) -> None:
+    def __init__(
+        self, link: KafkaLink, session: ClientSession, groups: ShareGroups, names: TopicNames
+    ) -> None:
         self.link = link
         self.session = session
+        self.names = names
         self.groups = groups
         self.consumers: dict[tuple[str, str], _Consumer] = {}
         self.waiting: list[_Waiting] = []
         # each share session's partitions, with their topics' names
         self.sessions: dict[tuple[str, str], dict[_Part, str]] = {}
         self._requests = iter(range(1, 1 << 62))
-        self._names: dict[Any, str] = {}  # topic id -> name
         self._wake_due = False
 
     def handlers(self) -> dict[int, Callable[[Request, Any], None]]:
@@ -190,14 +195,7 @@ class ShareRequests:
 
     # -- topic ids -----------------------------------------------------------------------------
     def _name_of(self, tid: Any) -> str:
-        name = self._names.get(tid)
-        if name is None:
-            listed = [d["name"] for d in self.session.execute(c.ListDestinations())]
-            for n in [*listed, *self.link.nodes.topics()]:  # (a cluster's: served anywhere)
-                topic = logical_name(n)  # (a partition's: its topic's)
-                self._names[topic_id(topic)] = topic
-            name = self._names.get(tid, "")
-        return name
+        return self.names.of(tid) or ""
 
     # -- ShareGroupHeartbeat -------------------------------------------------------------------
     def _heartbeat(self, r: Request, slot: Any) -> None:
@@ -514,19 +512,10 @@ class ShareRequests:
                 led = self.link.nodes.leader(self._destination(name, index))
             except (_UnknownPartition, SparkMQError):
                 led = None  # (none known: the client asks Metadata)
-        node, epoch = led if led is not None else (-1, -1)
-        if node >= 0:
-            named.add(node)
-        return build(mod, "LeaderIdAndEpoch", leader_id=node, leader_epoch=epoch)
+        return current_leader(mod, led, named)
 
     def _endpoints(self, mod: Any, named: set[int]) -> tuple[Any, ...]:
-        """Where the nodes an answer names are (this one always)."""
-        here = self.link.nodes.here().node_id
-        return tuple(
-            build(mod, "NodeEndpoint", node_id=n.node_id, host=n.host, port=n.port, rack=None)
-            for n in self.link.nodes.brokers()
-            if n.node_id in named or n.node_id == here
-        )
+        return node_endpoints(mod, self.link.nodes, named, here=True)
 
     # -- ShareAcknowledge ----------------------------------------------------------------------
     def _acknowledge(self, r: Request, slot: Any) -> None:
