@@ -1728,7 +1728,8 @@ def test_kafka_clients_follow_a_move_from_the_old_owner_s_answer_without_asking_
     where that node is. librdkafka's producer and consumer take the new leader from that
     answer, before any Metadata answer comes (they still ask Metadata too, and do not wait for
     it): a move costs them one round trip. Before, the answer named no leader, and they waited
-    for Metadata's. The consumer fetches by topic id (Fetch 16)."""
+    for Metadata's. The consumer fetches by topic id (Fetch 16), and checks its position at
+    the new leader (OffsetForLeaderEpoch): nothing is truncated, it reads on from there."""
     from confluent_kafka import TopicPartition
     from kio.schema.errors import ErrorCode
 
@@ -1736,7 +1737,9 @@ def test_kafka_clients_follow_a_move_from_the_old_owner_s_answer_without_asking_
     from spark_mq.transports.kafka.nodes import node_id
     from tests.kafka_kit import (
         DebugLines,
+        KioConnection,
         consumer,
+        epoch_end,
         fetch_by_id,
         poll_n,
         produce_all,
@@ -1790,6 +1793,12 @@ def test_kafka_clients_follow_a_move_from_the_old_owner_s_answer_without_asking_
     assert [m.offset() for m in got] == list(range(400))
     moved = cluster.state("a")["owners"]["followed"]["epoch"]
     assert moved > epoch
+    with KioConnection(cluster.members[new].kafka_port) as there:  # (KIP-320)
+        assert epoch_end(there, "followed", moved, 0) == (0, 0, 400)
+        assert epoch_end(there, "followed", epoch, 0) == (74, -1, -1)  # FENCED_LEADER_EPOCH
+    with KioConnection(cluster.members[old].kafka_port) as before:
+        assert epoch_end(before, "followed", moved, 0) == (6, -1, -1)  # NOT_LEADER_OR_FOLLOWER
+    assert any("Received OffsetForLeaderEpochResponse" in line for line in clog.lines[since_c:])
     assert plog.learned_leader(since_p, node_id(new), moved), plog.lines[since_p:]
     assert clog.learned_leader(since_c, node_id(new), moved), clog.lines[since_c:]
 

@@ -26,8 +26,10 @@ from spark_mq.client import Consumer, Producer
 from spark_mq.launch import BrokerProcess
 from spark_mq.security.users import UsersFile
 from tests.kafka_kit import (
+    KioConnection,
     RawKafka,
     consumer,
+    epoch_end,
     fetch_by_id,
     kio_call,
     produce_all,
@@ -493,6 +495,24 @@ def test_sasl_scram_sha_512_logs_in_users_with_scram_credentials(secure: BrokerP
         assert "sparkmq user passwd NAME --scram" in auth[0]
     with Admin(secure.url, username="alice", password=PASSWORDS["alice"]) as admin:
         assert admin.stats(topic)["end_offset"] == 2  # (only alice's)
+
+
+def test_a_consumer_s_check_of_its_position_finds_the_log_whole(secure: BrokerProcess) -> None:
+    """OffsetForLeaderEpoch (KIP-320), which a consumer asks after its partition's leader
+    changed: every epoch up to the leader's (one broker: 0) ends at the log's end, since
+    nothing a fetch returned is ever truncated; a later epoch is not known (-1, -1); a current
+    epoch newer than the leader's is UNKNOWN_LEADER_EPOCH. It needs what a fetch needs."""
+    port = secure.kafka_port
+    assert port
+    produce_all(producer(port, **_sasl("alice", PASSWORDS["alice"])), "shared.epochs", [b"1"] * 3)
+    produce_all(producer(port, **_sasl("alice", PASSWORDS["alice"])), "alice.epochs", [b"1"])
+    with KioConnection(port, "bob", PASSWORDS["bob"]) as bob:
+        assert epoch_end(bob, "shared.epochs", -1, 0) == (0, 0, 3)
+        assert epoch_end(bob, "shared.epochs", 0, 0) == (0, 0, 3)
+        assert epoch_end(bob, "shared.epochs", 0, 1) == (0, -1, -1)
+        assert epoch_end(bob, "shared.epochs", 1, 0) == (75, -1, -1)  # UNKNOWN_LEADER_EPOCH
+        assert epoch_end(bob, "alice.epochs", -1, 0) == (29, -1, -1)  # TOPIC_AUTHORIZATION_FAILED
+        assert epoch_end(bob, "shared.none", -1, 0) == (3, -1, -1)  # UNKNOWN_TOPIC_OR_PARTITION
 
 
 def test_a_wrong_password_or_no_login_gets_nothing(secure: BrokerProcess) -> None:

@@ -30,6 +30,7 @@ from kio.static.constants import EntityType
 
 # API keys (Kafka's numbers)
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+OFFSET_FOR_LEADER_EPOCH = 23
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS = 15, 16
@@ -56,6 +57,7 @@ SERVED: dict[int, tuple[int, int]] = {
     PRODUCE: (0, 13),
     FETCH: (4, 17),
     LIST_OFFSETS: (1, 8),
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),  # (a consumer's check of its position, KIP-320)
     METADATA: (0, 12),
     SASL_HANDSHAKE: (0, 1),
     API_VERSIONS: (0, 4),
@@ -262,6 +264,7 @@ _NAMES = {
     PRODUCE: "Produce",
     FETCH: "Fetch",
     LIST_OFFSETS: "ListOffsets",
+    OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch",
     METADATA: "Metadata",
     OFFSET_COMMIT: "OffsetCommit",
     OFFSET_FETCH: "OffsetFetch",

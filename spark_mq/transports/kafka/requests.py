@@ -204,6 +204,7 @@ class KafkaRequests:
             codec.PRODUCE: self._produce,
             codec.FETCH: self._fetch,
             codec.LIST_OFFSETS: self._list_offsets,
+            codec.OFFSET_FOR_LEADER_EPOCH: self._offset_for_leader_epoch,
             codec.INIT_PRODUCER_ID: self._init_producer_id,
             **GroupRequests(
                 link, listener, session, coordinator, share_groups, transactions
@@ -575,6 +576,54 @@ class KafkaRequests:
             return
         fut = self.listener.run_blocking(look)  # (by time: a read of the log)
         fut.add_done_callback(lambda f: self.link.threadsafe(_then, f, answer))
+
+    # -- OffsetForLeaderEpoch ----------------------------------------------------------------
+    def _offset_for_leader_epoch(self, r: Request, slot: Any) -> None:
+        """Where a leader epoch's part of a partition's log ends, which a consumer asks after
+        the partition's leader changed, to check that its position is not past it (KIP-320:
+        the log was truncated). A sparkmq log is never truncated below what a fetch returned
+        (fetches return durable messages only, and a move or a lost member keeps every one),
+        so every epoch up to the leader's ends, for this check, at the log's end; an epoch
+        after it is not known (-1, -1), as Kafka answers. A client's current epoch that is
+        older than the leader's is fenced (FENCED_LEADER_EPOCH), a newer one not known yet
+        here (UNKNOWN_LEADER_EPOCH): it asks Metadata again. Needs what a fetch needs."""
+        mod = codec.response_module(r.api_key, r.version)
+        topics = []
+        for t in r.body.topics:
+            parts = []
+            for p in t.partitions:
+                err, epoch, end = ErrorCode.none, -1, -1
+                try:
+                    dest = self._target(t.topic, p.partition)
+                    log_end = self.session.log_end(dest)
+                    term = self.link.nodes.term(dest)
+                    if term is None:  # (placed elsewhere, and let go)
+                        err = ErrorCode.not_leader_or_follower
+                    elif 0 <= p.current_leader_epoch < term:
+                        err = ErrorCode.fenced_leader_epoch
+                    elif p.current_leader_epoch > term:
+                        err = ErrorCode.unknown_leader_epoch
+                    elif p.leader_epoch <= term:
+                        epoch, end = p.leader_epoch, log_end
+                except SparkMQError as exc:
+                    err = error_code(exc)
+                parts.append(
+                    build(
+                        mod,
+                        "EpochEndOffset",
+                        error_code=err,
+                        partition=p.partition,
+                        leader_epoch=epoch,
+                        end_offset=end,
+                    )
+                )
+            topics.append(
+                build(mod, "OffsetForLeaderTopicResult", topic=t.topic, partitions=tuple(parts))
+            )
+        self.link.answer(
+            slot,
+            build(mod, "OffsetForLeaderEpochResponse", throttle_time=_ZERO, topics=tuple(topics)),
+        )
 
     # -- Fetch -------------------------------------------------------------------------------
     def _fetch(self, r: Request, slot: Any) -> None:
