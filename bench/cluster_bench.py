@@ -16,6 +16,7 @@ reading time. Needs ZooKeeper's jars (``apt-get install zookeeper``: scripts/set
     .venv/bin/python bench/cluster_bench.py --partitions 4 --kafka   # ... with librdkafka
     .venv/bin/python bench/cluster_bench.py --kafka   # many topics, librdkafka clients
     .venv/bin/python bench/cluster_bench.py --moves 10   # what moving a destination costs
+    .venv/bin/python bench/cluster_bench.py --moves 10 --kafka   # ... librdkafka's clients
 
 ``--kafka`` (without ``--partitions``): the destinations are topics, and each client process
 is a librdkafka producer, then a consumer of a group of its own. A cluster's first group
@@ -31,7 +32,9 @@ are read.
 ``--moves N``: one queue on two members, moved from one to the other N times (an operator's
 pin) while a client sends to it synchronously and another reads and acks it: how long each
 move takes (from the pin to the new owner serving it), the longest a send waited across it,
-and the sends and acks a fence refused on the way (the old owner's log).
+and the sends and acks a fence refused on the way (the old owner's log). With ``--kafka``,
+librdkafka's producer (each message flushed) and a consumer of the topic, which also prints
+the longest wait between two messages read across a move.
 """
 
 from __future__ import annotations
@@ -566,29 +569,93 @@ def _moving_reader(url: list[str], stop: Any, errors: list[str]) -> None:
         errors.append(repr(exc))
 
 
+def _kafka_moving_sender(
+    ports: list[int], stop: Any, times: list[float], errors: list[str], dest: str = "mv"
+) -> None:
+    """librdkafka's producer, each message flushed before the next (acks=all)."""
+    from confluent_kafka import Producer as KafkaProducer
+
+    servers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    producer = KafkaProducer({"bootstrap.servers": servers, "linger.ms": 0, "acks": "all"})
+
+    def done(err: Any, _msg: Any) -> None:
+        if err is None:
+            times.append(time.monotonic())
+        else:  # (counted: a move should cost none)
+            errors.append(str(err))
+
+    i = 0
+    while not stop.is_set():
+        producer.produce(dest, f"m{i}".encode(), on_delivery=done)
+        producer.flush(30)
+        i += 1
+
+
+def _kafka_moving_reader(
+    ports: list[int], stop: Any, times: list[float], errors: list[str]
+) -> None:
+    """librdkafka's consumer of the topic's partition from its start (no group)."""
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import TopicPartition
+
+    servers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    consumer = KafkaConsumer(
+        {"bootstrap.servers": servers, "group.id": "bench", "fetch.wait.max.ms": 100}
+    )
+    consumer.assign([TopicPartition("mv", 0, 0)])
+    try:
+        while not stop.is_set():
+            m = consumer.poll(0.05)
+            if m is None:
+                continue
+            if m.error() is not None:
+                errors.append(str(m.error()))
+            else:
+                times.append(time.monotonic())
+    finally:
+        consumer.close()
+
+
+def _longest_gap(times: list[float], since: float) -> float:
+    window = [t for t in times if t >= since - 0.2]
+    return max((b - x for x, b in itertools.pairwise(window)), default=0.0)
+
+
 def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
     """What moving a destination costs its clients (see the module)."""
     root = Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-moves-"))
     procs = _members(zk, root, 2, f"bench-moves-{os.getpid()}")
     urls = [p.url for p in procs]
+    ports = [int(p.kafka_port or 0) for p in procs]
     stop = threading.Event()
     times: list[float] = []
+    read: list[float] = []  # (Kafka's reader: when each message came)
     errors: list[str] = []
     try:
         with Admin(urls) as admin:
-            admin.create_queue("mv")
-            admin.create_queue("still")  # (another queue, on m0 throughout)
+            make = admin.create_topic if a.kafka else admin.create_queue
+            make("mv")
+            make("still")  # (another, on m0 throughout)
             admin.pin("still", "m0")
         _wait_served(urls, {"mv", "still"})
         still: list[float] = []
-        threads = [
-            threading.Thread(target=_moving_sender, args=(urls, stop, times, errors)),
-            threading.Thread(target=_moving_reader, args=(urls, stop, errors)),
-            threading.Thread(target=_moving_sender, args=(urls, stop, still, errors, "still")),
-        ]
+        if a.kafka:
+            threads = [
+                threading.Thread(target=_kafka_moving_sender, args=(ports, stop, times, errors)),
+                threading.Thread(target=_kafka_moving_reader, args=(ports, stop, read, errors)),
+                threading.Thread(
+                    target=_kafka_moving_sender, args=(ports, stop, still, errors, "still")
+                ),
+            ]
+        else:
+            threads = [
+                threading.Thread(target=_moving_sender, args=(urls, stop, times, errors)),
+                threading.Thread(target=_moving_reader, args=(urls, stop, errors)),
+                threading.Thread(target=_moving_sender, args=(urls, stop, still, errors, "still")),
+            ]
         for t in threads:
             t.start()
-        took, stalls, others = [], [], []
+        took, stalls, others, reads = [], [], [], []
         with Admin(urls) as admin:
             for _ in range(a.moves):
                 time.sleep(1.0)  # (sending at its pace between moves)
@@ -604,11 +671,10 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
                     time.sleep(0.005)
                 took.append(time.monotonic() - started)
                 time.sleep(0.5)
-                window = [t for t in times if t >= started - 0.2]
-                stalls.append(max((b - x for x, b in itertools.pairwise(window)), default=0.0))
+                stalls.append(_longest_gap(times, started))
+                reads.append(_longest_gap(read, started))
                 if target == "m0":  # (moved to the member serving the other queue)
-                    window = [t for t in still if t >= started - 0.2]
-                    others.append(max((b - x for x, b in itertools.pairwise(window)), default=0))
+                    others.append(_longest_gap(still, started))
         stop.set()
         for t in threads:
             t.join(60)
@@ -622,7 +688,8 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
     stalls.sort()
     gap = statistics.median([b - x for x, b in itertools.pairwise(still)])
     print(
-        f"{a.moves} moves under synchronous sends ({len(times)} acknowledged) and a reader:\n"
+        f"{a.moves} moves under synchronous sends ({len(times)} acknowledged) and a reader"
+        f" ({'librdkafka' if a.kafka else 'the SDK'}):\n"
         f"  pin to served at the new owner: median {statistics.median(took) * 1000:.0f} ms, "
         f"max {took[-1] * 1000:.0f} ms\n"
         f"  longest wait between two acknowledged sends across a move: median "
@@ -630,7 +697,13 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
         f"  longest wait of a synchronous send to another queue of the member it moved to: "
         f"median {statistics.median(others) * 1000:.0f} ms, max {max(others) * 1000:.0f} ms "
         f"(its median gap {gap * 1000:.1f} ms)\n"
-        f"  refused by a fence (old owner's log): {refused}; client errors: {len(errors)}"
+        + (
+            f"  longest wait between two messages read across a move: median "
+            f"{statistics.median(reads) * 1000:.0f} ms, max {max(reads) * 1000:.0f} ms\n"
+            if a.kafka
+            else ""
+        )
+        + f"  refused by a fence (old owner's log): {refused}; client errors: {len(errors)}"
         + (f" ({errors[0]})" if errors else "")
     )
 
