@@ -116,6 +116,14 @@ class DebugLines(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
 
+    def refused_at(self, since: int, node: int) -> list[str]:
+        """The lines after ``since`` saying ``node`` answered NOT_LEADER_OR_FOLLOWER."""
+        return [
+            line
+            for line in self.lines[since:]
+            if f"/{node}]" in line and "Not leader for partition" in line
+        ]
+
     def learned_leader(self, since: int, node: int, epoch: int) -> bool:
         """Whether, after line ``since``, the client took ``node`` as a partition's leader at
         ``epoch`` from a Produce or Fetch answer (KIP-951: librdkafka's metadata update of one

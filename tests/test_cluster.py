@@ -1729,7 +1729,8 @@ def test_kafka_clients_follow_a_move_from_the_old_owner_s_answer_without_asking_
     answer, before any Metadata answer comes (they still ask Metadata too, and do not wait for
     it): a move costs them one round trip. Before, the answer named no leader, and they waited
     for Metadata's. The consumer fetches by topic id (Fetch 16), and checks its position at
-    the new leader (OffsetForLeaderEpoch): nothing is truncated, it reads on from there."""
+    the new leader (OffsetForLeaderEpoch): nothing is truncated, it reads on from there. What
+    they send the new owner while it takes the topic on waits until it serves it."""
     from confluent_kafka import TopicPartition
     from kio.schema.errors import ErrorCode
 
@@ -1770,35 +1771,50 @@ def test_kafka_clients_follow_a_move_from_the_old_owner_s_answer_without_asking_
     assert (leader.leader_id, leader.leader_epoch) == (node_id(old), epoch)
     assert [e.port for e in answer.node_endpoints] == [cluster.members[old].kafka_port]
 
-    debug = {"debug": "metadata,protocol", "topic.metadata.refresh.interval.ms": 600_000}
+    debug = {"debug": "metadata,protocol,msg,fetch", "topic.metadata.refresh.interval.ms": 600_000}
     plog, clog = DebugLines(), DebugLines()
     port = cluster.members[old].kafka_port
     p = producer(port, logger=plog.logger, **debug)
     c = consumer(port, logger=clog.logger, **debug)
-    values = [b"%d" % i for i in range(400)]
+    values = [b"%d" % i for i in range(200)]
+    stop = threading.Event()
+
+    def send() -> None:  # (one at a time, each acknowledged, through the move)
+        while not stop.is_set():
+            produce_all(p, "followed", [b"%d" % len(values)])
+            values.append(b"%d" % len(values))
+
+    sender = threading.Thread(target=send)
     try:
-        produce_all(p, "followed", values[:200])
+        produce_all(p, "followed", values)
         c.assign([TopicPartition("followed", 0, 0)])
         got = poll_n(c, 200)
         p.poll(0.2)
         since_p, since_c = len(plog.lines), len(clog.lines)
+        sender.start()
         with Admin(cluster.urls) as admin:
             admin.pin("followed", new)
         wait_for(lambda: "followed" in cluster.serving(new)[new], 20, "moved")
-        produce_all(p, "followed", values[200:])
-        got += poll_n(c, 200)
+        served = len(values)
+        wait_for(lambda: len(values) >= served + 100, 20, "sent on at the new owner")
+        stop.set()
+        sender.join(30)
+        got += poll_n(c, len(values) - 200)
     finally:
+        stop.set()
         c.close()
     assert [m.value() for m in got] == values
-    assert [m.offset() for m in got] == list(range(400))
+    assert [m.offset() for m in got] == list(range(len(values)))
     moved = cluster.state("a")["owners"]["followed"]["epoch"]
     assert moved > epoch
     with KioConnection(cluster.members[new].kafka_port) as there:  # (KIP-320)
-        assert epoch_end(there, "followed", moved, 0) == (0, 0, 400)
+        assert epoch_end(there, "followed", moved, 0) == (0, 0, len(values))
         assert epoch_end(there, "followed", epoch, 0) == (74, -1, -1)  # FENCED_LEADER_EPOCH
     with KioConnection(cluster.members[old].kafka_port) as before:
         assert epoch_end(before, "followed", moved, 0) == (6, -1, -1)  # NOT_LEADER_OR_FOLLOWER
     assert any("Received OffsetForLeaderEpochResponse" in line for line in clog.lines[since_c:])
+    # the new owner held what came while it took the topic on, and refused none of it
+    assert not plog.refused_at(since_p, node_id(new)) and not clog.refused_at(since_c, node_id(new))
     assert plog.learned_leader(since_p, node_id(new), moved), plog.lines[since_p:]
     assert clog.learned_leader(since_c, node_id(new), moved), clog.lines[since_c:]
 

@@ -153,3 +153,59 @@ def test_a_topic_placed_elsewhere_but_not_let_go_yet_keeps_its_term_here() -> No
     placement.serving.clear()
     assert nodes.term("t") is None
     assert Nodes(lambda: ("127.0.0.1", 9092), "a", None).term("t") == 0
+
+
+def test_requests_for_a_topic_being_taken_on_here_wait_until_it_is_served() -> None:
+    """A member taking a topic on (placed here, not served yet) holds the Produce, Fetch and
+    OffsetForLeaderEpoch naming it until it is served, or it is placed elsewhere meanwhile,
+    or ``cluster.placement_wait_s`` passes; a topic served here, another's, or one broker's
+    is not waited for."""
+    import asyncio
+
+    from spark_mq.transports.kafka.nodes import Nodes
+
+    class Placement:
+        member_id, name, placement_wait_s, leader = "a", "c", 0.3, "a"
+        owners: dict[str, tuple[str, int]] = {"new": ("a", 3), "moved": ("a", 4), "t": ("a", 1)}
+        serving: dict[str, int] = {"t": 1}
+
+        def owner(self, name: str) -> tuple[str, int] | None:
+            return self.owners.get(name)
+
+        def held(self, name: str) -> int | None:
+            return self.serving.get(name)
+
+        def kafka_endpoints(self) -> dict[str, str]:
+            return {}
+
+        def destinations(self) -> list[str]:
+            return list(self.owners)
+
+    placement = Placement()
+    nodes = Nodes(lambda: ("127.0.0.1", 9092), "a", placement)
+    single = Nodes(lambda: ("127.0.0.1", 9092), "a", None)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        assert nodes.taken_on(["t", "elsewhere"], loop) is None  # (served here; not placed here)
+        assert single.taken_on(["new"], loop) is None
+        served = nodes.taken_on(["t", "new"], loop)
+        assert served is not None
+        await asyncio.sleep(0.05)
+        assert not served.done()
+        placement.serving["new"] = 3
+        started = loop.time()
+        await asyncio.wrap_future(served)
+        assert loop.time() - started < 0.1
+        moved = nodes.taken_on(["moved"], loop)
+        assert moved is not None
+        placement.owners["moved"] = ("b", 5)  # (placed elsewhere meanwhile: asked there)
+        await asyncio.wait_for(asyncio.wrap_future(moved), 0.1)
+        placement.owners["stuck"] = ("a", 6)
+        stuck = nodes.taken_on(["stuck"], loop)
+        assert stuck is not None
+        started = loop.time()
+        await asyncio.wrap_future(stuck)  # (never served: answered after placement_wait_s)
+        assert 0.25 <= loop.time() - started < 0.6
+
+    asyncio.run(run())

@@ -14,14 +14,17 @@ does not own answers as a Kafka broker does after a move (``NOT_LEADER_OR_FOLLOW
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from spark_mq.names import KAFKA_OFFSETS
 
 SINGLE_NODE = 0  # one broker's node id
+TAKE_ON_RECHECK_S = 0.01  # how often a request held while its partition is taken on looks
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +136,38 @@ class Nodes:
         if owner is None or owner[0] != self.placement.member_id:
             return None
         return owner[1]
+
+    def taking_on(self, topic: str) -> bool:
+        """Whether ``topic``'s partition is placed here and being taken on (moments: its
+        requests are held until it is served, not refused)."""
+        if self.placement is None:
+            return False
+        owner = self.placement.owner(topic)
+        return (
+            owner is not None
+            and owner[0] == self.placement.member_id
+            and self.placement.held(topic) is None
+        )
+
+    def taken_on(self, topics: list[str], loop: Any) -> Future[None] | None:
+        """A future done once none of ``topics`` is being taken on here any more (served
+        here, or placed elsewhere meanwhile), or after ``cluster.placement_wait_s``; None when
+        none is now. It looks every :data:`TAKE_ON_RECHECK_S` on ``loop`` (an asyncio loop:
+        the listener's, which must not wait)."""
+        waiting = [t for t in topics if self.taking_on(t)]
+        if not waiting:
+            return None
+        done: Future[None] = Future()
+        deadline = time.monotonic() + self.placement_wait_s
+
+        def check() -> None:
+            if time.monotonic() >= deadline or not any(self.taking_on(t) for t in waiting):
+                done.set_result(None)
+            else:
+                loop.call_later(TAKE_ON_RECHECK_S, check)
+
+        loop.call_later(TAKE_ON_RECHECK_S, check)
+        return done
 
     def registered(self, topic: str) -> bool:
         """Whether a cluster has ``topic`` (one broker: asks its session instead)."""

@@ -77,6 +77,10 @@ _BATCH_ROWS, _BATCH_BYTES = 512, 256 * 1024  # a record batch of a fetch holds a
 _INLINE_ROWS = 512  # a woken fetch's tail of at most this many rows is read on the loop,
 _INLINE_BYTES = 1024 * 1024  # and of at most this many bytes of bodies
 _FETCH_RECHECK_S = 0.005  # a waiting fetch looks again at most this often when woken
+# requests held while a partition they name is being taken on here, and how often they look
+_HELD_WHILE_TAKEN_ON = frozenset(
+    {codec.PRODUCE, codec.FETCH, codec.LIST_OFFSETS, codec.OFFSET_FOR_LEADER_EPOCH}
+)
 
 
 class _ReadAhead:
@@ -221,7 +225,48 @@ class KafkaRequests:
         handler = self._handlers.get(request.api_key)
         if handler is None:  # (served() let it through: a handler is missing)
             raise codec.KafkaProtocolError(f"{codec.api_name(request.api_key)} is not served")
+        if self.link.nodes.clustered and request.api_key in _HELD_WHILE_TAKEN_ON:
+            taken_on = self._while_taken_on(request)
+            if taken_on is not None:
+                again = partial(handler, request, slot)
+                self.link.awaiting(taken_on, lambda _: again(), on_error=lambda _: again())
+                return
         handler(request, slot)
+
+    def _while_taken_on(self, r: Request) -> Future | None:
+        """Done once every partition ``r`` names that this member is taking on just now is
+        served here (:meth:`Nodes.taken_on`); None when it names none. A client sent here by
+        the old owner's answer (KIP-951) is answered once the partition is served, not
+        refused while it is taken on: refused, librdkafka's producer backs off, its consumer
+        waits 500 ms (``fetch.error.backoff.ms``), and its check of its position
+        (OffsetForLeaderEpoch) asks again at once, over and over, while the member is busy
+        taking the partition on (it made moves a third slower)."""
+        return self.link.nodes.taken_on(self._partitions_named(r), self.link.loop)
+
+    def _partitions_named(self, r: Request) -> list[str]:
+        """The destinations of the partitions a Produce, Fetch, ListOffsets or
+        OffsetForLeaderEpoch names (those that cannot be said left out)."""
+        body = r.body
+        by_id = r.version >= 13  # (Produce's and Fetch's topics named by their ids)
+        if r.api_key == codec.PRODUCE:
+            asked = [(t.topic_id if by_id else t.name, p.index) for t in body.topic_data
+                     for p in t.partition_data]  # fmt: skip
+        elif r.api_key == codec.FETCH:
+            asked = [(t.topic_id if by_id else t.topic, p.partition) for t in body.topics
+                     for p in t.partitions]  # fmt: skip
+        elif r.api_key == codec.LIST_OFFSETS:
+            asked = [(t.name, p.partition_index) for t in body.topics for p in t.partitions]
+        else:
+            asked = [(t.topic, p.partition) for t in body.topics for p in t.partitions]
+        out = []
+        for topic, index in asked:
+            name = self.topic_names.of(topic) if by_id and not isinstance(topic, str) else topic
+            if name:
+                try:
+                    out.append(self._target(name, index))
+                except SparkMQError:
+                    continue
+        return out
 
     def close(self) -> None:
         for fetch in list(self.fetches):
