@@ -335,10 +335,18 @@ class KafkaConnection(LoopConnection):
             if self.core.state.ended:
                 return
             exc = fut.exception()
-            if exc is not None:
-                on_error(exc)
-            else:
-                then(fut.result())
+            try:
+                if exc is not None:
+                    on_error(exc)
+                else:
+                    then(fut.result())
+            except KafkaProtocolError as refused:  # (as a request handled at once)
+                self.close(str(refused))
+                return
+            except Exception:  # a defect of ours: this client goes, the others stay
+                log.exception("kafka: a request of %s failed", self.peer)
+                self.close("the broker failed to handle a request (see the log)")
+                return
             self._process()
 
         asyncio.wrap_future(work, loop=self.loop).add_done_callback(done)

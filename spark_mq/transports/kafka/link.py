@@ -4,6 +4,7 @@ sparkmq error."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -28,6 +29,7 @@ from spark_mq.transports.kafka.codec import ErrorCode, build
 from spark_mq.transports.kafka.nodes import Nodes
 from spark_mq.transports.kafka.records import RecordError
 
+_RELIST_S = 1.0  # an id not known makes the destinations listed again at most this often
 _TOPIC_IDS = uuid.UUID("5b7a6f0e-2d1c-4c55-9a37-7d2f3b1e6a90")  # topic id = uuid5(this, name)
 
 
@@ -73,17 +75,25 @@ class TopicNames:
         self.session = session
         self.nodes = nodes
         self._names: dict[uuid.UUID, str] = {}
+        self._listed_at = -_RELIST_S  # (time.monotonic())
+
+    def know(self, name: str) -> None:
+        """A topic Metadata named to the client (whose id it may then use)."""
+        self._names[topic_id(name)] = name
 
     def of(self, tid: uuid.UUID | None) -> str | None:
-        """The topic ``tid`` stands for; None when there is none."""
+        """The topic ``tid`` stands for; None when there is none. The destinations are
+        listed again for an id not known at most every :data:`_RELIST_S` (a client asking by
+        an id that stands for nothing, over and over, costs a look-up, not a listing): a
+        topic made meanwhile is known as soon as Metadata names it."""
         if tid is None:
             return None
         name = self._names.get(tid)
-        if name is None:
+        if name is None and time.monotonic() - self._listed_at >= _RELIST_S:
+            self._listed_at = time.monotonic()
             listed = [str(d["name"]) for d in self.session.execute(c.ListDestinations())]
             for n in [*listed, *self.nodes.topics()]:
-                topic = logical_name(n)  # (a partition's: its topic's)
-                self._names[topic_id(topic)] = topic
+                self.know(logical_name(n))  # (a partition's: its topic's)
             name = self._names.get(tid)
         return name
 

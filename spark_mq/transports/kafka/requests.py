@@ -323,6 +323,9 @@ class KafkaRequests:
             for name, err in errors.items()
             for n in [self._count(name) if err is ErrorCode.none else 0]
         )
+        for name, err in errors.items():
+            if err is ErrorCode.none:
+                self.topic_names.know(name)
         brokers = tuple(
             build(
                 mod,
