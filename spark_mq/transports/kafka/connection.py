@@ -155,18 +155,26 @@ class KafkaConnection(LoopConnection):
                     break
                 if len(self.slots) >= _BACKLOG:
                     break
-                frame = self.frames.popleft()
-                try:
-                    self._request(frame)
-                except KafkaProtocolError as exc:
-                    self.close(str(exc))
-                    return
-                except Exception:  # a defect of ours: this client goes, the others stay
-                    log.exception("kafka: a request of %s failed", self.peer)
-                    self.close("the broker failed to handle a request (see the log)")
+                if not self._handled(self._request, self.frames.popleft()):
                     return
         self.server.committed()
         self.update_reading()
+
+    def _handled(self, fn: Callable[..., None], *args: Any) -> bool:
+        """Run ``fn`` (a request's handling, at once or once what it waited for is done);
+        False when it failed and the connection is closed for it (a request that cannot be
+        served: the client is told nothing, as Kafka's brokers do; a defect of ours: this
+        client goes, the others stay)."""
+        try:
+            fn(*args)
+        except KafkaProtocolError as exc:
+            self.close(str(exc))
+            return False
+        except Exception:
+            log.exception("kafka: a request of %s failed", self.peer)
+            self.close("the broker failed to handle a request (see the log)")
+            return False
+        return True
 
     def _request(self, frame: bytes) -> None:
         key, version, correlation = codec.peek_header(frame)
@@ -335,19 +343,12 @@ class KafkaConnection(LoopConnection):
             if self.core.state.ended:
                 return
             exc = fut.exception()
-            try:
-                if exc is not None:
-                    on_error(exc)
-                else:
-                    then(fut.result())
-            except KafkaProtocolError as refused:  # (as a request handled at once)
-                self.close(str(refused))
-                return
-            except Exception:  # a defect of ours: this client goes, the others stay
-                log.exception("kafka: a request of %s failed", self.peer)
-                self.close("the broker failed to handle a request (see the log)")
-                return
-            self._process()
+            if exc is not None:
+                handled = self._handled(on_error, exc)
+            else:
+                handled = self._handled(then, fut.result())
+            if handled:
+                self._process()
 
         asyncio.wrap_future(work, loop=self.loop).add_done_callback(done)
 
