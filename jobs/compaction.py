@@ -45,18 +45,13 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from spark_mq.broker.producer_state import ProducerState, newest_numbers
-from spark_mq.broker.recovery import (
-    COMPACTED,
-    log_gaps,
-    low_water,
-    settled_by_subscription,
-    with_gaps,
-)
+from spark_mq.broker.recovery import log_gaps, low_water, settled_by_subscription, with_gaps
 from spark_mq.journal import bindings, layout
 from spark_mq.journal.base import DestinationInfo
 from spark_mq.journal.boundary import translate
 from spark_mq.journal.delta_store import PRODUCERS_KEY, newest_producer_state
-from spark_mq.schema import SETTLEMENT_SCHEMA, TS, equal_to, fill_null
+from spark_mq.journal.settlements import collapse_predicate
+from spark_mq.schema import COMPACTED, SETTLEMENT_SCHEMA, TS, equal_to, fill_null
 
 log = logging.getLogger(__name__)
 
@@ -409,10 +404,7 @@ def _compact(
             settlements,
             lambda: write_deltalake(settlements, marker_rows, mode="append"),
         )
-        cond = " OR ".join(
-            f"(subscription = '{sub}' AND offset < {mark} AND outcome <> '{COMPACTED}')"
-            for sub, mark in plan.low_water.items()
-        )
+        cond = collapse_predicate(plan.low_water)  # (releases of claims stay)
         gone = _retrying(
             "deleting settled settlements",
             name,

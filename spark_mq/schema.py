@@ -63,6 +63,14 @@ SETTLEMENT_SCHEMA = schema_of(
     pa.field("reason", pa.string()),
 )
 
+# A settlement row of this outcome says its subscription has settled every offset below the
+# row's own: compaction and an owner's collapse of its settlement log write it in place of the
+# rows they remove (the other outcomes are named in spark_mq.broker.recovery).
+COMPACTED = "compacted"
+# the reason of the ``returned`` rows that release a Spark query's claims
+# (``released:<claimant>``): they count whatever their offset, so no collapse removes them
+RELEASED_PREFIX = "released:"
+
 BINDING_SCHEMA = schema_of(
     pa.field("seq", pa.int64()),
     pa.field("event", pa.string()),

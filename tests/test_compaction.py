@@ -14,14 +14,15 @@ from deltalake import DeltaTable
 
 from spark_mq import Admin, Consumer, Producer
 from spark_mq.broker.producer_state import ProducerState
-from spark_mq.broker.recovery import COMPACTED
+from spark_mq.broker.recovery import RETURNED, released_claimants
 from spark_mq.cli import main as cli
 from spark_mq.clock import ManualClock
 from spark_mq.jobs.compaction import EXPIRED, CompactionPolicy, compact_all, compact_destination
 from spark_mq.journal import DeltaStore, layout
 from spark_mq.journal.base import DestinationInfo
+from spark_mq.journal.settlements import Settlement, settlement_table
 from spark_mq.launch import BrokerProcess
-from spark_mq.schema import normalize_produce_batch, with_offsets
+from spark_mq.schema import COMPACTED, RELEASED_PREFIX, normalize_produce_batch, with_offsets
 from spark_mq.service import RunningBroker
 from tests.conftest import receive_n, start_inprocess, wait_for
 
@@ -159,6 +160,10 @@ def test_removes_exactly_settled_and_expired_rows_and_restart_agrees(
         ack_offsets(running, "t", set(range(14)) | {15}, 20, subscription="b")
     finally:
         running.stop()
+    # a Spark query's claims were released (it may not claim again): whatever its offset, that
+    # row stays
+    release = Settlement([10], "", RETURNED, 1_000_000, f"{RELEASED_PREFIX}query-1")
+    DeltaStore(str(data)).commit_settlements("q", settlement_table([release]))
     later = datetime.fromtimestamp(clock.wall(), timezone.utc) + timedelta(minutes=10)
 
     results = {r.destination: r for r in compact_all(data, now=later)}
@@ -176,6 +181,7 @@ def test_removes_exactly_settled_and_expired_rows_and_restart_agrees(
     s = settlements_in_delta(data, "q").to_pylist()
     assert [r["offset"] for r in s if r["outcome"] == COMPACTED] == [80]
     assert not [r for r in s if r["outcome"] == "ack" and r["offset"] < 80]
+    assert released_claimants(settlements_in_delta(data, "q")) == {"": {"query-1"}}
     assert sorted(r["offset"] for r in s if r["outcome"] == EXPIRED) == list(range(110, 115))
     # for other Delta readers: merging files is no data change (a stream skips it), the
     # removal of settled rows is one (skipChangeCommits skips it)

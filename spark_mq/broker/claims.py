@@ -27,13 +27,13 @@ import pyarrow as pa
 
 from spark_mq.broker import disposal
 from spark_mq.broker.destination import Destination
-from spark_mq.broker.recovery import CLAIMED, RELEASED_PREFIX, RETURNED
+from spark_mq.broker.recovery import CLAIMED, RETURNED
 from spark_mq.broker.registry import Destinations
 from spark_mq.broker.subscription import Subscription
 from spark_mq.errors import LeaseError, NotAllowed
 from spark_mq.journal import Journal
 from spark_mq.names import validate_name
-from spark_mq.schema import MESSAGE_SCHEMA
+from spark_mq.schema import MESSAGE_SCHEMA, RELEASED_PREFIX
 
 FOREVER = float("inf")
 

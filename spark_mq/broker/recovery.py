@@ -22,9 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_mq.journal import DestinationInfo, Journal
-from spark_mq.schema import equal_to, ints, strings
+from spark_mq.schema import COMPACTED, RELEASED_PREFIX, equal_to, ints, strings
 
-COMPACTED = "compacted"  # settlement outcome: every offset below this row's offset is settled
 # a delivery came back unsettled (nack, lapsed lease, consumer gone): not a settlement, but
 # counted, so delivery counts and dead-lettering survive a restart
 RETURNED = "returned"
@@ -35,8 +34,6 @@ DELIVERED = "delivered"
 # settled when the query commits the batch (an ack)
 CLAIMED = "claimed"
 NOT_SETTLED = (RETURNED, DELIVERED, CLAIMED)
-# the reason of the ``returned`` rows that release a claimant's claims: ``released:<claimant>``
-RELEASED_PREFIX = "released:"
 
 
 @dataclass
@@ -85,6 +82,21 @@ def low_water(start: int, settled: Settled | None) -> tuple[int, set[int]]:
     gaps = np.nonzero(above != expected)[0]
     n = int(gaps[0]) if len(gaps) else len(above)
     return start + n, {int(o) for o in above[n:]}
+
+
+def collapse_marks(settlements: pa.Table, info: DestinationInfo) -> dict[str, int]:
+    """Per subscription of ``info`` that ``settlements`` show settled past its last mark: its
+    low-water mark as they tell it, where a collapse of its rows may go (offsets a quarantined
+    record left out count as unsettled here: a lower mark, never a wrong one)."""
+    settled = settled_by_subscription(settlements)
+    marks = {}
+    for sub in info.subscriptions.values():
+        mine = settled.get(sub.name)
+        if mine is not None:
+            mark, _ = low_water(sub.start_offset, mine)
+            if mark > mine.below:
+                marks[sub.name] = mark
+    return marks
 
 
 def log_gaps(present: np.ndarray, start: int, end: int) -> np.ndarray:

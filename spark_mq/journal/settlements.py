@@ -19,7 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from spark_mq.schema import SETTLEMENT_SCHEMA, numpy_column, variable_column
+from spark_mq.schema import (
+    COMPACTED,
+    RELEASED_PREFIX,
+    SETTLEMENT_SCHEMA,
+    ints,
+    numpy_column,
+    strings,
+    variable_column,
+)
 
 # one settlement in a segment record: settle time, offset count, subscription, outcome and
 # reason lengths (reason -1: none); then those three strings and the offsets (int64, little end)
@@ -142,6 +150,47 @@ def settlement_table(settlements: list[Settlement]) -> pa.Table:
         ],
         schema=SETTLEMENT_SCHEMA,
     )
+
+
+# -- collapsing a settlement log ---------------------------------------------------------------
+# Compaction and a destination's owner (spark_mq.broker.log_tending) replace the settlement rows
+# below each subscription's low-water mark by one ``compacted`` row carrying the mark: the marks
+# are written first, then the rows below them removed, so a reader between the two (or after a
+# crash) finds both and reads them the same way.
+
+
+def marker_rows(marks: dict[str, int], now_us: int, reason: str) -> pa.Table:
+    """One ``compacted`` row per subscription of ``marks`` (subscription -> low-water mark)."""
+    return settlement_table(
+        [Settlement([mark], sub, COMPACTED, now_us, reason) for sub, mark in marks.items()]
+    )
+
+
+def collapse_predicate(marks: dict[str, int]) -> str:
+    """The rows a collapse at ``marks`` removes, as a Delta predicate: each subscription's rows
+    below its mark (its older marks too), but the rows releasing a Spark query's claims."""
+    kept = f"coalesce(reason, '') NOT LIKE '{RELEASED_PREFIX}%'"
+    return " OR ".join(
+        f"(subscription = {_quoted(sub)} AND offset < {int(mark)} AND {kept})"
+        for sub, mark in marks.items()
+    )
+
+
+def collapsed(rows: pa.Table, marks: dict[str, int]) -> pa.Table:
+    """``rows`` without those :func:`collapse_predicate` names (for a log held in memory)."""
+    reasons: list[str | None] = rows["reason"].to_pylist()
+    keep = [
+        mark is None or offset >= mark or (reason or "").startswith(RELEASED_PREFIX)
+        for sub, offset, reason in zip(
+            strings(rows["subscription"]), ints(rows["offset"]), reasons, strict=True
+        )
+        for mark in (marks.get(sub),)
+    ]
+    return rows.filter(pa.array(keep, pa.bool_()))
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _repeated(values: list[str | None], counts: np.ndarray) -> pa.Array:
