@@ -7,7 +7,7 @@ live in :class:`spark_mq.journal.Journal` above it, written once for every store
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -26,6 +26,8 @@ class LogStore(Protocol):
 
     #: whether records survive a restart of the process
     durable: bool
+    #: told (from the committing thread) after each commit to a settlement log, and its rows
+    on_settlements: Callable[[str, int], None] | None
 
     def read_bindings(self) -> pa.Table: ...
     def append_bindings(self, rows: pa.Table) -> None: ...
@@ -92,6 +94,14 @@ class LogStore(Protocol):
         ...
 
     def read_settlements(self, destination: str) -> pa.Table: ...
+    def collapse_settlements(self, destination: str, marks: dict[str, int], now_us: int) -> int:
+        """Replace each subscription's settlement rows below its mark in ``marks``
+        (subscription -> low-water mark: every offset below it settled) by one ``compacted``
+        row carrying the mark, keeping the rows that release a Spark query's claims (see
+        :func:`spark_mq.journal.settlements.collapse_predicate`); the number of rows removed.
+        The marks first, then the removal: a reader in between reads both the same way."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -35,6 +35,7 @@ from spark_mq.errors import Deposed
 from spark_mq.journal import layout
 from spark_mq.journal.boundary import translate
 from spark_mq.journal.layout import OWNER_APP_ID
+from spark_mq.journal.settlements import collapse_predicate, marker_rows
 from spark_mq.schema import (
     BINDING_SCHEMA,
     MESSAGE_SCHEMA,
@@ -225,6 +226,8 @@ class DeltaStore:
         self._epochs: dict[str, int] = {}
         # told (once per refusal, from the committing thread) when a commit finds a newer owner
         self.on_deposed: Callable[[Deposed], None] | None = None
+        # told (from the committing thread) after each commit to a settlement log, and its rows
+        self.on_settlements: Callable[[str, int], None] | None = None
         self._fenced: set[str] = set()  # tables this epoch has been stamped on
 
     # -- fencing (spark_mq.ha.ownership) -----------------------------------------------------
@@ -627,6 +630,36 @@ class DeltaStore:
                 destination=destination,
             )
             self._committed(layout.settlements_uri(self.root, destination))
+        if self.on_settlements is not None:
+            self.on_settlements(destination, rows.num_rows)
+
+    def collapse_settlements(self, destination: str, marks: dict[str, int], now_us: int) -> int:
+        """See ``LogStore.collapse_settlements``: the marks committed with this store's epoch
+        for ``destination`` (``Deposed`` when a newer owner fenced it), then the rows below
+        them deleted, then the log's small files merged and a checkpoint written, through a
+        table object of its own (the writer's is another thread's). A delete or a merge that
+        keeps meeting other commits is left to the next collapse."""
+        uri = layout.settlements_uri(self.root, destination)
+        with translate("collapsing the settlement log", destination):
+            dt = DeltaTable(uri, storage_options=self._opts)
+            markers = marker_rows(marks, now_us, "settled below; collapsed by its owner")
+            epoch = self._epoch(destination)
+            self._append(dt, markers, None, None, epoch=epoch, destination=destination)
+            removed = 0
+            for attempt in range(COMMIT_ATTEMPTS):
+                try:
+                    dt.update_incremental()
+                    done = dt.delete(collapse_predicate(marks))
+                    removed = int(done["num_deleted_rows"])
+                    dt.optimize.compact()
+                    dt.create_checkpoint()
+                    break
+                except CommitFailedError as exc:
+                    if attempt == COMMIT_ATTEMPTS - 1:
+                        log.info(
+                            "%s: the settlement log not collapsed this time: %s", destination, exc
+                        )
+            return removed
 
     def read_settlements(self, destination: str) -> pa.Table:
         with translate("reading settlements", destination):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_mq.journal.settlements import collapsed, marker_rows
 from spark_mq.schema import (
     BINDING_SCHEMA,
     MESSAGE_SCHEMA,
@@ -34,6 +35,7 @@ class MemoryStore:
         self._bindings: list[pa.Table] = []
         self._transactions: list[pa.Table] = []
         self._logs: dict[str, _Logs] = {}
+        self.on_settlements: Callable[[str, int], None] | None = None
 
     def read_bindings(self) -> pa.Table:
         with self._lock:
@@ -91,6 +93,8 @@ class MemoryStore:
                     return
                 logs.settlements_version = version
             logs.settlements.append(rows)
+        if self.on_settlements is not None:
+            self.on_settlements(destination, rows.num_rows)
 
     def read_messages(
         self,
@@ -106,6 +110,15 @@ class MemoryStore:
         if end is not None:
             mask = pc.and_(mask, pc.less(table["offset"], pa.scalar(end)))
         return table.filter(mask).select(message_columns(columns).names)
+
+    def collapse_settlements(self, destination: str, marks: dict[str, int], now_us: int) -> int:
+        logs = self._get(destination)
+        markers = marker_rows(marks, now_us, "settled below; collapsed by its owner")
+        with self._lock:
+            rows = pa.concat_tables([SETTLEMENT_SCHEMA.empty_table(), *logs.settlements])
+            kept = collapsed(rows, marks)
+            logs.settlements = [kept, markers]
+        return rows.num_rows - kept.num_rows
 
     def read_settlements(self, destination: str) -> pa.Table:
         logs = self._get(destination)
