@@ -50,7 +50,7 @@ from spark_mq.broker.disposal import Disposer
 from spark_mq.broker.group_offsets import GroupOffsets
 from spark_mq.broker.limits import Limits
 from spark_mq.broker.log_reads import LogReads
-from spark_mq.broker.log_tending import SettlementLogTending
+from spark_mq.broker.log_tending import LogTending
 from spark_mq.broker.memory import MemoryMonitor
 from spark_mq.broker.moving import Moves
 from spark_mq.broker.producing import Producing
@@ -110,13 +110,14 @@ class Broker:
             hot_tier=hot_tier_settings(self.config) if store.durable else None,
             timing=self.timing,
         )
-        # the settlement logs of what it serves kept short (spark_mq.broker.log_tending)
-        self.settlement_logs = SettlementLogTending(
+        # the logs of what it serves kept lean (spark_mq.broker.log_tending)
+        self.log_tending = LogTending(
             self.journal,
             monotonic=self.clock.monotonic,
             now_us=lambda: int(self.clock.wall() * 1_000_000),
+            nice=self.config.journal.mover_nice,
         )
-        store.on_settlements = self.settlement_logs.committed
+        store.on_log_commit = self.log_tending.committed
         self._consumer_ids = itertools.count(1)
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
@@ -300,7 +301,7 @@ class Broker:
             transactions.replay(self.journal, record, now_us)
         for info in infos.values():
             self._recover(info)
-            self.settlement_logs.taken_on(info.name)
+            self.log_tending.taken_on(info.name)
         log.info("recovered %d destination(s) in %.2fs", len(infos), time.perf_counter() - started)
 
     def _refuse_unmoved_segments(self, name: str | None = None) -> None:
@@ -347,7 +348,7 @@ class Broker:
                 _CLOSE_MOVES_S,
             )
         self.transactions.close()  # (the done rows waiting: before the journal closes)
-        self.settlement_logs.close()
+        self.log_tending.close()
         self.unmoved = self.journal.close()
         self._release_dir()
         self.phase = "stopped"
@@ -380,7 +381,7 @@ class Broker:
                 if record.touches(name):
                     transactions.replay(self.journal, record, now_us, only=name)
             self._recover(info, handed=store.handed_producers(name))
-            self.settlement_logs.taken_on(name)
+            self.log_tending.taken_on(name)
             log.info(
                 "serving %s from now on (epoch %d), taken on in %.2fs",
                 name,

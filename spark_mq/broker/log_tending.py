@@ -1,19 +1,22 @@
-"""A destination's owner keeps its settlement log short, whoever schedules compaction.
+"""A destination's owner keeps its logs lean, whoever schedules compaction.
 
-Every ack, nack or disposal adds settlement rows, and every take-on of a destination (a
-restart, a failover, a cluster member taking it over or having it moved to it) reads its whole
-settlement log back (:mod:`spark_mq.broker.recovery`): before this, the log grew until the
-compaction job collapsed it, and with it the time a move took (20 moves of one queue under
-synchronous sends took a take-on from 0.04 to 0.6 s). Now a worker thread collapses a
-destination's settlement log as compaction does when its owner takes it on, and after every
-``COLLAPSE_EVERY`` commits or ``COLLAPSE_ROWS`` rows to it (at most once every
-``COLLAPSE_APART_S``): each subscription's rows below its low-water mark are replaced
-by one ``compacted`` row carrying the mark (``LogStore.collapse_settlements``: the marks first,
-so a reader between the two finds both), and the log's small files are merged.
+Every take-on of a destination (a restart, a failover, a cluster member taking it over or
+having it moved to it) reads its whole settlement log back and opens its message log
+(:mod:`spark_mq.broker.recovery`, and the duplicate cache's refill). Before this, both only
+grew until the compaction job ran: every ack added settlement rows, and every commit a small
+file to each log, so 20 moves of one queue under synchronous sends took a take-on from 0.04 to
+0.6 s. Now a worker thread tends a destination's logs when its owner takes it on, and after
+every ``TEND_EVERY`` commits or ``TEND_ROWS`` rows to them (at most once every ``TEND_APART_S``):
 
-The marks are what the store's settlements tell: a settlement still in the hot tier, not yet
-moved to Delta, is not counted, so a mark is never past what the log holds. The message log is
-left to compaction (its rows are what readers and Spark queries read).
+* its settlement log is collapsed as compaction does: each subscription's rows below its
+  low-water mark replaced by one ``compacted`` row carrying the mark
+  (``LogStore.collapse_settlements``: the marks first, so a reader between the two finds both),
+  and the log's small files merged. The marks are what the store's settlements tell: a
+  settlement still in the hot tier, not yet moved to Delta, is not counted, so a mark is never
+  past what the log holds;
+* its message log's small files are merged once there are ``MERGE_AT_FILES`` of them (as
+  Databricks' auto compaction does: 50): no rows change, and a Delta stream skips the commit.
+  Removing settled messages stays compaction's.
 """
 
 from __future__ import annotations
@@ -26,42 +29,50 @@ from concurrent.futures import ThreadPoolExecutor
 
 from spark_mq.broker.recovery import collapse_marks
 from spark_mq.errors import SparkMQError
-from spark_mq.journal import Journal
+from spark_mq.journal import Journal, priority
 
 log = logging.getLogger(__name__)
 
-COLLAPSE_EVERY = 50  # settlement commits to one destination's log between two collapses
-COLLAPSE_ROWS = 5_000  # ... or rows committed to it, whichever comes first
-COLLAPSE_APART_S = 5.0  # ... and at least this long between two of one destination
+TEND_EVERY = 50  # commits to a destination's logs between two tendings
+TEND_ROWS = 5_000  # ... or rows committed to them, whichever comes first
+TEND_APART_S = 5.0  # ... and at least this long between two of one destination
+MERGE_AT_FILES = 50  # a message log's small files are merged once it has this many
 
 
-class SettlementLogTending:
-    """Collapses the settlement logs of the destinations served here (see the module); told
-    of each settlement commit by the journal's store (``on_settlements``)."""
+class LogTending:
+    """Tends the logs of the destinations served here (see the module); told of each commit
+    to them by the journal's store (``on_log_commit``)."""
 
     def __init__(
         self,
         journal: Journal,
         *,
-        every: int = COLLAPSE_EVERY,
-        rows: int = COLLAPSE_ROWS,
-        apart_s: float = COLLAPSE_APART_S,
+        every: int = TEND_EVERY,
+        rows: int = TEND_ROWS,
+        apart_s: float = TEND_APART_S,
+        merge_at: int = MERGE_AT_FILES,
         monotonic: Callable[[], float] = time.monotonic,
         now_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+        nice: int = 0,
     ) -> None:
         self._journal = journal
         self._every, self._rows, self._apart_s = every, rows, apart_s
+        self._merge_at = merge_at
         self._monotonic, self._now_us = monotonic, now_us
         self._lock = threading.Lock()
         self._commits: dict[str, tuple[int, int]] = {}  # commits and rows since the last
         self._last: dict[str, float] = {}  # when a collapse of each was last queued
         self._queued: set[str] = set()
         self._closed = False
-        self._pool = ThreadPoolExecutor(1, "settlement-log")
-        self.collapsed = 0  # collapses done (for tests and the log)
+        # (at the movers' priority: background work yields the CPU to the loops)
+        self._pool = ThreadPoolExecutor(
+            1, "log-tending", initializer=priority.background, initargs=(nice,)
+        )
+        self.collapsed = 0  # settlement logs collapsed (for tests)
+        self.merged = 0  # message logs whose files were merged (for tests)
 
     def committed(self, destination: str, rows: int) -> None:
-        """A commit of ``rows`` to ``destination``'s settlement log landed (any thread: the
+        """A commit of ``rows`` to one of ``destination``'s logs landed (any thread: the
         committing one): a collapse is queued when it is time."""
         with self._lock:
             if self._closed:
@@ -76,13 +87,13 @@ class SettlementLogTending:
 
     def taken_on(self, destination: str) -> None:
         """``destination`` is served here from now on (a take-on or a restart read its whole
-        settlement log): its log is collapsed at once, so the next take-on reads a short one."""
+        settlement log): its logs are tended at once, so the next take-on finds them lean."""
         with self._lock:
             if not self._closed:
                 self._queue(destination)
 
     def _queue(self, destination: str) -> bool:
-        """Queue a collapse of ``destination`` unless one is, or one was queued less than
+        """Queue a tending of ``destination`` unless one is, or one was queued less than
         ``apart_s`` ago (under the lock)."""
         last = self._last.get(destination)
         now = self._monotonic()
@@ -91,46 +102,50 @@ class SettlementLogTending:
         self._commits[destination] = (0, 0)
         self._queued.add(destination)
         self._last[destination] = now
-        self._pool.submit(self._collapse_queued, destination)
+        self._pool.submit(self._tend_queued, destination)
         return True
 
-    def _collapse_queued(self, destination: str) -> None:
+    def _tend_queued(self, destination: str) -> None:
         try:
-            self.collapse(destination)
+            self.tend(destination)
         except SparkMQError as exc:  # (a deposed owner, a store error: the next time)
-            log.info("%s: settlement log not collapsed: %s", destination, exc)
+            log.info("%s: logs not tended: %s", destination, exc)
         except Exception:
-            log.exception("%s: settlement log not collapsed", destination)
+            log.exception("%s: logs not tended", destination)
         finally:
             with self._lock:
                 self._queued.discard(destination)
 
-    def collapse(self, destination: str) -> int:
-        """Collapse ``destination``'s settlement log now, if it is served here: the rows
-        removed (0: nothing to collapse, or not served here)."""
+    def tend(self, destination: str) -> tuple[int, int]:
+        """Tend ``destination``'s logs now, if it is served here: the settlement rows removed
+        and the message files merged."""
         info = self._journal.destinations.get(destination)
         if info is None:  # (let go, or deleted, meanwhile)
-            return 0
+            return 0, 0
         store = self._journal.store
         started = time.perf_counter()
         settlements = store.read_settlements(destination)
         marks = collapse_marks(settlements, info)
-        if not marks:
-            return 0
-        removed = store.collapse_settlements(destination, marks, self._now_us())
-        self.collapsed += 1
+        removed = 0
+        if marks:
+            removed = store.collapse_settlements(destination, marks, self._now_us())
+            self.collapsed += 1
+        merged = store.merge_message_files(destination, self._merge_at)
+        if merged:
+            self.merged += 1
         log.debug(
-            "%s: settlement log collapsed (%d of %d row(s) removed) in %.3fs",
+            "%s: %d of %d settlement row(s) collapsed, %d message file(s) merged, in %.3fs",
             destination,
             removed,
             settlements.num_rows,
+            merged,
             time.perf_counter() - started,
             extra={"destination": destination},
         )
-        return removed
+        return removed, merged
 
     def close(self) -> None:
-        """No more collapses; waits for one under way."""
+        """No more tending; waits for one under way."""
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)

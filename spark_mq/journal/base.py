@@ -26,8 +26,9 @@ class LogStore(Protocol):
 
     #: whether records survive a restart of the process
     durable: bool
-    #: told (from the committing thread) after each commit to a settlement log, and its rows
-    on_settlements: Callable[[str, int], None] | None
+    #: told (from the committing thread) of each commit to a message or settlement log: its
+    #: destination and rows
+    on_log_commit: Callable[[str, int], None] | None
 
     def read_bindings(self) -> pa.Table: ...
     def append_bindings(self, rows: pa.Table) -> None: ...
@@ -100,6 +101,11 @@ class LogStore(Protocol):
         row carrying the mark, keeping the rows that release a Spark query's claims (see
         :func:`spark_mq.journal.settlements.collapse_predicate`); the number of rows removed.
         The marks first, then the removal: a reader in between reads both the same way."""
+        ...
+
+    def merge_message_files(self, destination: str, at_least: int) -> int:
+        """Merge the small files of ``destination``'s message log when it has ``at_least``
+        of them (no rows change); the number of files merged (0: none)."""
         ...
 
     def close(self) -> None: ...

@@ -45,6 +45,7 @@ from spark_mq.schema import (
     by_offset,
     conform,
     equal_to,
+    ints,
     message_columns,
     strings,
 )
@@ -81,6 +82,9 @@ SMALL_LOG_PROPERTIES = {
 # a time) decodes only the groups holding it, which the offsets' statistics tell; a move's file
 # was one row group, decoded whole for every window in it (16-222 ms a window of a 50,000-row
 # file, 4-15 ms now; a group member reading a moved backlog 100-115k -> 276-293k msg/s).
+# files a message log's merge (merge_message_files) makes and takes: Databricks' auto compaction's
+# 128 MiB
+MERGED_FILE_BYTES = 128 * 1024 * 1024
 DEFAULT_WRITER = WriterProperties()  # (what delta-rs uses when given none)
 MESSAGE_WRITER = WriterProperties(
     compression="SNAPPY",
@@ -226,8 +230,9 @@ class DeltaStore:
         self._epochs: dict[str, int] = {}
         # told (once per refusal, from the committing thread) when a commit finds a newer owner
         self.on_deposed: Callable[[Deposed], None] | None = None
-        # told (from the committing thread) after each commit to a settlement log, and its rows
-        self.on_settlements: Callable[[str, int], None] | None = None
+        # told (from the committing thread) of each commit to a message or settlement log: its
+        # destination and rows
+        self.on_log_commit: Callable[[str, int], None] | None = None
         self._fenced: set[str] = set()  # tables this epoch has been stamped on
 
     # -- fencing (spark_mq.ha.ownership) -----------------------------------------------------
@@ -549,6 +554,8 @@ class DeltaStore:
                 metadata=None if producers is None else {PRODUCERS_KEY: producers},
             )
             self._committed(layout.messages_uri(self.root, destination))
+        if self.on_log_commit is not None:
+            self.on_log_commit(destination, rows.num_rows)
 
     def read_messages(
         self,
@@ -630,8 +637,8 @@ class DeltaStore:
                 destination=destination,
             )
             self._committed(layout.settlements_uri(self.root, destination))
-        if self.on_settlements is not None:
-            self.on_settlements(destination, rows.num_rows)
+        if self.on_log_commit is not None:
+            self.on_log_commit(destination, rows.num_rows)
 
     def collapse_settlements(self, destination: str, marks: dict[str, int], now_us: int) -> int:
         """See ``LogStore.collapse_settlements``: the marks committed with this store's epoch
@@ -660,6 +667,25 @@ class DeltaStore:
                             "%s: the settlement log not collapsed this time: %s", destination, exc
                         )
             return removed
+
+    def merge_message_files(self, destination: str, at_least: int) -> int:
+        """See ``LogStore.merge_message_files``: delta-rs's OPTIMIZE (no data change: a Delta
+        stream skips it), with the message log's writer properties, through a table object of
+        its own. A merge that meets another commit is left to the next time."""
+        uri = layout.messages_uri(self.root, destination)
+        with translate("merging the message log's small files", destination):
+            dt = DeltaTable(uri, storage_options=self._opts)
+            sizes = ints(pa.table(dt.get_add_actions(flatten=True))["size_bytes"])
+            if len([size for size in sizes if size < MERGED_FILE_BYTES]) < at_least:
+                return 0
+            try:
+                done = dt.optimize.compact(
+                    target_size=MERGED_FILE_BYTES, writer_properties=MESSAGE_WRITER
+                )
+            except CommitFailedError as exc:
+                log.info("%s: the message log's files not merged this time: %s", destination, exc)
+                return 0
+            return int(done.get("numFilesRemoved", 0))
 
     def read_settlements(self, destination: str) -> pa.Table:
         with translate("reading settlements", destination):

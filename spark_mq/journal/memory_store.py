@@ -35,7 +35,7 @@ class MemoryStore:
         self._bindings: list[pa.Table] = []
         self._transactions: list[pa.Table] = []
         self._logs: dict[str, _Logs] = {}
-        self.on_settlements: Callable[[str, int], None] | None = None
+        self.on_log_commit: Callable[[str, int], None] | None = None
 
     def read_bindings(self) -> pa.Table:
         with self._lock:
@@ -79,6 +79,8 @@ class MemoryStore:
             logs.end = end_offset
             if producers is not None:
                 logs.producers = producers
+        if self.on_log_commit is not None:
+            self.on_log_commit(destination, rows.num_rows)
 
     def settlements_version(self, destination: str) -> int:
         return self._get(destination).settlements_version
@@ -93,8 +95,8 @@ class MemoryStore:
                     return
                 logs.settlements_version = version
             logs.settlements.append(rows)
-        if self.on_settlements is not None:
-            self.on_settlements(destination, rows.num_rows)
+        if self.on_log_commit is not None:
+            self.on_log_commit(destination, rows.num_rows)
 
     def read_messages(
         self,
@@ -119,6 +121,9 @@ class MemoryStore:
             kept = collapsed(rows, marks)
             logs.settlements = [kept, markers]
         return rows.num_rows - kept.num_rows
+
+    def merge_message_files(self, destination: str, at_least: int) -> int:
+        return 0  # (nothing to merge in memory)
 
     def read_settlements(self, destination: str) -> pa.Table:
         logs = self._get(destination)

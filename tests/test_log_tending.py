@@ -1,7 +1,8 @@
-"""An owner collapses its settlement logs as compaction does (spark_mq.broker.log_tending), so a
-take-on reads a short log: what recovery reads from a collapsed log is what it read before, on
-real Delta tables (and the in-memory store), with commits landing meanwhile, and a real broker
-collapsing its queue's log as it is consumed, then restarting on it."""
+"""An owner keeps its logs lean (spark_mq.broker.log_tending), so a take-on reads a short
+settlement log and few files: what recovery reads from a collapsed settlement log is what it read
+before, on real Delta tables (and the in-memory store), with commits landing meanwhile; a merged
+message log reads the same; and a real broker tends its queue's logs as it is used, then
+restarts on them."""
 
 from __future__ import annotations
 
@@ -29,7 +30,13 @@ from spark_mq.clock import ManualClock
 from spark_mq.journal import DeltaStore, MemoryStore, layout
 from spark_mq.journal.base import DestinationInfo, LogStore, SubscriptionInfo
 from spark_mq.journal.settlements import Settlement, settlement_table
-from spark_mq.schema import COMPACTED, RELEASED_PREFIX, equal_to
+from spark_mq.schema import (
+    COMPACTED,
+    RELEASED_PREFIX,
+    equal_to,
+    normalize_produce_batch,
+    with_offsets,
+)
 from tests.conftest import start_inprocess
 
 QUEUE = ""  # a queue's one subscription
@@ -178,9 +185,10 @@ def test_commits_landing_while_a_log_collapses_are_all_kept(tmp_path: Path) -> N
 def test_a_broker_collapses_the_log_of_a_queue_as_it_is_consumed(
     tmp_path: Path, clock: ManualClock
 ) -> None:
-    """Acks land as many settlement commits; the broker collapses the log every so many
-    (``COLLAPSE_EVERY``, its default of 50, and ``COLLAPSE_APART_S`` apart on its clock), and
-    a restart on the collapsed log redelivers exactly what was not acked."""
+    """Sends and acks land as many commits; the broker tends the logs every so many
+    (``TEND_EVERY``, its default of 50, and ``TEND_APART_S`` apart on its clock): the
+    settlement log collapsed, the message log's files merged; a restart on them redelivers
+    exactly what was not acked."""
     data = tmp_path / "data"
     settings = {"delivery.mark_interval_s": 3_600}  # (no lease lapses as the clock moves)
     running = start_inprocess(data, clock, **settings)
@@ -189,7 +197,9 @@ def test_a_broker_collapses_the_log_of_a_queue_as_it_is_consumed(
         with Admin(running.url) as admin:
             admin.create_queue("q")
         with Producer(running.url, destination="q") as p:
-            p.send_batch([b"m%d" % i for i in range(600)])
+            for i in range(0, 600, 10):  # (a commit, and a small file, each)
+                p.send_batch([b"m%d" % o for o in range(i, i + 10)])
+                assert broker.journal.move("q", timeout=10)
         with Consumer(running.url, "q", prefetch=1_000) as c:
             got: list = []
             while len(got) < 600:
@@ -204,11 +214,14 @@ def test_a_broker_collapses_the_log_of_a_queue_as_it_is_consumed(
                 assert broker.journal.move("q", timeout=10)
                 clock.advance(1)
             deadline = time.monotonic() + 20
-            while broker.settlement_logs.collapsed < 2:
+            while broker.log_tending.collapsed < 2:
                 assert time.monotonic() < deadline, (
-                    f"{broker.settlement_logs.collapsed} collapse(s) of the settlement log"
+                    f"{broker.log_tending.collapsed} collapse(s) of the settlement log"
                 )
                 time.sleep(0.01)
+        assert broker.log_tending.merged >= 1
+        messages = DeltaTable(layout.messages_uri(str(data), "q"))
+        assert len(messages.file_uris()) < 20  # (60 commits, their files merged)
         rows = DeltaTable(layout.settlements_uri(str(data), "q")).to_pyarrow_table()
         assert rows.filter(equal_to(rows["outcome"], COMPACTED)).num_rows == 1
         assert rows.num_rows < len(acked) / 2  # (collapsed: far fewer rows than acks)
@@ -220,6 +233,34 @@ def test_a_broker_collapses_the_log_of_a_queue_as_it_is_consumed(
         with Consumer(running.url, "q") as c:
             again = c.receive_many(100, timeout=5)
             assert {m.offset for m in again} == unacked
+            assert [m.body for m in again] == [b"m%d" % m.offset for m in again]
             c.ack(again).result(timeout=10)
     finally:
         running.stop()
+
+
+def test_a_message_log_s_small_files_merge_once_there_are_enough(tmp_path: Path) -> None:
+    store = DeltaStore(str(tmp_path / "root"))
+    store.create_logs("d")
+    batches = [
+        normalize_produce_batch(
+            pa.table({"body": [b"b%d" % o for o in range(i, i + 7)]}),
+            enqueue_time_us=1_700_000_000_000_000,
+            max_message_bytes=1 << 20,
+            destination="d",
+        )
+        for i in range(0, 7 * 12, 7)
+    ]
+    for n, batch in enumerate(batches):
+        store.commit_messages("d", with_offsets(batch, 7 * n), 7 * (n + 1))
+    before = store.read_messages("d", 0, None)
+    uri = layout.messages_uri(str(tmp_path / "root"), "d")
+    assert store.merge_message_files("d", at_least=13) == 0  # (12 files: fewer than asked)
+    assert len(DeltaTable(uri).file_uris()) == 12
+    assert store.merge_message_files("d", at_least=12) == 12
+    assert len(DeltaTable(uri).file_uris()) == 1
+    assert store.read_messages("d", 0, None).equals(before)
+    assert store.read_messages("d", 30, 40)["offset"].to_pylist() == list(range(30, 40))
+    assert store.committed_end("d") == 84
+    store.commit_messages("d", with_offsets(batches[0], 84), 91)  # (and commits go on)
+    assert store.read_messages("d", 80, None)["offset"].to_pylist() == list(range(80, 91))
