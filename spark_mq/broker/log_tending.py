@@ -6,7 +6,8 @@ having it moved to it) reads its whole settlement log back and opens its message
 grew until the compaction job ran: every ack added settlement rows, and every commit a small
 file to each log, so 20 moves of one queue under synchronous sends took a take-on from 0.04 to
 0.6 s. Now a worker thread tends a destination's logs when its owner takes it on, and after
-every ``TEND_EVERY`` commits or ``TEND_ROWS`` rows to them (at most once every ``TEND_APART_S``):
+every ``TEND_EVERY`` commits or ``TEND_ROWS`` rows to them (at most once every ``TEND_APART_S``,
+or ``TEND_REST`` times as long as the last one took):
 
 * its settlement log is collapsed as compaction does: each subscription's rows below its
   low-water mark replaced by one ``compacted`` row carrying the mark
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 TEND_EVERY = 50  # commits to a destination's logs between two tendings
 TEND_ROWS = 5_000  # ... or rows committed to them, whichever comes first
 TEND_APART_S = 5.0  # ... and at least this long between two of one destination
+TEND_REST = 10  # ... or this many times as long as the last one took
 MERGE_AT_FILES = 50  # a message log's small files are merged once it has this many
 
 
@@ -61,7 +63,7 @@ class LogTending:
         self._monotonic, self._now_us = monotonic, now_us
         self._lock = threading.Lock()
         self._commits: dict[str, tuple[int, int]] = {}  # commits and rows since the last
-        self._last: dict[str, float] = {}  # when a collapse of each was last queued
+        self._next: dict[str, float] = {}  # when each may be tended again
         self._queued: set[str] = set()
         self._closed = False
         # (at the movers' priority: background work yields the CPU to the loops)
@@ -73,7 +75,7 @@ class LogTending:
 
     def committed(self, destination: str, rows: int) -> None:
         """A commit of ``rows`` to one of ``destination``'s logs landed (any thread: the
-        committing one): a collapse is queued when it is time."""
+        committing one): a tending is queued when it is time."""
         with self._lock:
             if self._closed:
                 return
@@ -93,19 +95,19 @@ class LogTending:
                 self._queue(destination)
 
     def _queue(self, destination: str) -> bool:
-        """Queue a tending of ``destination`` unless one is, or one was queued less than
-        ``apart_s`` ago (under the lock)."""
-        last = self._last.get(destination)
+        """Queue a tending of ``destination`` unless one is, or it is too soon after the last
+        (under the lock)."""
         now = self._monotonic()
-        if destination in self._queued or (last is not None and now - last < self._apart_s):
+        if destination in self._queued or now < self._next.get(destination, now):
             return False
         self._commits[destination] = (0, 0)
         self._queued.add(destination)
-        self._last[destination] = now
+        self._next[destination] = now + self._apart_s
         self._pool.submit(self._tend_queued, destination)
         return True
 
     def _tend_queued(self, destination: str) -> None:
+        started = time.perf_counter()
         try:
             self.tend(destination)
         except SparkMQError as exc:  # (a deposed owner, a store error: the next time)
@@ -113,8 +115,12 @@ class LogTending:
         except Exception:
             log.exception("%s: logs not tended", destination)
         finally:
+            took = time.perf_counter() - started
             with self._lock:
                 self._queued.discard(destination)
+                # (resting TEND_REST times as long as it took: at most a share of a core)
+                rest = max(self._apart_s, TEND_REST * took)
+                self._next[destination] = self._monotonic() - took + rest
 
     def tend(self, destination: str) -> tuple[int, int]:
         """Tend ``destination``'s logs now, if it is served here: the settlement rows removed
