@@ -50,7 +50,7 @@ from spark_mq.journal import bindings, layout
 from spark_mq.journal.base import DestinationInfo
 from spark_mq.journal.boundary import translate
 from spark_mq.journal.delta_store import PRODUCERS_KEY, newest_producer_state
-from spark_mq.journal.settlements import collapse_predicate
+from spark_mq.journal.settlements import Collapse
 from spark_mq.schema import COMPACTED, SETTLEMENT_SCHEMA, TS, equal_to, fill_null
 
 log = logging.getLogger(__name__)
@@ -404,7 +404,7 @@ def _compact(
             settlements,
             lambda: write_deltalake(settlements, marker_rows, mode="append"),
         )
-        cond = collapse_predicate(plan.low_water)  # (releases of claims stay)
+        cond = Collapse(plan.low_water).predicate()  # (releases of claims stay)
         gone = _retrying(
             "deleting settled settlements",
             name,

@@ -67,6 +67,12 @@ SETTLEMENT_SCHEMA = schema_of(
 # row's own: compaction and an owner's collapse of its settlement log write it in place of the
 # rows they remove (the other outcomes are named in spark_mq.broker.recovery).
 COMPACTED = "compacted"
+# A row of this outcome says its subscription has settled every offset from the row's own up to
+# the one its reason names (exclusive): an owner's collapse writes it in place of the rows of a
+# long run of settled offsets above a low-water mark, past a message held unacknowledged. (A
+# reader that knows only the outcomes above reads it as its own offset settled: the rest of the
+# run would be delivered again, never lost.)
+SETTLED_RUN = "settled-run"
 # the reason of the ``returned`` rows that release a Spark query's claims
 # (``released:<claimant>``): they count whatever their offset, so no collapse removes them
 RELEASED_PREFIX = "released:"

@@ -20,7 +20,7 @@ from spark_mq.broker.recovery import (
     CLAIMED,
     RETURNED,
     claims_of,
-    collapse_marks,
+    collapse_plan,
     low_water,
     released_claimants,
     returned_counts,
@@ -29,12 +29,15 @@ from spark_mq.broker.recovery import (
 from spark_mq.clock import ManualClock
 from spark_mq.journal import DeltaStore, MemoryStore, layout
 from spark_mq.journal.base import DestinationInfo, LogStore, SubscriptionInfo
-from spark_mq.journal.settlements import Settlement, settlement_table
+from spark_mq.journal.settlements import Collapse, Settlement, settlement_table
 from spark_mq.schema import (
     COMPACTED,
     RELEASED_PREFIX,
+    SETTLED_RUN,
     equal_to,
+    ints,
     normalize_produce_batch,
+    strings,
     with_offsets,
 )
 from tests.conftest import start_inprocess
@@ -58,6 +61,8 @@ def _ack(offsets: range | list[int], sub: str = QUEUE, outcome: str = "ack") -> 
 def _view(rows: pa.Table, info: DestinationInfo) -> dict:
     """What recovery makes of ``rows``: per subscription its low-water mark, the settled
     offsets above it, the returns and the live claims above it, and the released claimants."""
+    # (claim 7 below settles 400, 501 and 502: the collapse removes its rows, and recovery
+    # restored nothing of it before either)
     settled = settled_by_subscription(rows)
     returned, released = returned_counts(rows), released_claimants(rows)
     claims = claims_of(rows, released)
@@ -68,9 +73,16 @@ def _view(rows: pa.Table, info: DestinationInfo) -> dict:
             low,
             above,
             {o: n for o, n in returned.get(sub.name, {}).items() if o >= low and o not in above},
-            {
-                c: {k: [o for o in offs if o >= low and o not in above] for k, offs in ns.items()}
+            {  # (as recovery restores them: the claims with offsets still unsettled)
+                c: live
                 for c, ns in claims.get(sub.name, {}).items()
+                if (
+                    live := {
+                        k: left
+                        for k, offs in ns.items()
+                        if (left := [o for o in offs if o >= low and o not in above])
+                    }
+                )
             },
             released.get(sub.name, set()),
         )
@@ -107,25 +119,29 @@ def test_a_collapsed_log_reads_back_as_it_did_and_keeps_one_mark_a_subscription(
     before = store.read_settlements("d")
     files_before = _files(str(tmp_path / "root")) if kind == "delta" else 0
 
-    marks = collapse_marks(before, info)
-    assert marks == {QUEUE: 500, "late": 2_100}
-    removed = store.collapse_settlements("d", marks, 3_000_000)
+    plan = collapse_plan(before, info)
+    assert plan.marks == {QUEUE: 500, "late": 2_100}
+    # above the queue's mark, 501..999 are settled: one run (1_001 and 1_003 are too few)
+    assert plan.runs == {QUEUE: [(501, 1_000)]}
+    removed = store.collapse_settlements("d", plan, 3_000_000)
 
     after = store.read_settlements("d")
     assert _view(after, info) == _view(before, info)
     assert _view(after, info)[QUEUE][:2] == (500, set(range(501, 1_000)) | {1_001, 1_003})
-    assert removed == before.num_rows - after.num_rows + 2  # (and a mark written each)
-    assert removed >= 500 + 100  # (the claim of 400 too; the release of 30 stays)
+    assert removed == before.num_rows - after.num_rows + 3  # (and a mark each, and the run)
+    # all but 500's returns, the dead-lettered and the release: the claims of 400, 501 and 502
+    assert removed == before.num_rows - 5
     released = after.filter(equal_to(after["reason"], f"{RELEASED_PREFIX}q0"))
     assert released.num_rows == 1
+    assert after.num_rows == 8
     if kind == "delta":
         assert _files(str(tmp_path / "root")) < 3 < files_before
 
     # 500 is settled at last: the next collapse moves the queue's mark past the rest, and its
-    # older mark goes with the rows below the new one
+    # older mark and its run go with the rows below the new one
     _commit(store, _ack([500]))
-    again = collapse_marks(store.read_settlements("d"), info)
-    assert again == {QUEUE: 1_000}  # ("late" has not moved)
+    again = collapse_plan(store.read_settlements("d"), info)
+    assert again == Collapse({QUEUE: 1_000})  # ("late" has not moved)
     store.collapse_settlements("d", again, 4_000_000)
     final = store.read_settlements("d")
     assert _view(final, info)[QUEUE][:2] == (1_000, {1_001, 1_003})
@@ -136,7 +152,71 @@ def test_a_collapsed_log_reads_back_as_it_did_and_keeps_one_mark_a_subscription(
         (QUEUE, 1_000),
         ("late", 2_100),
     ]
-    assert collapse_marks(final, info) == {}  # (nothing to collapse)
+    assert final.filter(equal_to(final["outcome"], SETTLED_RUN)).num_rows == 0
+    assert not collapse_plan(final, info)  # (nothing to collapse)
+
+
+@pytest.mark.parametrize("kind", list(STORES))
+def test_messages_held_unacknowledged_keep_no_more_than_a_row_a_run_above_them(
+    tmp_path: Path, kind: str
+) -> None:
+    """A message held unacknowledged (a scheduled one, one in a long lease) stops its
+    subscription's mark; the settlements above it collapse into one row a run of settled
+    offsets, run after run as the acks come, and read back as they did."""
+    store = STORES[kind](tmp_path)
+    store.create_logs("d")
+    info = _info(**{QUEUE: 0})
+    held = {0, 1_234, 2_000}
+    collapses = 0
+    for start in range(0, 3_000, 20):
+        _commit(store, _ack([o for o in range(start, start + 20) if o not in held]))
+        if start % 400 == 380:  # (every 20 commits: what the owner's tending would do)
+            rows = store.read_settlements("d")
+            plan = collapse_plan(rows, info)
+            assert not plan.marks  # (0 is held: the mark stays at 0)
+            store.collapse_settlements("d", plan, 3_000_000)
+            assert _view(store.read_settlements("d"), info) == _view(rows, info)
+            collapses += 1
+    assert collapses == 7
+    rows = store.read_settlements("d")
+    # 1..1_199 collapsed at the third collapse; 1_200..1_233, the 34 acks after it up to the
+    # next held one, are too few to collapse again; 1_235.. collapsed at 1_599, then again
+    # (one row in place of the earlier run's) at 1_999; the last collapse was at 2_799: what
+    # came after is still a row an ack
+    runs = rows.filter(equal_to(rows["outcome"], SETTLED_RUN))
+    assert sorted(zip(ints(runs["offset"]), strings(runs["reason"]), strict=True)) == [
+        (1, "1200"),
+        (1_235, "2000"),
+        (2_001, "2800"),
+    ]
+    assert rows.num_rows == 3 + 34 + 200
+    low, above = _view(rows, info)[QUEUE][:2]
+    assert (low, above) == (0, set(range(1, 3_000)) - held)
+
+    # the held ones are acked: the mark passes them all, and every run goes
+    _commit(store, _ack(sorted(held)))
+    plan = collapse_plan(store.read_settlements("d"), info)
+    assert plan == Collapse({QUEUE: 3_000})
+    store.collapse_settlements("d", plan, 4_000_000)
+    final = store.read_settlements("d")
+    assert final.num_rows == 1
+    assert _view(final, info)[QUEUE][:2] == (3_000, set())
+
+
+def test_a_run_row_read_by_a_reader_that_does_not_know_runs_loses_nothing() -> None:
+    """A ``settled-run`` row is at its run's first offset: a reader that knows only the
+    other outcomes reads that offset settled (true) and the rest of the run unsettled (they
+    would be delivered again): never an unsettled offset read as settled."""
+    rows = Collapse({}, {QUEUE: [(5, 50)]}).rows(1_000_000, "collapsed")
+    assert ints(rows["offset"]) == [5]
+    assert strings(rows["outcome"]) == [SETTLED_RUN]
+    assert strings(rows["reason"]) == ["50"]
+    settled = settled_by_subscription(rows)[QUEUE]
+    assert settled.below == 0
+    assert settled.offsets.tolist() == list(range(5, 50))
+    # a reason that names no end past the row's offset stands for that offset alone
+    odd = Settlement([7], QUEUE, SETTLED_RUN, 1_000_000, "3")
+    assert settled_by_subscription(settlement_table([odd]))[QUEUE].offsets.tolist() == [7]
 
 
 def test_commits_landing_while_a_log_collapses_are_all_kept(tmp_path: Path) -> None:
@@ -168,10 +248,10 @@ def test_commits_landing_while_a_log_collapses_are_all_kept(tmp_path: Path) -> N
         collapses = 0
         while collapses < 3 or len(written) < 20:
             assert time.monotonic() < deadline, "the writer made no progress beside collapses"
-            marks = collapse_marks(store.read_settlements("d"), info)
+            plan = collapse_plan(store.read_settlements("d"), info)
             if collapses == 0:
-                assert marks == {QUEUE: 2_000}
-            store.collapse_settlements("d", marks or {QUEUE: 2_000}, 5_000_000)
+                assert plan.marks == {QUEUE: 2_000}
+            store.collapse_settlements("d", plan or Collapse({QUEUE: 2_000}), 5_000_000)
             collapses += 1
     finally:
         stop.set()

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from spark_mq.broker.recovery import collapse_marks
+from spark_mq.broker.recovery import collapse_plan
 from spark_mq.errors import SparkMQError
 from spark_mq.journal import Journal, priority
 
@@ -131,10 +131,10 @@ class LogTending:
         store = self._journal.store
         started = time.perf_counter()
         settlements = store.read_settlements(destination)
-        marks = collapse_marks(settlements, info)
+        collapse = collapse_plan(settlements, info)
         removed = 0
-        if marks:
-            removed = store.collapse_settlements(destination, marks, self._now_us())
+        if collapse:
+            removed = store.collapse_settlements(destination, collapse, self._now_us())
             self.collapsed += 1
         merged = store.merge_message_files(destination, self._merge_at)
         if merged:

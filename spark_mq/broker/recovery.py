@@ -6,7 +6,9 @@ of the log are read back into memory (for a queue, only the unsettled ones).
 
 Compaction replaces a subscription's settlement rows below its low-water mark by one row with
 outcome ``compacted`` whose offset is that mark (:data:`COMPACTED`): every offset below it is
-settled.
+settled. A destination's owner does too, and replaces the rows of a long run of settled offsets
+above a mark by one ``settled-run`` row (:data:`SETTLED_RUN`): every offset from its own to the
+end its reason names is settled (:class:`spark_mq.journal.settlements.Collapse`).
 
 An offset below the log's end that the message log holds no row for (the offsets of a record
 the hot tier quarantined: see :mod:`spark_mq.journal.hot_tier`) is settled for everyone
@@ -22,7 +24,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_mq.journal import DestinationInfo, Journal
-from spark_mq.schema import COMPACTED, RELEASED_PREFIX, equal_to, ints, strings
+from spark_mq.journal.settlements import Collapse, run_end
+from spark_mq.schema import (
+    COMPACTED,
+    RELEASED_PREFIX,
+    SETTLED_RUN,
+    equal_to,
+    fill_null,
+    ints,
+    strings,
+)
 
 # a delivery came back unsettled (nack, lapsed lease, consumer gone): not a settlement, but
 # counted, so delivery counts and dead-lettering survive a restart
@@ -67,8 +78,13 @@ def settled_by_subscription(settlements: pa.Table) -> dict[str, Settled]:
         rows = settlements.filter(equal_to(settlements["subscription"], name))
         marks = equal_to(rows["outcome"], COMPACTED)
         below = pc.max(rows.filter(marks)["offset"]).as_py() or 0
-        offsets = np.unique(rows.filter(pc.invert(marks))["offset"].to_numpy())
-        out[name] = Settled(below, offsets)
+        runs = rows.filter(equal_to(rows["outcome"], SETTLED_RUN))
+        spans = [
+            np.arange(start, run_end(start, reason), dtype=np.int64)
+            for start, reason in zip(ints(runs["offset"]), runs["reason"].to_pylist(), strict=True)
+        ]
+        single = rows.filter(pc.invert(marks))["offset"].to_numpy()
+        out[name] = Settled(below, np.unique(np.concatenate([single, *spans])))
     return out
 
 
@@ -84,19 +100,50 @@ def low_water(start: int, settled: Settled | None) -> tuple[int, set[int]]:
     return start + n, {int(o) for o in above[n:]}
 
 
-def collapse_marks(settlements: pa.Table, info: DestinationInfo) -> dict[str, int]:
-    """Per subscription of ``info`` that ``settlements`` show settled past its last mark: its
-    low-water mark as they tell it, where a collapse of its rows may go (offsets a quarantined
-    record left out count as unsettled here: a lower mark, never a wrong one)."""
+# a run of settled offsets above a low-water mark is collapsed into one row once this many
+# rows of its subscription lie in it; at most this many runs a collapse (a predicate each)
+RUN_ROWS = 100
+MAX_RUNS = 32
+
+
+def collapse_plan(settlements: pa.Table, info: DestinationInfo) -> Collapse:
+    """What a collapse of ``settlements`` (a destination's settlement log) may do, as they tell
+    it: per subscription of ``info``, its low-water mark where it moved past its last one, and
+    the runs of settled offsets above it that hold at least ``RUN_ROWS`` of its rows (the
+    ``MAX_RUNS`` holding most). Offsets a quarantined record left out count as unsettled here:
+    a lower mark and shorter runs, never wrong ones."""
     settled = settled_by_subscription(settlements)
-    marks = {}
+    marks: dict[str, int] = {}
+    runs: dict[str, list[tuple[int, int]]] = {}
     for sub in info.subscriptions.values():
         mine = settled.get(sub.name)
-        if mine is not None:
-            mark, _ = low_water(sub.start_offset, mine)
-            if mark > mine.below:
-                marks[sub.name] = mark
-    return marks
+        if mine is None:
+            continue
+        mark, _ = low_water(sub.start_offset, mine)
+        if mark > mine.below:
+            marks[sub.name] = mark
+        spans = _long_runs(settlements, sub.name, mine.offsets[mine.offsets > mark])
+        if spans:
+            runs[sub.name] = spans
+    return Collapse(marks, runs)
+
+
+def _long_runs(settlements: pa.Table, name: str, above: np.ndarray) -> list[tuple[int, int]]:
+    """The runs of consecutive offsets in ``above`` (sorted, unique) that hold at least
+    ``RUN_ROWS`` of subscription ``name``'s rows (a release of claims not counted: it stays),
+    the ``MAX_RUNS`` holding most, in offset order."""
+    if not len(above):
+        return []
+    breaks = np.nonzero(np.diff(above) != 1)[0] + 1
+    starts = above[np.r_[0, breaks]]
+    ends = above[np.r_[breaks - 1, len(above) - 1]] + 1
+    rows = settlements.filter(equal_to(settlements["subscription"], name))
+    released = fill_null(pc.starts_with(rows["reason"], RELEASED_PREFIX), False)
+    offsets = np.sort(rows.filter(pc.invert(released))["offset"].to_numpy())
+    counts = np.searchsorted(offsets, ends) - np.searchsorted(offsets, starts)
+    pick = np.nonzero(counts >= RUN_ROWS)[0]
+    pick = np.sort(pick[np.argsort(-counts[pick], kind="stable")][:MAX_RUNS])
+    return [(int(starts[i]), int(ends[i])) for i in pick]
 
 
 def log_gaps(present: np.ndarray, start: int, end: int) -> np.ndarray:

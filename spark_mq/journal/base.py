@@ -13,6 +13,8 @@ from typing import Any, Literal, Protocol
 
 import pyarrow as pa
 
+from spark_mq.journal.settlements import Collapse
+
 Kind = Literal["queue", "topic"]
 KINDS: tuple[Kind, ...] = ("queue", "topic")
 
@@ -95,12 +97,12 @@ class LogStore(Protocol):
         ...
 
     def read_settlements(self, destination: str) -> pa.Table: ...
-    def collapse_settlements(self, destination: str, marks: dict[str, int], now_us: int) -> int:
-        """Replace each subscription's settlement rows below its mark in ``marks``
-        (subscription -> low-water mark: every offset below it settled) by one ``compacted``
-        row carrying the mark, keeping the rows that release a Spark query's claims (see
-        :func:`spark_mq.journal.settlements.collapse_predicate`); the number of rows removed.
-        The marks first, then the removal: a reader in between reads both the same way."""
+    def collapse_settlements(self, destination: str, collapse: Collapse, now_us: int) -> int:
+        """Replace each subscription's settlement rows below its mark in ``collapse`` by one
+        ``compacted`` row carrying the mark, and the rows in each of its runs by one
+        ``settled-run`` row, keeping the rows that release a Spark query's claims (see
+        :class:`spark_mq.journal.settlements.Collapse`); the number of rows removed. The new
+        rows first, then the removal: a reader in between reads both the same way."""
         ...
 
     def merge_message_files(self, destination: str, at_least: int) -> int:

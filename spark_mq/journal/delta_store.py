@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.dataset as pds
@@ -35,7 +36,7 @@ from spark_mq.errors import Deposed
 from spark_mq.journal import layout
 from spark_mq.journal.boundary import translate
 from spark_mq.journal.layout import OWNER_APP_ID
-from spark_mq.journal.settlements import collapse_predicate, marker_rows
+from spark_mq.journal.settlements import Collapse
 from spark_mq.schema import (
     BINDING_SCHEMA,
     MESSAGE_SCHEMA,
@@ -51,6 +52,8 @@ from spark_mq.schema import (
 )
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 COMMIT_ATTEMPTS = 5  # per append, each after reloading the table's latest version
 # A DeltaTable object appended to again and again holds more memory with every commit and
@@ -640,33 +643,28 @@ class DeltaStore:
         if self.on_log_commit is not None:
             self.on_log_commit(destination, rows.num_rows)
 
-    def collapse_settlements(self, destination: str, marks: dict[str, int], now_us: int) -> int:
-        """See ``LogStore.collapse_settlements``: the marks committed with this store's epoch
-        for ``destination`` (``Deposed`` when a newer owner fenced it), then the rows below
-        them deleted, then the log's small files merged and a checkpoint written, through a
-        table object of its own (the writer's is another thread's). A delete or a merge that
-        keeps meeting other commits is left to the next collapse."""
+    def collapse_settlements(self, destination: str, collapse: Collapse, now_us: int) -> int:
+        """See ``LogStore.collapse_settlements``: the new rows committed with this store's
+        epoch for ``destination`` (``Deposed`` when a newer owner fenced it), then the rows
+        they stand for deleted, then the log's small files merged and a checkpoint written,
+        through a table object of its own (the writer's is another thread's). A delete or a
+        merge that keeps meeting other commits is left to the next collapse (each retried on
+        its own: a merge that conflicts does not run the delete again)."""
         uri = layout.settlements_uri(self.root, destination)
         with translate("collapsing the settlement log", destination):
             dt = DeltaTable(uri, storage_options=self._opts)
-            markers = marker_rows(marks, now_us, "settled below; collapsed by its owner")
+            written = collapse.rows(now_us, "settled below; collapsed by its owner")
             epoch = self._epoch(destination)
-            self._append(dt, markers, None, None, epoch=epoch, destination=destination)
-            removed = 0
-            for attempt in range(COMMIT_ATTEMPTS):
-                try:
-                    dt.update_incremental()
-                    done = dt.delete(collapse_predicate(marks))
-                    removed = int(done["num_deleted_rows"])
-                    dt.optimize.compact()
-                    dt.create_checkpoint()
-                    break
-                except CommitFailedError as exc:
-                    if attempt == COMMIT_ATTEMPTS - 1:
-                        log.info(
-                            "%s: the settlement log not collapsed this time: %s", destination, exc
-                        )
-            return removed
+            self._append(dt, written, None, None, epoch=epoch, destination=destination)
+            done = _retried(
+                dt,
+                "deleting the rows collapsed",
+                destination,
+                lambda: dt.delete(collapse.predicate()),
+            )
+            if _retried(dt, "merging the settlement log's files", destination, dt.optimize.compact):
+                dt.create_checkpoint()
+            return 0 if done is None else int(done["num_deleted_rows"])
 
     def merge_message_files(self, destination: str, at_least: int) -> int:
         """See ``LogStore.merge_message_files``: delta-rs's OPTIMIZE (no data change: a Delta
@@ -708,6 +706,19 @@ class _Reader:
     table: DeltaTable | None = None
     dataset: pds.Dataset | None = None  # (the snapshot's)
     updates: int = 0
+
+
+def _retried(dt: DeltaTable, what: str, destination: str, step: Callable[[], T]) -> T | None:
+    """``step`` on ``dt`` brought up to date, again while it meets another commit (up to
+    ``COMMIT_ATTEMPTS`` times); None when it never got through (logged: the next time)."""
+    for attempt in range(COMMIT_ATTEMPTS):
+        try:
+            dt.update_incremental()
+            return step()
+        except CommitFailedError as exc:
+            if attempt == COMMIT_ATTEMPTS - 1:
+                log.info("%s: %s left to the next time: %s", destination, what, exc)
+    return None
 
 
 def _prune_finished(dt: DeltaTable) -> None:

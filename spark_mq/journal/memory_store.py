@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.journal.settlements import collapsed, marker_rows
+from spark_mq.journal.settlements import Collapse
 from spark_mq.schema import (
     BINDING_SCHEMA,
     MESSAGE_SCHEMA,
@@ -113,13 +113,13 @@ class MemoryStore:
             mask = pc.and_(mask, pc.less(table["offset"], pa.scalar(end)))
         return table.filter(mask).select(message_columns(columns).names)
 
-    def collapse_settlements(self, destination: str, marks: dict[str, int], now_us: int) -> int:
+    def collapse_settlements(self, destination: str, collapse: Collapse, now_us: int) -> int:
         logs = self._get(destination)
-        markers = marker_rows(marks, now_us, "settled below; collapsed by its owner")
+        written = collapse.rows(now_us, "settled below; collapsed by its owner")
         with self._lock:
             rows = pa.concat_tables([SETTLEMENT_SCHEMA.empty_table(), *logs.settlements])
-            kept = collapsed(rows, marks)
-            logs.settlements = [kept, markers]
+            kept = collapse.apply(rows)
+            logs.settlements = [kept, written]
         return rows.num_rows - kept.num_rows
 
     def merge_message_files(self, destination: str, at_least: int) -> int:

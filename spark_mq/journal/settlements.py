@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,7 @@ import pyarrow as pa
 from spark_mq.schema import (
     COMPACTED,
     RELEASED_PREFIX,
+    SETTLED_RUN,
     SETTLEMENT_SCHEMA,
     ints,
     numpy_column,
@@ -154,39 +155,94 @@ def settlement_table(settlements: list[Settlement]) -> pa.Table:
 
 # -- collapsing a settlement log ---------------------------------------------------------------
 # Compaction and a destination's owner (spark_mq.broker.log_tending) replace the settlement rows
-# below each subscription's low-water mark by one ``compacted`` row carrying the mark: the marks
-# are written first, then the rows below them removed, so a reader between the two (or after a
-# crash) finds both and reads them the same way.
+# below each subscription's low-water mark by one ``compacted`` row carrying the mark; the owner
+# also replaces the rows of each long run of settled offsets above a mark (past a message held
+# unacknowledged) by one ``settled-run`` row. The new rows are written first, then the rows they
+# stand for removed, so a reader between the two (or after a crash) finds both and reads them
+# the same way.
 
 
-def marker_rows(marks: dict[str, int], now_us: int, reason: str) -> pa.Table:
-    """One ``compacted`` row per subscription of ``marks`` (subscription -> low-water mark)."""
-    return settlement_table(
-        [Settlement([mark], sub, COMPACTED, now_us, reason) for sub, mark in marks.items()]
-    )
+@dataclass(frozen=True, slots=True)
+class Collapse:
+    """What one collapse of a settlement log writes and removes. ``marks``: subscription ->
+    low-water mark (every offset below it settled); ``runs``: subscription -> runs of settled
+    offsets above its mark, ``(start, end)`` each (``start <= offset < end`` all settled). The
+    rows that release a Spark query's claims are never removed: they count whatever their
+    offset."""
 
+    marks: dict[str, int]
+    runs: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
-def collapse_predicate(marks: dict[str, int]) -> str:
-    """The rows a collapse at ``marks`` removes, as a Delta predicate: each subscription's rows
-    below its mark (its older marks too), but the rows releasing a Spark query's claims."""
-    kept = f"coalesce(reason, '') NOT LIKE '{RELEASED_PREFIX}%'"
-    return " OR ".join(
-        f"(subscription = {_quoted(sub)} AND offset < {int(mark)} AND {kept})"
-        for sub, mark in marks.items()
-    )
+    def __bool__(self) -> bool:
+        return bool(self.marks) or any(self.runs.values())
 
+    def rows(self, now_us: int, reason: str) -> pa.Table:
+        """One ``compacted`` row per mark (``reason`` its reason), one ``settled-run`` row per
+        run (at the run's first offset, the run's end its reason)."""
+        marks = [
+            Settlement([mark], sub, COMPACTED, now_us, reason) for sub, mark in self.marks.items()
+        ]
+        runs = [
+            Settlement([start], sub, SETTLED_RUN, now_us, str(end))
+            for sub, spans in self.runs.items()
+            for start, end in spans
+        ]
+        return settlement_table(marks + runs)
 
-def collapsed(rows: pa.Table, marks: dict[str, int]) -> pa.Table:
-    """``rows`` without those :func:`collapse_predicate` names (for a log held in memory)."""
-    reasons: list[str | None] = rows["reason"].to_pylist()
-    keep = [
-        mark is None or offset >= mark or (reason or "").startswith(RELEASED_PREFIX)
-        for sub, offset, reason in zip(
-            strings(rows["subscription"]), ints(rows["offset"]), reasons, strict=True
+    def predicate(self) -> str:
+        """The rows this collapse removes, as a Delta predicate: each subscription's rows below
+        its mark (its older marks and runs too), and those in each of its runs but the run's
+        own row."""
+        kept = f"coalesce(reason, '') NOT LIKE '{RELEASED_PREFIX}%'"
+        parts = [
+            f"(subscription = {_quoted(sub)} AND offset < {int(mark)} AND {kept})"
+            for sub, mark in self.marks.items()
+        ]
+        parts += [
+            f"(subscription = {_quoted(sub)} AND offset >= {int(start)} AND offset < {int(end)}"
+            f" AND {kept} AND NOT (outcome = '{SETTLED_RUN}' AND offset = {int(start)}"
+            f" AND coalesce(reason, '') = '{int(end)}'))"
+            for sub, spans in self.runs.items()
+            for start, end in spans
+        ]
+        return " OR ".join(parts)
+
+    def removes(self, subscription: str, offset: int, outcome: str, reason: str | None) -> bool:
+        """Whether :meth:`predicate` names this row (for a log held in memory)."""
+        if subscription not in self.marks and subscription not in self.runs:
+            return False
+        if (reason or "").startswith(RELEASED_PREFIX):
+            return False
+        if offset < self.marks.get(subscription, -1):
+            return True
+        return any(
+            start <= offset < end
+            and not (outcome == SETTLED_RUN and offset == start and reason == str(end))
+            for start, end in self.runs.get(subscription, ())
         )
-        for mark in (marks.get(sub),)
-    ]
-    return rows.filter(pa.array(keep, pa.bool_()))
+
+    def apply(self, rows: pa.Table) -> pa.Table:
+        """``rows`` without those :meth:`predicate` names."""
+        reasons: list[str | None] = rows["reason"].to_pylist()
+        keep = [
+            not self.removes(sub, offset, outcome, reason)
+            for sub, offset, outcome, reason in zip(
+                strings(rows["subscription"]),
+                ints(rows["offset"]),
+                strings(rows["outcome"]),
+                reasons,
+                strict=True,
+            )
+        ]
+        return rows.filter(pa.array(keep, pa.bool_()))
+
+
+def run_end(start: int, reason: str | None) -> int:
+    """The end of the run a ``settled-run`` row at ``start`` stands for (``start + 1``, only
+    its own offset, when its reason does not name an end past it)."""
+    if reason is not None and reason.isdigit() and int(reason) > start:
+        return int(reason)
+    return start + 1
 
 
 def _quoted(text: str) -> str:
