@@ -17,6 +17,7 @@ reading time. Needs ZooKeeper's jars (``apt-get install zookeeper``: scripts/set
     .venv/bin/python bench/cluster_bench.py --kafka   # many topics, librdkafka clients
     .venv/bin/python bench/cluster_bench.py --moves 10   # what moving a destination costs
     .venv/bin/python bench/cluster_bench.py --moves 10 --kafka   # ... librdkafka's clients
+    .venv/bin/python bench/cluster_bench.py --moves 10 --hold   # ... a message held throughout
 
 ``--kafka`` (without ``--partitions``): the destinations are topics, and each client process
 is a librdkafka producer, then a consumer of a group of its own. A cluster's first group
@@ -32,7 +33,9 @@ are read.
 ``--moves N``: one queue on two members, moved from one to the other N times (an operator's
 pin) while a client sends to it synchronously and another reads and acks it: how long each
 move takes (from the pin to the new owner serving it), the longest a send waited across it,
-and the sends and acks a fence refused on the way (the old owner's log). With ``--kafka``,
+and the sends and acks a fence refused on the way (the old owner's log). ``--hold``: its first
+message is scheduled an hour on, so its low-water mark stays below everything acked after it
+(as a message in a long lease, or one a consumer holds, keeps it). With ``--kafka``,
 librdkafka's producer (each message flushed) and a consumer of the topic, which also prints
 the longest wait between two messages read across a move.
 """
@@ -638,6 +641,9 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
             make("still")  # (another, on m0 throughout)
             admin.pin("still", "m0")
         _wait_served(urls, {"mv", "still"})
+        if a.hold and not a.kafka:  # (scheduled an hour on: unsettled throughout)
+            with Producer(urls, destination="mv") as held:
+                held.send_sync("held", delay_s=3_600)
         still: list[float] = []
         if a.kafka:
             threads = [
@@ -728,6 +734,11 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=0, help="only: one destination, 1 vs N")
     ap.add_argument("--kafka", action="store_true", help="librdkafka clients (topics)")
     ap.add_argument("--moves", type=int, default=0, help="only: what moving a destination costs")
+    ap.add_argument(
+        "--hold",
+        action="store_true",
+        help="with --moves: the queue's first message is scheduled an hour on (its mark stays)",
+    )
     a = ap.parse_args()
     zk = ZooKeeper(Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-zk-")))
     zk.start()

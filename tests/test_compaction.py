@@ -14,15 +14,30 @@ from deltalake import DeltaTable
 
 from spark_mq import Admin, Consumer, Producer
 from spark_mq.broker.producer_state import ProducerState
-from spark_mq.broker.recovery import RETURNED, released_claimants
+from spark_mq.broker.recovery import (
+    RETURNED,
+    collapse_plan,
+    low_water,
+    released_claimants,
+    settled_by_subscription,
+)
 from spark_mq.cli import main as cli
 from spark_mq.clock import ManualClock
 from spark_mq.jobs.compaction import EXPIRED, CompactionPolicy, compact_all, compact_destination
 from spark_mq.journal import DeltaStore, layout
-from spark_mq.journal.base import DestinationInfo
-from spark_mq.journal.settlements import Settlement, settlement_table
+from spark_mq.journal.base import DestinationInfo, SubscriptionInfo
+from spark_mq.journal.settlements import Collapse, Settlement, settlement_table
 from spark_mq.launch import BrokerProcess
-from spark_mq.schema import COMPACTED, RELEASED_PREFIX, normalize_produce_batch, with_offsets
+from spark_mq.schema import (
+    COMPACTED,
+    RELEASED_PREFIX,
+    SETTLED_RUN,
+    equal_to,
+    ints,
+    normalize_produce_batch,
+    strings,
+    with_offsets,
+)
 from spark_mq.service import RunningBroker
 from tests.conftest import receive_n, start_inprocess, wait_for
 
@@ -139,6 +154,38 @@ def test_the_producer_state_is_carried_past_the_rows_compaction_removes(tmp_path
     DeltaTable(layout.messages_uri(root, "t")).delete("offset = 10")
     assert compact_destination(root, info, policy, now=later).rows_removed == 1
     assert json.loads(store.handed_producers("t") or "")["end"] == 10
+
+
+def test_messages_in_a_collapsed_run_are_removed_and_the_held_ones_kept(tmp_path: Path) -> None:
+    """An owner's collapse leaves one ``settled-run`` row for the acks between two messages
+    held unacknowledged (spark_mq.broker.log_tending): compaction counts the whole run
+    settled, removes its messages, and keeps the held ones and every settlement above its
+    mark (the run's row too)."""
+    root = str(tmp_path / "data")
+    store = DeltaStore(root)
+    store.create_logs("t")
+    store.commit_messages("t", _numbered_rows([f"m{n}" for n in range(300)], 0), 300)
+    info = DestinationInfo("t", "queue", {"": SubscriptionInfo("t", "", 0)})
+    held = {10, 250}
+    for start in range(0, 300, 30):
+        acks = [o for o in range(start, start + 30) if o not in held]
+        store.commit_settlements("t", settlement_table([Settlement(acks, "", "ack", 1)]))
+    plan = collapse_plan(store.read_settlements("t"), info)
+    assert plan == Collapse({"": 10}, {"": [(11, 250)]})
+    store.collapse_settlements("t", plan, 2)
+
+    policy = CompactionPolicy(force=True, keep_recent_s=0)
+    later = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    result = compact_destination(root, info, policy, now=later)
+    assert result.rows_removed == 300 - 2  # (all but the held ones)
+    left = store.read_messages("t", 0, None)
+    assert ints(left["offset"]) == [10, 250]
+    rows = store.read_settlements("t")
+    runs = rows.filter(equal_to(rows["outcome"], SETTLED_RUN))
+    assert (ints(runs["offset"]), strings(runs["reason"])) == ([11], ["250"])
+    # (read back as it was: 10 and 250 unsettled, all else settled)
+    low, above = low_water(0, settled_by_subscription(rows)[""])
+    assert (low, above) == (10, set(range(11, 300)) - held)
 
 
 def test_removes_exactly_settled_and_expired_rows_and_restart_agrees(

@@ -286,8 +286,9 @@ def test_a_broker_collapses_the_log_of_a_queue_as_it_is_consumed(
                 more = c.receive_many(600 - len(got), timeout=10)
                 assert more, f"only {len(got)} of 600 delivered"
                 got += more
-            # (the mark stops at the first unsettled offset: the last ten stay unacked)
-            unacked = {m.offset for m in got if m.offset >= 590}
+            # (the mark stops at the first unsettled offset: 300..304 and the last ten stay
+            # unacked, and the acks between them collapse into a run)
+            unacked = {m.offset for m in got if m.offset >= 590 or 300 <= m.offset < 305}
             acked = sorted((m for m in got if m.offset not in unacked), key=lambda m: m.offset)
             for i in range(0, len(acked), 5):  # (a commit to Delta each: the hot tier moved)
                 c.ack(acked[i : i + 5]).result(timeout=10)
@@ -300,10 +301,15 @@ def test_a_broker_collapses_the_log_of_a_queue_as_it_is_consumed(
                 )
                 time.sleep(0.01)
         assert broker.log_tending.merged >= 1
+        broker.log_tending.tend("q")  # (the acks since its last tending, too)
         messages = DeltaTable(layout.messages_uri(str(data), "q"))
         assert len(messages.file_uris()) < 20  # (60 commits, their files merged)
         rows = DeltaTable(layout.settlements_uri(str(data), "q")).to_pyarrow_table()
-        assert rows.filter(equal_to(rows["outcome"], COMPACTED)).num_rows == 1
+        marks = rows.filter(equal_to(rows["outcome"], COMPACTED))
+        assert ints(marks["offset"]) == [300]
+        runs = rows.filter(equal_to(rows["outcome"], SETTLED_RUN))
+        assert ints(runs["offset"]) == [305]
+        assert strings(runs["reason"]) == ["590"]
         assert rows.num_rows < len(acked) / 2  # (collapsed: far fewer rows than acks)
     finally:
         running.stop()
@@ -311,8 +317,13 @@ def test_a_broker_collapses_the_log_of_a_queue_as_it_is_consumed(
     running = start_inprocess(data, clock, **settings)
     try:
         with Consumer(running.url, "q") as c:
-            again = c.receive_many(100, timeout=5)
+            again: list = []
+            while len(again) < len(unacked):
+                more = c.receive_many(100, timeout=5)
+                assert more, f"only {sorted(m.offset for m in again)} redelivered"
+                again += more
             assert {m.offset for m in again} == unacked
+            assert not c.receive_many(100, timeout=0.5)  # (nothing acked comes again)
             assert [m.body for m in again] == [b"m%d" % m.offset for m in again]
             c.ack(again).result(timeout=10)
     finally:

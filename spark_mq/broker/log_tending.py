@@ -10,11 +10,12 @@ every ``TEND_EVERY`` commits or ``TEND_ROWS`` rows to them (at most once every `
 or ``TEND_REST`` times as long as the last one took):
 
 * its settlement log is collapsed as compaction does: each subscription's rows below its
-  low-water mark replaced by one ``compacted`` row carrying the mark
-  (``LogStore.collapse_settlements``: the marks first, so a reader between the two finds both),
-  and the log's small files merged. The marks are what the store's settlements tell: a
-  settlement still in the hot tier, not yet moved to Delta, is not counted, so a mark is never
-  past what the log holds;
+  low-water mark replaced by one ``compacted`` row carrying the mark, and above it (past a
+  message held unacknowledged) each long run of settled offsets by one ``settled-run`` row
+  (``recovery.collapse_plan``; ``LogStore.collapse_settlements``: the new rows first, so a
+  reader between the two finds both), and the log's small files merged. The marks and runs are
+  what the store's settlements tell: a settlement still in the hot tier, not yet moved to
+  Delta, is not counted, so neither is ever past what the log holds;
 * its message log's small files are merged once there are ``MERGE_AT_FILES`` of them (as
   Databricks' auto compaction does: 50): no rows change, and a Delta stream skips the commit.
   Removing settled messages stays compaction's.
