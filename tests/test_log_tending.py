@@ -355,3 +355,52 @@ def test_a_message_log_s_small_files_merge_once_there_are_enough(tmp_path: Path)
     assert store.committed_end("d") == 84
     store.commit_messages("d", with_offsets(batches[0], 84), 91)  # (and commits go on)
     assert store.read_messages("d", 80, None)["offset"].to_pylist() == list(range(80, 91))
+
+
+@pytest.mark.parametrize(
+    "unacked",
+    [
+        pytest.param({0, 777, *range(1_950, 2_000)}, id="few-runs"),  # (read range by range)
+        pytest.param({*range(0, 2_000, 7)}, id="many-runs"),  # (read in one go, then filtered)
+    ],
+)
+def test_a_restart_reads_back_the_unsettled_rows_alone_past_held_messages(
+    tmp_path: Path, clock: ManualClock, unacked: set[int]
+) -> None:
+    """Past a message held unacknowledged, a queue's restart reads its log's offsets, then
+    only the unsettled rows whole: what it holds in memory is those, and they are delivered
+    with their bodies, in order, and nothing acked comes again."""
+    data = tmp_path / "data"
+    running = start_inprocess(data, clock)
+    try:
+        with Admin(running.url) as admin:
+            admin.create_queue("q")
+        with Producer(running.url, destination="q") as p:
+            for i in range(0, 2_000, 100):
+                p.send_batch([b"m%d" % o for o in range(i, i + 100)])
+        with Consumer(running.url, "q", prefetch=2_000) as c:
+            got: list = []
+            while len(got) < 2_000:
+                more = c.receive_many(2_000 - len(got), timeout=10)
+                assert more, f"only {len(got)} of 2,000 delivered"
+                got += more
+            c.ack([m for m in got if m.offset not in unacked]).result(timeout=10)
+        assert running.broker.journal.move("q", timeout=10)
+        running.broker.log_tending.tend("q")  # (with few runs, the acks collapse into them)
+    finally:
+        running.stop()
+
+    running = start_inprocess(data, clock)
+    try:
+        assert running.broker.destinations.get("q").store.rows == len(unacked)
+        with Consumer(running.url, "q", prefetch=2_000) as c:
+            again: list = []
+            while len(again) < len(unacked):
+                more = c.receive_many(2_000, timeout=5)
+                assert more, f"{len(again)} of {len(unacked)} redelivered"
+                again += more
+            assert [m.offset for m in again] == sorted(unacked)
+            assert [m.body for m in again] == [b"m%d" % m.offset for m in again]
+            assert not c.receive_many(10, timeout=0.5)
+    finally:
+        running.stop()

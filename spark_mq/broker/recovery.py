@@ -249,7 +249,14 @@ def recover_destination(
         (low_water(s.start_offset, settled.get(s.name))[0] for s in info.subscriptions.values()),
         default=end,
     )
-    rows = journal.read_messages(info.name, first, end) if first < end else None
+    # (for a queue, the offsets first: past a message held unacknowledged, most rows above
+    # it are settled, and only the unsettled ones are read whole below)
+    queue = info.kind == "queue" and bool(info.subscriptions)
+    rows = (
+        journal.read_messages(info.name, first, end, ["offset"] if queue else None)
+        if first < end
+        else None
+    )
     if rows is not None:
         gaps = log_gaps(rows["offset"].to_numpy(), first, end)
         with_gaps(settled, list(info.subscriptions), gaps)
@@ -280,9 +287,32 @@ def recover_destination(
         )
     if rows is None:
         return subs, journal.read_messages(info.name, end, end)
-    if info.kind == "queue" and subs and subs[0].settled_above:
-        keep = pc.invert(
-            pc.is_in(rows["offset"], pa.array(sorted(subs[0].settled_above), pa.int64()))
-        )
-        rows = rows.filter(keep)
+    if queue:
+        return subs, _unsettled_rows(journal, info.name, rows["offset"], subs[0].settled_above)
     return subs, rows
+
+
+# a queue's unsettled rows are read range by range when they lie in at most this many runs of
+# consecutive offsets (each a read Delta's file statistics narrow down), else in one read
+RANGE_READS = 16
+
+
+def _unsettled_rows(
+    journal: Journal, name: str, offsets: pa.ChunkedArray, settled: set[int]
+) -> pa.Table:
+    """The whole rows of ``offsets`` (a queue's message log's, from its low-water mark to its
+    end) but those in ``settled``."""
+    present = np.sort(offsets.to_numpy())
+    if settled:
+        present = present[~np.isin(present, np.fromiter(settled, np.int64, len(settled)))]
+    if not len(present):
+        return journal.read_messages(name, 0, 0)
+    breaks = np.nonzero(np.diff(present) != 1)[0] + 1
+    starts = present[np.r_[0, breaks]]
+    ends = present[np.r_[breaks - 1, len(present) - 1]] + 1
+    if len(starts) <= RANGE_READS:
+        return pa.concat_tables(
+            [journal.read_messages(name, int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
+        )
+    rows = journal.read_messages(name, int(starts[0]), int(ends[-1]))
+    return rows.filter(pc.is_in(rows["offset"], pa.array(present, pa.int64())))
