@@ -674,6 +674,146 @@ def test_groups_are_resources_of_their_own_in_the_access_rules(secure: BrokerPro
     assert audit.exists() and "group 'alice-readers'" in audit.read_text()
 
 
+def test_admin_tools_describe_the_access_rules_as_kafka_acls(
+    secure: BrokerProcess, port: int
+) -> None:
+    """DescribeAcls (librdkafka's v1, kafka-python's v3): the access rules as Kafka's ACL
+    bindings, filtered as Kafka filters them (ANY, MATCH, a principal); only the broker's
+    admin may see them (bob gets CLUSTER_AUTHORIZATION_FAILED, audited); a broker with
+    security off answers SECURITY_DISABLED."""
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+    from kafka import KafkaAdminClient
+    from kafka.admin import (
+        ACLFilter,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        ResourcePatternFilter,
+    )
+    from kafka.admin import ResourceType as PyResourceType
+    from kafka.errors import ClusterAuthorizationFailedError, SecurityDisabledError
+
+    secured = secure.kafka_port
+    assert secured
+    admin = AdminClient(
+        {"bootstrap.servers": f"127.0.0.1:{secured}", **_sasl("alice", PASSWORDS["alice"])}
+    )
+
+    def described(
+        kind: Any = ResourceType.ANY,
+        name: str | None = None,
+        pattern: Any = ResourcePatternType.ANY,
+        principal: str | None = None,
+        client: Any = admin,
+    ) -> set[tuple[str, str, str, str, str]]:
+        wanted = AclBindingFilter(
+            kind, name, pattern, principal, None, AclOperation.ANY, AclPermissionType.ANY
+        )
+        got = client.describe_acls(wanted).result(timeout=20)
+        assert {(b.host, b.permission_type.name) for b in got} <= {("*", "ALLOW")}
+        return {
+            (b.restype.name, b.name, b.resource_pattern_type.name, b.principal, b.operation.name)
+            for b in got
+        }
+
+    admins = "Group:admins"
+    every = {
+        ("TOPIC", "*", "LITERAL", admins, "ALL"),
+        ("GROUP", "*", "LITERAL", admins, "ALL"),
+        ("BROKER", "kafka-cluster", "LITERAL", admins, "ALL"),  # (librdkafka's CLUSTER)
+        ("TOPIC", "bob.", "PREFIXED", "User:bob", "WRITE"),
+        ("TOPIC", "bob.", "PREFIXED", "User:bob", "READ"),
+        ("TOPIC", "bob.", "PREFIXED", "User:bob", "CREATE"),
+        ("GROUP", "bob-", "PREFIXED", "User:bob", "READ"),
+        ("TOPIC", "shared.", "PREFIXED", "User:bob", "READ"),
+    }
+    assert described() == every
+    # what applies to the topic bob.inbox: the wildcard, and bob's prefix
+    assert described(ResourceType.TOPIC, "bob.inbox", ResourcePatternType.MATCH) == {
+        ("TOPIC", "*", "LITERAL", admins, "ALL"),
+        ("TOPIC", "bob.", "PREFIXED", "User:bob", "WRITE"),
+        ("TOPIC", "bob.", "PREFIXED", "User:bob", "READ"),
+        ("TOPIC", "bob.", "PREFIXED", "User:bob", "CREATE"),
+    }
+    assert described(ResourceType.GROUP, principal="User:bob") == {
+        ("GROUP", "bob-", "PREFIXED", "User:bob", "READ")
+    }
+    assert described(ResourceType.TOPIC, "bob.", ResourcePatternType.LITERAL) == set()
+
+    # kafka-python asks with the newest version (3, flexible)
+    def py_admin(at: int, **login: str) -> KafkaAdminClient:
+        return KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{at}", **login)
+
+    everything = ACLFilter(
+        principal=None,
+        host=None,
+        operation=ACLOperation.ANY,
+        permission_type=ACLPermissionType.ANY,
+        resource_pattern=ResourcePatternFilter(
+            PyResourceType.ANY, None, ACLResourcePatternType.ANY
+        ),
+    )
+    hers = py_admin(
+        secured,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="alice",
+        sasl_plain_password=PASSWORDS["alice"],
+    )
+    try:
+        acls, _ = hers.describe_acls(
+            ACLFilter(
+                principal="User:bob",
+                host=None,
+                operation=ACLOperation.READ,
+                permission_type=ACLPermissionType.ANY,
+                resource_pattern=ResourcePatternFilter(
+                    PyResourceType.TOPIC, None, ACLResourcePatternType.ANY
+                ),
+            )
+        )
+        assert sorted(a.resource_pattern.resource_name for a in acls) == ["bob.", "shared."]
+    finally:
+        hers.close()
+
+    # bob is not the broker's admin: refused, and audited
+    bobs = AdminClient(
+        {"bootstrap.servers": f"127.0.0.1:{secured}", **_sasl("bob", PASSWORDS["bob"])}
+    )
+    # (librdkafka's AdminClient shows an answer's top-level error as no bindings at all;
+    # kafka-python raises it)
+    assert described(client=bobs) == set()
+    his = py_admin(
+        secured,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="bob",
+        sasl_plain_password=PASSWORDS["bob"],
+    )
+    try:
+        with pytest.raises(ClusterAuthorizationFailedError, match="'bob' may not admin"):
+            his.describe_acls(everything)
+    finally:
+        his.close()
+    audit = Path(secure.data_dir).parent / "audit.log"
+    assert "'bob' may not admin" in audit.read_text()
+
+    # no access rules at all
+    plain = py_admin(port)
+    try:
+        with pytest.raises(SecurityDisabledError, match="security is off"):
+            plain.describe_acls(everything)
+    finally:
+        plain.close()
+
+
 def test_create_partitions_needs_admin_of_the_topic(secure: BrokerProcess) -> None:
     """Adding partitions is administering the topic (Kafka's ALTER): refused to a user who
     may only consume it, even to validate, and audited; its administrator adds them."""

@@ -149,6 +149,12 @@ class AccessRules:
             ) from None
         return parse_rules(text, self.path)
 
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        """The rules in force (what Kafka's DescribeAcls shows)."""
+        with self._lock:
+            return self._rules
+
     def reload(self) -> tuple[bool, str]:
         """Read the file again: ``(True, what)`` when its rules are in force now; ``(False,
         why)`` when it could not be used (the rules in force stay)."""

@@ -45,6 +45,7 @@ from spark_mq.errors import (
 from spark_mq.names import KAFKA_OFFSETS, logical_name, partition_name
 from spark_mq.session import ClientSession
 from spark_mq.transports.kafka import codec
+from spark_mq.transports.kafka.acls import AclRequests
 from spark_mq.transports.kafka.admin_requests import AdminRequests, kafka_topic_settings
 from spark_mq.transports.kafka.codec import ErrorCode, Request, build
 from spark_mq.transports.kafka.group_requests import GroupRequests
@@ -214,6 +215,7 @@ class KafkaRequests:
                 link, listener, session, coordinator, share_groups, transactions
             ).handlers(),
             **AdminRequests(link, listener, session, self.topic_settings).handlers(),
+            **AclRequests(link, session).handlers(),
             **self.share.handlers(),
             **self.txn.handlers(),
             **TransactionAdminRequests(
