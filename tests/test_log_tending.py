@@ -404,3 +404,24 @@ def test_a_restart_reads_back_the_unsettled_rows_alone_past_held_messages(
             assert not c.receive_many(10, timeout=0.5)
     finally:
         running.stop()
+
+
+def test_a_destination_deleted_leaves_nothing_counted(tmp_path: Path, clock: ManualClock) -> None:
+    """The tending counts each destination's commits; a deleted one's count goes with it (a
+    broker serving many short-lived destinations keeps no entry for each)."""
+    running = start_inprocess(tmp_path / "data", clock)
+    try:
+        broker = running.broker
+        with Admin(running.url) as admin:
+            admin.create_queue("short-lived")
+            admin.create_queue("kept")
+            for name in ("short-lived", "kept"):
+                with Producer(running.url, destination=name) as p:
+                    p.send_sync(b"x")
+                assert broker.journal.move(name, timeout=10)
+            assert {"short-lived", "kept"} <= broker.log_tending.tracked
+            admin.delete_destination("short-lived")
+        assert "short-lived" not in broker.log_tending.tracked
+        assert "kept" in broker.log_tending.tracked
+    finally:
+        running.stop()

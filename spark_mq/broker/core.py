@@ -454,6 +454,7 @@ class Broker:
             if dest.dedup is not None and end is not None:
                 self._hand_on_producers(name, dest.dedup, end)
             self.journal.store.release_destination(name)
+            self.log_tending.forget(name)
             if name == KAFKA_OFFSETS:
                 self.group_offsets.forget()
             log.info(
@@ -572,6 +573,7 @@ class Broker:
             # in between was acknowledged, then deleted with the queue
             if not self.admin.delete_destination(dest.name, internal=True, only_if_end=end):
                 return
+        self.log_tending.forget(dest.name)
         log.info(
             "auto-deleted %s %s: unused and empty",
             dest.kind,
@@ -612,7 +614,9 @@ class Broker:
         return self.admin.add_partitions(name, count)
 
     def delete_destination(self, name: str) -> bool:
-        return self.admin.delete_destination(name)
+        deleted = self.admin.delete_destination(name)
+        self.log_tending.forget(name)
+        return deleted
 
     def create_subscription(self, destination: str, name: str, selector: str | None = None) -> bool:
         return self.admin.create_subscription(destination, name, selector)

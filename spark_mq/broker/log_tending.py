@@ -95,6 +95,19 @@ class LogTending:
             if not self._closed:
                 self._queue(destination)
 
+    def forget(self, destination: str) -> None:
+        """``destination`` is not served here any more (let go, or deleted): its counts go (a
+        tending under way finishes, and keeps none)."""
+        with self._lock:
+            self._commits.pop(destination, None)
+            self._next.pop(destination, None)
+
+    @property
+    def tracked(self) -> set[str]:
+        """The destinations whose commits are counted here."""
+        with self._lock:
+            return set(self._commits) | set(self._next)
+
     def _queue(self, destination: str) -> bool:
         """Queue a tending of ``destination`` unless one is, or it is too soon after the last
         (under the lock)."""
@@ -119,9 +132,10 @@ class LogTending:
             took = time.perf_counter() - started
             with self._lock:
                 self._queued.discard(destination)
-                # (resting TEND_REST times as long as it took: at most a share of a core)
-                rest = max(self._apart_s, TEND_REST * took)
-                self._next[destination] = self._monotonic() - took + rest
+                if destination in self._commits:  # (else forgotten meanwhile)
+                    # (resting TEND_REST times as long as it took: at most a share of a core)
+                    rest = max(self._apart_s, TEND_REST * took)
+                    self._next[destination] = self._monotonic() - took + rest
 
     def tend(self, destination: str) -> tuple[int, int]:
         """Tend ``destination``'s logs now, if it is served here: the settlement rows removed
