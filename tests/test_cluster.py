@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1676,6 +1677,18 @@ def test_a_move_is_drained_by_the_old_owner_before_the_new_one_fences(
         served = _logged_at(logs[target], f"serving h0 from now on (epoch {epoch})")
         assert let_go and handed and served, (source, target, epoch)
         assert let_go <= taking <= served, (let_go, taking, served)
+        # the line says where the take-on's time went (its parts add up to no more than it)
+        line = next(
+            ln for ln in logs[target].splitlines() if f"h0 from now on (epoch {epoch})" in ln
+        )
+        took = re.search(
+            r"taken on in ([\d.]+)s \(fence ([\d.]+), transactions ([\d.]+), "
+            r"delivery state ([\d.]+), duplicate cache ([\d.]+)\)",
+            line,
+        )
+        assert took, line
+        total, *parts = (float(x) for x in took.groups())
+        assert sum(parts) <= total + 0.02, line
     for text in logs.values():
         assert "another member took it over" not in text  # (a sync refused by a fence)
         assert "a newer owner fenced it" not in text
