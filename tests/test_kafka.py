@@ -751,6 +751,14 @@ def test_admin_tools_describe_the_access_rules_as_kafka_acls(
     def py_admin(at: int, **login: str) -> KafkaAdminClient:
         return KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{at}", **login)
 
+    def _py_sasl(user: str) -> dict[str, str]:
+        return {
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "PLAIN",
+            "sasl_plain_username": user,
+            "sasl_plain_password": PASSWORDS[user],
+        }
+
     everything = ACLFilter(
         principal=None,
         host=None,
@@ -760,13 +768,7 @@ def test_admin_tools_describe_the_access_rules_as_kafka_acls(
             PyResourceType.ANY, None, ACLResourcePatternType.ANY
         ),
     )
-    hers = py_admin(
-        secured,
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="PLAIN",
-        sasl_plain_username="alice",
-        sasl_plain_password=PASSWORDS["alice"],
-    )
+    hers = py_admin(secured, **_py_sasl("alice"))
     try:
         acls, _ = hers.describe_acls(
             ACLFilter(
@@ -790,13 +792,7 @@ def test_admin_tools_describe_the_access_rules_as_kafka_acls(
     # (librdkafka's AdminClient shows an answer's top-level error as no bindings at all;
     # kafka-python raises it)
     assert described(client=bobs) == set()
-    his = py_admin(
-        secured,
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="PLAIN",
-        sasl_plain_username="bob",
-        sasl_plain_password=PASSWORDS["bob"],
-    )
+    his = py_admin(secured, **_py_sasl("bob"))
     try:
         with pytest.raises(ClusterAuthorizationFailedError, match="'bob' may not admin"):
             his.describe_acls(everything)
