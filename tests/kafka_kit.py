@@ -332,7 +332,8 @@ def fetch_by_id(port: int, version: int, tid: Any, offset: int) -> Any:
         max_bytes=1 << 20, isolation_level=1, session_id=0, session_epoch=-1,
         topics=(mod.FetchTopic(**topic, partitions=(build(
             mod, "FetchPartition", partition=0, current_leader_epoch=-1, fetch_offset=offset,
-            last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20),)),),
+            last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20,
+            high_watermark=-1),)),),  # (18's tagged field, sent as a replica would)
         forgotten_topics_data=(), rack_id="",
     )  # fmt: skip
     return kio_call(port, request)

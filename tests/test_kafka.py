@@ -1572,8 +1572,9 @@ def test_committed_offsets_and_messages_survive_a_failover_of_an_ha_pair(tmp_pat
 
 def test_topics_named_by_their_ids_are_produced_to_and_fetched(port: int) -> None:
     """Produce 13 and Fetch 13+ name a topic by its id (KIP-516), the one Metadata gives; an id
-    that stands for no topic gets UNKNOWN_TOPIC_ID. librdkafka fetches by id (Fetch 16) once
-    it is served: every other test here that consumes with it does so."""
+    that stands for no topic gets UNKNOWN_TOPIC_ID. (Fetch 18 adds a replica's high watermark,
+    KIP-1166: a tagged field, ignored here.) librdkafka fetches by id (Fetch 16) once it is
+    served: every other test here that consumes with it does so."""
     from kio.schema.errors import ErrorCode
 
     from spark_mq.transports.kafka.link import topic_id
@@ -1585,7 +1586,7 @@ def test_topics_named_by_their_ids_are_produced_to_and_fetched(port: int) -> Non
     (t,) = answer.responses
     (p,) = t.partition_responses
     assert (t.topic_id, p.error_code, p.base_offset) == (tid, ErrorCode.none, 1)
-    for version in (13, 16, 17):
+    for version in (13, 16, 17, 18):
         (t,) = fetch_by_id(port, version, tid, 1).responses
         (p,) = t.partitions
         assert (t.topic_id, p.error_code, p.high_watermark) == (tid, ErrorCode.none, 3)

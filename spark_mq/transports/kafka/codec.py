@@ -56,7 +56,7 @@ SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76
 # and Fetch 16+ name a partition's leader when it is not led here (KIP-951).
 SERVED: dict[int, tuple[int, int]] = {
     PRODUCE: (0, 13),
-    FETCH: (4, 17),
+    FETCH: (4, 18),  # (18: a replica's high watermark, KIP-1166, a tagged field ignored)
     LIST_OFFSETS: (1, 8),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),  # (a consumer's check of its position, KIP-320)
     METADATA: (0, 12),
