@@ -518,22 +518,26 @@ def test_a_consumer_s_check_of_its_position_finds_the_log_whole(secure: BrokerPr
 def test_a_wrong_password_or_no_login_gets_nothing(secure: BrokerProcess) -> None:
     port = secure.kafka_port
     assert port
+    # (a topic of its own with one message of alice's: the test stands alone, whichever of the
+    # module's tests ran before it on this broker)
+    topic = _name("shared.locked")
+    assert produce_all(producer(port, **_sasl("alice", PASSWORDS["alice"])), topic, [b"a"]) == [0]
     told: list[KafkaError] = []
     wrong = producer(
         port, **_sasl("alice", "not-her-password"),
         **{"message.timeout.ms": 4000, "error_cb": told.append},
     )  # fmt: skip
     with pytest.raises(AssertionError, match=r"still unacknowledged|MSG_TIMED_OUT"):
-        produce_all(wrong, "shared.news", [b"x"])
+        produce_all(wrong, topic, [b"x"])
     auth = [e for e in told if e.code() == KafkaError._AUTHENTICATION]
     assert auth and "wrong user name or password" in auth[0].str(), told
     anonymous = producer(port, **{"message.timeout.ms": 4000})
     with pytest.raises(AssertionError, match=r"still unacknowledged|MSG_TIMED_OUT"):
-        produce_all(anonymous, "shared.news", [b"x"])
+        produce_all(anonymous, topic, [b"x"])
     log = Path(secure.data_dir).parent.joinpath("broker.log").read_text()
     assert "not logged in" in log and "SASL PLAIN" in log
     with Admin(secure.url, username="alice", password=PASSWORDS["alice"]) as admin:
-        assert admin.stats("shared.news")["end_offset"] == 1  # (only alice's)
+        assert admin.stats(topic)["end_offset"] == 1  # (only alice's)
 
 
 # -- consumer groups ------------------------------------------------------------------------
