@@ -392,11 +392,8 @@ def _compact(
     # 3. settlements below each mark collapse into one marker row (marker first: a crash in
     #    between leaves both, which recovery reads the same way)
     if stale_count:
-        marks = [
-            (mark, sub, COMPACTED, "settled below; compacted")
-            for sub, mark in plan.low_water.items()
-        ]
-        marker_rows = _settlement_rows(marks, now)
+        collapse = Collapse(plan.low_water)
+        marker_rows = collapse.rows(int(now.timestamp() * 1_000_000), "settled below; compacted")
         _retrying(
             "writing compaction marks",
             name,
@@ -404,7 +401,7 @@ def _compact(
             settlements,
             lambda: write_deltalake(settlements, marker_rows, mode="append"),
         )
-        cond = Collapse(plan.low_water).predicate()  # (releases of claims stay)
+        cond = collapse.predicate()  # (releases of claims stay)
         gone = _retrying(
             "deleting settled settlements",
             name,
