@@ -184,13 +184,15 @@ def test_the_console_from_login_to_redrive(browser: WebDriver, broker: BrokerPro
 
 
 def log_in(browser: WebDriver, broker: BrokerProcess, user: str) -> None:
-    """A new login as ``user`` (the cookies of any other dropped)."""
+    """A new login as ``user`` (the cookies of any other dropped), done."""
     browser.delete_all_cookies()
     browser.get(broker.http_url + "/")
     wait(browser, "#login")
     browser.find_element(By.ID, "username").send_keys(user)
     browser.find_element(By.ID, "password").send_keys(PASSWORDS[user])
     browser.find_element(By.ID, "login-submit").click()
+    # (in, before the test goes on: a page asked for sooner would be drawn again once in)
+    wait(browser, "#who", f"signed in as {user}")
 
 
 def test_a_user_sees_and_does_only_what_it_may(browser: WebDriver, broker: BrokerProcess) -> None:
@@ -207,6 +209,48 @@ def test_a_user_sees_and_does_only_what_it_may(browser: WebDriver, broker: Broke
     browser.get(broker.http_url + "/#/config")
     assert "'bob' may not admin" in wait(browser, "#page-error")
     shot(browser, "denied")
+
+
+# Counts each API call the page makes and holds /api/overview's answers 1.5 s (a slow broker).
+SLOW_OVERVIEW = """
+window.calls = {}; window.lateOverviews = 0;
+const real = window.fetch;
+window.fetch = async (path, init) => {
+  window.calls[path] = (window.calls[path] || 0) + 1;
+  const res = await real(path, init);
+  if (path === "/api/overview") {
+    await new Promise((done) => setTimeout(done, 1500));
+    window.lateOverviews += 1;
+  }
+  return res;
+};
+"""
+
+
+def test_a_page_left_before_its_answer_came_is_not_drawn_over_the_next(
+    browser: WebDriver, broker: BrokerProcess
+) -> None:
+    """The overview's first answer arrives after the user has gone on to the Kafka page: it is
+    dropped (no error drawn over the Kafka page) and the overview does not go on refreshing."""
+    log_in(browser, broker, "alice")
+    wait(browser, "#phase", "serving")
+    browser.execute_script(SLOW_OVERVIEW)
+    browser.execute_script("location.hash = '#/config'")
+    wait(browser, "#config")
+    browser.execute_script("location.hash = '#/'")
+    wait(browser, "#status-cards")
+    browser.execute_script("location.hash = '#/kafka'")
+    wait(browser, "#kafka-table")
+
+    def count(path: str) -> int:
+        return int(browser.execute_script("return window.calls[arguments[0]] || 0", path))
+
+    wait_for(lambda: browser.execute_script("return window.lateOverviews") == 1, timeout=10)
+    refreshed = count("/api/kafka/groups")
+    wait_for(lambda: count("/api/kafka/groups") >= refreshed + 2, timeout=15)
+    assert not browser.find_elements(By.ID, "page-error"), wait(browser, "main")
+    assert "Kafka transactions" in wait(browser, "main")
+    assert count("/api/overview") == 1  # (no timer left behind by the page that was left)
 
 
 def test_the_console_shows_kafka_transactions_to_their_users_and_the_admin(
@@ -234,7 +278,9 @@ def test_the_console_shows_kafka_transactions_to_their_users_and_the_admin(
         browser.get(broker.http_url + "/#/kafka")
         # (the box, not its rows: they are drawn anew at each refresh)
         shown = wait(browser, "#kafka-transactions", "Ongoing")
-        (row,) = [line for line in shown.splitlines() if line.startswith(tid)]
+        rows = [line for line in shown.splitlines() if line.startswith(tid)]
+        assert len(rows) == 1, shown
+        (row,) = rows
         assert "alice" in row and "console.txn[0]" in row and " s of 60 s" in row, row
         tools = KafkaAdminClient(
             bootstrap_servers=f"127.0.0.1:{broker.kafka_port}", security_protocol="SASL_PLAINTEXT",

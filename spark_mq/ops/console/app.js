@@ -4,6 +4,9 @@
 const app = () => document.getElementById("app");
 const POLL_MS = 2000;
 let timer = null;
+// Which route() drew the page. A page's answers that arrive after the next route() began (the
+// user moved on while they were in flight) are dropped, not drawn over the page now shown.
+let drawn = 0;
 let flash = null;  // an action's outcome, shown on the page it re-renders: {ok, text}
 const history = [];  // overview samples: {t, produced, acked, depth}
 
@@ -41,8 +44,16 @@ function card(label, value, id, cls = "") {
 
 function stop() { if (timer) { clearInterval(timer); timer = null; } }
 
+// Refresh the page drawn by route() number ``seq`` every POLL_MS, while it is the one shown.
+function every(seq, refresh) {
+  if (seq !== drawn) return;
+  stop();
+  timer = setInterval(() => { if (seq === drawn) refresh().catch(() => {}); }, POLL_MS);
+}
+
 // -- login -------------------------------------------------------------------------------------
 function showLogin() {
+  drawn++;  // (a page still loading must not start refreshing over the form)
   stop();
   const form = document.getElementById("login-form").content.cloneNode(true);
   app().replaceChildren(form);
@@ -68,6 +79,7 @@ async function whoami() {
 
 // -- overview ----------------------------------------------------------------------------------
 async function overview() {
+  const seq = drawn;
   app().replaceChildren(
     el("h1", {}, "Overview"),
     el("div", { class: "cards", id: "status-cards" }),
@@ -87,7 +99,7 @@ async function overview() {
   );
   history.length = 0;
   await refreshOverview();
-  timer = setInterval(() => refreshOverview().catch(() => {}), POLL_MS);
+  every(seq, refreshOverview);
 }
 
 async function refreshOverview() {
@@ -173,8 +185,10 @@ function plot(id, series) {
 
 // -- one destination ----------------------------------------------------------------------------
 async function destination(name) {
+  const seq = drawn;
   const base = "/api/destinations/" + encodeURIComponent(name);
   const d = await call("GET", base);
+  if (seq !== drawn) return;
   const subs = d.subscriptions ? Object.entries(d.subscriptions) : [];
   const figures = d.kind === "queue" ? d : subs.reduce((acc, [, s]) => {
     for (const k of ["depth", "in_flight", "acked", "redelivered", "dead_lettered", "expired"]) acc[k] = (acc[k] || 0) + s[k];
@@ -182,7 +196,7 @@ async function destination(name) {
   }, {});
   const result = el("p", { id: "action-result", class: flash ? (flash.ok ? "ok" : "error") : "" }, flash ? flash.text : "");
   flash = null;
-  const done = async (ok, text) => { flash = { ok, text }; await destination(name); };
+  const done = async (ok, text) => { if (seq === drawn) { flash = { ok, text }; await destination(name); } };
   const isSide = name.startsWith("DLQ.") || name.startsWith("EXP.");
   const moveTarget = el("input", { id: "move-target", placeholder: isSide ? "(where each came from)" : "target destination" });
   const subPick = d.kind === "topic" ? el("input", { id: "subscription", placeholder: "subscription", value: subs.length ? subs[0][0] : "" }) : null;
@@ -247,10 +261,11 @@ async function browse(base, subscription) {
 
 // -- Kafka groups and transactions ---------------------------------------------------------------
 async function kafka() {
+  const seq = drawn;
   app().replaceChildren(el("h1", {}, "Kafka groups"), el("div", { id: "kafka-groups" }),
     el("h2", {}, "Kafka transactions"), el("div", { id: "kafka-transactions" }));
   await refreshKafka();
-  timer = setInterval(() => refreshKafka().catch(() => {}), POLL_MS);
+  every(seq, refreshKafka);
 }
 
 async function refreshKafka() {
@@ -274,9 +289,10 @@ async function refreshKafka() {
 
 // -- a cluster's members and who owns what --------------------------------------------------------
 async function cluster() {
+  const seq = drawn;
   app().replaceChildren(el("h1", {}, "Cluster"), el("div", { id: "cluster" }));
   await refreshCluster();
-  timer = setInterval(() => refreshCluster().catch(() => {}), POLL_MS);
+  every(seq, refreshCluster);
 }
 
 async function refreshCluster() {
@@ -332,12 +348,15 @@ async function refreshCluster() {
 
 // -- configuration -----------------------------------------------------------------------------
 async function config() {
+  const seq = drawn;
   const doc = await call("GET", "/api/config");
+  if (seq !== drawn) return;
   app().replaceChildren(el("h1", {}, "Configuration"), el("pre", { id: "config" }, JSON.stringify(doc, null, 2)));
 }
 
 // -- routing -----------------------------------------------------------------------------------
 async function route() {
+  const seq = ++drawn;
   stop();
   const hash = location.hash || "#/";
   try {
@@ -347,7 +366,7 @@ async function route() {
     else if (hash === "#/cluster") await cluster();
     else await overview();
   } catch (err) {
-    if (!document.getElementById("login")) app().replaceChildren(el("p", { class: "error", id: "page-error" }, err.message));
+    if (seq === drawn && !document.getElementById("login")) app().replaceChildren(el("p", { class: "error", id: "page-error" }, err.message));
   }
 }
 
