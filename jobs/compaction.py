@@ -46,6 +46,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from spark_mq.broker.producer_state import ProducerState, newest_numbers
 from spark_mq.broker.recovery import log_gaps, low_water, settled_by_subscription, with_gaps
+from spark_mq.broker.settled import SettledOffsets
 from spark_mq.journal import bindings, layout
 from spark_mq.journal.base import DestinationInfo
 from spark_mq.journal.boundary import translate
@@ -153,7 +154,7 @@ def _plan(
         messages.to_pyarrow_dataset().to_table(columns=["offset", "expiry_time", "enqueue_time"])
     )
     marks: dict[str, int] = {}
-    above: dict[str, set[int]] = {}
+    above: dict[str, SettledOffsets] = {}
     for sub in info.subscriptions.values():
         marks[sub.name], above[sub.name] = low_water(sub.start_offset, settled.get(sub.name))
     # offsets with no row (a quarantined record's) are settled for everyone
@@ -177,8 +178,7 @@ def _plan(
     offsets = live_rows["offset"].to_numpy()
     by_all = np.ones(len(offsets), dtype=bool)
     for sub in info.subscriptions.values():
-        got = np.fromiter(above[sub.name], np.int64, len(above[sub.name]))
-        by_all &= np.isin(offsets, got) | (offsets < marks[sub.name])
+        by_all &= above[sub.name].mask(offsets) | (offsets < marks[sub.name])
     if not info.subscriptions:
         by_all[:] = False  # nothing at or above ``below`` (the end) exists yet
     old = offsets < young_from

@@ -1,8 +1,9 @@
 """Rebuilding a destination's delivery state from its logs after a (re)start.
 
 For every subscription: every offset below its *low-water mark* is settled; above it, the
-settled offsets are kept in a set. The message rows from the lowest low-water mark to the end
-of the log are read back into memory (for a queue, only the unsettled ones).
+settled offsets are kept as :class:`~spark_mq.broker.settled.SettledOffsets` (a byte an
+offset). The message rows from the lowest low-water mark to the end of the log are read back
+into memory (for a queue, only the unsettled ones).
 
 Compaction replaces a subscription's settlement rows below its low-water mark by one row with
 outcome ``compacted`` whose offset is that mark (:data:`COMPACTED`): every offset below it is
@@ -23,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_mq.broker.settled import SettledOffsets
 from spark_mq.journal import DestinationInfo, Journal
 from spark_mq.journal.settlements import Collapse, run_end
 from spark_mq.schema import (
@@ -52,7 +54,7 @@ class RecoveredSubscription:
     name: str
     start_offset: int
     low_water: int
-    settled_above: set[int]
+    settled_above: SettledOffsets
     returned: dict[int, int]  # offset -> deliveries that came back, for unsettled offsets
     claims: dict[str, dict[int, list[int]]]  # claimant -> claim number -> unsettled offsets
     released: set[str] = field(default_factory=set)  # claimants that may not claim again
@@ -88,16 +90,16 @@ def settled_by_subscription(settlements: pa.Table) -> dict[str, Settled]:
     return out
 
 
-def low_water(start: int, settled: Settled | None) -> tuple[int, set[int]]:
+def low_water(start: int, settled: Settled | None) -> tuple[int, SettledOffsets]:
     """The first unsettled offset >= ``start``, and the settled offsets above it."""
     if settled is None:
-        return start, set()
+        return start, SettledOffsets()
     start = max(start, settled.below)
     above = settled.offsets[settled.offsets >= start]
     expected = np.arange(start, start + len(above))
     gaps = np.nonzero(above != expected)[0]
     n = int(gaps[0]) if len(gaps) else len(above)
-    return start + n, {int(o) for o in above[n:]}
+    return start + n, SettledOffsets(above[n:])
 
 
 # a run of settled offsets above a low-water mark is collapsed into one row once this many
@@ -298,13 +300,13 @@ RANGE_READS = 16
 
 
 def _unsettled_rows(
-    journal: Journal, name: str, offsets: pa.ChunkedArray, settled: set[int]
+    journal: Journal, name: str, offsets: pa.ChunkedArray, settled: SettledOffsets
 ) -> pa.Table:
     """The whole rows of ``offsets`` (a queue's message log's, from its low-water mark to its
     end) but those in ``settled``."""
     present = np.sort(offsets.to_numpy())
     if settled:
-        present = present[~np.isin(present, np.fromiter(settled, np.int64, len(settled)))]
+        present = present[~settled.mask(present)]
     if not len(present):
         return journal.read_messages(name, 0, 0)
     breaks = np.nonzero(np.diff(present) != 1)[0] + 1

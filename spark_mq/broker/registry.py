@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -459,7 +459,7 @@ class Destinations:
         start: int,
         *,
         next_offset: int,
-        settled: set[int],
+        settled: Iterable[int],
         returned: dict[int, int] | None = None,
         selector: Selector | None = None,
         durable: bool = True,

@@ -48,6 +48,7 @@ from sortedcontainers import SortedList
 from spark_mq.broker.groups import Groups
 from spark_mq.broker.message_store import NEVER, MessageStore
 from spark_mq.broker.selector import Selector
+from spark_mq.broker.settled import SettledOffsets
 from spark_mq.broker.sorted_offsets import drop_first, extend_past_end
 from spark_mq.commands import Refused
 from spark_mq.config import DestinationSettings
@@ -113,9 +114,9 @@ class Subscription:
         self._wall = wall
         self._lock = threading.Lock()
         self.next_offset = start_offset
-        self._settled: set[int] = set(settled)
+        self._settled = settled if isinstance(settled, SettledOffsets) else SettledOffsets(settled)
         # only recovery hands over settled offsets not yet ingested; acks settle ingested ones
-        self._settled_horizon = max(self._settled, default=-1)
+        self._settled_horizon = self._settled.highest()
         self._settled_below = 0  # every offset below it is settled (its record pruned)
         self._ready: dict[int, SortedList] = {}
         self._ready_n = 0
@@ -203,7 +204,7 @@ class Subscription:
                 continue
             keep = np.ones(len(offsets), dtype=bool)
             if offsets[0] <= self._settled_horizon:
-                keep &= ~np.isin(offsets, np.fromiter(self._settled, np.int64))
+                keep &= ~self._settled.mask(offsets)
             if plain and keep.all() and (prio == prio[0]).all():
                 extend_past_end(self._ready_list(int(prio[0])), offsets.tolist())
                 self._ready_n += len(offsets)
@@ -805,14 +806,14 @@ class Subscription:
             if self._doomed:
                 candidates.append(min(self._doomed))
             low = min(candidates)
-            self._settled = {o for o in self._settled if o >= low}
+            self._settled.forget_below(low)
             self._settled_below = max(self._settled_below, low)
             return low
 
     def stats(self, end_offset: int) -> dict[str, int]:
         with self._lock:
             unseen = max(end_offset - self.next_offset, 0)
-            unseen -= sum(1 for o in self._settled if o >= self.next_offset)
+            unseen -= self._settled.count_from(self.next_offset)
             waiting = self._ready_n + len(self._due)
             return {
                 "start_offset": self.start_offset,
