@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_mq.broker.settled import sorted_unique
 from spark_mq.messages import Messages, PlainMessage
 from spark_mq.schema import DEFAULT_PRIORITY, Column, fill_null
 
@@ -256,7 +257,7 @@ class MessageStore:
         if len(wanted) == 0:
             raise KeyError("no offsets requested")
         if len(wanted) > 1 and not (wanted[1:] > wanted[:-1]).all():
-            wanted = np.unique(wanted)  # deliveries come sorted; anything else is sorted here
+            wanted = sorted_unique(wanted)  # deliveries come sorted; anything else is sorted here
         parts = []
         with self._lock:
             # only the chunks that can hold wanted offsets: O(log chunks + chunks touched)

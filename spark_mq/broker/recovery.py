@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_mq.broker.settled import SettledOffsets
+from spark_mq.broker.settled import SettledOffsets, sorted_unique
 from spark_mq.journal import DestinationInfo, Journal
 from spark_mq.journal.settlements import Collapse, run_end
 from spark_mq.schema import (
@@ -86,7 +86,7 @@ def settled_by_subscription(settlements: pa.Table) -> dict[str, Settled]:
             for start, reason in zip(ints(runs["offset"]), runs["reason"].to_pylist(), strict=True)
         ]
         single = rows.filter(pc.invert(marks))["offset"].to_numpy()
-        out[name] = Settled(below, np.unique(np.concatenate([single, *spans])))
+        out[name] = Settled(below, sorted_unique(np.concatenate([single, *spans])))
     return out
 
 
@@ -168,7 +168,7 @@ def with_gaps(settled: dict[str, Settled], names: list[str], gaps: np.ndarray) -
         if mine is None:
             settled[name] = Settled(0, gaps)
         else:
-            settled[name] = Settled(mine.below, np.union1d(mine.offsets, gaps))
+            settled[name] = Settled(mine.below, sorted_unique(np.concatenate([mine.offsets, gaps])))
 
 
 def returned_counts(settlements: pa.Table) -> dict[str, dict[int, int]]:
@@ -247,10 +247,10 @@ def recover_destination(
     returned = returned_counts(settlements) if settlements is not None else {}
     released = released_claimants(settlements) if settlements is not None else {}
     claimed = claims_of(settlements, released) if settlements is not None else {}
-    first = min(
-        (low_water(s.start_offset, settled.get(s.name))[0] for s in info.subscriptions.values()),
-        default=end,
-    )
+    marks = {
+        s.name: low_water(s.start_offset, settled.get(s.name)) for s in info.subscriptions.values()
+    }
+    first = min((low for low, _ in marks.values()), default=end)
     # (for a queue, the offsets first: past a message held unacknowledged, most rows above
     # it are settled, and only the unsettled ones are read whole below)
     queue = info.kind == "queue" and bool(info.subscriptions)
@@ -261,10 +261,15 @@ def recover_destination(
     )
     if rows is not None:
         gaps = log_gaps(rows["offset"].to_numpy(), first, end)
-        with_gaps(settled, list(info.subscriptions), gaps)
+        if len(gaps):
+            with_gaps(settled, list(info.subscriptions), gaps)
+            marks = {
+                s.name: low_water(s.start_offset, settled.get(s.name))
+                for s in info.subscriptions.values()
+            }
     subs = []
     for sub in info.subscriptions.values():
-        low, above = low_water(sub.start_offset, settled.get(sub.name))
+        low, above = marks[sub.name]
         counts = {
             o: n for o, n in returned.get(sub.name, {}).items() if o >= low and o not in above
         }

