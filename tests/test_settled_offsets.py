@@ -11,10 +11,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spark_mq import Admin, Consumer, Producer
 from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.settled import SettledOffsets
 from spark_mq.clock import ManualClock
 from spark_mq.messages import Messages
+from tests.conftest import RunningBroker, receive_n
 from tests.test_dispatch import rows, subscription
 
 _MOVES = st.lists(
@@ -93,3 +95,64 @@ def test_a_held_message_and_a_million_acked_after_it_cost_the_tick_little() -> N
     assert sub._settled._flags.nbytes < 2 * n
     assert sub.stats(n + 1)["depth"] == 1
     assert sub.begin_ack(2, [(n, 1)])[1][0].reason == "already settled"
+
+
+def test_rows_acked_past_a_held_message_leave_memory_those_owed_stay(
+    broker: RunningBroker, clock: ManualClock
+) -> None:
+    """A queue's first message is scheduled an hour on: the 2,000 sent and acked after it leave
+    the broker's memory at the next tick (its mark stays at the held one), and the held one is
+    delivered, whole, when its time comes. A topic whose one subscription acked everything and
+    the other nothing keeps every row the other is owed, and delivers them whole."""
+    with Admin(broker.url) as admin:
+        admin.create_queue("q")
+        admin.create_topic("t")
+        admin.create_subscription("t", "fast")
+        admin.create_subscription("t", "slow")
+    with Producer(broker.url, destination="q") as p:
+        p.send_sync("held", delay_s=3600)
+        for i in range(0, 2_000, 100):
+            p.send_batch([b"m%d" % o for o in range(i, i + 100)])
+    with Producer(broker.url, destination="t") as p:
+        for i in range(0, 1_000, 100):
+            p.send_batch([b"t%d" % o for o in range(i, i + 100)])
+    with Consumer(broker.url, "q", prefetch=2_000) as c:
+        c.ack(receive_n(c, 2_000)).result(timeout=10)
+    with Consumer(broker.url, "t", subscription="fast", prefetch=1_000) as c:
+        c.ack(receive_n(c, 1_000)).result(timeout=10)
+    queue, topic = broker.broker.destinations.get("q"), broker.broker.destinations.get("t")
+    assert queue.store.rows == 2_001 and topic.store.rows == 1_000
+    clock.advance(1.0)  # (the look for settled rows: once a second)
+    broker.broker.run_timers()
+    assert queue.store.rows == 1  # the held message's
+    assert topic.store.rows == 1_000  # "slow" is owed every one
+    clock.advance(3600)
+    broker.broker.run_timers()
+    with Consumer(broker.url, "q") as c:
+        (held,) = receive_n(c, 1)
+        assert held.text == "held"
+        held.ack().result(timeout=10)
+    with Consumer(broker.url, "t", subscription="slow", prefetch=1_000) as c:
+        got = receive_n(c, 1_000)
+        assert [m.body for m in got] == [b"t%d" % o for o in range(1_000)]
+        c.ack(got).result(timeout=10)
+    clock.advance(1.0)
+    broker.broker.run_timers()
+    assert queue.store.rows == 0 and topic.store.rows == 0
+
+
+def test_a_look_for_settled_chunks_goes_on_where_the_last_stopped() -> None:
+    """At most ``most`` chunks a look; the next starts after them, and 0 once the last was seen;
+    a chunk with one offset unsettled stays whole, and the log's end does not move."""
+    store = MessageStore()
+    for first in range(0, 50, 10):
+        store.add(Messages.of(rows(first, 10)))
+    unsettled = {23}
+    settled = lambda offsets: not unsettled.intersection(offsets.tolist())  # noqa: E731
+    assert store.drop_settled(settled, 0, 2) == (20, 20)
+    assert store.drop_settled(settled, 20, 2) == (10, 40)  # 20-29 stays
+    assert store.drop_settled(settled, 40, 2) == (10, 0)
+    assert store.rows == 10 and store.end == 50
+    assert store.take([23]).column("offset").to_pylist() == [23]
+    unsettled.clear()
+    assert store.drop_settled(settled, 0, 2) == (10, 0) and store.rows == 0

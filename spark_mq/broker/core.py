@@ -77,6 +77,8 @@ from spark_mq.version import __version__
 log = logging.getLogger(__name__)
 _CLOSE_MOVES_S = 30.0  # how long a clean shutdown waits for dead-letter and expiry moves
 _RELEASE_MOVES_S = 10.0  # how long letting a destination go waits for them (a hand-over)
+# chunks (commits) the timers look at a second per destination for settled ones above its mark
+SETTLED_SCAN_CHUNKS = 2000
 
 
 class ClusterControl(Protocol):
@@ -564,10 +566,31 @@ class Broker:
             if low is None:
                 low = self.journal.end_offset(dest.name)
             dest.store.drop_below(low)
+            if subs and now >= dest.settled_scan_at and dest.store.rows:
+                self._drop_settled(dest, subs, low, now)
             self._maybe_auto_delete(dest, subs, now)
         self.memory.measure(d.store for d in dests)
         self.group_offsets.refresh_due()
         return expired
+
+    def _drop_settled(
+        self, dest: Destination, subs: list[Subscription], low: int, now: float
+    ) -> None:
+        """Drop from memory the chunks above the low-water mark that every subscription has
+        settled: a message held unacknowledged (scheduled far ahead, in a long lease, kept by
+        a consumer) holds the mark, and without this every row after it, acknowledged or not,
+        stayed in memory until the memory states evicted their bodies. Once a second, at most
+        ``SETTLED_SCAN_CHUNKS`` chunks a time, where the last look stopped."""
+        dest.settled_scan_at = now + 1.0
+        start = max(dest.settled_scan_from, low)
+        dropped, dest.settled_scan_from = dest.store.drop_settled(
+            lambda offsets: all(sub.all_settled(offsets) for sub in subs),
+            start,
+            SETTLED_SCAN_CHUNKS,
+        )
+        if dropped:
+            log.debug("%s: %d settled row(s) above its mark %d dropped from memory", dest.name,
+                      dropped, low)  # fmt: skip
 
     def _maybe_auto_delete(self, dest: Destination, subs: list[Subscription], now: float) -> None:
         if not dest.settings.auto_delete or dest.temporary:

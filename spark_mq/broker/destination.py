@@ -42,6 +42,9 @@ class Destination:
     # called (on the committing thread) after each commit of messages: readers of the log (a
     # Kafka fetch waiting for data) that are not subscriptions
     log_watchers: set[Callable[[], None]] = field(default_factory=set)
+    # the timers' look for settled chunks above the low-water mark: when next, and from where
+    settled_scan_at: float = 0.0
+    settled_scan_from: int = 0
 
 
 def settled_in_memory(offsets: list[int], outcome: str, inline: object = None) -> Future:

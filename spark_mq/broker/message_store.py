@@ -330,6 +330,37 @@ class MessageStore:
                 self._end = 0
         return dropped
 
+    def drop_settled(
+        self, settled: Callable[[np.ndarray], bool], start: int, most: int
+    ) -> tuple[int, int]:
+        """Forget the chunks from offset ``start`` on whose every offset ``settled`` says is
+        settled (for every subscription: a message held unacknowledged keeps its own chunk, not
+        every one after it), looking at ``most`` chunks at most; returns the rows that went and
+        where to start next time (0 once it looked at the last chunk). ``settled`` is asked
+        without the store's lock (it takes subscriptions' locks, which come first)."""
+        with self._lock:
+            i = max(bisect.bisect_right(self._firsts, start) - 1, 0)
+            looked = self._chunks[i : i + most]
+            more = i + most < len(self._chunks)
+        gone = {id(c) for c in looked if settled(c.offsets)}
+        resume = int(looked[-1].offsets[-1]) + 1 if more and looked else 0
+        if not gone:
+            return 0, resume
+        dropped = 0
+        with self._lock:
+            kept_firsts, kept = [], []
+            for first, chunk in zip(self._firsts, self._chunks, strict=True):
+                if id(chunk) in gone:
+                    dropped += len(chunk.offsets)
+                    self._nbytes -= chunk.nbytes
+                else:
+                    kept_firsts.append(first)
+                    kept.append(chunk)
+            self._firsts, self._chunks = kept_firsts, kept
+            self._rows -= dropped
+            # (the end stays: it is the log's, which a dropped last chunk does not move)
+        return dropped, resume
+
     @property
     def rows(self) -> int:
         return self._rows

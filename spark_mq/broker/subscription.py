@@ -810,6 +810,17 @@ class Subscription:
             self._settled_below = max(self._settled_below, low)
             return low
 
+    def all_settled(self, offsets: np.ndarray) -> bool:
+        """Whether every one of ``offsets`` (sorted) is ingested and settled here."""
+        with self._lock:
+            if int(offsets[-1]) >= self.next_offset:
+                return False
+            if int(offsets[-1]) < self._settled_below:
+                return True
+            if len(offsets) == 1:
+                return int(offsets[0]) in self._settled
+            return bool(((offsets < self._settled_below) | self._settled.mask(offsets)).all())
+
     def stats(self, end_offset: int) -> dict[str, int]:
         with self._lock:
             unseen = max(end_offset - self.next_offset, 0)
