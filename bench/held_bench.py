@@ -5,10 +5,10 @@ one in a long lease, one a consumer keeps. Every offset acknowledged after it mu
 known settled until the mark passes it. This bench sends ``--messages`` to a queue whose first
 message is scheduled an hour on (``--no-hold``: a plain first message, consumed with the rest),
 and reads them back with acks in windows of ``--window``, printing each window's consume + ack
-rate, the broker's resident memory and the queue's rows in it (what the broker's stats say:
-a message held kept every row after it there until 2026-12-06); then it restarts the broker and prints how long
-it took to be ready (the queue's state rebuilt) and its memory then. One broker process, a
-client in this process (the SDK: Arrow tables sent, ``MessageBatch``es read and acked).
+rate, the broker's resident memory and the queue's rows in it (what the broker's stats say: a
+message held kept every row after it there until 2026-12-06); then it restarts the broker and
+prints how long it took to be ready (the queue's state rebuilt) and its memory then. One broker
+process, a client in this process (the SDK: Arrow tables sent, ``MessageBatch``es read and acked).
 
     .venv/bin/python bench/held_bench.py [--messages 1000000] [--window 200000] [--no-hold]
 """

@@ -217,6 +217,12 @@ def test_a_run_row_read_by_a_reader_that_does_not_know_runs_loses_nothing() -> N
     # a reason that names no end past the row's offset stands for that offset alone
     odd = Settlement([7], QUEUE, SETTLED_RUN, 1_000_000, "3")
     assert settled_by_subscription(settlement_table([odd]))[QUEUE].offsets.tolist() == [7]
+    # a run past the log's end (never written by a broker): read as ending there, not a trillion
+    # offsets made at a take-on
+    far = Settlement([5], QUEUE, SETTLED_RUN, 1_000_000, str(10**12))
+    assert settled_by_subscription(settlement_table([far]), 60)[QUEUE].offsets.tolist() == list(
+        range(5, 60)
+    )
 
 
 def test_commits_landing_while_a_log_collapses_are_all_kept(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ the hot tier quarantined: see :mod:`spark_mq.journal.hot_tier`) is settled for e
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +37,8 @@ from spark_mq.schema import (
     ints,
     strings,
 )
+
+log = logging.getLogger(__name__)
 
 # a delivery came back unsettled (nack, lapsed lease, consumer gone): not a settlement, but
 # counted, so delivery counts and dead-lettering survive a restart
@@ -68,8 +71,10 @@ class Settled:
     offsets: np.ndarray
 
 
-def settled_by_subscription(settlements: pa.Table) -> dict[str, Settled]:
-    """Per subscription name: its compaction mark and its sorted, unique settled offsets."""
+def settled_by_subscription(settlements: pa.Table, end: int | None = None) -> dict[str, Settled]:
+    """Per subscription name: its compaction mark and its sorted, unique settled offsets.
+    ``end``: the message log's, which no ``settled-run`` row's run passes (a row naming an end
+    past it, which the broker never writes, is read as ending there, and the log says so)."""
     out: dict[str, Settled] = {}
     if settlements.num_rows == 0:
         return out
@@ -81,10 +86,17 @@ def settled_by_subscription(settlements: pa.Table) -> dict[str, Settled]:
         marks = equal_to(rows["outcome"], COMPACTED)
         below = pc.max(rows.filter(marks)["offset"]).as_py() or 0
         runs = rows.filter(equal_to(rows["outcome"], SETTLED_RUN))
-        spans = [
-            np.arange(start, run_end(start, reason), dtype=np.int64)
-            for start, reason in zip(ints(runs["offset"]), runs["reason"].to_pylist(), strict=True)
-        ]
+        spans = []
+        for start, reason in zip(ints(runs["offset"]), runs["reason"].to_pylist(), strict=True):
+            stop = run_end(start, reason)
+            if end is not None and stop > max(end, start + 1):
+                log.warning(
+                    "subscription %r: a settled-run row at offset %d names its end %d, past the "
+                    "message log's end %d: read as ending there",
+                    name, start, stop, end,
+                )  # fmt: skip
+                stop = max(end, start + 1)
+            spans.append(np.arange(start, stop, dtype=np.int64))
         single = rows.filter(pc.invert(marks))["offset"].to_numpy()
         out[name] = Settled(below, sorted_unique(np.concatenate([single, *spans])))
     return out
@@ -243,7 +255,7 @@ def recover_destination(
 ) -> tuple[list[RecoveredSubscription], pa.Table]:
     end = journal.end_offset(info.name)
     settlements = journal.read_settlements(info.name) if end else None
-    settled = settled_by_subscription(settlements) if settlements is not None else {}
+    settled = settled_by_subscription(settlements, end) if settlements is not None else {}
     returned = returned_counts(settlements) if settlements is not None else {}
     released = released_claimants(settlements) if settlements is not None else {}
     claimed = claims_of(settlements, released) if settlements is not None else {}
