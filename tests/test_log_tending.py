@@ -40,7 +40,7 @@ from spark_mq.schema import (
     strings,
     with_offsets,
 )
-from tests.conftest import start_inprocess
+from tests.conftest import receive_n, start_inprocess
 
 QUEUE = ""  # a queue's one subscription
 
@@ -429,5 +429,45 @@ def test_a_destination_deleted_leaves_nothing_counted(tmp_path: Path, clock: Man
             admin.delete_destination("short-lived")
         assert "short-lived" not in broker.log_tending.tracked
         assert "kept" in broker.log_tending.tracked
+    finally:
+        running.stop()
+
+
+def test_a_topic_s_restart_reads_back_only_the_rows_some_subscription_is_owed(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """Past a message one subscription holds unacknowledged, a topic's restart reads back only
+    the rows some subscription has not settled: "a" acked all but 0 and 1,500-1,599, "b" all
+    but 0 and 700: 102 rows in memory, and each subscription is delivered what it is owed,
+    whole, and nothing else."""
+    data = tmp_path / "data"
+    owed = {"a": {0, *range(1_500, 1_600)}, "b": {0, 700}}
+    running = start_inprocess(data, clock)
+    try:
+        with Admin(running.url) as admin:
+            admin.create_topic("t")
+            for name in owed:
+                admin.create_subscription("t", name)
+        with Producer(running.url, destination="t") as p:
+            for i in range(0, 2_000, 100):
+                p.send_batch([b"m%d" % o for o in range(i, i + 100)])
+        for name, unacked in owed.items():
+            with Consumer(running.url, "t", subscription=name, prefetch=2_000) as c:
+                got = receive_n(c, 2_000)
+                c.ack([m for m in got if m.offset not in unacked]).result(timeout=10)
+        assert running.broker.journal.move("t", timeout=10)
+        running.broker.log_tending.tend("t")
+    finally:
+        running.stop()
+
+    running = start_inprocess(data, clock)
+    try:
+        assert running.broker.destinations.get("t").store.rows == len(owed["a"] | owed["b"])
+        for name, unacked in owed.items():
+            with Consumer(running.url, "t", subscription=name, prefetch=2_000) as c:
+                again = receive_n(c, len(unacked))
+                assert [m.offset for m in again] == sorted(unacked)
+                assert [m.body for m in again] == [b"m%d" % m.offset for m in again]
+                assert not c.receive_many(10, timeout=0.3)
     finally:
         running.stop()

@@ -2,8 +2,8 @@
 
 For every subscription: every offset below its *low-water mark* is settled; above it, the
 settled offsets are kept as :class:`~spark_mq.broker.settled.SettledOffsets` (a byte an
-offset). The message rows from the lowest low-water mark to the end of the log are read back
-into memory (for a queue, only the unsettled ones).
+offset). Of the message rows from the lowest low-water mark to the end of the log, those some
+subscription has not settled are read back into memory (the offsets first, then those rows).
 
 Compaction replaces a subscription's settlement rows below its low-water mark by one row with
 outcome ``compacted`` whose offset is that mark (:data:`COMPACTED`): every offset below it is
@@ -263,14 +263,9 @@ def recover_destination(
         s.name: low_water(s.start_offset, settled.get(s.name)) for s in info.subscriptions.values()
     }
     first = min((low for low, _ in marks.values()), default=end)
-    # (for a queue, the offsets first: past a message held unacknowledged, most rows above
-    # it are settled, and only the unsettled ones are read whole below)
-    queue = info.kind == "queue" and bool(info.subscriptions)
-    rows = (
-        journal.read_messages(info.name, first, end, ["offset"] if queue else None)
-        if first < end
-        else None
-    )
+    # (the offsets first: past a message held unacknowledged, most rows above it are settled,
+    # and only those some subscription has not settled are read whole below)
+    rows = journal.read_messages(info.name, first, end, ["offset"]) if first < end else None
     if rows is not None:
         gaps = log_gaps(rows["offset"].to_numpy(), first, end)
         if len(gaps):
@@ -306,24 +301,24 @@ def recover_destination(
         )
     if rows is None:
         return subs, journal.read_messages(info.name, end, end)
-    if queue:
-        return subs, _unsettled_rows(journal, info.name, rows["offset"], subs[0].settled_above)
-    return subs, rows
+    return subs, _unsettled_rows(journal, info.name, rows["offset"], subs)
 
 
-# a queue's unsettled rows are read range by range when they lie in at most this many runs of
+# a destination's unsettled rows are read range by range when they lie in at most this many runs of
 # consecutive offsets (each a read Delta's file statistics narrow down), else in one read
 RANGE_READS = 16
 
 
 def _unsettled_rows(
-    journal: Journal, name: str, offsets: pa.ChunkedArray, settled: SettledOffsets
+    journal: Journal, name: str, offsets: pa.ChunkedArray, subs: list[RecoveredSubscription]
 ) -> pa.Table:
-    """The whole rows of ``offsets`` (a queue's message log's, from its low-water mark to its
-    end) but those in ``settled``."""
+    """The whole rows of ``offsets`` (a destination's message log's, from its lowest low-water
+    mark to its end) but those every one of ``subs`` has settled."""
     present = np.sort(offsets.to_numpy())
-    if settled:
-        present = present[~settled.mask(present)]
+    by_all = np.ones(len(present), dtype=np.bool_)
+    for sub in subs:
+        by_all &= (present < sub.low_water) | sub.settled_above.mask(present)
+    present = present[~by_all]
     if not len(present):
         return journal.read_messages(name, 0, 0)
     breaks = np.nonzero(np.diff(present) != 1)[0] + 1
