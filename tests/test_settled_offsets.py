@@ -10,12 +10,14 @@ import time
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
 
 from spark_mq import Admin, Consumer, Producer
 from spark_mq.broker.message_store import MessageStore
 from spark_mq.broker.settled import SettledOffsets
 from spark_mq.clock import ManualClock
 from spark_mq.messages import Messages
+from spark_mq.ops.metrics import BrokerCollector, Scrape
 from tests.conftest import RunningBroker, receive_n
 from tests.test_dispatch import rows, subscription
 
@@ -126,6 +128,19 @@ def test_rows_acked_past_a_held_message_leave_memory_those_owed_stay(
     broker.broker.run_timers()
     assert queue.store.rows == 1  # the held message's
     assert topic.store.rows == 1_000  # "slow" is owed every one
+    with Admin(broker.url) as admin:  # (what an operator sees: a mark held, acks past it)
+        stats = admin.stats("q")
+        assert (stats["low_water_mark"], stats["settled_past_mark"]) == (0, 2_000)
+        subs = admin.stats("t")["subscriptions"]
+        assert (subs["fast"]["low_water_mark"], subs["fast"]["settled_past_mark"]) == (1_000, 0)
+        assert (subs["slow"]["low_water_mark"], subs["slow"]["settled_past_mark"]) == (0, 0)
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(Scrape(broker.broker)))
+    scraped = generate_latest(registry).decode()
+    assert (
+        'sparkmq_destination_settled_past_mark_messages{destination="q",kind="queue",'
+        'subscription=""} 2000.0' in scraped
+    )
     clock.advance(3600)
     broker.broker.run_timers()
     with Consumer(broker.url, "q") as c:

@@ -844,4 +844,8 @@ class Subscription:
                 "removed": self.removed_total,
                 "consumers": len(self._consumers),
                 "groups_owned": len(self._groups.owners),
+                # (as the timers last found them) every offset below the mark is settled; past
+                # it, this many are too: a message held unacknowledged at the mark keeps them
+                "low_water_mark": self._settled_below,
+                "settled_past_mark": len(self._settled),
             }

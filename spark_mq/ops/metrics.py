@@ -43,6 +43,11 @@ _SUB_GAUGES = {
     "scheduled": ("sparkmq_destination_scheduled_messages", "Messages due later."),
     "consumers": ("sparkmq_destination_consumers", "Consumers attached."),
     "groups_owned": ("sparkmq_destination_groups_owned", "Message groups with an owner."),
+    "settled_past_mark": (
+        "sparkmq_destination_settled_past_mark_messages",
+        "Messages settled past the first unsettled one (the low-water mark): a message held "
+        "unacknowledged there (scheduled, in a long lease, kept by a consumer) keeps them known.",
+    ),
 }
 _SUB_COUNTERS = {
     "delivered": ("sparkmq_destination_delivered_messages", "Deliveries (leases handed out)."),
