@@ -134,6 +134,8 @@ def test_the_console_from_login_to_redrive(browser: WebDriver, broker: BrokerPro
     browser.find_element(By.CSS_SELECTOR, "tr[data-name='shop.orders'] a.dest-link").click()
     assert wait(browser, "#dest-name", "shop.orders") == "shop.orders"
     assert wait(browser, "#d-depth") == "30"
+    oldest = wait(browser, "#d-oldest")  # (order 0 has waited since the test began)
+    assert oldest.endswith(" s") and float(oldest[:-2]) > 0, oldest
     settings = wait(browser, "#settings", "max_delivery_attempts")
     assert "max_delivery_attempts 1" in settings
     browser.find_element(By.ID, "browse").click()

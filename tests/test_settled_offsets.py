@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -131,8 +132,10 @@ def test_rows_acked_past_a_held_message_leave_memory_those_owed_stay(
     with Admin(broker.url) as admin:  # (what an operator sees: a mark held, acks past it)
         stats = admin.stats("q")
         assert (stats["low_water_mark"], stats["settled_past_mark"]) == (0, 2_000)
+        assert stats["oldest_unsettled_age_s"] == pytest.approx(1.0, abs=0.01)
         subs = admin.stats("t")["subscriptions"]
         assert (subs["fast"]["low_water_mark"], subs["fast"]["settled_past_mark"]) == (1_000, 0)
+        assert subs["fast"]["oldest_unsettled_age_s"] == 0.0
         assert (subs["slow"]["low_water_mark"], subs["slow"]["settled_past_mark"]) == (0, 0)
     registry = CollectorRegistry()
     registry.register(BrokerCollector(Scrape(broker.broker)))

@@ -230,6 +230,15 @@ class MessageStore:
         found = self._locate(offset)
         return found[0].props(found[1]) if found else {}
 
+    def enqueue_time_us(self, offset: int) -> int | None:
+        """When the held message at ``offset`` was appended (us since the epoch); None if it
+        is not held."""
+        found = self._locate(offset)
+        if found is None:
+            return None
+        value = found[0].table["enqueue_time"][found[1]].value
+        return None if value is None else int(value)
+
     def plain(self, offsets: list[int]) -> list[PlainMessage] | None:
         """The held messages at ``offsets`` as they came, in that order, when every one came as
         a plain message (and its body is held); else None (:meth:`take` has them)."""

@@ -848,4 +848,15 @@ class Subscription:
                 # it, this many are too: a message held unacknowledged at the mark keeps them
                 "low_water_mark": self._settled_below,
                 "settled_past_mark": len(self._settled),
+                # how long the message at the mark (the oldest not settled: waiting, leased or
+                # scheduled) has been in the log; 0 with none (SQS's age of the oldest message)
+                "oldest_unsettled_age_s": self._oldest_age_s(),
             }
+
+    def _oldest_age_s(self) -> float:
+        """(Caller holds the lock.)"""
+        mark = self._settled_below
+        if mark >= self._store.end:
+            return 0.0
+        since = self._store.enqueue_time_us(mark)
+        return 0.0 if since is None else round(max(0.0, self._wall() - since / 1e6), 3)

@@ -43,6 +43,11 @@ _SUB_GAUGES = {
     "scheduled": ("sparkmq_destination_scheduled_messages", "Messages due later."),
     "consumers": ("sparkmq_destination_consumers", "Consumers attached."),
     "groups_owned": ("sparkmq_destination_groups_owned", "Message groups with an owner."),
+    "oldest_unsettled_age_s": (
+        "sparkmq_destination_oldest_unsettled_age_seconds",
+        "How long the oldest message not settled (waiting, leased or scheduled) has been in the "
+        "log; 0 with none.",
+    ),
     "settled_past_mark": (
         "sparkmq_destination_settled_past_mark_messages",
         "Messages settled past the first unsettled one (the low-water mark): a message held "

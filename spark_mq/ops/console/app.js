@@ -192,6 +192,7 @@ async function destination(name) {
   const subs = d.subscriptions ? Object.entries(d.subscriptions) : [];
   const figures = d.kind === "queue" ? d : subs.reduce((acc, [, s]) => {
     for (const k of ["depth", "in_flight", "acked", "redelivered", "dead_lettered", "expired"]) acc[k] = (acc[k] || 0) + s[k];
+    acc.oldest_unsettled_age_s = Math.max(acc.oldest_unsettled_age_s || 0, s.oldest_unsettled_age_s || 0);
     return acc;
   }, {});
   const result = el("p", { id: "action-result", class: flash ? (flash.ok ? "ok" : "error") : "" }, flash ? flash.text : "");
@@ -212,6 +213,7 @@ async function destination(name) {
       card("Redelivered", fmt(figures.redelivered), "d-redelivered"),
       card("Dead-lettered", fmt(figures.dead_lettered), "d-dead-lettered"),
       card("Delta lag", fmt(d.delta_lag_messages) + " msgs", "d-delta-lag"),
+      card("Oldest unsettled", (figures.oldest_unsettled_age_s || 0).toFixed(1) + " s", "d-oldest"),
       card("Groups owned", fmt(d.groups_owned ?? subs.reduce((a, [, s]) => a + s.groups_owned, 0)), "d-groups"),
       card("Duplicates", fmt(d.duplicates), "d-duplicates")),
     el("h2", {}, "Actions"),
