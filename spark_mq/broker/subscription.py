@@ -821,7 +821,7 @@ class Subscription:
                 return int(offsets[0]) in self._settled
             return bool(((offsets < self._settled_below) | self._settled.mask(offsets)).all())
 
-    def stats(self, end_offset: int) -> dict[str, int]:
+    def stats(self, end_offset: int) -> dict[str, int | float]:
         with self._lock:
             unseen = max(end_offset - self.next_offset, 0)
             unseen -= self._settled.count_from(self.next_offset)
