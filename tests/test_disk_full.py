@@ -43,3 +43,17 @@ def test_a_full_disk_refuses_producers_keeps_everything_and_recovers(tmp_path: P
     text = log.read_text()
     assert "under limits.min_free_disk_bytes" in text and "free again" in text
     assert "Traceback" not in text
+
+
+def test_a_directory_not_made_yet_is_measured_on_the_disk_it_will_be_on(tmp_path: Path) -> None:
+    """At a first start the hot tier's directory is made after the broker opens: its disk is
+    measured from the start all the same (``sparkmq_disk_free_bytes`` was missing from the
+    first scrapes), the free bytes of the directory it will be made in."""
+    from spark_mq.broker.disk import DiskMonitor
+
+    monitor = DiskMonitor(str(tmp_path / "not" / "made" / "yet"), 1)
+    monitor.measure()
+    st = os.statvfs(tmp_path)
+    assert monitor.free_bytes is not None
+    assert abs(monitor.free_bytes - st.f_bavail * st.f_frsize) < 64 * 1024 * 1024
+    assert not monitor.low

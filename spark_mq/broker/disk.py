@@ -34,10 +34,14 @@ class DiskMonitor:
     def measure(self) -> None:
         if self.directory is None or not self.min_free_bytes:
             return
+        # (not made yet, as the hot tier's directory at a first start: the disk it will be on)
+        where = self.directory
+        while not os.path.exists(where) and os.path.dirname(where) not in ("", where):
+            where = os.path.dirname(where)
         try:
-            st = os.statvfs(self.directory)
+            st = os.statvfs(where)
         except OSError:
-            return  # not made yet, say: nothing to say about it
+            return  # nothing to say about it
         self.free_bytes = free = st.f_bavail * st.f_frsize
         low = free < self.min_free_bytes
         if low and not self.low:
