@@ -35,6 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 
 from spark_mq import serving_threads
@@ -567,15 +568,13 @@ class Broker:
                 low = self.journal.end_offset(dest.name)
             dest.store.drop_below(low)
             if subs and now >= dest.settled_scan_at and dest.store.rows:
-                self._drop_settled(dest, subs, low, now)
+                self._drop_settled(dest, low, now)
             self._maybe_auto_delete(dest, subs, now)
         self.memory.measure(d.store for d in dests)
         self.group_offsets.refresh_due()
         return expired
 
-    def _drop_settled(
-        self, dest: Destination, subs: list[Subscription], low: int, now: float
-    ) -> None:
+    def _drop_settled(self, dest: Destination, low: int, now: float) -> None:
         """Drop from memory the chunks above the low-water mark that every subscription has
         settled: a message held unacknowledged (scheduled far ahead, in a long lease, kept by
         a consumer) holds the mark, and without this every row after it, acknowledged or not,
@@ -583,10 +582,14 @@ class Broker:
         ``SETTLED_SCAN_CHUNKS`` chunks a time, where the last look stopped."""
         dest.settled_scan_at = now + 1.0
         start = max(dest.settled_scan_from, low)
+
+        def settled(offsets: np.ndarray) -> bool:
+            # (the subscriptions as they are now, not as the tick began: one made meanwhile
+            # starts at the log's end, and a chunk past it is its too)
+            return all(sub.all_settled(offsets) for sub in list(dest.subscriptions.values()))
+
         dropped, dest.settled_scan_from = dest.store.drop_settled(
-            lambda offsets: all(sub.all_settled(offsets) for sub in subs),
-            start,
-            SETTLED_SCAN_CHUNKS,
+            settled, start, SETTLED_SCAN_CHUNKS
         )
         if dropped:
             log.debug("%s: %d settled row(s) above its mark %d dropped from memory", dest.name,
