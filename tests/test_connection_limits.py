@@ -108,7 +108,11 @@ def test_a_client_on_time_is_not_refused_for_a_loop_late_to_read_it(
             sent.set()
             (conn,) = list(wire_server._conns)
             _sweeps(strict, 2)
-            assert conn.core.state is ConnState.SERVING, conn.core.state
+            # serving; or, past broker.idle_timeout_s (1 s) on a loaded machine, closed as an
+            # idle producer (as a CI run saw: the two sweeps took that long), but never refused
+            assert conn.core.refused_at == 0.0, "refused the handshake waiting to be read"
+            assert conn.core.state in (ConnState.SERVING, ConnState.CLOSED), conn.core.state
+            assert conn.core.state is ConnState.SERVING or conn.core.idle()
     finally:
         wire_server._sel.select = real  # type: ignore[method-assign]
 
