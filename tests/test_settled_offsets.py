@@ -109,6 +109,7 @@ def test_rows_acked_past_a_held_message_leave_memory_those_owed_stay(
     the other nothing keeps every row the other is owed, and delivers them whole."""
     with Admin(broker.url) as admin:
         admin.create_queue("q")
+        admin.create_queue("sync")  # (every message a commit: a chunk a row)
         admin.create_topic("t")
         admin.create_subscription("t", "fast")
         admin.create_subscription("t", "slow")
@@ -119,15 +120,23 @@ def test_rows_acked_past_a_held_message_leave_memory_those_owed_stay(
     with Producer(broker.url, destination="t") as p:
         for i in range(0, 1_000, 100):
             p.send_batch([b"t%d" % o for o in range(i, i + 100)])
+    with Producer(broker.url, destination="sync") as p:
+        p.send_sync("held", delay_s=3600)
+        for i in range(300):
+            p.send_sync(b"s%d" % i)
+    with Consumer(broker.url, "sync", prefetch=300) as c:
+        c.ack(receive_n(c, 300)).result(timeout=10)
     with Consumer(broker.url, "q", prefetch=2_000) as c:
         c.ack(receive_n(c, 2_000)).result(timeout=10)
     with Consumer(broker.url, "t", subscription="fast", prefetch=1_000) as c:
         c.ack(receive_n(c, 1_000)).result(timeout=10)
     queue, topic = broker.broker.destinations.get("q"), broker.broker.destinations.get("t")
-    assert queue.store.rows == 2_001 and topic.store.rows == 1_000
+    sync = broker.broker.destinations.get("sync")
+    assert queue.store.rows == 2_001 and topic.store.rows == 1_000 and sync.store.rows == 301
     clock.advance(1.0)  # (the look for settled rows: once a second)
     broker.broker.run_timers()
     assert queue.store.rows == 1  # the held message's
+    assert sync.store.rows == 1
     assert topic.store.rows == 1_000  # "slow" is owed every one
     with Admin(broker.url) as admin:  # (what an operator sees: a mark held, acks past it)
         stats = admin.stats("q")
@@ -160,17 +169,23 @@ def test_rows_acked_past_a_held_message_leave_memory_those_owed_stay(
 
 
 def test_a_look_for_settled_chunks_goes_on_where_the_last_stopped() -> None:
-    """At most ``most`` chunks a look; the next starts after them, and 0 once the last was seen;
-    a chunk with one offset unsettled stays whole, and the log's end does not move."""
+    """``most_rows`` rows and ``most_chunks`` chunks at most a look (one at least), none past
+    ``upto``; the next starts after them, and 0 once it looked as far as it could; a chunk with
+    one offset unsettled stays whole, and the log's end does not move."""
     store = MessageStore()
     for first in range(0, 50, 10):
         store.add(Messages.of(rows(first, 10)))
     unsettled = {23}
-    settled = lambda offsets: not unsettled.intersection(offsets.tolist())  # noqa: E731
-    assert store.drop_settled(settled, 0, 2) == (20, 20)
-    assert store.drop_settled(settled, 20, 2) == (10, 40)  # 20-29 stays
-    assert store.drop_settled(settled, 40, 2) == (10, 0)
+
+    def settled(offsets: np.ndarray) -> np.ndarray:
+        return ~np.isin(offsets, list(unsettled))
+
+    assert store.drop_settled(settled, 0, 49, 25, 100) == (20, 20)
+    assert store.drop_settled(settled, 20, 49, 100, 2) == (10, 40)  # 20-29 stays
+    assert store.drop_settled(settled, 40, 49, 5, 100) == (10, 0)  # (one chunk at least)
     assert store.rows == 10 and store.end == 50
     assert store.take([23]).column("offset").to_pylist() == [23]
     unsettled.clear()
-    assert store.drop_settled(settled, 0, 2) == (10, 0) and store.rows == 0
+    assert store.drop_settled(settled, 0, 28, 100, 100) == (0, 0)  # (none settled past 28)
+    assert store.drop_settled(settled, 0, 29, 100, 100) == (10, 0) and store.rows == 0
+    assert store.drop_settled(settled, 0, 100, 100, 100) == (0, 0)

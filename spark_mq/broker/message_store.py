@@ -12,6 +12,7 @@ and re-reads bodies from the journal when its messages are delivered.
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -340,32 +341,56 @@ class MessageStore:
         return dropped
 
     def drop_settled(
-        self, settled: Callable[[np.ndarray], bool], start: int, most: int
+        self,
+        settled: Callable[[np.ndarray], np.ndarray],
+        start: int,
+        upto: int,
+        most_rows: int,
+        most_chunks: int,
     ) -> tuple[int, int]:
-        """Forget the chunks from offset ``start`` on whose every offset ``settled`` says is
-        settled (for every subscription: a message held unacknowledged keeps its own chunk, not
-        every one after it), looking at ``most`` chunks at most; returns the rows that went and
-        where to start next time (0 once it looked at the last chunk). ``settled`` is asked
-        without the store's lock (it takes subscriptions' locks, which come first)."""
+        """Forget the chunks from offset ``start`` to ``upto`` (inclusive: none above it is
+        settled) whose every offset ``settled`` says is settled (it answers for many offsets at
+        once, a flag each: for every subscription, so a message held unacknowledged keeps its
+        own chunk, not every one after it), looking at ``most_rows`` rows and ``most_chunks``
+        chunks at most (one at least); returns the rows that went and where to start next time
+        (0 once it looked as far as it could). ``settled`` is asked without the store's lock
+        (it takes subscriptions' locks, which come first)."""
         with self._lock:
             i = max(bisect.bisect_right(self._firsts, start) - 1, 0)
-            looked = self._chunks[i : i + most]
-            more = i + most < len(self._chunks)
-        gone = {id(c) for c in looked if settled(c.offsets)}
-        resume = int(looked[-1].offsets[-1]) + 1 if more and looked else 0
+            looked: list[Chunk] = []
+            rows = 0
+            more = False
+            for chunk in itertools.islice(self._chunks, i, None):
+                if chunk.offsets[-1] > upto:
+                    break
+                if looked and (rows + len(chunk.offsets) > most_rows or len(looked) >= most_chunks):
+                    more = True
+                    break
+                looked.append(chunk)
+                rows += len(chunk.offsets)
+        if not looked:
+            return 0, 0
+        resume = int(looked[-1].offsets[-1]) + 1 if more else 0
+        sizes = np.fromiter((len(c.offsets) for c in looked), np.int64, len(looked))
+        flags = settled(np.concatenate([c.offsets for c in looked]))
+        whole = np.logical_and.reduceat(flags, np.r_[0, np.cumsum(sizes)[:-1]])
+        gone = {id(looked[k]) for k in np.flatnonzero(whole).tolist()}
         if not gone:
             return 0, resume
         dropped = 0
         with self._lock:
-            kept_firsts, kept = [], []
-            for first, chunk in zip(self._firsts, self._chunks, strict=True):
+            # (only the chunks looked at are rebuilt: where they are now, the front dropped
+            # meanwhile perhaps; a store of a million one-row chunks is not copied a look)
+            k = bisect.bisect_left(self._firsts, int(looked[0].offsets[0]))
+            end = k + len(looked)
+            firsts, chunks = self._firsts[k:end], self._chunks[k:end]
+            kept = [m for m, chunk in enumerate(chunks) if id(chunk) not in gone]
+            for chunk in chunks:
                 if id(chunk) in gone:
                     dropped += len(chunk.offsets)
                     self._nbytes -= chunk.nbytes
-                else:
-                    kept_firsts.append(first)
-                    kept.append(chunk)
-            self._firsts, self._chunks = kept_firsts, kept
+            self._firsts[k:end] = [firsts[m] for m in kept]
+            self._chunks[k:end] = [chunks[m] for m in kept]
             self._rows -= dropped
             # (the end stays: it is the log's, which a dropped last chunk does not move)
         return dropped, resume

@@ -32,7 +32,7 @@ class SettledOffsets:
     """A set of offsets (non-negative ints) for a window that moves up: ``forget_below`` drops
     what lies under a mark. Not locked: its subscription's lock guards it."""
 
-    __slots__ = ("_base", "_count", "_flags")
+    __slots__ = ("_base", "_count", "_flags", "_top")
 
     def __init__(self, offsets: Iterable[int] | np.ndarray = ()) -> None:
         arr = offsets if isinstance(offsets, np.ndarray) else np.fromiter(offsets, np.int64)
@@ -41,6 +41,7 @@ class SettledOffsets:
         self._flags = np.zeros(max(_MIN_ROOM, top - self._base + 1), dtype=np.bool_)
         self._flags[arr - self._base] = True  # (no sort: repeats set a flag twice)
         self._count = int(np.count_nonzero(self._flags))
+        self._top = top if len(arr) else -1  # the highest offset (-1: none)
 
     # -- asking ------------------------------------------------------------------------------
     def __contains__(self, offset: object) -> bool:
@@ -72,9 +73,7 @@ class SettledOffsets:
 
     def highest(self) -> int:
         """The highest offset, or -1."""
-        if not self._count:
-            return -1
-        return int(self._base + len(self._flags) - 1 - np.argmax(self._flags[::-1]))
+        return self._top if self._count else -1
 
     def count_from(self, start: int) -> int:
         """How many offsets are ``start`` or above."""
@@ -98,6 +97,8 @@ class SettledOffsets:
         if not self._flags[i]:
             self._flags[i] = True
             self._count += 1
+            if offset > self._top:
+                self._top = offset
 
     def update(self, offsets: list[int]) -> None:
         """Add each of ``offsets`` (distinct ints)."""
@@ -108,6 +109,7 @@ class SettledOffsets:
             return
         low, high = min(offsets), max(offsets)
         self._room(low, high)
+        self._top = max(self._top, high)
         a, b = low - self._base, high - self._base + 1
         if b - a == n:  # consecutive (acks mostly are): one slice
             self._count += n - int(np.count_nonzero(self._flags[a:b]))
@@ -122,8 +124,8 @@ class SettledOffsets:
         cut = mark - self._base
         if cut <= 0:
             return
-        if cut >= len(self._flags):
-            self._count = 0
+        if cut >= len(self._flags) or self._top < mark:
+            self._count, self._top = 0, -1
             self._flags = np.zeros(_MIN_ROOM, dtype=np.bool_)
         else:
             if self._count:

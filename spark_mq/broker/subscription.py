@@ -810,16 +810,18 @@ class Subscription:
             self._settled_below = max(self._settled_below, low)
             return low
 
-    def all_settled(self, offsets: np.ndarray) -> bool:
-        """Whether every one of ``offsets`` (sorted) is ingested and settled here."""
+    def settled_upto(self) -> int:
+        """No offset above this is settled here: past its mark, the highest it settled."""
         with self._lock:
-            if int(offsets[-1]) >= self.next_offset:
-                return False
-            if int(offsets[-1]) < self._settled_below:
-                return True
-            if len(offsets) == 1:
-                return int(offsets[0]) in self._settled
-            return bool(((offsets < self._settled_below) | self._settled.mask(offsets)).all())
+            top = self._settled.highest()
+            return top if top >= 0 else self._settled_below - 1
+
+    def settled_mask(self, offsets: np.ndarray) -> np.ndarray:
+        """Which of ``offsets`` are ingested and settled here."""
+        with self._lock:
+            return (offsets < self.next_offset) & (
+                (offsets < self._settled_below) | self._settled.mask(offsets)
+            )
 
     def stats(self, end_offset: int) -> dict[str, int | float]:
         with self._lock:
