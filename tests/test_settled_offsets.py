@@ -1,7 +1,9 @@
 """A subscription's settled offsets above its mark (spark_mq.broker.settled) answer as a Python
 set of the same offsets would, whatever is added (one at a time, runs, scattered batches, below
-what it holds, far above it) and forgotten; and a held message with a million offsets settled
-after it costs the subscription's tick little and a byte an offset."""
+what it holds, far above it) and forgotten; a held message with a million offsets settled after
+it costs the subscription's tick little and a byte an offset; and the rows settled past a held
+message leave the broker's memory (``MessageStore.drop_settled``), those still owed stay, and an
+operator sees the mark held in the stats and the metrics."""
 
 from __future__ import annotations
 
