@@ -178,7 +178,7 @@ def _plan(
     offsets = live_rows["offset"].to_numpy()
     by_all = np.ones(len(offsets), dtype=bool)
     for sub in info.subscriptions.values():
-        by_all &= above[sub.name].mask(offsets) | (offsets < marks[sub.name])
+        by_all &= above[sub.name].settled(offsets, marks[sub.name])
     if not info.subscriptions:
         by_all[:] = False  # nothing at or above ``below`` (the end) exists yet
     old = offsets < young_from

@@ -64,6 +64,7 @@ def test_it_answers_as_a_set_of_the_same_offsets(
         assert got.highest() == max(model, default=-1)
         probe = np.array([at - 1, at, at + 1, at + size, 0, 1_000_000 + at], np.int64)
         assert got.mask(probe).tolist() == [int(o) in model for o in probe]
+        assert got.settled(probe, at).tolist() == [o < at or int(o) in model for o in probe]
         assert [int(o) in got for o in probe] == [int(o) in model for o in probe]
         assert got.count_from(at) == sum(1 for o in model if o >= at)
     assert got == SettledOffsets(sorted(model))
@@ -191,3 +192,18 @@ def test_a_look_for_settled_chunks_goes_on_where_the_last_stopped() -> None:
     assert store.drop_settled(settled, 0, 28, 100, 100) == (0, 0)  # (none settled past 28)
     assert store.drop_settled(settled, 0, 29, 100, 100) == (10, 0) and store.rows == 0
     assert store.drop_settled(settled, 0, 100, 100, 100) == (0, 0)
+
+
+def test_a_held_message_s_enqueue_time_is_read_from_rows_and_from_plain_messages() -> None:
+    """(What the age of the oldest unsettled message is made of.) A plain chunk answers from its
+    messages, without building its table; a chunk of rows from its column; None if not held."""
+    from spark_mq.messages import PlainMessage
+
+    store = MessageStore()
+    store.add(Messages.of(rows(0, 3)))  # (enqueue_time 0 in the rows)
+    store.add(Messages.of_plain([PlainMessage(None, b"p", 1_234_000 + i, 3 + i) for i in range(2)]))
+    assert store.enqueue_time_us(1) == 0
+    assert store.enqueue_time_us(4) == 1_234_001
+    assert store.enqueue_time_us(9) is None
+    (_, plain) = store._chunks
+    assert plain._table is None

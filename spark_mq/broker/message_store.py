@@ -237,7 +237,10 @@ class MessageStore:
         found = self._locate(offset)
         if found is None:
             return None
-        value = found[0].table["enqueue_time"][found[1]].value
+        chunk, i = found
+        if chunk.plain is not None and chunk.plain.plain is not None:  # (its table not built)
+            return chunk.plain.plain[i].enqueue_time_us
+        value = chunk.table["enqueue_time"][i].value
         return None if value is None else int(value)
 
     def plain(self, offsets: list[int]) -> list[PlainMessage] | None:

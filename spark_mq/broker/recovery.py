@@ -317,7 +317,7 @@ def _unsettled_rows(
     present = np.sort(offsets.to_numpy())
     by_all = np.ones(len(present), dtype=np.bool_)
     for sub in subs:
-        by_all &= (present < sub.low_water) | sub.settled_above.mask(present)
+        by_all &= sub.settled_above.settled(present, sub.low_water)
     present = present[~by_all]
     if not len(present):
         return journal.read_messages(name, 0, 0)

@@ -88,6 +88,11 @@ class SettledOffsets:
         out[inside] = self._flags[i[inside]]
         return out
 
+    def settled(self, offsets: np.ndarray, mark: int) -> np.ndarray:
+        """Of ``offsets``, which are settled for a subscription whose low-water mark is
+        ``mark`` and whose settled offsets past it these are: those below it, and those here."""
+        return (offsets < mark) | self.mask(offsets)
+
     # -- changing ----------------------------------------------------------------------------
     def add(self, offset: int) -> None:
         i = offset - self._base
@@ -125,8 +130,9 @@ class SettledOffsets:
         if cut <= 0:
             return
         if cut >= len(self._flags) or self._top < mark:
+            if self._count:  # (none held, the usual case at a tick: the flags are all down)
+                self._flags = np.zeros(_MIN_ROOM, dtype=np.bool_)
             self._count, self._top = 0, -1
-            self._flags = np.zeros(_MIN_ROOM, dtype=np.bool_)
         else:
             if self._count:
                 self._count -= int(np.count_nonzero(self._flags[:cut]))

@@ -819,8 +819,8 @@ class Subscription:
     def settled_mask(self, offsets: np.ndarray) -> np.ndarray:
         """Which of ``offsets`` are ingested and settled here."""
         with self._lock:
-            return (offsets < self.next_offset) & (
-                (offsets < self._settled_below) | self._settled.mask(offsets)
+            return (offsets < self.next_offset) & self._settled.settled(
+                offsets, self._settled_below
             )
 
     def stats(self, end_offset: int) -> dict[str, int | float]:
