@@ -512,6 +512,43 @@ def _stomp_moved_back_round(procs: list[BrokerProcess], q: str, n: int) -> tuple
     return acked / wall, used / acked * 1e6
 
 
+def _threads_fds(pid: int) -> tuple[int, int]:
+    """Process ``pid``'s threads and open file descriptors, from /proc."""
+    return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _stomp_many_round(procs: list[BrokerProcess], q: str, subs: int) -> str:
+    """``subs`` STOMP subscriptions of member m0 to queue ``q``, which m1 serves (each a
+    forwarded consumer): the time until all are receipted, m0's threads and descriptors
+    before, with them, and after they went; a message sent to each came to one of them."""
+    pid = _pid(procs[0])
+    before = _threads_fds(pid)
+    assert procs[0].stomp_port is not None
+    conn, inbox = _stomp_connect(procs[0].stomp_port, q)
+    started = time.perf_counter()
+    for i in range(subs):
+        conn.subscribe(f"/queue/{q}", id=f"s{i}", ack="client-individual",
+                       headers={"receipt": f"sub{i}"})  # fmt: skip
+    for i in range(subs):
+        inbox.receipt(f"sub{i}", 60)
+    attached_s = time.perf_counter() - started
+    with_them = _threads_fds(pid)
+    with Producer([p.url for p in procs], destination=q) as producer:
+        producer.send_batch([b"x" * 100] * subs)
+    acked = inbox.ack_all(conn, subs)
+    conn.disconnect()
+    deadline = time.monotonic() + 30
+    after = _threads_fds(pid)
+    while max(after[0] - before[0], after[1] - before[1]) > 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        after = _threads_fds(pid)
+    return (
+        f"{subs} forwarded subscriptions receipted in {attached_s:5.2f} s; m0's threads "
+        f"{before[0]} -> {with_them[0]} -> {after[0]}, descriptors {before[1]} -> "
+        f"{with_them[1]} -> {after[1]}; {acked} messages consumed and acked through them"
+    )
+
+
 def stomp_forwarding(zk: ZooKeeper, a: argparse.Namespace) -> None:
     """What forwarding costs a STOMP client (stomp.py): the same sends and reads, through the
     member that owns the queue and through the other one, which forwards them."""
@@ -542,6 +579,7 @@ def stomp_forwarding(zk: ZooKeeper, a: argparse.Namespace) -> None:
                 f"round {r + 1} STOMP subscribed while forwarded, its queue then moved to its "
                 f"member: consume+ack {rate:8,.0f} msg/s, that member's CPU {us:5.1f} us/msg"
             )
+            print(f"round {r + 1} STOMP {_stomp_many_round(procs, 'there', a.stomp_subs)}")
     finally:
         for p in procs:
             p.stop()
@@ -731,6 +769,9 @@ def main() -> None:
     ap.add_argument("--stomp", action="store_true", help="only: what forwarding costs STOMP")
     ap.add_argument("--stomp-messages", type=int, default=5000)
     ap.add_argument("--stomp-sync", type=int, default=100)
+    ap.add_argument(
+        "--stomp-subs", type=int, default=200, help="forwarded subscriptions of one client"
+    )
     ap.add_argument("--partitions", type=int, default=0, help="only: one destination, 1 vs N")
     ap.add_argument("--kafka", action="store_true", help="librdkafka clients (topics)")
     ap.add_argument("--moves", type=int, default=0, help="only: what moving a destination costs")

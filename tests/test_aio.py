@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import threading
 import time
 from pathlib import Path
@@ -223,6 +224,48 @@ def test_delivery_batches_are_decoded_off_the_loop_and_kept_in_order(broker) -> 
 
     assert asyncio.run(main()) == [f"{i}" for i in range(n)]
     assert decoded_on and threading.current_thread().name not in decoded_on
+
+
+def _threads() -> int:
+    """This process's threads, gRPC's native ones too."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_consumers_on_one_loop_hold_no_thread_each(broker) -> None:
+    """Forty asyncio consumers on one loop cost no thread each: a consumer finds the broker's
+    wire through a Flight client, then closes it (a gRPC client holds a thread and two
+    descriptors, idle while the consumer reads its wire: before, forty consumers kept forty
+    threads). Each still receives and settles."""
+
+    async def main() -> tuple[int, list[str]]:
+        async with AsyncAdmin(broker.url) as admin:
+            await admin.create_queue("lean")
+        consumers = [AsyncConsumer(broker.url, "lean", prefetch=2)]
+        await consumers[0].start()  # (the loop's worker threads, the watchdog: started)
+        before = _threads()
+        for _ in range(40):
+            consumers.append(AsyncConsumer(broker.url, "lean", prefetch=2))
+            await consumers[-1].start()
+        grown = _threads() - before
+        async with AsyncProducer(broker.url, destination="lean") as producer:
+            await asyncio.gather(*(producer.send(f"m{i}") for i in range(123)))
+        got: list[str] = []
+
+        async def take(consumer: AsyncConsumer) -> None:
+            while (m := await consumer.receive(timeout=0.5)) is not None:
+                got.append(m.text)
+                await m.ack()
+
+        await asyncio.gather(*(take(c) for c in consumers))
+        for c in consumers:
+            await c.close()
+        return grown, got
+
+    grown, got = asyncio.run(main())
+    assert grown <= 6, f"{grown} threads more for 40 more consumers"
+    assert sorted(got) == sorted(f"m{i}" for i in range(123))
+    with Admin(broker.url) as admin:
+        assert admin.stats("lean")["acked"] == 123
 
 
 def test_a_loop_held_up_by_its_own_code_is_not_taken_for_a_silent_broker(broker) -> None:

@@ -1328,6 +1328,60 @@ def test_a_stomp_subscription_forwarded_to_a_killed_member_goes_on_where_its_que
         conn.disconnect()
 
 
+def _threads(proc: BrokerProcess) -> int:
+    assert proc.proc is not None
+    return len(os.listdir(f"/proc/{proc.proc.pid}/task"))
+
+
+def test_a_member_forwarding_many_stomp_subscriptions_holds_no_thread_for_each(
+    cluster: Cluster,
+) -> None:
+    """Sixty STOMP subscriptions of member a to a queue member b serves: each is a forwarded
+    consumer, and all of them run on a's one forwarding loop (before, each was an SDK consumer
+    with threads of its own: three each, 180 here). Each gets its share, its acks reach b,
+    and once the client is gone b holds none of its consumers."""
+    from tests.stomp_kit import connect as stomp_connect
+
+    for m in "ab":
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        admin.create_queue("many")
+        admin.pin("many", "b")
+    wait_for(lambda: "many" in cluster.serving("b")["b"], 20, "many on b")
+    conn, inbox = stomp_connect(cluster.members["a"].stomp_port)
+    try:
+        conn.subscribe("/queue/many", id="s0", ack="client-individual", headers={"receipt": "r0"})
+        inbox.wait_receipt("r0")  # (the forwarding's loop and its threads are started)
+        with Admin(cluster.members["b"].url) as admin:
+            wait_for(lambda: admin.stats("many")["consumers"] == 1, 15, "the first attached")
+        first = _threads(cluster.members["a"])
+        for i in range(1, 60):
+            conn.subscribe("/queue/many", id=f"s{i}", ack="client-individual",
+                           headers={"receipt": f"r{i}"})  # fmt: skip
+        for i in range(1, 60):
+            inbox.wait_receipt(f"r{i}")
+        with Admin(cluster.members["b"].url) as admin:
+            wait_for(lambda: admin.stats("many")["consumers"] == 60, 30, "all 60 attached at b")
+        grown = _threads(cluster.members["a"]) - first
+        assert grown <= 12, f"member a has {grown} more threads for 59 more subscriptions"
+        with Producer(cluster.urls, destination="many") as producer:
+            producer.send_batch([b"m%d" % i for i in range(120)])
+        got = inbox.wait_messages(120, timeout=30)
+        assert sorted(f.body for f in got) == sorted(b"m%d" % i for i in range(120))
+        assert len({f.headers["subscription"] for f in got}) > 1  # (shared among them)
+        for f in got:
+            conn.ack(f.headers["ack"], receipt=f"a-{f.headers['ack']}")
+        for f in got:
+            inbox.wait_receipt(f"a-{f.headers['ack']}")
+        assert not inbox.errors, [e.body for e in inbox.errors]
+    finally:
+        conn.disconnect()
+    with Admin(cluster.members["b"].url) as admin:
+        wait_for(lambda: admin.stats("many")["consumers"] == 0, 15, "every consumer detached")
+        stats = admin.stats("many")
+    assert (stats["acked"], stats["depth"]) == (120, 0), stats  # (acked there: none again)
+
+
 def test_a_stomp_durable_subscriber_of_one_member_keeps_its_subscription_at_the_topic_s(
     cluster: Cluster,
 ) -> None:

@@ -38,13 +38,22 @@ _TICK_S = 0.25  # how often a watched link notes that its loop runs
 
 class Broker:
     """Where a client's broker is: its Flight connection (for the address, credentials and
-    TLS) and the direct wire's address. Found again after a failover (:meth:`find`)."""
+    TLS) and the direct wire's address. Found again after a failover (:meth:`find`).
 
-    def __init__(self, url: str | Sequence[str], timeout_s: float, auth: Auth) -> None:
+    ``keep_flight=False`` (a consumer's): the Flight client is closed once the wire's address
+    is found, and made again for the rare call that needs it (a partitioned destination's
+    count): a gRPC client holds a thread and two descriptors, which a consumer that only
+    reads its direct wire has no use for (an application or a cluster member with hundreds of
+    consumers would hold hundreds of idle threads)."""
+
+    def __init__(
+        self, url: str | Sequence[str], timeout_s: float, auth: Auth, *, keep_flight: bool = True
+    ) -> None:
         self.urls = broker_urls(url)
         self.timeout_s = timeout_s
         self.auth = auth
-        self.conn: Connection | None = None
+        self.keep_flight = keep_flight
+        self.conn: Connection | None = None  # (its client closed unless keep_flight)
         self.address: Address | None = None
         self.generation = 0  # how many times it was found (a failover finds it again)
         self._finding: asyncio.Lock | None = None
@@ -85,7 +94,20 @@ class Broker:
                 f"the broker at {conn.url} speaks wire version {address.version}; the asyncio "
                 "SDK needs 3 or later (upgrade the broker, or use the synchronous SDK)"
             )
+        if not self.keep_flight:
+            conn.client.close()  # (its credentials, TLS and URL are what the wire needs)
         return conn, address
+
+    def _partitions(self, conn: Connection, name: str) -> Any:
+        """(In a worker thread.) The ``partitions`` action at the broker found: on its Flight
+        client, or on one made for the call (``keep_flight=False``)."""
+        if self.keep_flight:
+            return call_action(conn.client, conn.options, "partitions", name=name)
+        once = connect(conn.url, self.timeout_s, self.auth)  # (one URL: no round trip yet)
+        try:
+            return call_action(once.client, once.options, "partitions", name=name)
+        finally:
+            once.client.close()
 
     async def partitions(self, name: str) -> int:
         """How many partitions destination ``name`` has (1: none). A broker that cannot say
@@ -94,9 +116,7 @@ class Broker:
         conn = self.conn
         assert conn is not None
         try:
-            answer = await asyncio.to_thread(
-                call_action, conn.client, conn.options, "partitions", name=name
-            )
+            answer = await asyncio.to_thread(self._partitions, conn, name)
         except BrokerUnavailable:
             raise
         except SparkMQError:

@@ -89,7 +89,8 @@ class AsyncConsumer:
             destination, subscription, prefetch, selector, durable, temporary, compact=True
         )
         auth = Auth.of(username, password, token, tls_ca_file, tls_cert_file, tls_key_file)
-        self._broker = Broker(url, timeout_s, auth)
+        # (its Flight client closed once the wire is found: a consumer reads only the wire)
+        self._broker = Broker(url, timeout_s, auth, keep_flight=False)
         self._timeout_s = timeout_s
         self._heartbeat_s = heartbeat_s
         self._decode_in_thread = decode_in_thread_bytes
@@ -512,6 +513,22 @@ class AsyncConsumer:
         know only the nack)."""
         address = self._broker.address
         return self._settle("release" if address and address.version >= 4 else "nack", messages)
+
+    def settle_entries(
+        self, verb: Verb, entries: Sequence[tuple[int, int]]
+    ) -> asyncio.Future[None]:
+        """Settle this consumer's deliveries named by ``(offset, delivery count)`` pairs, for a
+        caller that keeps no message objects (a cluster member forwarding its clients' acks);
+        ``release`` is a nack to a broker that has none. Not for a partitioned destination's
+        consumer: each message is settled through the partition's that delivered it."""
+        if self._parts:
+            raise TypeError(
+                f"{self.destination} is partitioned: settle its messages (or through the "
+                "consumer of the partition that delivered them, .partitions)"
+            )
+        if verb == "release" and not ((a := self._broker.address) and a.version >= 4):
+            verb = "nack"
+        return self._settle_entries(verb, entries)
 
     def _settle(self, verb: Verb, messages: Message | Iterable[Message]) -> asyncio.Future[None]:
         if isinstance(messages, MessageBatch):  # (one delivery's: its columns, no messages)

@@ -5,12 +5,13 @@ when it moves).
 
 * A produce goes out through one SDK ``Producer`` of the member's; the client's future
   resolves with the owner's answer (durable there), or its error.
-* A consumer attached is an SDK ``Consumer`` on the owner behind a
+* A consumer attached is an asyncio SDK consumer on the owner behind a
   :class:`~spark_mq.session.consumer.ForwardedConsumer` (:class:`RemoteConsumer`): its deliveries
   reach the transport as the broker's own consumer's do, with their offsets and delivery
   counts, and the transport's acks, nacks and lease extensions go back to the owner, each
   answered once the owner made it durable. Leases, redelivery, groups and dead-lettering stay
-  the owner's.
+  the owner's. Every one of them runs on the member's one :class:`ForwardingLoop`: a
+  forwarded subscription costs its socket to the owner, no thread.
 * A durable subscription is looked up, made and removed at the owner through one SDK ``Admin``
   of the member's (round trips: asked on a thread that may wait, never a listener's loop); so
   are Kafka's admin requests of a partition served elsewhere (deleted, configured, described).
@@ -27,10 +28,10 @@ A transaction stays one member's: acknowledging a forwarded delivery in one is r
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -38,10 +39,11 @@ from typing import Any
 import pyarrow as pa
 
 from spark_mq import commands as c
+from spark_mq.aio.consumer import AsyncConsumer
+from spark_mq.aio.consumer import Verb as AioVerb
 from spark_mq.client._flight_put import conform_produce
 from spark_mq.client.admin import Admin
-from spark_mq.client.consumer import Consumer
-from spark_mq.client.message import Message
+from spark_mq.client.message import MessageBatch
 from spark_mq.client.producer import Producer
 from spark_mq.deliveries import DeliveryState, delivery_table
 from spark_mq.errors import (
@@ -54,7 +56,7 @@ from spark_mq.errors import (
     SparkMQError,
 )
 from spark_mq.messages import Messages
-from spark_mq.schema import MESSAGE_SCHEMA, PRODUCE_SCHEMA
+from spark_mq.schema import MESSAGE_SCHEMA, PRODUCE_SCHEMA, ints
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,8 @@ class Forwarding:
         self._admin: Admin | None = None  # (durable subscriptions made at their owner)
         self._admin_lock = threading.Lock()
         self._lock = threading.Lock()
+        # the loop the consumers attached for its clients run on (once there is one)
+        self._consumers: ForwardingLoop | None = None
         # produces waiting to go out, by destination, in the order they came: one thread takes
         # all that waits for a destination and sends it as one batch (as a group commit does:
         # a STOMP client's pipelined sends share round trips), one batch a destination at a
@@ -154,7 +158,13 @@ class Forwarding:
         """A consumer of ``cmd``'s destination on its owner (connecting there: moments)."""
         if not owner.fields.get("endpoint"):  # (one being placed: said now, the caller's)
             raise owner
-        return RemoteConsumer(owner, cmd, wakeup, self.timeout_s)
+        with self._lock:
+            if self._closed:
+                raise BrokerUnavailable("the broker is stopping")
+            if self._consumers is None:
+                self._consumers = ForwardingLoop()
+            home = self._consumers
+        return RemoteConsumer(home, owner, cmd, wakeup, self.timeout_s)
 
     # -- durable subscriptions (a round trip each: not on a loop) -----------------------------
     def has_subscription(self, owner: NotOwner, destination: str, name: str) -> bool:
@@ -216,12 +226,17 @@ class Forwarding:
         return self._admin
 
     def close(self) -> None:
-        """What waits is sent (and answered), then the producer goes."""
+        """What waits is sent (and answered), then the producer goes; the consumers still
+        attached detach."""
         with self._wake:
             self._closed = True
             self._wake.notify()
         self._sender.join(timeout=self.timeout_s)
         self._pool.shutdown(wait=False)
+        with self._lock:
+            consumers, self._consumers = self._consumers, None
+        if consumers is not None:
+            consumers.stop(self.timeout_s)
         with self._producer_lock:
             producer, self._producer = self._producer, None
         if producer is not None:
@@ -232,68 +247,135 @@ class Forwarding:
             admin.close()
 
 
+class ForwardingLoop:
+    """The event loop every forwarded consumer of a member runs on (one thread, however many
+    consumers: each is an :class:`~spark_mq.aio.AsyncConsumer`), started with the first.
+    Finding an owner's direct wire is a Flight call: those run in a few worker threads."""
+
+    FLIGHT_THREADS = 8
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(
+            ThreadPoolExecutor(self.FLIGHT_THREADS, thread_name_prefix="forward-flight")
+        )
+        self.consumers: set[RemoteConsumer] = set()  # (the loop's own: touched there)
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="forward-consumers", daemon=True
+        )
+        self._thread.start()
+
+    def call(self, fn: Callable[..., object], *args: object) -> bool:
+        """``fn(*args)`` on the loop, after what was asked of it before (from any thread);
+        False once the loop is closed (the broker stopped)."""
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # (closed: nothing is forwarded any more)
+            return False
+        return True
+
+    def stop(self, timeout_s: float) -> None:
+        """Detach the consumers still attached (what they held goes back to their owners),
+        then end the loop and its threads."""
+
+        async def detach_all() -> None:
+            closing = [c.detach() for c in list(self.consumers)]
+            await asyncio.gather(*closing, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(detach_all(), self.loop).result(timeout_s)
+        except Exception as exc:  # (a detach that hangs does not hold up the stop)
+            log.warning("forwarded consumers not all detached at the stop: %r", exc)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+            self.loop.close()
+
+
 class RemoteConsumer:
     """A consumer on another member, as a transport sees the broker's own
-    (:class:`~spark_mq.session.consumer.ForwardedConsumer`)."""
+    (:class:`~spark_mq.session.consumer.ForwardedConsumer`): an asyncio consumer on the
+    forwarding's loop. The transport calls it from its own thread; what it asks of the owner
+    (settles, the detach) is handed to the loop, in the order asked."""
 
-    def __init__(self, owner: NotOwner, cmd: c.Attach, wakeup: Any, timeout_s: float) -> None:
+    def __init__(
+        self, home: ForwardingLoop, owner: NotOwner, cmd: c.Attach, wakeup: Any, timeout_s: float
+    ) -> None:
         self.consumer_id = next(_IDS)
         self.closed = False
         self.ended_by: SparkMQError | None = None
+        self._home = home
         self._cmd = cmd
         self._wakeup = wakeup
+        self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._arrived: deque[Message] = deque()  # delivered by the owner, not yet handed on
-        self._held: dict[int, Message] = {}  # handed on, not yet settled, by offset
+        self._arrived: list[MessageBatch] = []  # delivered by the owner, not yet handed on
+        self._held: dict[int, int] = {}  # handed on, not yet settled: offset -> delivery count
         self._replies: list[c.SettleReply] = []
         self._unanswered = 0
-        self._sdk: Consumer | None = None  # once attached at the owner
+        self._sdk: AsyncConsumer | None = None  # once attached at the owner
         # done once it is attached there (True), or could not be (False: it ended, saying why)
         self.attached: Future = Future()
-        # attached on a thread of its own: the caller may be a loop serving many clients, and
-        # an owner that is paused answers nothing until the SDK's timeout
-        threading.Thread(
-            target=self._attach, args=(owner, timeout_s), name="forward-attach", daemon=True
-        ).start()
+        # attached on the loop: the caller may be a loop serving many clients, and an owner
+        # that is paused answers nothing until the timeout
+        self._run = asyncio.run_coroutine_threadsafe(self._serve(owner), home.loop)
 
-    def _attach(self, owner: NotOwner, timeout_s: float) -> None:
-        cmd, endpoint = self._cmd, _endpoint(owner)
+    async def _serve(self, owner: NotOwner) -> None:
+        """Attach at the owner, then hand on what it delivers until the consumer ends."""
+        self._home.consumers.add(self)
         try:
-            sdk = Consumer(
-                endpoint,
-                cmd.destination,
-                subscription=cmd.subscription,
-                selector=cmd.selector,
-                durable=cmd.durable,
-                prefetch=cmd.prefetch or 100,
-                timeout_s=timeout_s,
-                on_message=self._delivered,
-                # a move is followed by the transport, from here: attached again through its
-                # session, here when it came here (not through the SDK, over the wire to this
-                # member: every delivery handled twice), else forwarded anew
-                reattach=False,
-                on_end=self._end,
-            )
+            sdk = await self._attach(owner)
+            if sdk is None:
+                return
+            while (batch := await sdk.get_batch(1_000_000)) is not None:
+                with self._lock:
+                    self._arrived.append(batch)
+                self._wakeup.set()
+            self._end(BrokerUnavailable("the owner ended the forwarded consumer"))
+        except SparkMQError as exc:  # (its owner refused it, moved it on, or went)
+            self._end(exc)
+        except Exception as exc:  # (a defect: its client hears it, not a silent subscription)
+            log.exception("forwarded consumer of %s failed", self._cmd.destination)
+            self._end(BrokerUnavailable(f"forwarding {self._cmd.destination!r} failed: {exc}"))
+        finally:
+            self._home.consumers.discard(self)
+            if not self.attached.done():  # (ended as it attached)
+                self.attached.set_result(False)
+
+    async def _attach(self, owner: NotOwner) -> AsyncConsumer | None:
+        cmd, endpoint = self._cmd, _endpoint(owner)
+        sdk = AsyncConsumer(
+            endpoint,
+            cmd.destination,
+            subscription=cmd.subscription,
+            selector=cmd.selector,
+            durable=cmd.durable,
+            prefetch=cmd.prefetch or 100,
+            timeout_s=self._timeout_s,
+        )
+        try:
+            await sdk.start()
         except SparkMQError as exc:
             log.info("forwarding a consumer of %s to %s failed: %s", cmd.destination, endpoint,
                      exc.message, extra={"destination": cmd.destination})  # fmt: skip
             self._end(_as_forwarded(exc, owner))
             self.attached.set_result(False)
-            return
-        except Exception as exc:  # (a defect: its client hears it, not a silent subscription)
+            return None
+        except Exception as exc:  # (a defect: said, as above)
             log.exception("forwarding a consumer of %s to %s failed", cmd.destination, endpoint)
             self._end(
                 BrokerUnavailable(f"forwarding a consumer of {cmd.destination!r} failed: {exc}")
             )
             self.attached.set_result(False)
-            return
+            return None
         with self._lock:
             self._sdk = sdk
             closing = self.closed
         if closing:  # (detached while it attached)
-            sdk.close()
+            await sdk.close()
             self.attached.set_result(False)
-            return
+            return None
         log.info(
             "forwarding a consumer of %s to %s (its owner)",
             cmd.destination,
@@ -301,19 +383,15 @@ class RemoteConsumer:
             extra={"destination": cmd.destination},
         )
         self.attached.set_result(True)
+        return sdk
 
     def _end(self, why: SparkMQError) -> None:
-        """The owner cannot serve it (refused, or gone for good): the transport hears why."""
+        """The owner cannot serve it (refused, moved on, or gone for good): the transport
+        hears why, and follows."""
         with self._lock:
             if self.closed:
                 return
             self.closed, self.ended_by = True, why
-        self._wakeup.set()
-
-    # -- what the owner sends (the SDK consumer's reader thread) -------------------------------
-    def _delivered(self, message: Message) -> None:
-        with self._lock:
-            self._arrived.append(message)
         self._wakeup.set()
 
     # -- ConsumerHandle ------------------------------------------------------------------------
@@ -340,13 +418,20 @@ class RemoteConsumer:
 
     def next_leased(self) -> tuple[Messages, list[DeliveryState]] | None:
         with self._lock:
-            taken = list(self._arrived)
-            self._arrived.clear()
-            for m in taken:
-                self._held[m.offset] = m
+            taken, self._arrived = self._arrived, []
         if not taken:
-            return None  # (its end, if it ended: on_end)
-        return _as_leased(taken)
+            return None  # (its end, if it ended: ended_by)
+        rows = pa.Table.from_batches([b.arrow for b in taken])
+        offsets = ints(rows.column("offset"))
+        counts = ints(rows.column("delivery_count"))
+        firsts = rows.column("group_first").to_pylist()
+        with self._lock:
+            self._held.update(zip(offsets, counts, strict=True))
+        messages = pa.Table.from_arrays(
+            [rows.column(name) for name in MESSAGE_SCHEMA.names], schema=MESSAGE_SCHEMA
+        )
+        states = [(n, bool(f)) for n, f in zip(counts, firsts, strict=True)]
+        return Messages.of(messages), states
 
     def next_delivery(self) -> pa.Table | None:
         leased = self.next_leased()
@@ -365,48 +450,52 @@ class RemoteConsumer:
     def settle(self, cmd: c.Settle, inline: object = None) -> None:
         """Settle deliveries at the owner; the reply comes through :meth:`replies`."""
         with self._lock:
-            found = [self._held.get(o) for o, _ in cmd.entries]
+            counts = [self._held.get(o) for o, _ in cmd.entries]
             if cmd.verb != "extend":
                 for o, _ in cmd.entries:
                     self._held.pop(o, None)
             self._unanswered += 1
-        missing = [
+            sdk = self._sdk
+        missing = tuple(
             c.Refused(o, "not delivered to this consumer")
-            for (o, _), m in zip(cmd.entries, found, strict=True)
-            if m is None
-        ]
-        messages = [m for m in found if m is not None]
-        sdk = self._sdk
-        if not messages or sdk is None:  # (none delivered through it: none to settle)
-            self._answered(c.SettleReply(cmd.request_id, tuple(missing)))
+            for (o, _), n in zip(cmd.entries, counts, strict=True)
+            if n is None
+        )
+        entries = [(o, n) for (o, _), n in zip(cmd.entries, counts, strict=True) if n is not None]
+        if not entries or sdk is None:  # (none delivered through it: none to settle)
+            self._answered(c.SettleReply(cmd.request_id, missing))
             return
-        match cmd.verb:
-            case "ack":
-                fut = sdk.ack(messages)
-            case "nack":
-                fut = sdk.nack(messages)
-            case "extend":
-                fut = sdk.extend_lease(messages)
-            case _:
-                fut = sdk.nack(messages)  # (a release: back for another consumer)
+        if not self._home.call(self._settle_there, sdk, cmd, entries, missing):
+            stopping = tuple(c.Refused(o, "the broker is stopping", True) for o, _ in entries)
+            self._answered(c.SettleReply(cmd.request_id, stopping + missing))
 
-        def done(f: Future) -> None:
-            exc = f.exception()
-            if exc is None:
-                reply = c.SettleReply(cmd.request_id, tuple(missing))
-            else:
-                why = exc.message if isinstance(exc, SparkMQError) else str(exc)
-                # its destination moved on meanwhile (refused by the member it left), or the
-                # connection to its owner went (closed to follow it, or broken): what this
-                # consumer held goes back there and comes again
-                again = isinstance(exc, BrokerUnavailable) or (  # (NotOwner is one)
-                    isinstance(exc, LeaseError) and exc.fields.get("comes_again") is True
-                )
-                refused = tuple(c.Refused(m.offset, why, again) for m in messages)
-                reply = c.SettleReply(cmd.request_id, refused + tuple(missing))
-            self._answered(reply)
+    def _settle_there(
+        self,
+        sdk: AsyncConsumer,
+        cmd: c.Settle,
+        entries: list[tuple[int, int]],
+        missing: tuple[c.Refused, ...],
+    ) -> None:
+        """(On the loop.) ``entries`` settled at the owner (a STOMP reject is a nack there:
+        the direct wire has no reject, and the owner dead-letters it once it is due)."""
 
-        fut.add_done_callback(done)
+        def done(f: asyncio.Future[None]) -> None:
+            exc = None if f.cancelled() else f.exception()
+            if f.cancelled() or exc is None:
+                self._answered(c.SettleReply(cmd.request_id, missing))
+                return
+            why = exc.message if isinstance(exc, SparkMQError) else str(exc)
+            # its destination moved on meanwhile (refused by the member it left), or the
+            # connection to its owner went (closed to follow it, or broken): what this
+            # consumer held goes back there and comes again
+            again = isinstance(exc, BrokerUnavailable) or (  # (NotOwner is one)
+                isinstance(exc, LeaseError) and exc.fields.get("comes_again") is True
+            )
+            refused = tuple(c.Refused(o, why, again) for o, _ in entries)
+            self._answered(c.SettleReply(cmd.request_id, refused + missing))
+
+        verb: AioVerb = "nack" if cmd.verb == "reject" else cmd.verb
+        sdk.settle_entries(verb, entries).add_done_callback(done)
 
     def _answered(self, reply: c.SettleReply) -> None:
         with self._lock:
@@ -415,15 +504,20 @@ class RemoteConsumer:
         self._wakeup.set()
 
     def close(self) -> None:
-        """Detach at the owner (what it held unsettled goes back there): on a thread of its
-        own, the caller may be a loop serving others."""
+        """Detach at the owner (what it held unsettled goes back there), on the loop: the
+        caller may be a loop serving others."""
         with self._lock:
             if self.closed and self.ended_by is None:
                 return
             self.closed = True
-            sdk = self._sdk
-        if sdk is not None:  # (else it closes once attached)
-            threading.Thread(target=sdk.close, name="forward-detach", daemon=True).start()
+        self._home.call(lambda: asyncio.ensure_future(self.detach()))
+
+    async def detach(self) -> None:
+        """(On the loop.) Detach at the owner, once attached (else it closes as it attaches)."""
+        self.closed = True
+        sdk = self._sdk
+        if sdk is not None:
+            await sdk.close()
 
 
 def _endpoint(owner: NotOwner) -> str:
@@ -481,26 +575,3 @@ def _rows(messages: Messages) -> pa.Table:
         return _produce_table([messages])
     rows = messages.table()
     return rows if rows.schema.equals(PRODUCE_SCHEMA) else conform_produce(rows)
-
-
-def _as_leased(messages: list[Message]) -> tuple[Messages, list[DeliveryState]]:
-    """Messages delivered by the owner as the broker's own consumer leases them."""
-    rows = pa.Table.from_pylist(
-        [
-            {
-                "offset": m.offset,
-                "message_id": m.message_id,
-                "dedup_id": m.dedup_id,
-                "group_id": m.group_id,
-                "priority": m.priority,
-                "enqueue_time": m.enqueue_time,
-                "expiry_time": m.expiry_time,
-                "deliver_time": m.deliver_time,
-                "headers": list(m.headers.items()) or None,
-                "body": m.body,
-            }
-            for m in messages
-        ],
-        schema=MESSAGE_SCHEMA,
-    )
-    return Messages.of(rows), [(m.delivery_count, bool(m.group_first)) for m in messages]
