@@ -27,8 +27,9 @@ from typing import Any
 
 from spark_mq import protocol, wire
 from spark_mq.client import _liveness as liveness
+from spark_mq.client._routes import PLACING_RETRY_S
 from spark_mq.client._transport import Connection, broker_urls, call_action, connect
-from spark_mq.client._wire import Address, heartbeat_ms, wire_address
+from spark_mq.client._wire import Address, discover, heartbeat_ms
 from spark_mq.errors import BrokerUnavailable, SparkMQError
 from spark_mq.security.credentials import Auth
 
@@ -56,12 +57,37 @@ class Broker:
         self.conn: Connection | None = None  # (its client closed unless keep_flight)
         self.address: Address | None = None
         self.generation = 0  # how many times it was found (a failover finds it again)
+        # a cluster member's (its ping says so, or it answered NotOwner): every member heard
+        # of is a place to start again from when the one used goes away
+        self.clustered = False
+        self.known: dict[str, None] = dict.fromkeys(self.urls)
+        self._target: list[str] | None = None  # where the next find goes (a member named)
         self._finding: asyncio.Lock | None = None
 
     @property
     def may_fail_over(self) -> bool:
-        """Whether a lost broker is looked for again (a primary and its backup given)."""
-        return len(self.urls) > 1
+        """Whether a lost broker is looked for again (a primary and its backup given, or a
+        cluster's members)."""
+        return len(self.urls) > 1 or self.clustered
+
+    async def go(self, endpoint: object) -> None:
+        """A cluster member answered ``NotOwner`` naming ``endpoint``: the next :meth:`find`
+        connects there (one round trip: the refusal said where). Naming none (the
+        destination is being placed just now), the caller asks again where it asked, after
+        a moment."""
+        self.clustered = True
+        if not isinstance(endpoint, str) or not endpoint:
+            await asyncio.sleep(PLACING_RETRY_S)
+            return
+        if self._finding is None:
+            self._finding = asyncio.Lock()
+        async with self._finding:
+            self.known.setdefault(endpoint, None)
+            old, self.conn, self.address = self.conn, None, None
+            self._target = [endpoint]
+            if old is not None and self.keep_flight:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(old.client.close)
 
     async def find(self, seen: int | None = None) -> Address:
         """The wire's address, found (again, if ``seen`` is the generation a caller saw fail);
@@ -72,18 +98,24 @@ class Broker:
             if self.address is not None and (seen is None or seen != self.generation):
                 return self.address
             old, self.conn, self.address = self.conn, None, None
-            if old is not None:
+            if old is not None and self.keep_flight:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(old.client.close)
-            conn, address = await asyncio.to_thread(self._find)
+            # a member named (once), else, in a cluster that lost the member used, any member
+            # heard of (its destinations are served again elsewhere), else the URLs given
+            urls, self._target = self._target, None
+            if urls is None:
+                urls = list(self.known) if self.clustered and seen is not None else self.urls
+            conn, address, answer = await asyncio.to_thread(self._find, urls)
+            self.clustered = self.clustered or bool(answer.get("cluster"))
             self.conn, self.address = conn, address
             self.generation += 1
             return address
 
-    def _find(self) -> tuple[Connection, Address]:
-        conn = connect(self.urls, self.timeout_s, self.auth)
+    def _find(self, urls: list[str]) -> tuple[Connection, Address, dict[str, Any]]:
+        conn = connect(urls, self.timeout_s, self.auth)
         try:
-            address = wire_address(conn.client, conn.options, conn.url, "wire")
+            address, answer = discover(conn.client, conn.options, conn.url, "wire")
         except BaseException:
             conn.client.close()
             raise
@@ -96,7 +128,7 @@ class Broker:
             )
         if not self.keep_flight:
             conn.client.close()  # (its credentials, TLS and URL are what the wire needs)
-        return conn, address
+        return conn, address, answer
 
     def _partitions(self, conn: Connection, name: str) -> Any:
         """(In a worker thread.) The ``partitions`` action at the broker found: on its Flight
@@ -125,7 +157,8 @@ class Broker:
 
     def close(self) -> None:
         if self.conn is not None:
-            self.conn.client.close()
+            if self.keep_flight:  # (else closed once found)
+                self.conn.client.close()
             self.conn = None
 
 

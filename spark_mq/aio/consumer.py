@@ -38,6 +38,7 @@ from spark_mq.client._transport import DEFAULT_URL
 from spark_mq.client.message import Message, MessageBatch, Settler, message_of_one
 from spark_mq.errors import (
     BrokerUnavailable,
+    NotOwner,
     Partitioned,
     ProtocolError,
     SparkMQError,
@@ -79,8 +80,14 @@ class AsyncConsumer:
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         decode_in_thread_bytes: int = DECODE_IN_THREAD_BYTES,
         partitions_recheck_s: float = DEFAULT_RECHECK_S,
+        reattach: bool = True,
     ) -> None:
         self.destination = destination if temporary else validate_stored_name(destination)
+        # reattach: a cluster member that does not serve the destination (or no longer does)
+        # sends it to the member that does, and a lost broker is looked for again (a pair's
+        # backup, a cluster's members); False: it ends, its error saying why (a NotOwner naming
+        # where), for a caller that follows itself (a member forwarding a STOMP subscription)
+        self._reattach_ok = reattach
         if subscription is not None:
             validate_name(subscription, "subscription")
         self.subscription = subscription
@@ -122,6 +129,7 @@ class AsyncConsumer:
         self._closing_reason: str | None = None
         self._closed = False
         self._started = False
+        self._starting = False  # (the first attach: what it meets, start() raises)
         # a partitioned destination's: a consumer of each partition, and the tasks that move
         # their messages into this one's queue
         self._parts: list[AsyncConsumer] = []
@@ -134,7 +142,7 @@ class AsyncConsumer:
             prefetch=prefetch, timeout_s=timeout_s, username=username, password=password,
             token=token, tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file,
             tls_key_file=tls_key_file, heartbeat_s=heartbeat_s,
-            decode_in_thread_bytes=decode_in_thread_bytes,
+            decode_in_thread_bytes=decode_in_thread_bytes, reattach=reattach,
         )  # fmt: skip
 
     # -- attaching -------------------------------------------------------------------------------
@@ -151,14 +159,32 @@ class AsyncConsumer:
             return
         self._started = True
         self._queue = asyncio.Queue()
+        self._starting = True
         try:
-            await self._attach()
+            await self._attach_following()
         except Partitioned as exc:
             await self._attach_partitions(int(exc.fields.get("partitions", 1)))
         except BaseException:
             self._started, self._queue, self._link = False, None, None  # (may be tried again)
             self.error = None
             raise
+        finally:
+            self._starting = False
+
+    async def _attach_following(self) -> None:
+        """Attach; refused by a cluster member that does not serve the destination, attach
+        where the refusal says (one round trip), or, while it is being placed, again a moment
+        later, for up to ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        while True:
+            try:
+                await self._attach()
+                return
+            except NotOwner as exc:
+                if not self._reattach_ok or self._closed or loop.time() >= deadline:
+                    raise
+                await self._broker.go(exc.fields.get("endpoint"))
 
     async def _attach(self) -> None:
         loop = asyncio.get_running_loop()
@@ -256,13 +282,14 @@ class AsyncConsumer:
         self._requests.clear()
         if self._ended is not None and not self._ended.done():
             self._ended.set_result(None)
-        if self._closed or self._link is None:
+        if self._closed or self._link is None or self._starting:
             return  # (closing; or the first attach failing, which raises)
         if self._reattaching is not None and not self._reattaching.done():
             return  # (a link the reattaching made, lost before its welcome: it tries again)
         why = BrokerUnavailable(self._closing_reason) if self._closing_reason else err
         if (
-            self._broker.may_fail_over
+            self._reattach_ok
+            and self._broker.may_fail_over
             and not self._command.temporary
             and isinstance(why, BrokerUnavailable)
         ):
@@ -271,7 +298,8 @@ class AsyncConsumer:
             self._end(why)
 
     async def _reattach(self, err: BrokerUnavailable) -> None:
-        """Attach again to whichever broker serves now (a failover)."""
+        """Attach again to whichever broker serves now (a failover), or where a cluster member
+        said its destination went (``NotOwner``)."""
         log.info("consumer: %s; attaching again where the data is served now", err)
         queue = self._queue
         assert queue is not None
@@ -283,13 +311,22 @@ class AsyncConsumer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
         seen = self._broker.generation
+        moved: NotOwner | None = err if isinstance(err, NotOwner) else None
         while not self._closed:
             try:
+                if moved is not None:
+                    await self._broker.go(moved.fields.get("endpoint"))
+                    moved = None
                 await self._broker.find(seen=seen)
                 seen = self._broker.generation
                 self._closing_reason = None
                 await self._attach()
                 return
+            except NotOwner as exc:  # (sent on: where the refusal says)
+                if loop.time() >= deadline:
+                    self._end(exc)
+                    return
+                moved, seen = exc, self._broker.generation
             except BrokerUnavailable as exc:
                 if loop.time() >= deadline:
                     self._end(exc)

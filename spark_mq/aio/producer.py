@@ -36,8 +36,9 @@ from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._options import check_options
 from spark_mq.client._partition_watch import DEFAULT_RECHECK_S, checked_recheck_s
 from spark_mq.client._pending import Pending, batch_of, plain_of
+from spark_mq.client._routes import PLACING_RETRY_S
 from spark_mq.client._transport import DEFAULT_URL
-from spark_mq.errors import BrokerUnavailable, ProtocolError, SparkMQError, from_wire
+from spark_mq.errors import BrokerUnavailable, NotOwner, ProtocolError, SparkMQError, from_wire
 from spark_mq.names import choose_partition, partition_name, partition_of, validate_stored_name
 from spark_mq.security.credentials import Auth
 
@@ -86,6 +87,10 @@ class AsyncProducer:
         self._numbers = itertools.count()
         self._streams: dict[str, _Stream] = {}
         self._opening: dict[str, asyncio.Future[_Stream]] = {}
+        # a cluster's: the member serving each destination a member sent it elsewhere for
+        # (NotOwner, naming it), and a Broker a member (else the one it connected to)
+        self._routes: dict[str, Broker] = {}
+        self._members: dict[str, Broker] = {}
         # destinations whose names were checked, and how many partitions each has (1: none)
         self._partitions: dict[str, int] = {}
         self._turn = itertools.count()  # (the round robin over partitions)
@@ -175,7 +180,7 @@ class AsyncProducer:
             delay_s, deliver_at,
         )  # fmt: skip
         stream = self._streams.get(dest)
-        if stream is None or stream.link.lost is not None:
+        if stream is None or stream.dead:
             return await self._send_one(dest, item)
         # the common case, without the general path's coroutines: the stream is open
         try:
@@ -183,7 +188,7 @@ class AsyncProducer:
         except BrokerUnavailable:
             if not self._broker.may_fail_over or self._closed:
                 raise
-            return await self._resend(stream, dest, item)
+            return await self._send_one(dest, item)  # (its stream gave up: a new one)
 
     async def submit(
         self,
@@ -215,33 +220,13 @@ class AsyncProducer:
             delay_s, deliver_at,
         )  # fmt: skip
         stream = self._streams.get(dest)
-        if stream is None or stream.link.lost is not None:
+        if stream is None or stream.dead:
             return asyncio.ensure_future(self._send_one(dest, item))
         while stream.crowded:
             await stream.room()
-        if stream.link.lost is not None:
+        if stream.dead:
             return asyncio.ensure_future(self._send_one(dest, item))
-        sent = stream.add(item)
-        if not self._broker.may_fail_over:
-            return sent
-        # given a backup, a message whose connection broke is sent again: the caller's future
-        # follows the first attempt, then the resend
-        outer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-        def landed(first: asyncio.Future[int]) -> None:
-            if outer.done():
-                return
-            if first.cancelled():
-                outer.cancel()
-            elif isinstance(first.exception(), BrokerUnavailable) and not self._closed:
-                again = asyncio.ensure_future(self._resend(stream, dest, item))
-                again.add_done_callback(lambda done: _copy_outcome(done, outer))
-            else:
-                _copy_outcome(first, outer)
-
-        sent.add_done_callback(landed)
-        outer.add_done_callback(lambda o: sent.cancel() if o.cancelled() else None)
-        return outer
+        return stream.add(item)  # (sent on by its stream if the connection breaks or moves)
 
     def _item(
         self,
@@ -275,10 +260,39 @@ class AsyncProducer:
     async def _send_one(self, dest: str, item: Pending) -> int:
         return (await self._send(dest, [item]))[0]
 
-    async def _resend(self, stream: _Stream, dest: str, item: Pending) -> int:
-        """A message whose connection broke: to whichever broker serves now, same dedup id."""
-        await self._broker.find(seen=stream.generation)
-        return await self._send_one(dest, item)
+    async def _recover(
+        self, dest: str, broker: Broker, generation: int, err: BrokerUnavailable
+    ) -> None:
+        """Where ``dest``'s next stream goes after ``err`` on one made through ``broker``: the
+        member a ``NotOwner`` names (none named, being placed: the same, a moment later); the
+        member it connected to again when the member it was sent to went; that one found
+        again when it went itself (a pair's backup, or any member of a cluster)."""
+        if isinstance(err, NotOwner):
+            self._follow(dest, err)
+            if not err.fields.get("endpoint"):
+                await asyncio.sleep(PLACING_RETRY_S)
+        elif broker is not self._broker:
+            if self._routes.get(dest) is broker:  # (its owner went: it is asked again where)
+                del self._routes[dest]
+        else:
+            await self._broker.find(seen=generation)
+
+    def _follow(self, dest: str, err: NotOwner) -> None:
+        """A cluster member said another serves ``dest``: its next stream goes there."""
+        home = self._broker
+        home.clustered = True
+        endpoint = err.fields.get("endpoint")
+        if not isinstance(endpoint, str) or not endpoint:
+            return  # (being placed: asked again where it was asked)
+        home.known.setdefault(endpoint, None)
+        if home.conn is not None and endpoint == home.conn.url:
+            self._routes.pop(dest, None)
+            return
+        member = self._members.get(endpoint)
+        if member is None:
+            member = Broker(endpoint, self._timeout_s, home.auth, keep_flight=False)
+            self._members[endpoint] = member
+        self._routes[dest] = member
 
     async def send_batch(
         self, bodies: Iterable[bytes | str], *, destination: str | None = None
@@ -312,17 +326,20 @@ class AsyncProducer:
         while True:
             if self._closed:
                 raise RuntimeError("the producer is closed")
-            seen = self._broker.generation
+            broker = self._routes.get(dest, self._broker)
+            seen = broker.generation
             try:
                 stream = await self._stream(dest)
-            except BrokerUnavailable:
+            except BrokerUnavailable as exc:
                 if not self._broker.may_fail_over:
                     raise
                 deadline = deadline or loop.time() + self._timeout_s
                 if loop.time() >= deadline:
                     raise
-                await asyncio.sleep(0.05)
-                await self._broker.find(seen=seen)  # (it went away before the link was made)
+                if not isinstance(exc, NotOwner):
+                    await asyncio.sleep(0.05)
+                # (it went away before the link was made, or sent it elsewhere)
+                await self._recover(dest, broker, seen, exc)
                 continue
             futures = [stream.add(item) for item in items]
             try:
@@ -333,17 +350,17 @@ class AsyncProducer:
                     if isinstance(outcome, BaseException):
                         raise outcome
                 return outcomes  # type: ignore[return-value]  # (every one an offset)
-            except BrokerUnavailable:
+            except BrokerUnavailable as exc:
                 if not self._broker.may_fail_over or self._closed:
                     raise
                 deadline = deadline or loop.time() + self._timeout_s
                 if loop.time() >= deadline:
                     raise
-                await self._broker.find(seen=stream.generation)  # then send them again
+                await self._recover(dest, stream.broker, stream.generation, exc)  # then again
 
     async def _stream(self, dest: str) -> _Stream:
         stream = self._streams.get(dest)
-        if stream is not None and stream.link.lost is None:
+        if stream is not None and not stream.dead:
             return stream
         opening = self._opening.get(dest)
         if opening is None:
@@ -353,17 +370,23 @@ class AsyncProducer:
         return await asyncio.shield(opening)  # (a cancelled caller leaves it for the others)
 
     async def _open(self, dest: str) -> _Stream:
-        await self._broker.find()
-        stream = _Stream(dest, self._broker.generation, self._max_in_flight)
-        stream.link = await open_link(
-            self._broker,
-            protocol.Produce(dest),
-            stream.on_frame,
-            stream.on_lost,
-            self._heartbeat_s,
-        )
+        broker = self._routes.get(dest, self._broker)
+        await broker.find()
+        stream = _Stream(self, dest, broker, self._max_in_flight)
+        stream.link = await self._link(broker, stream)
         self._streams[dest] = stream
         return stream
+
+    async def _link(self, broker: Broker, stream: _Stream) -> Link:
+        return await open_link(
+            broker, protocol.Produce(stream.dest), stream.on_frame, stream.on_lost,
+            self._heartbeat_s,
+        )  # fmt: skip
+
+    def _sends_on(self, err: SparkMQError) -> bool:
+        """Whether a stream lost for ``err`` sends what it held on to where its destination
+        is served now (a pair's backup, a cluster's member), rather than failing it."""
+        return isinstance(err, BrokerUnavailable) and self._broker.may_fail_over
 
     async def close(self) -> None:
         """Wait for the answers to every message sent (up to ``timeout_s``), then hang up."""
@@ -380,21 +403,37 @@ class AsyncProducer:
             with contextlib.suppress(TimeoutError):  # (a broker that never answers: given up)
                 async with asyncio.timeout(self._timeout_s):
                     await stream.idle()
-            stream.link.close()
+            stream.stop(BrokerUnavailable("the producer closed before the broker answered"))
         await asyncio.to_thread(self._broker.close)
+        for member in self._members.values():
+            member.close()  # (their Flight clients were closed once found)
 
 
 class _Stream:
     """One destination's connection: messages added in a turn go out at its end, in frames, as
     long as fewer than ``limit`` are on the wire unanswered; the rest wait here, in order, and go
     as answers come (a send cancelled before it left is not sent). Each frame's answer settles
-    its messages."""
+    its messages.
+
+    A connection lost (its broker gone: a pair's backup or a cluster's member serves now) or
+    refused ``NotOwner`` (its destination served by another member: the refusal says which)
+    is not the stream's end: what it had sent and not seen answered goes back in front of
+    what waits, in order, and all of it goes on over a new connection to where the destination
+    is served now, the messages with their dedup ids (stored once), for up to the producer's
+    ``timeout_s``; messages added meanwhile wait behind them. So a destination's messages are
+    stored in the order they were sent through a move or a failover (each group's order)."""
 
     link: Link
 
-    def __init__(self, dest: str, generation: int, limit: int) -> None:
+    def __init__(self, producer: AsyncProducer, dest: str, broker: Broker, limit: int) -> None:
+        self._producer = producer
         self.dest = dest
-        self.generation = generation
+        self.broker = broker  # (the one it was opened through, and which time it was found)
+        self.generation = broker.generation
+        self.sending_on: asyncio.Task[None] | None = None  # (lost: connecting again)
+        self._failing_since: float | None = None  # (the first loss not followed by an answer)
+        self._returned: list[tuple[Pending, asyncio.Future[int]]] = []  # (refused NotOwner)
+        self._stopped = False
         self._limit = limit
         self._on_wire = 0  # messages sent and not answered
         self._loop = asyncio.get_running_loop()
@@ -406,9 +445,14 @@ class _Stream:
         self._room: asyncio.Future[None] | None = None  # for submit's backpressure
 
     @property
+    def dead(self) -> bool:
+        """Lost for good (not sending on): the next send opens another stream."""
+        return self.link.lost is not None and self.sending_on is None
+
+    @property
     def crowded(self) -> bool:
         """As many messages wait to be sent as may be on the wire (``submit`` waits then)."""
-        return len(self._waiting) >= self._limit and self.link.lost is None
+        return len(self._waiting) >= self._limit and not self.dead
 
     async def room(self) -> None:
         if self._room is None or self._room.done():
@@ -422,7 +466,8 @@ class _Stream:
 
     def add(self, item: Pending) -> asyncio.Future[int]:
         fut: asyncio.Future[int] = self._loop.create_future()
-        if self.link.lost is not None:
+        if self.dead:
+            assert self.link.lost is not None
             fut.set_exception(self.link.lost)
             return fut
         if not self._scheduled:
@@ -441,9 +486,10 @@ class _Stream:
         self._scheduled = False
         waiting = self._waiting
         if self.link.lost is not None:
-            self._settle(list(waiting), self.link.lost)
-            waiting.clear()
-            return
+            if self.sending_on is None:
+                self._settle(list(waiting), self.link.lost)
+                waiting.clear()
+            return  # (else they go once it is connected again)
         while waiting and self._on_wire < self._limit:
             room = min(self._limit - self._on_wire, _FRAME_MESSAGES)
             chunk: list[tuple[Pending, asyncio.Future[int]]] = []
@@ -478,6 +524,8 @@ class _Stream:
                 return  # (on_lost has failed them)
 
     def on_frame(self, kind: int, body: wire.Body) -> None:
+        if self.link.lost is not None:
+            return  # (ended by an answer before this one: refused NotOwner)
         if kind != wire.CONTROL:
             raise ProtocolError(f"a frame of kind {kind} on a produce link", fault="remote")
         frame = wire.parse_control(wire.control_bytes(body))
@@ -493,11 +541,19 @@ class _Stream:
         if chunk is None:
             raise ProtocolError(f"an answer to unknown batch {frame.seq}", fault="remote")
         self._on_wire -= len(chunk)
-        if self._waiting and not self._scheduled:  # room again: what waits goes now
-            self._flush()
         if isinstance(frame, protocol.PutFailed):
-            self._settle(chunk, from_wire(protocol.encode_action_body(**frame.error), "failed"))
+            err = from_wire(protocol.encode_action_body(**frame.error), "failed")
+            if isinstance(err, NotOwner):  # (it refuses every batch after this one too: this
+                self._returned = chunk  # connection ends, and all it held goes on, in order,
+                self.link.fail(err)  # where the refusal says)
+                return
+            self._settle(chunk, err)
+            if self._waiting and not self._scheduled:  # room again: what waits goes now
+                self._flush()
             return
+        self._failing_since = None
+        if self._waiting and not self._scheduled:
+            self._flush()
         if frame.count != len(chunk) or (
             frame.offsets is not None and len(frame.offsets) != len(chunk)
         ):
@@ -509,12 +565,62 @@ class _Stream:
         self._check_idle()
 
     def on_lost(self, err: SparkMQError) -> None:
-        lost = [entry for chunk in self._in_flight.values() for entry in chunk]
+        lost = self._returned + [entry for chunk in self._in_flight.values() for entry in chunk]
+        self._returned = []
         self._in_flight.clear()
         self._on_wire = 0
+        if not self._stopped and self._producer._sends_on(err):
+            assert isinstance(err, BrokerUnavailable)
+            self._waiting.extendleft(reversed(lost))  # (first, in the order they were sent)
+            if self._failing_since is None:
+                self._failing_since = self._loop.time()
+            self.sending_on = asyncio.ensure_future(self._send_on(err))
+            return
         waiting = list(self._waiting)
         self._waiting.clear()
         self._settle(lost + waiting, err)
+        self._make_room()
+
+    async def _send_on(self, err: BrokerUnavailable) -> None:
+        """Connect again where the destination is served now, then send what waits (see the
+        class's docstring); give up, failing it all, ``timeout_s`` after the first loss."""
+        producer = self._producer
+        assert self._failing_since is not None
+        deadline = self._failing_since + producer._timeout_s
+        broker, generation = self.broker, self.generation
+        while True:
+            try:
+                await producer._recover(self.dest, broker, generation, err)
+                broker = producer._routes.get(self.dest, producer._broker)
+                await broker.find()
+                generation = broker.generation
+                link = await producer._link(broker, self)
+                break
+            except BrokerUnavailable as exc:
+                if self._loop.time() >= deadline:
+                    self.sending_on = None
+                    self.stop(exc)
+                    return
+                err = exc
+                if not isinstance(exc, NotOwner):
+                    await asyncio.sleep(0.05)
+        log.info(
+            "producer: %s sent on through %s", self.dest, broker.conn.url if broker.conn else "?"
+        )
+        self.broker, self.generation, self.link = broker, generation, link
+        self.sending_on = None
+        self._flush()
+
+    def stop(self, err: SparkMQError) -> None:
+        """End it: what it holds unanswered fails with ``err``."""
+        self._stopped = True
+        if self.sending_on is not None:
+            self.sending_on.cancel()
+            self.sending_on = None
+        self.link.fail(err)
+        waiting = list(self._waiting)
+        self._waiting.clear()
+        self._settle(waiting, err)
         self._make_room()
 
     def _settle(self, entries: list[tuple[Pending, asyncio.Future[int]]], err: Exception) -> None:

@@ -353,6 +353,10 @@ class RemoteConsumer:
             durable=cmd.durable,
             prefetch=cmd.prefetch or 100,
             timeout_s=self._timeout_s,
+            # a move is followed by the transport, from here: attached again through its
+            # session, here when it came here (not over the wire to this member: every
+            # delivery handled twice), else forwarded anew
+            reattach=False,
         )
         try:
             await sdk.start()
