@@ -14,9 +14,11 @@ holds ``max_in_flight`` messages: many sends from one task without a task each.
 
 Every message has a dedup id (given, or the producer's prefix and a sequence number). Given a
 primary and its backup, a send whose connection broke is sent again, with the same dedup id, to
-whichever serves then (for up to ``timeout_s``): stored once. A ``send`` cancelled after its
-message left may still be stored, as a timed-out one may: send it again with the same
-``dedup_id`` to be sure.
+whichever serves then (for up to ``timeout_s``): stored once. Given a cluster member, each
+destination's stream goes to the member that serves it (a ``NotOwner`` answer names it), and
+what a move caught is sent on there the same way; either way, in the order sent
+(``_Stream``). A ``send`` cancelled after its message left may still be stored, as a
+timed-out one may: send it again with the same ``dedup_id`` to be sure.
 """
 
 from __future__ import annotations
@@ -612,16 +614,18 @@ class _Stream:
         self._flush()
 
     def stop(self, err: SparkMQError) -> None:
-        """End it: what it holds unanswered fails with ``err``."""
+        """End it: what waits to be sent fails with ``err``, and what was sent and not
+        answered fails as its connection closes (nothing is sent on)."""
         self._stopped = True
         if self.sending_on is not None:
             self.sending_on.cancel()
             self.sending_on = None
-        self.link.fail(err)
         waiting = list(self._waiting)
         self._waiting.clear()
         self._settle(waiting, err)
         self._make_room()
+        if self.link.lost is None:
+            self.link.close()  # (its end fails what it held: on_lost)
 
     def _settle(self, entries: list[tuple[Pending, asyncio.Future[int]]], err: Exception) -> None:
         for _, fut in entries:
@@ -640,14 +644,3 @@ class _Stream:
             return
         self._idle = self._loop.create_future()
         await self._idle
-
-
-def _copy_outcome(source: asyncio.Future[int], target: asyncio.Future[int]) -> None:
-    if target.done():
-        return
-    if source.cancelled():
-        target.cancel()
-    elif (exc := source.exception()) is not None:
-        target.set_exception(exc)
-    else:
-        target.set_result(source.result())
