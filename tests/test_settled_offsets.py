@@ -21,7 +21,7 @@ from spark_mq.broker.settled import SettledOffsets
 from spark_mq.clock import ManualClock
 from spark_mq.messages import Messages
 from spark_mq.ops.metrics import BrokerCollector, Scrape
-from tests.conftest import RunningBroker, receive_n
+from tests.conftest import Restartable, RunningBroker, receive_n
 from tests.test_dispatch import rows, subscription
 
 _MOVES = st.lists(
@@ -101,6 +101,29 @@ def test_a_held_message_and_a_million_acked_after_it_cost_the_tick_little() -> N
     assert sub._settled._flags.nbytes < 2 * n
     assert sub.stats(n + 1)["depth"] == 1
     assert sub.begin_ack(2, [(n, 1)])[1][0].reason == "already settled"
+
+
+def test_a_subscription_s_mark_is_where_it_begins_before_any_tick(
+    restartable: Restartable,
+) -> None:
+    """A topic subscription made after 50 messages reads its low-water mark at 50 at once (it
+    read 0 until the timers' first tick found it), and after a restart each subscription's
+    mark is the one recovered, before any tick."""
+    url = restartable.url
+    with Admin(url) as admin:
+        admin.create_topic("late")
+        admin.create_subscription("late", "first")
+        with Producer(url, destination="late") as p:
+            p.send_batch([b"m%d" % i for i in range(50)])
+        admin.create_subscription("late", "second")
+        subs = admin.stats("late")["subscriptions"]
+    assert (subs["first"]["low_water_mark"], subs["second"]["low_water_mark"]) == (0, 50)
+    with Consumer(url, "late", subscription="first", prefetch=50) as c:
+        c.ack(receive_n(c, 30)).result(timeout=10)
+    restartable.restart()
+    with Admin(restartable.url) as admin:
+        subs = admin.stats("late")["subscriptions"]
+    assert (subs["first"]["low_water_mark"], subs["second"]["low_water_mark"]) == (30, 50)
 
 
 def test_rows_acked_past_a_held_message_leave_memory_those_owed_stay(

@@ -479,7 +479,7 @@ class Destinations:
             durable=durable,
             max_scan=self.config.delivery.max_scan,
         )
-        sub.next_offset = next_offset
+        sub.begin_at(next_offset)
         return sub
 
     def refill_dedup(self, dest: Destination, handed: str | None = None) -> None:

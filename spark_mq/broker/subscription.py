@@ -794,6 +794,13 @@ class Subscription:
         return out
 
     # -- bookkeeping -------------------------------------------------------------------------
+    def begin_at(self, offset: int) -> None:
+        """(Made, before use.) It reads from ``offset``: every offset below it is settled, or
+        never its own (a topic subscription made at the log's end), so its low-water mark is
+        there from the start, not from the timers' first tick."""
+        self.next_offset = offset
+        self._settled_below = offset
+
     def low_water(self) -> int:
         """Every offset below this is settled for this subscription."""
         with self._lock:
