@@ -17,6 +17,7 @@ reading time. Needs ZooKeeper's jars (``apt-get install zookeeper``: scripts/set
     .venv/bin/python bench/cluster_bench.py --kafka   # many topics, librdkafka clients
     .venv/bin/python bench/cluster_bench.py --moves 10   # what moving a destination costs
     .venv/bin/python bench/cluster_bench.py --moves 10 --kafka   # ... librdkafka's clients
+    .venv/bin/python bench/cluster_bench.py --moves 10 --aio   # ... the asyncio SDK's
     .venv/bin/python bench/cluster_bench.py --moves 10 --hold   # ... a message held throughout
 
 ``--kafka`` (without ``--partitions``): the destinations are topics, and each client process
@@ -43,6 +44,7 @@ the longest wait between two messages read across a move.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import multiprocessing as mp
 import os
@@ -610,6 +612,50 @@ def _moving_reader(url: list[str], stop: Any, errors: list[str]) -> None:
         errors.append(repr(exc))
 
 
+def _aio_moving_sender(
+    url: list[str], stop: Any, times: list[float], errors: list[str], dest: str = "mv"
+) -> None:
+    """The asyncio SDK's producer, each send awaited before the next."""
+    import asyncio
+
+    from spark_mq.aio import AsyncProducer
+
+    async def run() -> None:
+        async with AsyncProducer(url, timeout_s=30) as producer:
+            i = 0
+            while not stop.is_set():
+                try:
+                    await producer.send(f"m{i}", destination=dest, group_id=f"g{i % 4}")
+                    times.append(time.monotonic())
+                except Exception as exc:  # (counted: a move should cost none)
+                    errors.append(repr(exc))
+                i += 1
+
+    asyncio.run(run())
+
+
+def _aio_moving_reader(url: list[str], stop: Any, times: list[float], errors: list[str]) -> None:
+    """The asyncio SDK's consumer, acking each batch it gets (when each message came)."""
+    import asyncio
+
+    from spark_mq.aio import AsyncConsumer
+    from spark_mq.errors import BrokerUnavailable, LeaseError
+
+    async def run() -> None:
+        async with AsyncConsumer(url, "mv", prefetch=200) as consumer:
+            while not stop.is_set():
+                batch = await consumer.get_many(200, timeout=0.05)
+                if batch:
+                    times.extend([time.monotonic()] * len(batch))
+                    with contextlib.suppress(LeaseError, BrokerUnavailable):  # (comes again)
+                        await consumer.ack(batch)
+
+    try:
+        asyncio.run(run())
+    except Exception as exc:
+        errors.append(repr(exc))
+
+
 def _kafka_moving_sender(
     ports: list[int], stop: Any, times: list[float], errors: list[str], dest: str = "mv"
 ) -> None:
@@ -691,6 +737,14 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
                     target=_kafka_moving_sender, args=(ports, stop, still, errors, "still")
                 ),
             ]
+        elif a.aio:
+            threads = [
+                threading.Thread(target=_aio_moving_sender, args=(urls, stop, times, errors)),
+                threading.Thread(target=_aio_moving_reader, args=(urls, stop, read, errors)),
+                threading.Thread(
+                    target=_aio_moving_sender, args=(urls, stop, still, errors, "still")
+                ),
+            ]
         else:
             threads = [
                 threading.Thread(target=_moving_sender, args=(urls, stop, times, errors)),
@@ -733,7 +787,7 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
     gap = statistics.median([b - x for x, b in itertools.pairwise(still)])
     print(
         f"{a.moves} moves under synchronous sends ({len(times)} acknowledged) and a reader"
-        f" ({'librdkafka' if a.kafka else 'the SDK'}):\n"
+        f" ({'librdkafka' if a.kafka else 'the asyncio SDK' if a.aio else 'the SDK'}):\n"
         f"  pin to served at the new owner: median {statistics.median(took) * 1000:.0f} ms, "
         f"max {took[-1] * 1000:.0f} ms\n"
         f"  longest wait between two acknowledged sends across a move: median "
@@ -744,7 +798,7 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
         + (
             f"  longest wait between two messages read across a move: median "
             f"{statistics.median(reads) * 1000:.0f} ms, max {max(reads) * 1000:.0f} ms\n"
-            if a.kafka
+            if a.kafka or a.aio
             else ""
         )
         + f"  refused by a fence (old owner's log): {refused}; client errors: {len(errors)}"
@@ -774,6 +828,7 @@ def main() -> None:
     )
     ap.add_argument("--partitions", type=int, default=0, help="only: one destination, 1 vs N")
     ap.add_argument("--kafka", action="store_true", help="librdkafka clients (topics)")
+    ap.add_argument("--aio", action="store_true", help="with --moves: the asyncio SDK's clients")
     ap.add_argument("--moves", type=int, default=0, help="only: what moving a destination costs")
     ap.add_argument(
         "--hold",
