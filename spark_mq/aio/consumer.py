@@ -10,7 +10,9 @@ hold the loop; frames after it wait for it, in order. A delivery waits as its re
 are made in the worker thread too once ``get_many`` was called. The broker sends at most
 ``prefetch`` messages not yet settled (the credit); settling one lets another come.
 
-Acks, nacks and extends issued in one turn of the loop travel in one frame. Given a primary and
+Acks, nacks and extends issued in one turn of the loop travel in one frame. Given a cluster
+member, a consumer attaches at the member serving its destination (a ``NotOwner`` answer names
+it) and attaches again there when the destination moves. Given a primary and
 its backup, a consumer whose broker went away attaches again to whichever serves then:
 messages delivered and not acked come again from there (redelivered), and settles of the old
 deliveries fail (their leases were the old broker's), as with the synchronous consumer.

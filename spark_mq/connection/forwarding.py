@@ -235,8 +235,8 @@ class Forwarding:
         self._pool.shutdown(wait=False)
         with self._lock:
             consumers, self._consumers = self._consumers, None
-        if consumers is not None:
-            consumers.stop(self.timeout_s)
+        if consumers is not None:  # (an owner that does not answer holds the stop up 5 s)
+            consumers.stop(min(self.timeout_s, 5.0))
         with self._producer_lock:
             producer, self._producer = self._producer, None
         if producer is not None:
