@@ -105,7 +105,10 @@ def test_the_transaction_log_keeps_only_what_is_unfinished(
         with Transaction(broker.url) as tx:
             tx.send("out", f"t{i}")
     rows = DeltaTable(uri).to_pyarrow_table()
-    assert rows.num_rows < 60, rows.num_rows  # (those since the last compaction)
+    # (those since the last compaction, one every 50 versions of the log: about 60 rows; more
+    # when it fell earlier (done rows in commits of their own under load) or one was left to
+    # the next time: 69 in one CI run. Never near the 420 of a log nobody compacts)
+    assert rows.num_rows < 130, rows.num_rows
     commits = [f for f in (Path(uri) / "_delta_log").iterdir() if f.suffix == ".json"]
     # (those written since the aging, about 60: the aged 150 are gone)
     assert len(commits) < 80, len(commits)
