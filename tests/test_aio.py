@@ -19,7 +19,7 @@ from spark_mq.aio import AsyncAdmin, AsyncConsumer, AsyncMessage, AsyncProducer
 from spark_mq.client import _liveness as liveness
 from spark_mq.errors import DestinationNotFound, InvalidNameError, MessageRejected
 from spark_mq.launch import BrokerProcess
-from tests.conftest import wait_for
+from tests.conftest import receive_n, wait_for
 from tests.ha_kit import in_sync, pair
 
 
@@ -266,6 +266,27 @@ def test_consumers_on_one_loop_hold_no_thread_each(broker) -> None:
     assert sorted(got) == sorted(f"m{i}" for i in range(123))
     with Admin(broker.url) as admin:
         assert admin.stats("lean")["acked"] == 123
+
+
+def test_sends_begun_together_to_a_new_destination_are_stored_in_the_order_begun(broker) -> None:
+    """Fifty sends begun in one turn to a destination the producer has not used: stored in the
+    order they were begun (each asked how many partitions it has in a thread of its own, and
+    went on as the answers came: any order)."""
+
+    async def main() -> list[int]:
+        async with AsyncAdmin(broker.url) as admin:
+            await admin.create_queue("fresh")
+        async with AsyncProducer(broker.url) as producer:
+            return await asyncio.gather(
+                *(producer.send(f"m{i}", destination="fresh") for i in range(50))
+            )
+
+    offsets = asyncio.run(main())
+    assert offsets == list(range(50)), offsets
+    with Consumer(broker.url, "fresh", prefetch=50) as c:
+        got = receive_n(c, 50)
+        c.ack(got)
+    assert [m.text for m in got] == [f"m{i}" for i in range(50)]
 
 
 def test_a_loop_held_up_by_its_own_code_is_not_taken_for_a_silent_broker(broker) -> None:

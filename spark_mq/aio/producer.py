@@ -95,6 +95,7 @@ class AsyncProducer:
         self._members: dict[str, Broker] = {}
         # destinations whose names were checked, and how many partitions each has (1: none)
         self._partitions: dict[str, int] = {}
+        self._counting: dict[str, asyncio.Future[int]] = {}  # (asked, not yet answered)
         self._turn = itertools.count()  # (the round robin over partitions)
         # asks now and then whether partitions were added to those it sends to (as the
         # synchronous Producer's partition watch does)
@@ -128,8 +129,21 @@ class AsyncProducer:
         """How many partitions ``dest`` has (asked the first time; a partitioned one's again
         every ``partitions_recheck_s``: partitions may be added)."""
         n = self._partitions.get(dest)
-        if n is None:
-            n = 1 if partition_of(dest) is not None else await self._broker.partitions(dest)
+        if n is not None:
+            return n
+        if partition_of(dest) is not None:
+            self._partitions[dest] = 1
+            return 1
+        # one question a destination: the sends that come meanwhile wait for its answer and go
+        # on in the order they came (a question each, answered in any order, let a task's
+        # first sends to a destination overtake one another)
+        asking = self._counting.get(dest)
+        if asking is None:
+            asking = asyncio.ensure_future(self._broker.partitions(dest))
+            self._counting[dest] = asking
+            asking.add_done_callback(lambda _: self._counting.pop(dest, None))
+        n = await asyncio.shield(asking)  # (a cancelled caller leaves it for the others)
+        if dest not in self._partitions:
             self._partitions[dest] = n
             if n > 1 and self._recheck_s and self._rechecking is None and not self._closed:
                 self._rechecking = asyncio.ensure_future(self._recheck())
