@@ -552,6 +552,52 @@ def test_async_for_lives_through_a_sigkill_and_failover(tmp_path: Path) -> None:
                 m.process.stop()
 
 
+def test_send_rows_sends_a_table_s_rows_whole_each_to_its_partition(broker) -> None:
+    """``send_rows``: a table of PRODUCE_SCHEMA's columns (headers, group ids, priorities, a
+    dedup id on some) to a 3-partition queue, each row to its group's partition, the offsets in
+    the rows' order; a row sent again with its dedup id is stored once; plain messages too."""
+    from spark_mq.messages import PlainMessage
+    from spark_mq.names import choose_partition, partition_name
+
+    with Admin(broker.url) as admin:
+        admin.create_queue("rows", partitions=3)
+    table = pa.table(
+        {
+            "body": [b"r%d" % i for i in range(12)],
+            "group_id": [f"g{i % 4}" for i in range(12)],
+            "priority": [i % 3 for i in range(12)],
+            "headers": pa.array(
+                [[("i", str(i))] for i in range(12)], pa.map_(pa.string(), pa.string())
+            ),
+            "dedup_id": [f"d{i}" if i < 6 else None for i in range(12)],
+        }
+    )
+
+    async def main() -> tuple[list[int], list[int], list[int]]:
+        async with AsyncProducer(broker.url) as p:
+            offsets = await p.send_rows(table, destination="rows")
+            again = await p.send_rows(table.slice(0, 1), destination="rows")
+            plain = await p.send_rows(
+                [PlainMessage("p0", b"plain-0"), PlainMessage(None, b"plain-1")],
+                destination=partition_name("rows", 1),
+            )
+        return offsets, again, plain
+
+    offsets, again, plain = asyncio.run(main())
+    assert len(offsets) == 12 and again == offsets[:1]  # (d0 again: the first one's offset)
+    with Consumer(broker.url, "rows", prefetch=20) as c:
+        got = receive_n(c, 14)
+        c.ack(got)
+    by_body = {m.body: m for m in got}
+    assert sorted(by_body) == sorted([b"r%d" % i for i in range(12)] + [b"plain-0", b"plain-1"])
+    for i in range(12):
+        m = by_body[b"r%d" % i]
+        assert (m.group_id, m.priority, m.headers) == (f"g{i % 4}", i % 3, {"i": str(i)})
+        assert m.partition == choose_partition(f"g{i % 4}", 3, 0)
+        assert m.offset == offsets[i]
+    assert [by_body[b"plain-0"].offset, by_body[b"plain-1"].offset] == plain
+
+
 def test_a_partitioned_destination_through_the_asyncio_sdk(broker) -> None:
     """The asyncio producer places each message in its partition by group id (as the
     synchronous SDK does); the asyncio consumer reads every partition as one, `async for` and

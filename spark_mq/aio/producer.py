@@ -32,8 +32,11 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
+import pyarrow as pa
+
 from spark_mq import protocol, wire
 from spark_mq.aio._link import Broker, Link, open_link
+from spark_mq.client._flight_put import conform_produce
 from spark_mq.client._liveness import DEFAULT_HEARTBEAT_S
 from spark_mq.client._options import check_options
 from spark_mq.client._partition_watch import DEFAULT_RECHECK_S, checked_recheck_s
@@ -41,7 +44,9 @@ from spark_mq.client._pending import Pending, batch_of, plain_of
 from spark_mq.client._routes import PLACING_RETRY_S
 from spark_mq.client._transport import DEFAULT_URL
 from spark_mq.errors import BrokerUnavailable, NotOwner, ProtocolError, SparkMQError, from_wire
+from spark_mq.messages import PlainMessage
 from spark_mq.names import choose_partition, partition_name, partition_of, validate_stored_name
+from spark_mq.schema import PRODUCE_SCHEMA
 from spark_mq.security.credentials import Auth
 
 log = logging.getLogger(__name__)
@@ -309,6 +314,46 @@ class AsyncProducer:
             member = Broker(endpoint, self._timeout_s, home.auth, keep_flight=False)
             self._members[endpoint] = member
         self._routes[dest] = member
+
+    async def send_rows(
+        self, rows: pa.Table | list[PlainMessage], *, destination: str | None = None
+    ) -> list[int]:
+        """Send messages given as rows (``PRODUCE_SCHEMA``'s columns, as
+        :meth:`spark_mq.Producer.send_batch` takes a table; a row without a dedup id is given
+        one), or as plain messages (a body and a dedup id each): their offsets, in the rows'
+        order, once every one is durable. Each goes where :meth:`send` would put it: a
+        partitioned destination's rows by their group id (else dedup id)."""
+        dest = self._dest(destination)
+        items = self._pending(rows)
+        if not items:
+            return []
+        n = self._partitions.get(dest) or await self._count(dest)
+        if n == 1:
+            return await self._send(dest, items)
+        parts: dict[str, list[int]] = {}
+        for at, item in enumerate(items):
+            parts.setdefault(self._placed(dest, n, item.group_id or item.dedup_id), []).append(at)
+        sent = await asyncio.gather(
+            *(self._send(part, [items[at] for at in ats]) for part, ats in parts.items())
+        )
+        offsets = [0] * len(items)
+        for ats, got in zip(parts.values(), sent, strict=True):
+            for at, offset in zip(ats, got, strict=True):
+                offsets[at] = offset
+        return offsets
+
+    def _pending(self, rows: pa.Table | list[PlainMessage]) -> list[Pending]:
+        if isinstance(rows, list):
+            return [Pending.of(m.body, m.dedup_id or self.next_dedup_id(), None) for m in rows]
+        if not rows.schema.equals(PRODUCE_SCHEMA):
+            rows = conform_produce(rows)
+        items = [Pending(**row, future=None) for row in rows.to_pylist()]
+        for item in items:
+            if item.dedup_id is None:
+                item.dedup_id = self.next_dedup_id()
+            if item.headers is not None and not item.headers:
+                item.headers = None
+        return items
 
     async def send_batch(
         self, bodies: Iterable[bytes | str], *, destination: str | None = None

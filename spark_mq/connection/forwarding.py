@@ -3,8 +3,9 @@ such a client's session does to a destination another member serves is forwarded
 Artemis bridges, through the SDK (which routes each destination to its owner and follows it
 when it moves).
 
-* A produce goes out through one SDK ``Producer`` of the member's; the client's future
-  resolves with the owner's answer (durable there), or its error.
+* A produce goes out through one asyncio SDK producer of the member's (each destination's
+  stream at its owner, in the order the produces came, through moves too); the client's
+  future resolves with the owner's answer (durable there), or its error.
 * A consumer attached is an asyncio SDK consumer on the owner behind a
   :class:`~spark_mq.session.consumer.ForwardedConsumer` (:class:`RemoteConsumer`): its deliveries
   reach the transport as the broker's own consumer's do, with their offsets and delivery
@@ -32,7 +33,7 @@ import asyncio
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -41,10 +42,9 @@ import pyarrow as pa
 from spark_mq import commands as c
 from spark_mq.aio.consumer import AsyncConsumer
 from spark_mq.aio.consumer import Verb as AioVerb
-from spark_mq.client._flight_put import conform_produce
+from spark_mq.aio.producer import AsyncProducer
 from spark_mq.client.admin import Admin
 from spark_mq.client.message import MessageBatch
-from spark_mq.client.producer import Producer
 from spark_mq.deliveries import DeliveryState, delivery_table
 from spark_mq.errors import (
     BrokerUnavailable,
@@ -56,7 +56,7 @@ from spark_mq.errors import (
     SparkMQError,
 )
 from spark_mq.messages import Messages
-from spark_mq.schema import MESSAGE_SCHEMA, PRODUCE_SCHEMA, ints
+from spark_mq.schema import MESSAGE_SCHEMA, ints
 
 log = logging.getLogger(__name__)
 
@@ -64,107 +64,78 @@ _IDS = itertools.count(-1, -1)  # forwarded consumers' ids (the broker's own cou
 
 
 class Forwarding:
-    """A member's forwarding: one producer for every forwarded produce, and the consumers
-    attached for its clients."""
+    """A member's forwarding: one asyncio producer for every forwarded produce, and the
+    consumers attached for its clients, all on one :class:`ForwardingLoop`."""
 
     def __init__(self, timeout_s: float = 30.0) -> None:
         self.timeout_s = timeout_s
         # this member's own URL (the service's, once it listens): the forwarding producer
         # starts there, which outlives any owner, and is sent on to each destination's owner
         self.home = ""
-        self._producer: Producer | None = None
-        self._producer_lock = threading.Lock()  # (held while it connects: not the loop's)
+        self._producer: AsyncProducer | None = None  # (the loop's: made and used there)
         self._admin: Admin | None = None  # (durable subscriptions made at their owner)
         self._admin_lock = threading.Lock()
         self._lock = threading.Lock()
-        # the loop the consumers attached for its clients run on (once there is one)
-        self._consumers: ForwardingLoop | None = None
-        # produces waiting to go out, by destination, in the order they came: one thread takes
-        # all that waits for a destination and sends it as one batch (as a group commit does:
-        # a STOMP client's pipelined sends share round trips), one batch a destination at a
-        # time (its order); a destination whose owner is slow to answer holds up no other
-        self._waiting: dict[str, list[tuple[NotOwner, Messages, Future]]] = {}
-        self._sending: set[str] = set()  # destinations with a batch on its way
-        self._wake = threading.Condition(self._lock)
+        # the loop the forwarded produces and consumers run on (once there is one)
+        self._loop: ForwardingLoop | None = None
         self._closed = False
-        self._pool = ThreadPoolExecutor(16, thread_name_prefix="forward-produce")
-        self._sender = threading.Thread(target=self._send_loop, name="forward-produce", daemon=True)
-        self._sender.start()
+
+    def _home(self) -> ForwardingLoop:
+        """The forwarding's loop, started at its first use (BrokerUnavailable once stopping)."""
+        with self._lock:
+            if self._closed:
+                raise BrokerUnavailable("the broker is stopping")
+            if self._loop is None:
+                self._loop = ForwardingLoop()
+            return self._loop
 
     def produce(self, owner: NotOwner, destination: str, messages: Messages) -> Future:
         """``messages`` for ``destination``, sent to its owner (``owner``: where it was, the
-        SDK follows from there); the future resolves once durable there."""
+        producer follows from there); the future resolves, with their offsets, once durable
+        there. A destination's produces go in the order they came: the producer's stream to
+        its owner keeps it, through a move or the owner's loss too (each message with its
+        dedup id: stored once), and those that come in one turn of the loop share a frame."""
         out: Future = Future()
-        with self._wake:
-            if self._closed:
-                out.set_exception(BrokerUnavailable("the broker is stopping"))
-                return out
-            self._waiting.setdefault(destination, []).append((owner, messages, out))
-            self._wake.notify()
+        try:
+            home = self._home()
+        except BrokerUnavailable as exc:
+            out.set_exception(exc)
+            return out
+        if not home.call(self._produce_there, owner, destination, messages, out):
+            out.set_exception(BrokerUnavailable("the broker is stopping"))
         return out
 
-    def _send_loop(self) -> None:
-        while True:
-            with self._wake:
-                while not (ready := [d for d in self._waiting if d not in self._sending]):
-                    if self._closed and not self._waiting and not self._sending:
-                        return
-                    self._wake.wait()
-                taken = {d: self._waiting.pop(d) for d in ready}
-                self._sending.update(taken)
-            for destination, items in taken.items():
-                self._pool.submit(self._send_one, destination, items)
+    def _produce_there(
+        self, owner: NotOwner, destination: str, messages: Messages, out: Future
+    ) -> None:
+        """(On the loop.) The produce handed to the forwarding's producer, in the order the
+        produces came (its sends are queued on the destination's stream before this returns
+        to the loop, but for a destination's first: then in the order they came too)."""
+        if self._producer is None:
+            # (one being placed names no member: the producer asks home again until it is)
+            urls = [u for u in (self.home, owner.fields.get("endpoint")) if u]
+            self._producer = AsyncProducer(urls, timeout_s=self.timeout_s)
+        rows = messages.plain if messages.plain is not None else messages.table()
+        sent = asyncio.ensure_future(self._producer.send_rows(rows, destination=destination))
 
-    def _send_one(self, destination: str, items: list[tuple[NotOwner, Messages, Future]]) -> None:
-        try:
-            self._send(destination, items)
-        finally:  # (what came for it meanwhile goes next, as one batch)
-            with self._wake:
-                self._sending.discard(destination)
-                self._wake.notify()
+        def done(f: asyncio.Future[list[int]]) -> None:
+            exc = None if f.cancelled() else f.exception()
+            if exc is None and not f.cancelled():
+                out.set_result(f.result())
+            elif isinstance(exc, SparkMQError):
+                out.set_exception(_as_forwarded(exc, owner))
+            else:  # (a defect, or cancelled at the stop: its clients hear it)
+                if exc is not None:
+                    log.error("forwarding to %s failed", destination, exc_info=exc)
+                out.set_exception(BrokerUnavailable(f"forwarding to {destination!r} failed: {exc}"))
 
-    def _send(self, destination: str, items: list[tuple[NotOwner, Messages, Future]]) -> None:
-        """One destination's waiting produces as one batch, waited for: the SDK sends it
-        again where the destination is served now when its owner fails or moves meanwhile
-        (each row has a dedup id by then: stored once)."""
-        owner = items[-1][0]
-        try:
-            table = _produce_table([m for _, m, _ in items])
-            offsets = self._producer_for(owner).send_batch(table, destination=destination)
-            assert isinstance(offsets, list)  # (waited for)
-        except Exception as exc:  # (whatever it was, its clients hear it; the thread goes on)
-            if isinstance(exc, SparkMQError):
-                err: BaseException = _as_forwarded(exc, owner)
-            else:
-                log.exception("forwarding to %s failed", destination)
-                err = BrokerUnavailable(f"forwarding to {destination!r} failed: {exc}")
-            for _, _, out in items:
-                out.set_exception(err)
-            return
-        at = 0
-        for _, m, out in items:
-            out.set_result(offsets[at : at + m.num_rows])  # (each produce's own offsets)
-            at += m.num_rows
-
-    def _producer_for(self, owner: NotOwner) -> Producer:
-        with self._producer_lock:
-            if self._producer is None:
-                # (one being placed names no member: the SDK asks home again until it is)
-                urls = [u for u in (self.home, owner.fields.get("endpoint")) if u]
-                self._producer = Producer(urls, linger_ms=0, timeout_s=self.timeout_s)
-            return self._producer
+        sent.add_done_callback(done)
 
     def attach(self, owner: NotOwner, cmd: c.Attach, wakeup: Any) -> RemoteConsumer:
         """A consumer of ``cmd``'s destination on its owner (connecting there: moments)."""
         if not owner.fields.get("endpoint"):  # (one being placed: said now, the caller's)
             raise owner
-        with self._lock:
-            if self._closed:
-                raise BrokerUnavailable("the broker is stopping")
-            if self._consumers is None:
-                self._consumers = ForwardingLoop()
-            home = self._consumers
-        return RemoteConsumer(home, owner, cmd, wakeup, self.timeout_s)
+        return RemoteConsumer(self._home(), owner, cmd, wakeup, self.timeout_s)
 
     # -- durable subscriptions (a round trip each: not on a loop) -----------------------------
     def has_subscription(self, owner: NotOwner, destination: str, name: str) -> bool:
@@ -227,30 +198,28 @@ class Forwarding:
 
     def close(self) -> None:
         """What waits is sent (and answered), then the producer goes; the consumers still
-        attached detach."""
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
-        self._sender.join(timeout=self.timeout_s)
-        self._pool.shutdown(wait=False)
+        attached detach (an owner that does not answer holds the stop up 5 s at most)."""
         with self._lock:
-            consumers, self._consumers = self._consumers, None
-        if consumers is not None:  # (an owner that does not answer holds the stop up 5 s)
-            consumers.stop(min(self.timeout_s, 5.0))
-        with self._producer_lock:
-            producer, self._producer = self._producer, None
-        if producer is not None:
-            producer.close()
+            self._closed = True
+            home, self._loop = self._loop, None
+        if home is not None:
+            home.stop(min(self.timeout_s, 5.0), before=self._close_producer)
         with self._admin_lock:
             admin, self._admin = self._admin, None
         if admin is not None:
             admin.close()
 
+    async def _close_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.close()
+
 
 class ForwardingLoop:
-    """The event loop every forwarded consumer of a member runs on (one thread, however many
-    consumers: each is an :class:`~spark_mq.aio.AsyncConsumer`), started with the first.
-    Finding an owner's direct wire is a Flight call: those run in a few worker threads."""
+    """The event loop a member's forwarding runs on (one thread, however many clients): its
+    producer (an :class:`~spark_mq.aio.AsyncProducer`) and every forwarded consumer (each an
+    :class:`~spark_mq.aio.AsyncConsumer`), started at its first use. Finding an owner's
+    direct wire is a Flight call: those run in a few worker threads."""
 
     FLIGHT_THREADS = 8
 
@@ -274,11 +243,17 @@ class ForwardingLoop:
             return False
         return True
 
-    def stop(self, timeout_s: float) -> None:
-        """Detach the consumers still attached (what they held goes back to their owners),
-        then end the loop and its threads."""
+    def stop(self, timeout_s: float, before: Callable[[], Awaitable[None]] | None = None) -> None:
+        """``before()`` (the producer answered and closed), then the consumers still attached
+        detached (what they held goes back to their owners), then the loop and its threads
+        ended."""
 
         async def detach_all() -> None:
+            if before is not None:
+                try:
+                    await before()
+                except Exception:  # (the consumers detach all the same)
+                    log.exception("the forwarding's producer did not close cleanly")
             closing = [c.detach() for c in list(self.consumers)]
             await asyncio.gather(*closing, return_exceptions=True)
 
@@ -551,31 +526,3 @@ def _as_forwarded(exc: SparkMQError, owner: NotOwner) -> SparkMQError:
         f"refused this member's forwarding ({exc.message}); the operator is to give the "
         "members a forwarding identity (see the broker's log)"
     )
-
-
-def _produce_table(produced: list[Messages]) -> pa.Table:
-    """Produces waiting for one destination as one table, as the SDK sends it
-    (``PRODUCE_SCHEMA``, one chunk: else each produce would travel alone). Made here, on the
-    forwarding's thread, once a batch: made for each produce on the listener's loop, a plain
-    message's table of null columns took a third of that loop's time."""
-    joined = Messages.joined(produced) if all(m.plain is not None for m in produced) else None
-    if joined is not None and joined.plain is not None:
-        plain = joined.plain
-        n = len(plain)
-        columns = {
-            name: pa.nulls(n, field.type)
-            for name, field in zip(PRODUCE_SCHEMA.names, PRODUCE_SCHEMA, strict=True)
-        }
-        columns["body"] = pa.array([m.body for m in plain], pa.binary())
-        columns["dedup_id"] = pa.array([m.dedup_id for m in plain], pa.string())
-        return pa.table(columns, schema=PRODUCE_SCHEMA)
-    tables = [_rows(m) for m in produced]
-    return pa.concat_tables(tables).combine_chunks()
-
-
-def _rows(messages: Messages) -> pa.Table:
-    """One produce's messages in ``PRODUCE_SCHEMA`` (STOMP's rows are already)."""
-    if messages.plain is not None:
-        return _produce_table([messages])
-    rows = messages.table()
-    return rows if rows.schema.equals(PRODUCE_SCHEMA) else conform_produce(rows)
