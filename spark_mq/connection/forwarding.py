@@ -30,6 +30,7 @@ A transaction stays one member's: acknowledging a forwarded delivery in one is r
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import threading
@@ -43,6 +44,7 @@ from spark_mq import commands as c
 from spark_mq.aio.consumer import AsyncConsumer
 from spark_mq.aio.consumer import Verb as AioVerb
 from spark_mq.aio.producer import AsyncProducer
+from spark_mq.client._flight_put import conform_produce
 from spark_mq.client.admin import Admin
 from spark_mq.client.message import MessageBatch
 from spark_mq.deliveries import DeliveryState, delivery_table
@@ -55,8 +57,8 @@ from spark_mq.errors import (
     NotOwner,
     SparkMQError,
 )
-from spark_mq.messages import Messages
-from spark_mq.schema import MESSAGE_SCHEMA, ints
+from spark_mq.messages import Messages, PlainMessage
+from spark_mq.schema import MESSAGE_SCHEMA, PRODUCE_SCHEMA, ints
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,11 @@ class Forwarding:
         # starts there, which outlives any owner, and is sent on to each destination's owner
         self.home = ""
         self._producer: AsyncProducer | None = None  # (the loop's: made and used there)
+        # (the loop's) produces waiting to go, by destination, in the order they came; the
+        # destinations with a batch on its way; whether a look at what waits is due
+        self._gathered: dict[str, list[tuple[NotOwner, Messages, Future]]] = {}
+        self._sending: set[str] = set()
+        self._scheduled = False
         self._admin: Admin | None = None  # (durable subscriptions made at their owner)
         self._admin_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -108,28 +115,39 @@ class Forwarding:
     def _produce_there(
         self, owner: NotOwner, destination: str, messages: Messages, out: Future
     ) -> None:
-        """(On the loop.) The produce handed to the forwarding's producer, in the order the
-        produces came (its sends are queued on the destination's stream before this returns
-        to the loop, but for a destination's first: then in the order they came too)."""
-        if self._producer is None:
-            # (one being placed names no member: the producer asks home again until it is)
-            urls = [u for u in (self.home, owner.fields.get("endpoint")) if u]
-            self._producer = AsyncProducer(urls, timeout_s=self.timeout_s)
-        rows = messages.plain if messages.plain is not None else messages.table()
-        sent = asyncio.ensure_future(self._producer.send_rows(rows, destination=destination))
+        """(On the loop.) The produce waits with those of its destination that came since its
+        last batch went; they go to the forwarding's producer as one batch once that one is
+        answered (as a group commit does: a STOMP client's pipelined sends share a frame and a
+        commit at the owner), one batch a destination at a time (its order)."""
+        self._gathered.setdefault(destination, []).append((owner, messages, out))
+        if destination not in self._sending and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._send_gathered)
 
-        def done(f: asyncio.Future[list[int]]) -> None:
-            exc = None if f.cancelled() else f.exception()
-            if exc is None and not f.cancelled():
-                out.set_result(f.result())
-            elif isinstance(exc, SparkMQError):
-                out.set_exception(_as_forwarded(exc, owner))
-            else:  # (a defect, or cancelled at the stop: its clients hear it)
-                if exc is not None:
-                    log.error("forwarding to %s failed", destination, exc_info=exc)
-                out.set_exception(BrokerUnavailable(f"forwarding to {destination!r} failed: {exc}"))
+    def _send_gathered(self) -> None:
+        self._scheduled = False
+        for destination in [d for d in self._gathered if d not in self._sending]:
+            items = self._gathered.pop(destination)
+            if self._producer is None:
+                # (one being placed names no member: the producer asks home again until it is)
+                urls = [u for u in (self.home, items[0][0].fields.get("endpoint")) if u]
+                self._producer = AsyncProducer(urls, timeout_s=self.timeout_s)
+            self._sending.add(destination)
+            runs = _runs([m for _, m, _ in items])
+            sent = asyncio.ensure_future(_send_runs(self._producer, destination, runs))
+            sent.add_done_callback(functools.partial(self._sent, destination, items))
 
-        sent.add_done_callback(done)
+    def _sent(
+        self,
+        destination: str,
+        items: list[tuple[NotOwner, Messages, Future]],
+        sent: asyncio.Future[list[int]],
+    ) -> None:
+        _answer(sent, destination=destination, items=items)
+        self._sending.discard(destination)
+        if destination in self._gathered and not self._scheduled:  # (what came meanwhile)
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._send_gathered)
 
     def attach(self, owner: NotOwner, cmd: c.Attach, wakeup: Any) -> RemoteConsumer:
         """A consumer of ``cmd``'s destination on its owner (connecting there: moments)."""
@@ -229,6 +247,11 @@ class ForwardingLoop:
             ThreadPoolExecutor(self.FLIGHT_THREADS, thread_name_prefix="forward-flight")
         )
         self.consumers: set[RemoteConsumer] = set()  # (the loop's own: touched there)
+        # what other threads asked of the loop, in order: the loop is woken once for all that
+        # came meanwhile (a STOMP client's pipelined sends, or its acks, a call each)
+        self._calls: list[tuple[Callable[..., object], tuple[object, ...]]] = []
+        self._calls_lock = threading.Lock()
+        self._stopped = False
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="forward-consumers", daemon=True
         )
@@ -236,12 +259,24 @@ class ForwardingLoop:
 
     def call(self, fn: Callable[..., object], *args: object) -> bool:
         """``fn(*args)`` on the loop, after what was asked of it before (from any thread);
-        False once the loop is closed (the broker stopped)."""
-        try:
-            self.loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # (closed: nothing is forwarded any more)
-            return False
+        False once the loop is stopping (the broker is)."""
+        with self._calls_lock:
+            if self._stopped:
+                return False
+            self._calls.append((fn, args))
+            if len(self._calls) > 1:
+                return True  # (the loop is woken already)
+        self.loop.call_soon_threadsafe(self._run_calls)
         return True
+
+    def _run_calls(self) -> None:
+        with self._calls_lock:
+            calls, self._calls = self._calls, []
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception:  # (a defect: logged; the others' calls still run)
+                log.exception("a call on the forwarding's loop failed")
 
     def stop(self, timeout_s: float, before: Callable[[], Awaitable[None]] | None = None) -> None:
         """``before()`` (the producer answered and closed), then the consumers still attached
@@ -257,6 +292,8 @@ class ForwardingLoop:
             closing = [c.detach() for c in list(self.consumers)]
             await asyncio.gather(*closing, return_exceptions=True)
 
+        with self._calls_lock:
+            self._stopped = True  # (asked from now on: refused; asked before: run first)
         try:
             asyncio.run_coroutine_threadsafe(detach_all(), self.loop).result(timeout_s)
         except Exception as exc:  # (a detach that hangs does not hold up the stop)
@@ -497,6 +534,66 @@ class RemoteConsumer:
         sdk = self._sdk
         if sdk is not None:
             await sdk.close()
+
+
+def _runs(produced: list[Messages]) -> list[pa.Table | list[PlainMessage]]:
+    """Produces of one destination as the fewest sends that keep their order: the plain
+    messages of consecutive plain produces as one list, the rows of consecutive others as one
+    table of ``PRODUCE_SCHEMA``."""
+    runs: list[pa.Table | list[PlainMessage]] = []
+    for m in produced:
+        if m.plain is not None:
+            if runs and isinstance(runs[-1], list):
+                runs[-1].extend(m.plain)
+            else:
+                runs.append(list(m.plain))
+            continue
+        rows = m.table()
+        rows = rows if rows.schema.equals(PRODUCE_SCHEMA) else conform_produce(rows)
+        last = runs[-1] if runs else None
+        if isinstance(last, pa.Table):
+            runs[-1] = pa.concat_tables([last, rows])
+        else:
+            runs.append(rows)
+    return runs
+
+
+async def _send_runs(
+    producer: AsyncProducer, destination: str, runs: list[pa.Table | list[PlainMessage]]
+) -> list[int]:
+    """``runs`` sent in order (each begun before the next: a destination's stream keeps the
+    order they were begun in); their offsets, or the first failure."""
+    sends = [asyncio.ensure_future(producer.send_rows(r, destination=destination)) for r in runs]
+    outcomes = await asyncio.gather(*sends, return_exceptions=True)
+    offsets: list[int] = []
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        offsets += outcome
+    return offsets
+
+
+def _answer(
+    sent: asyncio.Future[list[int]],
+    *,
+    destination: str,
+    items: list[tuple[NotOwner, Messages, Future]],
+) -> None:
+    """Each produce of a batch sent as one answered: its own offsets, or the batch's error."""
+    exc = None if sent.cancelled() else sent.exception()
+    if exc is None and not sent.cancelled():
+        offsets, at = sent.result(), 0
+        for _, m, out in items:
+            out.set_result(offsets[at : at + m.num_rows])
+            at += m.num_rows
+        return
+    for owner, _, out in items:
+        if isinstance(exc, SparkMQError):
+            out.set_exception(_as_forwarded(exc, owner))
+        else:  # (a defect, or cancelled at the stop: its clients hear it)
+            out.set_exception(BrokerUnavailable(f"forwarding to {destination!r} failed: {exc}"))
+    if exc is not None and not isinstance(exc, SparkMQError):
+        log.error("forwarding to %s failed", destination, exc_info=exc)
 
 
 def _endpoint(owner: NotOwner) -> str:
