@@ -99,9 +99,9 @@ class Forwarding:
     def produce(self, owner: NotOwner, destination: str, messages: Messages) -> Future:
         """``messages`` for ``destination``, sent to its owner (``owner``: where it was, the
         producer follows from there); the future resolves, with their offsets, once durable
-        there. A destination's produces go in the order they came: the producer's stream to
-        its owner keeps it, through a move or the owner's loss too (each message with its
-        dedup id: stored once), and those that come in one turn of the loop share a frame."""
+        there. A destination's produces go in the order they came: one batch of them at a
+        time, and the producer's stream to its owner keeps it through a move or the owner's
+        loss too (each message with its dedup id: stored once)."""
         out: Future = Future()
         try:
             home = self._home()
@@ -133,8 +133,8 @@ class Forwarding:
                 urls = [u for u in (self.home, items[0][0].fields.get("endpoint")) if u]
                 self._producer = AsyncProducer(urls, timeout_s=self.timeout_s)
             self._sending.add(destination)
-            runs = _runs([m for _, m, _ in items])
-            sent = asyncio.ensure_future(_send_runs(self._producer, destination, runs))
+            produced = [m for _, m, _ in items]
+            sent = asyncio.ensure_future(_send_runs(self._producer, destination, produced))
             sent.add_done_callback(functools.partial(self._sent, destination, items))
 
     def _sent(
@@ -143,11 +143,13 @@ class Forwarding:
         items: list[tuple[NotOwner, Messages, Future]],
         sent: asyncio.Future[list[int]],
     ) -> None:
-        _answer(sent, destination=destination, items=items)
-        self._sending.discard(destination)
-        if destination in self._gathered and not self._scheduled:  # (what came meanwhile)
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._send_gathered)
+        try:
+            _answer(sent, destination=destination, items=items)
+        finally:  # (what came for it meanwhile goes next, whatever became of this batch)
+            self._sending.discard(destination)
+            if destination in self._gathered and not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._send_gathered)
 
     def attach(self, owner: NotOwner, cmd: c.Attach, wakeup: Any) -> RemoteConsumer:
         """A consumer of ``cmd``'s destination on its owner (connecting there: moments)."""
@@ -559,10 +561,12 @@ def _runs(produced: list[Messages]) -> list[pa.Table | list[PlainMessage]]:
 
 
 async def _send_runs(
-    producer: AsyncProducer, destination: str, runs: list[pa.Table | list[PlainMessage]]
+    producer: AsyncProducer, destination: str, produced: list[Messages]
 ) -> list[int]:
-    """``runs`` sent in order (each begun before the next: a destination's stream keeps the
-    order they were begun in); their offsets, or the first failure."""
+    """``produced`` sent in order, as :func:`_runs` (each begun before the next: a
+    destination's stream keeps the order they were begun in); their offsets, or the first
+    failure."""
+    runs = _runs(produced)
     sends = [asyncio.ensure_future(producer.send_rows(r, destination=destination)) for r in runs]
     outcomes = await asyncio.gather(*sends, return_exceptions=True)
     offsets: list[int] = []
@@ -584,10 +588,13 @@ def _answer(
     if exc is None and not sent.cancelled():
         offsets, at = sent.result(), 0
         for _, m, out in items:
-            out.set_result(offsets[at : at + m.num_rows])
+            if not out.done():
+                out.set_result(offsets[at : at + m.num_rows])
             at += m.num_rows
         return
     for owner, _, out in items:
+        if out.done():
+            continue
         if isinstance(exc, SparkMQError):
             out.set_exception(_as_forwarded(exc, owner))
         else:  # (a defect, or cancelled at the stop: its clients hear it)
