@@ -132,9 +132,11 @@ class Forwarding:
                 # (one being placed names no member: the producer asks home again until it is)
                 urls = [u for u in (self.home, items[0][0].fields.get("endpoint")) if u]
                 self._producer = AsyncProducer(urls, timeout_s=self.timeout_s)
+            runs, items = _runs(items)
+            if not items:
+                continue
             self._sending.add(destination)
-            produced = [m for _, m, _ in items]
-            sent = asyncio.ensure_future(_send_runs(self._producer, destination, produced))
+            sent = asyncio.ensure_future(_send_runs(self._producer, destination, runs))
             sent.add_done_callback(functools.partial(self._sent, destination, items))
 
     def _sent(
@@ -538,35 +540,45 @@ class RemoteConsumer:
             await sdk.close()
 
 
-def _runs(produced: list[Messages]) -> list[pa.Table | list[PlainMessage]]:
-    """Produces of one destination as the fewest sends that keep their order: the plain
+_Produce = tuple[NotOwner, Messages, Future]
+
+
+def _runs(items: list[_Produce]) -> tuple[list[pa.Table | list[PlainMessage]], list[_Produce]]:
+    """Produces of one destination as the fewest sends that keep their order (the plain
     messages of consecutive plain produces as one list, the rows of consecutive others as one
-    table of ``PRODUCE_SCHEMA``."""
+    table of ``PRODUCE_SCHEMA``), and the produces they hold: one whose rows cannot be sent is
+    answered with why now, and left out (the others' go)."""
     runs: list[pa.Table | list[PlainMessage]] = []
-    for m in produced:
+    kept: list[_Produce] = []
+    for item in items:
+        m = item[1]
         if m.plain is not None:
+            kept.append(item)
             if runs and isinstance(runs[-1], list):
                 runs[-1].extend(m.plain)
             else:
                 runs.append(list(m.plain))
             continue
-        rows = m.table()
-        rows = rows if rows.schema.equals(PRODUCE_SCHEMA) else conform_produce(rows)
+        try:
+            rows = m.table()
+            rows = rows if rows.schema.equals(PRODUCE_SCHEMA) else conform_produce(rows)
+        except SparkMQError as exc:
+            item[2].set_exception(exc)
+            continue
+        kept.append(item)
         last = runs[-1] if runs else None
         if isinstance(last, pa.Table):
             runs[-1] = pa.concat_tables([last, rows])
         else:
             runs.append(rows)
-    return runs
+    return runs, kept
 
 
 async def _send_runs(
-    producer: AsyncProducer, destination: str, produced: list[Messages]
+    producer: AsyncProducer, destination: str, runs: list[pa.Table | list[PlainMessage]]
 ) -> list[int]:
-    """``produced`` sent in order, as :func:`_runs` (each begun before the next: a
-    destination's stream keeps the order they were begun in); their offsets, or the first
-    failure."""
-    runs = _runs(produced)
+    """``runs`` sent in order (each begun before the next: a destination's stream keeps the
+    order they were begun in); their offsets, or the first failure."""
     sends = [asyncio.ensure_future(producer.send_rows(r, destination=destination)) for r in runs]
     outcomes = await asyncio.gather(*sends, return_exceptions=True)
     offsets: list[int] = []
