@@ -601,12 +601,14 @@ def _moving_sender(
             i += 1
 
 
-def _moving_reader(url: list[str], stop: Any, errors: list[str]) -> None:
+def _moving_reader(url: list[str], stop: Any, times: list[float], errors: list[str]) -> None:
+    """The SDK's consumer, acking each batch it gets (when each message came)."""
     try:
         with Consumer(url, "mv", prefetch=200) as consumer:
             while not stop.is_set():
                 batch = consumer.receive_many(200, timeout=0.05)
                 if batch:
+                    times.extend([time.monotonic()] * len(batch))
                     consumer.ack(batch)
     except Exception as exc:
         errors.append(repr(exc))
@@ -737,19 +739,16 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
                     target=_kafka_moving_sender, args=(ports, stop, still, errors, "still")
                 ),
             ]
-        elif a.aio:
+        else:  # (the asyncio SDK's clients, or the SDK's)
+            sender, reader = (
+                (_aio_moving_sender, _aio_moving_reader)
+                if a.aio
+                else (_moving_sender, _moving_reader)
+            )
             threads = [
-                threading.Thread(target=_aio_moving_sender, args=(urls, stop, times, errors)),
-                threading.Thread(target=_aio_moving_reader, args=(urls, stop, read, errors)),
-                threading.Thread(
-                    target=_aio_moving_sender, args=(urls, stop, still, errors, "still")
-                ),
-            ]
-        else:
-            threads = [
-                threading.Thread(target=_moving_sender, args=(urls, stop, times, errors)),
-                threading.Thread(target=_moving_reader, args=(urls, stop, errors)),
-                threading.Thread(target=_moving_sender, args=(urls, stop, still, errors, "still")),
+                threading.Thread(target=sender, args=(urls, stop, times, errors)),
+                threading.Thread(target=reader, args=(urls, stop, read, errors)),
+                threading.Thread(target=sender, args=(urls, stop, still, errors, "still")),
             ]
         for t in threads:
             t.start()
@@ -798,7 +797,7 @@ def moves(zk: ZooKeeper, a: argparse.Namespace) -> None:
         + (
             f"  longest wait between two messages read across a move: median "
             f"{statistics.median(reads) * 1000:.0f} ms, max {max(reads) * 1000:.0f} ms\n"
-            if a.kafka or a.aio
+            if read
             else ""
         )
         + f"  refused by a fence (old owner's log): {refused}; client errors: {len(errors)}"

@@ -534,8 +534,9 @@ class RemoteConsumer:
 
     async def detach(self) -> None:
         """(On the loop.) Detach at the owner, once attached (else it closes as it attaches)."""
-        self.closed = True
-        sdk = self._sdk
+        with self._lock:  # (as close() and the attach read them)
+            self.closed = True
+            sdk = self._sdk
         if sdk is not None:
             await sdk.close()
 
