@@ -19,6 +19,8 @@ reading time. Needs ZooKeeper's jars (``apt-get install zookeeper``: scripts/set
     .venv/bin/python bench/cluster_bench.py --moves 10 --kafka   # ... librdkafka's clients
     .venv/bin/python bench/cluster_bench.py --moves 10 --aio   # ... the asyncio SDK's
     .venv/bin/python bench/cluster_bench.py --moves 10 --hold   # ... a message held throughout
+    .venv/bin/python bench/cluster_bench.py --targets   # many destinations, then 1 vs 4 partitions
+    sudo .venv/bin/python bench/cluster_bench.py --targets --member-cores 0.5   # ... capped
 
 ``--kafka`` (without ``--partitions``): the destinations are topics, and each client process
 is a librdkafka producer, then a consumer of a group of its own. A cluster's first group
@@ -30,6 +32,13 @@ broker; when it was answered "not available" at once, librdkafka asked again a s
 interleaved rounds; the client processes send ``--messages`` each to it (batches pipelined)
 and then read it together (competing consumers, each attached to every partition) until all
 are read.
+
+``--targets``: the issue's two speed figures in one run: the many-destination comparison, then
+one destination of 1 and of ``--partitions`` (4) partitions with ``--hot-messages`` a client.
+``--member-cores Q`` limits each broker process to ``Q`` cores (a cgroup of its own with a CFS
+quota: needs root and a cgroup cpu controller), as each would be limited by its own machine's
+cores: on this 2-core machine one broker and its clients already take most of both cores, so
+uncapped, a second member has little left to add (the runs print the CPU each used).
 
 ``--moves N``: one queue on two members, moved from one to the other N times (an operator's
 pin) while a client sends to it synchronously and another reads and acks it: how long each
@@ -240,6 +249,7 @@ def run_partitioned(zk: ZooKeeper, a: argparse.Namespace, k: int, partitions: in
     root = Path(tempfile.mkdtemp(prefix=f"sparkmq-cluster-bench-p{partitions}-"))
     procs = _members(zk, root, 2, f"bench{k}")
     urls = [p.url for p in procs]
+    groups = _cap_cpu(procs, a.member_cores) if a.member_cores else []
     try:
         with Admin(urls) as admin:
             if a.kafka:  # (a topic: Kafka's consumers read logs; kept while the bench runs)
@@ -275,9 +285,61 @@ def run_partitioned(zk: ZooKeeper, a: argparse.Namespace, k: int, partitions: in
     finally:
         for p in procs:
             p.stop()
+        _uncap(groups)
 
 
-def partitioned(zk: ZooKeeper, a: argparse.Namespace) -> None:
+def many_destinations(zk: ZooKeeper, a: argparse.Namespace) -> float:
+    """A single broker, 1 member and 2 members over many destinations, interleaved rounds;
+    returns how many times a single broker's rate (produce and consume, harmonic) 2 members
+    gave (medians)."""
+    modes = ["single broker", "1 member", "2 members"]
+    figures: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
+    k = 0
+    for r in range(a.rounds):  # (interleaved: this machine's speed moves within an hour)
+        for mode in modes:
+            k += 1
+            p, c, busy, cpu = run_mode(mode, zk, a, k)
+            figures[mode].append((p, c, busy))
+            print(
+                f"round {r + 1} {mode:>13}: produce {p:9,.0f} msg/s  consume+ack {c:9,.0f}  ({cpu})"
+            )
+    print(
+        f"\n{a.destinations} destinations x {a.messages} messages of 100 bytes, batches of "
+        f"{a.batch} ({'librdkafka' if a.kafka else a.api}), {a.clients} client processes"
+        + (f", each broker limited to {a.member_cores} cores" if a.member_cores else "")
+        + f"; median (min-max) of {a.rounds} rounds"
+    )
+    medians = {}
+    for mode in modes:
+        ps = [f[0] for f in figures[mode]]
+        cs = [f[1] for f in figures[mode]]
+        both = [2 / (1 / p + 1 / c) for p, c, _ in figures[mode]]  # (produce then consume)
+        med = medians[mode] = statistics.median(both)
+        ratio = (
+            f"  x{med / medians['1 member']:.2f} of 1 member, x{med / medians['single broker']:.2f}"
+            " of a single broker"
+            if mode == "2 members"
+            else ""
+        )
+        print(
+            f"{mode:>13}: produce {statistics.median(ps):9,.0f} ({min(ps):,.0f}-{max(ps):,.0f})"
+            f"  consume+ack {statistics.median(cs):9,.0f} ({min(cs):,.0f}-{max(cs):,.0f})"
+            f"  both {med:9,.0f}{ratio}"
+        )
+    busy = statistics.median(f[2] for f in figures["1 member"])
+    cores = os.cpu_count() or 1
+    if not a.member_cores:
+        print(
+            f"1 member kept {busy:.2f} of the {cores} cores busy (broker and clients): spread "
+            f"perfectly, 2 members could go at most x{min(2.0, cores / busy):.2f} as fast on "
+            "this machine"
+        )
+    return medians["2 members"] / medians["single broker"]
+
+
+def partitioned(zk: ZooKeeper, a: argparse.Namespace) -> float:
+    """1 partition vs ``a.partitions``, interleaved rounds; returns how many times as fast
+    (produce and consume, harmonic) the partitioned destination went (medians)."""
     counts = [1, a.partitions]
     figures: dict[int, list[tuple[float, float, float]]] = {c: [] for c in counts}
     k = 1000
@@ -309,10 +371,17 @@ def partitioned(zk: ZooKeeper, a: argparse.Namespace) -> None:
         )
     busy = statistics.median(f[2] for f in figures[1])
     cores = os.cpu_count() or 1
+    if a.member_cores:  # (what bounds it is the members' quota, not the machine)
+        print(
+            f"each member limited to {a.member_cores} cores: the partitions' two members could "
+            "go at most x2.00 as fast as the one serving a single partition"
+        )
+        return med / base if base else 0.0
     print(
         f"one partition kept {busy:.2f} of the {cores} cores busy (members and clients): spread "
         f"perfectly, more partitions could go at most x{cores / busy:.2f} as fast on this machine"
     )
+    return med / base if base else 0.0
 
 
 def _wait_served(urls: list[str], want: set[str]) -> None:
@@ -342,6 +411,52 @@ def _members(zk: ZooKeeper, root: Path, count: int, name: str) -> list[BrokerPro
     return procs
 
 
+CGROUP_V1 = Path("/sys/fs/cgroup/cpu")  # (cgroup v1's cpu controller)
+CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+def _cap_cpu(procs: list[BrokerProcess], cores: float) -> list[Path]:
+    """Each broker process limited to ``cores`` of CPU time (a cgroup of its own, its CFS
+    quota), as a broker on a machine of its own is by its cores: the clients' CPU no longer
+    comes out of the brokers'. Needs root and a cgroup cpu controller (v1 or v2); returns the
+    groups, for :func:`_uncap`."""
+    period = 100_000
+    quota = max(1000, int(cores * period))
+    groups = []
+    v2 = (CGROUP_V2 / "cgroup.controllers").exists()
+    if v2 and "cpu" not in (CGROUP_V2 / "cgroup.subtree_control").read_text().split():
+        raise SystemExit("--member-cores: cgroup v2 without the cpu controller enabled at its root")
+    if not v2 and not (CGROUP_V1 / "cpu.cfs_quota_us").exists():
+        raise SystemExit("--member-cores needs a cgroup cpu controller (v1 or v2)")
+    for p in procs:
+        group = (CGROUP_V2 if v2 else CGROUP_V1) / f"sparkmq-bench-{_pid(p)}"
+        try:
+            group.mkdir(exist_ok=True)
+            if v2:
+                (group / "cpu.max").write_text(f"{quota} {period}")
+            else:
+                (group / "cpu.cfs_period_us").write_text(str(period))
+                (group / "cpu.cfs_quota_us").write_text(str(quota))
+            (group / "cgroup.procs").write_text(str(_pid(p)))  # (all its threads, and new ones)
+        except OSError as exc:
+            raise SystemExit(
+                f"--member-cores: cannot limit a broker's CPU ({exc}): run as root"
+            ) from exc
+        groups.append(group)
+    return groups
+
+
+def _uncap(groups: list[Path]) -> None:
+    """The groups of :func:`_cap_cpu` removed (their processes have stopped)."""
+    for group in groups:
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)  # (a stopped process leaves its group a moment later)
+
+
 def _single(root: Path) -> list[BrokerProcess]:
     args = ["--set", f"logging.file={root / 'single.log'}"]
     return [BrokerProcess(str(root / "data"), extra_args=args).start()]
@@ -359,6 +474,7 @@ def run_mode(
         procs = _members(zk, root, 1 if mode == "1 member" else 2, f"bench{k}")
     urls = [p.url for p in procs]
     names = [f"d{i}" for i in range(a.destinations)]
+    groups = _cap_cpu(procs, a.member_cores) if a.member_cores else []
     try:
         with Admin(urls) as admin:
             for n in names:
@@ -404,6 +520,7 @@ def run_mode(
     finally:
         for p in procs:
             p.stop()
+        _uncap(groups)
 
 
 class _StompInbox:
@@ -826,6 +943,14 @@ def main() -> None:
         "--stomp-subs", type=int, default=200, help="forwarded subscriptions of one client"
     )
     ap.add_argument("--partitions", type=int, default=0, help="only: one destination, 1 vs N")
+    ap.add_argument(
+        "--targets",
+        action="store_true",
+        help="the many-destination run, then one destination of 1 vs --partitions (4)",
+    )
+    ap.add_argument(
+        "--hot-messages", type=int, default=200_000, help="with --targets: per client, 1 vs N"
+    )
     ap.add_argument("--kafka", action="store_true", help="librdkafka clients (topics)")
     ap.add_argument("--aio", action="store_true", help="with --moves: the asyncio SDK's clients")
     ap.add_argument("--moves", type=int, default=0, help="only: what moving a destination costs")
@@ -834,17 +959,18 @@ def main() -> None:
         action="store_true",
         help="with --moves: the queue's first message is scheduled an hour on (its mark stays)",
     )
+    ap.add_argument(
+        "--member-cores",
+        type=float,
+        default=0.0,
+        help="each broker process limited to this much CPU (a cgroup's quota; root), as "
+        "members on machines of their own are: the clients no longer take the brokers' cores",
+    )
     a = ap.parse_args()
     zk = ZooKeeper(Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-zk-")))
     zk.start()
     if a.moves:
         moves(zk, a)
-        return
-    if a.partitions:
-        try:
-            partitioned(zk, a)
-        finally:
-            zk.stop()
         return
     if a.stomp:
         try:
@@ -852,47 +978,23 @@ def main() -> None:
         finally:
             zk.stop()
         return
-    modes = ["single broker", "1 member", "2 members"]
-    figures: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
     try:
-        k = 0
-        for r in range(a.rounds):  # (interleaved: this machine's speed moves within an hour)
-            for mode in modes:
-                k += 1
-                p, c, busy, cpu = run_mode(mode, zk, a, k)
-                figures[mode].append((p, c, busy))
-                print(
-                    f"round {r + 1} {mode:>13}: produce {p:9,.0f} msg/s  consume+ack {c:9,.0f}"
-                    f"  ({cpu})"
-                )
+        if a.targets:  # (both of the cluster's speed figures, one after the other)
+            spread = many_destinations(zk, a)
+            a.messages, a.partitions = a.hot_messages, a.partitions or 4
+            hot = partitioned(zk, a)
+            capped = f" (each broker limited to {a.member_cores} cores)" if a.member_cores else ""
+            print(
+                f"\ntargets{capped}: 2 members x{spread:.2f} a single broker's rate over many "
+                f"destinations (target x1.6); {a.partitions} partitions x{hot:.2f} one (target "
+                "x1.5)"
+            )
+        elif a.partitions:
+            partitioned(zk, a)
+        else:
+            many_destinations(zk, a)
     finally:
         zk.stop()
-    print(
-        f"\n{a.destinations} destinations x {a.messages} messages of 100 bytes, batches of "
-        f"{a.batch} ({'librdkafka' if a.kafka else a.api}), {a.clients} client processes; "
-        f"median (min-max) of {a.rounds} rounds"
-    )
-    base = None
-    for mode in modes:
-        ps = [f[0] for f in figures[mode]]
-        cs = [f[1] for f in figures[mode]]
-        both = [2 / (1 / p + 1 / c) for p, c, _ in figures[mode]]  # (produce then consume)
-        med = statistics.median(both)
-        if mode == "1 member":
-            base = med
-        ratio = f"  x{med / base:.2f} of 1 member" if base and mode == "2 members" else ""
-        print(
-            f"{mode:>13}: produce {statistics.median(ps):9,.0f} ({min(ps):,.0f}-{max(ps):,.0f})"
-            f"  consume+ack {statistics.median(cs):9,.0f} ({min(cs):,.0f}-{max(cs):,.0f})"
-            f"  both {med:9,.0f}{ratio}"
-        )
-    busy = statistics.median(f[2] for f in figures["1 member"])
-    cores = os.cpu_count() or 1
-    print(
-        f"1 member kept {busy:.2f} of the {cores} cores busy (broker and clients): spread "
-        f"perfectly, 2 members could go at most x{min(2.0, cores / busy):.2f} as fast on this "
-        "machine"
-    )
 
 
 if __name__ == "__main__":
