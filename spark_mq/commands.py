@@ -225,10 +225,13 @@ class ReleaseClaims:
 @dataclass(frozen=True, slots=True)
 class CommitTransaction:
     """Send ``messages`` (a ``destination`` column plus produce columns) and settle ``acks``,
-    all or nothing."""
+    all or nothing. ``here``: committed by the member asked, whatever members serve its
+    destinations (a client that cannot follow to another: STOMP's); else one whose
+    destinations another member serves all is told to commit there."""
 
     acks: tuple[TransactionAck, ...]
     messages: pa.Table | None
+    here: bool = False
 
 
 Command = (

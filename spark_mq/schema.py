@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from typing import cast
 
@@ -96,7 +97,9 @@ TRANSACTION_SCHEMA = schema_of(
     pa.field("time", TS),
     pa.field("messages", pa.binary()),  # Arrow IPC: UNOFFSET_SCHEMA plus "destination"
     pa.field("acks", pa.string()),  # JSON: [[destination, subscription, offset], ...]
-    pa.field("ends", pa.string()),  # JSON: destination -> its end offset before applying
+    # JSON: a commit's destinations -> each one's end offset before applying (at most); a done
+    # row's, the destinations whose part it marks done (null: all of them)
+    pa.field("ends", pa.string()),
 )
 TRANSACTION_COMMIT, TRANSACTION_DONE = "commit", "done"  # a transaction log row's event
 
@@ -573,3 +576,29 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         if field.name not in table.column_names and field.nullable:
             table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
     return table.select(schema.names).cast(schema)
+
+
+def finished_transactions(rows: pa.Table) -> tuple[set[str], dict[str, set[str]]]:
+    """Of a transaction log's rows (``txid``, ``event``, ``acks``, ``ends``): the transactions
+    done (a done row for all of it, or done rows for parts that cover every destination its
+    commit names), and the parts marked done of the others (txid -> destinations)."""
+    done = rows.filter(equal_to(rows["event"], TRANSACTION_DONE))
+    whole: set[str] = set()
+    parts: dict[str, set[str]] = {}
+    for txid, ends in zip(strings(done["txid"]), done["ends"].to_pylist(), strict=True):
+        if ends is None:
+            whole.add(txid)
+        else:
+            parts.setdefault(txid, set()).update(json.loads(ends))
+    if parts:
+        commits = rows.filter(equal_to(rows["event"], TRANSACTION_COMMIT))
+        for txid, acks, ends in zip(
+            strings(commits["txid"]),
+            commits["acks"].to_pylist(),
+            commits["ends"].to_pylist(),
+            strict=True,
+        ):
+            named = set(json.loads(ends or "{}")) | {a[0] for a in json.loads(acks or "[]")}
+            if txid in parts and named <= parts[txid]:
+                whole.add(txid)
+    return whole, {t: p for t, p in parts.items() if t not in whole}

@@ -93,6 +93,9 @@ class RunningBroker:
         if self.member is not None:  # (STOMP's clients are served at any member)
             gateway.forwarding = Forwarding()
             broker.store_elsewhere = gateway.forwarding.produce  # (dead letters too)
+            # (a transaction's sends to destinations other members serve)
+            broker.transactions.store_elsewhere = gateway.forwarding.produce
+            broker.transactions.member = broker.broker_id
         self.wire: WireServer | None = None
         self.stomp: StompServer | None = None
         self.kafka: KafkaServer | None = None

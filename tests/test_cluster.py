@@ -269,21 +269,21 @@ def test_any_member_serves_the_sdk_each_destination_from_its_owner(cluster: Clus
     with Admin(cluster.members["c"].url) as admin:
         assert all(admin.stats(n)["depth"] == 0 for n in names)  # (asked of each owner)
 
-    # a transaction over destinations of two members is refused, saying why; on one, it commits
+    # a transaction over destinations of two members commits at the one it reached, which
+    # stores the other's sends there (before, it was refused); on one, it commits as ever
     two = sorted(names, key=lambda n: owners[n])
     far = next(n for n in two if owners[n] != owners[two[0]])
     with Transaction(cluster.members[owners[two[0]]].url) as tx:
         tx.send(two[0], "tx-1")
         tx.send(far, "tx-2")
-        with pytest.raises(NotAllowed, match="must all be served by one cluster member"):
-            tx.commit()
-        tx.rollback()
+        assert tx.commit() == {two[0]: [101], far: [101]}
     with Transaction(cluster.members[owners[two[0]]].url) as tx:
         tx.send(two[0], "tx-3")
-        assert tx.commit() == {two[0]: [101]}
+        assert tx.commit() == {two[0]: [102]}
+    assert [m.body.decode() for m in _drain(cluster.urls, far, expect=1)] == ["tx-2"]
     # ... and one over two destinations of one member, committed through another, goes there
     # (before, it was refused as if they were on two members)
-    pair = sorted(n for n in names if owners[n] == owners[far])[:2]
+    pair = sorted(n for n in names if owners[n] == owners[far] and n != far)[:2]
     other = next(m for m in ("a", "b", "c") if m != owners[far])
     with Transaction(cluster.members[other].url) as tx:
         tx.send(pair[0], "tx-4")
@@ -304,7 +304,7 @@ def test_any_member_serves_the_sdk_each_destination_from_its_owner(cluster: Clus
     doc = json.loads(shown.stdout)
     assert doc["owners"][moved]["member"] == to and doc["owners"][moved]["epoch"] > epoch
     assert set(doc["members"]) == {"a", "b", "c"} and doc["session"] == "connected"
-    assert [m.body.decode() for m in _drain(cluster.urls, moved, expect=1)] == ["tx-3"]
+    assert [m.body.decode() for m in _drain(cluster.urls, moved, expect=2)] == ["tx-1", "tx-3"]
     refused = _cli("cluster", "pin", moved, "nobody", url=cluster.members["a"].url)
     assert refused.returncode != 0 and "no member 'nobody'" in refused.stderr
     # a listing asked of any member is the cluster's: every member's destinations, each row
@@ -1245,14 +1245,20 @@ def test_a_stomp_client_of_one_member_is_served_every_destination_forwarded_to_i
             pytest.raises(DestinationNotFound, match="its consumer has gone"),
         ):
             producer.send_sync("too late", destination=replies.destination)
-        # a transaction is one member's: one sending elsewhere is refused, saying where
+        # a transaction sending to a queue the other member serves commits here, and stores
+        # its message there (before, it was refused: a STOMP client cannot commit elsewhere)
         remote = next(n for n in names if cluster.owners("a")[n] == other)
+        inbox.messages.clear()
         conn.begin("tx1")
         conn.send(f"/queue/{remote}", b"in-tx", transaction="tx1")
         conn.commit("tx1", headers={"receipt": "c-tx1"})
-        error = inbox.wait_error()
-        assert f"served by cluster member {other}".encode() in error.body, error.body
-        assert not inbox.errors[1:]
+        inbox.wait_receipt("c-tx1")
+        (sent_in_tx,) = inbox.wait_messages(1)  # (to its subscription here, from b)
+        assert sent_in_tx.body == b"in-tx"
+        assert sent_in_tx.headers["destination"] == f"/queue/{remote}"
+        conn.ack(sent_in_tx.headers["ack"], receipt="a-tx1")
+        inbox.wait_receipt("a-tx1")
+        assert not inbox.errors
     finally:
         with contextlib.suppress(Exception):
             conn.disconnect()
@@ -2435,6 +2441,76 @@ def test_a_dead_letter_goes_to_its_queue_on_another_member(cluster: Cluster) -> 
     with Admin(cluster.urls) as admin:
         wait_for(lambda: admin.stats("poisoned")["depth"] == 0, 10, "the original settled")
     assert "could not dispose" not in cluster.log("a")
+
+
+def test_a_transaction_s_sends_to_another_member_are_stored_there_even_if_it_dies(
+    cluster: Cluster,
+) -> None:
+    """A transaction acknowledging messages of a queue member a serves and sending to queues
+    of a and of b commits (reached through b, it is told to commit at a, where its acks are),
+    and b stores its part; acks of two members' messages in one transaction are refused,
+    saying why. Then a member killed after its own part of a transaction was stored and
+    before the other's: the other member stores its part once the dead one is gone, and the
+    dead one's part, taken on elsewhere, is there once. Before, any transaction over two
+    members was refused."""
+    for m in ("a", "b"):
+        cluster.start(m)
+    with Admin(cluster.urls) as admin:
+        for name, member in (("src", "a"), ("here", "a"), ("there", "b")):
+            admin.create_queue(name)
+            admin.pin(name, member)
+    wait_for(lambda: {"src", "here"} <= cluster.serving("a")["a"], 20, "placed on a")
+    wait_for(lambda: "there" in cluster.serving("b")["b"], 20, "placed on b")
+    with Producer(cluster.urls, destination="src") as producer:
+        producer.send_batch([b"s%d" % i for i in range(8)])
+    with Consumer(cluster.urls, "src", prefetch=4) as consumer:
+        batch = consumer.receive_many(4, timeout=10)
+        assert len(batch) == 4
+        with Transaction(cluster.members["b"].url) as tx:
+            for m in batch:
+                tx.send("there", b"t" + m.body, group_id="g")
+            tx.send("here", b"h")
+            tx.ack(batch)
+            assert tx.commit() == {"there": [0, 1, 2, 3], "here": [0]}
+        # acks of messages two members serve: refused, nothing of it done
+        (one,) = consumer.receive_many(1, timeout=10)
+        with Consumer(cluster.urls, "there") as other:
+            (far,) = other.receive_many(1, timeout=10)
+            tx = Transaction(cluster.members["a"].url)
+            tx.send("here", b"never")
+            tx.ack([one, far])
+            with pytest.raises(NotAllowed, match="acknowledgements must all be"):
+                tx.commit()
+            tx.rollback()
+            tx.close()
+    assert [m.body for m in _drain(cluster.urls, "there", expect=4)] == [
+        b"t" + m.body for m in batch
+    ]
+    assert [m.body for m in _drain(cluster.urls, "here", expect=1)] == [b"h"]
+    assert len(_drain(cluster.urls, "src", expect=4)) == 4  # (the 4 acked are gone)
+
+    # a member killed between its own part and the other's
+    cluster.start("c", env={"SPARKMQ_FAILPOINTS": "transaction-applied-here"})
+    with Admin(cluster.urls) as admin:
+        admin.create_queue("mine")
+        admin.pin("mine", "c")
+    wait_for(lambda: "mine" in cluster.serving("c")["c"], 20, "placed on c")
+    tx = Transaction(cluster.members["c"].url, timeout_s=5)
+    tx.send("mine", b"m")
+    for i in range(3):
+        tx.send("there", b"x%d" % i)
+    with pytest.raises(SparkMQError):  # (its member died answering)
+        tx.commit()
+    tx.close()
+    assert cluster.members["c"].proc is not None
+    assert cluster.members["c"].proc.wait(10) == -9
+    got = _drain(cluster.urls, "there", expect=3)
+    assert [m.body for m in got] == [b"x0", b"x1", b"x2"]
+    assert [m.body for m in _drain(cluster.urls, "mine", expect=1)] == [b"m"]
+    assert "its part for there finished here (3 of 3 message(s) were missing)" in cluster.log("b")
+    with Admin(cluster.urls) as admin:
+        assert admin.stats("there")["produced"] == 7  # (stored once)
+        assert admin.stats("mine")["produced"] == 1
 
 
 def test_a_transactional_consume_transform_produce_loop_across_moves_handles_each_once(

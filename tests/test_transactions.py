@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from spark_mq import Admin, BrokerUnavailable, Consumer, LeaseError, Producer, Transaction
@@ -218,3 +219,52 @@ def test_a_destination_is_let_go_only_once_no_transaction_is_writing_to_it(
     registry.end_letting_go("out")
     with pytest.raises(NotOwner):
         registry.hold([out])  # (let go: nothing holds it here any more)
+
+
+def test_a_transaction_done_in_parts_stays_in_the_log_until_every_part_is(tmp_path: Path) -> None:
+    """A transaction over destinations of two cluster members is marked done a part at a
+    time (each member its own part): recovery still sees it, with the parts left, and the
+    log's compaction keeps it, until every destination its commit names (sends and acks) is
+    marked; then both let it go. Before, any done row ended a transaction, so a part another
+    member had still to store would have been dropped with it."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from spark_mq.broker.transactions import COMMIT, DONE, Record, unfinished
+    from spark_mq.journal.delta_store import _prune_finished
+    from spark_mq.schema import TRANSACTION_SCHEMA, finished_transactions, normalize_produce_batch
+
+    def rows(body: bytes, dest: str) -> pa.Table:
+        return normalize_produce_batch(
+            pa.table({"body": [body], "dedup_id": [f"id-{dest}"]}),
+            enqueue_time_us=0,
+            max_message_bytes=1000,
+            destination=dest,
+        )
+
+    spread = Record("ab12-m1", {"x": rows(b"1", "x"), "y": rows(b"2", "y")}, [("z", "", 3)])
+    spread.ends = {"x": 0, "y": 5}
+    whole = Record("cd34-m2", {"x": rows(b"3", "x")}, ends={"x": 1})
+    log = pa.concat_tables(
+        [
+            spread.row(COMMIT, 1),
+            whole.row(COMMIT, 2),
+            Record(spread.txid).row(DONE, 3, ["x"]),
+            Record(whole.txid).row(DONE, 4),
+        ]
+    )
+    (left,) = unfinished(log)
+    assert (left.txid, left.member, left.done_parts) == ("ab12-m1", "m1", {"x"})
+    assert left.ends == {"x": 0, "y": 5} and left.acks == [("z", "", 3)]
+    assert left.messages["y"]["body"].to_pylist() == [b"2"]
+    assert finished_transactions(log)[0] == {"cd34-m2"}
+    uri = str(tmp_path / "log")
+    write_deltalake(uri, log.cast(TRANSACTION_SCHEMA))
+    _prune_finished(DeltaTable(uri))
+    kept = DeltaTable(uri).to_pyarrow_table()
+    assert set(kept["txid"].to_pylist()) == {"ab12-m1"}  # (the whole one's rows gone)
+    # the other parts marked: finished, and pruned
+    done = pa.concat_tables([kept, Record(spread.txid).row(DONE, 5, ["y", "z"])])
+    assert unfinished(done) == []
+    write_deltalake(uri, Record(spread.txid).row(DONE, 5, ["y", "z"]), mode="append")
+    _prune_finished(DeltaTable(uri))
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 0

@@ -651,10 +651,16 @@ class Broker:
         return self.producing.store_checked(destination, batch)
 
     def commit_transaction(
-        self, acks: list[TransactionAck], messages: pa.Table | None
+        self, acks: list[TransactionAck], messages: pa.Table | None, *, here: bool = False
     ) -> dict[str, list[int]]:
         """Send and ack atomically (:mod:`spark_mq.broker.transactions`)."""
-        return self.transactions.commit(acks, messages)
+        return self.transactions.commit(acks, messages, here=here)
+
+    def finish_transactions(self, alive: set[str]) -> int:
+        """(A cluster member's, now and then.) Transactions' parts for destinations served
+        here that their coordinating member did not store (it was lost, or gave up waiting):
+        :meth:`spark_mq.broker.transactions.Transactions.finish`."""
+        return self.transactions.finish(alive)
 
     def create_destination(
         self, name: str, kind: Kind, settings: dict[str, Any] | None = None

@@ -57,9 +57,11 @@ class Served(Protocol):
     def serving(self) -> list[str]: ...
     def recorded_kinds(self) -> dict[str, Kind]: ...
     def forget_epoch(self, name: str) -> None: ...
+    def finish_transactions(self, alive: set[str]) -> int: ...
 
 
 _STOP = object()
+FINISH_EVERY_S = 10.0  # how often a member looks for transactions' parts left to it
 
 
 class ClusterMember:
@@ -166,13 +168,18 @@ class ClusterMember:
     # -- the member's thread --------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            item = self._work.get()
+            try:
+                item = self._work.get(timeout=FINISH_EVERY_S)
+            except queue.Empty:
+                self._finish_transactions()
+                continue
             if item is _STOP:
                 return
             what, arg = item
             try:
                 if what == "placed":
                     self._follow(arg)
+                    self._finish_transactions()  # (a member lost: its transactions' parts)
                 elif what == "leave":
                     for name in list(self._epochs):
                         self._let_go(name, "this member left the cluster")
@@ -180,6 +187,16 @@ class ClusterMember:
                     self._let_go(arg, "a newer owner fenced it")
             except Exception:
                 log.exception("cluster member %s: following the placement failed", self.member_id)
+
+    def _finish_transactions(self) -> None:
+        """Parts of other members' transactions left for this one to store (their member was
+        lost, or gave up waiting): the broker's log says which."""
+        if self.coordinator.health != "connected":
+            return  # (whether a member is gone is not known now)
+        try:
+            self.broker.finish_transactions(set(self.coordinator.members()))
+        except Exception as exc:  # (looked at again shortly)
+            log.warning("cluster member %s: finishing transactions failed: %s", self.member_id, exc)
 
     def _follow(self, assignments: dict[str, Assignment]) -> None:
         if self.coordinator.health == "lost":

@@ -24,7 +24,9 @@ member logs in to the owner with its environment's credentials (``SPARKMQ_USERNA
 backup does: with security on, a user allowed to produce, consume and create every
 destination (and to administer the topics whose STOMP clients remove durable subscriptions).
 
-A transaction stays one member's: acknowledging a forwarded delivery in one is refused.
+A transaction is committed by the client's member: acknowledging a forwarded delivery in one
+is refused; its sends to destinations served elsewhere are stored through :meth:`Forwarding.produce`
+(the broker's ``Transactions.store_elsewhere``) once its commit is recorded.
 """
 
 from __future__ import annotations

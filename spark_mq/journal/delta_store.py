@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable, Sequence
@@ -41,14 +42,12 @@ from spark_mq.schema import (
     BINDING_SCHEMA,
     MESSAGE_SCHEMA,
     SETTLEMENT_SCHEMA,
-    TRANSACTION_DONE,
     TRANSACTION_SCHEMA,
     by_offset,
     conform,
-    equal_to,
+    finished_transactions,
     ints,
     message_columns,
-    strings,
 )
 
 log = logging.getLogger(__name__)
@@ -721,13 +720,16 @@ def _retried(dt: DeltaTable, what: str, destination: str, step: Callable[[], T])
     return None
 
 
+_TXID = re.compile(r"[0-9A-Za-z]+(-[A-Za-z0-9._-]+)?")  # (a transaction's id, its member's)
+
+
 def _prune_finished(dt: DeltaTable) -> None:
     """The transaction log's rows of transactions that are done (applied: recovery has
     nothing to do for them), deleted: the log holds what is unfinished, not every transaction
     ever committed."""
-    rows = dt.to_pyarrow_table(columns=["txid", "event"])
-    done = sorted(set(strings(rows.filter(equal_to(rows["event"], TRANSACTION_DONE))["txid"])))
-    done = [t for t in done if t.isalnum()]  # (ids are hex: quoted safely)
+    rows = dt.to_pyarrow_table(columns=["txid", "event", "acks", "ends"])
+    done = sorted(finished_transactions(rows)[0])
+    done = [t for t in done if _TXID.fullmatch(t)]  # (hex, and a member's id: quoted safely)
     if done:
         dt.delete("txid IN (" + ", ".join(f"'{t}'" for t in done) + ")")
 

@@ -4,8 +4,10 @@ When the environment names a point, reaching it kills the process with SIGKILL o
 power cut would: no ``finally`` blocks, no flush. Unset (always, outside tests) it costs one set
 lookup. Points: ``hot-tier-messages-moved`` (messages committed to Delta, settlements not yet,
 segments not retired), ``hot-tier-moved`` (both committed, segments not yet retired),
-``transaction-recorded`` (a transaction's commit row is durable, nothing of it applied) and
-``transaction-applying`` (its messages stored, its acks not yet).
+``transaction-recorded`` (a transaction's commit row is durable, nothing of it applied),
+``transaction-applying`` (its messages stored, its acks not yet) and
+``transaction-applied-here`` (a cluster member's part of it applied, the other members' not
+yet).
 """
 
 from __future__ import annotations

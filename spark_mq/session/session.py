@@ -422,7 +422,7 @@ class ClientSession:
             table = (
                 parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
             )
-            return b.commit_transaction([], table)
+            return b.commit_transaction([], table, here=True)  # (its client cannot follow)
 
         return b.group_offsets.commit_with(offsets, commit)
 
@@ -713,12 +713,12 @@ class ClientSession:
             case c.ReleaseClaims():
                 self._check("admin", cmd.destination)
                 return b.claims.release(cmd.destination, cmd.subscription, cmd.consumer)
-            case c.CommitTransaction(acks=acks, messages=messages):
+            case c.CommitTransaction(acks=acks, messages=messages, here=here):
                 for dest in _destinations_of(messages):
                     self._may_produce(dest)
                 for dest in sorted({a[0] for a in acks}):
                     self._check("consume", dest)
-                return b.commit_transaction(list(acks), messages)
+                return b.commit_transaction(list(acks), messages, here=here)
         raise TypeError(f"not a command: {cmd!r}")
 
     # -- authorization -----------------------------------------------------------------------

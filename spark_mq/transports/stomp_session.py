@@ -609,7 +609,7 @@ class StompSession:
         if not acks and table is None:
             committed(None)
             return
-        commit = c.CommitTransaction(acks, table)
+        commit = c.CommitTransaction(acks, table, here=True)  # (a STOMP client cannot follow)
         self.conn.blocking(lambda: session.execute(commit), committed, receipt)
 
     def _tx(self, frame: Frame) -> _Tx:
