@@ -19,6 +19,7 @@ reading time. Needs ZooKeeper's jars (``apt-get install zookeeper``: scripts/set
     .venv/bin/python bench/cluster_bench.py --moves 10 --kafka   # ... librdkafka's clients
     .venv/bin/python bench/cluster_bench.py --moves 10 --aio   # ... the asyncio SDK's
     .venv/bin/python bench/cluster_bench.py --moves 10 --hold   # ... a message held throughout
+    .venv/bin/python bench/cluster_bench.py --transactions 200 --batch 10   # over two members
     .venv/bin/python bench/cluster_bench.py --targets   # many destinations, then 1 vs 4 partitions
     sudo .venv/bin/python bench/cluster_bench.py --targets --member-cores 0.5   # ... capped
 
@@ -69,7 +70,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from spark_mq import Admin, Consumer, Producer
+from spark_mq import Admin, Consumer, Producer, Transaction
 from spark_mq.launch import BrokerProcess
 from tests.zk_kit import ZooKeeper
 
@@ -704,6 +705,60 @@ def stomp_forwarding(zk: ZooKeeper, a: argparse.Namespace) -> None:
             p.stop()
 
 
+def transactions_over_members(zk: ZooKeeper, a: argparse.Namespace) -> None:
+    """What a transaction spanning two members costs: SDK transactions of a consumed batch
+    of ``--batch`` messages acked and sent on (consume-transform-produce), committed at the
+    source queue's member, with the target queue on the same member and on the other one."""
+    root = Path(tempfile.mkdtemp(prefix="sparkmq-cluster-bench-tx-"))
+    procs = _members(zk, root, 2, "bench-tx")
+    urls = [p.url for p in procs]
+    pins = {"src": "m0", "near": "m0", "far": "m1"}
+    try:
+        with Admin(urls) as admin:
+            for q, member in pins.items():
+                admin.create_queue(q)
+                admin.pin(q, member)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                owners = {q: o["member"] for q, o in admin.cluster()["owners"].items()}
+                if all(owners.get(q) == m for q, m in pins.items()):
+                    break
+                time.sleep(0.1)
+        for r in range(a.rounds):
+            for target in ("near", "far"):
+                n = a.transactions * a.batch
+                with Producer(urls, destination="src") as producer:
+                    producer.send_batch([b"x" * 100] * n)
+                times = []
+                with Consumer(urls, "src", prefetch=a.batch) as consumer:
+                    started = time.perf_counter()
+                    for _ in range(a.transactions):
+                        got: list[Any] = []
+                        while len(got) < a.batch:
+                            got += consumer.receive_many(a.batch - len(got), timeout=10)
+                        t0 = time.perf_counter()
+                        with Transaction(urls) as tx:
+                            for m in got:
+                                tx.send(target, m.body)
+                            tx.ack(got)
+                        times.append(time.perf_counter() - t0)
+                    wall = time.perf_counter() - started
+                times.sort()
+                where = "on the source's member" if target == "near" else "on the other member"
+                print(
+                    f"round {r + 1} target {where:>22}: {a.transactions} transactions of "
+                    f"{a.batch} in {wall:.2f} s ({n / wall:8,.0f} msg/s); commit p50 "
+                    f"{times[len(times) // 2] * 1000:6.1f} ms, p90 "
+                    f"{times[int(len(times) * 0.9)] * 1000:6.1f} ms"
+                )
+        with Admin(urls) as admin:
+            stored = admin.stats("near")["end_offset"] + admin.stats("far")["end_offset"]
+            assert stored == 2 * a.rounds * a.transactions * a.batch, stored
+    finally:
+        for p in procs:
+            p.stop()
+
+
 def _moving_sender(
     url: list[str], stop: Any, times: list[float], errors: list[str], dest: str = "mv"
 ) -> None:
@@ -952,6 +1007,13 @@ def main() -> None:
         "--hot-messages", type=int, default=200_000, help="with --targets: per client, 1 vs N"
     )
     ap.add_argument("--kafka", action="store_true", help="librdkafka clients (topics)")
+    ap.add_argument(
+        "--transactions",
+        type=int,
+        default=0,
+        help="only: consume-transform-produce transactions of --batch, to a queue on one "
+        "member and on two",
+    )
     ap.add_argument("--aio", action="store_true", help="with --moves: the asyncio SDK's clients")
     ap.add_argument("--moves", type=int, default=0, help="only: what moving a destination costs")
     ap.add_argument(
@@ -975,6 +1037,12 @@ def main() -> None:
     if a.stomp:
         try:
             stomp_forwarding(zk, a)
+        finally:
+            zk.stop()
+        return
+    if a.transactions:
+        try:
+            transactions_over_members(zk, a)
         finally:
             zk.stop()
         return

@@ -431,7 +431,7 @@ class Transactions:
         cached = self._ends_elsewhere.get(name)
         if cached is not None and now - cached[0] < ENDS_ELSEWHERE_S:
             return cached[1]
-        read = getattr(self.journal.store, "committed_end", None)
+        read = getattr(self.journal.store, "end_elsewhere", None)  # (Delta's: a cluster's)
         end = int(read(name)) if read is not None else 0
         self._ends_elsewhere[name] = (now, end)
         return end

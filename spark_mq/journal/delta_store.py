@@ -534,6 +534,18 @@ class DeltaStore:
             destination=destination,
         )
 
+    def end_elsewhere(self, destination: str) -> int:
+        """At most the end offset of a destination another cluster member serves: what its
+        message log's newest version holds (read only: nothing cached or stamped here)."""
+        with translate("reading the message log version", destination):
+            try:
+                dt = DeltaTable(
+                    layout.messages_uri(self.root, destination), storage_options=self._opts
+                )
+            except TableNotFoundError:
+                return 0
+            return _committed_end(dt)
+
     def committed_end(self, destination: str) -> int:
         with translate("reading the message log version", destination):
             dt = self._messages(destination)
