@@ -2511,6 +2511,9 @@ def test_a_transaction_s_sends_to_another_member_are_stored_there_even_if_it_die
     with Admin(cluster.urls) as admin:
         assert admin.stats("there")["produced"] == 7  # (stored once)
         assert admin.stats("mine")["produced"] == 1
+    assert (
+        _scrape(cluster.members["b"])[("sparkmq_cluster_transaction_parts_finished_total", ())] == 1
+    )
 
 
 @pytest.mark.parametrize("apart", [False, True], ids=["together", "apart"])

@@ -101,6 +101,7 @@ class ClusterMember:
         self._handed: dict[str, int] = {}  # let go here, for its owner of that epoch
         self._moves = 0  # destinations taken on or let go so far
         self._fenced_unhanded = 0  # hand-overs its old owner did not make in time (fenced so)
+        self._parts_finished = 0  # other members' transactions' parts it stored for them
         self._worker: threading.Thread | None = None
         self.on_health: Callable[[Health], None] | None = None  # (the service's, for status)
 
@@ -194,7 +195,7 @@ class ClusterMember:
         if self.coordinator.health != "connected":
             return  # (whether a member is gone is not known now)
         try:
-            self.broker.finish_transactions(set(self.coordinator.members()))
+            self._parts_finished += self.broker.finish_transactions(set(self.coordinator.members()))
         except Exception as exc:  # (looked at again shortly)
             log.warning("cluster member %s: finishing transactions failed: %s", self.member_id, exc)
 
@@ -491,4 +492,5 @@ class ClusterMember:
             # (of those placing) waiting for the member they move from to let them go
             "awaiting_hand_over": awaiting,
             "hand_overs_timed_out": self._fenced_unhanded,
+            "transaction_parts_finished": self._parts_finished,
         }

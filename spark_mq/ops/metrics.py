@@ -299,6 +299,12 @@ def _cluster_families(c: dict[str, Any]) -> Iterator[Metric]:
         "go within cluster.hand_over_wait_s.",
         c.get("hand_overs_timed_out", 0),
     )
+    yield CounterMetricFamily(
+        "sparkmq_cluster_transaction_parts_finished",
+        "Parts of transactions another member committed that this member stored for it (that "
+        "member was lost, or had not stored them within its wait).",
+        c.get("transaction_parts_finished", 0),
+    )
 
 
 def _destination_families(dests: list[dict[str, Any]]) -> Iterator[Metric]:
