@@ -2504,6 +2504,8 @@ def test_a_transaction_s_sends_to_another_member_are_stored_there_even_if_it_die
     tx.close()
     assert cluster.members["c"].proc is not None
     assert cluster.members["c"].proc.wait(10) == -9
+    with Admin(cluster.urls) as admin:  # (b looks once c is gone, and every 10 s anyway)
+        wait_for(lambda: admin.stats("there")["end_offset"] == 7, 30, "b stored c's part")
     got = _drain(cluster.urls, "there", expect=3)
     assert [m.body for m in got] == [b"x0", b"x1", b"x2"]
     assert [m.body for m in _drain(cluster.urls, "mine", expect=1)] == [b"m"]

@@ -102,6 +102,7 @@ class ClusterMember:
         self._moves = 0  # destinations taken on or let go so far
         self._fenced_unhanded = 0  # hand-overs its old owner did not make in time (fenced so)
         self._parts_finished = 0  # other members' transactions' parts it stored for them
+        self._members_seen: set[str] = set()  # the members at the last placement
         self._worker: threading.Thread | None = None
         self.on_health: Callable[[Health], None] | None = None  # (the service's, for status)
 
@@ -180,7 +181,10 @@ class ClusterMember:
             try:
                 if what == "placed":
                     self._follow(arg)
-                    self._finish_transactions()  # (a member lost: its transactions' parts)
+                    alive = set(self.coordinator.members())
+                    lost, self._members_seen = self._members_seen - alive, alive
+                    if lost:  # (their transactions' parts left to the others)
+                        self._finish_transactions()
                 elif what == "leave":
                     for name in list(self._epochs):
                         self._let_go(name, "this member left the cluster")
