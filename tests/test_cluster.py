@@ -1259,6 +1259,16 @@ def test_a_stomp_client_of_one_member_is_served_every_destination_forwarded_to_i
         conn.ack(sent_in_tx.headers["ack"], receipt="a-tx1")
         inbox.wait_receipt("a-tx1")
         assert not inbox.errors
+        # ... but acknowledging there a message b serves is refused at COMMIT, saying what to do
+        with Producer(cluster.urls) as producer:
+            producer.send_sync(b"acked-in-tx", destination=remote)
+        (delivered,) = inbox.wait_messages(2)[1:]
+        conn.begin("tx2")
+        conn.ack(delivered.headers["ack"], transaction="tx2")
+        conn.commit("tx2")
+        error = inbox.wait_error()
+        assert f"which cluster member {other} serves".encode() in error.body, error.body
+        assert b"acknowledge them outside the transaction" in error.body
     finally:
         with contextlib.suppress(Exception):
             conn.disconnect()
@@ -1277,6 +1287,8 @@ def test_a_stomp_client_of_one_member_is_served_every_destination_forwarded_to_i
         finally:
             with contextlib.suppress(Exception):
                 conn.disconnect()
+    # (the one acknowledged in the refused transaction is there again)
+    assert [m.body for m in _drain(cluster.urls, remote, expect=1)] == [b"acked-in-tx"]
     # every acked message is gone, every other one is still there (none of the wrong kind)
     for n in names:
         assert _drain(cluster.urls, n, expect=0) == [], n

@@ -357,7 +357,16 @@ class Transactions:
         try:
             begun = self._begin_acks(acks, touched)
         except NotOwner as exc:
-            raise self._acks_elsewhere(acks, exc) from None
+            refused = self._acks_elsewhere(acks, exc)
+            if here and isinstance(refused, NotOwner) and refused.fields.get("member"):
+                refused = NotAllowed(  # (its client cannot commit there: said so)
+                    "this transaction acknowledges messages of "
+                    f"{', '.join(sorted({a[0] for a in acks}))}, which cluster member "
+                    f"{refused.fields['member']} serves: acknowledge them outside the "
+                    "transaction, or connect to that member",
+                    destination=refused.fields.get("destination", ""),
+                )
+            raise refused from None
         if not touched and elsewhere and not here:
             members = {str(e.fields["member"]) for e in elsewhere.values()}
             if len(members) == 1:  # (all of it at one other member: committed there)
