@@ -250,8 +250,10 @@ def run_partitioned(zk: ZooKeeper, a: argparse.Namespace, k: int, partitions: in
     root = Path(tempfile.mkdtemp(prefix=f"sparkmq-cluster-bench-p{partitions}-"))
     procs = _members(zk, root, 2, f"bench{k}")
     urls = [p.url for p in procs]
-    groups = _cap_cpu(procs, a.member_cores) if a.member_cores else []
+    groups: list[Path] = []
     try:
+        if a.member_cores:
+            _cap_cpu(procs, a.member_cores, groups)
         with Admin(urls) as admin:
             if a.kafka:  # (a topic: Kafka's consumers read logs; kept while the bench runs)
                 admin.create_topic("hot", partitions=partitions, retention_s=3600)
@@ -416,14 +418,13 @@ CGROUP_V1 = Path("/sys/fs/cgroup/cpu")  # (cgroup v1's cpu controller)
 CGROUP_V2 = Path("/sys/fs/cgroup")
 
 
-def _cap_cpu(procs: list[BrokerProcess], cores: float) -> list[Path]:
+def _cap_cpu(procs: list[BrokerProcess], cores: float, groups: list[Path]) -> None:
     """Each broker process limited to ``cores`` of CPU time (a cgroup of its own, its CFS
     quota), as a broker on a machine of its own is by its cores: the clients' CPU no longer
-    comes out of the brokers'. Needs root and a cgroup cpu controller (v1 or v2); returns the
-    groups, for :func:`_uncap`."""
+    comes out of the brokers'. Needs root and a cgroup cpu controller (v1 or v2); the groups
+    made go into ``groups``, for :func:`_uncap`."""
     period = 100_000
     quota = max(1000, int(cores * period))
-    groups = []
     v2 = (CGROUP_V2 / "cgroup.controllers").exists()
     if v2 and "cpu" not in (CGROUP_V2 / "cgroup.subtree_control").read_text().split():
         raise SystemExit("--member-cores: cgroup v2 without the cpu controller enabled at its root")
@@ -433,6 +434,7 @@ def _cap_cpu(procs: list[BrokerProcess], cores: float) -> list[Path]:
         group = (CGROUP_V2 if v2 else CGROUP_V1) / f"sparkmq-bench-{_pid(p)}"
         try:
             group.mkdir(exist_ok=True)
+            groups.append(group)
             if v2:
                 (group / "cpu.max").write_text(f"{quota} {period}")
             else:
@@ -443,8 +445,6 @@ def _cap_cpu(procs: list[BrokerProcess], cores: float) -> list[Path]:
             raise SystemExit(
                 f"--member-cores: cannot limit a broker's CPU ({exc}): run as root"
             ) from exc
-        groups.append(group)
-    return groups
 
 
 def _uncap(groups: list[Path]) -> None:
@@ -475,8 +475,10 @@ def run_mode(
         procs = _members(zk, root, 1 if mode == "1 member" else 2, f"bench{k}")
     urls = [p.url for p in procs]
     names = [f"d{i}" for i in range(a.destinations)]
-    groups = _cap_cpu(procs, a.member_cores) if a.member_cores else []
+    groups: list[Path] = []
     try:
+        if a.member_cores:
+            _cap_cpu(procs, a.member_cores, groups)
         with Admin(urls) as admin:
             for n in names:
                 if a.kafka:
